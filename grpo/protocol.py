@@ -1,0 +1,519 @@
+"""Wire protocol between samplers and the learner (see docs/protocol.md).
+
+Every ZeroMQ message is multipart: frame 0 is a msgpack map (the header), frames 1..n
+are raw little-endian, C-contiguous array bytes described by ``header["arrays"]``.
+Only msgpack is parsed (no code-executing deserializer, no ext types): a message from the
+network can only become str/int/float/bool/list/dict values and numpy views, and ``decode`` checks every field
+and every size *before* it touches the payload, so a hostile or buggy peer costs at
+most one rejected message (a ``ProtocolError`` whose ``.reason`` feeds drop counters).
+
+This module imports only stdlib, numpy and msgpack so that any process (or test) can
+use it without torch or zmq.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence, Union
+
+import msgpack
+import numpy as np
+
+SCHEMA_VERSION = 1
+KINDS = ("group", "status", "weights_request", "weights", "no_update", "stop")
+# name -> itemsize. Explicit '<' byte order: the wire is little-endian whatever the host.
+DTYPE_SIZES = {"int32": 4, "int64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "uint8": 1}
+_NP_DTYPES = {"int32": "<i4", "int64": "<i8", "float32": "<f4", "float16": "<f2", "uint8": "u1"}
+WEIGHT_METHODS = ("tcp", "ipc", "nccl", "shared")
+# (name, dtype) of the array frames of a "group", in wire order.
+GROUP_ARRAYS = (("prefix_token_ids", "int32"), ("generated_lengths", "int32"), ("generated_token_ids", "int32"),
+                ("old_policy_log_probs", "float32"), ("ref_policy_log_probs", "float32"), ("whole_token_ids", "int32"))
+MAX_LOG_PROB = 1e-3  # log p <= 0; allow a little float noise from log_softmax
+MAX_ID_CHARS = 128  # group_id, map keys, tensor names are short identifiers
+MAX_MAP_ITEMS = 256  # meta / reward_info / stats are "small maps"
+MAX_REASON_CHARS = 4096
+_I64_MAX = (1 << 63) - 1
+
+
+class ProtocolError(ValueError):
+    """A message that must be dropped. ``reason`` is a short code for counters."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_header_bytes: int = 1 << 20
+    max_frames: int = 64
+    max_array_bytes: int = 1 << 28  # per array frame (weights: see weights_limits)
+    max_completions: int = 1024  # completions per group
+    max_tokens: int = 1 << 16  # per completion (generated) and per prefix
+    vocab_size: int | None = None  # if set, every token id must be in [0, vocab_size)
+    group_size: int | None = None  # if set, a group must have exactly this many completions
+
+
+def weights_limits(total_bytes: int) -> Limits:
+    """Limits for the sync socket: one bucket frame may hold the whole model."""
+    return Limits(max_array_bytes=max(int(total_bytes), Limits.max_array_bytes), max_frames=4096)
+
+
+@dataclass
+class Completion:
+    generated_token_ids: np.ndarray  # int32 [n]
+    old_policy_log_probs: np.ndarray  # float32 [n] behaviour-policy log-prob per generated token
+    ref_policy_log_probs: np.ndarray  # float32 [n] reference-model log-prob per generated token
+    whole_token_ids: np.ndarray  # int32 [P + n] == prefix_token_ids ++ generated_token_ids
+    text: str
+    reward: float
+    reward_info: dict[str, float]
+    is_finished: bool  # generation ended with EOS before the length cap
+
+
+@dataclass
+class Group:  # the unit of transfer: all G completions of one prompt
+    sampler_id: int
+    group_id: str
+    policy_version: int
+    prefix: str  # prompt text after chat template
+    prefix_tokens: list[str]  # token strings of the prefix, one per prefix token id
+    prefix_token_ids: np.ndarray  # int32 [P]
+    completions: list[Completion]
+    meta: dict[str, object]  # small map str -> str|int|float|bool, e.g. {"answer": "72"}
+
+
+@dataclass
+class SamplerStatus:
+    sampler_id: int
+    policy_version: int  # weights version the sampler now runs
+    groups_sent: int  # cumulative groups handed to the data socket
+    final: bool  # last status before the sampler exits
+    stats: dict[str, float]
+
+
+@dataclass
+class WeightsRequest:  # sampler -> learner on the sync socket
+    sampler_id: int
+    have_version: int  # -1: no weights yet
+
+
+@dataclass
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    bucket: int
+    offset: int  # byte offset inside bucket
+
+
+@dataclass
+class WeightsAnnounce:  # learner -> sampler
+    version: int
+    method: str  # "tcp": buckets ride as frames; "ipc"/"nccl"/"shared": carried out of band
+    layout: list[TensorSpec]
+    bucket_dtypes: list[str]
+    bucket_nbytes: list[int]
+    buckets: list[memoryview]  # tcp: raw bytes of each bucket; empty for other methods
+
+
+@dataclass
+class NoUpdate:
+    version: int
+
+
+@dataclass
+class Stop:
+    version: int
+    reason: str
+
+
+Message = Union[Group, SamplerStatus, WeightsRequest, WeightsAnnounce, NoUpdate, Stop]
+Frame = Union[bytes, memoryview, Any]
+
+# ----------------------------------------------------------------------------- encode
+
+
+def _flat(x: Any, dtype: str) -> np.ndarray:
+    # No copy when x already is a C-contiguous 1-D array of the wire dtype.
+    return np.ascontiguousarray(np.asarray(x, dtype=dtype).reshape(-1))
+
+
+def _cat(parts: list[Any], dtype: str) -> np.ndarray:
+    return np.concatenate([_flat(p, dtype) for p in parts]) if parts else np.zeros(0, dtype)
+
+
+def _scalar(obj: Any) -> Any:
+    # msgpack `default` hook: numpy scalars (np.int64, np.bool_, np.float32) -> Python scalars.
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"cannot pack {type(obj).__name__}")
+
+
+def _pack(kind: str, fields: dict[str, Any], arrays: list[dict[str, Any]]) -> bytes:
+    header = {"schema": SCHEMA_VERSION, "kind": kind, **fields, "arrays": arrays}
+    return msgpack.packb(header, use_bin_type=True, default=_scalar)
+
+
+def _encode_group(g: Group) -> list[bytes | memoryview]:
+    cs = g.completions
+    gen = [_flat(c.generated_token_ids, "<i4") for c in cs]
+    arrays = [
+        _flat(g.prefix_token_ids, "<i4"),
+        np.array([len(x) for x in gen], dtype="<i4"),
+        _cat(gen, "<i4"),
+        _cat([c.old_policy_log_probs for c in cs], "<f4"),
+        _cat([c.ref_policy_log_probs for c in cs], "<f4"),
+        _cat([c.whole_token_ids for c in cs], "<i4"),
+    ]
+    completions = [
+        {"text": c.text, "reward": float(c.reward), "is_finished": bool(c.is_finished),
+         "reward_info": {k: float(v) for k, v in c.reward_info.items()}}
+        for c in cs
+    ]
+    fields = {"sampler_id": g.sampler_id, "group_id": g.group_id, "policy_version": g.policy_version,
+              "prefix": g.prefix, "prefix_tokens": list(g.prefix_tokens), "meta": dict(g.meta),
+              "completions": completions}
+    descs = [{"name": n, "dtype": d, "shape": [len(a)]} for (n, d), a in zip(GROUP_ARRAYS, arrays)]
+    # memoryview of a contiguous array: zmq sends it with copy=False, no bytes() copy.
+    return [_pack("group", fields, descs), *(memoryview(a) for a in arrays)]
+
+
+def _encode_weights(w: WeightsAnnounce) -> list[bytes | memoryview]:
+    fields = {"version": w.version, "method": w.method,
+              "layout": [[t.name, t.dtype, list(t.shape), t.bucket, t.offset] for t in w.layout],
+              "bucket_dtypes": list(w.bucket_dtypes), "bucket_nbytes": list(w.bucket_nbytes)}
+    frames = [memoryview(b) for b in w.buckets] if w.method == "tcp" else []
+    descs = [{"name": f"bucket_{i}", "dtype": "uint8", "shape": [f.nbytes]} for i, f in enumerate(frames)]
+    return [_pack("weights", fields, descs), *frames]
+
+
+_SIMPLE_KINDS = {SamplerStatus: "status", WeightsRequest: "weights_request", NoUpdate: "no_update", Stop: "stop"}
+
+
+def encode(msg: Message) -> list[bytes | memoryview]:
+    """Serialize ``msg`` to frames. Does not validate: ``decode`` is the gatekeeper."""
+    if isinstance(msg, Group):
+        return _encode_group(msg)
+    if isinstance(msg, WeightsAnnounce):
+        return _encode_weights(msg)
+    if type(msg) in _SIMPLE_KINDS:  # header-only kinds: the fields are the dataclass fields
+        return [_pack(_SIMPLE_KINDS[type(msg)], dataclasses.asdict(msg), [])]
+    raise TypeError(f"cannot encode {type(msg).__name__}")
+
+
+# ----------------------------------------------------------------------------- field checks
+
+
+_fail = ProtocolError  # short alias: `raise _fail(reason, detail)`
+
+
+def _get(m: dict[str, Any], key: str, where: str, typ: type | None = None) -> Any:
+    """m[key], which must exist and, if typ is given, be exactly a typ (a bool is not an int)."""
+    if key not in m:
+        raise _fail("bad_field", f"{where}: missing {key!r}")
+    if typ is not None and type(m[key]) is not typ:
+        raise _fail("bad_field", f"{where}.{key} must be {typ.__name__}, got {type(m[key]).__name__}")
+    return m[key]
+
+
+def _as_int(v: Any, where: str, lo: int = 0, hi: int = _I64_MAX) -> int:
+    if type(v) is not int:  # `type is`, not isinstance: True/False are ints in Python
+        raise _fail("bad_field", f"{where} must be int, got {type(v).__name__}")
+    if not lo <= v <= hi:
+        raise _fail("bad_field", f"{where}={v} outside [{lo}, {hi}]")
+    return v
+
+
+def _as_str(v: Any, where: str, max_chars: int | None = None) -> str:
+    if type(v) is not str:
+        raise _fail("bad_field", f"{where} must be str, got {type(v).__name__}")
+    if max_chars is not None and len(v) > max_chars:
+        raise _fail("bad_field", f"{where} longer than {max_chars} chars")
+    return v
+
+
+def _int(m: dict[str, Any], key: str, where: str, lo: int = 0) -> int:
+    return _as_int(_get(m, key, where), f"{where}.{key}", lo)
+
+
+def _str(m: dict[str, Any], key: str, where: str, max_chars: int | None = None) -> str:
+    return _as_str(_get(m, key, where), f"{where}.{key}", max_chars)
+
+
+def _number(v: Any, where: str) -> float:
+    # Ints are accepted for float fields: other languages may pack 1.0 as 1.
+    if type(v) not in (int, float):
+        raise _fail("bad_field", f"{where} must be a number, got {type(v).__name__}")
+    f = float(v)
+    if not math.isfinite(f):
+        raise _fail("non_finite", f"{where} is {f}")
+    return f
+
+
+def _map(v: Any, where: str) -> dict[str, Any]:
+    if type(v) is not dict or len(v) > MAX_MAP_ITEMS:
+        raise _fail("bad_field", f"{where} must be a map of at most {MAX_MAP_ITEMS} items")
+    for k in v:
+        if type(k) is not str or len(k) > MAX_ID_CHARS:
+            raise _fail("bad_field", f"{where} keys must be str of <= {MAX_ID_CHARS} chars")
+    return v
+
+
+def _float_map(v: Any, where: str) -> dict[str, float]:
+    return {k: _number(x, f"{where}[{k!r}]") for k, x in _map(v, where).items()}
+
+
+def _meta(v: Any) -> dict[str, object]:
+    for k, x in _map(v, "meta").items():
+        if type(x) is float:
+            _number(x, f"meta[{k!r}]")
+        elif type(x) not in (str, int, bool):
+            raise _fail("bad_field", f"meta[{k!r}] must be str|int|float|bool")
+    return v
+
+
+# ----------------------------------------------------------------------------- framing
+
+
+@dataclass(frozen=True)
+class _Array:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+def _shape(v: Any, where: str) -> tuple[int, ...]:
+    if type(v) is not list or len(v) > 8 or any(type(s) is not int or s < 0 for s in v):
+        raise _fail("bad_shape", f"{where}: shape must be a list of non-negative ints")
+    return tuple(v)
+
+
+def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
+    # Python ints: a declared 2**40 elements is just a big number, nothing is allocated.
+    return math.prod(shape) * DTYPE_SIZES[dtype]
+
+
+def _arrays(header: dict[str, Any], limits: Limits) -> list[_Array]:
+    raw = header.get("arrays", [])  # kinds without payload may omit it
+    if type(raw) is not list:
+        raise _fail("bad_field", "arrays must be a list")
+    if len(raw) + 1 > limits.max_frames:
+        raise _fail("too_large", f"{len(raw)} arrays > max_frames-1")
+    out = []
+    for i, d in enumerate(raw):
+        if type(d) is not dict:
+            raise _fail("bad_field", f"arrays[{i}] must be a map")
+        name = _str(d, "name", f"arrays[{i}]", MAX_ID_CHARS)
+        dtype = _str(d, "dtype", f"arrays[{i}]", MAX_ID_CHARS)
+        if dtype not in DTYPE_SIZES:
+            raise _fail("bad_dtype", f"{name}: unknown dtype {dtype!r}")
+        shape = _shape(_get(d, "shape", f"arrays[{i}]"), name)
+        nbytes = _nbytes(shape, dtype)
+        if nbytes > limits.max_array_bytes:
+            raise _fail("too_large", f"{name}: {nbytes} bytes > {limits.max_array_bytes}")
+        out.append(_Array(name, dtype, shape, nbytes))
+    return out
+
+
+def _view(frame: Frame) -> memoryview:
+    """Zero-copy byte view of a frame (bytes, memoryview, or zmq.Frame via .buffer)."""
+    buf = frame.buffer if hasattr(frame, "buffer") else frame
+    try:
+        mv = memoryview(buf)
+        return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+    except (TypeError, ValueError) as e:  # not a buffer, or not C-contiguous
+        raise _fail("not_multipart", f"frame is not a contiguous bytes-like buffer: {e}") from None
+
+
+def _reject_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"msgpack ext type {code} not allowed")
+
+
+def _header(frames: Sequence[Frame], limits: Limits) -> tuple[dict[str, Any], list[memoryview]]:
+    if isinstance(frames, (bytes, bytearray, memoryview, str)) or not isinstance(frames, Sequence):
+        raise _fail("not_multipart", f"expected a list of frames, got {type(frames).__name__}")
+    if len(frames) == 0:
+        raise _fail("not_multipart", "no frames")
+    if len(frames) > limits.max_frames:
+        raise _fail("too_large", f"{len(frames)} frames > {limits.max_frames}")
+    views = [_view(f) for f in frames]
+    if views[0].nbytes > limits.max_header_bytes:
+        raise _fail("too_large", f"header {views[0].nbytes} bytes > {limits.max_header_bytes}")
+    try:
+        header = msgpack.unpackb(views[0], raw=False, strict_map_key=True, ext_hook=_reject_ext,
+                                 use_list=True)
+    except Exception as e:  # any malformed input; msgpack raises several types
+        raise _fail("bad_header", f"undecodable msgpack header: {type(e).__name__}: {e}") from None
+    if type(header) is not dict or any(type(k) is not str for k in header):
+        raise _fail("bad_header", f"header must be a map with str keys, got {type(header).__name__}")
+    schema = header.get("schema")
+    if type(schema) is not int or schema != SCHEMA_VERSION:
+        raise _fail("bad_schema", f"schema {schema!r} != {SCHEMA_VERSION}")
+    if header.get("kind") not in KINDS:
+        raise _fail("bad_kind", f"unknown kind {header.get('kind')!r}")
+    return header, views
+
+
+# ----------------------------------------------------------------------------- decode
+
+
+def _decode_group(h: dict[str, Any], arrays: list[_Array], views: list[memoryview], limits: Limits) -> Group:
+    names, expected = [a.name for a in arrays], [n for n, _ in GROUP_ARRAYS]
+    if names != expected:
+        raise _fail("bad_field", f"group arrays must be {expected}, got {names}")
+    for (name, dtype), a in zip(GROUP_ARRAYS, arrays):
+        if a.dtype != dtype:
+            raise _fail("bad_dtype", f"{name} must be {dtype}, got {a.dtype}")
+        if len(a.shape) != 1:
+            raise _fail("bad_shape", f"{name} must be 1-D, got {list(a.shape)}")
+    sampler_id = _int(h, "sampler_id", "group")
+    group_id = _str(h, "group_id", "group", MAX_ID_CHARS)
+    policy_version = _int(h, "policy_version", "group")
+    prefix = _str(h, "prefix", "group")
+    prefix_tokens = _get(h, "prefix_tokens", "group", list)
+    if any(type(t) is not str for t in prefix_tokens):
+        raise _fail("bad_field", "group.prefix_tokens must be a list of str")
+    meta = _meta(_get(h, "meta", "group"))
+    raw_completions = _get(h, "completions", "group", list)
+
+    # Zero-copy views into the frames; nothing below copies token or log-prob data.
+    prefix_ids, lengths, gen, old_lp, ref_lp, whole = (
+        np.frombuffer(v, dtype=_NP_DTYPES[a.dtype]) for a, v in zip(arrays, views)
+    )
+    G, P = len(raw_completions), len(prefix_ids)
+    if not 1 <= G <= limits.max_completions or len(lengths) != G:
+        raise _fail("bad_group_size", f"{G} completions, {len(lengths)} lengths (max {limits.max_completions})")
+    if limits.group_size is not None and G != limits.group_size:
+        raise _fail("bad_group_size", f"{G} completions != group_size {limits.group_size}")
+    if P > limits.max_tokens or int(lengths.max()) > limits.max_tokens:  # G >= 1 here
+        raise _fail("too_large", f"prefix or completion longer than max_tokens={limits.max_tokens}")
+    if len(prefix_tokens) != P:
+        raise _fail("length_mismatch", f"{len(prefix_tokens)} prefix_tokens for {P} prefix ids")
+    if int(lengths.min()) < 0:
+        raise _fail("length_mismatch", "negative generated length")
+    total = int(lengths.sum(dtype=np.int64))
+    if not len(gen) == len(old_lp) == len(ref_lp) == total or len(whole) != G * P + total:
+        raise _fail("length_mismatch", f"sum(lengths)={total}, generated/old/ref/whole = "
+                    f"{len(gen)}/{len(old_lp)}/{len(ref_lp)}/{len(whole)}, P={P}, G={G}")
+    # Range-check the token ids once; whole is checked for equality against them below.
+    for ids in (prefix_ids, gen):
+        if len(ids) and (int(ids.min()) < 0 or (limits.vocab_size is not None and int(ids.max()) >= limits.vocab_size)):
+            raise _fail("token_out_of_range", f"token ids in [{ids.min()}, {ids.max()}], vocab {limits.vocab_size}")
+    for name, lp in (("old_policy_log_probs", old_lp), ("ref_policy_log_probs", ref_lp)):
+        if not np.isfinite(lp).all():
+            raise _fail("non_finite", f"{name} has NaN/inf")
+        if len(lp) and float(lp.max()) > MAX_LOG_PROB:
+            raise _fail("bad_log_prob", f"{name} max {float(lp.max())} > {MAX_LOG_PROB}")
+
+    completions = []
+    g0 = w0 = 0
+    for i, (c, n) in enumerate(zip(raw_completions, lengths.tolist())):
+        where = f"completions[{i}]"
+        if type(c) is not dict:
+            raise _fail("bad_field", f"{where} must be a map")
+        text = _str(c, "text", where)
+        reward = _number(_get(c, "reward", where), f"{where}.reward")
+        reward_info = _float_map(_get(c, "reward_info", where), f"{where}.reward_info")
+        is_finished = _get(c, "is_finished", where, bool)
+        w = whole[w0 : w0 + P + n]
+        g = gen[g0 : g0 + n]
+        if not (np.array_equal(w[:P], prefix_ids) and np.array_equal(w[P:], g)):
+            raise _fail("length_mismatch", f"{where}: whole_token_ids != prefix ++ generated")
+        completions.append(Completion(g, old_lp[g0 : g0 + n], ref_lp[g0 : g0 + n], w,
+                                      text, reward, reward_info, is_finished))
+        g0, w0 = g0 + n, w0 + P + n
+    return Group(sampler_id, group_id, policy_version, prefix, prefix_tokens, prefix_ids, completions, meta)
+
+
+def _layout(h: dict[str, Any], bucket_dtypes: list[str], bucket_nbytes: list[int]) -> list[TensorSpec]:
+    specs: list[TensorSpec] = []
+    names: set[str] = set()
+    extents: list[list[tuple[int, int, str]]] = [[] for _ in bucket_dtypes]
+    for i, t in enumerate(_get(h, "layout", "weights", list)):
+        if type(t) is not list or len(t) != 5:
+            raise _fail("bad_field", f"layout[{i}] must be [name, dtype, shape, bucket, offset]")
+        name = _as_str(t[0], f"layout[{i}].name", 1024)
+        dtype = _as_str(t[1], f"{name}.dtype", MAX_ID_CHARS)
+        shape = _shape(t[2], name)
+        bucket = _as_int(t[3], f"{name}.bucket", 0, len(bucket_dtypes) - 1)
+        offset = _as_int(t[4], f"{name}.offset")
+        if name in names:
+            raise _fail("bad_field", f"duplicate tensor name {name!r}")
+        names.add(name)
+        if dtype not in DTYPE_SIZES or dtype != bucket_dtypes[bucket]:
+            raise _fail("bad_dtype", f"{name}: dtype {dtype!r} != bucket {bucket} dtype {bucket_dtypes[bucket]!r}")
+        nbytes = _nbytes(shape, dtype)
+        # Aligned offsets let the receiver view the bucket as `dtype` without copying.
+        if offset % DTYPE_SIZES[dtype] or offset + nbytes > bucket_nbytes[bucket]:
+            raise _fail("bad_shape", f"{name}: [{offset}, {offset + nbytes}) misaligned or outside bucket "
+                        f"{bucket} of {bucket_nbytes[bucket]} bytes")
+        if nbytes:
+            extents[bucket].append((offset, offset + nbytes, name))
+        specs.append(TensorSpec(name, dtype, shape, bucket, offset))
+    for b, ext in enumerate(extents):
+        ext.sort()
+        for (_, end, a), (start, _, c) in zip(ext, ext[1:]):
+            if start < end:
+                raise _fail("bad_shape", f"tensors {a!r} and {c!r} overlap in bucket {b}")
+    return specs
+
+
+def _decode_weights(h: dict[str, Any], arrays: list[_Array], views: list[memoryview]) -> WeightsAnnounce:
+    version = _int(h, "version", "weights")
+    method = _str(h, "method", "weights", MAX_ID_CHARS)
+    if method not in WEIGHT_METHODS:
+        raise _fail("bad_field", f"unknown weights method {method!r}")
+    bucket_dtypes = _get(h, "bucket_dtypes", "weights", list)
+    bucket_nbytes = _get(h, "bucket_nbytes", "weights", list)
+    if len(bucket_dtypes) != len(bucket_nbytes):
+        raise _fail("bad_field", f"{len(bucket_dtypes)} bucket_dtypes vs {len(bucket_nbytes)} bucket_nbytes")
+    for i, d in enumerate(bucket_dtypes):
+        if type(d) is not str or d not in DTYPE_SIZES:
+            raise _fail("bad_dtype", f"bucket {i}: unknown dtype {d!r}")
+    for i, n in enumerate(bucket_nbytes):
+        _as_int(n, f"weights.bucket_nbytes[{i}]")
+    layout = _layout(h, bucket_dtypes, bucket_nbytes)
+    expected = len(bucket_nbytes) if method == "tcp" else 0  # other methods carry buckets out of band
+    if len(arrays) != expected:
+        raise _fail("frame_size", f"method {method}: {len(arrays)} bucket frames, expected {expected}")
+    for i, (a, n) in enumerate(zip(arrays, bucket_nbytes)):
+        if a.name != f"bucket_{i}" or a.dtype != "uint8" or len(a.shape) != 1:
+            raise _fail("bad_field", f"bucket frame {i} must be bucket_{i}, uint8, 1-D")
+        if a.nbytes != n:
+            raise _fail("length_mismatch", f"bucket {i}: frame {a.nbytes} bytes, declared {n}")
+    return WeightsAnnounce(version, method, layout, bucket_dtypes, bucket_nbytes, list(views))
+
+
+def decode(frames: Sequence[Frame], limits: Limits = Limits()) -> Message:
+    """Parse and fully validate one multipart message; raise ProtocolError if it must be dropped.
+
+    Arrays are zero-copy views of the frames (read-only when the frames are), so they stay
+    valid as long as the caller keeps the returned object.
+    """
+    h, views = _header(frames, limits)
+    arrays, payload = _arrays(h, limits), views[1:]
+    if len(payload) != len(arrays):
+        raise _fail("frame_size", f"{len(views)} frames for {len(arrays)} arrays")
+    for a, v in zip(arrays, payload):  # sizes were bounded by _arrays before we compare
+        if v.nbytes != a.nbytes:
+            raise _fail("frame_size", f"{a.name}: frame has {v.nbytes} bytes, shape needs {a.nbytes}")
+    kind = h["kind"]
+    if kind == "group":
+        return _decode_group(h, arrays, payload, limits)
+    if kind == "weights":
+        return _decode_weights(h, arrays, payload)
+    if arrays:  # only group and weights carry array frames
+        raise _fail("frame_size", f"kind {kind!r} carries no arrays, got {len(arrays)}")
+    if kind == "status":
+        return SamplerStatus(_int(h, "sampler_id", kind), _int(h, "policy_version", kind),
+                             _int(h, "groups_sent", kind), _get(h, "final", kind, bool),
+                             _float_map(_get(h, "stats", kind), "status.stats"))
+    if kind == "weights_request":
+        return WeightsRequest(_int(h, "sampler_id", kind), _int(h, "have_version", kind, lo=-1))
+    if kind == "no_update":
+        return NoUpdate(_int(h, "version", kind))
+    return Stop(_int(h, "version", kind), _str(h, "reason", kind, MAX_REASON_CHARS))
