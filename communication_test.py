@@ -1,0 +1,7 @@
+"""Check both ZeroMQ channels between two processes on this host (no GPU, no model)."""
+import sys
+
+from grpo.commcheck import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The learner's global batch: built from groups on rank 0, broadcast, split by tokens.
+
+Rank 0 packs the batch into four flat tensors and broadcasts them (a few hundred KB even
+for large batches, so one broadcast costs far less than a step). Every rank then runs the
+same deterministic split, keeps its own shard and cuts it into micro-batches. Uneven
+shards are fine: the loss uses global normalisers (see grpo.loss.reduce_loss).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from grpo import protocol as P
+from grpo.loss import group_advantages
+
+
+@dataclass
+class Batch:
+    meta: torch.Tensor      # int64 [B, 4]: prompt_len, gen_len, policy_version, group index
+    tokens: torch.Tensor    # int64 [sum whole_len]: whole_token_ids of every sequence, concatenated
+    floats: torch.Tensor    # float32 [2 * sum gen_len]: old log-probs then reference log-probs
+    scalars: torch.Tensor   # float32 [B, 2]: advantage, reward
+
+    @property
+    def size(self) -> int:
+        return int(self.meta.shape[0])
+
+    def whole_lens(self) -> list[int]:
+        return (self.meta[:, 0] + self.meta[:, 1]).tolist()
+
+
+def build_batch(groups: list[P.Group], group_size: int, scale_rewards: bool) -> Batch:
+    rows, toks, old, ref, rewards = [], [], [], [], []
+    for gi, g in enumerate(groups):
+        P_len = len(g.prefix_token_ids)
+        for c in g.completions:
+            rows.append((P_len, len(c.generated_token_ids), g.policy_version, gi))
+            toks.append(c.whole_token_ids)
+            old.append(c.old_policy_log_probs)
+            ref.append(c.ref_policy_log_probs)
+            rewards.append(c.reward)
+    r = torch.tensor(rewards, dtype=torch.float32)
+    adv = group_advantages(r, group_size, scale=scale_rewards)
+    return Batch(meta=torch.tensor(rows, dtype=torch.int64).view(-1, 4),
+                 tokens=torch.from_numpy(np.concatenate(toks).astype(np.int64)),
+                 floats=torch.from_numpy(np.concatenate(old + ref).astype(np.float32)),
+                 scalars=torch.stack([adv, r], dim=1))
+
+
+def broadcast_batch(batch: Batch | None, stop: bool, device: torch.device) -> tuple[Batch | None, bool]:
+    """Rank 0 passes its batch (or stop=True); every rank returns the same batch or the stop flag."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        head = torch.zeros(4, dtype=torch.int64, device=device)
+        if batch is not None and dist.get_rank() == 0:
+            head[:] = torch.tensor([int(stop), batch.size, batch.tokens.numel(), batch.floats.numel()])
+        elif dist.get_rank() == 0:
+            head[0] = int(stop)
+        dist.broadcast(head, src=0)
+        stop_flag, b, nt, nf = head.tolist()
+        if stop_flag:
+            return None, True
+        if dist.get_rank() == 0:
+            parts = [batch.meta.to(device), batch.tokens.to(device), batch.floats.to(device),
+                     batch.scalars.to(device)]
+        else:
+            parts = [torch.empty((b, 4), dtype=torch.int64, device=device),
+                     torch.empty(nt, dtype=torch.int64, device=device),
+                     torch.empty(nf, dtype=torch.float32, device=device),
+                     torch.empty((b, 2), dtype=torch.float32, device=device)]
+        for t in parts:
+            dist.broadcast(t, src=0)
+        return Batch(*[t.cpu() for t in parts]), False
+    return (None, True) if stop else (batch, False)
+
+
+def balanced_split(lengths: list[int], parts: int) -> list[list[int]]:
+    """Indices split into `parts` lists with near-equal token sums (longest first, greedy).
+
+    Deterministic (ties go to the lower part), so every rank computes the same split.
+    """
+    out: list[list[int]] = [[] for _ in range(parts)]
+    load = [0] * parts
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        p = min(range(parts), key=lambda k: (load[k], k))
+        out[p].append(i)
+        load[p] += lengths[i]
+    return [sorted(ix) for ix in out]
+
+
+@dataclass
+class MicroBatch:
+    input_ids: torch.Tensor    # [b, L] right-padded
+    attention: torch.Tensor    # [b, L]
+    gen_mask: torch.Tensor     # [b, L-1] 1 where the target token at t+1 is a generated token
+    old_logp: torch.Tensor     # [b, L-1] aligned with gen_mask, 0 elsewhere
+    ref_logp: torch.Tensor     # [b, L-1]
+    advantages: torch.Tensor   # [b]
+
+
+def micro_batch(batch: Batch, index: list[int], pad_id: int, device: torch.device) -> MicroBatch:
+    meta = batch.meta.tolist()
+    tok_off = np.concatenate([[0], np.cumsum([m[0] + m[1] for m in meta])]).tolist()
+    gen_off = np.concatenate([[0], np.cumsum([m[1] for m in meta])]).tolist()
+    n_gen = gen_off[-1]
+    width = max(meta[i][0] + meta[i][1] for i in index)
+    b = len(index)
+    ids = torch.full((b, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, width), dtype=torch.long)
+    gmask = torch.zeros((b, width - 1), dtype=torch.float32)
+    old = torch.zeros((b, width - 1), dtype=torch.float32)
+    ref = torch.zeros((b, width - 1), dtype=torch.float32)
+    for r, i in enumerate(index):
+        p, n = meta[i][0], meta[i][1]
+        ids[r, :p + n] = batch.tokens[tok_off[i]:tok_off[i + 1]]
+        attn[r, :p + n] = 1
+        gmask[r, p - 1:p - 1 + n] = 1.0   # generated token t is predicted at position t-1
+        old[r, p - 1:p - 1 + n] = batch.floats[gen_off[i]:gen_off[i + 1]]
+        ref[r, p - 1:p - 1 + n] = batch.floats[n_gen + gen_off[i]:n_gen + gen_off[i + 1]]
+    adv = batch.scalars[index, 0]
+    return MicroBatch(*(t.to(device) for t in (ids, attn, gmask, old, ref, adv)))

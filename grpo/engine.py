@@ -1,0 +1,134 @@
+"""The optimizer engine: a DeepSpeed ZeRO-2 engine, or plain PyTorch for --no-deepspeed.
+
+Both expose the same four things the learner uses: `module`, `gas` (micro-steps per
+optimizer step), `backward(loss)` and `step()`. DeepSpeed divides each micro-batch loss
+by `gas` and averages gradients over ranks; the plain engine divides by `gas` too, so the
+learner scales its loss one way for both.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class ConfigError(ValueError):
+    """A DeepSpeed config problem; the message is one line with the fix."""
+
+
+def load_ds_config(path: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"DeepSpeed config {path} not found; pass --deepspeed-config PATH") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"DeepSpeed config {path} is not valid JSON ({exc}); fix the file") from None
+
+
+def resolve_ds_config(raw: dict, world: int, train_batch_size: int, group_size: int,
+                      learning_rate: float, cuda: bool) -> tuple[dict, int]:
+    """Fill every "auto" value; returns (config for DeepSpeed, global completions per step).
+
+    Our batch is `train_batch_size` completions per optimizer step, over all ranks. Each
+    rank runs exactly `gradient_accumulation_steps` micro-steps (ZeRO-2 reduces gradients
+    at every micro-step, so all ranks must take the same number); "auto" picks
+    ceil(batch / (micro * world)). DeepSpeed insists batch == micro * gas * world, which
+    uneven token-balanced shards do not satisfy, so the copy handed to DeepSpeed carries
+    that product: it only feeds DeepSpeed's own bookkeeping, since we pass it the batches.
+    """
+    cfg = copy.deepcopy(raw)
+    batch = train_batch_size or cfg.get("train_batch_size", 16)
+    if batch == "auto":
+        batch = 16
+    batch = int(batch)
+    if batch % group_size:
+        raise ConfigError(f"train_batch_size {batch} is not a multiple of --num-generations {group_size}; "
+                          f"a step trains whole groups: use a multiple of {group_size}")
+    micro = cfg.get("train_micro_batch_size_per_gpu", "auto")
+    micro = max(1, math.ceil(batch / world)) if micro == "auto" else int(micro)
+    gas = cfg.get("gradient_accumulation_steps", "auto")
+    gas = max(1, math.ceil(batch / (micro * world))) if gas == "auto" else int(gas)
+    cfg["train_batch_size"] = micro * gas * world
+    cfg["train_micro_batch_size_per_gpu"] = micro
+    cfg["gradient_accumulation_steps"] = gas
+    bf16 = cfg.setdefault("bf16", {})
+    if bf16.get("enabled", "auto") == "auto":
+        bf16["enabled"] = cuda
+    if not cuda:
+        bf16["enabled"] = False  # no bf16 training on the CPU path: gloo + fp32
+    opt = cfg.setdefault("optimizer", {"type": "AdamW", "params": {}})
+    params = opt.setdefault("params", {})
+    if params.get("lr", "auto") == "auto":
+        params["lr"] = learning_rate
+    for key, value in list(params.items()):
+        if value == "auto":
+            raise ConfigError(f'optimizer.params.{key} is "auto" but the program does not fill it; set a value')
+    if cfg.get("gradient_clipping") == "auto":
+        cfg["gradient_clipping"] = 1.0
+    zero = cfg.setdefault("zero_optimization", {"stage": 2})
+    if zero.get("stage") == "auto":
+        zero["stage"] = 2
+    return cfg, batch
+
+
+class DeepSpeedEngine:
+    def __init__(self, model: torch.nn.Module, ds_config: dict):
+        import deepspeed
+
+        self._engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                                     config=ds_config)
+        self.gas = int(ds_config["gradient_accumulation_steps"])
+        self.device = self._engine.device
+        log.info("DeepSpeed ZeRO stage %d engine: micro %d x gas %d, bf16=%s, optimizer %s",
+                 self._engine.zero_optimization_stage(), ds_config["train_micro_batch_size_per_gpu"],
+                 self.gas, ds_config["bf16"]["enabled"], ds_config["optimizer"]["type"])
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self._engine.module
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self._engine.backward(loss)   # divides by gas; reduces (ZeRO-2) over ranks
+        self._engine.step()           # a no-op except at the accumulation boundary
+
+    def step(self) -> None:
+        # DeepSpeed already stepped inside the last micro-batch's backward(); nothing left to do.
+        return None
+
+    def grad_norm(self) -> float:
+        norm = self._engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+
+class TorchEngine:
+    """One process, plain AdamW: the same call pattern as DeepSpeedEngine."""
+
+    def __init__(self, model: torch.nn.Module, ds_config: dict, device: torch.device):
+        params = ds_config["optimizer"]["params"]
+        self.module = model
+        self.device = device
+        self.gas = int(ds_config["gradient_accumulation_steps"])
+        self.clip = float(ds_config.get("gradient_clipping") or 0.0)
+        self.opt = torch.optim.AdamW(model.parameters(), lr=params["lr"],
+                                     betas=tuple(params.get("betas", (0.9, 0.999))),
+                                     eps=params.get("eps", 1e-8), weight_decay=params.get("weight_decay", 0.0))
+        self._norm = float("nan")
+        log.info("plain PyTorch engine (--no-deepspeed): AdamW lr %g, gas %d", params["lr"], self.gas)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss / self.gas).backward()
+
+    def step(self) -> None:
+        if self.clip > 0:
+            self._norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clip))
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def grad_norm(self) -> float:
+        return self._norm

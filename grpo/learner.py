@@ -1,0 +1,282 @@
+"""The learner: rank 0 receives groups, every rank trains on its shard, rank 0 publishes weights.
+
+One step:
+  rank 0   collect train_batch_size/G fresh groups (stale ones dropped and counted)
+  all      broadcast the batch; each rank keeps its token-balanced shard      (sync point)
+  all      gas micro-steps of forward + GRPO loss + backward (ZeRO-2 reduces grads)
+  all      optimizer step; policy version = step count
+  rank 0   snapshot the weights for the samplers; write metrics.jsonl
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from grpo import protocol as P
+from grpo.batch import Batch, balanced_split, broadcast_batch, build_batch, micro_batch
+from grpo.config import LearnerConfig
+from grpo.engine import DeepSpeedEngine, TorchEngine, load_ds_config, resolve_ds_config
+from grpo.loss import grpo_token_loss, reduce_loss
+from grpo.metrics import MetricsWriter, make_run_dir
+from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, token_logprobs
+from grpo.transport import DataReceiver, SyncServer
+from grpo.weight_sync import TcpPublisher
+
+log = logging.getLogger(__name__)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Learner:
+    def __init__(self, cfg: LearnerConfig):
+        self.cfg = cfg
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        if cfg.no_deepspeed and self.world > 1:
+            raise ValueError("--no-deepspeed runs one process; drop it or start a single rank")
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        self.device = pick_device(cfg.device, cfg.gpu_id if cfg.gpu_id >= 0 else (local if cfg.device != "cpu" else -1))
+        self.run_dir = make_run_dir(cfg.run_dir)
+        raw_ds = load_ds_config(cfg.deepspeed_config)
+        self.ds_config, self.batch_size = resolve_ds_config(
+            raw_ds, self.world, cfg.train_batch_size, cfg.num_generations, cfg.learning_rate,
+            cuda=self.device.type == "cuda")
+        self.groups_per_step = self.batch_size // cfg.num_generations
+
+        path = resolve_model(cfg.model)  # a bad --model fails here, before ports or weights
+        # Rank 0 binds both ports before loading the model, so samplers can connect and
+        # queue while it loads; the ready file tells the launcher the ports are bound.
+        self.receiver = self.server = None
+        if self.rank == 0:
+            self.server = SyncServer(cfg.host, cfg.sync_port)
+            self.receiver = DataReceiver(cfg.host, cfg.data_port, P.Limits(group_size=cfg.num_generations),
+                                         max_message_bytes=cfg.max_message_mb << 20)
+            (self.run_dir / "learner.ready").write_text(json.dumps(
+                {"host": cfg.host, "data_port": cfg.data_port, "sync_port": cfg.sync_port, "pid": os.getpid()}))
+            log.info("learner bound data %s:%d and sync %s:%d; run dir %s", cfg.host, cfg.data_port,
+                     cfg.host, cfg.sync_port, self.run_dir)
+
+        if not cfg.no_deepspeed:
+            import deepspeed
+
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+            os.environ.setdefault("RANK", "0")
+            os.environ.setdefault("WORLD_SIZE", "1")
+            os.environ.setdefault("LOCAL_RANK", str(self.device.index or 0))
+            deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo",
+                                       timeout=timedelta(seconds=cfg.dist_timeout_s))
+        self.tok = load_tokenizer(path)
+        # DeepSpeed bf16 keeps fp32 master weights in its optimizer, so the module can be bf16;
+        # plain AdamW needs fp32 weights, and gets bf16 compute through autocast instead.
+        dtype = compute_dtype(self.device) if not cfg.no_deepspeed else torch.float32
+        model = load_causal_lm(path, self.device, dtype)
+        model.config.use_cache = False
+        self.vocab_size = model.get_input_embeddings().weight.shape[0]
+        if self.receiver is not None:
+            self.receiver.limits = P.Limits(group_size=cfg.num_generations, vocab_size=self.vocab_size)
+        self.engine = (TorchEngine(model, self.ds_config, self.device) if cfg.no_deepspeed
+                       else DeepSpeedEngine(model, self.ds_config))
+        self.autocast = (cfg.no_deepspeed and self.device.type == "cuda")
+        self.publisher = TcpPublisher(self.server, self.engine.module) if self.rank == 0 else None
+        self.metrics = MetricsWriter(self.run_dir) if self.rank == 0 else None
+        self.version = 0
+        self.queue: collections.deque[P.Group] = collections.deque()
+        self.counts = collections.Counter()           # received, trained, dropped_<reason>
+        self.sampler_status: dict[int, P.SamplerStatus] = {}
+        log.info("learner rank %d/%d on %s: batch %d completions (%d groups of %d) per step, gas %d",
+                 self.rank, self.world, self.device, self.batch_size, self.groups_per_step,
+                 cfg.num_generations, self.engine.gas)
+
+    # ------------------------------------------------------------------ data (rank 0)
+    def _take(self, msg: P.Message | None) -> None:
+        if isinstance(msg, P.Group):
+            self.counts["received"] += 1
+            self.queue.append(msg)
+        elif isinstance(msg, P.SamplerStatus):
+            self.sampler_status[msg.sampler_id] = msg
+        elif msg is not None:
+            self.counts["dropped_unexpected_kind"] += 1
+
+    def _fresh(self, g: P.Group) -> bool:
+        if g.policy_version > self.version:
+            self.counts["dropped_future_version"] += 1
+            return False
+        if self.version - g.policy_version > self.cfg.max_staleness:
+            self.counts["dropped_stale"] += 1
+            return False
+        if len(g.prefix_token_ids) == 0:
+            self.counts["dropped_empty_prompt"] += 1
+            return False
+        return True
+
+    def collect(self) -> list[P.Group]:
+        groups: list[P.Group] = []
+        waited_since = time.monotonic()
+        next_note = waited_since + self.cfg.data_timeout_s
+        while len(groups) < self.groups_per_step:
+            while self.queue and len(groups) < self.groups_per_step:
+                g = self.queue.popleft()
+                if self._fresh(g):
+                    groups.append(g)
+            if len(groups) >= self.groups_per_step:
+                break
+            self._take(self.receiver.receive(timeout_s=0.5))
+            now = time.monotonic()
+            if now >= next_note:
+                log.info("no data for %.0f s (have %d of %d groups for step %d); samplers seen: %s",
+                         now - waited_since, len(groups), self.groups_per_step, self.version + 1,
+                         sorted(self.sampler_status) or "none")
+                next_note = now + self.cfg.data_timeout_s
+        # Take what else already arrived without waiting, so the queue counts are current.
+        while (msg := self.receiver.receive(timeout_s=0)) is not None or self.receiver.sock.poll(0):
+            self._take(msg)
+        return groups
+
+    # ------------------------------------------------------------------ training (all ranks)
+    def train_step(self, batch: Batch) -> dict:
+        cfg, module = self.cfg, self.engine.module
+        module.train()
+        lens = batch.whole_lens()
+        gen_lens = batch.meta[:, 1].tolist()
+        mine = balanced_split(lens, self.world)[self.rank]
+        micro = balanced_split([lens[i] for i in mine], self.engine.gas)
+        total_tokens = int(sum(gen_lens))
+        scale = self.world * self.engine.gas   # undo DeepSpeed's mean over ranks and micro-steps
+        sums = torch.zeros(6, dtype=torch.float64)  # loss, kl, clipped, tokens, ratio, sequences
+        amp = torch.autocast("cuda", dtype=torch.bfloat16) if self.autocast else contextlib.nullcontext()
+        for part in micro:
+            if not part:
+                # This rank has fewer sequences than micro-steps. ZeRO-2 reduces gradients at
+                # every micro-step on every rank, so it still runs one: a zero-weight forward.
+                ids = torch.full((1, 2), self.tok.pad_token_id, dtype=torch.long, device=self.device)
+                with amp:
+                    out = module(input_ids=ids, use_cache=False).logits
+                self.engine.backward(out.float().sum() * 0.0)
+                continue
+            mb = micro_batch(batch, [mine[i] for i in part], self.tok.pad_token_id, self.device)
+            with amp:
+                logp = token_logprobs(module, mb.input_ids, mb.attention, cfg.temperature)   # [b, L-1]
+            tl = grpo_token_loss(logp, mb.old_logp, mb.ref_logp, mb.advantages, mb.gen_mask,
+                                 cfg.epsilon, cfg.epsilon_high, cfg.beta)
+            share = reduce_loss(tl.loss, mb.gen_mask, cfg.loss_type, batch.size, total_tokens, cfg.max_new_tokens)
+            self.engine.backward(share * scale)
+            with torch.no_grad():
+                sums += torch.tensor([share.item(), tl.kl.sum().item(), tl.clipped.sum().item(),
+                                      mb.gen_mask.sum().item(), tl.ratio.sum().item(), len(part)],
+                                     dtype=torch.float64)
+        self.engine.step()
+        if dist.is_initialized() and self.world > 1:
+            s = sums.to(self.device)
+            dist.all_reduce(s)
+            sums = s.cpu()
+        loss, kl, clipped, toks, ratio, seqs = sums.tolist()
+        return {"loss": loss, "kl": kl / max(toks, 1), "clip_frac": clipped / max(toks, 1),
+                "ratio_mean": ratio / max(toks, 1), "tokens": int(toks), "sequences": int(seqs),
+                "grad_norm": self.engine.grad_norm()}
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> dict:
+        t_start = time.perf_counter()
+        trained_samples = 0
+        for step in range(1, self.cfg.max_steps + 1):
+            t0 = time.perf_counter()
+            batch = groups = None
+            if self.rank == 0:
+                groups = self.collect()
+                batch = build_batch(groups, self.cfg.num_generations, self.cfg.scale_rewards)
+            t_data = time.perf_counter()
+            batch, _ = broadcast_batch(batch, False, self.device)
+            stats = self.train_step(batch)
+            self.version = step
+            t_train = time.perf_counter()
+            if self.rank == 0:
+                stall = self.publisher.publish(self.version, self.engine.module)
+                self.counts["trained"] += len(groups)
+                trained_samples += batch.size
+                self._log_step(step, groups, batch, stats, t0, t_data, t_train, stall, trained_samples, t_start)
+        if self.rank == 0:
+            broadcast_batch(None, True, self.device)
+            return self.shutdown(time.perf_counter() - t_start)
+        broadcast_batch(None, True, self.device)
+        return {}
+
+    def _log_step(self, step, groups, batch, stats, t0, t_data, t_train, stall, trained_samples, t_start) -> None:
+        rewards = batch.scalars[:, 1]
+        correct = [c.reward_info.get("correct", 0.0) for g in groups for c in g.completions]
+        versions = [g.policy_version for g in groups]
+        now = time.perf_counter()
+        rec = {"step": step, "policy_version": self.version, **stats,
+               "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()) if batch.size > 1 else 0.0,
+               "accuracy": sum(correct) / max(len(correct), 1),
+               "completion_len_mean": float(batch.meta[:, 1].float().mean()),
+               "staleness_mean": sum(self.version - 1 - v for v in versions) / len(versions),
+               "step_time_s": now - t0, "data_wait_s": t_data - t0, "train_s": t_train - t_data,
+               "sync_publish_s": stall, "samples_per_s": trained_samples / (now - t_start),
+               "groups": self._accounting(), "sampler_versions": dict(self.publisher.sampler_versions),
+               "sync_bytes_served": self.publisher.bytes_served, "data_bytes_received": self.receiver.bytes,
+               "time_s": now - t_start}
+        self.metrics.write(rec)
+        log.info("step %d v%d: loss %.4f reward %.3f acc %.3f kl %.4f clip %.3f | %d tok, %.2f s "
+                 "(wait %.2f, train %.2f, publish %.3f) | %.1f samples/s | samplers at %s | groups %s",
+                 step, self.version, stats["loss"], rec["reward_mean"], rec["accuracy"], stats["kl"],
+                 stats["clip_frac"], stats["tokens"], rec["step_time_s"], rec["data_wait_s"], rec["train_s"],
+                 stall, rec["samples_per_s"], rec["sampler_versions"], rec["groups"])
+
+    def _accounting(self) -> dict:
+        dropped = {k[len("dropped_"):]: v for k, v in self.counts.items() if k.startswith("dropped_")}
+        for reason, n in self.receiver.rejected.items():
+            dropped["invalid_" + reason] = dropped.get("invalid_" + reason, 0) + n
+        return {"received": self.counts["received"], "trained": self.counts["trained"],
+                "dropped": dropped, "queued": len(self.queue),
+                "sent": sum(s.groups_sent for s in self.sampler_status.values())}
+
+    def shutdown(self, elapsed: float) -> dict:
+        """Tell samplers to stop, wait for their final status, and account for every group."""
+        self.publisher.stop_samplers()
+        known = set(self.sampler_status) | set(self.publisher.sampler_versions)
+        deadline = time.monotonic() + self.cfg.shutdown_timeout_s
+        log.info("finished %d steps; stopping samplers %s (waiting up to %.0f s for their final status)",
+                 self.version, sorted(known), self.cfg.shutdown_timeout_s)
+        while time.monotonic() < deadline:
+            finals = {i for i, s in self.sampler_status.items() if s.final}
+            known |= set(self.sampler_status) | set(self.publisher.sampler_versions)
+            if known and known <= finals:
+                break
+            self._take(self.receiver.receive(timeout_s=0.2))
+        acc = self._accounting()
+        missing = sorted(known - {i for i, s in self.sampler_status.items() if s.final})
+        dropped_total = sum(acc["dropped"].values())
+        acc["balanced"] = acc["sent"] == acc["trained"] + dropped_total + acc["queued"]
+        summary = {"steps": self.version, "elapsed_s": elapsed, "groups": acc,
+                   "samplers": {i: {"version": s.policy_version, "groups_sent": s.groups_sent, "final": s.final}
+                                for i, s in sorted(self.sampler_status.items())},
+                   "samplers_without_final_status": missing,
+                   "sync": {"bytes_served": self.publisher.bytes_served, **self.publisher.replies},
+                   "rejected_messages": dict(self.receiver.rejected)}
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        self.metrics.write({"final": True, **summary})
+        log.info("accounting: sent %d = trained %d + dropped %d %s + queued %d -> %s%s", acc["sent"],
+                 acc["trained"], dropped_total, acc["dropped"], acc["queued"],
+                 "balanced" if acc["balanced"] else "NOT balanced",
+                 f" (no final status from samplers {missing})" if missing else "")
+        self.publisher.close()
+        self.receiver.close()
+        self.metrics.close()
+        with contextlib.suppress(FileNotFoundError):
+            (self.run_dir / "learner.ready").unlink()
+        return summary

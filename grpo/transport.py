@@ -1,0 +1,172 @@
+"""ZeroMQ transports: a small send/receive/close interface over the protocol's messages.
+
+Two channels (docs/protocol.md):
+  data (5555): samplers PUSH (connect)  -> learner rank 0 PULL (bind). Fair-queued across samplers.
+  sync (5556): samplers DEALER (connect) <-> learner rank 0 ROUTER (bind). A sampler asks for
+               weights newer than the version it has; the learner answers with weights,
+               no_update or stop. Pull-based, so a slow sampler gets the newest version
+               and never a backlog of old ones.
+Every receive has a timeout; every receiving socket has a maximum message size, so
+libzmq drops an oversized message before we allocate for it.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from typing import Protocol
+
+import zmq
+
+from grpo import protocol as P
+
+log = logging.getLogger(__name__)
+
+
+class PortInUse(Exception):
+    """A port we must bind is taken; the message names the flag that changes it."""
+
+
+class Transport(Protocol):
+    def send(self, msg: P.Message, timeout_s: float | None = None) -> bool: ...
+    def receive(self, timeout_s: float) -> P.Message | None: ...
+    def close(self) -> None: ...
+
+
+def _bind(sock: zmq.Socket, host: str, port: int, flag: str) -> None:
+    try:
+        sock.bind(f"tcp://{host}:{port}")
+    except zmq.ZMQError as exc:
+        sock.close(linger=0)
+        if exc.errno == zmq.EADDRINUSE:
+            raise PortInUse(f"port {port} on {host} is already in use (another learner running?); "
+                            f"stop it or pass {flag} with a free port") from None
+        raise PortInUse(f"cannot bind {host}:{port}: {exc}; pass {flag} with a free port or fix --host") from None
+
+
+class _Receiving:
+    """Decode + validate with counted, rate-limited rejections; bad input never raises."""
+
+    def __init__(self, sock: zmq.Socket, limits: P.Limits, what: str):
+        self.sock, self.limits, self.what = sock, limits, what
+        self.rejected: Counter[str] = Counter()
+        self.messages = 0
+        self.bytes = 0
+        self._last_warn = 0.0
+
+    def _decode(self, frames: list[zmq.Frame]) -> P.Message | None:
+        self.messages += 1
+        self.bytes += sum(len(f.buffer) for f in frames)
+        try:
+            return P.decode(frames, self.limits)
+        except P.ProtocolError as exc:
+            self.rejected[exc.reason] += 1
+            now = time.monotonic()
+            if now - self._last_warn > 5.0:  # a flood of garbage must not flood the log
+                self._last_warn = now
+                log.warning("dropped a bad %s message (%s): %s [rejected so far: %s]",
+                            self.what, exc.reason, exc.detail, dict(self.rejected))
+            return None
+
+
+class DataSender:
+    """Sampler side of the data channel."""
+
+    def __init__(self, host: str, port: int, hwm: int, ctx: zmq.Context | None = None):
+        self.sock = (ctx or zmq.Context.instance()).socket(zmq.PUSH)
+        # At the high-water mark a PUSH send blocks: that is the backpressure that keeps a
+        # sampler from queueing unbounded groups while the learner is slow or absent.
+        self.sock.setsockopt(zmq.SNDHWM, hwm)
+        self.sock.setsockopt(zmq.LINGER, 10_000)  # on close, give queued groups 10 s to leave
+        self.sock.connect(f"tcp://{host}:{port}")
+        self.bytes_sent = 0
+
+    def send(self, msg: P.Message, timeout_s: float | None = None) -> bool:
+        frames = P.encode(msg)
+        self.sock.setsockopt(zmq.SNDTIMEO, -1 if timeout_s is None else int(timeout_s * 1000))
+        try:
+            self.sock.send_multipart(frames, copy=False)
+        except zmq.Again:
+            return False
+        self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
+        return True
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class DataReceiver(_Receiving):
+    """Learner rank 0 side of the data channel."""
+
+    def __init__(self, host: str, port: int, limits: P.Limits, max_message_bytes: int,
+                 ctx: zmq.Context | None = None):
+        sock = (ctx or zmq.Context.instance()).socket(zmq.PULL)
+        sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)  # per frame; checked before allocation
+        sock.setsockopt(zmq.RCVHWM, 1000)
+        sock.setsockopt(zmq.LINGER, 0)
+        _bind(sock, host, port, "--data-port")
+        super().__init__(sock, limits, "data")
+
+    def receive(self, timeout_s: float) -> P.Message | None:
+        if not self.sock.poll(int(timeout_s * 1000)):
+            return None
+        return self._decode(self.sock.recv_multipart(copy=False))
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+class SyncClient(_Receiving):
+    """Sampler side of the weight channel."""
+
+    def __init__(self, host: str, port: int, limits: P.Limits, ctx: zmq.Context | None = None):
+        sock = (ctx or zmq.Context.instance()).socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(f"tcp://{host}:{port}")
+        super().__init__(sock, limits, "sync")
+
+    def send(self, msg: P.Message, timeout_s: float | None = None) -> bool:
+        try:
+            self.sock.send_multipart(P.encode(msg), copy=False, flags=zmq.NOBLOCK)
+        except zmq.Again:  # not connected yet and its queue is full: the next round asks again
+            return False
+        return True
+
+    def receive(self, timeout_s: float) -> P.Message | None:
+        if not self.sock.poll(int(timeout_s * 1000)):
+            return None
+        return self._decode(self.sock.recv_multipart(copy=False))
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+class SyncServer(_Receiving):
+    """Learner rank 0 side of the weight channel. Lives in one thread (zmq sockets are not thread-safe)."""
+
+    def __init__(self, host: str, port: int, ctx: zmq.Context | None = None):
+        sock = (ctx or zmq.Context.instance()).socket(zmq.ROUTER)
+        sock.setsockopt(zmq.MAXMSGSIZE, 1 << 16)  # requests are tiny
+        # A ROUTER drops (not blocks) when a peer's queue is full; weights are re-requested
+        # by the sampler's next round, so a dropped reply costs one round of staleness at most.
+        sock.setsockopt(zmq.SNDHWM, 4)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        _bind(sock, host, port, "--sync-port")
+        super().__init__(sock, P.Limits(), "sync")
+
+    def receive(self, timeout_s: float) -> tuple[bytes, P.Message] | None:  # type: ignore[override]
+        if not self.sock.poll(int(timeout_s * 1000)):
+            return None
+        frames = self.sock.recv_multipart(copy=False)
+        identity, body = frames[0].bytes, frames[1:]
+        msg = self._decode(body)
+        return None if msg is None else (identity, msg)
+
+    def reply(self, identity: bytes, msg: P.Message) -> int:
+        frames = P.encode(msg)
+        self.sock.send_multipart([identity, *frames], copy=False)
+        return sum(memoryview(f).nbytes for f in frames)
+
+    def close(self) -> None:
+        self.sock.close(linger=0)

@@ -1,0 +1,171 @@
+"""Moving weights from learner rank 0 to the samplers.
+
+Shared by every method: a *layout* (name, dtype, shape, bucket, byte offset per tensor)
+and flat per-dtype *buckets*. This module implements method "tcp" (bucket bytes over the
+sync socket); the announcement header is the same for the later "ipc", "nccl" and "shared"
+methods, which only carry the buckets differently.
+
+Ownership: each published version gets freshly allocated CPU buckets. ZeroMQ sends them
+without copying and holds a reference until the bytes are on the wire, so the learner
+never writes into a buffer a reply may still be reading; the old snapshot is freed when
+the last reply that uses it has gone.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from grpo import protocol as P
+from grpo.transport import SyncServer
+
+log = logging.getLogger(__name__)
+
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
+               torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8"}
+TORCH_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
+MAX_BUCKET_BYTES = 1 << 30  # one ZeroMQ frame per bucket; 1 GiB keeps frames a sane size
+
+
+def plan_layout(named: list[tuple[str, torch.Tensor]],
+                max_bucket_bytes: int = MAX_BUCKET_BYTES) -> tuple[list[P.TensorSpec], list[str], list[int]]:
+    """Assign every tensor a bucket and byte offset: one run of buckets per dtype, in name order."""
+    layout: list[P.TensorSpec] = []
+    bucket_dtypes: list[str] = []
+    bucket_nbytes: list[int] = []
+    open_bucket: dict[str, int] = {}
+    for name, t in named:
+        dt = DTYPE_NAMES[t.dtype]
+        nbytes = t.numel() * t.element_size()
+        b = open_bucket.get(dt)
+        if b is None or (bucket_nbytes[b] + nbytes > max_bucket_bytes and bucket_nbytes[b] > 0):
+            b = len(bucket_dtypes)
+            bucket_dtypes.append(dt)
+            bucket_nbytes.append(0)
+            open_bucket[dt] = b
+        # Keep every tensor 16-byte aligned so a typed view of the bucket is always legal.
+        offset = bucket_nbytes[b]
+        layout.append(P.TensorSpec(name=name, dtype=dt, shape=tuple(t.shape), bucket=b, offset=offset))
+        bucket_nbytes[b] = offset + ((nbytes + 15) // 16) * 16
+    return layout, bucket_dtypes, bucket_nbytes
+
+
+def pack(named: list[tuple[str, torch.Tensor]], layout: list[P.TensorSpec],
+         bucket_nbytes: list[int]) -> list[torch.Tensor]:
+    """Copy the tensors into new CPU uint8 buckets (device-to-host for CUDA tensors)."""
+    buckets = [torch.empty(n, dtype=torch.uint8) for n in bucket_nbytes]
+    for (name, t), spec in zip(named, layout):
+        assert name == spec.name
+        flat = t.detach().contiguous().view(-1).view(torch.uint8)
+        buckets[spec.bucket][spec.offset:spec.offset + flat.numel()].copy_(flat)
+    return buckets
+
+
+def unpack_views(layout: list[P.TensorSpec], buckets: list) -> dict[str, torch.Tensor]:
+    """Typed, shaped views into received buckets (no copy)."""
+    out: dict[str, torch.Tensor] = {}
+    flat = [torch.frombuffer(b, dtype=torch.uint8) if not isinstance(b, torch.Tensor) else b for b in buckets]
+    for spec in layout:
+        dtype = TORCH_DTYPES[spec.dtype]
+        n = int(np.prod(spec.shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+        raw = flat[spec.bucket][spec.offset:spec.offset + n]
+        out[spec.name] = raw.view(dtype).view(spec.shape)
+    return out
+
+
+def apply_weights(model: torch.nn.Module, announce: P.WeightsAnnounce) -> None:
+    """Load a version into `model`, all or nothing: everything is checked before anything is written."""
+    params = dict(model.named_parameters())
+    names = {s.name for s in announce.layout}
+    if names != set(params):
+        missing, extra = sorted(set(params) - names)[:3], sorted(names - set(params))[:3]
+        raise ValueError(f"weights v{announce.version} do not match this model (missing {missing}, unexpected {extra})")
+    for spec in announce.layout:
+        if tuple(params[spec.name].shape) != tuple(spec.shape):
+            raise ValueError(f"weights v{announce.version}: {spec.name} has shape {spec.shape}, "
+                             f"model has {tuple(params[spec.name].shape)}")
+    views = unpack_views(announce.layout, announce.buckets)
+    with torch.no_grad():
+        for name, view in views.items():
+            params[name].copy_(view, non_blocking=False)  # casts if the learner trains in another dtype
+
+
+@dataclass
+class Snapshot:
+    """One published version: the announcement and the CPU buckets it points into."""
+    version: int
+    announce: P.WeightsAnnounce
+    created: float = field(default_factory=time.monotonic)
+
+
+class TcpPublisher:
+    """Learner rank 0: keeps the newest snapshot and serves it from a thread on the sync port.
+
+    The thread answers each weights_request at once: weights if the sampler is behind,
+    no_update if it is current, stop once the learner is finishing. It also records, per
+    sampler, the version that sampler last reported, so the metrics show who runs what.
+    """
+
+    def __init__(self, server: SyncServer, model: torch.nn.Module):
+        self.server = server
+        named = list(model.named_parameters())
+        self.layout, self.bucket_dtypes, self.bucket_nbytes = plan_layout(named)
+        self._snapshot: Snapshot | None = None
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._closed = threading.Event()
+        self.sampler_versions: dict[int, int] = {}
+        self.bytes_served = 0
+        self.replies = {"weights": 0, "no_update": 0, "stop": 0}
+        self.stopped_samplers: set[int] = set()
+        self._thread = threading.Thread(target=self._serve, name="weight-sync", daemon=True)
+        self._thread.start()
+
+    def publish(self, version: int, model: torch.nn.Module) -> float:
+        """Snapshot the model as `version`; returns the seconds the learner was stalled."""
+        t0 = time.perf_counter()
+        named = list(model.named_parameters())
+        buckets = pack(named, self.layout, self.bucket_nbytes)
+        announce = P.WeightsAnnounce(version=version, method="tcp", layout=self.layout,
+                                     bucket_dtypes=self.bucket_dtypes, bucket_nbytes=self.bucket_nbytes,
+                                     buckets=[memoryview(b.numpy()) for b in buckets])
+        with self._lock:
+            self._snapshot = Snapshot(version, announce)
+        return time.perf_counter() - t0
+
+    def stop_samplers(self) -> None:
+        """From now on every request is answered with stop."""
+        self._stopping.set()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=5)
+        self.server.close()
+
+    def _serve(self) -> None:
+        while not self._closed.is_set():
+            got = self.server.receive(timeout_s=0.1)
+            if got is None:
+                continue
+            identity, msg = got
+            if not isinstance(msg, P.WeightsRequest):
+                self.server.rejected["unexpected_kind"] += 1
+                continue
+            self.sampler_versions[msg.sampler_id] = msg.have_version
+            with self._lock:
+                snap = self._snapshot
+            current = snap.version if snap else 0
+            if self._stopping.is_set():
+                self.server.reply(identity, P.Stop(version=current, reason="learner finished"))
+                self.replies["stop"] += 1
+                self.stopped_samplers.add(msg.sampler_id)
+            elif snap is not None and msg.have_version < snap.version:
+                self.bytes_served += self.server.reply(identity, snap.announce)
+                self.replies["weights"] += 1
+            else:
+                self.server.reply(identity, P.NoUpdate(version=current))
+                self.replies["no_update"] += 1

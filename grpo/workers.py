@@ -1,0 +1,84 @@
+"""Entry points behind sampling_worker.py and training_worker.py.
+
+Arguments are parsed before anything heavy is imported, so `--help` and flag mistakes are
+instant. A user mistake (bad device, busy port, missing model or data set, bad config)
+ends with one line naming the problem and the fix and exit code 2; only real bugs show a
+traceback.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from grpo.config import LearnerConfig, SamplerConfig, parse_config
+
+USER_ERROR_EXIT = 2
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from grpo.data import DatasetUnavailable
+    from grpo.engine import ConfigError
+    from grpo.model import ModelUnavailable
+    from grpo.transport import PortInUse
+
+    return (DatasetUnavailable, ConfigError, ModelUnavailable, PortInUse, ValueError)
+
+
+def _fail(prog: str, exc: BaseException) -> int:
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    print(f"{prog}: error: {msg}", file=sys.stderr)
+    return USER_ERROR_EXIT
+
+
+def _gpu_env(device: str, gpu_id: int) -> None:
+    """Fail fast on --gpu-id without CUDA, before torch (slow) or any model loads."""
+    if device == "cpu" and gpu_id >= 0:
+        raise ValueError("--gpu-id and --device cpu contradict each other; drop one of them")
+
+
+def sampler_main(argv: list[str] | None = None) -> int:
+    prog = "sampling_worker.py"
+    cfg = parse_config(SamplerConfig, argv, prog)
+    try:
+        _gpu_env(cfg.device, cfg.gpu_id)
+        if not 0 <= cfg.sampler_id < cfg.num_samplers:
+            raise ValueError(f"--sampler-id {cfg.sampler_id} must be in 0..{cfg.num_samplers - 1} (--num-samplers)")
+        from grpo.metrics import make_run_dir, save_config, seed_all, setup_logging
+
+        run_dir = make_run_dir(cfg.run_dir)
+        cfg.run_dir = str(run_dir)
+        setup_logging(f"sampler{cfg.sampler_id}", cfg.log_file)
+        seed_all(cfg.seed + cfg.sampler_id)
+        save_config(run_dir, f"sampler{cfg.sampler_id}", cfg)
+        from grpo.sampler import Sampler
+
+        sampler = Sampler(cfg)
+    except _user_errors() as exc:
+        return _fail(prog, exc)
+    result = sampler.run()
+    (run_dir / f"sampler{cfg.sampler_id}_result.json").write_text(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+def learner_main(argv: list[str] | None = None) -> int:
+    prog = "training_worker.py"
+    cfg = parse_config(LearnerConfig, argv, prog)
+    try:
+        _gpu_env(cfg.device, cfg.gpu_id)
+        from grpo.metrics import make_run_dir, save_config, seed_all, setup_logging
+
+        rank = int(os.environ.get("RANK", "0"))
+        run_dir = make_run_dir(cfg.run_dir)
+        cfg.run_dir = str(run_dir)
+        setup_logging(f"learner{rank}", cfg.log_file)
+        seed_all(cfg.seed)
+        if rank == 0:
+            save_config(run_dir, "learner", cfg)
+        from grpo.learner import Learner
+
+        learner = Learner(cfg)
+    except _user_errors() as exc:
+        return _fail(prog, exc)
+    learner.run()
+    return 0

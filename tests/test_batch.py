@@ -1,0 +1,50 @@
+"""Batch building, token-balanced splitting and micro-batch alignment."""
+import numpy as np
+import pytest
+import torch
+
+from grpo import protocol as P
+from grpo.batch import balanced_split, build_batch, micro_batch
+
+
+def group(prefix, gens, rewards, version=0):
+    prefix = np.asarray(prefix, dtype=np.int32)
+    comps = []
+    for k, (gen, r) in enumerate(zip(gens, rewards)):
+        gen = np.asarray(gen, dtype=np.int32)
+        comps.append(P.Completion(
+            generated_token_ids=gen, old_policy_log_probs=-(np.arange(len(gen), dtype=np.float32) + 1) / 10,
+            ref_policy_log_probs=-(np.arange(len(gen), dtype=np.float32) + 1) / 100,
+            whole_token_ids=np.concatenate([prefix, gen]), text="", reward=r, reward_info={},
+            is_finished=True))
+    return P.Group(sampler_id=0, group_id="g", policy_version=version, prefix="", prefix_tokens=[],
+                   prefix_token_ids=prefix, completions=comps, meta={})
+
+
+def test_balanced_split_is_deterministic_and_balanced():
+    lengths = [10, 9, 8, 7, 6, 5, 4, 3]
+    parts = balanced_split(lengths, 3)
+    assert parts == balanced_split(lengths, 3)
+    assert sorted(i for p in parts for i in p) == list(range(8))
+    # longest first, each to the lightest part (ties to the lower part): worked by hand
+    assert parts == [[0, 5, 6], [1, 4, 7], [2, 3]]
+    assert [sum(lengths[i] for i in p) for p in parts] == [19, 18, 15]
+    assert balanced_split([5], 3) == [[0], [], []]  # fewer sequences than parts: empty parts
+
+
+def test_build_batch_and_micro_batch_alignment():
+    g = group(prefix=[11, 12, 13], gens=[[21, 22], [31]], rewards=[1.0, 0.0], version=3)
+    b = build_batch([g], group_size=2, scale_rewards=False)
+    assert b.meta.tolist() == [[3, 2, 3, 0], [3, 1, 3, 0]]
+    assert b.tokens.tolist() == [11, 12, 13, 21, 22, 11, 12, 13, 31]
+    assert b.scalars[:, 0].tolist() == pytest.approx([0.5, -0.5])  # r - mean, unscaled
+    mb = micro_batch(b, [0, 1], pad_id=0, device=torch.device("cpu"))
+    assert mb.input_ids.tolist() == [[11, 12, 13, 21, 22], [11, 12, 13, 31, 0]]
+    assert mb.attention.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    # target at position t is input_ids[t + 1]: generated tokens 21, 22 are targets at 2, 3
+    assert mb.gen_mask.tolist() == [[0, 0, 1, 1], [0, 0, 1, 0]]
+    torch.testing.assert_close(mb.old_logp, torch.tensor([[0, 0, -0.1, -0.2], [0, 0, -0.1, 0]]))
+    torch.testing.assert_close(mb.ref_logp, torch.tensor([[0, 0, -0.01, -0.02], [0, 0, -0.01, 0]]))
+    only_second = micro_batch(b, [1], pad_id=0, device=torch.device("cpu"))
+    assert only_second.input_ids.tolist() == [[11, 12, 13, 31]]
+    assert only_second.advantages.tolist() == pytest.approx([-0.5])

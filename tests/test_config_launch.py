@@ -1,0 +1,101 @@
+"""Flags derived from the typed configs, DeepSpeed "auto" resolution, and the launch plan."""
+import json
+from pathlib import Path
+
+import pytest
+
+from grpo.config import LaunchConfig, LearnerConfig, SamplerConfig, build_parser, field_docs, parse_config, to_flags
+from grpo.engine import ConfigError, resolve_ds_config
+from grpo.launch import LaunchError, parse, plan, split_passthrough
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_field_has_a_docstring_and_a_flag():
+    for cls in (SamplerConfig, LearnerConfig, LaunchConfig):
+        docs = field_docs(cls)
+        parser = build_parser(cls, "x")
+        flags = {a.dest for a in parser._actions}
+        for name in cls.__dataclass_fields__:
+            assert docs.get(name), f"{cls.__name__}.{name} has no docstring"
+            if name != "extra":
+                assert name in flags
+
+
+def test_defaults_and_round_trip():
+    cfg = parse_config(LearnerConfig, [], "t")
+    assert (cfg.data_port, cfg.sync_port) == (5555, 5556)
+    cfg2 = parse_config(LearnerConfig, ["--beta", "0.5", "--no-deepspeed", "--max-steps", "3"], "t")
+    assert (cfg2.beta, cfg2.no_deepspeed, cfg2.max_steps) == (0.5, True, 3)
+    assert parse_config(LearnerConfig, to_flags(cfg2), "t") == cfg2
+
+
+def test_unknown_flag_is_one_line_exit_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_config(SamplerConfig, ["--no-such-flag"], "sampling_worker.py")
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--no-such-flag" in err[0]
+
+
+def test_deepspeed_json_auto_values():
+    raw = json.loads((ROOT / "deepspeed.json").read_text())
+    assert raw["train_batch_size"] == 16 and raw["train_micro_batch_size_per_gpu"] == 4
+    assert raw["zero_optimization"]["stage"] == 2
+    cfg, batch = resolve_ds_config(raw, world=3, train_batch_size=0, group_size=8, learning_rate=1e-6, cuda=True)
+    assert batch == 16
+    assert cfg["gradient_accumulation_steps"] == 2          # ceil(16 / (4 * 3))
+    assert cfg["train_batch_size"] == 4 * 2 * 3              # what DeepSpeed's own check needs
+    assert cfg["bf16"]["enabled"] is True and cfg["optimizer"]["params"]["lr"] == 1e-6
+    cfg, _ = resolve_ds_config(raw, world=4, train_batch_size=0, group_size=8, learning_rate=1e-6, cuda=False)
+    assert cfg["gradient_accumulation_steps"] == 1 and cfg["bf16"]["enabled"] is False
+    with pytest.raises(ConfigError, match="multiple of"):
+        resolve_ds_config(raw, world=1, train_batch_size=12, group_size=8, learning_rate=1e-6, cuda=False)
+
+
+def _plan(argv, cuda_count):
+    cfg, to_s, to_l = parse(argv)
+    return plan(cfg, cuda_count, to_s, to_l, master_port=29999)
+
+
+@pytest.mark.parametrize("gpus", [["--training-gpus", "1,2,3"], ["--training-gpus", " 1, 2,3 "]])
+def test_plan_one_sampler_three_learner_gpus(gpus):
+    specs = _plan(["--sampling-gpu", "0", *gpus], cuda_count=4)
+    learners = [s for s in specs if s.role == "learner"]
+    samplers = [s for s in specs if s.role == "sampler"]
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in learners] == ["1,2,3"] * 3
+    assert [s.env["LOCAL_RANK"] for s in learners] == ["0", "1", "2"]
+    assert {s.env["WORLD_SIZE"] for s in learners} == {"3"}
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in samplers] == ["0"]
+    assert "--device" in learners[0].argv and learners[0].argv[learners[0].argv.index("--device") + 1] == "cuda"
+
+
+def test_plan_two_samplers_and_shared_gpu():
+    specs = _plan(["--sampling-gpus", "0,1", "--training-gpus", "0"], cuda_count=2)
+    samplers = [s for s in specs if s.role == "sampler"]
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in samplers] == ["0", "1"]
+    assert [s.argv[s.argv.index("--sampler-id") + 1] for s in samplers] == ["0", "1"]
+    assert {s.argv[s.argv.index("--num-samplers") + 1] for s in samplers} == {"2"}
+
+
+def test_plan_cpu_and_errors():
+    specs = _plan(["--device", "cpu", "--training-ranks", "2", "--num-samplers", "2", "--max-steps", "3",
+                   "--beta", "0.1", "--dataset", "x"], cuda_count=0)
+    assert [s.name for s in specs] == ["learner0", "learner1", "sampler0", "sampler1"]
+    assert all(s.env["CUDA_VISIBLE_DEVICES"] == "" for s in specs)
+    assert "--beta" in specs[0].argv and "--beta" not in specs[2].argv      # learner-only flag
+    assert "--dataset" in specs[2].argv and "--dataset" not in specs[0].argv  # sampler-only flag
+    with pytest.raises(LaunchError, match="GPU 5 does not exist"):
+        _plan(["--sampling-gpu", "0", "--training-gpus", "5"], cuda_count=2)
+    with pytest.raises(LaunchError, match="CUDA is not available"):
+        _plan(["--sampling-gpu", "0", "--training-gpus", "1"], cuda_count=0)
+    with pytest.raises(LaunchError, match="twice"):
+        _plan(["--training-gpus", "1,1"], cuda_count=4)
+
+
+def test_split_passthrough_routes_and_rejects():
+    to_s, to_l = split_passthrough(["--temperature", "0.7", "--learning-rate=1e-5", "--no-scale-rewards"])
+    assert to_s == ["--temperature", "0.7"] and to_l == ["--temperature", "0.7", "--learning-rate=1e-5",
+                                                         "--no-scale-rewards"]
+    with pytest.raises(LaunchError, match="unknown flag --bogus"):
+        split_passthrough(["--bogus", "1"])

@@ -1,0 +1,147 @@
+"""Real processes, real sockets, real DeepSpeed groups (gloo) on the CPU.
+
+These start the entry scripts exactly as a user would and check what a user would look at:
+exit codes, metrics.jsonl, summary.json and the per-process logs.
+"""
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
+PY = sys.executable
+
+
+def free_ports(n):
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+def env():
+    e = dict(os.environ, PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    return e
+
+
+def run(args, timeout, **kw):
+    return subprocess.run([PY, *args], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def steps_of(run_dir):
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in lines if not r.get("final")], json.loads((run_dir / "summary.json").read_text())
+
+
+def test_communication_test_script():
+    d, s = free_ports(2)
+    r = run(["communication_test.py", "--data-port", str(d), "--sync-port", str(s)], timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "5 passed, 0 failed" in r.stdout
+
+
+@pytest.mark.slow
+def test_run_distributed_cpu_two_ranks_two_samplers(tmp_path):
+    """The issue's CPU run: a 2-rank ZeRO-2 learner and 2 samplers through run_distributed.py."""
+    d, s = free_ports(2)
+    run_dir = tmp_path / "run"
+    r = run(["run_distributed.py", "--device", "cpu", "--training-ranks", "2", "--num-samplers", "2",
+             "--max-steps", "3", "--model", "tiny-random", "--dataset", str(GSM8K), "--num-generations", "4",
+             "--prompts-per-round", "1", "--train-batch-size", "8", "--max-new-tokens", "16",
+             "--data-port", str(d), "--sync-port", str(s), "--run-dir", str(run_dir)], timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr + _logs(run_dir)
+    steps, summary = steps_of(run_dir)
+    assert [x["step"] for x in steps] == [1, 2, 3]
+    assert all(math.isfinite(x["loss"]) for x in steps)
+    assert all(x["sequences"] == 8 for x in steps)          # both ranks' shards add up to the batch
+    acc = summary["groups"]
+    dropped = sum(acc["dropped"].values())
+    assert acc["sent"] == acc["trained"] + dropped + acc["queued"], acc
+    assert acc["trained"] == 3 * 2 and acc["balanced"]
+    # both samplers took part, reported a version newer than the initial weights, and stopped cleanly
+    assert set(summary["samplers"]) == {"0", "1"}
+    assert all(v["final"] and v["version"] >= 1 for v in summary["samplers"].values()), summary["samplers"]
+    for name in ("learner0", "learner1", "sampler0", "sampler1"):
+        assert (run_dir / f"{name}.log").exists()
+    log0 = (run_dir / "learner0.log").read_text()
+    assert "DeepSpeed ZeRO stage 2 engine" in log0 and "balanced" in log0
+    assert (run_dir / "config_learner.json").exists() and (run_dir / "config_launch.json").exists()
+
+
+@pytest.mark.slow
+def test_two_terminals_real_model_sampler_first(tmp_path):
+    """The default SmolLM2-135M model, worker scripts started by hand, sampler before learner."""
+    d, s = free_ports(2)
+    run_dir = tmp_path / "run"
+    common = ["--device", "cpu", "--data-port", str(d), "--sync-port", str(s), "--run-dir", str(run_dir),
+              "--num-generations", "4", "--max-new-tokens", "24"]
+    sampler = subprocess.Popen([PY, "sampling_worker.py", *common, "--dataset", str(GSM8K),
+                                "--prompts-per-round", "1"], cwd=ROOT, env=env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(3)  # the sampler is up (loading) before the learner exists: ZeroMQ connects later
+    try:
+        learner = run(["training_worker.py", *common, "--max-steps", "2", "--train-batch-size", "4",
+                       "--learning-rate", "1e-5"], timeout=900)
+        out, _ = sampler.communicate(timeout=300)
+    finally:
+        sampler.kill()
+    assert learner.returncode == 0, learner.stderr[-4000:]
+    assert sampler.returncode == 0, out[-4000:]
+    steps, summary = steps_of(run_dir)
+    assert [x["step"] for x in steps] == [1, 2] and all(math.isfinite(x["loss"]) for x in steps)
+    assert summary["groups"]["balanced"]
+    assert "now running policy version" in out and "learner says stop" in out
+    assert summary["samplers"]["0"]["version"] >= 1
+
+
+def _logs(run_dir):
+    out = []
+    for p in sorted(Path(run_dir).glob("*.log")):
+        out.append(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-30:]))
+    return "\n".join(out)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["training_worker.py", "--bogus-flag"], "--bogus-flag"),
+    (["sampling_worker.py", "--gpu-id", "0"], "CUDA is not available"),
+    (["training_worker.py", "--gpu-id", "3"], "CUDA is not available"),
+    (["sampling_worker.py", "--device", "cpu", "--dataset", "/nonexistent/gsm8k"], "/nonexistent/gsm8k"),
+    (["training_worker.py", "--device", "cpu", "--model", "/nonexistent/model"], "/nonexistent/model"),
+    (["run_distributed.py", "--device", "cpu", "--frobnicate", "1"], "--frobnicate"),
+    (["run_distributed.py", "--sampling-gpu", "0", "--training-gpus", "1,2,3"], "CUDA is not available"),
+])
+def test_user_mistakes_get_one_line_and_no_traceback(args, needle):
+    r = run(args, timeout=120)
+    assert r.returncode != 0
+    err = r.stderr.strip().splitlines()
+    assert "Traceback" not in r.stderr
+    assert len(err) == 1 and needle in err[0], r.stderr
+
+
+def test_busy_port_is_reported_with_the_flag(tmp_path):
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    port = blocker.getsockname()[1]
+    try:
+        for args, flag in ((["training_worker.py", "--device", "cpu", "--data-port", str(port),
+                             "--run-dir", str(tmp_path)], "--data-port"),
+                           (["run_distributed.py", "--device", "cpu", "--sync-port", str(port)], "--sync-port")):
+            r = run(args, timeout=120)
+            assert r.returncode == 2 and "Traceback" not in r.stderr
+            line = r.stderr.strip().splitlines()
+            assert len(line) == 1 and "in use" in line[0] and flag in line[0], r.stderr
+    finally:
+        blocker.close()

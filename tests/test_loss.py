@@ -1,0 +1,129 @@
+"""The GRPO loss against numbers worked out by hand from the formula."""
+import math
+
+import pytest
+import torch
+
+from grpo.loss import group_advantages, grpo_token_loss, reduce_loss
+
+
+def t(x, dtype=torch.float32):
+    return torch.tensor(x, dtype=dtype)
+
+
+def test_on_policy_ratio_is_one_and_loss_is_minus_advantage():
+    logp = t([[-1.0, -2.0], [-0.5, -0.1]])
+    out = grpo_token_loss(logp, logp.clone(), logp.clone(), t([2.0, -0.5]), torch.ones(2, 2), beta=0.1)
+    assert torch.equal(out.ratio, torch.ones(2, 2))
+    assert torch.equal(out.kl, torch.zeros(2, 2))  # ref == policy: k3 is exactly 0
+    assert torch.equal(out.loss, t([[-2.0, -2.0], [0.5, 0.5]]))
+    # grpo: per-sequence means -2 and 0.5, then the mean over 2 sequences
+    assert reduce_loss(out.loss, torch.ones(2, 2), "grpo", 2, 4, 2).item() == pytest.approx(-0.75)
+
+
+def test_ratio_of_e_is_clipped_to_1_2_for_positive_advantage():
+    # logp - old = 1, so r = e = 2.718...; with A = 1 the surrogate is min(e, 1.2) = 1.2
+    logp = t([[0.0]]).requires_grad_()
+    out = grpo_token_loss(logp, t([[-1.0]]), t([[0.0]]), t([1.0]), torch.ones(1, 1), epsilon=0.2)
+    assert out.ratio.item() == pytest.approx(math.e)
+    assert out.loss.item() == pytest.approx(-1.2)
+    assert out.clipped.item() is True
+    out.loss.sum().backward()
+    assert logp.grad.item() == 0.0  # clipped branch: no gradient
+
+
+def test_ratio_of_e_with_negative_advantage_is_not_clipped():
+    # A = -1: min(-e, -1.2) = -e, loss = e, d loss / d logp = -A * r = e
+    logp = t([[0.0]]).requires_grad_()
+    out = grpo_token_loss(logp, t([[-1.0]]), t([[0.0]]), t([-1.0]), torch.ones(1, 1), epsilon=0.2)
+    assert out.loss.item() == pytest.approx(math.e)
+    assert out.clipped.item() is False
+    out.loss.sum().backward()
+    assert logp.grad.item() == pytest.approx(math.e)
+
+
+def test_clip_higher_uses_epsilon_high_above_one():
+    # r = e^0.25 = 1.284; eps_high = 0.28 -> clip at 1.28; A = 1 -> loss -1.28
+    out = grpo_token_loss(t([[0.25]]), t([[0.0]]), t([[0.25]]), t([1.0]), torch.ones(1, 1),
+                          epsilon=0.2, epsilon_high=0.28)
+    assert out.loss.item() == pytest.approx(-1.28)
+
+
+def test_k3_kl_value():
+    # ref - logp = ln 2: k3 = 2 - ln 2 - 1 = 0.30685...; beta 0.1, A = 0, on-policy ratio
+    logp = t([[-1.0]])
+    ref = logp + math.log(2.0)
+    out = grpo_token_loss(logp, logp, ref, t([0.0]), torch.ones(1, 1), beta=0.1)
+    assert out.kl.item() == pytest.approx(1 - math.log(2.0), rel=1e-6)
+    assert out.loss.item() == pytest.approx(0.1 * (1 - math.log(2.0)), rel=1e-6)
+
+
+def test_padding_contributes_nothing_even_if_it_holds_garbage():
+    mask = t([[1.0, 0.0, 0.0]])
+    good = grpo_token_loss(t([[-1.0, 0, 0]]), t([[-1.0, 0, 0]]), t([[-1.0, 0, 0]]), t([1.0]), mask)
+    bad = grpo_token_loss(t([[-1.0, -1e4, 50.0]]), t([[-1.0, 1e4, -50.0]]), t([[-1.0, 1e4, 80.0]]),
+                          t([1.0]), mask, beta=1.0)
+    assert torch.isfinite(bad.loss).all() and torch.isfinite(bad.kl).all()
+    assert torch.equal(good.loss, bad.loss)
+    assert reduce_loss(bad.loss, mask, "grpo", 1, 1, 3).item() == pytest.approx(-1.0)
+
+
+def test_loss_types_normalise_differently():
+    # seq 0: one token with loss 1; seq 1: three tokens with loss 0
+    loss = t([[1.0, 0, 0], [0.0, 0.0, 0.0]])
+    mask = t([[1.0, 0, 0], [1.0, 1.0, 1.0]])
+    assert reduce_loss(loss, mask, "grpo", 2, 4, 4).item() == pytest.approx((1.0 + 0.0) / 2)
+    assert reduce_loss(loss, mask, "dapo", 2, 4, 4).item() == pytest.approx(1.0 / 4)
+    assert reduce_loss(loss, mask, "dr_grpo", 2, 4, 4).item() == pytest.approx(1.0 / (2 * 4))
+    with pytest.raises(ValueError, match="unknown loss_type"):
+        reduce_loss(loss, mask, "ppo", 2, 4, 4)
+
+
+def test_shares_of_a_split_batch_add_up_to_the_whole():
+    torch.manual_seed(0)
+    B, T = 6, 5
+    logp, old, ref = (-torch.rand(B, T) for _ in range(3))
+    adv = torch.randn(B)
+    mask = (torch.rand(B, T) > 0.3).float()
+    mask[:, 0] = 1
+    n_tok = int(mask.sum())
+    for lt in ("grpo", "dapo", "dr_grpo"):
+        full = grpo_token_loss(logp, old, ref, adv, mask, beta=0.04)
+        whole = reduce_loss(full.loss, mask, lt, B, n_tok, T)
+        parts = sum(reduce_loss(grpo_token_loss(logp[s], old[s], ref[s], adv[s], mask[s], beta=0.04).loss,
+                                mask[s], lt, B, n_tok, T) for s in (slice(0, 1), slice(1, 4), slice(4, 6)))
+        assert parts.item() == pytest.approx(whole.item(), rel=1e-6)
+
+
+def test_gradient_matches_float64_reference():
+    torch.manual_seed(1)
+    B, T = 3, 4
+    logp64 = (-torch.rand(B, T, dtype=torch.float64) * 2).requires_grad_()
+    old = logp64.detach() + 0.3 * torch.randn(B, T, dtype=torch.float64)
+    ref = logp64.detach() + 0.2 * torch.randn(B, T, dtype=torch.float64)
+    adv = torch.randn(B, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.float64)
+    eps, beta = 0.2, 0.05
+    # reference written out directly from the formula in float64
+    r = torch.exp(logp64 - old)
+    surr = torch.minimum(r * adv[:, None], torch.clamp(r, 1 - eps, 1 + eps) * adv[:, None])
+    d = ref - logp64
+    per_tok = (-surr + beta * (torch.exp(d) - d - 1)) * mask
+    ref_loss = (per_tok.sum(1) / mask.sum(1)).mean()
+    ref_loss.backward()
+    logp32 = logp64.detach().float().requires_grad_()
+    out = grpo_token_loss(logp32, old.float(), ref.float(), adv.float(), mask.float(), epsilon=eps, beta=beta)
+    loss = reduce_loss(out.loss, mask.float(), "grpo", B, int(mask.sum()), T)
+    loss.backward()
+    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-5)
+    torch.testing.assert_close(logp32.grad.double(), logp64.grad, rtol=1e-4, atol=1e-6)
+    assert torch.all(logp32.grad[mask == 0] == 0)
+
+
+def test_group_advantages_by_hand():
+    # group [1, 0, 0, 0]: mean 0.25, unbiased std sqrt((0.75^2 + 3 * 0.25^2) / 3) = 0.5
+    a = group_advantages(t([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]), group_size=4)
+    expect = [0.75 / (0.5 + 1e-4)] + [-0.25 / (0.5 + 1e-4)] * 3 + [0.0] * 4  # equal rewards: no signal
+    assert a.tolist() == pytest.approx(expect, rel=1e-6)
+    unscaled = group_advantages(t([1.0, 0.0, 0.0, 0.0]), group_size=4, scale=False)
+    assert unscaled.tolist() == pytest.approx([0.75, -0.25, -0.25, -0.25])

@@ -1,0 +1,96 @@
+"""Weight layout, bucketing and all-or-nothing application; tcp through real sockets."""
+import socket
+import time
+
+import pytest
+import torch
+
+from grpo import protocol as P
+from grpo.transport import SyncClient, SyncServer
+from grpo.weight_sync import TcpPublisher, apply_weights, pack, plan_layout, unpack_views
+
+
+class Mixed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.randn(3, 5))
+        self.b = torch.nn.Parameter(torch.randn(7).to(torch.bfloat16))
+        self.c = torch.nn.Parameter(torch.randn(2, 2, 3))
+        self.d = torch.nn.Parameter(torch.randn(1).to(torch.bfloat16))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_layout_round_trips_every_parameter_bit_exactly():
+    torch.manual_seed(0)
+    m = Mixed()
+    named = list(m.named_parameters())
+    layout, dtypes, nbytes = plan_layout(named, max_bucket_bytes=64)
+    # float32 tensors of 60 and 48 bytes do not share a 64-byte bucket: two fp32 buckets + one bf16
+    assert dtypes == ["float32", "bfloat16", "float32"]
+    assert [(s.name, s.bucket, s.offset) for s in layout] == [("a", 0, 0), ("b", 1, 0), ("c", 2, 0), ("d", 1, 16)]
+    views = unpack_views(layout, pack(named, layout, nbytes))
+    for name, p in named:
+        assert views[name].dtype == p.dtype and torch.equal(views[name], p.detach())
+
+
+def _announce(model, version):
+    named = list(model.named_parameters())
+    layout, dtypes, nbytes = plan_layout(named)
+    buckets = pack(named, layout, nbytes)
+    return P.WeightsAnnounce(version=version, method="tcp", layout=layout, bucket_dtypes=dtypes,
+                             bucket_nbytes=nbytes, buckets=[memoryview(b.numpy()) for b in buckets])
+
+
+def test_apply_is_all_or_nothing():
+    torch.manual_seed(1)
+    src, dst = Mixed(), Mixed()
+    before = {k: v.detach().clone() for k, v in dst.named_parameters()}
+    bad = _announce(src, 1)
+    bad.layout[-1] = P.TensorSpec("d", "bfloat16", (2,), bad.layout[-1].bucket, bad.layout[-1].offset)
+    with pytest.raises(ValueError, match="shape"):
+        apply_weights(dst, bad)
+    for k, v in dst.named_parameters():   # the earlier tensors were not written either
+        assert torch.equal(v, before[k])
+    apply_weights(dst, _announce(src, 2))
+    for (k, v), (_, w) in zip(dst.named_parameters(), src.named_parameters()):
+        assert torch.equal(v, w)
+
+
+def test_tcp_publisher_serves_newest_version_and_stop():
+    torch.manual_seed(2)
+    learner, sampler = Mixed(), Mixed()
+    port = free_port()
+    pub = TcpPublisher(SyncServer("127.0.0.1", port), learner)
+    client = SyncClient("127.0.0.1", port, P.weights_limits(1 << 20))
+    try:
+        client.send(P.WeightsRequest(sampler_id=3, have_version=0))
+        assert isinstance(client.receive(5.0), P.NoUpdate)          # nothing published beyond v0
+        with torch.no_grad():
+            learner.a.add_(1.0)
+        pub.publish(1, learner)
+        v1 = pub._snapshot.announce
+        a_at_v1 = learner.a.detach().clone()
+        with torch.no_grad():
+            learner.a.add_(1.0)                                      # training goes on after publish
+        assert torch.equal(unpack_views(v1.layout, v1.buckets)["a"], a_at_v1)  # the snapshot is a copy
+        pub.publish(2, learner)
+        client.send(P.WeightsRequest(sampler_id=3, have_version=0))
+        msg = client.receive(5.0)
+        assert isinstance(msg, P.WeightsAnnounce) and msg.version == 2
+        apply_weights(sampler, msg)
+        assert torch.equal(sampler.a, learner.a) and torch.equal(sampler.b, learner.b)
+        deadline = time.monotonic() + 2
+        while pub.sampler_versions.get(3) != 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pub.sampler_versions[3] == 0
+        pub.stop_samplers()
+        client.send(P.WeightsRequest(sampler_id=3, have_version=2))
+        assert isinstance(client.receive(5.0), P.Stop)
+    finally:
+        client.close()
+        pub.close()
