@@ -61,7 +61,7 @@ def split_passthrough(rest: list[str]) -> tuple[list[str], list[str]]:
     while i < len(rest):
         tok = rest[i]
         if not tok.startswith("--"):
-            raise LaunchError(f"unexpected argument {tok!r}; flags look like --name value (see --help)")
+            raise LaunchError(f"unexpected argument {tok!r}; flags look like --name value")
         name, _, inline = tok[2:].partition("=")
         key = name.replace("-", "_")
         neg = key.startswith("no_") and key[3:] in {**samp, **learn} and key not in {**samp, **learn}

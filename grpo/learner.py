@@ -92,7 +92,8 @@ class Learner:
         self.engine = (TorchEngine(model, self.ds_config, self.device) if cfg.no_deepspeed
                        else DeepSpeedEngine(model, self.ds_config))
         self.autocast = (cfg.no_deepspeed and self.device.type == "cuda")
-        self.publisher = TcpPublisher(self.server, self.engine.module) if self.rank == 0 else None
+        self.publisher = (TcpPublisher(self.server, self.engine.module, compute_dtype(self.device))
+                          if self.rank == 0 else None)
         self.metrics = MetricsWriter(self.run_dir) if self.rank == 0 else None
         self.version = 0
         self.queue: collections.deque[P.Group] = collections.deque()
@@ -232,10 +233,12 @@ class Learner:
                "time_s": now - t_start}
         self.metrics.write(rec)
         log.info("step %d v%d: loss %.4f reward %.3f acc %.3f kl %.4f clip %.3f | %d tok, %.2f s "
-                 "(wait %.2f, train %.2f, publish %.3f) | %.1f samples/s | samplers at %s | groups %s",
+                 "(wait %.2f, train %.2f, publish %.3f) | %.1f samples/s | samplers at %s | groups %s | "
+                 "%d msgs / %.1f MB in, %.1f MB weights out",
                  step, self.version, stats["loss"], rec["reward_mean"], rec["accuracy"], stats["kl"],
                  stats["clip_frac"], stats["tokens"], rec["step_time_s"], rec["data_wait_s"], rec["train_s"],
-                 stall, rec["samples_per_s"], rec["sampler_versions"], rec["groups"])
+                 stall, rec["samples_per_s"], rec["sampler_versions"], rec["groups"], self.receiver.messages,
+                 self.receiver.bytes / 1e6, self.publisher.bytes_served / 1e6)
 
     def _accounting(self) -> dict:
         dropped = {k[len("dropped_"):]: v for k, v in self.counts.items() if k.startswith("dropped_")}
@@ -263,7 +266,8 @@ class Learner:
         dropped_total = sum(acc["dropped"].values())
         acc["balanced"] = acc["sent"] == acc["trained"] + dropped_total + acc["queued"]
         summary = {"steps": self.version, "elapsed_s": elapsed, "groups": acc,
-                   "samplers": {i: {"version": s.policy_version, "groups_sent": s.groups_sent, "final": s.final}
+                   "samplers": {i: {"version": s.policy_version, "groups_sent": s.groups_sent, "final": s.final,
+                                    "stats": s.stats}
                                 for i, s in sorted(self.sampler_status.items())},
                    "samplers_without_final_status": missing,
                    "sync": {"bytes_served": self.publisher.bytes_served, **self.publisher.replies},

@@ -45,9 +45,11 @@ class Sampler:
         self.version = 0
         self.groups_sent = 0
         self.data = DataSender(cfg.host, cfg.data_port, hwm=cfg.send_hwm)
-        total = sum(p.numel() * p.element_size() for p in self.policy.parameters())
+        # Accept weights up to float32 size whatever our own dtype: a learner may publish fp32.
+        total = sum(p.numel() * 4 for p in self.policy.parameters())
         self.sync = SyncClient(cfg.host, cfg.sync_port, P.weights_limits(total + (64 << 20)))
-        self.stats = {"samples": 0.0, "tokens": 0.0, "gen_s": 0.0, "sync_s": 0.0, "weight_bytes": 0.0}
+        self.stats = {"samples": 0.0, "tokens": 0.0, "gen_s": 0.0, "sync_s": 0.0, "weight_bytes": 0.0,
+                      "weight_syncs": 0.0, "apply_s": 0.0, "rounds": 0.0}
         log.info("sampler %d/%d on %s: %d prompts in its shard, model %s, G=%d, %d prompts per round",
                  cfg.sampler_id, cfg.num_samplers, self.device, len(mine), path, cfg.num_generations,
                  cfg.prompts_per_round)
@@ -78,7 +80,12 @@ class Sampler:
             log.info("no answer from the learner at %s:%d within %.1f s; generating with version %d",
                      self.cfg.host, self.cfg.sync_port, self.cfg.sync_timeout_s, self.version)
         if newest is not None:
+            t_apply = time.perf_counter()
             apply_weights(self.policy, newest)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()  # count the copy, not just its launch
+            self.stats["apply_s"] += time.perf_counter() - t_apply
+            self.stats["weight_syncs"] += 1
             self.version = newest.version
             self.stats["weight_bytes"] += sum(newest.bucket_nbytes)
             log.info("now running policy version %d (%.1f MB applied in %.3f s)", self.version,
@@ -186,6 +193,7 @@ class Sampler:
                     self._send_blocking(group)
                     self.groups_sent += 1
                 rounds += 1
+                self.stats["rounds"] = rounds
                 self.send_status(final=False)
             self.send_status(final=True)
         finally:

@@ -56,11 +56,16 @@ def plan_layout(named: list[tuple[str, torch.Tensor]],
 
 def pack(named: list[tuple[str, torch.Tensor]], layout: list[P.TensorSpec],
          bucket_nbytes: list[int]) -> list[torch.Tensor]:
-    """Copy the tensors into new CPU uint8 buckets (device-to-host for CUDA tensors)."""
+    """Copy the tensors into new CPU uint8 buckets (device-to-host for CUDA tensors).
+
+    A tensor whose dtype differs from its layout entry is cast first (fp32 master weights
+    published as bf16), on its own device, so the host copy moves the smaller bytes.
+    """
     buckets = [torch.empty(n, dtype=torch.uint8) for n in bucket_nbytes]
     for (name, t), spec in zip(named, layout):
         assert name == spec.name
-        flat = t.detach().contiguous().view(-1).view(torch.uint8)
+        t = t.detach().to(TORCH_DTYPES[spec.dtype])
+        flat = t.contiguous().view(-1).view(torch.uint8)
         buckets[spec.bucket][spec.offset:spec.offset + flat.numel()].copy_(flat)
     return buckets
 
@@ -110,9 +115,11 @@ class TcpPublisher:
     sampler, the version that sampler last reported, so the metrics show who runs what.
     """
 
-    def __init__(self, server: SyncServer, model: torch.nn.Module):
+    def __init__(self, server: SyncServer, model: torch.nn.Module, dtype: torch.dtype | None = None):
         self.server = server
-        named = list(model.named_parameters())
+        # Samplers run in `dtype` (bf16 on GPU): publishing fp32 master weights would double
+        # the bytes for nothing, since the sampler casts them down anyway.
+        named = [(n, p if dtype is None else p.detach().to("meta", dtype)) for n, p in model.named_parameters()]
         self.layout, self.bucket_dtypes, self.bucket_nbytes = plan_layout(named)
         self._snapshot: Snapshot | None = None
         self._lock = threading.Lock()

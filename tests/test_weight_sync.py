@@ -94,3 +94,24 @@ def test_tcp_publisher_serves_newest_version_and_stop():
     finally:
         client.close()
         pub.close()
+
+
+def test_fp32_master_weights_are_published_as_bf16():
+    """--no-deepspeed on GPU trains fp32 weights; samplers run bf16 and get exactly the cast."""
+    torch.manual_seed(3)
+    learner = torch.nn.Linear(4, 3)
+    sampler = torch.nn.Linear(4, 3).to(torch.bfloat16)
+    port = free_port()
+    pub = TcpPublisher(SyncServer("127.0.0.1", port), learner, dtype=torch.bfloat16)
+    client = SyncClient("127.0.0.1", port, P.weights_limits(1 << 20))
+    try:
+        assert pub.bucket_dtypes == ["bfloat16"] and sum(pub.bucket_nbytes) == 32 + 16  # 24 -> 32 and 6 -> 16 bytes (16-aligned)
+        pub.publish(1, learner)
+        client.send(P.WeightsRequest(sampler_id=0, have_version=0))
+        msg = client.receive(5.0)
+        apply_weights(sampler, msg)
+        assert torch.equal(sampler.weight, learner.weight.detach().to(torch.bfloat16))
+        assert torch.equal(sampler.bias, learner.bias.detach().to(torch.bfloat16))
+    finally:
+        client.close()
+        pub.close()
