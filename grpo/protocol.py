@@ -98,6 +98,7 @@ class SamplerStatus:
 class WeightsRequest:  # sampler -> learner on the sync socket
     sampler_id: int
     have_version: int  # -1: no weights yet
+    request_id: int = 0  # echoed in the answer, so a late answer is never taken for the current one
 
 
 @dataclass
@@ -117,17 +118,20 @@ class WeightsAnnounce:  # learner -> sampler
     bucket_dtypes: list[str]
     bucket_nbytes: list[int]
     buckets: list[memoryview]  # tcp: raw bytes of each bucket; empty for other methods
+    request_id: int = -1  # the weights_request this answers (-1: unsolicited)
 
 
 @dataclass
 class NoUpdate:
     version: int
+    request_id: int = -1
 
 
 @dataclass
 class Stop:
     version: int
     reason: str
+    request_id: int = -1
 
 
 Message = Union[Group, SamplerStatus, WeightsRequest, WeightsAnnounce, NoUpdate, Stop]
@@ -182,7 +186,7 @@ def _encode_group(g: Group) -> list[bytes | memoryview]:
 
 
 def _encode_weights(w: WeightsAnnounce) -> list[bytes | memoryview]:
-    fields = {"version": w.version, "method": w.method,
+    fields = {"version": w.version, "method": w.method, "request_id": w.request_id,
               "layout": [[t.name, t.dtype, list(t.shape), t.bucket, t.offset] for t in w.layout],
               "bucket_dtypes": list(w.bucket_dtypes), "bucket_nbytes": list(w.bucket_nbytes)}
     frames = [memoryview(b) for b in w.buckets] if w.method == "tcp" else []
@@ -485,7 +489,8 @@ def _decode_weights(h: dict[str, Any], arrays: list[_Array], views: list[memoryv
             raise _fail("bad_field", f"bucket frame {i} must be bucket_{i}, uint8, 1-D")
         if a.nbytes != n:
             raise _fail("length_mismatch", f"bucket {i}: frame {a.nbytes} bytes, declared {n}")
-    return WeightsAnnounce(version, method, layout, bucket_dtypes, bucket_nbytes, list(views))
+    return WeightsAnnounce(version, method, layout, bucket_dtypes, bucket_nbytes, list(views),
+                           _int(h, "request_id", "weights", lo=-1))
 
 
 def decode(frames: Sequence[Frame], limits: Limits = Limits()) -> Message:
@@ -513,7 +518,9 @@ def decode(frames: Sequence[Frame], limits: Limits = Limits()) -> Message:
                              _int(h, "groups_sent", kind), _get(h, "final", kind, bool),
                              _float_map(_get(h, "stats", kind), "status.stats"))
     if kind == "weights_request":
-        return WeightsRequest(_int(h, "sampler_id", kind), _int(h, "have_version", kind, lo=-1))
+        return WeightsRequest(_int(h, "sampler_id", kind), _int(h, "have_version", kind, lo=-1),
+                              _int(h, "request_id", kind))
     if kind == "no_update":
-        return NoUpdate(_int(h, "version", kind))
-    return Stop(_int(h, "version", kind), _str(h, "reason", kind, MAX_REASON_CHARS))
+        return NoUpdate(_int(h, "version", kind), _int(h, "request_id", kind, lo=-1))
+    return Stop(_int(h, "version", kind), _str(h, "reason", kind, MAX_REASON_CHARS),
+                _int(h, "request_id", kind, lo=-1))

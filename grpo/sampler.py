@@ -20,7 +20,7 @@ from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_devi
                         right_pad, token_logprobs)
 from grpo.rewards import gsm8k_reward
 from grpo.transport import DataSender, SyncClient
-from grpo.weight_sync import apply_weights
+from grpo.weight_sync import apply_weights, request_weights
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,7 @@ class Sampler:
         self.ref = load_causal_lm(path, self.device, dtype).eval()  # frozen: never receives weights
         self.vocab_size = self.policy.get_input_embeddings().weight.shape[0]
         self.version = 0
+        self._request_id = 0
         self.groups_sent = 0
         self.data = DataSender(cfg.host, cfg.data_port, hwm=cfg.send_hwm)
         # Accept weights up to float32 size whatever our own dtype: a learner may publish fp32.
@@ -56,26 +57,19 @@ class Sampler:
 
     # ------------------------------------------------------------------ weights
     def sync_weights(self) -> bool:
-        """Ask for newer weights and apply the newest answer; False when the learner says stop."""
+        """Ask for newer weights and apply the newest answer; False when the learner says stop.
+
+        Waits (up to sync_timeout_s) for the answer to *this* request, recognised by its
+        request id; answers to earlier requests that arrive meanwhile are used too if they
+        carry newer weights, but never mistaken for this one.
+        """
         t0 = time.perf_counter()
-        self.sync.send(P.WeightsRequest(sampler_id=self.cfg.sampler_id, have_version=self.version))
-        newest: P.WeightsAnnounce | None = None
-        answered = False
-        deadline = time.monotonic() + self.cfg.sync_timeout_s
-        while True:
-            # After the first answer, drain whatever else is queued (answers to earlier
-            # requests) without waiting, and keep only the newest version.
-            msg = self.sync.receive(timeout_s=0 if answered else max(0.0, deadline - time.monotonic()))
-            if msg is None:
-                if answered or time.monotonic() >= deadline:
-                    break
-                continue
-            answered = True
-            if isinstance(msg, P.Stop):
-                log.info("learner says stop (%s) at version %d", msg.reason, msg.version)
-                return False
-            if isinstance(msg, P.WeightsAnnounce) and msg.version > (newest.version if newest else self.version):
-                newest = msg
+        self._request_id += 1
+        answered, newest, stop = request_weights(self.sync, self.cfg.sampler_id, self.version,
+                                                 self._request_id, self.cfg.sync_timeout_s)
+        if stop is not None:
+            log.info("learner says stop (%s) at version %d", stop.reason, stop.version)
+            return False
         if not answered:
             log.info("no answer from the learner at %s:%d within %.1f s; generating with version %d",
                      self.cfg.host, self.cfg.sync_port, self.cfg.sync_timeout_s, self.version)
@@ -89,7 +83,7 @@ class Sampler:
             self.version = newest.version
             self.stats["weight_bytes"] += sum(newest.bucket_nbytes)
             log.info("now running policy version %d (%.1f MB applied in %.3f s)", self.version,
-                     sum(newest.bucket_nbytes) / 1e6, time.perf_counter() - t0)
+                     sum(newest.bucket_nbytes) / 1e6, time.perf_counter() - t_apply)
         self.stats["sync_s"] += time.perf_counter() - t0
         return True
 

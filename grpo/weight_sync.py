@@ -12,6 +12,7 @@ the last reply that uses it has gone.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 
 from grpo import protocol as P
-from grpo.transport import SyncServer
+from grpo.transport import SyncClient, SyncServer
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,33 @@ def apply_weights(model: torch.nn.Module, announce: P.WeightsAnnounce) -> None:
             params[name].copy_(view, non_blocking=False)  # casts if the learner trains in another dtype
 
 
+def request_weights(client: SyncClient, sampler_id: int, have_version: int, request_id: int,
+                    timeout_s: float) -> tuple[bool, P.WeightsAnnounce | None, P.Stop | None]:
+    """Sampler side of one sync: ask, then wait up to timeout_s for the answer to *this* request.
+
+    Returns (answered, newest weights newer than have_version or None, stop or None).
+    Answers to earlier requests (say, made while the learner was still loading) arrive late,
+    in order, before ours: their weights are used if newer, but only the answer carrying our
+    request_id ends the wait, so a sampler never settles for an out-of-date answer.
+    """
+    client.send(P.WeightsRequest(sampler_id=sampler_id, have_version=have_version, request_id=request_id))
+    newest: P.WeightsAnnounce | None = None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False, newest, None
+        msg = client.receive(timeout_s=left)
+        if msg is None:
+            continue
+        if isinstance(msg, P.Stop):
+            return True, newest, msg
+        if isinstance(msg, P.WeightsAnnounce) and msg.version > (newest.version if newest else have_version):
+            newest = msg
+        if getattr(msg, "request_id", -1) == request_id:
+            return True, newest, None
+
+
 @dataclass
 class Snapshot:
     """One published version: the announcement and the CPU buckets it points into."""
@@ -167,12 +195,15 @@ class TcpPublisher:
                 snap = self._snapshot
             current = snap.version if snap else 0
             if self._stopping.is_set():
-                self.server.reply(identity, P.Stop(version=current, reason="learner finished"))
+                self.server.reply(identity, P.Stop(version=current, reason="learner finished",
+                                                   request_id=msg.request_id))
                 self.replies["stop"] += 1
                 self.stopped_samplers.add(msg.sampler_id)
             elif snap is not None and msg.have_version < snap.version:
-                self.bytes_served += self.server.reply(identity, snap.announce)
+                # Same buckets (no copy), only the header differs: it echoes the request id.
+                reply = dataclasses.replace(snap.announce, request_id=msg.request_id)
+                self.bytes_served += self.server.reply(identity, reply)
                 self.replies["weights"] += 1
             else:
-                self.server.reply(identity, P.NoUpdate(version=current))
+                self.server.reply(identity, P.NoUpdate(version=current, request_id=msg.request_id))
                 self.replies["no_update"] += 1

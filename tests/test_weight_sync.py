@@ -115,3 +115,49 @@ def test_fp32_master_weights_are_published_as_bf16():
     finally:
         client.close()
         pub.close()
+
+
+def test_a_late_answer_is_not_taken_for_the_current_one():
+    """Request 1 was sent while the learner was loading; its answer arrives after request 2.
+
+    The answers come in order (1, then 2): the sampler must wait for answer 2 and keep the
+    newest weights it saw, not stop at answer 1 (that made every round one answer behind).
+    """
+    import threading
+
+    import zmq
+
+    port = free_port()
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.bind(f"tcp://127.0.0.1:{port}")
+    client = SyncClient("127.0.0.1", port, P.weights_limits(1 << 20))
+    torch.manual_seed(4)
+    src = Mixed()
+    seen = []
+
+    def learner():
+        pending = []
+        while len(pending) < 2:   # hold request 1 until request 2 is in
+            identity, *frames = router.recv_multipart()
+            pending.append((identity, P.decode(frames)))
+        for identity, req in pending:
+            seen.append(req.request_id)
+            answer = (P.NoUpdate(version=0, request_id=req.request_id) if req.request_id == 1
+                      else __import__("dataclasses").replace(_announce(src, 5), request_id=req.request_id))
+            time.sleep(0.2)
+            router.send_multipart([identity, *P.encode(answer)])
+
+    t = threading.Thread(target=learner)
+    t.start()
+    try:
+        from grpo.weight_sync import request_weights
+
+        answered, newest, stop = request_weights(client, 0, 0, request_id=1, timeout_s=0.1)
+        assert (answered, newest, stop) == (False, None, None)   # nothing came back in time
+        answered, newest, stop = request_weights(client, 0, 0, request_id=2, timeout_s=5.0)
+        assert answered and stop is None and newest is not None and newest.version == 5
+        assert newest.request_id == 2 and seen == [1, 2]
+    finally:
+        t.join(timeout=5)
+        client.close()
+        router.close(linger=0)
