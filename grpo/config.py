@@ -94,7 +94,13 @@ class LearnerConfig(CommonConfig):
     epsilon_high: float = 0.0
     """Upper clip (0: same as epsilon)."""
     loss_type: str = "grpo"
-    """'grpo' (mean per sequence, then over sequences), 'dapo' (mean over all tokens) or 'dr_grpo' (sum / (B * max_new_tokens))."""
+    """'grpo' (mean per sequence, then over sequences), 'dapo' (mean over all tokens of the step), 'dr_grpo' (sum / (B * max_new_tokens)) or 'bnpo' (token mean per micro-batch)."""
+    kl_estimator: str = "k3"
+    """Estimator of KL(policy || reference) per token: k1, k2 or k3."""
+    dual_clip: float = 0.0
+    """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens at -c * A (0: off)."""
+    tis_cap: float = 0.0
+    """Off-policy correction: ratio against the learner's own pre-update log-probs, weighted by min(pi_learner / pi_behaviour, cap) (0: off; the ratio uses the behaviour log-probs)."""
     scale_rewards: bool = True
     """Divide group advantages by the group's reward std (off: Dr. GRPO)."""
     max_staleness: int = 4

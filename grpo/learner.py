@@ -26,7 +26,7 @@ from grpo import protocol as P
 from grpo.batch import Batch, balanced_split, broadcast_batch, build_batch, micro_batch
 from grpo.config import LearnerConfig
 from grpo.engine import DeepSpeedEngine, TorchEngine, load_ds_config, resolve_ds_config
-from grpo.loss import grpo_token_loss, reduce_loss
+from grpo.loss import KL_ESTIMATORS, LOSS_TYPES, grpo_token_loss, reduce_loss
 from grpo.metrics import MetricsWriter, make_run_dir
 from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, token_logprobs
 from grpo.transport import DataReceiver, SyncServer
@@ -41,9 +41,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def check_loss_options(cfg: LearnerConfig) -> None:
+    """Reject bad algorithm options with one line, before anything is loaded."""
+    if cfg.loss_type not in LOSS_TYPES:
+        raise ValueError(f"--loss-type {cfg.loss_type}: choose one of {', '.join(LOSS_TYPES)}")
+    if cfg.kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(f"--kl-estimator {cfg.kl_estimator}: choose one of {', '.join(KL_ESTIMATORS)}")
+    if cfg.dual_clip and cfg.dual_clip <= 1.0:
+        raise ValueError(f"--dual-clip {cfg.dual_clip}: must be > 1 (typically 3), or 0 to turn it off")
+    if cfg.tis_cap < 0:
+        raise ValueError(f"--tis-cap {cfg.tis_cap}: must be > 0 (typically 2), or 0 to turn it off")
+
+
 class Learner:
     def __init__(self, cfg: LearnerConfig):
         self.cfg = cfg
+        check_loss_options(cfg)
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         if cfg.no_deepspeed and self.world > 1:
@@ -172,9 +185,14 @@ class Learner:
             mb = micro_batch(batch, [mine[i] for i in part], self.tok.pad_token_id, self.device)
             with amp:
                 logp = token_logprobs(module, mb.input_ids, mb.attention, cfg.temperature)   # [b, L-1]
+            # One optimizer step per batch: the log-probs before this update *are* the
+            # learner's proximal policy, so no extra forward pass is needed for tis_cap.
             tl = grpo_token_loss(logp, mb.old_logp, mb.ref_logp, mb.advantages, mb.gen_mask,
-                                 cfg.epsilon, cfg.epsilon_high, cfg.beta)
-            share = reduce_loss(tl.loss, mb.gen_mask, cfg.loss_type, batch.size, total_tokens, cfg.max_new_tokens)
+                                 cfg.epsilon, cfg.epsilon_high, cfg.beta, kl_estimator=cfg.kl_estimator,
+                                 dual_clip=cfg.dual_clip or None, prox_logp=logp.detach(),
+                                 tis_cap=cfg.tis_cap or None)
+            share = reduce_loss(tl.loss, mb.gen_mask, cfg.loss_type, batch.size, total_tokens,
+                                cfg.max_new_tokens, num_micro_batches=scale)
             self.engine.backward(share * scale)
             with torch.no_grad():
                 sums += torch.tensor([share.item(), tl.kl.sum().item(), tl.clipped.sum().item(),

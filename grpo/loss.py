@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-LOSS_TYPES = ("grpo", "dapo", "dr_grpo")
+LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True,
@@ -37,43 +37,80 @@ class TokenLoss:
     clipped: torch.Tensor  # [B, T] bool: the clipped branch was taken (no gradient through it)
 
 
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) from sampled tokens (Schulman's k1/k2/k3).
+
+    With d = ref - logp:  k1 = -d (unbiased, can be negative),  k2 = d^2 / 2,
+    k3 = exp(d) - d - 1 (unbiased and always >= 0; the GRPO paper's choice).
+    """
+    d = ref_logp - logp
+    if estimator == "k1":
+        return -d
+    if estimator == "k2":
+        return 0.5 * d * d
+    if estimator == "k3":
+        return torch.exp(d) - d - 1.0
+    raise ValueError(f"unknown kl_estimator {estimator!r}; choose one of {', '.join(KL_ESTIMATORS)}")
+
+
 def grpo_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor,
                     advantages: torch.Tensor, mask: torch.Tensor, epsilon: float = 0.2,
-                    epsilon_high: float | None = None, beta: float = 0.0) -> TokenLoss:
-    """Per-token clipped surrogate plus k3 KL.
+                    epsilon_high: float | None = None, beta: float = 0.0, kl_estimator: str = "k3",
+                    dual_clip: float | None = None, prox_logp: torch.Tensor | None = None,
+                    tis_cap: float | None = None) -> TokenLoss:
+    """Per-token clipped surrogate plus a KL penalty.
 
     logp      [B, T] log pi_theta(token) under the learner's current weights (has grad)
-    old_logp  [B, T] log pi_old(token): the behaviour policy that sampled it (sent by the sampler)
+    old_logp  [B, T] log pi_behav(token): the behaviour policy that sampled it (sent by the sampler)
     ref_logp  [B, T] log pi_ref(token) from the frozen reference model
     advantages [B]  one advantage per sequence, broadcast over its tokens
     mask      [B, T] 1 for generated tokens, 0 for padding
 
-    loss_t = -min(r_t A, clip(r_t, 1 - eps, 1 + eps_high) A) + beta * k3_t,
-    r_t = exp(logp_t - old_logp_t),  k3_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1.
+    loss_t = -min(r_t A, clip(r_t, 1 - eps, 1 + eps_high) A) + beta * kl_t,  r_t = exp(logp_t - old_logp_t).
+    dual_clip c (> 1): for A < 0 the surrogate is also bounded below by c * A (dual-clip PPO), so
+      one token with a huge ratio cannot dominate a negative-advantage update.
+    tis_cap C with prox_logp [B, T] (the learner's own log-probs before this update, no grad):
+      decoupled off-policy correction. The ratio is taken against the proximal policy,
+      r_t = exp(logp_t - prox_t), and the per-token objective is weighted by the truncated
+      importance weight w_t = min(exp(prox_t - behav_t), C), so stale samples count for what
+      they are worth under the current policy, never more than C.
     """
     eps_high = epsilon if not epsilon_high else epsilon_high
     m = mask.bool()
     zero = torch.zeros((), dtype=torch.float32, device=logp.device)
     # Padding can hold anything: zero it before exp() so it can never produce inf * 0 = nan.
     logp = torch.where(m, logp.float(), zero)                               # [B, T]
-    old = torch.where(m, old_logp.float(), zero)                            # [B, T]
+    behav = torch.where(m, old_logp.float(), zero)                          # [B, T]
     ref = torch.where(m, ref_logp.float(), zero)                            # [B, T]
     adv = advantages.float().unsqueeze(1)                                  # [B, 1]
+    weight = torch.ones_like(logp)                                         # [B, T]
+    base = behav
+    if tis_cap is not None:
+        if prox_logp is None:
+            raise ValueError("tis_cap needs prox_logp, the learner's log-probs before the update")
+        base = torch.where(m, prox_logp.detach().float(), zero)            # [B, T]
+        weight = torch.clamp(torch.exp(base - behav), max=tis_cap)         # [B, T], no grad
 
-    ratio = torch.exp(logp - old)                                          # [B, T]
+    ratio = torch.exp(logp - base)                                         # [B, T]
     unclipped = ratio * adv                                                # [B, T]
     clipped = torch.clamp(ratio, 1.0 - epsilon, 1.0 + eps_high) * adv      # [B, T]
     surrogate = torch.minimum(unclipped, clipped)                          # [B, T]
-    delta = ref - logp                                                     # [B, T]
-    kl = torch.exp(delta) - delta - 1.0                                    # [B, T]
-    loss = -surrogate + beta * kl                                          # [B, T]
+    if dual_clip is not None:
+        floor = dual_clip * adv                                            # [B, 1]
+        surrogate = torch.where(adv < 0, torch.maximum(surrogate, floor), surrogate)
+    kl = kl_estimate(logp, ref, kl_estimator)                              # [B, T]
+    loss = -surrogate * weight + beta * kl                                 # [B, T]
     mf = m.float()
     return TokenLoss(loss=loss * mf, kl=kl * mf, ratio=ratio * mf,
                      clipped=(clipped < unclipped) & m)
 
 
 def reduce_loss(token_loss: torch.Tensor, mask: torch.Tensor, loss_type: str,
-                total_sequences: int, total_tokens: int, max_new_tokens: int) -> torch.Tensor:
+                total_sequences: int, total_tokens: int, max_new_tokens: int,
+                num_micro_batches: int = 1) -> torch.Tensor:
     """This micro-batch's share of the global loss, so that shares add up exactly.
 
     The global batch is split over ranks and micro-batches with uneven sizes, so every
@@ -81,6 +118,9 @@ def reduce_loss(token_loss: torch.Tensor, mask: torch.Tensor, loss_type: str,
       grpo    : sum_i (sum_t l_it / n_i) / total_sequences    (mean per sequence, then over sequences)
       dapo    : sum_it l_it / total_tokens                     (mean over every token of the batch)
       dr_grpo : sum_it l_it / (total_sequences * max_new_tokens)  (constant normaliser)
+      bnpo    : (sum_it l_it / tokens in this micro-batch) / num_micro_batches
+                (TRL's bnpo: a token mean per local batch, then the mean over the
+                num_micro_batches = ranks x accumulation steps of the global step)
     """
     mf = mask.float()                                                      # [B, T]
     if loss_type == "grpo":
@@ -90,4 +130,6 @@ def reduce_loss(token_loss: torch.Tensor, mask: torch.Tensor, loss_type: str,
         return token_loss.sum() / max(total_tokens, 1)
     if loss_type == "dr_grpo":
         return token_loss.sum() / (total_sequences * max_new_tokens)
+    if loss_type == "bnpo":
+        return token_loss.sum() / mf.sum().clamp(min=1.0) / num_micro_batches
     raise ValueError(f"unknown loss_type {loss_type!r}; choose one of {', '.join(LOSS_TYPES)}")

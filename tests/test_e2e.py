@@ -120,6 +120,7 @@ def _logs(run_dir):
     (["sampling_worker.py", "--device", "cpu", "--dataset", "/nonexistent/gsm8k"], "/nonexistent/gsm8k"),
     (["training_worker.py", "--device", "cpu", "--model", "/nonexistent/model"], "/nonexistent/model"),
     (["run_distributed.py", "--device", "cpu", "--frobnicate", "1"], "--frobnicate"),
+    (["training_worker.py", "--device", "cpu", "--loss-type", "ppo"], "--loss-type ppo"),
     (["run_distributed.py", "--sampling-gpu", "0", "--training-gpus", "1,2,3"], "CUDA is not available"),
 ])
 def test_user_mistakes_get_one_line_and_no_traceback(args, needle):

@@ -127,3 +127,52 @@ def test_group_advantages_by_hand():
     assert a.tolist() == pytest.approx(expect, rel=1e-6)
     unscaled = group_advantages(t([1.0, 0.0, 0.0, 0.0]), group_size=4, scale=False)
     assert unscaled.tolist() == pytest.approx([0.75, -0.25, -0.25, -0.25])
+
+
+def test_kl_estimators_k1_k2_by_hand():
+    # d = ref - logp = ln 2: k1 = -ln 2, k2 = (ln 2)^2 / 2
+    logp = t([[-1.0]])
+    ref = logp + math.log(2.0)
+    k1 = grpo_token_loss(logp, logp, ref, t([0.0]), torch.ones(1, 1), beta=1.0, kl_estimator="k1")
+    k2 = grpo_token_loss(logp, logp, ref, t([0.0]), torch.ones(1, 1), beta=1.0, kl_estimator="k2")
+    assert k1.kl.item() == pytest.approx(-math.log(2.0), rel=1e-6)
+    assert k2.kl.item() == pytest.approx(0.5 * math.log(2.0) ** 2, rel=1e-6)
+    with pytest.raises(ValueError, match="kl_estimator"):
+        grpo_token_loss(logp, logp, ref, t([0.0]), torch.ones(1, 1), kl_estimator="k4")
+
+
+def test_dual_clip_bounds_negative_advantage_loss():
+    # r = e^2 = 7.389 with A = -1: plain loss e^2; dual clip c = 3 caps it at 3 with no gradient
+    logp = t([[0.0]]).requires_grad_()
+    plain = grpo_token_loss(logp, t([[-2.0]]), t([[0.0]]), t([-1.0]), torch.ones(1, 1))
+    assert plain.loss.item() == pytest.approx(math.exp(2.0), rel=1e-6)
+    dual = grpo_token_loss(logp, t([[-2.0]]), t([[0.0]]), t([-1.0]), torch.ones(1, 1), dual_clip=3.0)
+    assert dual.loss.item() == pytest.approx(3.0)
+    dual.loss.sum().backward()
+    assert logp.grad.item() == 0.0
+    # a positive advantage is untouched by the dual clip: min(e^2, 1.2) = 1.2
+    pos = grpo_token_loss(t([[0.0]]), t([[-2.0]]), t([[0.0]]), t([1.0]), torch.ones(1, 1), dual_clip=3.0)
+    assert pos.loss.item() == pytest.approx(-1.2)
+
+
+def test_truncated_importance_weight_against_proximal_policy():
+    # behaviour log-prob -2, learner (proximal) -1: w = min(e^1, C); ratio vs prox = 1
+    logp = t([[-1.0]]).requires_grad_()
+    capped = grpo_token_loss(logp, t([[-2.0]]), t([[-1.0]]), t([1.0]), torch.ones(1, 1),
+                             prox_logp=logp.detach(), tis_cap=2.0)
+    assert capped.ratio.item() == pytest.approx(1.0)
+    assert capped.loss.item() == pytest.approx(-2.0)          # -A * r * min(e, 2)
+    capped.loss.sum().backward()
+    assert logp.grad.item() == pytest.approx(-2.0)            # d/dlogp of -A * exp(logp - prox) * w
+    loose = grpo_token_loss(t([[-1.0]]), t([[-2.0]]), t([[-1.0]]), t([1.0]), torch.ones(1, 1),
+                            prox_logp=t([[-1.0]]), tis_cap=5.0)
+    assert loose.loss.item() == pytest.approx(-math.e, rel=1e-6)
+    with pytest.raises(ValueError, match="prox_logp"):
+        grpo_token_loss(t([[-1.0]]), t([[-2.0]]), t([[-1.0]]), t([1.0]), torch.ones(1, 1), tis_cap=2.0)
+
+
+def test_bnpo_is_a_token_mean_per_micro_batch():
+    loss = t([[1.0, 0, 0], [0.0, 0.0, 0.0]])
+    mask = t([[1.0, 0, 0], [1.0, 1.0, 1.0]])
+    # 1 over the 4 tokens of this micro-batch, averaged over 2 micro-batches in the step
+    assert reduce_loss(loss, mask, "bnpo", 2, 99, 4, num_micro_batches=2).item() == pytest.approx(0.125)
