@@ -19,7 +19,7 @@ from grpo.loss import group_advantages
 
 @dataclass
 class Batch:
-    meta: torch.Tensor      # int64 [B, 4]: prompt_len, gen_len, policy_version, group index
+    meta: torch.Tensor      # int64 [B, 5]: prompt_len, gen_len, policy_version, group index, finished
     tokens: torch.Tensor    # int64 [sum whole_len]: whole_token_ids of every sequence, concatenated
     floats: torch.Tensor    # float32 [2 * sum gen_len]: old log-probs then reference log-probs
     scalars: torch.Tensor   # float32 [B, 2]: advantage, reward
@@ -37,14 +37,14 @@ def build_batch(groups: list[P.Group], group_size: int, scale_rewards: bool) -> 
     for gi, g in enumerate(groups):
         P_len = len(g.prefix_token_ids)
         for c in g.completions:
-            rows.append((P_len, len(c.generated_token_ids), g.policy_version, gi))
+            rows.append((P_len, len(c.generated_token_ids), g.policy_version, gi, int(c.is_finished)))
             toks.append(c.whole_token_ids)
             old.append(c.old_policy_log_probs)
             ref.append(c.ref_policy_log_probs)
             rewards.append(c.reward)
     r = torch.tensor(rewards, dtype=torch.float32)
     adv = group_advantages(r, group_size, scale=scale_rewards)
-    return Batch(meta=torch.tensor(rows, dtype=torch.int64).view(-1, 4),
+    return Batch(meta=torch.tensor(rows, dtype=torch.int64).view(-1, 5),
                  tokens=torch.from_numpy(np.concatenate(toks).astype(np.int64)),
                  floats=torch.from_numpy(np.concatenate(old + ref).astype(np.float32)),
                  scalars=torch.stack([adv, r], dim=1))
@@ -66,7 +66,7 @@ def broadcast_batch(batch: Batch | None, stop: bool, device: torch.device) -> tu
             parts = [batch.meta.to(device), batch.tokens.to(device), batch.floats.to(device),
                      batch.scalars.to(device)]
         else:
-            parts = [torch.empty((b, 4), dtype=torch.int64, device=device),
+            parts = [torch.empty((b, 5), dtype=torch.int64, device=device),
                      torch.empty(nt, dtype=torch.int64, device=device),
                      torch.empty(nf, dtype=torch.float32, device=device),
                      torch.empty((b, 2), dtype=torch.float32, device=device)]
@@ -98,6 +98,7 @@ class MicroBatch:
     old_logp: torch.Tensor     # [b, L-1] aligned with gen_mask, 0 elsewhere
     ref_logp: torch.Tensor     # [b, L-1]
     advantages: torch.Tensor   # [b]
+    finished: torch.Tensor     # [b] 1.0 if the completion ended with EOS, 0.0 if cut at the length cap
 
 
 def micro_batch(batch: Batch, index: list[int], pad_id: int, device: torch.device) -> MicroBatch:
@@ -120,4 +121,5 @@ def micro_batch(batch: Batch, index: list[int], pad_id: int, device: torch.devic
         old[r, p - 1:p - 1 + n] = batch.floats[gen_off[i]:gen_off[i + 1]]
         ref[r, p - 1:p - 1 + n] = batch.floats[n_gen + gen_off[i]:n_gen + gen_off[i + 1]]
     adv = batch.scalars[index, 0]
-    return MicroBatch(*(t.to(device) for t in (ids, attn, gmask, old, ref, adv)))
+    finished = batch.meta[index, 4].float()
+    return MicroBatch(*(t.to(device) for t in (ids, attn, gmask, old, ref, adv, finished)))

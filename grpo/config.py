@@ -103,6 +103,10 @@ class LearnerConfig(CommonConfig):
     """Off-policy correction: ratio against the learner's own pre-update log-probs, weighted by min(pi_learner / pi_behaviour, cap) (0: off; the ratio uses the behaviour log-probs)."""
     scale_rewards: bool = True
     """Divide group advantages by the group's reward std (off: Dr. GRPO)."""
+    filter_zero_signal: bool = False
+    """Drop groups whose rewards are all equal (zero advantage; DAPO dynamic sampling), counted as zero_signal."""
+    mask_truncated: bool = False
+    """Exclude completions cut at --max-new-tokens (no EOS) from the loss."""
     max_staleness: int = 4
     """Train only on groups generated at most this many versions ago; older ones are dropped and counted."""
     max_steps: int = 100

@@ -53,6 +53,21 @@ def check_loss_options(cfg: LearnerConfig) -> None:
         raise ValueError(f"--tis-cap {cfg.tis_cap}: must be > 0 (typically 2), or 0 to turn it off")
 
 
+def drop_reason(g: P.Group, version: int, max_staleness: int, filter_zero_signal: bool) -> str | None:
+    """Why a received group must not be trained on at learner `version` (None: train on it)."""
+    if g.policy_version > version:
+        return "future_version"
+    if version - g.policy_version > max_staleness:
+        return "stale"
+    if len(g.prefix_token_ids) == 0:
+        return "empty_prompt"
+    if filter_zero_signal and len({c.reward for c in g.completions}) == 1:
+        # All rewards equal: every advantage is 0 and the group only adds KL (DAPO's
+        # dynamic sampling drops it; the next group from the queue takes its place).
+        return "zero_signal"
+    return None
+
+
 class Learner:
     def __init__(self, cfg: LearnerConfig):
         self.cfg = cfg
@@ -127,16 +142,10 @@ class Learner:
             self.counts["dropped_unexpected_kind"] += 1
 
     def _fresh(self, g: P.Group) -> bool:
-        if g.policy_version > self.version:
-            self.counts["dropped_future_version"] += 1
-            return False
-        if self.version - g.policy_version > self.cfg.max_staleness:
-            self.counts["dropped_stale"] += 1
-            return False
-        if len(g.prefix_token_ids) == 0:
-            self.counts["dropped_empty_prompt"] += 1
-            return False
-        return True
+        reason = drop_reason(g, self.version, self.cfg.max_staleness, self.cfg.filter_zero_signal)
+        if reason:
+            self.counts["dropped_" + reason] += 1
+        return reason is None
 
     def collect(self) -> list[P.Group]:
         groups: list[P.Group] = []
@@ -183,6 +192,10 @@ class Learner:
                 self.engine.backward(out.float().sum() * 0.0)
                 continue
             mb = micro_batch(batch, [mine[i] for i in part], self.tok.pad_token_id, self.device)
+            if cfg.mask_truncated:
+                # Completions cut at --max-new-tokens: no answer yet, so no reliable reward;
+                # masked out, they still count in the normalisers (as in TRL).
+                mb.gen_mask = mb.gen_mask * mb.finished.unsqueeze(1)
             with amp:
                 logp = token_logprobs(module, mb.input_ids, mb.attention, cfg.temperature)   # [b, L-1]
             # One optimizer step per batch: the log-probs before this update *are* the

@@ -35,7 +35,7 @@ def test_balanced_split_is_deterministic_and_balanced():
 def test_build_batch_and_micro_batch_alignment():
     g = group(prefix=[11, 12, 13], gens=[[21, 22], [31]], rewards=[1.0, 0.0], version=3)
     b = build_batch([g], group_size=2, scale_rewards=False)
-    assert b.meta.tolist() == [[3, 2, 3, 0], [3, 1, 3, 0]]
+    assert b.meta.tolist() == [[3, 2, 3, 0, 1], [3, 1, 3, 0, 1]]
     assert b.tokens.tolist() == [11, 12, 13, 21, 22, 11, 12, 13, 31]
     assert b.scalars[:, 0].tolist() == pytest.approx([0.5, -0.5])  # r - mean, unscaled
     mb = micro_batch(b, [0, 1], pad_id=0, device=torch.device("cpu"))
@@ -48,3 +48,26 @@ def test_build_batch_and_micro_batch_alignment():
     only_second = micro_batch(b, [1], pad_id=0, device=torch.device("cpu"))
     assert only_second.input_ids.tolist() == [[11, 12, 13, 31]]
     assert only_second.advantages.tolist() == pytest.approx([-0.5])
+
+
+def test_drop_reasons():
+    from grpo.learner import drop_reason
+
+    g = group(prefix=[1], gens=[[2], [3]], rewards=[1.0, 0.0], version=5)
+    assert drop_reason(g, version=7, max_staleness=4, filter_zero_signal=True) is None
+    assert drop_reason(g, version=9, max_staleness=4, filter_zero_signal=False) is None    # exactly 4 old
+    assert drop_reason(g, version=10, max_staleness=4, filter_zero_signal=False) == "stale"
+    assert drop_reason(g, version=4, max_staleness=4, filter_zero_signal=False) == "future_version"
+    flat = group(prefix=[1], gens=[[2], [3]], rewards=[1.0, 1.0], version=5)
+    assert drop_reason(flat, version=5, max_staleness=4, filter_zero_signal=False) is None
+    assert drop_reason(flat, version=5, max_staleness=4, filter_zero_signal=True) == "zero_signal"
+
+
+def test_truncated_completions_are_flagged_for_masking():
+    g = group(prefix=[11, 12], gens=[[21, 22], [31]], rewards=[1.0, 0.0])
+    g.completions[1].is_finished = False
+    b = build_batch([g], group_size=2, scale_rewards=False)
+    mb = micro_batch(b, [0, 1], pad_id=0, device=torch.device("cpu"))
+    assert mb.finished.tolist() == [1.0, 0.0]
+    masked = mb.gen_mask * mb.finished.unsqueeze(1)   # what the learner does with --mask-truncated
+    assert masked.tolist() == [[0, 1, 1], [0, 0, 0]]
