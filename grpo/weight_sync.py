@@ -186,24 +186,37 @@ class TcpPublisher:
             got = self.server.receive(timeout_s=0.1)
             if got is None:
                 continue
-            identity, msg = got
-            if not isinstance(msg, P.WeightsRequest):
-                self.server.rejected["unexpected_kind"] += 1
-                continue
-            self.sampler_versions[msg.sampler_id] = msg.have_version
-            with self._lock:
-                snap = self._snapshot
-            current = snap.version if snap else 0
-            if self._stopping.is_set():
-                self.server.reply(identity, P.Stop(version=current, reason="learner finished",
-                                                   request_id=msg.request_id))
-                self.replies["stop"] += 1
-                self.stopped_samplers.add(msg.sampler_id)
-            elif snap is not None and msg.have_version < snap.version:
-                # Same buckets (no copy), only the header differs: it echoes the request id.
-                reply = dataclasses.replace(snap.announce, request_id=msg.request_id)
-                self.bytes_served += self.server.reply(identity, reply)
-                self.replies["weights"] += 1
-            else:
-                self.server.reply(identity, P.NoUpdate(version=current, request_id=msg.request_id))
-                self.replies["no_update"] += 1
+            # Requests that queued up while we were busy (or before this thread existed, while
+            # the model loaded) are answered only by each sampler's newest one: a sampler waits
+            # for the answer to its latest request alone, and sending full weights to every
+            # stale one would fill the ROUTER's queue to that peer (SNDHWM), so the answer
+            # that matters would be dropped.
+            latest: dict[bytes, P.WeightsRequest] = {}
+            while got is not None:
+                identity, msg = got
+                if not isinstance(msg, P.WeightsRequest):
+                    self.server.rejected["unexpected_kind"] += 1
+                elif identity not in latest or msg.request_id >= latest[identity].request_id:
+                    latest[identity] = msg
+                got = self.server.receive(timeout_s=0)
+            for identity, msg in latest.items():
+                self._answer(identity, msg)
+
+    def _answer(self, identity: bytes, msg: P.WeightsRequest) -> None:
+        self.sampler_versions[msg.sampler_id] = msg.have_version
+        with self._lock:
+            snap = self._snapshot
+        current = snap.version if snap else 0
+        if self._stopping.is_set():
+            self.server.reply(identity, P.Stop(version=current, reason="learner finished",
+                                               request_id=msg.request_id))
+            self.replies["stop"] += 1
+            self.stopped_samplers.add(msg.sampler_id)
+        elif snap is not None and msg.have_version < snap.version:
+            # Same buckets (no copy), only the header differs: it echoes the request id.
+            reply = dataclasses.replace(snap.announce, request_id=msg.request_id)
+            self.bytes_served += self.server.reply(identity, reply)
+            self.replies["weights"] += 1
+        else:
+            self.server.reply(identity, P.NoUpdate(version=current, request_id=msg.request_id))
+            self.replies["no_update"] += 1

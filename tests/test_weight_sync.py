@@ -161,3 +161,31 @@ def test_a_late_answer_is_not_taken_for_the_current_one():
         t.join(timeout=5)
         client.close()
         router.close(linger=0)
+
+
+def test_backlog_of_requests_gets_one_answer_for_the_newest():
+    """Requests queued while the learner loaded: only the newest per sampler is answered.
+
+    Answering each with full weights filled the ROUTER's queue (SNDHWM) so the answer the
+    sampler was waiting for was dropped (seen in CI: samplers stuck at version 0).
+    """
+    torch.manual_seed(5)
+    model = Mixed()
+    port = free_port()
+    server = SyncServer("127.0.0.1", port)
+    client = SyncClient("127.0.0.1", port, P.weights_limits(1 << 20))
+    try:
+        for rid in range(1, 7):
+            client.send(P.WeightsRequest(sampler_id=0, have_version=0, request_id=rid))
+        time.sleep(0.5)                                # all six are queued at the ROUTER
+        pub = TcpPublisher(server, model)              # its thread starts now
+        answers = []
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            msg = client.receive(0.1)
+            if msg is not None:
+                answers.append(msg)
+        assert [a.request_id for a in answers] == [6]
+    finally:
+        client.close()
+        pub.close()
