@@ -133,11 +133,11 @@ class LaunchConfig(CommonConfig):
     """Comma-separated GPU ids for the learner ranks, e.g. 1,2,3."""
     training_ranks: int = 1
     """Learner ranks on CPU (--device cpu); on GPU one rank per training GPU."""
-    num_samplers: int = 1
+    num_samplers: int = SamplerConfig.num_samplers
     """Samplers on CPU (--device cpu); on GPU one per sampling GPU."""
-    no_deepspeed: bool = False
+    no_deepspeed: bool = LearnerConfig.no_deepspeed
     """Learner as one plain PyTorch process."""
-    max_steps: int = 100
+    max_steps: int = LearnerConfig.max_steps
     """Learner steps before the run stops."""
     ready_timeout_s: float = 600.0
     """How long to wait for the learner to bind its ports."""

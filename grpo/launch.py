@@ -84,16 +84,9 @@ def split_passthrough(rest: list[str]) -> tuple[list[str], list[str]]:
     return to_s, to_l
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def plan(cfg: LaunchConfig, cuda_count: int, sampler_flags: list[str], learner_flags: list[str],
          master_port: int) -> list[ProcSpec]:
     """Every process of the run, learner ranks first."""
-    common = to_flags(cfg, CommonConfig)
     py = sys.executable
     samp_gpus = parse_gpus(cfg.sampling_gpus, "--sampling-gpus")
     train_gpus = parse_gpus(cfg.training_gpus, "--training-gpus")
@@ -118,8 +111,7 @@ def plan(cfg: LaunchConfig, cuda_count: int, sampler_flags: list[str], learner_f
             raise LaunchError("--training-ranks and --num-samplers must be >= 1")
     if cfg.no_deepspeed and n_learn > 1:
         raise LaunchError("--no-deepspeed runs one learner process; give one training GPU (or --training-ranks 1)")
-    device = "cuda" if use_cuda else "cpu"
-    common = [*common[:common.index("--device")], "--device", device, *common[common.index("--device") + 2:]]
+    common = to_flags(dataclasses.replace(cfg, device="cuda" if use_cuda else "cpu"), CommonConfig)
     base_env = {k: v for k, v in os.environ.items()}
     base_env.update({"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
                      "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"})
@@ -251,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
             import torch  # after parsing: --help and flag mistakes stay instant
 
             cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        specs = plan(cfg, cuda_count, to_s, to_l, _free_port())
+        from grpo.transport import free_port
+
+        specs = plan(cfg, cuda_count, to_s, to_l, free_port())
         check_port(cfg.host, cfg.data_port, "--data-port")
         check_port(cfg.host, cfg.sync_port, "--sync-port")
         if cfg.data_port == cfg.sync_port:

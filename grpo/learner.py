@@ -14,10 +14,8 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -29,16 +27,10 @@ from grpo.engine import DeepSpeedEngine, TorchEngine, load_ds_config, resolve_ds
 from grpo.loss import KL_ESTIMATORS, LOSS_TYPES, grpo_token_loss, reduce_loss
 from grpo.metrics import MetricsWriter, make_run_dir
 from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, token_logprobs
-from grpo.transport import DataReceiver, SyncServer
+from grpo.transport import DataReceiver, SyncServer, free_port
 from grpo.weight_sync import TcpPublisher
 
 log = logging.getLogger(__name__)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def check_loss_options(cfg: LearnerConfig) -> None:
@@ -102,7 +94,7 @@ class Learner:
             import deepspeed
 
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+            os.environ.setdefault("MASTER_PORT", str(free_port()))
             os.environ.setdefault("RANK", "0")
             os.environ.setdefault("WORLD_SIZE", "1")
             os.environ.setdefault("LOCAL_RANK", str(self.device.index or 0))

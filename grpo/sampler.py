@@ -118,8 +118,9 @@ class Sampler:
         gen_s = time.perf_counter() - t0
 
         whole = [prompt_ids[i // G] + c for i, (c, _) in enumerate(completions)]
-        old_lp = self._logprobs(self.policy, whole, [len(prompt_ids[i // G]) for i in range(len(whole))])
-        ref_lp = self._logprobs(self.ref, whole, [len(prompt_ids[i // G]) for i in range(len(whole))])
+        prompt_lens = [len(prompt_ids[i // G]) for i in range(len(whole))]
+        old_lp = self._logprobs(self.policy, whole, prompt_lens)
+        ref_lp = self._logprobs(self.ref, whole, prompt_lens)
 
         groups = []
         for gi, (problem, prompt, pids) in enumerate(zip(problems, prompts, prompt_ids)):

@@ -12,6 +12,7 @@ libzmq drops an oversized message before we allocate for it.
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections import Counter
 from typing import Protocol
@@ -31,6 +32,13 @@ class Transport(Protocol):
     def send(self, msg: P.Message, timeout_s: float | None = None) -> bool: ...
     def receive(self, timeout_s: float) -> P.Message | None: ...
     def close(self) -> None: ...
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port the OS says is free now (for the process group's rendezvous and tests)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def _bind(sock: zmq.Socket, host: str, port: int, flag: str) -> None:
@@ -53,6 +61,15 @@ class _Receiving:
         self.messages = 0
         self.bytes = 0
         self._last_warn = 0.0
+
+    def receive(self, timeout_s: float) -> P.Message | None:
+        """The next valid message, or None on timeout or when the message was rejected."""
+        if not self.sock.poll(int(timeout_s * 1000)):
+            return None
+        return self._decode(self.sock.recv_multipart(copy=False))
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
 
     def _decode(self, frames: list[zmq.Frame]) -> P.Message | None:
         self.messages += 1
@@ -107,14 +124,6 @@ class DataReceiver(_Receiving):
         _bind(sock, host, port, "--data-port")
         super().__init__(sock, limits, "data")
 
-    def receive(self, timeout_s: float) -> P.Message | None:
-        if not self.sock.poll(int(timeout_s * 1000)):
-            return None
-        return self._decode(self.sock.recv_multipart(copy=False))
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
-
 
 class SyncClient(_Receiving):
     """Sampler side of the weight channel."""
@@ -131,14 +140,6 @@ class SyncClient(_Receiving):
         except zmq.Again:  # not connected yet and its queue is full: the next round asks again
             return False
         return True
-
-    def receive(self, timeout_s: float) -> P.Message | None:
-        if not self.sock.poll(int(timeout_s * 1000)):
-            return None
-        return self._decode(self.sock.recv_multipart(copy=False))
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
 
 
 class SyncServer(_Receiving):
@@ -167,6 +168,3 @@ class SyncServer(_Receiving):
         frames = P.encode(msg)
         self.sock.send_multipart([identity, *frames], copy=False)
         return sum(memoryview(f).nbytes for f in frames)
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
