@@ -21,7 +21,6 @@ import math
 import os
 import random
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ import zmq.utils.monitor
 
 from grpo import protocol as P
 from grpo.transport import SyncClient
+from netutil import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -58,18 +58,6 @@ Frames = list[bytes]
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
 
 
 def child_env() -> dict[str, str]:

@@ -1,5 +1,4 @@
 """Weight layout, bucketing and all-or-nothing application; tcp through real sockets."""
-import socket
 import time
 
 import pytest
@@ -8,6 +7,7 @@ import torch
 from grpo import protocol as P
 from grpo.transport import SyncClient, SyncServer
 from grpo.weight_sync import TcpPublisher, apply_weights, pack, plan_layout, unpack_views
+from netutil import free_ports
 
 
 class Mixed(torch.nn.Module):
@@ -17,12 +17,6 @@ class Mixed(torch.nn.Module):
         self.b = torch.nn.Parameter(torch.randn(7).to(torch.bfloat16))
         self.c = torch.nn.Parameter(torch.randn(2, 2, 3))
         self.d = torch.nn.Parameter(torch.randn(1).to(torch.bfloat16))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_layout_round_trips_every_parameter_bit_exactly():
@@ -64,7 +58,7 @@ def test_apply_is_all_or_nothing():
 def test_tcp_publisher_serves_newest_version_and_stop():
     torch.manual_seed(2)
     learner, sampler = Mixed(), Mixed()
-    port = free_port()
+    port = free_ports(1)[0]
     pub = TcpPublisher(SyncServer("127.0.0.1", port), learner)
     client = SyncClient("127.0.0.1", port, P.weights_limits(1 << 20))
     try:
@@ -101,7 +95,7 @@ def test_fp32_master_weights_are_published_as_bf16():
     torch.manual_seed(3)
     learner = torch.nn.Linear(4, 3)
     sampler = torch.nn.Linear(4, 3).to(torch.bfloat16)
-    port = free_port()
+    port = free_ports(1)[0]
     pub = TcpPublisher(SyncServer("127.0.0.1", port), learner, dtype=torch.bfloat16)
     client = SyncClient("127.0.0.1", port, P.weights_limits(1 << 20))
     try:
@@ -127,7 +121,7 @@ def test_a_late_answer_is_not_taken_for_the_current_one():
 
     import zmq
 
-    port = free_port()
+    port = free_ports(1)[0]
     router = zmq.Context.instance().socket(zmq.ROUTER)
     router.bind(f"tcp://127.0.0.1:{port}")
     client = SyncClient("127.0.0.1", port, P.weights_limits(1 << 20))
@@ -171,7 +165,7 @@ def test_backlog_of_requests_gets_one_answer_for_the_newest():
     """
     torch.manual_seed(5)
     model = Mixed()
-    port = free_port()
+    port = free_ports(1)[0]
     server = SyncServer("127.0.0.1", port)
     client = SyncClient("127.0.0.1", port, P.weights_limits(1 << 20))
     try:
