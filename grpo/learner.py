@@ -157,9 +157,12 @@ class Learner:
                          now - waited_since, len(groups), self.groups_per_step, self.version + 1,
                          sorted(self.sampler_status) or "none")
                 next_note = now + self.cfg.data_timeout_s
-        # Take what else already arrived without waiting, so the queue counts are current.
-        while (msg := self.receiver.receive(timeout_s=0)) is not None or self.receiver.sock.poll(0):
-            self._take(msg)
+        # Take what else already arrived without waiting, so the queue counts are current;
+        # bounded, so a peer that never stops sending cannot keep the step from starting.
+        for _ in range(1000):
+            if not self.receiver.sock.poll(0):
+                break
+            self._take(self.receiver.receive(timeout_s=0))
         return groups
 
     # ------------------------------------------------------------------ training (all ranks)
