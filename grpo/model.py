@@ -95,8 +95,35 @@ def _make_tiny_random(dest: Path) -> None:
     tmp.rename(dest)
 
 
+# Qwen2.5-3B's shapes (its config.json), for throughput and memory work at a realistic size.
+QWEN25_3B_SHAPES = dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+                        num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+                        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
+RANDOM_INIT_SEED = 1234
+
+
+def _make_random_qwen25_3b(dest: Path) -> None:
+    """Config and tokenizer only: the weights are drawn at load time (6 GB in bf16 is not worth a file).
+
+    The tokenizer is SmolLM2's (49,152 ids) while the model keeps Qwen2.5's 151,936-row
+    vocabulary, so the matrix shapes, and hence the cost, are Qwen2.5-3B's.
+    """
+    from transformers import AutoTokenizer, Qwen2Config
+
+    tok = AutoTokenizer.from_pretrained(resolve_model("smollm2"))
+    cfg = Qwen2Config(**QWEN25_3B_SHAPES, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)
+    cfg.grpo_random_init = True  # load_causal_lm draws the weights from RANDOM_INIT_SEED
+    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True)
+    cfg.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    tmp.rename(dest)
+
+
 _BUILDERS = {"smollm2": ("smollm2-135m-instruct", _convert_smollm2),
-             "tiny-random": ("tiny-random-llama", _make_tiny_random)}
+             "tiny-random": ("tiny-random-llama", _make_tiny_random),
+             "random:qwen2.5-3b": ("random-qwen2.5-3b", _make_random_qwen25_3b)}
 
 
 def resolve_model(name: str) -> str:
@@ -134,9 +161,18 @@ def load_tokenizer(path: str):
 
 
 def load_causal_lm(path: str, device: torch.device, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
+        cfg = AutoConfig.from_pretrained(path)
+        if getattr(cfg, "grpo_random_init", False):
+            # Same seed, same device type -> the same weights in every process (learner and
+            # samplers start from one policy); drawn on the device, where 3B params take ~1 s.
+            torch.manual_seed(RANDOM_INIT_SEED)
+            if device.type == "cuda":
+                torch.cuda.manual_seed(RANDOM_INIT_SEED)
+            with device:
+                return AutoModelForCausalLM.from_config(cfg, dtype=dtype)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except (OSError, ValueError) as exc:
         raise ModelUnavailable(f"cannot load --model {path}: {str(exc).splitlines()[0]}") from None
