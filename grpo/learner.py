@@ -26,7 +26,8 @@ from grpo.config import LearnerConfig
 from grpo.engine import DeepSpeedEngine, TorchEngine, load_ds_config, resolve_ds_config
 from grpo.loss import KL_ESTIMATORS, LOSS_TYPES, grpo_token_loss, reduce_loss
 from grpo.metrics import MetricsWriter, make_run_dir
-from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, token_logprobs
+from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, token_logprobs,
+                        weights_checksum)
 from grpo.transport import DataReceiver, SyncServer, free_port
 from grpo.weight_sync import TcpPublisher
 
@@ -168,6 +169,7 @@ class Learner:
     # ------------------------------------------------------------------ training (all ranks)
     def train_step(self, batch: Batch) -> dict:
         cfg, module = self.cfg, self.engine.module
+        t_start = time.perf_counter()
         module.train()
         lens = batch.whole_lens()
         gen_lens = batch.meta[:, 1].tolist()
@@ -207,14 +209,26 @@ class Learner:
                                       mb.gen_mask.sum().item(), tl.ratio.sum().item(), len(part)],
                                      dtype=torch.float64)
         self.engine.step()
+        # Per rank: tokens through the model (prompt + completion) over this step's train time,
+        # and peak device memory, gathered so rank 0 can log every rank's figures.
+        mine_stats = torch.tensor([float(sum(lens[i] for i in mine)), time.perf_counter() - t_start,
+                                   torch.cuda.max_memory_allocated(self.device) / 2**30
+                                   if self.device.type == "cuda" else 0.0], dtype=torch.float64)
         if dist.is_initialized() and self.world > 1:
-            s = sums.to(self.device)
-            dist.all_reduce(s)
-            sums = s.cpu()
+            s = torch.cat([sums, mine_stats]).to(self.device)
+            parts = [torch.empty_like(s) for _ in range(self.world)]
+            dist.all_gather(parts, s)
+            per_rank = [p.cpu() for p in parts]
+            sums = sum(p[:6] for p in per_rank)
+            ranks = [p[6:].tolist() for p in per_rank]
+        else:
+            ranks = [mine_stats.tolist()]
         loss, kl, clipped, toks, ratio, seqs = sums.tolist()
         return {"loss": loss, "kl": kl / max(toks, 1), "clip_frac": clipped / max(toks, 1),
                 "ratio_mean": ratio / max(toks, 1), "tokens": int(toks), "sequences": int(seqs),
-                "grad_norm": self.engine.grad_norm()}
+                "grad_norm": self.engine.grad_norm(),
+                "rank_tokens_per_s": [t / max(dt, 1e-9) for t, dt, _ in ranks],
+                "rank_peak_mem_gb": [m for _, _, m in ranks]}
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> dict:
@@ -236,11 +250,21 @@ class Learner:
                 self.counts["trained"] += len(groups)
                 trained_samples += batch.size
                 self._log_step(step, groups, batch, stats, t0, t_data, t_train, stall, trained_samples, t_start)
-        if self.rank == 0:
-            broadcast_batch(None, True, self.device)
-            return self.shutdown(time.perf_counter() - t_start)
         broadcast_batch(None, True, self.device)
+        checksums = self._rank_checksums()
+        if self.rank == 0:
+            return self.shutdown(time.perf_counter() - t_start, checksums)
         return {}
+
+    def _rank_checksums(self) -> list[str]:
+        """Every rank's fingerprint of its full (bf16 on GPU) module weights: ZeRO-2 must keep them equal."""
+        mine = weights_checksum(self.engine.module)
+        if not (dist.is_initialized() and self.world > 1):
+            return [mine]
+        t = torch.tensor([int(mine, 16)], dtype=torch.int64, device=self.device)
+        parts = [torch.empty_like(t) for _ in range(self.world)]
+        dist.all_gather(parts, t)
+        return [f"{int(p.item()):016x}" for p in parts]
 
     def _log_step(self, step, groups, batch, stats, t0, t_data, t_train, stall, trained_samples, t_start) -> None:
         rewards = batch.scalars[:, 1]
@@ -274,7 +298,7 @@ class Learner:
                 "dropped": dropped, "queued": len(self.queue),
                 "sent": sum(s.groups_sent for s in self.sampler_status.values())}
 
-    def shutdown(self, elapsed: float) -> dict:
+    def shutdown(self, elapsed: float, checksums: list[str] | None = None) -> dict:
         """Tell samplers to stop, wait for their final status, and account for every group."""
         self.publisher.stop_samplers()
         known = set(self.sampler_status) | set(self.publisher.sampler_versions)
@@ -297,7 +321,11 @@ class Learner:
                                 for i, s in sorted(self.sampler_status.items())},
                    "samplers_without_final_status": missing,
                    "sync": {"bytes_served": self.publisher.bytes_served, **self.publisher.replies},
-                   "rejected_messages": dict(self.receiver.rejected)}
+                   "rejected_messages": dict(self.receiver.rejected),
+                   "rank_weight_checksums": checksums or [],
+                   "ranks_identical": len(set(checksums or [])) == 1,
+                   "peak_mem_gb": (torch.cuda.max_memory_allocated(self.device) / 2**30
+                                   if self.device.type == "cuda" else None)}
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         self.metrics.write({"final": True, **summary})
         log.info("accounting: sent %d = trained %d + dropped %d %s + queued %d -> %s%s", acc["sent"],

@@ -143,6 +143,8 @@ class Sampler:
         self.stats["samples"] += len(completions)
         self.stats["tokens"] += n_tokens
         self.stats["gen_s"] += gen_s
+        if self.device.type == "cuda":
+            self.stats["peak_mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         rewards = [c.reward for g in groups for c in g.completions]
         log.info("round %d (v%d): %d completions, %d tokens in %.2f s (%.0f tok/s), reward mean %.3f",
                  round_idx, self.version, len(completions), n_tokens, gen_s, n_tokens / max(gen_s, 1e-9),

@@ -55,6 +55,9 @@ def test_run_distributed_cpu_two_ranks_two_samplers(tmp_path):
     assert [x["step"] for x in steps] == [1, 2, 3]
     assert all(math.isfinite(x["loss"]) for x in steps)
     assert all(x["sequences"] == 8 for x in steps)          # both ranks' shards add up to the batch
+    assert all(len(x["rank_tokens_per_s"]) == 2 and min(x["rank_tokens_per_s"]) > 0 for x in steps)
+    # ZeRO-2 keeps a full copy of the (updated) weights on every rank: both fingerprints agree
+    assert len(summary["rank_weight_checksums"]) == 2 and summary["ranks_identical"], summary
     acc = summary["groups"]
     dropped = sum(acc["dropped"].values())
     assert acc["sent"] == acc["trained"] + dropped + acc["queued"], acc

@@ -1,0 +1,31 @@
+"""weights_checksum: the fingerprint the 4-GPU run compares across ZeRO-2 ranks."""
+import copy
+
+import torch
+
+from grpo.model import weights_checksum
+
+
+def _model(dtype):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)).to(dtype)
+
+
+def test_equal_weights_equal_checksum_and_one_bit_changes_it():
+    for dtype in (torch.float32, torch.bfloat16):
+        a = _model(dtype)
+        b = copy.deepcopy(a)
+        assert weights_checksum(a) == weights_checksum(b)
+        with torch.no_grad():
+            bits = b[1].weight.view(-1).view(torch.int16 if dtype == torch.bfloat16 else torch.int32)
+            bits[5] ^= 1   # the lowest mantissa bit of one element
+        assert weights_checksum(a) != weights_checksum(b)
+
+
+def test_swapping_two_elements_changes_it():
+    a = _model(torch.float32)
+    b = copy.deepcopy(a)
+    with torch.no_grad():
+        w = b[0].weight.view(-1)
+        w[0], w[1] = w[1].clone(), w[0].clone()
+    assert weights_checksum(a) != weights_checksum(b)
