@@ -45,6 +45,15 @@ class CommonConfig:
     """Sampling temperature; the learner uses it too, so both sides score the same policy."""
     log_file: str = ""
     """Also write this process's log here (the launcher captures stderr instead)."""
+    # --- evaluation (greedy pass@1 on the first --eval-size test problems)
+    eval_every: int = 0
+    """Sampler 0 evaluates at version 0 and whenever its version reaches a multiple of N; the learner evaluates its final weights (0: no evaluation)."""
+    eval_size: int = 500
+    """Problems in the fixed evaluation subset: the first N of the test split."""
+    eval_dataset: str = ""
+    """Data set to evaluate on (default: --dataset; the learner needs it set when it evaluates)."""
+    eval_batch_size: int = 256
+    """Sequences decoded together during evaluation."""
 
 
 @dataclass
@@ -111,6 +120,8 @@ class LearnerConfig(CommonConfig):
     """Train only on groups generated at most this many versions ago; older ones are dropped and counted."""
     max_steps: int = 100
     """Optimizer steps to run before stopping the samplers and exiting."""
+    max_time_s: float = 0.0
+    """Also stop after the step that ends past this many seconds of training (0: no time limit)."""
     max_tokens_per_micro_batch: int = 0
     """Token cap per micro-batch on a rank (0: micro-batch by the DeepSpeed config's sequence count)."""
     data_timeout_s: float = 60.0
@@ -145,6 +156,28 @@ class LaunchConfig(CommonConfig):
     """After a stop, how long each process gets to exit before it is killed."""
     extra: list[str] = field(default_factory=list)
     """(internal) flags passed through to every worker."""
+
+
+@dataclass
+class EvalConfig:
+    """python -m grpo.evaluate: greedy pass@1 of a model on the first N test problems."""
+
+    model: str = DEFAULT_MODEL
+    """'smollm2', a Hugging Face folder (e.g. a checkpoint's hf/ folder) or hub id."""
+    dataset: str = DEFAULT_DATASET
+    """'openai/gsm8k', a folder with test.jsonl (e.g. ../shared/data/gsm8k), or rg:<task>."""
+    eval_size: int = 500
+    """Evaluate on the first N problems of the test split (0: all)."""
+    eval_batch_size: int = 256
+    """Sequences decoded together."""
+    max_new_tokens: int = 256
+    """Longest completion, in tokens."""
+    device: str = "auto"
+    """'auto', 'cuda' or 'cpu'."""
+    gpu_id: int = -1
+    """CUDA device index (-1: 0)."""
+    out: str = ""
+    """Also write the result as JSON to this file."""
 
 
 # --------------------------------------------------------------------------- flags

@@ -157,6 +157,10 @@ def parse(argv: list[str] | None) -> tuple[LaunchConfig, list[str], list[str]]:
         to_s, to_l = split_passthrough(rest)
     except LaunchError as exc:
         parser.error(str(exc))
+    if "--eval-every" in to_l and "--eval-dataset" not in to_l:
+        # The learner evaluates its final weights on the samplers' data set.
+        i = to_s.index("--dataset") if "--dataset" in to_s else -1
+        to_l += ["--eval-dataset", to_s[i + 1] if i >= 0 else SamplerConfig.dataset]
     return cfg, to_s, to_l
 
 

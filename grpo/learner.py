@@ -116,6 +116,9 @@ class Learner:
         self.publisher = (TcpPublisher(self.server, self.engine.module, compute_dtype(self.device))
                           if self.rank == 0 else None)
         self.metrics = MetricsWriter(self.run_dir) if self.rank == 0 else None
+        if cfg.eval_every > 0 and not cfg.eval_dataset:
+            raise ValueError("--eval-every on the learner needs --eval-dataset (the data set the samplers use); "
+                             "run_distributed.py passes it for you")
         self.version = 0
         self.queue: collections.deque[P.Group] = collections.deque()
         self.counts = collections.Counter()           # received, trained, dropped_<reason>
@@ -250,11 +253,36 @@ class Learner:
                 self.counts["trained"] += len(groups)
                 trained_samples += batch.size
                 self._log_step(step, groups, batch, stats, t0, t_data, t_train, stall, trained_samples, t_start)
+            if self.cfg.max_time_s and self._time_up(t_start):
+                break
         broadcast_batch(None, True, self.device)
         checksums = self._rank_checksums()
         if self.rank == 0:
-            return self.shutdown(time.perf_counter() - t_start, checksums)
+            self.publisher.stop_samplers()   # they stop at their next sync while we evaluate
+            final_eval = self._final_eval() if self.cfg.eval_every > 0 else None
+            return self.shutdown(time.perf_counter() - t_start, checksums, final_eval)
         return {}
+
+    def _final_eval(self) -> dict:
+        """Greedy pass@1 of the final weights, on rank 0 after training (nothing left to stall)."""
+        from grpo.evaluate import eval_problems, greedy_accuracy, record_eval
+
+        module = self.engine.module
+        module.config.use_cache = True
+        with torch.autocast("cuda", dtype=torch.bfloat16) if self.autocast else contextlib.nullcontext():
+            result = greedy_accuracy(module, self.tok, eval_problems(self.cfg.eval_dataset, self.cfg.eval_size),
+                                     self.cfg.max_new_tokens, self.cfg.eval_batch_size, self.device)
+        record_eval(str(self.run_dir), self.version, result, by="learner")
+        return {"version": self.version, **result}
+
+    def _time_up(self, t_start: float) -> bool:
+        """--max-time-s reached? Rank 0's clock decides for all, so every rank leaves the loop together."""
+        flag = torch.tensor([float(time.perf_counter() - t_start >= self.cfg.max_time_s)], device=self.device)
+        if dist.is_initialized() and self.world > 1:
+            dist.broadcast(flag, 0)
+        if flag.item() and self.rank == 0:
+            log.info("--max-time-s %.0f reached after step %d", self.cfg.max_time_s, self.version)
+        return bool(flag.item())
 
     def _rank_checksums(self) -> list[str]:
         """Every rank's fingerprint of its full (bf16 on GPU) module weights: ZeRO-2 must keep them equal."""
@@ -279,6 +307,7 @@ class Learner:
                "step_time_s": now - t0, "data_wait_s": t_data - t0, "train_s": t_train - t_data,
                "sync_publish_s": stall, "samples_per_s": trained_samples / (now - t_start),
                "groups": self._accounting(), "sampler_versions": dict(self.publisher.sampler_versions),
+               "eval": self._latest_eval(),
                "sync_bytes_served": self.publisher.bytes_served, "data_bytes_received": self.receiver.bytes,
                "time_s": now - t_start}
         self.metrics.write(rec)
@@ -290,6 +319,14 @@ class Learner:
                  stall, rec["samples_per_s"], rec["sampler_versions"], rec["groups"], self.receiver.messages,
                  self.receiver.bytes / 1e6, self.publisher.bytes_served / 1e6)
 
+    def _latest_eval(self) -> dict | None:
+        """The newest evaluation a sampler has reported (version, greedy pass@1), if any."""
+        evals = [s.stats for s in self.sampler_status.values() if "eval_version" in s.stats]
+        if not evals:
+            return None
+        best = max(evals, key=lambda st: st["eval_version"])
+        return {"version": int(best["eval_version"]), "accuracy": best["eval_accuracy"]}
+
     def _accounting(self) -> dict:
         dropped = {k[len("dropped_"):]: v for k, v in self.counts.items() if k.startswith("dropped_")}
         for reason, n in self.receiver.rejected.items():
@@ -298,7 +335,7 @@ class Learner:
                 "dropped": dropped, "queued": len(self.queue),
                 "sent": sum(s.groups_sent for s in self.sampler_status.values())}
 
-    def shutdown(self, elapsed: float, checksums: list[str] | None = None) -> dict:
+    def shutdown(self, elapsed: float, checksums: list[str] | None = None, final_eval: dict | None = None) -> dict:
         """Tell samplers to stop, wait for their final status, and account for every group."""
         self.publisher.stop_samplers()
         known = set(self.sampler_status) | set(self.publisher.sampler_versions)
@@ -322,6 +359,7 @@ class Learner:
                    "samplers_without_final_status": missing,
                    "sync": {"bytes_served": self.publisher.bytes_served, **self.publisher.replies},
                    "rejected_messages": dict(self.receiver.rejected),
+                   "final_eval": final_eval,
                    "rank_weight_checksums": checksums or [],
                    "ranks_identical": len(set(checksums or [])) == 1,
                    "peak_mem_gb": (torch.cuda.max_memory_allocated(self.device) / 2**30

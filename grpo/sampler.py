@@ -16,6 +16,7 @@ import torch
 from grpo import protocol as P
 from grpo.config import SamplerConfig
 from grpo.data import PromptStream, build_prompt, load_problems, shard
+from grpo.evaluate import eval_problems, greedy_accuracy, record_eval
 from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model,
                         right_pad, token_logprobs)
 from grpo.rewards import gsm8k_reward
@@ -49,6 +50,10 @@ class Sampler:
         # Accept weights up to float32 size whatever our own dtype: a learner may publish fp32.
         total = sum(p.numel() * 4 for p in self.policy.parameters())
         self.sync = SyncClient(cfg.host, cfg.sync_port, P.weights_limits(total + (64 << 20)))
+        # Sampler 0 evaluates (greedy pass@1) at version 0 and at every multiple of --eval-every.
+        self.eval_set = (eval_problems(cfg.eval_dataset or cfg.dataset, cfg.eval_size)
+                         if cfg.eval_every > 0 and cfg.sampler_id == 0 else None)
+        self._evaluated_at = -1
         self.stats = {"samples": 0.0, "tokens": 0.0, "gen_s": 0.0, "sync_s": 0.0, "weight_bytes": 0.0,
                       "weight_syncs": 0.0, "apply_s": 0.0, "rounds": 0.0}
         log.info("sampler %d/%d on %s: %d prompts in its shard, model %s, G=%d, %d prompts per round",
@@ -86,6 +91,21 @@ class Sampler:
                      sum(newest.bucket_nbytes) / 1e6, time.perf_counter() - t_apply)
         self.stats["sync_s"] += time.perf_counter() - t0
         return True
+
+    def maybe_evaluate(self) -> None:
+        """Between rounds: evaluate the policy now running if its version is due (v0: the baseline)."""
+        if self.eval_set is None or self.version == self._evaluated_at:
+            return
+        every = self.cfg.eval_every
+        if self._evaluated_at >= 0 and self.version // every == self._evaluated_at // every:
+            return
+        result = greedy_accuracy(self.policy, self.tok, self.eval_set, self.cfg.max_new_tokens,
+                                 self.cfg.eval_batch_size, self.device)
+        self._evaluated_at = self.version
+        record_eval(self.cfg.run_dir, self.version, result, by=f"sampler{self.cfg.sampler_id}")
+        # Reported to the learner with the next status, which puts it in metrics.jsonl.
+        self.stats.update(eval_version=float(self.version), eval_accuracy=result["accuracy"],
+                          eval_seconds=result["seconds"])
 
     # ------------------------------------------------------------------ one round
     @torch.no_grad()
@@ -186,6 +206,7 @@ class Sampler:
             while self.sync_weights():
                 if self.cfg.max_rounds and rounds >= self.cfg.max_rounds:
                     break
+                self.maybe_evaluate()
                 for group in self.generate_round(rounds):
                     self._send_blocking(group)
                     self.groups_sent += 1

@@ -1,0 +1,121 @@
+"""Greedy pass@1 on a fixed subset of a test split, in process or as a command.
+
+    python -m grpo.evaluate --model PATH_OR_CHECKPOINT [--dataset ../shared/data/gsm8k] \
+        [--eval-size 500] [--out result.json]
+
+The subset is the first --eval-size problems of the test split (the source's own order),
+so every evaluation of a run, and the baseline before it, scores the same problems. The
+same function runs inside the sampler (`--eval-every N`) and at the learner's end.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from grpo.config import EvalConfig, parse_config
+from grpo.data import Problem, build_prompt, load_problems
+from grpo.rewards import gsm8k_reward
+
+log = logging.getLogger(__name__)
+
+
+def eval_problems(dataset: str, size: int, seed: int = 0) -> list[Problem]:
+    """The fixed evaluation subset: the first `size` problems of the test split."""
+    return load_problems(dataset, "test", limit=size or None, seed=seed)
+
+
+@torch.no_grad()
+def greedy_accuracy(model, tok, problems: list[Problem], max_new_tokens: int, batch_size: int,
+                    device: torch.device) -> dict:
+    """Greedy decoding of every problem; the share whose final answer is correct.
+
+    Prompts are sorted by length before batching (less left padding); greedy decoding does
+    not depend on the batch it runs in beyond float rounding, so the order does not change
+    which problems are solved in any systematic way.
+    """
+    was_training = model.training
+    model.eval()
+    t0 = time.perf_counter()
+    prompts = [build_prompt(tok, p.question, None) for p in problems]
+    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    correct = [0.0] * len(ids)
+    has_answer = [0.0] * len(ids)
+    lengths = [0] * len(ids)
+    truncated = 0
+    for s in range(0, len(order), batch_size):
+        rows = order[s:s + batch_size]
+        width = max(len(ids[i]) for i in rows)
+        # Left padding: every row's next token is in the last column.
+        x = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
+        attn = torch.zeros_like(x)
+        for j, i in enumerate(rows):
+            x[j, width - len(ids[i]):] = torch.tensor(ids[i])
+            attn[j, width - len(ids[i]):] = 1
+        out = model.generate(input_ids=x.to(device), attention_mask=attn.to(device), do_sample=False,
+                             max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
+                             eos_token_id=tok.eos_token_id, top_k=None, top_p=None, temperature=None)
+        for j, row in enumerate(out[:, width:].cpu().tolist()):
+            i = rows[j]
+            if tok.eos_token_id in row:
+                row = row[:row.index(tok.eos_token_id)]
+            else:
+                truncated += 1
+            lengths[i] = len(row)
+            text = tok.decode(row, skip_special_tokens=True)
+            scored = gsm8k_reward(text, problems[i].answer)
+            correct[i] = scored.info["correct"]
+            has_answer[i] = scored.info["has_answer"]
+    if was_training:
+        model.train()
+    n = max(len(problems), 1)
+    return {"accuracy": sum(correct) / n, "correct": int(sum(correct)), "n": len(problems),
+            "has_answer": sum(has_answer) / n, "mean_completion_len": sum(lengths) / n,
+            "truncated_frac": truncated / n, "seconds": time.perf_counter() - t0,
+            "max_new_tokens": max_new_tokens}
+
+
+def record_eval(run_dir: str, version: int, result: dict, by: str) -> None:
+    """Log an evaluation and append it to <run_dir>/eval.jsonl (one line per evaluation)."""
+    log.info("eval at version %d by %s: greedy pass@1 %.4f (%d/%d), %.1f s", version, by,
+             result["accuracy"], result["correct"], result["n"], result["seconds"])
+    if run_dir:
+        with open(Path(run_dir) / "eval.jsonl", "a") as fh:
+            fh.write(json.dumps({"version": version, "by": by, "time": time.time(), **result}) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_config(EvalConfig, argv, "python -m grpo.evaluate")
+    from grpo.data import DatasetUnavailable
+    from grpo.metrics import setup_logging
+    from grpo.model import (ModelUnavailable, compute_dtype, load_causal_lm, load_tokenizer, pick_device,
+                            resolve_model)
+
+    setup_logging("evaluate")
+    try:
+        device = pick_device(cfg.device, cfg.gpu_id)
+        problems = eval_problems(cfg.dataset, cfg.eval_size)
+        path = resolve_model(cfg.model)
+        tok = load_tokenizer(path)
+        model = load_causal_lm(path, device, compute_dtype(device))
+    except (DatasetUnavailable, ModelUnavailable, ValueError) as exc:
+        print(f"python -m grpo.evaluate: error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
+        return 2
+    result = greedy_accuracy(model, tok, problems, cfg.max_new_tokens, cfg.eval_batch_size, device)
+    result.update(model=cfg.model, dataset=cfg.dataset, split="test", device=str(device), config=asdict(cfg))
+    print(f"greedy pass@1: {result['accuracy']:.4f} ({result['correct']}/{result['n']}) on the first "
+          f"{result['n']} test problems of {cfg.dataset}; {result['seconds']:.1f} s")
+    if cfg.out:
+        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
