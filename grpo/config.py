@@ -45,6 +45,8 @@ class CommonConfig:
     """Sampling temperature; the learner uses it too, so both sides score the same policy."""
     log_file: str = ""
     """Also write this process's log here (the launcher captures stderr instead)."""
+    weight_sync: str = "auto"
+    """How weights reach the samplers: 'auto' (ipc with CUDA, else tcp), 'ipc' (CUDA IPC, same node), or 'tcp' (bytes over ZeroMQ)."""
     # --- evaluation (greedy pass@1 on the first --eval-size test problems)
     eval_every: int = 0
     """Sampler 0 evaluates at version 0 and whenever its version reaches a multiple of N; the learner evaluates its final weights (0: no evaluation)."""
@@ -132,6 +134,8 @@ class LearnerConfig(CommonConfig):
     """Timeout of the learner's process-group collectives (waiting for data counts against it)."""
     max_message_mb: int = 64
     """Largest data message accepted, in MiB; larger ones are dropped by ZeroMQ before allocation."""
+    ipc_ack_timeout_s: float = 10.0
+    """ipc: before reusing a weights slot, wait this long for samplers that read it to acknowledge; then take them for gone."""
 
 
 @dataclass

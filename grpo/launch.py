@@ -132,7 +132,9 @@ def plan(cfg: LaunchConfig, cuda_count: int, sampler_flags: list[str], learner_f
     for k in range(n_samp):
         env = dict(base_env)
         if use_cuda:
-            env["CUDA_VISIBLE_DEVICES"] = str(samp_gpus[k])
+            # The sampler's own GPU first (its device 0), then learner rank 0's GPU, which CUDA
+            # IPC weight sync maps (peer access); found there by UUID, not by this numbering.
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, dict.fromkeys([samp_gpus[k], train_gpus[0]])))
         argv = [py, str(ROOT / "sampling_worker.py"), *common, "--sampler-id", str(k),
                 "--num-samplers", str(n_samp)] + (["--gpu-id", "0"] if use_cuda else []) + sampler_flags
         specs.append(ProcSpec(f"sampler{k}", argv, env, "sampler"))
@@ -157,10 +159,10 @@ def parse(argv: list[str] | None) -> tuple[LaunchConfig, list[str], list[str]]:
         to_s, to_l = split_passthrough(rest)
     except LaunchError as exc:
         parser.error(str(exc))
-    if "--eval-every" in to_l and "--eval-dataset" not in to_l:
+    if cfg.eval_every > 0 and not cfg.eval_dataset:
         # The learner evaluates its final weights on the samplers' data set.
         i = to_s.index("--dataset") if "--dataset" in to_s else -1
-        to_l += ["--eval-dataset", to_s[i + 1] if i >= 0 else SamplerConfig.dataset]
+        cfg.eval_dataset = to_s[i + 1] if 0 <= i < len(to_s) - 1 else SamplerConfig.dataset
     return cfg, to_s, to_l
 
 

@@ -71,6 +71,13 @@ class Learner:
             raise ValueError("--no-deepspeed runs one process; drop it or start a single rank")
         local = int(os.environ.get("LOCAL_RANK", "0"))
         self.device = pick_device(cfg.device, cfg.gpu_id if cfg.gpu_id >= 0 else (local if cfg.device != "cpu" else -1))
+        if cfg.weight_sync not in ("auto", "ipc", "tcp"):
+            raise ValueError(f"--weight-sync {cfg.weight_sync}: choose auto, ipc or tcp")
+        if cfg.weight_sync == "ipc" and self.device.type != "cuda":
+            raise ValueError("--weight-sync ipc needs a CUDA learner; use --weight-sync tcp (or auto) on CPU")
+        if cfg.eval_every > 0 and not cfg.eval_dataset:
+            raise ValueError("--eval-every on the learner needs --eval-dataset (the data set the samplers use); "
+                             "run_distributed.py passes it for you")
         self.run_dir = make_run_dir(cfg.run_dir)
         raw_ds = load_ds_config(cfg.deepspeed_config)
         self.ds_config, self.batch_size = resolve_ds_config(
@@ -113,12 +120,9 @@ class Learner:
         self.engine = (TorchEngine(model, self.ds_config, self.device) if cfg.no_deepspeed
                        else DeepSpeedEngine(model, self.ds_config))
         self.autocast = (cfg.no_deepspeed and self.device.type == "cuda")
-        self.publisher = (TcpPublisher(self.server, self.engine.module, compute_dtype(self.device))
-                          if self.rank == 0 else None)
+        self.publisher = self._make_publisher() if self.rank == 0 else None
         self.metrics = MetricsWriter(self.run_dir) if self.rank == 0 else None
-        if cfg.eval_every > 0 and not cfg.eval_dataset:
-            raise ValueError("--eval-every on the learner needs --eval-dataset (the data set the samplers use); "
-                             "run_distributed.py passes it for you")
+
         self.version = 0
         self.queue: collections.deque[P.Group] = collections.deque()
         self.counts = collections.Counter()           # received, trained, dropped_<reason>
@@ -126,6 +130,19 @@ class Learner:
         log.info("learner rank %d/%d on %s: batch %d completions (%d groups of %d) per step, gas %d",
                  self.rank, self.world, self.device, self.batch_size, self.groups_per_step,
                  cfg.num_generations, self.engine.gas)
+
+    def _make_publisher(self):
+        """tcp on CPU or when asked; ipc with CUDA (it also answers samplers that ask for tcp)."""
+        method, dtype = self.cfg.weight_sync, compute_dtype(self.device)
+        if method == "auto":
+            method = "ipc" if self.device.type == "cuda" else "tcp"
+            log.info("weight sync: auto -> %s (%s)", method, "CUDA learner: samplers that can see its GPU map "
+                     "the weights, others get bytes" if method == "ipc" else "no CUDA: bytes over ZeroMQ")
+        if method == "ipc":
+            from grpo.weight_ipc import IpcPublisher
+
+            return IpcPublisher(self.server, self.engine.module, dtype, ack_timeout_s=self.cfg.ipc_ack_timeout_s)
+        return TcpPublisher(self.server, self.engine.module, dtype)
 
     # ------------------------------------------------------------------ data (rank 0)
     def _take(self, msg: P.Message | None) -> None:
@@ -307,7 +324,7 @@ class Learner:
                "step_time_s": now - t0, "data_wait_s": t_data - t0, "train_s": t_train - t_data,
                "sync_publish_s": stall, "samples_per_s": trained_samples / (now - t_start),
                "groups": self._accounting(), "sampler_versions": dict(self.publisher.sampler_versions),
-               "eval": self._latest_eval(),
+               "eval": self._latest_eval(), "sync_method": self.publisher.method,
                "sync_bytes_served": self.publisher.bytes_served, "data_bytes_received": self.receiver.bytes,
                "time_s": now - t_start}
         self.metrics.write(rec)

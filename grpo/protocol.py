@@ -99,6 +99,7 @@ class WeightsRequest:  # sampler -> learner on the sync socket
     sampler_id: int
     have_version: int  # -1: no weights yet
     request_id: int = 0  # echoed in the answer, so a late answer is never taken for the current one
+    method: str = ""  # the weight-sync method this sampler can use ("": whatever the learner offers)
 
 
 @dataclass
@@ -119,6 +120,27 @@ class WeightsAnnounce:  # learner -> sampler
     bucket_nbytes: list[int]
     buckets: list[memoryview]  # tcp: raw bytes of each bucket; empty for other methods
     request_id: int = -1  # the weights_request this answers (-1: unsolicited)
+    ipc: IpcHandle | None = None  # method "ipc": where the buckets are on the learner's GPU
+
+
+@dataclass
+class IpcHandle:
+    """A CUDA IPC handle of one published slot: the buckets back to back, then an int64 stamp.
+
+    The fields are those of torch's ``UntypedStorage._share_cuda_()``; they are bytes and
+    integers that name memory on the learner's GPU, never code. ``gpu_uuid`` names that GPU
+    (indices differ between processes with different CUDA_VISIBLE_DEVICES).
+    """
+    gpu_uuid: str
+    slot: int
+    handle: bytes
+    storage_nbytes: int
+    storage_offset: int
+    ref_counter_handle: bytes
+    ref_counter_offset: int
+    event_handle: bytes
+    event_sync_required: bool
+    stamp_offset: int  # byte offset of the int64 version stamp (after the last bucket)
 
 
 @dataclass
@@ -189,6 +211,8 @@ def _encode_weights(w: WeightsAnnounce) -> list[bytes | memoryview]:
     fields = {"version": w.version, "method": w.method, "request_id": w.request_id,
               "layout": [[t.name, t.dtype, list(t.shape), t.bucket, t.offset] for t in w.layout],
               "bucket_dtypes": list(w.bucket_dtypes), "bucket_nbytes": list(w.bucket_nbytes)}
+    if w.ipc is not None:
+        fields["ipc"] = dataclasses.asdict(w.ipc)
     frames = [memoryview(b) for b in w.buckets] if w.method == "tcp" else []
     descs = [{"name": f"bucket_{i}", "dtype": "uint8", "shape": [f.nbytes]} for i, f in enumerate(frames)]
     return [_pack("weights", fields, descs), *frames]
@@ -489,8 +513,30 @@ def _decode_weights(h: dict[str, Any], arrays: list[_Array], views: list[memoryv
             raise _fail("bad_field", f"bucket frame {i} must be bucket_{i}, uint8, 1-D")
         if a.nbytes != n:
             raise _fail("length_mismatch", f"bucket {i}: frame {a.nbytes} bytes, declared {n}")
+    ipc = _ipc_handle(h.get("ipc"), sum(bucket_nbytes)) if method == "ipc" else None
     return WeightsAnnounce(version, method, layout, bucket_dtypes, bucket_nbytes, list(views),
-                           _int(h, "request_id", "weights", lo=-1))
+                           _int(h, "request_id", "weights", lo=-1), ipc)
+
+
+def _bytes(m: dict[str, Any], key: str, max_len: int) -> bytes:
+    v = _get(m, key, "weights.ipc")
+    if type(v) is not bytes or len(v) > max_len:
+        raise _fail("bad_field", f"weights.ipc.{key} must be bytes of at most {max_len}")
+    return v
+
+
+def _ipc_handle(v: Any, buckets_nbytes: int) -> IpcHandle:
+    m = _map(v, "weights.ipc")
+    stamp = _int(m, "stamp_offset", "weights.ipc")
+    size = _int(m, "storage_nbytes", "weights.ipc")
+    if stamp < buckets_nbytes or stamp % 8 or stamp + 8 > size:
+        raise _fail("bad_shape", f"weights.ipc: stamp at {stamp} must follow {buckets_nbytes} bucket bytes "
+                    f"inside {size} bytes")
+    sync = _get(m, "event_sync_required", "weights.ipc", bool)
+    return IpcHandle(_str(m, "gpu_uuid", "weights.ipc", MAX_ID_CHARS), _int(m, "slot", "weights.ipc"),
+                     _bytes(m, "handle", 256), size, _int(m, "storage_offset", "weights.ipc"),
+                     _bytes(m, "ref_counter_handle", 4096), _int(m, "ref_counter_offset", "weights.ipc"),
+                     _bytes(m, "event_handle", 256), sync, stamp)
 
 
 def decode(frames: Sequence[Frame], limits: Limits = Limits()) -> Message:
@@ -518,8 +564,11 @@ def decode(frames: Sequence[Frame], limits: Limits = Limits()) -> Message:
                              _int(h, "groups_sent", kind), _get(h, "final", kind, bool),
                              _float_map(_get(h, "stats", kind), "status.stats"))
     if kind == "weights_request":
+        method = h.get("method", "")
+        if method != "" and method not in WEIGHT_METHODS:
+            raise _fail("bad_field", f"weights_request.method: unknown method {method!r}")
         return WeightsRequest(_int(h, "sampler_id", kind), _int(h, "have_version", kind, lo=-1),
-                              _int(h, "request_id", kind))
+                              _int(h, "request_id", kind), method)
     if kind == "no_update":
         return NoUpdate(_int(h, "version", kind), _int(h, "request_id", kind, lo=-1))
     return Stop(_int(h, "version", kind), _str(h, "reason", kind, MAX_REASON_CHARS),

@@ -43,6 +43,12 @@ class Sampler:
         self.policy = load_causal_lm(path, self.device, dtype).eval()
         self.ref = load_causal_lm(path, self.device, dtype).eval()  # frozen: never receives weights
         self.vocab_size = self.policy.get_input_embeddings().weight.shape[0]
+        # ipc: the policy's parameters move into flat buckets so that a version is one copy.
+        self.ipc = None
+        if cfg.weight_sync in ("auto", "ipc") and self.device.type == "cuda":
+            from grpo.weight_ipc import IpcReceiver
+
+            self.ipc = IpcReceiver(self.policy, dtype)
         self.version = 0
         self._request_id = 0
         self.groups_sent = 0
@@ -69,28 +75,49 @@ class Sampler:
         carry newer weights, but never mistaken for this one.
         """
         t0 = time.perf_counter()
-        self._request_id += 1
-        answered, newest, stop = request_weights(self.sync, self.cfg.sampler_id, self.version,
-                                                 self._request_id, self.cfg.sync_timeout_s)
-        if stop is not None:
-            log.info("learner says stop (%s) at version %d", stop.reason, stop.version)
-            return False
-        if not answered:
-            log.info("no answer from the learner at %s:%d within %.1f s; generating with version %d",
-                     self.cfg.host, self.cfg.sync_port, self.cfg.sync_timeout_s, self.version)
-        if newest is not None:
-            t_apply = time.perf_counter()
+        # ipc: after applying, ask once more at once. That request acknowledges the version
+        # (the learner may then reuse its slot) and picks up anything newer; a copy spoiled
+        # by a slot rewrite (stamp changed) is retried the same way.
+        for _attempt in range(3):
+            self._request_id += 1
+            method = "ipc" if self.ipc is not None and self.ipc.visible else "tcp"
+            answered, newest, stop = request_weights(self.sync, self.cfg.sampler_id, self.version,
+                                                     self._request_id, self.cfg.sync_timeout_s, method)
+            if stop is not None:
+                log.info("learner says stop (%s) at version %d", stop.reason, stop.version)
+                return False
+            if not answered:
+                log.info("no answer from the learner at %s:%d within %.1f s; generating with version %d",
+                         self.cfg.host, self.cfg.sync_port, self.cfg.sync_timeout_s, self.version)
+            if newest is None or not self._apply(newest):
+                break
+        self.stats["sync_s"] += time.perf_counter() - t0
+        return True
+
+    def _apply(self, newest: P.WeightsAnnounce) -> bool:
+        """Apply one announced version; True if a follow-up request should be sent (ipc)."""
+        t_apply = time.perf_counter()
+        if newest.method == "ipc":
+            try:
+                ok = self.ipc.apply(newest)
+            except RuntimeError as exc:   # the learner's GPU is not visible here: ask for bytes
+                log.warning("ipc unavailable (%s); asking for weights over tcp from now on", exc)
+                return True
+            if not ok:
+                log.info("ipc slot of version %d was rewritten while copying; asking again", newest.version)
+                return True
+        else:
             apply_weights(self.policy, newest)
             if self.device.type == "cuda":
                 torch.cuda.synchronize()  # count the copy, not just its launch
-            self.stats["apply_s"] += time.perf_counter() - t_apply
-            self.stats["weight_syncs"] += 1
-            self.version = newest.version
-            self.stats["weight_bytes"] += sum(newest.bucket_nbytes)
-            log.info("now running policy version %d (%.1f MB applied in %.3f s)", self.version,
-                     sum(newest.bucket_nbytes) / 1e6, time.perf_counter() - t_apply)
-        self.stats["sync_s"] += time.perf_counter() - t0
-        return True
+        dt = time.perf_counter() - t_apply
+        self.stats["apply_s"] += dt
+        self.stats["weight_syncs"] += 1
+        self.version = newest.version
+        self.stats["weight_bytes"] += sum(newest.bucket_nbytes)
+        log.info("now running policy version %d (%.1f MB by %s applied in %.4f s)", self.version,
+                 sum(newest.bucket_nbytes) / 1e6, newest.method, dt)
+        return newest.method == "ipc"
 
     def maybe_evaluate(self) -> None:
         """Between rounds: evaluate the policy now running if its version is due (v0: the baseline)."""

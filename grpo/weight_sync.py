@@ -100,8 +100,20 @@ def apply_weights(model: torch.nn.Module, announce: P.WeightsAnnounce) -> None:
             params[name].copy_(view, non_blocking=False)  # casts if the learner trains in another dtype
 
 
+def publish_named(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The tensors samplers receive, named as the plain model names them.
+
+    A LoRA (peft) model publishes its merged weights (see grpo.lora), so samplers need no peft.
+    """
+    if hasattr(model, "peft_config"):
+        from grpo.lora import publish_named_tensors
+
+        return publish_named_tensors(model)
+    return list(model.named_parameters())
+
+
 def request_weights(client: SyncClient, sampler_id: int, have_version: int, request_id: int,
-                    timeout_s: float) -> tuple[bool, P.WeightsAnnounce | None, P.Stop | None]:
+                    timeout_s: float, method: str = "") -> tuple[bool, P.WeightsAnnounce | None, P.Stop | None]:
     """Sampler side of one sync: ask, then wait up to timeout_s for the answer to *this* request.
 
     Returns (answered, newest weights newer than have_version or None, stop or None).
@@ -109,7 +121,8 @@ def request_weights(client: SyncClient, sampler_id: int, have_version: int, requ
     in order, before ours: their weights are used if newer, but only the answer carrying our
     request_id ends the wait, so a sampler never settles for an out-of-date answer.
     """
-    client.send(P.WeightsRequest(sampler_id=sampler_id, have_version=have_version, request_id=request_id))
+    client.send(P.WeightsRequest(sampler_id=sampler_id, have_version=have_version, request_id=request_id,
+                                 method=method))
     newest: P.WeightsAnnounce | None = None
     deadline = time.monotonic() + timeout_s
     while True:
@@ -143,11 +156,14 @@ class TcpPublisher:
     sampler, the version that sampler last reported, so the metrics show who runs what.
     """
 
-    def __init__(self, server: SyncServer, model: torch.nn.Module, dtype: torch.dtype | None = None):
+    method = "tcp"
+
+    def __init__(self, server: SyncServer, model: torch.nn.Module, dtype: torch.dtype | None = None,
+                 start: bool = True):
         self.server = server
         # Samplers run in `dtype` (bf16 on GPU): publishing fp32 master weights would double
         # the bytes for nothing, since the sampler casts them down anyway.
-        named = [(n, p if dtype is None else p.detach().to("meta", dtype)) for n, p in model.named_parameters()]
+        named = [(n, p if dtype is None else p.detach().to("meta", dtype)) for n, p in publish_named(model)]
         self.layout, self.bucket_dtypes, self.bucket_nbytes = plan_layout(named)
         self._snapshot: Snapshot | None = None
         self._lock = threading.Lock()
@@ -158,12 +174,13 @@ class TcpPublisher:
         self.replies = {"weights": 0, "no_update": 0, "stop": 0}
         self.stopped_samplers: set[int] = set()
         self._thread = threading.Thread(target=self._serve, name="weight-sync", daemon=True)
-        self._thread.start()
+        if start:   # a subclass starts it once its own state exists
+            self._thread.start()
 
     def publish(self, version: int, model: torch.nn.Module) -> float:
         """Snapshot the model as `version`; returns the seconds the learner was stalled."""
         t0 = time.perf_counter()
-        named = list(model.named_parameters())
+        named = publish_named(model)
         buckets = pack(named, self.layout, self.bucket_nbytes)
         announce = P.WeightsAnnounce(version=version, method="tcp", layout=self.layout,
                                      bucket_dtypes=self.bucket_dtypes, bucket_nbytes=self.bucket_nbytes,
@@ -202,8 +219,16 @@ class TcpPublisher:
             for identity, msg in latest.items():
                 self._answer(identity, msg)
 
+    def _on_request(self, identity: bytes, msg: P.WeightsRequest) -> None:
+        """Hook: every request, before it is answered (ipc counts acknowledgements here)."""
+
+    def _reply_weights(self, identity: bytes, msg: P.WeightsRequest, snap: Snapshot) -> int:
+        # Same buckets (no copy), only the header differs: it echoes the request id.
+        return self.server.reply(identity, dataclasses.replace(snap.announce, request_id=msg.request_id))
+
     def _answer(self, identity: bytes, msg: P.WeightsRequest) -> None:
         self.sampler_versions[msg.sampler_id] = msg.have_version
+        self._on_request(identity, msg)
         with self._lock:
             snap = self._snapshot
         current = snap.version if snap else 0
@@ -213,9 +238,7 @@ class TcpPublisher:
             self.replies["stop"] += 1
             self.stopped_samplers.add(msg.sampler_id)
         elif snap is not None and msg.have_version < snap.version:
-            # Same buckets (no copy), only the header differs: it echoes the request id.
-            reply = dataclasses.replace(snap.announce, request_id=msg.request_id)
-            self.bytes_served += self.server.reply(identity, reply)
+            self.bytes_served += self._reply_weights(identity, msg, snap)
             self.replies["weights"] += 1
         else:
             self.server.reply(identity, P.NoUpdate(version=current, request_id=msg.request_id))

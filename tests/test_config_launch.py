@@ -66,14 +66,15 @@ def test_plan_one_sampler_three_learner_gpus(gpus):
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in learners] == ["1,2,3"] * 3
     assert [s.env["LOCAL_RANK"] for s in learners] == ["0", "1", "2"]
     assert {s.env["WORLD_SIZE"] for s in learners} == {"3"}
-    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in samplers] == ["0"]
+    # the sampler's own GPU first (its cuda:0), then learner rank 0's, which ipc weight sync maps
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in samplers] == ["0,1"]
     assert "--device" in learners[0].argv and learners[0].argv[learners[0].argv.index("--device") + 1] == "cuda"
 
 
 def test_plan_two_samplers_and_shared_gpu():
     specs = _plan(["--sampling-gpus", "0,1", "--training-gpus", "0"], cuda_count=2)
     samplers = [s for s in specs if s.role == "sampler"]
-    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in samplers] == ["0", "1"]
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in samplers] == ["0", "1,0"]
     assert [s.argv[s.argv.index("--sampler-id") + 1] for s in samplers] == ["0", "1"]
     assert {s.argv[s.argv.index("--num-samplers") + 1] for s in samplers} == {"2"}
 

@@ -49,6 +49,7 @@ def test_run_distributed_cpu_two_ranks_two_samplers(tmp_path):
     r = run(["run_distributed.py", "--device", "cpu", "--training-ranks", "2", "--num-samplers", "2",
              "--max-steps", "3", "--model", "tiny-random", "--dataset", str(GSM8K), "--num-generations", "4",
              "--prompts-per-round", "1", "--train-batch-size", "8", "--max-new-tokens", "16",
+             "--eval-every", "2", "--eval-size", "3",
              "--data-port", str(d), "--sync-port", str(s), "--run-dir", str(run_dir)], timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr + _logs(run_dir)
     steps, summary = steps_of(run_dir)
@@ -70,6 +71,12 @@ def test_run_distributed_cpu_two_ranks_two_samplers(tmp_path):
     log0 = (run_dir / "learner0.log").read_text()
     assert "DeepSpeed ZeRO stage 2 engine" in log0 and "balanced" in log0
     assert (run_dir / "config_learner.json").exists() and (run_dir / "config_launch.json").exists()
+    # --eval-every: sampler 0 scored the initial weights (the baseline), the learner its final ones
+    evals = [json.loads(x) for x in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert (0, "sampler0") in {(e["version"], e["by"]) for e in evals}
+    assert (3, "learner") in {(e["version"], e["by"]) for e in evals} and all(e["n"] == 3 for e in evals)
+    assert summary["final_eval"]["version"] == 3
+    assert any(x["eval"] and x["eval"]["version"] == 0 for x in steps)
 
 
 @pytest.mark.slow

@@ -48,8 +48,11 @@ def make_weights(method: str = "tcp") -> P.WeightsAnnounce:
               P.TensorSpec("b.bias", "float32", (4,), 0, 32),
               P.TensorSpec("c.weight", "bfloat16", (2, 4), 1, 0)]
     buckets = [memoryview(b0).cast("B"), memoryview(b1).cast("B")] if method == "tcp" else []
+    ipc = (P.IpcHandle(gpu_uuid="GPU-0a1b", slot=1, handle=bytes(range(64)), storage_nbytes=128, storage_offset=0,
+                       ref_counter_handle=b"/torch_123_456", ref_counter_offset=3, event_handle=bytes(64),
+                       event_sync_required=True, stamp_offset=64) if method == "ipc" else None)
     return P.WeightsAnnounce(version=9, method=method, layout=layout, bucket_dtypes=["float32", "bfloat16"],
-                             bucket_nbytes=[48, 16], buckets=buckets)
+                             bucket_nbytes=[48, 16], buckets=buckets, ipc=ipc)
 
 
 def assert_groups_equal(a: P.Group, b: P.Group) -> None:
@@ -152,6 +155,22 @@ def test_weights_round_trip(method: str) -> None:
     assert out.layout == w.layout
     assert [bytes(b) for b in out.buckets] == [bytes(b) for b in w.buckets]
     assert all(isinstance(b, memoryview) for b in out.buckets)
+    assert out.ipc == w.ipc
+
+
+def test_ipc_handle_is_validated() -> None:
+    import dataclasses
+
+    w = make_weights("ipc")
+    for bad, why in ((dataclasses.replace(w.ipc, stamp_offset=32), "bad_shape"),      # stamp over the buckets
+                     (dataclasses.replace(w.ipc, stamp_offset=124), "bad_shape"),     # stamp past the storage
+                     (dataclasses.replace(w.ipc, handle="not bytes"), "bad_field"),
+                     (dataclasses.replace(w.ipc, handle=bytes(300)), "bad_field")):
+        assert reason(P.encode(dataclasses.replace(w, ipc=bad))) == why
+    assert reason(P.encode(dataclasses.replace(w, ipc=None))) == "bad_field"       # ipc without a handle
+    req = P.WeightsRequest(1, 2, 3, "ipc")
+    assert P.decode(P.encode(req)) == req
+    assert reason(P.encode(P.WeightsRequest(1, 2, 3, "carrier-pigeon"))) == "bad_field"
 
 
 def test_weights_limits() -> None:
