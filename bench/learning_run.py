@@ -1,0 +1,109 @@
+"""Issue 3's learning run: GRPO on GSM8K train, greedy accuracy on a fixed test subset before and after.
+
+Run it (2 GPUs: sampler on GPU 0, learner on GPU 1; about 8 minutes of training plus evaluations):
+  python bench/learning_run.py run --dataset .data/gsm8k --run-dir runs/learning [-- extra run_distributed flags]
+Summarise a finished run (here or on the GPU machine) into JSON and a PNG:
+  python bench/learning_run.py summarise runs/learning --device "2x NVIDIA H200"
+
+The baseline is sampler 0's evaluation of version 0 (the untrained model), the final one the
+learner's evaluation of its last weights, both on the first --eval-size test problems.
+Writes bench/results/learning_<device>.json and learning_<device>.png (and the PNG into the run dir).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+RUN_FLAGS = ["--sampling-gpu", "0", "--training-gpus", "1", "--max-time-s", "480", "--max-steps", "100000",
+             "--eval-every", "60", "--eval-size", "500", "--prompts-per-round", "16", "--train-batch-size", "64",
+             "--learning-rate", "3e-6", "--beta", "0.0"]
+
+
+def summarise(run_dir: Path, device: str, out_dir: Path) -> dict:
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in recs if not r.get("final")]
+    evals = [json.loads(x) for x in (run_dir / "eval.jsonl").read_text().splitlines()]
+    cfg = {p.stem[len("config_"):]: json.loads(p.read_text()) for p in sorted(run_dir.glob("config_*.json"))}
+    base = next(e for e in evals if e["version"] == 0)
+    final = max(evals, key=lambda e: (e["version"], e["by"] == "learner"))
+    doc = {
+        "device": device, "model": cfg.get("learner", {}).get("model"),
+        "data": {"train": cfg.get("sampler0", {}).get("dataset"), "eval": "first %d test problems" % base["n"]},
+        "steps": len(steps), "wall_s": steps[-1]["time_s"], "config": cfg,
+        "baseline_accuracy": base["accuracy"], "final_accuracy": final["accuracy"],
+        "final_eval_version": final["version"],
+        "evals": [{k: e[k] for k in ("version", "by", "accuracy", "correct", "n", "mean_completion_len",
+                                      "truncated_frac", "seconds")} for e in evals],
+        "reward_mean_per_step": [r["reward_mean"] for r in steps],
+        "train_accuracy_per_step": [r["accuracy"] for r in steps],
+        "time_s_per_step": [r["time_s"] for r in steps],
+    }
+    slug = device.replace(" ", "_").replace("/", "_")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"learning_{slug}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    _plot(doc, [run_dir / "learning.png", out_dir / f"learning_{slug}.png"])
+    return doc
+
+
+def _plot(doc: dict, paths: list[Path]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = list(range(1, len(doc["reward_mean_per_step"]) + 1))
+    t = doc["time_s_per_step"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    for ax, x, label in ((axes[0], steps, "learner step (= policy version)"), (axes[1], t, "wall time (s)")):
+        window = 8
+        r = doc["reward_mean_per_step"]
+        smooth = [sum(r[max(0, i - window + 1):i + 1]) / len(r[max(0, i - window + 1):i + 1]) for i in range(len(r))]
+        ax.plot(x, r, color="tab:blue", alpha=0.3, lw=0.8, label="train reward (batch mean)")
+        ax.plot(x, smooth, color="tab:blue", lw=1.6, label=f"train reward ({window}-step mean)")
+        ex = [e["version"] if ax is axes[0] else t[min(max(e["version"] - 1, 0), len(t) - 1)] for e in doc["evals"]]
+        ax.plot(ex, [e["accuracy"] for e in doc["evals"]], "o-", color="tab:red",
+                label=f"greedy test accuracy ({doc['evals'][0]['n']} problems)")
+        ax.set_xlabel(label)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("reward / accuracy")
+    axes[0].legend(fontsize=8, loc="upper left")
+    fig.suptitle(f"GRPO {doc['model']} on GSM8K, {doc['device']}: {doc['steps']} steps in {doc['wall_s']:.0f} s; "
+                 f"test accuracy {doc['baseline_accuracy']:.3f} -> {doc['final_accuracy']:.3f}", fontsize=10)
+    fig.tight_layout()
+    for p in paths:
+        fig.savefig(p, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--dataset", required=True)
+    r.add_argument("--run-dir", default="runs/learning")
+    r.add_argument("extra", nargs=argparse.REMAINDER)
+    s = sub.add_parser("summarise")
+    s.add_argument("run_dir")
+    s.add_argument("--device", required=True)
+    s.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
+    args = ap.parse_args()
+    if args.cmd == "run":
+        extra = [a for a in args.extra if a != "--"]
+        cmd = [sys.executable, str(ROOT / "run_distributed.py"), *RUN_FLAGS, "--dataset", args.dataset,
+               "--run-dir", args.run_dir, *extra]
+        print("$", " ".join(cmd), flush=True)
+        return subprocess.run(cmd, cwd=ROOT).returncode
+    doc = summarise(Path(args.run_dir), args.device, Path(args.out_dir))
+    print(f"{doc['steps']} steps in {doc['wall_s']:.0f} s; greedy test accuracy {doc['baseline_accuracy']:.3f} "
+          f"(v0) -> {doc['final_accuracy']:.3f} (v{doc['final_eval_version']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
