@@ -159,8 +159,10 @@ def _load_reasoning_gym(task: str, split: str, limit: int | None, seed: int) -> 
             f"reasoning_gym cannot generate task {task!r}: {_one_line(exc)}. Valid task names: "
             "python -c 'import reasoning_gym.factory as f; print(sorted(f.DATASETS))'"
         ) from exc
-    # The bare final answer is the reference; the reward extracts and compares numbers.
-    return [Problem(question=str(it["question"]), answer=str(it["answer"])) for it in dataset]
+    # The bare final answer is the reference; the task name and entry let the correctness reward
+    # use reasoning_gym's own scorer for answers that are not numbers.
+    return [Problem(question=str(it["question"]), answer=str(it["answer"]),
+                    columns={"rg_task": task, "rg_entry": it}) for it in dataset]
 
 
 @contextlib.contextmanager

@@ -25,6 +25,7 @@ Built-ins (short names):
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import re
@@ -50,9 +51,39 @@ def _text(completion: Any) -> str:
     return str(completion)
 
 
+_NUMBER = re.compile(r"\s*-?\$?\d[\d,]*(?:\.\d+)?\s*")
+
+
+@functools.lru_cache(maxsize=None)
+def _rg_scorer(task: str) -> Callable[[str | None, dict], float]:
+    import reasoning_gym
+
+    return reasoning_gym.get_score_answer_fn(task)
+
+
+def _marked_answer(text: str) -> str | None:
+    """The rest of the line after the last '####', for answers that are not numbers."""
+    at = text.rfind("####")
+    if at < 0:
+        return None
+    line = text[at + 4:].strip().split("\n", 1)[0].strip()
+    return line or None
+
+
 def correctness_reward(prompts: list, completions: list, answer: list[str], **kwargs: Any) -> list[float]:
-    """1.0 when the completion's final answer equals the reference answer (GSM8K rules)."""
-    return [float(gsm8k_correct(_text(c), a)) for c, a in zip(completions, answer)]
+    """1.0 when the completion's final answer equals the reference answer (GSM8K rules). For
+    reasoning-gym rows (rg_task/rg_entry columns) whose answer is not a number, the task's own
+    score_answer judges the text after '####' (in [0, 1]; some tasks give partial credit)."""
+    tasks = kwargs.get("rg_task") or [None] * len(completions)
+    entries = kwargs.get("rg_entry") or [None] * len(completions)
+    out = []
+    for c, a, task, entry in zip(completions, answer, tasks, entries):
+        text = _text(c)
+        if task and entry is not None and not _NUMBER.fullmatch(a):
+            out.append(float(_rg_scorer(task)(_marked_answer(text), entry)))
+        else:
+            out.append(float(gsm8k_correct(text, a)))
+    return out
 
 
 _GSM8K_FORM = re.compile(r"####[ \t]*[-\u2212]?\$?[ \t]?\d[\d,]*(?:\.\d+)?[^\n\d]*\s*\Z")
@@ -220,7 +251,7 @@ class RewardSet:
         if "correctness" in self.builtins:  # the learner's accuracy and the eval read these
             name = next(p.name for p in self.parts if p.builtin == "correctness")
             for r, t in zip(results, texts):
-                r.info["correct"] = r.info[name]
+                r.info["correct"] = float(r.info[name] == 1.0)
                 r.info["has_answer"] = float(extract_gsm8k_answer(t) is not None)
         return results
 

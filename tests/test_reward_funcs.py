@@ -204,3 +204,17 @@ def test_parts_reach_the_learner_metrics(user_module, tmp_path):
         total = x["reward/correctness"] + 0.5 * x["reward/format"] + 2 * 0.25 + x["reward/overlong"]
         assert math.isclose(x["reward_mean"], total, abs_tol=1e-5)
         assert x["reward/correct"] == x["accuracy"]
+
+
+def test_correctness_on_a_non_numeric_reasoning_gym_task():
+    from grpo.data import load_problems
+
+    (p,) = load_problems("rg:word_sorting", limit=1, seed=0)
+    assert p.answer == "Hart, find, inform, necessarily, profit, received, subscribers, tax, undertaking"
+    texts = [f"Sorted.\n#### {p.answer}", "#### Hart, find", p.answer]  # the last lacks the marker
+    got = RewardSet().score([p] * 3, texts, [[1]] * 3)
+    # word_sorting gives partial credit: 2 of 9 words in place. Only a full score counts as correct.
+    assert [r.info["correctness"] for r in got] == [1.0, pytest.approx(2 / 9), 0.0]
+    assert [r.info["correct"] for r in got] == [1.0, 0.0, 0.0]
+    (g,) = load_problems("rg:gsm_symbolic", limit=1, seed=0)  # numeric answers keep GSM8K rules
+    assert RewardSet().score([g], [f"#### {int(g.answer):,}"], [[1]])[0].reward == 1.0
