@@ -218,3 +218,17 @@ def test_correctness_on_a_non_numeric_reasoning_gym_task():
     assert [r.info["correct"] for r in got] == [1.0, 0.0, 0.0]
     (g,) = load_problems("rg:gsm_symbolic", limit=1, seed=0)  # numeric answers keep GSM8K rules
     assert RewardSet().score([g], [f"#### {int(g.answer):,}"], [[1]])[0].reward == 1.0
+
+
+def test_code_reward_through_the_reward_set():
+    from grpo.code_reward import SandboxLimits
+
+    row = Problem(question="Write add(a, b).", answer="", style="plain",
+                  columns={"tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]})
+    rs = RewardSet("code,format=0.5", code_limits=SandboxLimits(timeout_s=3.0, memory_mb=512))
+    good = "<think>easy</think>\n```python\ndef add(a, b):\n    return a + b\n```"
+    wrong = "```python\ndef add(a, b):\n    return a - b\n```"  # passes only add(-1, 1) == 0
+    got = rs.score([row, row, row], [good, wrong, "no code"], [[1], [1], [1]])
+    assert [(r.reward, r.info) for r in got] == [(1.5, {"code": 1.0, "format": 1.0}),
+                                                 (0.5, {"code": 0.5, "format": 0.0}),
+                                                 (0.0, {"code": 0.0, "format": 0.0})]
