@@ -224,10 +224,10 @@ def test_code_reward_through_the_reward_set():
     from grpo.code_reward import SandboxLimits
 
     row = Problem(question="Write add(a, b).", answer="", style="plain",
-                  columns={"tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]})
+                  columns={"tests": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"]})
     rs = RewardSet("code,format=0.5", code_limits=SandboxLimits(timeout_s=3.0, memory_mb=512))
     good = "<think>easy</think>\n```python\ndef add(a, b):\n    return a + b\n```"
-    wrong = "```python\ndef add(a, b):\n    return a - b\n```"  # passes only add(-1, 1) == 0
+    wrong = "```python\ndef add(a, b):\n    return a - b\n```"  # passes only add(0, 0) == 0
     got = rs.score([row, row, row], [good, wrong, "no code"], [[1], [1], [1]])
     assert [(r.reward, r.info) for r in got] == [(1.5, {"code": 1.0, "format": 1.0}),
                                                  (0.5, {"code": 0.5, "format": 0.0}),
