@@ -249,6 +249,11 @@ def main(argv: list[str] | None = None) -> int:
         from grpo.transport import free_port
 
         specs = plan(cfg, cuda_count, to_s, to_l, free_port())
+        from grpo.reward_funcs import check_sampler_flags  # a bad --reward fails before any model loads
+
+        if samplers_argv := [s.argv[2:] for s in specs if s.role == "sampler"]:
+            if problem := check_sampler_flags(samplers_argv[0]):
+                raise LaunchError(problem)
         check_port(cfg.host, cfg.data_port, "--data-port")
         check_port(cfg.host, cfg.sync_port, "--sync-port")
         if cfg.data_port == cfg.sync_port:

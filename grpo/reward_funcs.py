@@ -287,3 +287,18 @@ def reward_set_from_config(cfg: Any) -> RewardSet:
     return RewardSet(cfg.reward, cfg.reward_weights, max_new_tokens=cfg.max_new_tokens,
                      overlong_buffer=cfg.overlong_buffer, format_style=cfg.format_style,
                      code_limits=limits)
+
+
+def check_sampler_flags(flags: list[str]) -> str | None:
+    """For the launcher: the one-line error a sampler started with `flags` would give for its
+    --reward / --dataset-transform choice (imports and names only), or None if they resolve."""
+    from grpo.config import SamplerConfig, parse_config
+    from grpo.dataset_formats import load_transform
+
+    cfg = parse_config(SamplerConfig, flags, "sampling_worker.py")
+    try:
+        reward_set_from_config(cfg)
+        load_transform(cfg.dataset_transform)
+    except (RewardError, PluginError) as exc:
+        return str(exc)
+    return None

@@ -232,3 +232,18 @@ def test_code_reward_through_the_reward_set():
     assert [(r.reward, r.info) for r in got] == [(1.5, {"code": 1.0, "format": 1.0}),
                                                  (0.5, {"code": 0.5, "format": 0.0}),
                                                  (0.0, {"code": 0.0, "format": 0.0})]
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--reward", "correctness,my_rewards:missing"], "--reward: module 'my_rewards' has no attribute 'missing'"),
+    (["--reward", "correctness,format=x"], "--reward: weight 'x'"),
+    (["--dataset-transform", "my_rewards:NOT_CALLABLE"], "--dataset-transform: 'my_rewards:NOT_CALLABLE' is a int"),
+])
+def test_launcher_rejects_bad_user_functions_before_starting_anything(user_module, tmp_path, flags, needle):
+    run_dir = tmp_path / "run"
+    r = _run([str(ROOT / "run_distributed.py"), "--device", "cpu", "--run-dir", str(run_dir), *flags],
+             cwd=user_module.parent, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("run_distributed.py: error: ") and needle in lines[0], r.stderr
+    assert not run_dir.exists()  # nothing was started
