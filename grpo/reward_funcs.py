@@ -127,6 +127,10 @@ BUILTINS: dict[str, Callable[..., list]] = {
 }
 
 
+# Argument names the call itself uses: a dataset column of that name is not passed (as in TRL).
+_RESERVED = frozenset({"prompts", "completions", "completion_ids"})
+
+
 @dataclass
 class _Part:
     name: str
@@ -227,7 +231,8 @@ class RewardSet:
         columns: dict[str, list] = {}
         for i, p in enumerate(problems):
             for key, value in p.columns.items():
-                columns.setdefault(key, [None] * n)[i] = value
+                if key not in _RESERVED:
+                    columns.setdefault(key, [None] * n)[i] = value
         columns["answer"] = [p.answer for p in problems]
         columns["completion_ids"] = [list(ids) for ids in completion_ids]
         results = [RewardResult(0.0, {}) for _ in range(n)]

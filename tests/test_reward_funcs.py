@@ -111,7 +111,7 @@ def test_user_function_gets_trl_arguments(user_module):
                        columns={"tests": ["assert add(1, 2) == 3"], "difficulty": "easy"})
     chat = Problem(question="Hi?", answer="hello", style="plain",
                    messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}],
-                   columns={"tests": ["assert True"]})
+                   columns={"tests": ["assert True"], "completions": "a column named like an argument"})
     rs = RewardSet("my_rewards:record=2,format")
     got = rs.score([code_row, chat], ["```python\nx=1\n```", "<think>ok</think> hello"], [[5, 6], [7]])
     call = my_rewards.calls[-1]
