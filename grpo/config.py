@@ -82,6 +82,23 @@ class SamplerConfig(CommonConfig):
     """How long to wait for the learner's answer to a weights request before generating with the current weights."""
     send_hwm: int = 16
     """High-water mark of the data socket in groups: beyond it a send blocks (backpressure) instead of growing memory."""
+    # --- rewards and data
+    reward: str = "correctness"
+    """Reward function(s), comma-separated, each optionally NAME=WEIGHT: built-ins correctness, format, overlong, code, or module:function with TRL's signature fn(prompts, completions, **columns) -> list[float]."""
+    reward_weights: str = ""
+    """Comma-separated weights, one per --reward entry (instead of NAME=WEIGHT; default 1 each)."""
+    format_style: str = "auto"
+    """Answer form the format reward wants: 'gsm8k' (a final '#### <number>' line), 'think' ('<think>...</think>' then the answer), or 'auto' (gsm8k for question/answer and rg: data, think otherwise)."""
+    overlong_buffer: int = 64
+    """The overlong reward (DAPO): completions longer than max_new_tokens minus this many tokens get a linear penalty down to -1."""
+    code_timeout_s: float = 5.0
+    """The code reward: wall-time limit per completion's test run, in seconds."""
+    code_memory_mb: int = 1024
+    """The code reward: address-space limit of the test process, in MiB."""
+    code_workers: int = 4
+    """The code reward: test processes run at the same time."""
+    dataset_transform: str = ""
+    """module:function applied to every raw dataset row: fn(row: dict) -> dict (question/answer, prompt, instruction/response or input/output columns) or None to drop the row."""
 
 
 @dataclass

@@ -1,20 +1,27 @@
-"""Problem sources (local GSM8K jsonl, Hugging Face hub, reasoning_gym), sharding, prompts, and
-the endless shuffled prompt stream that feeds the samplers."""
+"""Problem sources (local files and folders, Hugging Face hub, reasoning_gym), sharding, prompts,
+and the endless shuffled prompt stream that feeds the samplers. Row layouts and file types are in
+grpo/dataset_formats.py.
+
+    python -m grpo.data validate PATH [--transform module:function]
+checks a dataset file (or folder) row by row: exit 0 when clean, 1 with the bad lines listed.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import random
 import re
 import socket
+import sys
 import threading
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from grpo import dataset_formats as formats
 
 __all__ = [
     "DEFAULT_INSTRUCTION",
@@ -23,6 +30,7 @@ __all__ = [
     "PromptStream",
     "build_prompt",
     "load_problems",
+    "problem_prompt",
     "shard",
 ]
 
@@ -36,7 +44,7 @@ RG_TEST_SEED_OFFSET = 1_000_003
 HUB_PROBE_TIMEOUT_S = 3.0
 
 _FIXES = (
-    "Fix: pass --dataset PATH to a folder holding train.jsonl and test.jsonl "
+    "Fix: pass --dataset PATH to a data file or a folder holding train.jsonl and test.jsonl "
     "(e.g. ../shared/data/gsm8k), or --dataset rg:gsm_symbolic for generated GSM8K-style problems."
 )
 # "owner/name" or a bare canonical name; anything else with a slash is treated as a path.
@@ -49,6 +57,12 @@ class Problem:
 
     question: str
     answer: str
+    messages: list[dict] | None = None
+    """The prompt as chat messages, when the row gave a list of {role, content}."""
+    columns: dict[str, Any] = field(default_factory=dict)
+    """The row's other columns, passed to reward functions as keyword arguments."""
+    style: str = "gsm8k"
+    """'gsm8k': the prompt asks for '#### <answer>'; 'plain': the row's prompt is used verbatim."""
 
 
 class DatasetUnavailable(Exception):
@@ -56,64 +70,77 @@ class DatasetUnavailable(Exception):
 
 
 def load_problems(
-    spec: str = DEFAULT_DATASET, split: str = "train", limit: int | None = None, seed: int = 0
+    spec: str = DEFAULT_DATASET, split: str = "train", limit: int | None = None, seed: int = 0,
+    transform: str = "",
 ) -> list[Problem]:
-    """Problems from `spec`: a local folder of <split>.jsonl, "rg:<task>", or a hub dataset id.
+    """Problems from `spec`: a local data file (the train split), a folder of <split>.jsonl (or
+    .json/.parquet/.csv), "rg:<task>", or a hub dataset id. `transform` is a "module:function"
+    applied to every raw row first (see grpo.dataset_formats.load_transform).
 
     Order is the source's own (deterministic); `limit` keeps the first N. Shuffling is the caller's.
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
+    fn = formats.load_transform(transform)
     if spec.startswith("rg:"):
-        return _load_reasoning_gym(spec[3:], split, limit, seed)
+        problems = _load_reasoning_gym(spec[3:], split, limit, seed)
+        return problems if fn is None else _transform_problems(problems, fn, spec)
     path = Path(spec).expanduser()
     if path.is_dir():
-        return _load_jsonl(path / f"{split}.jsonl", limit)
-    if path.exists():
-        raise DatasetUnavailable(
-            f"Dataset path {spec!r} is a file, not a folder holding {split}.jsonl. {_FIXES}"
-        )
+        file = formats.split_file(path, split) or path / f"{split}.jsonl"
+        return _load_file(file, limit, fn)
+    if path.is_file():
+        if split != "train":
+            raise DatasetUnavailable(
+                f"Dataset file {spec!r} is one split (train); for {split!r} pass a folder holding "
+                f"train.jsonl and {split}.jsonl (or .json/.parquet/.csv)."
+            )
+        return _load_file(path, limit, fn)
     # "owner/name" is a hub id unless "owner" is a local folder (then a mistyped path is likelier).
     looks_like_path = spec.startswith((".", "/", "~")) or not _HUB_ID_RE.match(spec)
     if looks_like_path or ("/" in spec and Path(spec.split("/")[0]).is_dir()):
         raise DatasetUnavailable(f"Dataset folder {spec!r} does not exist. {_FIXES}")
-    return _load_hub(spec, split, limit)
+    return _load_hub(spec, split, limit, fn)
 
 
-def _load_jsonl(file: Path, limit: int | None) -> list[Problem]:
+_LAYOUTS = ("'question'/'answer', 'prompt' (text or chat messages), 'instruction'/'response', "
+            "or 'input'/'output'; check with: python -m grpo.data validate PATH")
+
+
+def _load_file(file: Path, limit: int | None, fn: formats.Transform | None) -> list[Problem]:
     if not file.is_file():
         raise DatasetUnavailable(f"Dataset file {str(file)!r} does not exist. {_FIXES}")
     problems: list[Problem] = []
-    with file.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
+    try:
+        for where, row in formats.iter_file_rows(file):
             if limit is not None and len(problems) >= limit:
                 break
-            if not line.strip():
-                continue  # tolerate blank lines, e.g. a trailing newline pair
+            if isinstance(row, formats.RowError):
+                raise DatasetUnavailable(f"Bad record in {file}, {where}: {row} (rows need {_LAYOUTS}).")
             try:
-                row = json.loads(line)
-                problems.append(_problem_from_row(row))
-            except (ValueError, TypeError, KeyError) as exc:
-                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                raise DatasetUnavailable(
-                    f"Bad record in {file}, line {number}: {reason} "
-                    "(each line must be a JSON object with string 'question' and 'answer')."
-                ) from exc
+                problem = formats.row_to_problem(row, fn)
+            except formats.RowError as exc:
+                raise DatasetUnavailable(f"Bad record in {file}, {where}: {exc} (rows need {_LAYOUTS}).") from exc
+            if problem is not None:
+                problems.append(problem)
+    except formats.RowError as exc:  # unknown file type
+        raise DatasetUnavailable(str(exc)) from exc
+    except (OSError, UnicodeDecodeError, ImportError) as exc:
+        raise DatasetUnavailable(f"Cannot read {file}: {_one_line(exc)}") from exc
     return problems
 
 
-def _problem_from_row(row: Any) -> Problem:
-    if not isinstance(row, dict):
-        raise TypeError(f"expected a JSON object, got {type(row).__name__}")
-    question, answer = row["question"], row["answer"]
-    if not isinstance(question, str):
-        raise TypeError("'question' is not a string")
-    # Some GSM8K-style sets store the final answer as a JSON number; keep it as text.
-    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
-        answer = str(answer)
-    if not isinstance(answer, str):
-        raise TypeError("'answer' is not a string")
-    return Problem(question=question, answer=answer)
+def _transform_problems(problems: list[Problem], fn: formats.Transform, spec: str) -> list[Problem]:
+    """Generated problems through the user transform, as rows of question/answer."""
+    out = []
+    for i, p in enumerate(problems):
+        try:
+            problem = formats.row_to_problem({"question": p.question, "answer": p.answer, **p.columns}, fn)
+        except formats.RowError as exc:
+            raise DatasetUnavailable(f"Bad record from {spec}, problem {i}: {exc}") from exc
+        if problem is not None:
+            out.append(problem)
+    return out
 
 
 def _load_reasoning_gym(task: str, split: str, limit: int | None, seed: int) -> list[Problem]:
@@ -129,10 +156,13 @@ def _load_reasoning_gym(task: str, split: str, limit: int | None, seed: int) -> 
         dataset = reasoning_gym.create_dataset(task, size=size, seed=split_seed)
     except Exception as exc:  # noqa: BLE001 - unknown tasks raise ValueError, bad configs others
         raise DatasetUnavailable(
-            f"reasoning_gym cannot generate task {task!r}: {_one_line(exc)}. {_FIXES}"
+            f"reasoning_gym cannot generate task {task!r}: {_one_line(exc)}. Valid task names: "
+            "python -c 'import reasoning_gym.factory as f; print(sorted(f.DATASETS))'"
         ) from exc
-    # The bare final answer is the reference; the reward extracts and compares numbers.
-    return [Problem(question=str(it["question"]), answer=str(it["answer"])) for it in dataset]
+    # The bare final answer is the reference; the task name and entry let the correctness reward
+    # use reasoning_gym's own scorer for answers that are not numbers.
+    return [Problem(question=str(it["question"]), answer=str(it["answer"]),
+                    columns={"rg_task": task, "rg_entry": it}) for it in dataset]
 
 
 @contextlib.contextmanager
@@ -181,7 +211,7 @@ def _hub_unreachable_reason(timeout: float = HUB_PROBE_TIMEOUT_S) -> str | None:
     return outcome[0] if outcome else f"{host}:{port}: no answer in {timeout:.0f} s"
 
 
-def _load_hub(spec: str, split: str, limit: int | None) -> list[Problem]:
+def _load_hub(spec: str, split: str, limit: int | None, fn: formats.Transform | None = None) -> list[Problem]:
     import datasets  # lazy: ~2-3 s import, not needed for local or generated data
     from huggingface_hub import constants
 
@@ -213,16 +243,19 @@ def _load_hub(spec: str, split: str, limit: int | None) -> list[Problem]:
             raise DatasetUnavailable(
                 f"{name} could not be downloaded: {_one_line(exc)}. {_FIXES}"
             ) from exc
-    missing = {"question", "answer"} - set(dataset.column_names)
-    if missing:
-        raise DatasetUnavailable(
-            f"{name} split {split!r} lacks column(s) {sorted(missing)}: "
-            "GSM8K-style 'question' and 'answer' are needed."
-        )
-    if limit is not None:
+    if limit is not None and fn is None:  # a transform may drop rows: limit after it
         dataset = dataset.select(range(min(limit, len(dataset))))
-    pairs = zip(dataset["question"], dataset["answer"])
-    return [_problem_from_row({"question": q, "answer": a}) for q, a in pairs]
+    problems: list[Problem] = []
+    for i, row in enumerate(dataset):
+        if limit is not None and len(problems) >= limit:
+            break
+        try:
+            problem = formats.row_to_problem(row, fn)
+        except formats.RowError as exc:
+            raise DatasetUnavailable(f"{name} split {split!r}, row {i}: {exc} (rows need {_LAYOUTS}).") from exc
+        if problem is not None:
+            problems.append(problem)
+    return problems
 
 
 def _one_line(exc: BaseException) -> str:
@@ -238,15 +271,33 @@ def shard(problems: list[Problem], index: int, count: int) -> list[Problem]:
     return problems[index::count]
 
 
-def build_prompt(tokenizer: Any, question: str, system_prompt: str | None = None) -> str:
+def build_prompt(tokenizer: Any, question: str, system_prompt: str | None = None,
+                 instruction: str = DEFAULT_INSTRUCTION) -> str:
     """The model input for one question: the tokenizer's chat template with the assistant turn
     opened, or a plain "Question/Answer" layout for base models that have no template."""
-    content = question + DEFAULT_INSTRUCTION
+    content = question + instruction
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         head = f"{system_prompt}\n\n" if system_prompt else ""
         return f"{head}Question: {content}\nAnswer:"
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
     messages.append({"role": "user", "content": content})
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    if not isinstance(prompt, str):
+        raise TypeError(f"chat template returned {type(prompt).__name__}, expected str")
+    return prompt
+
+
+def problem_prompt(tokenizer: Any, problem: Problem, system_prompt: str | None = None) -> str:
+    """The model input for a Problem: chat messages as given, a 'gsm8k'-style question with the
+    '####' instruction, a 'plain' one verbatim."""
+    if problem.messages is None:
+        instruction = DEFAULT_INSTRUCTION if problem.style == "gsm8k" else ""
+        return build_prompt(tokenizer, problem.question, system_prompt, instruction)
+    messages = list(problem.messages)
+    if system_prompt and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        return "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in messages) + "Assistant:"
     prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     if not isinstance(prompt, str):
         raise TypeError(f"chat template returned {type(prompt).__name__}, expected str")
@@ -308,3 +359,28 @@ class PromptStream:
         if n < 0:
             raise ValueError(f"batch size must be >= 0, got {n}")
         return [next(self) for _ in range(n)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m grpo.data validate PATH [--transform module:function]`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m grpo.data", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("validate", help="check a dataset file or folder row by row")
+    check.add_argument("path", help="a .jsonl/.json/.parquet/.csv file, or a folder of them")
+    check.add_argument("--transform", default="", help="module:function applied to each row first")
+    args = parser.parse_args(argv)
+    path = Path(args.path).expanduser()
+    try:
+        if not path.exists():
+            raise DatasetUnavailable(f"{args.path!r} does not exist; pass a dataset file or folder")
+        bad = formats.validate_path(path, formats.load_transform(args.transform))
+    except (DatasetUnavailable, formats.RowError, formats.PluginError) as exc:
+        print(f"python -m grpo.data: error: {exc}", file=sys.stderr)
+        return 2
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

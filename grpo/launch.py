@@ -115,6 +115,9 @@ def plan(cfg: LaunchConfig, cuda_count: int, sampler_flags: list[str], learner_f
     base_env = {k: v for k, v in os.environ.items()}
     base_env.update({"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
                      "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"})
+    # Workers run from the repo root: keep the launch directory importable for the
+    # module:function of --reward and --dataset-transform.
+    base_env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)
     if not use_cuda:
         base_env["CUDA_VISIBLE_DEVICES"] = ""
         # Two cores shared by every process: one thread each keeps them from thrashing.
@@ -252,6 +255,11 @@ def main(argv: list[str] | None = None) -> int:
         from grpo.transport import free_port
 
         specs = plan(cfg, cuda_count, to_s, to_l, free_port())
+        from grpo.reward_funcs import check_sampler_flags  # a bad --reward fails before any model loads
+
+        if samplers_argv := [s.argv[2:] for s in specs if s.role == "sampler"]:
+            if problem := check_sampler_flags(samplers_argv[0]):
+                raise LaunchError(problem)
         check_port(cfg.host, cfg.data_port, "--data-port")
         check_port(cfg.host, cfg.sync_port, "--sync-port")
         if cfg.data_port == cfg.sync_port:

@@ -327,6 +327,11 @@ class Learner:
                "eval": self._latest_eval(), "sync_method": self.publisher.method,
                "sync_bytes_served": self.publisher.bytes_served, "data_bytes_received": self.receiver.bytes,
                "time_s": now - t_start}
+        parts: dict[str, list[float]] = {}  # each reward part by name (reward_info), as reward/<name>
+        for c in (c for g in groups for c in g.completions):
+            for name, value in c.reward_info.items():
+                parts.setdefault(name, []).append(value)
+        rec.update({f"reward/{k}": sum(v) / len(v) for k, v in sorted(parts.items())})
         self.metrics.write(rec)
         log.info("step %d v%d: loss %.4f reward %.3f acc %.3f kl %.4f clip %.3f | %d tok, %.2f s "
                  "(wait %.2f, train %.2f, publish %.3f) | %.1f samples/s | samplers at %s | groups %s | "

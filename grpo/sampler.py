@@ -15,11 +15,11 @@ import torch
 
 from grpo import protocol as P
 from grpo.config import SamplerConfig
-from grpo.data import PromptStream, build_prompt, load_problems, shard
+from grpo.data import PromptStream, load_problems, problem_prompt, shard
 from grpo.evaluate import eval_problems, greedy_accuracy, record_eval
 from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model,
                         right_pad, token_logprobs)
-from grpo.rewards import gsm8k_reward
+from grpo.reward_funcs import reward_set_from_config
 from grpo.transport import DataSender, SyncClient
 from grpo.weight_sync import apply_weights, request_weights
 
@@ -31,11 +31,14 @@ class Sampler:
         self.cfg = cfg
         self.device = pick_device(cfg.device, cfg.gpu_id)
         torch.manual_seed(cfg.seed + 1000 * cfg.sampler_id)
-        problems = load_problems(cfg.dataset, "train", limit=cfg.dataset_limit or None, seed=cfg.seed)
+        self.rewards = reward_set_from_config(cfg)  # a bad --reward fails here, before any model loads
+        problems = load_problems(cfg.dataset, "train", limit=cfg.dataset_limit or None, seed=cfg.seed,
+                                 transform=cfg.dataset_transform)
         mine = shard(problems, cfg.sampler_id, cfg.num_samplers)
         if not mine:
             raise ValueError(f"sampler {cfg.sampler_id} of {cfg.num_samplers} got no prompts "
                              f"from {len(problems)} problems; use fewer samplers or more data")
+        self.rewards.probe(mine[0])
         self.prompts = PromptStream(mine, seed=cfg.seed + cfg.sampler_id)
         path = resolve_model(cfg.model)
         self.tok = load_tokenizer(path)
@@ -139,7 +142,7 @@ class Sampler:
     def generate_round(self, round_idx: int) -> list[P.Group]:
         cfg, tok = self.cfg, self.tok
         problems = self.prompts.next_batch(cfg.prompts_per_round)
-        prompts = [build_prompt(tok, p.question, None) for p in problems]
+        prompts = [problem_prompt(tok, p) for p in problems]
         prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
         G = cfg.num_generations
         t0 = time.perf_counter()
@@ -169,13 +172,15 @@ class Sampler:
         old_lp = self._logprobs(self.policy, whole, prompt_lens)
         ref_lp = self._logprobs(self.ref, whole, prompt_lens)
 
+        texts = [tok.decode(c, skip_special_tokens=True) for c, _ in completions]
+        scores = self.rewards.score([problems[k // G] for k in range(len(completions))], texts,
+                                    [c for c, _ in completions])
         groups = []
         for gi, (problem, prompt, pids) in enumerate(zip(problems, prompts, prompt_ids)):
             comps = []
             for k in range(gi * G, (gi + 1) * G):
                 gen_ids, finished = completions[k]
-                text = tok.decode(gen_ids, skip_special_tokens=True)
-                scored = gsm8k_reward(text, problem.answer)
+                text, scored = texts[k], scores[k]
                 comps.append(P.Completion(
                     generated_token_ids=np.asarray(gen_ids, dtype=np.int32),
                     old_policy_log_probs=old_lp[k], ref_policy_log_probs=ref_lp[k],

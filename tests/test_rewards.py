@@ -91,3 +91,45 @@ def test_reward():
     assert gsm8k_reward("#### 72", "72") == RewardResult(1.0, {"correct": 1.0, "has_answer": 1.0})
     assert gsm8k_reward("#### 7", "72") == RewardResult(0.0, {"correct": 0.0, "has_answer": 1.0})
     assert gsm8k_reward("no idea", "72") == RewardResult(0.0, {"correct": 0.0, "has_answer": 0.0})
+
+
+# Issue #3's reward-parsing list (commas, dollars, negatives, decimals, percent, missing answers),
+# beyond the cases above.
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("#### 25%", "25"),  # percent sign dropped
+        ("The discount is 12.5%.", "12.5"),  # percent then sentence end, no marker
+        ("#### -$5", "-5"),  # sign before the dollar
+        ("#### $1,234.56", "1234.56"),  # dollars, thousands comma and cents together
+        ("It is 1,234,567 total", "1234567"),
+        ("#### 1,000.", "1000"),  # sentence-final "." after a comma number
+        ("a loss of \u22127 dollars", "-7"),  # Unicode minus sign
+        ("#### -0.75", "-0.75"),
+        ("#### .5", "0.5"),  # bare leading decimal point
+        ("#### 3.50", "3.50"),  # kept as written; equality is numeric (below)
+        ("#### ", None),  # a marker with nothing after it, and no number anywhere
+        ("####", None),
+        ("Total: -0", "0"),  # negative zero is zero
+    ],
+)
+def test_extract_more_forms(text, expected):
+    assert extract_gsm8k_answer(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("completion", "reference", "expected"),
+    [
+        ("#### 25%", "25", True),
+        ("#### 3.50", "#### 3.5", True),
+        ("#### -$5", "-5", True),
+        ("#### $1,234.56", "1234.56", True),
+        ("#### 1,234.5", "1234.56", False),
+        ("#### 0.1", "#### 1", False),
+        ("#### -0.75", "0.75", False),
+        ("#### ", "#### 5", False),  # missing answer
+        ("#### 5", "#### ", False),  # reference without an answer never matches
+    ],
+)
+def test_correct_more_forms(completion, reference, expected):
+    assert gsm8k_correct(completion, reference) is expected
