@@ -18,6 +18,8 @@ from grpo.config import SamplerConfig
 from grpo.data import PromptStream, build_prompt, load_problems, shard
 from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model,
                         right_pad, token_logprobs)
+from grpo.gpustats import GpuMonitor, format_gpu
+from grpo.progress import Progress
 from grpo.rewards import gsm8k_reward
 from grpo.transport import DataSender, SyncClient
 from grpo.weight_sync import apply_weights, request_weights
@@ -49,6 +51,7 @@ class Sampler:
         # Accept weights up to float32 size whatever our own dtype: a learner may publish fp32.
         total = sum(p.numel() * 4 for p in self.policy.parameters())
         self.sync = SyncClient(cfg.host, cfg.sync_port, P.weights_limits(total + (64 << 20)))
+        self.gpu = GpuMonitor(self.device)
         self.stats = {"samples": 0.0, "tokens": 0.0, "gen_s": 0.0, "sync_s": 0.0, "weight_bytes": 0.0,
                       "weight_syncs": 0.0, "apply_s": 0.0, "rounds": 0.0}
         log.info("sampler %d/%d on %s: %d prompts in its shard, model %s, G=%d, %d prompts per round",
@@ -144,9 +147,9 @@ class Sampler:
         self.stats["tokens"] += n_tokens
         self.stats["gen_s"] += gen_s
         rewards = [c.reward for g in groups for c in g.completions]
-        log.info("round %d (v%d): %d completions, %d tokens in %.2f s (%.0f tok/s), reward mean %.3f",
+        log.info("round %d (v%d): %d completions, %d tokens in %.2f s (%.0f tok/s), reward mean %.3f%s",
                  round_idx, self.version, len(completions), n_tokens, gen_s, n_tokens / max(gen_s, 1e-9),
-                 float(np.mean(rewards)))
+                 float(np.mean(rewards)), format_gpu(self.gpu.sample()))
         return groups
 
     def _logprobs(self, model, whole: list[list[int]], prompt_lens: list[int]) -> list[np.ndarray]:
@@ -180,6 +183,7 @@ class Sampler:
     def run(self) -> dict:
         rounds = 0
         t_start = time.perf_counter()
+        bar = Progress(f"sampler{self.cfg.sampler_id} rounds", total=self.cfg.max_rounds or None, unit="round")
         try:
             while self.sync_weights():
                 if self.cfg.max_rounds and rounds >= self.cfg.max_rounds:
@@ -189,9 +193,11 @@ class Sampler:
                     self.groups_sent += 1
                 rounds += 1
                 self.stats["rounds"] = rounds
+                bar.update(1, version=self.version)
                 self.send_status(final=False)
             self.send_status(final=True)
         finally:
+            bar.close()
             elapsed = time.perf_counter() - t_start
             log.info("sampler %d done: %d rounds, %d groups sent, %.1f samples/s, %.2f MB sent, "
                      "last version %d", self.cfg.sampler_id, rounds, self.groups_sent,

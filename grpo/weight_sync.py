@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from grpo import protocol as P
+from grpo.lora import publish_named_tensors
 from grpo.transport import SyncClient, SyncServer
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ class TcpPublisher:
         self.server = server
         # Samplers run in `dtype` (bf16 on GPU): publishing fp32 master weights would double
         # the bytes for nothing, since the sampler casts them down anyway.
-        named = [(n, p if dtype is None else p.detach().to("meta", dtype)) for n, p in model.named_parameters()]
+        named = [(n, p if dtype is None else p.detach().to("meta", dtype)) for n, p in publish_named_tensors(model)]
         self.layout, self.bucket_dtypes, self.bucket_nbytes = plan_layout(named)
         self._snapshot: Snapshot | None = None
         self._lock = threading.Lock()
@@ -163,7 +164,7 @@ class TcpPublisher:
     def publish(self, version: int, model: torch.nn.Module) -> float:
         """Snapshot the model as `version`; returns the seconds the learner was stalled."""
         t0 = time.perf_counter()
-        named = list(model.named_parameters())
+        named = publish_named_tensors(model)  # LoRA: merged weights under the base model's names
         buckets = pack(named, self.layout, self.bucket_nbytes)
         announce = P.WeightsAnnounce(version=version, method="tcp", layout=self.layout,
                                      bucket_dtypes=self.bucket_dtypes, bucket_nbytes=self.bucket_nbytes,
