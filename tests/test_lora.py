@@ -121,6 +121,13 @@ def test_torch_engine_trains_adapters_only(tmp_path):
         assert torch.equal(dict(reloaded.named_parameters())[n], t), n
 
 
+def test_bad_lora_options_are_one_line_errors():
+    with pytest.raises(ValueError, match=r"^--lora-target-modules nope_proj: Target modules \{'nope_proj'\} not found"):
+        wrap_lora(_base(), R, ALPHA, "nope_proj", 0.0)
+    with pytest.raises(ValueError, match=r"^--lora-dropout 1.5: must be in \[0, 1\)$"):
+        wrap_lora(_base(), R, ALPHA, "q_proj", 1.5)
+
+
 @pytest.mark.slow
 def test_lora_run_distributed_zero2_with_config_file(tmp_path):
     """2 steps of a LoRA ZeRO-2 learner and a sampler through run_distributed.py, set up by a YAML
