@@ -249,6 +249,8 @@ class Learner:
                 trained_samples += batch.size
                 self._log_step(step, groups, batch, stats, t0, t_data, t_train, stall, trained_samples, t_start)
                 bar.update(1, loss=stats["loss"], reward=float(batch.scalars[:, 1].mean()))
+            elif gpu := self.gpu.sample():  # other ranks: their own GPU use, one line per step
+                log.info("step %d%s", step, format_gpu(gpu))
         if self.rank == 0:
             bar.close()
             broadcast_batch(None, True, self.device)

@@ -82,8 +82,15 @@ def plot(steps: list[dict], out: Path, title: str) -> None:
             for key, label, scale in series:
                 xs, ts, ys = _series(steps, key, scale)
                 if ys:
-                    ax.plot(xs if col == 0 else ts, ys, marker="." if len(ys) < 50 else None, label=label,
-                            alpha=0.5 if key.startswith("_") else 1.0)
+                    x = xs if col == 0 else ts
+                    noisy = len(ys) >= 20 and key in ("reward_mean", "accuracy")
+                    ax.plot(x, ys, marker="." if len(ys) < 50 else None, label=label,
+                            alpha=0.35 if key.startswith("_") or noisy else 1.0)
+                    if noisy:  # per-step reward is noisy: a trailing mean shows the trend
+                        w = max(5, len(ys) // 20)
+                        ax.plot(x, [sum(ys[max(0, i - w + 1):i + 1]) / len(ys[max(0, i - w + 1):i + 1])
+                                    for i in range(len(ys))], label=f"mean of last {w}")
+                        ax.legend(fontsize=8)
             if col == 0:
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_title(f"{name} vs {'step' if col == 0 else 'wall time'}", fontsize=10)
