@@ -10,8 +10,8 @@ One step:
 from __future__ import annotations
 
 import collections
-import dataclasses
 import contextlib
+import dataclasses
 import json
 import logging
 import os

@@ -9,6 +9,7 @@ version instead of a few MB of adapters, which the fast sync methods make cheap.
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import torch
@@ -49,10 +50,11 @@ def wrap_lora(model: torch.nn.Module, r: int, alpha: float, target_modules: str,
 
 
 def is_peft(model: torch.nn.Module) -> bool:
-    try:
-        from peft import PeftModel
-    except ImportError:
+    # No model can be a PeftModel unless peft was imported: skip the (slow) import otherwise.
+    if "peft" not in sys.modules:
         return False
+    from peft import PeftModel
+
     return isinstance(model, PeftModel)
 
 
