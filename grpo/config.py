@@ -9,6 +9,7 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import os
 import textwrap
 import typing
 from dataclasses import dataclass, field
@@ -56,6 +57,9 @@ class CommonConfig:
     """Data set to evaluate on (default: --dataset; the learner needs it set when it evaluates)."""
     eval_batch_size: int = 256
     """Sequences decoded together during evaluation."""
+    # --- config file (issue 7)
+    config: str = ""
+    """YAML file of options (keys are these field names, dashes or underscores); flags given on the command line override it."""
 
 
 @dataclass
@@ -153,6 +157,17 @@ class LearnerConfig(CommonConfig):
     """Largest data message accepted, in MiB; larger ones are dropped by ZeroMQ before allocation."""
     ipc_ack_timeout_s: float = 10.0
     """ipc: before reusing a weights slot, wait this long for samplers that read it to acknowledge; then take them for gone."""
+    # --- observability and LoRA (issue 7)
+    report_to: str = "tensorboard"
+    """Where rank 0 also logs each step: 'tensorboard' (event files in the run dir), 'wandb', both comma-separated, or 'none'."""
+    lora_r: int = 0
+    """LoRA rank (0: full fine-tuning); with r > 0 only the adapters train, and samplers get merged weights."""
+    lora_alpha: float = 16.0
+    """LoRA scaling numerator: the update is (alpha / r) * B @ A."""
+    lora_target_modules: str = "all-linear"
+    """Comma-separated module names to adapt (e.g. q_proj,v_proj), or 'all-linear' (every linear layer but the output head)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA input; 0 keeps the learner's log-probs deterministic, like the samplers'."""
 
 
 @dataclass
@@ -251,9 +266,100 @@ def build_parser(cls: type, prog: str, description: str = "",
     return parser
 
 
+def _all_fields() -> dict[str, dataclasses.Field]:
+    """Every option of every role: one YAML file can configure a whole run."""
+    out: dict[str, dataclasses.Field] = {}
+    for klass in (SamplerConfig, LearnerConfig, LaunchConfig):
+        out.update({f.name: f for f in dataclasses.fields(klass) if f.name not in ("extra", "config")})
+    return out
+
+
+def _coerce(key: str, value, tp, path: str):
+    """A YAML value as the field's type; a mismatch is a ConfigFileError naming the key."""
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    elif tp is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    elif tp is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
+    elif tp in (int, float) and isinstance(value, str):
+        # YAML 1.1 reads 2e-6 (no dot) as a string; accept what the flag would accept.
+        try:
+            return tp(value)
+        except ValueError:
+            pass
+    elif tp is str and isinstance(value, list) and all(isinstance(v, (str, int)) for v in value):
+        return ",".join(map(str, value))  # lists like [q_proj, v_proj] or GPU ids [1, 2]
+    raise ConfigFileError(f"--config {path}: {key}: expected {tp.__name__}, got {value!r}")
+
+
+class ConfigFileError(ValueError):
+    """A bad --config file; one line naming the file, the key and the fix."""
+
+
+def load_config_file(path: str, cls: type) -> dict:
+    """The options a YAML file sets for `cls`, checked against every role's fields.
+
+    Keys may use dashes or underscores. A key that no role knows fails with the nearest
+    valid name; keys of other roles are accepted and left to those roles (one file serves
+    the launcher, the learner and the samplers).
+    """
+    import difflib
+
+    import yaml
+
+    try:
+        with open(path) as fh:
+            data = yaml.safe_load(fh)
+    except FileNotFoundError:
+        raise ConfigFileError(f"--config {path}: no such file") from None
+    except yaml.YAMLError as exc:
+        raise ConfigFileError(f"--config {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigFileError(f"--config {path}: expected a mapping of option: value, got {type(data).__name__}")
+    known = _all_fields()
+    mine = {f.name for f in dataclasses.fields(cls)}
+    hints = {**typing.get_type_hints(SamplerConfig), **typing.get_type_hints(LearnerConfig),
+             **typing.get_type_hints(LaunchConfig)}
+    out: dict = {}
+    for raw_key, value in data.items():
+        key = str(raw_key).replace("-", "_")
+        if key not in known:
+            near = difflib.get_close_matches(key, list(known), n=1, cutoff=0.5)
+            hint = f"; did you mean {near[0]}?" if near else "; see --help for the options"
+            raise ConfigFileError(f"--config {path}: unknown key {raw_key!r}{hint}")
+        value = _coerce(key, value, hints[key], path)
+        if key in mine:
+            out[key] = value
+    return out
+
+
+def apply_config_file(parser: argparse.ArgumentParser, cls: type, argv: list[str] | None) -> None:
+    """Make the --config file's values the parser's defaults, so flags on the command line win."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", default="")
+    ns, _ = pre.parse_known_args(argv)
+    if not ns.config:
+        return
+    try:
+        values = load_config_file(ns.config, cls)
+    except ConfigFileError as exc:
+        parser.error(str(exc))
+    # Absolute, so children started from another directory (the launcher's) find it too.
+    parser.set_defaults(**values, config=os.path.abspath(ns.config))
+
+
 def parse_config(cls: type, argv: list[str] | None, prog: str, **kw):
     parser = build_parser(cls, prog, **kw)
+    apply_config_file(parser, cls, argv)
     ns = parser.parse_args(argv)
+    if ns.config:
+        ns.config = os.path.abspath(ns.config)
     return cls(**{k: v for k, v in vars(ns).items() if k in {f.name for f in dataclasses.fields(cls)}})
 
 

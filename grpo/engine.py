@@ -77,11 +77,16 @@ def resolve_ds_config(raw: dict, world: int, train_batch_size: int, group_size: 
     return cfg, batch
 
 
+def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """Parameters the optimizer owns: with LoRA only the adapters, so frozen weights get no state."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 class DeepSpeedEngine:
     def __init__(self, model: torch.nn.Module, ds_config: dict):
         import deepspeed
 
-        self._engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+        self._engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=trainable(model),
                                                      config=ds_config)
         self.gas = int(ds_config["gradient_accumulation_steps"])
         self.device = self._engine.device
@@ -115,7 +120,7 @@ class TorchEngine:
         self.device = device
         self.gas = int(ds_config["gradient_accumulation_steps"])
         self.clip = float(ds_config.get("gradient_clipping") or 0.0)
-        self.opt = torch.optim.AdamW(model.parameters(), lr=params["lr"],
+        self.opt = torch.optim.AdamW(trainable(model), lr=params["lr"],
                                      betas=tuple(params.get("betas", (0.9, 0.999))),
                                      eps=params.get("eps", 1e-8), weight_decay=params.get("weight_decay", 0.0))
         self._norm = float("nan")

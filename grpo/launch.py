@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo.config import CommonConfig, LaunchConfig, LearnerConfig, SamplerConfig, build_parser, to_flags
+from grpo.config import (CommonConfig, LaunchConfig, LearnerConfig, SamplerConfig, apply_config_file, build_parser,
+                         to_flags)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -156,7 +157,10 @@ def check_port(host: str, port: int, flag: str) -> None:
 def parse(argv: list[str] | None) -> tuple[LaunchConfig, list[str], list[str]]:
     parser = build_parser(LaunchConfig, "run_distributed.py",
                           aliases={"sampling_gpus": ["--sampling-gpu"], "training_gpus": ["--training-gpu"]})
+    apply_config_file(parser, LaunchConfig, argv)
     ns, rest = parser.parse_known_args(argv)
+    if ns.config:
+        ns.config = os.path.abspath(ns.config)  # the children get it as --config and read their keys
     cfg = LaunchConfig(**{k: v for k, v in vars(ns).items() if k in _fields(LaunchConfig)})
     try:
         to_s, to_l = split_passthrough(rest)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -25,9 +26,12 @@ from grpo.batch import Batch, balanced_split, broadcast_batch, build_batch, micr
 from grpo.config import LearnerConfig
 from grpo.engine import DeepSpeedEngine, TorchEngine, load_ds_config, resolve_ds_config
 from grpo.loss import KL_ESTIMATORS, LOSS_TYPES, grpo_token_loss, reduce_loss
+from grpo.gpustats import GpuMonitor, format_gpu
 from grpo.metrics import MetricsWriter, make_run_dir
 from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, token_logprobs,
                         weights_checksum)
+from grpo.progress import Progress
+from grpo.tracking import Tracker, parse_report_to, step_extras
 from grpo.transport import DataReceiver, SyncServer, free_port
 from grpo.weight_sync import TcpPublisher
 
@@ -44,6 +48,7 @@ def check_loss_options(cfg: LearnerConfig) -> None:
         raise ValueError(f"--dual-clip {cfg.dual_clip}: must be > 1 (typically 3), or 0 to turn it off")
     if cfg.tis_cap < 0:
         raise ValueError(f"--tis-cap {cfg.tis_cap}: must be > 0 (typically 2), or 0 to turn it off")
+    parse_report_to(cfg.report_to)
 
 
 def drop_reason(g: P.Group, version: int, max_staleness: int, filter_zero_signal: bool) -> str | None:
@@ -114,6 +119,10 @@ class Learner:
         dtype = compute_dtype(self.device) if not cfg.no_deepspeed else torch.float32
         model = load_causal_lm(path, self.device, dtype)
         model.config.use_cache = False
+        if cfg.lora_r:
+            from grpo.lora import wrap_lora  # peft is imported only in LoRA mode
+
+            model = wrap_lora(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_target_modules, cfg.lora_dropout)
         self.vocab_size = model.get_input_embeddings().weight.shape[0]
         if self.receiver is not None:
             self.receiver.limits = P.Limits(group_size=cfg.num_generations, vocab_size=self.vocab_size)
@@ -122,7 +131,8 @@ class Learner:
         self.autocast = (cfg.no_deepspeed and self.device.type == "cuda")
         self.publisher = self._make_publisher() if self.rank == 0 else None
         self.metrics = MetricsWriter(self.run_dir) if self.rank == 0 else None
-
+        self.tracker = Tracker(self.run_dir, cfg.report_to, dataclasses.asdict(cfg)) if self.rank == 0 else None
+        self.gpu = GpuMonitor(self.device)
         self.version = 0
         self.queue: collections.deque[P.Group] = collections.deque()
         self.counts = collections.Counter()           # received, trained, dropped_<reason>
@@ -254,6 +264,7 @@ class Learner:
     def run(self) -> dict:
         t_start = time.perf_counter()
         trained_samples = 0
+        bar = Progress("learner steps", total=self.cfg.max_steps, unit="step") if self.rank == 0 else None
         for step in range(1, self.cfg.max_steps + 1):
             t0 = time.perf_counter()
             batch = groups = None
@@ -270,11 +281,20 @@ class Learner:
                 self.counts["trained"] += len(groups)
                 trained_samples += batch.size
                 self._log_step(step, groups, batch, stats, t0, t_data, t_train, stall, trained_samples, t_start)
+                bar.update(1, loss=stats["loss"], reward=float(batch.scalars[:, 1].mean()))
+            elif gpu := self.gpu.sample():  # other ranks: their own GPU use, one line per step
+                log.info("step %d%s", step, format_gpu(gpu))
             if self.cfg.max_time_s and self._time_up(t_start):
                 break
+        if bar is not None:
+            bar.close()
         broadcast_batch(None, True, self.device)
         checksums = self._rank_checksums()
         if self.rank == 0:
+            if self.cfg.lora_r:
+                from grpo.lora import save_adapter
+
+                log.info("LoRA adapter saved to %s", save_adapter(self.engine.module, self.run_dir / "lora_adapter"))
             self.publisher.stop_samplers()   # they stop at their next sync while we evaluate
             final_eval = self._final_eval() if self.cfg.eval_every > 0 else None
             return self.shutdown(time.perf_counter() - t_start, checksums, final_eval)
@@ -326,20 +346,23 @@ class Learner:
                "groups": self._accounting(), "sampler_versions": dict(self.publisher.sampler_versions),
                "eval": self._latest_eval(), "sync_method": self.publisher.method,
                "sync_bytes_served": self.publisher.bytes_served, "data_bytes_received": self.receiver.bytes,
-               "time_s": now - t_start}
+               "time_s": now - t_start, **step_extras(groups, self.version)}
         parts: dict[str, list[float]] = {}  # each reward part by name (reward_info), as reward/<name>
         for c in (c for g in groups for c in g.completions):
             for name, value in c.reward_info.items():
                 parts.setdefault(name, []).append(value)
         rec.update({f"reward/{k}": sum(v) / len(v) for k, v in sorted(parts.items())})
+        if gpu := self.gpu.sample():
+            rec["gpu"] = gpu
         self.metrics.write(rec)
+        self.tracker.log(rec, step)
         log.info("step %d v%d: loss %.4f reward %.3f acc %.3f kl %.4f clip %.3f | %d tok, %.2f s "
                  "(wait %.2f, train %.2f, publish %.3f) | %.1f samples/s | samplers at %s | groups %s | "
-                 "%d msgs / %.1f MB in, %.1f MB weights out",
+                 "%d msgs / %.1f MB in, %.1f MB weights out%s",
                  step, self.version, stats["loss"], rec["reward_mean"], rec["accuracy"], stats["kl"],
                  stats["clip_frac"], stats["tokens"], rec["step_time_s"], rec["data_wait_s"], rec["train_s"],
                  stall, rec["samples_per_s"], rec["sampler_versions"], rec["groups"], self.receiver.messages,
-                 self.receiver.bytes / 1e6, self.publisher.bytes_served / 1e6)
+                 self.receiver.bytes / 1e6, self.publisher.bytes_served / 1e6, format_gpu(gpu))
 
     def _latest_eval(self) -> dict | None:
         """The newest evaluation a sampler has reported (version, greedy pass@1), if any."""
@@ -386,6 +409,10 @@ class Learner:
                    "ranks_identical": len(set(checksums or [])) == 1,
                    "peak_mem_gb": (torch.cuda.max_memory_allocated(self.device) / 2**30
                                    if self.device.type == "cuda" else None)}
+        if self.cfg.lora_r:
+            from grpo.lora import lora_stats
+
+            summary["lora"] = lora_stats(self.engine)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         self.metrics.write({"final": True, **summary})
         log.info("accounting: sent %d = trained %d + dropped %d %s + queued %d -> %s%s", acc["sent"],
@@ -395,6 +422,7 @@ class Learner:
         self.publisher.close()
         self.receiver.close()
         self.metrics.close()
+        self.tracker.close()
         with contextlib.suppress(FileNotFoundError):
             (self.run_dir / "learner.ready").unlink()
         return summary

@@ -62,10 +62,15 @@ def find_gguf() -> Path:
 def _convert_smollm2(dest: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from grpo.progress import Progress
+
     gguf = find_gguf()
     log.info("converting %s to a Hugging Face folder at %s (once; ~20 s)", gguf, dest)
+    bar = Progress("converting SmolLM2 GGUF", total=3, unit="stage", every_s=0)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    bar.update(1, stage="tokenizer")
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    bar.update(1, stage="weights de-quantised")
     # The GGUF weights are de-quantised to float32 now; drop the quantizer marker so that
     # save_pretrained writes them as an ordinary float checkpoint.
     if hasattr(model.config, "quantization_config"):
@@ -75,6 +80,8 @@ def _convert_smollm2(dest: Path) -> None:
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     tmp.rename(dest)
+    bar.update(1, stage="saved")
+    bar.close()
 
 
 def _make_tiny_random(dest: Path) -> None:

@@ -19,6 +19,8 @@ from grpo.data import PromptStream, load_problems, problem_prompt, shard
 from grpo.evaluate import eval_problems, greedy_accuracy, record_eval
 from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model,
                         right_pad, token_logprobs)
+from grpo.gpustats import GpuMonitor, format_gpu
+from grpo.progress import Progress
 from grpo.reward_funcs import reward_set_from_config
 from grpo.transport import DataSender, SyncClient
 from grpo.weight_sync import apply_weights, request_weights
@@ -63,6 +65,7 @@ class Sampler:
         self.eval_set = (eval_problems(cfg.eval_dataset or cfg.dataset, cfg.eval_size)
                          if cfg.eval_every > 0 and cfg.sampler_id == 0 else None)
         self._evaluated_at = -1
+        self.gpu = GpuMonitor(self.device)
         self.stats = {"samples": 0.0, "tokens": 0.0, "gen_s": 0.0, "sync_s": 0.0, "weight_bytes": 0.0,
                       "weight_syncs": 0.0, "apply_s": 0.0, "rounds": 0.0}
         log.info("sampler %d/%d on %s: %d prompts in its shard, model %s, G=%d, %d prompts per round",
@@ -198,9 +201,9 @@ class Sampler:
         if self.device.type == "cuda":
             self.stats["peak_mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         rewards = [c.reward for g in groups for c in g.completions]
-        log.info("round %d (v%d): %d completions, %d tokens in %.2f s (%.0f tok/s), reward mean %.3f",
+        log.info("round %d (v%d): %d completions, %d tokens in %.2f s (%.0f tok/s), reward mean %.3f%s",
                  round_idx, self.version, len(completions), n_tokens, gen_s, n_tokens / max(gen_s, 1e-9),
-                 float(np.mean(rewards)))
+                 float(np.mean(rewards)), format_gpu(self.gpu.sample()))
         return groups
 
     def _logprobs(self, model, whole: list[list[int]], prompt_lens: list[int]) -> list[np.ndarray]:
@@ -234,6 +237,7 @@ class Sampler:
     def run(self) -> dict:
         rounds = 0
         t_start = time.perf_counter()
+        bar = Progress(f"sampler{self.cfg.sampler_id} rounds", total=self.cfg.max_rounds or None, unit="round")
         try:
             while self.sync_weights():
                 if self.cfg.max_rounds and rounds >= self.cfg.max_rounds:
@@ -244,9 +248,11 @@ class Sampler:
                     self.groups_sent += 1
                 rounds += 1
                 self.stats["rounds"] = rounds
+                bar.update(1, version=self.version)
                 self.send_status(final=False)
             self.send_status(final=True)
         finally:
+            bar.close()
             elapsed = time.perf_counter() - t_start
             log.info("sampler %d done: %d rounds, %d groups sent, %.1f samples/s, %.2f MB sent, "
                      "last version %d", self.cfg.sampler_id, rounds, self.groups_sent,

@@ -1,0 +1,72 @@
+"""GPU utilisation and memory of this process, for the per-step and per-round logs.
+
+NVML (the `nvidia-ml-py` package, module `pynvml`) gives device utilisation, device memory
+and this process's own memory; without it, torch's allocator counters are reported alone.
+On a CPU-only process everything here is silently empty.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class GpuMonitor:
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._nvml = None
+        self._handle = None
+        if device.type != "cuda":
+            return
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            # Find our GPU by UUID: CUDA_VISIBLE_DEVICES renumbers devices, NVML does not.
+            uuid = str(torch.cuda.get_device_properties(device).uuid)
+            uuid = uuid if uuid.startswith(("GPU-", "MIG-")) else "GPU-" + uuid
+            self._handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+            self._nvml = pynvml
+        except Exception as exc:  # no NVML library, no permission, MIG...: torch counters still work
+            log.debug("NVML unavailable (%s); reporting torch memory counters only", exc)
+
+    def sample(self) -> dict[str, float]:
+        """{} on CPU; else memory in GB (allocated, reserved, peak since the last sample) and,
+        with NVML, util_pct, device memory used/total and this process's own memory."""
+        if self.device.type != "cuda":
+            return {}
+        out = {"mem_alloc_gb": torch.cuda.memory_allocated(self.device) / 1e9,
+               "mem_reserved_gb": torch.cuda.memory_reserved(self.device) / 1e9,
+               "mem_peak_gb": torch.cuda.max_memory_allocated(self.device) / 1e9}
+        torch.cuda.reset_peak_memory_stats(self.device)
+        if self._nvml is not None:
+            nv = self._nvml
+            try:
+                out["util_pct"] = float(nv.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+                mem = nv.nvmlDeviceGetMemoryInfo(self._handle)
+                out["dev_mem_used_gb"] = mem.used / 1e9
+                out["dev_mem_total_gb"] = mem.total / 1e9
+                pid = os.getpid()
+                for p in nv.nvmlDeviceGetComputeRunningProcesses(self._handle):
+                    if p.pid == pid and p.usedGpuMemory is not None:
+                        out["proc_mem_gb"] = p.usedGpuMemory / 1e9
+            except Exception:  # a transient NVML error must never stop training
+                pass
+        return out
+
+
+def format_gpu(stats: dict[str, float]) -> str:
+    """A short log suffix: ' | gpu 87% 12.3/80.0 GB (proc 10.1, peak 9.8)', or '' on CPU."""
+    if not stats:
+        return ""
+    parts = []
+    if "util_pct" in stats:
+        parts.append(f"{stats['util_pct']:.0f}%")
+    if "dev_mem_used_gb" in stats:
+        parts.append(f"{stats['dev_mem_used_gb']:.1f}/{stats['dev_mem_total_gb']:.1f} GB")
+    extra = [f"proc {stats['proc_mem_gb']:.2f}"] if "proc_mem_gb" in stats else []
+    extra.append(f"alloc {stats['mem_alloc_gb']:.2f}, peak {stats['mem_peak_gb']:.2f} GB")
+    return " | gpu " + " ".join(parts) + (" " if parts else "") + "(" + ", ".join(extra) + ")"

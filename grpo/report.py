@@ -1,0 +1,187 @@
+"""python -m grpo.report runs/<id>: a PNG of the run and a one-page markdown summary.
+
+Reads metrics.jsonl (one record per learner step, plus the final accounting record),
+summary.json and config_learner.json when present. Writes report.png and report.md into the
+run directory (or --out). Draws reward, accuracy, KL, throughput and weight-sync latency
+against steps (left column) and against wall-clock time (right column).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+PANELS = [  # (title, y label, [(record key, legend, scale)])
+    ("Reward", "mean reward", [("reward_mean", "reward mean", 1.0)]),
+    ("Accuracy", "fraction correct", [("accuracy", "accuracy", 1.0)]),
+    ("KL to reference", "KL per token", [("kl", "kl", 1.0)]),
+    ("Throughput", "samples / s", [("samples_per_s", "cumulative", 1.0), ("_inst_samples_per_s", "this step", 1.0)]),
+    ("Weight sync latency", "ms", [("sync_publish_s", "learner publish stall", 1000.0)]),
+]
+
+
+class ReportError(Exception):
+    """A run directory that cannot be reported on; one line naming the fix."""
+
+
+def load_run(run_dir: Path) -> tuple[list[dict], dict, dict]:
+    if not run_dir.is_dir():
+        raise ReportError(f"{run_dir}: no such run directory; pass runs/<run_id> (see ls runs/)")
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise ReportError(f"{path} is missing: the learner has not finished a step in this run yet")
+    steps, final = [], {}
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if n == len(path.read_text().splitlines()):  # a half-written last line of a live run
+                continue
+            raise ReportError(f"{path}:{n} is not JSON; the file is damaged") from None
+        if rec.get("final"):
+            final = rec
+        elif "step" in rec:
+            if rec.get("step_time_s"):
+                rec["_inst_samples_per_s"] = rec.get("sequences", 0) / rec["step_time_s"]
+            steps.append(rec)
+    if not steps:
+        raise ReportError(f"{path} has no step records yet; wait for the first learner step")
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else final
+    cfg_path = run_dir / "config_learner.json"
+    config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+    return steps, summary, config
+
+
+def _series(steps: list[dict], key: str, scale: float) -> tuple[list[float], list[float], list[float]]:
+    xs, ts, ys = [], [], []
+    for r in steps:
+        v = r.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            xs.append(r["step"])
+            ts.append(r.get("time_s", 0.0))
+            ys.append(v * scale)
+    return xs, ts, ys
+
+
+def plot(steps: list[dict], out: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = plt.subplots(len(PANELS), 2, figsize=(12, 2.6 * len(PANELS)), squeeze=False)
+    for row, (name, ylabel, series) in enumerate(PANELS):
+        for col in range(2):
+            ax = axes[row][col]
+            for key, label, scale in series:
+                xs, ts, ys = _series(steps, key, scale)
+                if ys:
+                    x = xs if col == 0 else ts
+                    noisy = len(ys) >= 20 and key in ("reward_mean", "accuracy")
+                    ax.plot(x, ys, marker="." if len(ys) < 50 else None, label=label,
+                            alpha=0.35 if key.startswith("_") or noisy else 1.0)
+                    if noisy:  # per-step reward is noisy: a trailing mean shows the trend
+                        w = max(5, len(ys) // 20)
+                        ax.plot(x, [sum(ys[max(0, i - w + 1):i + 1]) / len(ys[max(0, i - w + 1):i + 1])
+                                    for i in range(len(ys))], label=f"mean of last {w}")
+                        ax.legend(fontsize=8)
+            if col == 0:
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_title(f"{name} vs {'step' if col == 0 else 'wall time'}", fontsize=10)
+            ax.set_xlabel("learner step" if col == 0 else "seconds since the learner started")
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+            if len(series) > 1:
+                ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=12)
+    fig.tight_layout(rect=(0, 0, 1, 0.98))
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+
+
+def _median(steps: list[dict], key: str, skip_first: bool = True) -> float | None:
+    vals = [r[key] for r in steps[1 if skip_first and len(steps) > 1 else 0:]
+            if isinstance(r.get(key), (int, float))]
+    return statistics.median(vals) if vals else None
+
+
+def _mean(vals: list[float]) -> float | None:
+    return sum(vals) / len(vals) if vals else None
+
+
+def _f(v, fmt: str = ".3f") -> str:
+    return "n/a" if v is None else format(v, fmt)
+
+
+def summarize(run_dir: Path, steps: list[dict], summary: dict, config: dict) -> str:
+    k = max(1, min(10, len(steps) // 4 or 1))
+    first, last = steps[:k], steps[-k:]
+    lines = [f"# Run report: {run_dir.name}", ""]
+    if config:
+        lora = f", LoRA r={config['lora_r']} alpha={config.get('lora_alpha')}" if config.get("lora_r") else ""
+        lines += [f"model `{config.get('model')}`, G={config.get('num_generations')}, lr {config.get('learning_rate')}, "
+                  f"beta {config.get('beta')}, loss `{config.get('loss_type')}`, max new tokens "
+                  f"{config.get('max_new_tokens')}{lora}", ""]
+    elapsed = summary.get("elapsed_s", steps[-1].get("time_s"))
+    lines += [f"**{len(steps)} steps** in {_f(elapsed, '.1f')} s "
+              f"(last step {steps[-1]['step']}; {'finished' if summary.get('steps') else 'no final record: still running or crashed'})",
+              "", "| metric | first {k} steps | last {k} steps |".format(k=k), "|---|---|---|"]
+    for key, label in (("reward_mean", "reward"), ("accuracy", "accuracy"), ("kl", "KL"), ("loss", "loss"),
+                       ("clip_frac", "clip fraction"), ("entropy", "entropy (sampled)"),
+                       ("completion_len_mean", "completion length"), ("staleness_mean", "staleness")):
+        a = _mean([r[key] for r in first if isinstance(r.get(key), (int, float))])
+        b = _mean([r[key] for r in last if isinstance(r.get(key), (int, float))])
+        if a is not None or b is not None:
+            lines.append(f"| {label} | {_f(a, '.4g')} | {_f(b, '.4g')} |")
+    lines += ["", "Timing (medians, step 1 left out): "
+              f"step {_f(_median(steps, 'step_time_s'))} s, data wait {_f(_median(steps, 'data_wait_s'))} s, "
+              f"train {_f(_median(steps, 'train_s'))} s, weight publish {_f(_median(steps, 'sync_publish_s'), '.4f')} s; "
+              f"throughput {_f(steps[-1].get('samples_per_s'), '.2f')} samples/s overall.", ""]
+    groups = summary.get("groups") or steps[-1].get("groups") or {}
+    if groups:
+        dropped = groups.get("dropped", {})
+        lines += [f"Groups: sent {groups.get('sent')} = trained {groups.get('trained')} + dropped "
+                  f"{sum(dropped.values())} {dropped or ''} + queued {groups.get('queued')}"
+                  + (f" -> {'balanced' if groups['balanced'] else 'NOT balanced'}" if "balanced" in groups else ""), ""]
+    samplers = summary.get("samplers") or {}
+    if samplers:
+        lines += ["| sampler | last version | groups sent | weight syncs | generation tok/s |", "|---|---|---|---|---|"]
+        for sid, s in samplers.items():
+            st = s.get("stats", {})
+            tps = st.get("tokens", 0) / st["gen_s"] if st.get("gen_s") else None
+            lines.append(f"| {sid} | {s.get('version')} | {s.get('groups_sent')} | {_f(st.get('weight_syncs'), '.0f')} "
+                         f"| {_f(tps, '.0f')} |")
+        lines.append("")
+    if summary.get("lora"):
+        lines += [f"LoRA: {summary['lora']}", ""]
+    lines += ["![report](report.png)", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grpo.report", description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", help="a run directory, e.g. runs/20260101-120000-1234")
+    parser.add_argument("--out", default="", help="where to write report.png and report.md (default: the run dir)")
+    args = parser.parse_args(argv)
+    run_dir = Path(args.run_dir)
+    try:
+        steps, summary, config = load_run(run_dir)
+    except ReportError as exc:
+        print(f"grpo.report: error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else run_dir
+    out.mkdir(parents=True, exist_ok=True)
+    plot(steps, out / "report.png", f"{run_dir.name}: {len(steps)} steps")
+    (out / "report.md").write_text(summarize(run_dir, steps, summary, config))
+    print(f"wrote {out / 'report.png'} and {out / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
