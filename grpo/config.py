@@ -47,7 +47,7 @@ class CommonConfig:
     log_file: str = ""
     """Also write this process's log here (the launcher captures stderr instead)."""
     weight_sync: str = "auto"
-    """How weights reach the samplers: 'auto' (ipc with CUDA, else tcp), 'ipc' (CUDA IPC, same node), or 'tcp' (bytes over ZeroMQ)."""
+    """How weights reach the samplers: 'auto' (ipc where the sampler sees the learner's GPU, nccl on other CUDA hosts, else tcp), 'ipc' (CUDA IPC, one node), 'nccl' (point-to-point group per sampler; gloo on CPU), or 'tcp' (bytes over ZeroMQ)."""
     # --- evaluation (greedy pass@1 on the first --eval-size test problems)
     eval_every: int = 0
     """Sampler 0 evaluates at version 0 and whenever its version reaches a multiple of N; the learner evaluates its final weights (0: no evaluation)."""
@@ -157,6 +157,8 @@ class LearnerConfig(CommonConfig):
     """Largest data message accepted, in MiB; larger ones are dropped by ZeroMQ before allocation."""
     ipc_ack_timeout_s: float = 10.0
     """ipc: before reusing a weights slot, wait this long for samplers that read it to acknowledge; then take them for gone."""
+    nccl_timeout_s: float = 60.0
+    """nccl: longest wait for a sampler to join its pair group or take a version; then the pair is dropped."""
     # --- observability and LoRA (issue 7)
     report_to: str = "tensorboard"
     """Where rank 0 also logs each step: 'tensorboard' (event files in the run dir), 'wandb', both comma-separated, or 'none'."""

@@ -76,8 +76,8 @@ class Learner:
             raise ValueError("--no-deepspeed runs one process; drop it or start a single rank")
         local = int(os.environ.get("LOCAL_RANK", "0"))
         self.device = pick_device(cfg.device, cfg.gpu_id if cfg.gpu_id >= 0 else (local if cfg.device != "cpu" else -1))
-        if cfg.weight_sync not in ("auto", "ipc", "tcp"):
-            raise ValueError(f"--weight-sync {cfg.weight_sync}: choose auto, ipc or tcp")
+        if cfg.weight_sync not in ("auto", "ipc", "nccl", "tcp"):
+            raise ValueError(f"--weight-sync {cfg.weight_sync}: choose auto, ipc, nccl or tcp")
         if cfg.weight_sync == "ipc" and self.device.type != "cuda":
             raise ValueError("--weight-sync ipc needs a CUDA learner; use --weight-sync tcp (or auto) on CPU")
         if cfg.eval_every > 0 and not cfg.eval_dataset:
@@ -142,16 +142,18 @@ class Learner:
                  cfg.num_generations, self.engine.gas)
 
     def _make_publisher(self):
-        """tcp on CPU or when asked; ipc with CUDA (it also answers samplers that ask for tcp)."""
+        """tcp on CPU or when asked; otherwise slots on the GPU that serve ipc, nccl and tcp requests alike."""
         method, dtype = self.cfg.weight_sync, compute_dtype(self.device)
         if method == "auto":
             method = "ipc" if self.device.type == "cuda" else "tcp"
-            log.info("weight sync: auto -> %s (%s)", method, "CUDA learner: samplers that can see its GPU map "
-                     "the weights, others get bytes" if method == "ipc" else "no CUDA: bytes over ZeroMQ")
-        if method == "ipc":
+            log.info("weight sync: auto -> %s (%s)", method, "CUDA learner: samplers that see its GPU map the "
+                     "weights (ipc), others on CUDA get them by nccl, the rest as bytes" if method == "ipc"
+                     else "no CUDA: bytes over ZeroMQ")
+        if method in ("ipc", "nccl"):   # nccl on a CPU learner runs on gloo (tests)
             from grpo.weight_ipc import IpcPublisher
 
-            return IpcPublisher(self.server, self.engine.module, dtype, ack_timeout_s=self.cfg.ipc_ack_timeout_s)
+            return IpcPublisher(self.server, self.engine.module, dtype, ack_timeout_s=self.cfg.ipc_ack_timeout_s,
+                                method=method, host=self.cfg.host, nccl_timeout_s=self.cfg.nccl_timeout_s)
         return TcpPublisher(self.server, self.engine.module, dtype)
 
     # ------------------------------------------------------------------ data (rank 0)

@@ -121,6 +121,17 @@ class WeightsAnnounce:  # learner -> sampler
     buckets: list[memoryview]  # tcp: raw bytes of each bucket; empty for other methods
     request_id: int = -1  # the weights_request this answers (-1: unsolicited)
     ipc: IpcHandle | None = None  # method "ipc": where the buckets are on the learner's GPU
+    nccl: NcclRendezvous | None = None  # method "nccl": where to meet the learner for the bytes
+
+
+@dataclass
+class NcclRendezvous:
+    """Method "nccl": the learner sends the buckets (back to back) to this sampler alone over a
+    two-rank process group (learner rank 0, sampler rank 1) whose TCP store is at host:port.
+    The same host:port means the same group; a new one means build a new group."""
+    host: str
+    port: int
+    backend: str  # "nccl" (CUDA) or "gloo" (CPU)
 
 
 @dataclass
@@ -213,6 +224,8 @@ def _encode_weights(w: WeightsAnnounce) -> list[bytes | memoryview]:
               "bucket_dtypes": list(w.bucket_dtypes), "bucket_nbytes": list(w.bucket_nbytes)}
     if w.ipc is not None:
         fields["ipc"] = dataclasses.asdict(w.ipc)
+    if w.nccl is not None:
+        fields["nccl"] = dataclasses.asdict(w.nccl)
     frames = [memoryview(b) for b in w.buckets] if w.method == "tcp" else []
     descs = [{"name": f"bucket_{i}", "dtype": "uint8", "shape": [f.nbytes]} for i, f in enumerate(frames)]
     return [_pack("weights", fields, descs), *frames]
@@ -514,8 +527,20 @@ def _decode_weights(h: dict[str, Any], arrays: list[_Array], views: list[memoryv
         if a.nbytes != n:
             raise _fail("length_mismatch", f"bucket {i}: frame {a.nbytes} bytes, declared {n}")
     ipc = _ipc_handle(h.get("ipc"), sum(bucket_nbytes)) if method == "ipc" else None
+    nccl = None
+    if method == "nccl":
+        m = _map(h.get("nccl"), "weights.nccl")
+        backend = _str(m, "backend", "weights.nccl", MAX_ID_CHARS)
+        if backend not in ("nccl", "gloo"):
+            raise _fail("bad_field", f"weights.nccl.backend must be nccl or gloo, got {backend!r}")
+        nccl = NcclRendezvous(_str(m, "host", "weights.nccl", 255), _int(m, "port", "weights.nccl") if
+                              0 < _int(m, "port", "weights.nccl") < 65536 else _port_error(), backend)
     return WeightsAnnounce(version, method, layout, bucket_dtypes, bucket_nbytes, list(views),
-                           _int(h, "request_id", "weights", lo=-1), ipc)
+                           _int(h, "request_id", "weights", lo=-1), ipc, nccl)
+
+
+def _port_error() -> int:
+    raise _fail("bad_field", "weights.nccl.port must be in 1..65535")
 
 
 def _bytes(m: dict[str, Any], key: str, max_len: int) -> bytes:

@@ -48,12 +48,10 @@ class Sampler:
         self.policy = load_causal_lm(path, self.device, dtype).eval()
         self.ref = load_causal_lm(path, self.device, dtype).eval()  # frozen: never receives weights
         self.vocab_size = self.policy.get_input_embeddings().weight.shape[0]
-        # ipc: the policy's parameters move into flat buckets so that a version is one copy.
-        self.ipc = None
-        if cfg.weight_sync in ("auto", "ipc") and self.device.type == "cuda":
-            from grpo.weight_ipc import IpcReceiver
-
-            self.ipc = IpcReceiver(self.policy, dtype)
+        # ipc/nccl: the policy's parameters move into flat buckets so that a version is one copy.
+        self.receiver, self.sync_method = None, "tcp"
+        if cfg.weight_sync == "nccl" or (cfg.weight_sync in ("auto", "ipc") and self.device.type == "cuda"):
+            self._use("nccl" if cfg.weight_sync == "nccl" else "ipc", dtype)
         self.version = 0
         self._request_id = 0
         self.groups_sent = 0
@@ -86,7 +84,7 @@ class Sampler:
         # by a slot rewrite (stamp changed) is retried the same way.
         for _attempt in range(3):
             self._request_id += 1
-            method = "ipc" if self.ipc is not None and self.ipc.visible else "tcp"
+            method = self.sync_method
             answered, newest, stop = request_weights(self.sync, self.cfg.sampler_id, self.version,
                                                      self._request_id, self.cfg.sync_timeout_s, method)
             if stop is not None:
@@ -103,14 +101,15 @@ class Sampler:
     def _apply(self, newest: P.WeightsAnnounce) -> bool:
         """Apply one announced version; True if a follow-up request should be sent (ipc)."""
         t_apply = time.perf_counter()
-        if newest.method == "ipc":
+        if newest.method in ("ipc", "nccl"):
             try:
-                ok = self.ipc.apply(newest)
-            except RuntimeError as exc:   # the learner's GPU is not visible here: ask for bytes
-                log.warning("ipc unavailable (%s); asking for weights over tcp from now on", exc)
-                return True
+                ok = self.receiver.apply(newest)
+            except RuntimeError as exc:
+                self._fall_back(str(exc))
+                return True   # ask again, the new way
             if not ok:
-                log.info("ipc slot of version %d was rewritten while copying; asking again", newest.version)
+                log.info("%s transfer of version %d did not complete (slot rewritten or peer gone); asking again",
+                         newest.method, newest.version)
                 return True
         else:
             apply_weights(self.policy, newest)
@@ -123,7 +122,28 @@ class Sampler:
         self.stats["weight_bytes"] += sum(newest.bucket_nbytes)
         log.info("now running policy version %d (%.1f MB by %s applied in %.4f s)", self.version,
                  sum(newest.bucket_nbytes) / 1e6, newest.method, dt)
-        return newest.method == "ipc"
+        return newest.method in ("ipc", "nccl")   # the follow-up request acknowledges the version
+
+    def _use(self, method: str, dtype: torch.dtype) -> None:
+        if method == "ipc":
+            from grpo.weight_ipc import IpcReceiver
+
+            self.receiver = IpcReceiver(self.policy, dtype)
+        else:
+            from grpo.weight_nccl import NcclReceiver
+
+            self.receiver = NcclReceiver(self.policy, dtype, self.cfg.sync_timeout_s * 12)
+        self.sync_method = method
+        log.info("weight sync: %s (--weight-sync %s)", method, self.cfg.weight_sync)
+
+    def _fall_back(self, why: str) -> None:
+        """ipc impossible (the learner's GPU is not visible: another host) -> nccl under auto, else tcp."""
+        if self.sync_method == "ipc" and self.cfg.weight_sync == "auto":
+            log.warning("ipc unavailable (%s); auto picks nccl (the learner is on another host)", why)
+            self._use("nccl", compute_dtype(self.device))
+        else:
+            log.warning("%s unavailable (%s); asking for weights over tcp from now on", self.sync_method, why)
+            self.sync_method = "tcp"
 
     def maybe_evaluate(self) -> None:
         """Between rounds: evaluate the policy now running if its version is due (v0: the baseline)."""

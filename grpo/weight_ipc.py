@@ -22,6 +22,7 @@ is found by UUID, whatever CUDA_VISIBLE_DEVICES numbering this process has.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -54,13 +55,18 @@ def _views(flat: torch.Tensor, layout: list[P.TensorSpec], bucket_nbytes: list[i
 
 
 class IpcPublisher(TcpPublisher):
-    """Learner rank 0 on CUDA: publishes into two IPC-shared slots; serves tcp on request too."""
+    """Learner rank 0: publishes into two slots on its device and serves each sampler the way it asks.
 
-    method = "ipc"
+    'ipc' (CUDA): the slot's IPC handle; 'nccl': the slot sent over a point-to-point group
+    with that sampler (NCCL on CUDA, gloo on CPU; see grpo.weight_nccl); 'tcp': bytes copied
+    from the slot. All three read the same slots, under the same acknowledgement rule.
+    """
 
     def __init__(self, server: SyncServer, model: torch.nn.Module, dtype: torch.dtype | None = None,
-                 ack_timeout_s: float = 10.0):
+                 ack_timeout_s: float = 10.0, method: str = "ipc", host: str = "127.0.0.1",
+                 nccl_timeout_s: float = 60.0):
         super().__init__(server, model, dtype, start=False)
+        self.method = method
         device = next(model.parameters()).device
         self.device = device
         self.total = sum(self.bucket_nbytes)
@@ -70,8 +76,13 @@ class IpcPublisher(TcpPublisher):
         self.slot_views = [_views(s, self.layout, self.bucket_nbytes) for s in self.slots]
         for st in self.stamps:
             st.fill_(-1)
-        torch.cuda.synchronize(device)
-        self.handles = [self._handle(i) for i in range(SLOTS)]
+        cuda = device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(device)
+        self.handles = [self._handle(i) if cuda else None for i in range(SLOTS)]
+        from grpo.weight_nccl import PairGroups
+
+        self.pairs = PairGroups(host, "nccl" if cuda else "gloo", nccl_timeout_s)
         self.slot_version = [-1] * SLOTS
         self.pending: list[set[bytes]] = [set() for _ in range(SLOTS)]   # readers that have not acked
         self._cv = threading.Condition(self._lock)
@@ -79,7 +90,8 @@ class IpcPublisher(TcpPublisher):
         self._ready: torch.cuda.Event | None = None
         self._tcp_cache = None
         self._thread.start()
-        log.info("weight sync: ipc, %d slots of %.1f MB on GPU %s", SLOTS, self.total / 1e6, self.handles[0].gpu_uuid)
+        log.info("weight sync: %s, %d slots of %.1f MB on %s", method, SLOTS, self.total / 1e6,
+                 self.handles[0].gpu_uuid if cuda else "cpu")
 
     def _handle(self, i: int) -> P.IpcHandle:
         st = self.slots[i].untyped_storage()
@@ -93,7 +105,7 @@ class IpcPublisher(TcpPublisher):
     def publish(self, version: int, model: torch.nn.Module) -> float:
         t0 = time.perf_counter()
         with self._cv:
-            newest = self._snapshot.announce.ipc.slot if self._snapshot else -1
+            newest = self._snapshot.slot if self._snapshot else -1
             slot = (newest + 1) % SLOTS
             # Never write a slot a sampler may still be reading: wait for its acknowledgement.
             deadline = time.monotonic() + self.ack_timeout_s
@@ -112,14 +124,16 @@ class IpcPublisher(TcpPublisher):
             self.stamps[slot].fill_(-1)
             torch._foreach_copy_([views[n] for n, _ in params], [p.detach() for _, p in params])
             self.stamps[slot].fill_(version)
-        done = torch.cuda.Event(enable_timing=False)
-        done.record()
+        done = None
+        if self.device.type == "cuda":
+            done = torch.cuda.Event(enable_timing=False)
+            done.record()
         announce = P.WeightsAnnounce(version=version, method="ipc", layout=self.layout,
                                      bucket_dtypes=self.bucket_dtypes, bucket_nbytes=self.bucket_nbytes,
                                      buckets=[], ipc=self.handles[slot])
         with self._cv:
             self.slot_version[slot] = version
-            self._snapshot = Snapshot(version, announce)
+            self._snapshot = Snapshot(version, announce, slot=slot)
             self._ready = done
             self._tcp_cache = None
         self.ack_waits_s.append(waited)
@@ -133,14 +147,30 @@ class IpcPublisher(TcpPublisher):
                     self._cv.notify_all()
 
     def _reply_weights(self, identity: bytes, msg: P.WeightsRequest, snap: Snapshot) -> int:
-        self._ready.synchronize()   # the serve thread, not the learner, waits for the copy to land
-        if msg.method == "tcp":
+        if self._ready is not None:
+            self._ready.synchronize()   # the serve thread, not the learner, waits for the copy to land
+        method = msg.method or self.method
+        if method == "ipc" and snap.announce.ipc is None:
+            method = "tcp"   # a CPU learner has no IPC handles
+        if method == "nccl":
+            with self._cv:
+                self.pending[snap.slot].add(identity)
+            # Header first (version, layout, where to meet), then the bytes on the pair group.
+            announce = dataclasses.replace(snap.announce, method="nccl", ipc=None, request_id=msg.request_id,
+                                           nccl=self.pairs.rendezvous(identity, snap.slot))
+            n = self.server.reply(identity, announce)
+            if not self.pairs.send(identity, self.slots[snap.slot][:self.total]):
+                with self._cv:   # the sampler is gone: it reads nothing more from this slot
+                    self.pending[snap.slot].discard(identity)
+                    self._cv.notify_all()
+            return n + self.total
+        if method == "tcp":
             # A sampler that cannot map our GPU (another host, or not visible): bytes, copied
             # from the slot by this thread, once per version.
             with self._cv:
                 cache = self._tcp_cache
             if cache is None or cache[0] != snap.version:
-                flat = self.slots[snap.announce.ipc.slot][:self.total].cpu()
+                flat = self.slots[snap.slot][:self.total].to("cpu", copy=True)
                 starts = [sum(self.bucket_nbytes[:b]) for b in range(len(self.bucket_nbytes))]
                 bufs = [memoryview(flat[s:s + n].numpy()) for s, n in zip(starts, self.bucket_nbytes)]
                 cache = (snap.version, P.WeightsAnnounce(snap.version, "tcp", self.layout, self.bucket_dtypes,
@@ -149,27 +179,56 @@ class IpcPublisher(TcpPublisher):
                     self._tcp_cache = cache
             return super()._reply_weights(identity, msg, Snapshot(snap.version, cache[1]))
         with self._cv:
-            self.pending[snap.announce.ipc.slot].add(identity)
+            self.pending[snap.slot].add(identity)
         return super()._reply_weights(identity, msg, snap)
 
+    def close(self) -> None:
+        super().close()
+        self.pairs.close()
 
-class IpcReceiver:
-    """Sampler side: the policy's parameters live in flat local buckets; apply = one copy per bucket."""
+
+class FlatReceiver:
+    """Sampler side, shared by ipc and nccl: the policy's parameters live in flat local buckets.
+
+    A version lands in a staging copy first and is copied over the live buckets only once it
+    is known to be whole (stamp unchanged, transfer completed), so a failed or raced transfer
+    never leaves half a version in the weights that generate: all or nothing, for the price
+    of one on-device copy (0.14 ms for 270 MB on an H200).
+    """
 
     def __init__(self, model: torch.nn.Module, dtype: torch.dtype):
-        named = [(n, p) for n, p in model.named_parameters()]
         from grpo.weight_sync import plan_layout
 
+        named = list(model.named_parameters())
         self.layout, self.bucket_dtypes, self.bucket_nbytes = plan_layout(
             [(n, p.detach().to("meta", dtype)) for n, p in named])
         self.device = named[0][1].device
         self.total = sum(self.bucket_nbytes)
         self.local = torch.empty(self.total, dtype=torch.uint8, device=self.device)
+        self.staging = torch.empty_like(self.local)
         views = _views(self.local, self.layout, self.bucket_nbytes)
         with torch.no_grad():
             for n, p in named:
                 views[n].copy_(p)
                 p.data = views[n]   # the parameter now lives inside the local bucket
+
+    def check_layout(self, announce: P.WeightsAnnounce) -> None:
+        if (announce.layout != self.layout or announce.bucket_nbytes != self.bucket_nbytes
+                or announce.bucket_dtypes != self.bucket_dtypes):
+            raise ValueError(f"weights v{announce.version} do not match this model's layout")
+
+    def commit(self) -> None:
+        """The staged version is whole: make it the live one."""
+        self.local.copy_(self.staging)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+class IpcReceiver(FlatReceiver):
+    """ipc: one peer-to-peer copy per version from the learner's slot (opened once, cached)."""
+
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype):
+        super().__init__(model, dtype)
         self._opened: dict[tuple[str, bytes], torch.Tensor] = {}
         self.visible = True
 
@@ -187,18 +246,19 @@ class IpcReceiver:
         return self._opened[key]
 
     def apply(self, announce: P.WeightsAnnounce) -> bool:
-        """Copy `announce`'s version in; False (nothing generated with) if the slot changed meanwhile."""
-        if (announce.layout != self.layout or announce.bucket_nbytes != self.bucket_nbytes
-                or announce.bucket_dtypes != self.bucket_dtypes):
-            raise ValueError(f"weights v{announce.version} do not match this model's layout")
+        """Copy `announce`'s version in; False (nothing changed) if the slot was rewritten meanwhile."""
+        self.check_layout(announce)
         h = announce.ipc
         remote = self._open(h)
         stamp = remote[h.stamp_offset:h.stamp_offset + 8].view(torch.int64)   # buckets at 0..total
         if int(stamp.item()) != announce.version:
             return False
-        self.local.copy_(remote[:self.total], non_blocking=True)   # peer-to-peer over NVLink
+        self.staging.copy_(remote[:self.total], non_blocking=True)   # peer-to-peer over NVLink
         torch.cuda.synchronize(self.device)
-        return int(stamp.item()) == announce.version   # seqlock: unchanged while we copied
+        if int(stamp.item()) != announce.version:   # seqlock: the learner began rewriting the slot
+            return False
+        self.commit()
+        return True
 
 
-__all__ = ["IpcPublisher", "IpcReceiver", "gpu_uuid", "local_index_of", "TORCH_DTYPES", "pack"]
+__all__ = ["FlatReceiver", "IpcPublisher", "IpcReceiver", "gpu_uuid", "local_index_of", "TORCH_DTYPES", "pack"]

@@ -146,6 +146,7 @@ class Snapshot:
     version: int
     announce: P.WeightsAnnounce
     created: float = field(default_factory=time.monotonic)
+    slot: int = -1  # slot publishers (ipc/nccl): which slot holds this version
 
 
 class TcpPublisher:
