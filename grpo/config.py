@@ -71,6 +71,11 @@ class SamplerConfig(CommonConfig):
     """How long to wait for the learner's answer to a weights request before generating with the current weights."""
     send_hwm: int = 16
     """High-water mark of the data socket in groups: beyond it a send blocks (backpressure) instead of growing memory."""
+    # --- rollout
+    generation_backend: str = "auto"
+    """'fast' (grpo/rollout.py: static KV cache, CUDA-graph decode), 'hf' (Hugging Face generate), or 'auto' (fast on CUDA, hf on CPU)."""
+    cuda_graphs: bool = True
+    """With the fast backend on CUDA, capture the decode step as a CUDA graph (--no-cuda-graphs: eager decode, for debugging)."""
 
 
 @dataclass

@@ -19,6 +19,7 @@ from grpo.data import PromptStream, build_prompt, load_problems, shard
 from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model,
                         right_pad, token_logprobs)
 from grpo.rewards import gsm8k_reward
+from grpo.rollout import RolloutEngine, hf_generate, resolve_backend
 from grpo.transport import DataSender, SyncClient
 from grpo.weight_sync import apply_weights, request_weights
 
@@ -42,6 +43,10 @@ class Sampler:
         self.policy = load_causal_lm(path, self.device, dtype).eval()
         self.ref = load_causal_lm(path, self.device, dtype).eval()  # frozen: never receives weights
         self.vocab_size = self.policy.get_input_embeddings().weight.shape[0]
+        self.backend = resolve_backend(cfg.generation_backend, self.device)
+        self.engine = (RolloutEngine(self.policy, self.tok.eos_token_id, self.tok.pad_token_id,
+                                     cuda_graphs=cfg.cuda_graphs and self.device.type == "cuda")
+                       if self.backend == "fast" else None)
         self.version = 0
         self._request_id = 0
         self.groups_sent = 0
@@ -51,9 +56,9 @@ class Sampler:
         self.sync = SyncClient(cfg.host, cfg.sync_port, P.weights_limits(total + (64 << 20)))
         self.stats = {"samples": 0.0, "tokens": 0.0, "gen_s": 0.0, "sync_s": 0.0, "weight_bytes": 0.0,
                       "weight_syncs": 0.0, "apply_s": 0.0, "rounds": 0.0}
-        log.info("sampler %d/%d on %s: %d prompts in its shard, model %s, G=%d, %d prompts per round",
-                 cfg.sampler_id, cfg.num_samplers, self.device, len(mine), path, cfg.num_generations,
-                 cfg.prompts_per_round)
+        log.info("sampler %d/%d on %s: %d prompts in its shard, model %s, G=%d, %d prompts per round, "
+                 "%s generation", cfg.sampler_id, cfg.num_samplers, self.device, len(mine), path,
+                 cfg.num_generations, cfg.prompts_per_round, self.backend)
 
     # ------------------------------------------------------------------ weights
     def sync_weights(self) -> bool:
@@ -96,25 +101,13 @@ class Sampler:
         prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
         G = cfg.num_generations
         t0 = time.perf_counter()
-        # Left padding for generation: every row's next token is in the last column.
-        width = max(len(p) for p in prompt_ids)
-        ids = torch.full((len(prompts) * G, width), tok.pad_token_id, dtype=torch.long)
-        attn = torch.zeros_like(ids)
-        for i, p in enumerate(prompt_ids):
-            ids[i * G:(i + 1) * G, width - len(p):] = torch.tensor(p)
-            attn[i * G:(i + 1) * G, width - len(p):] = 1
-        out = self.policy.generate(
-            input_ids=ids.to(self.device), attention_mask=attn.to(self.device), do_sample=True,
-            temperature=cfg.temperature, top_k=0, top_p=1.0, max_new_tokens=cfg.max_new_tokens,
-            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-        gen = out[:, width:].cpu()
-        completions: list[tuple[list[int], bool]] = []
-        for row in gen.tolist():
-            if tok.eos_token_id in row:  # keep the EOS: the policy must learn to stop
-                cut = row.index(tok.eos_token_id) + 1
-                completions.append((row[:cut], True))
-            else:
-                completions.append((row, False))
+        rows = [p for p in prompt_ids for _ in range(G)]
+        if self.engine is not None:
+            out = self.engine.generate(rows, cfg.max_new_tokens, cfg.temperature)
+            completions = list(zip(out.token_ids, out.finished))
+        else:
+            completions = list(zip(*hf_generate(self.policy, rows, cfg.max_new_tokens, cfg.temperature, False,
+                                                tok.eos_token_id, tok.pad_token_id)))
         gen_s = time.perf_counter() - t0
 
         whole = [prompt_ids[i // G] + c for i, (c, _) in enumerate(completions)]
