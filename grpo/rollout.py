@@ -262,7 +262,7 @@ class RolloutEngine:
         s.out.index_copy_(1, s.col, nxt.unsqueeze(1))
         s.out_lp.index_copy_(1, s.col, lp.unsqueeze(1))
         s.col.add_(1)
-        s.finished.logical_or_(torch.isin(nxt, self.eos))
+        s.finished.logical_or_((nxt.unsqueeze(-1) == self.eos).any(-1))  # isin without its sort/sync paths
         s.tok.copy_(nxt.unsqueeze(1))
 
     def _capture(self, s: _Slot, greedy: bool):

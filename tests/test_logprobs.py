@@ -16,6 +16,15 @@ def full_logprobs(model, ids, mask, temperature):
     return picked - torch.logsumexp(logits, dim=-1)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The test machine's cores are shared: one intra-op thread avoids oversubscription."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
