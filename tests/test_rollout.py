@@ -171,3 +171,24 @@ def test_sampler_round_with_fast_backend():
     with pytest.raises(ValueError, match="--generation-backend"):
         Sampler(SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
                               generation_backend="turbo", data_port=d, sync_port=s))
+
+
+def test_reused_slot_after_decoding_is_reset(tiny):
+    """A slot is reused across calls (and, on GPU, decoded into while capturing): a later call
+    must give what a fresh engine gives, so cache counters, mask and buffers are all reset."""
+    eng = RolloutEngine(tiny, 2, 2, buckets=(8,), prompt_multiple=16)
+    eng.generate(prompts((9, 2, 14), seed=4), 10, greedy=True)
+    slot = next(iter(eng.slots.values()))
+    # What graph capture does before a real call: a prefill and warm-up decode steps, which
+    # must not leak into the next call.
+    ids, valid = torch.full((8, 16), 2), torch.zeros((8, 16), dtype=torch.bool)
+    ids[0, -4:], valid[0, -4:] = torch.tensor([17, 4000, 23, 9]), True
+    eng._prefill(slot, ids, valid, 1.0, False)
+    eng._decode(slot, False)
+    eng._decode(slot, False)
+    ps = prompts((3, 11, 6, 6, 1), seed=5)
+    again = eng.generate(ps, 10, greedy=True)
+    assert len(eng.slots) == 1  # same (rows, width, max_new): the slot was reused
+    fresh = RolloutEngine(tiny, 2, 2).generate(ps, 10, greedy=True)
+    assert again.token_ids == fresh.token_ids
+    np.testing.assert_allclose(np.stack(again.logprobs), np.stack(fresh.logprobs), atol=1e-5)
