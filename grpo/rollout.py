@@ -141,15 +141,14 @@ class RolloutEngine:
             out, lp, fin, n = self._run(prompts[s:s + top], max_new_tokens, temperature, greedy)
             toks.append(out), lps.append(lp), fins.append(fin)
             steps += n
-        out, lp = torch.cat(toks).tolist(), torch.cat(lps).numpy()
-        ids, finished, logprobs = [], [], []
-        for i, row in enumerate(out):
-            # A row's first EOS ends it (kept: the policy must learn to stop); after it, padding.
-            hits = [j for j, x in enumerate(row) if x in self._eos_set]
-            cut = hits[0] + 1 if hits else len(row)
-            ids.append(row[:cut])
-            finished.append(bool(hits))
-            logprobs.append(lp[i, :cut].astype(np.float32))
+        out, lp = torch.cat(toks), torch.cat(lps).numpy()
+        # A row's first EOS ends it (kept: the policy must learn to stop); after it, padding.
+        hit = (out.unsqueeze(-1) == self.eos.cpu()).any(-1)                          # [n, max_new]
+        finished = hit.any(-1)
+        cuts = torch.where(finished, hit.int().argmax(-1) + 1, out.shape[1]).tolist()
+        ids = [row[:c] for row, c in zip(out.tolist(), cuts)]
+        logprobs = [lp[i, :c].astype(np.float32) for i, c in enumerate(cuts)]
+        finished = finished.tolist()
         stats = {"gen_s": time.perf_counter() - t0, "decode_steps": steps,
                  "tokens": sum(len(x) for x in ids), "cuda_graphs": self.cuda_graphs and not self.graph_failures}
         return Rollout(ids, finished, logprobs, stats)
