@@ -7,7 +7,9 @@ Local smoke check:                python bench/rollout.py --device cpu --quick -
 Throughput rows sample at temperature 1 with EOS ignored, so every row generates exactly
 max_new_tokens and both engines do the same work (tokens/s = rows x new tokens / wall s).
 One row per goal configuration also runs with EOS on (the sampler's real setting) and
-counts only the tokens kept. HF `generate` is slow, so it runs only where affordable
+counts only the tokens kept; on CUDA that row also measures the engine without CUDA graphs
+(what the graph buys) and, in the full run, with `compile_decode=True` (torch.compile'd step,
+then captured; an error there is recorded, not fatal). HF `generate` is slow, so it runs only where affordable
 (listed under "hf_configs" in the JSON). Then two correctness checks on GSM8K prompts:
 greedy agreement (fraction of prompts whose greedy completion is token-identical) and the
 engine's sampled-token log-probs against a teacher-forced pass (grpo.model.token_logprobs).
@@ -95,7 +97,8 @@ def run_hf(model, rows, new: int, device, pad_id: int, eos_id: int | None) -> di
     return {"tok_s": tokens / t.s, "s": t.s, "tokens": tokens, "peak_gib": t.peak_gib}
 
 
-def throughput(name: str, model, tok, device, p: dict, configs_fast, configs_hf, eos_cfgs) -> list[dict]:
+def throughput(name: str, model, tok, device, p: dict, configs_fast, configs_hf, eos_cfgs,
+               compile_decode: bool = False) -> list[dict]:
     prompts = gsm8k_prompts(tok, "train", 64)
     no_eos = RolloutEngine(model, [], tok.pad_token_id)
     with_eos = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id)
@@ -121,6 +124,15 @@ def throughput(name: str, model, tok, device, p: dict, configs_fast, configs_hf,
                 eager = RolloutEngine(model, [], tok.pad_token_id, cuda_graphs=False, buckets=(batch,))
                 r["fast_eager_tok_s"] = run_fast(eager, rows, new, device, eos_on=False)["tok_s"]
                 eager.clear()
+                if compile_decode:  # opt-in engine switch: torch.compile the step, then capture it
+                    try:
+                        comp = RolloutEngine(model, [], tok.pad_token_id, compile_decode=True)
+                        c = run_fast(comp, rows, new, device, eos_on=False)
+                        r.update({"fast_compiled_tok_s": c["tok_s"], "fast_compiled_first_call_s": c["first_call_s"],
+                                  "fast_compiled_cuda_graphs": c["cuda_graphs"]})
+                        comp.clear()
+                    except Exception as exc:  # noqa: BLE001 - reported in the results, the rest still runs
+                        r["fast_compiled_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
         rows_out.append(r)
         print(table([r], list(r)), flush=True)
     return rows_out
@@ -164,6 +176,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer configurations (CPU: a tiny smoke run)")
     ap.add_argument("--model", default="smollm2", help="main model (default smollm2; tiny-random for a CPU smoke run)")
     ap.add_argument("--no-qwen", action="store_true", help="skip the random:qwen2.5-3b rows")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd engine row (full run, CUDA)")
     args = ap.parse_args()
     device = pick(args.device)
     torch.manual_seed(0)
@@ -173,7 +186,8 @@ def main() -> int:
     tok = load_tokenizer(path)
     model = load_causal_lm(path, device, dtype).eval()
     fast_cfgs = [(b, n) for b in p["batches"] for n in p["new"]]
-    rows = throughput(args.model, model, tok, device, p, fast_cfgs, p["hf"], p["eos"])
+    rows = throughput(args.model, model, tok, device, p, fast_cfgs, p["hf"], p["eos"],
+                      compile_decode=not (args.quick or args.no_compile))
     agree = agreement(model, tok, device, *p["agree"])
     print(f"greedy agreement on {agree['prompts']} GSM8K prompts x {agree['max_new_tokens']} tokens: "
           f"{agree['greedy_identical']:.3f}; log-prob |diff| mean {agree['logprob_absdiff_mean']:.2e} "

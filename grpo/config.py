@@ -76,6 +76,8 @@ class SamplerConfig(CommonConfig):
     """'fast' (grpo/rollout.py: static KV cache, CUDA-graph decode), 'hf' (Hugging Face generate), or 'auto' (fast on CUDA, hf on CPU)."""
     cuda_graphs: bool = True
     """With the fast backend on CUDA, capture the decode step as a CUDA graph (--no-cuda-graphs: eager decode, for debugging)."""
+    compile_decode: bool = False
+    """With the fast backend, compile the decode step with torch.compile before capturing it (fewer, fused kernels; slower start)."""
 
 
 @dataclass

@@ -90,8 +90,10 @@ class _Slot:
 class RolloutEngine:
     def __init__(self, model, eos_ids: int | list[int], pad_id: int, cuda_graphs: bool | None = None,
                  buckets: tuple[int, ...] | None = None, prompt_multiple: int | None = None,
-                 check_every: int = 16, max_slots: int = 2):
-        """cuda_graphs: capture the decode step (default: on CUDA). buckets / prompt_multiple:
+                 check_every: int = 16, max_slots: int = 2, compile_decode: bool = False):
+        """cuda_graphs: capture the decode step (default: on CUDA). compile_decode: run the
+        decode step through torch.compile first (fuses the many small kernels of a small
+        model; compiled in the graph warm-up, then captured as usual). buckets / prompt_multiple:
         batch rows and prompt width are rounded up to these so graphs are reused (default:
         DEFAULT_BUCKETS and 64 with graphs, exact sizes without). max_slots: how many
         shapes keep their cache and graphs (least recently used ones are freed)."""
@@ -119,6 +121,8 @@ class RolloutEngine:
         self._ptrs = self._param_ptrs()
         self._pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
         self.graph_failures = 0
+        # torch.compile specialises on shapes (dynamic=False): one compilation per bucket shape.
+        self._step = torch.compile(self._decode, dynamic=False) if compile_decode else self._decode
 
     # ------------------------------------------------------------------ public
     @torch.no_grad()
@@ -203,7 +207,7 @@ class RolloutEngine:
             if graph is not None:
                 graph.replay()
             else:
-                self._decode(slot, greedy)
+                self._step(slot, greedy)
             if steps % self.check_every == 0 and bool(slot.finished.all()):  # the only host sync
                 break
         return slot.out[:n].cpu(), slot.out_lp[:n].cpu(), slot.finished[:n].cpu(), steps
@@ -271,11 +275,11 @@ class RolloutEngine:
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):  # warm-up outside capture (cuBLAS workspaces, lazy inits)
                 for _ in range(min(2, s.max_new - 1)):
-                    self._decode(s, greedy)
+                    self._step(s, greedy)
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
-                self._decode(s, greedy)
+                self._step(s, greedy)
             torch.cuda.synchronize()
             log.info("captured the decode step for %d rows x %d cache slots (greedy=%s)",
                      s.rows, s.width + s.max_new, greedy)

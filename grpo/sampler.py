@@ -45,7 +45,8 @@ class Sampler:
         self.vocab_size = self.policy.get_input_embeddings().weight.shape[0]
         self.backend = resolve_backend(cfg.generation_backend, self.device)
         self.engine = (RolloutEngine(self.policy, self.tok.eos_token_id, self.tok.pad_token_id,
-                                     cuda_graphs=cfg.cuda_graphs and self.device.type == "cuda")
+                                     cuda_graphs=cfg.cuda_graphs and self.device.type == "cuda",
+                                     compile_decode=cfg.compile_decode)
                        if self.backend == "fast" else None)
         self.version = 0
         self._request_id = 0
