@@ -30,6 +30,7 @@ class Sampler:
     def __init__(self, cfg: SamplerConfig):
         self.cfg = cfg
         self.device = pick_device(cfg.device, cfg.gpu_id)
+        self.backend = resolve_backend(cfg.generation_backend, self.device)  # a bad name fails before any loading
         torch.manual_seed(cfg.seed + 1000 * cfg.sampler_id)
         problems = load_problems(cfg.dataset, "train", limit=cfg.dataset_limit or None, seed=cfg.seed)
         mine = shard(problems, cfg.sampler_id, cfg.num_samplers)
@@ -43,7 +44,6 @@ class Sampler:
         self.policy = load_causal_lm(path, self.device, dtype).eval()
         self.ref = load_causal_lm(path, self.device, dtype).eval()  # frozen: never receives weights
         self.vocab_size = self.policy.get_input_embeddings().weight.shape[0]
-        self.backend = resolve_backend(cfg.generation_backend, self.device)
         self.engine = (RolloutEngine(self.policy, self.tok.eos_token_id, self.tok.pad_token_id,
                                      cuda_graphs=cfg.cuda_graphs and self.device.type == "cuda",
                                      compile_decode=cfg.compile_decode)

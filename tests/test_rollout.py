@@ -192,3 +192,24 @@ def test_reused_slot_after_decoding_is_reset(tiny):
     fresh = RolloutEngine(tiny, 2, 2).generate(ps, 10, greedy=True)
     assert again.token_ids == fresh.token_ids
     np.testing.assert_allclose(np.stack(again.logprobs), np.stack(fresh.logprobs), atol=1e-5)
+
+
+def test_flags_and_one_line_error_for_a_bad_backend():
+    import os
+    import subprocess
+    import sys
+
+    from grpo.config import SamplerConfig, parse_config
+
+    cfg = parse_config(SamplerConfig, ["--generation-backend", "hf", "--no-cuda-graphs", "--compile-decode"], "s")
+    assert (cfg.generation_backend, cfg.cuda_graphs, cfg.compile_decode) == ("hf", False, True)
+    default = parse_config(SamplerConfig, [], "s")
+    assert (default.generation_backend, default.cuda_graphs, default.compile_decode) == ("auto", True, False)
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "sampling_worker.py", "--device", "cpu", "--model", "tiny-random",
+                        "--dataset", str(GSM8K), "--generation-backend", "turbo"], cwd=root, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 2, r.stderr
+    lines = [x for x in r.stderr.strip().splitlines() if "error" in x]
+    assert lines == ["sampling_worker.py: error: --generation-backend turbo: choose one of auto, fast, hf"], r.stderr
+    assert "Traceback" not in r.stderr
