@@ -82,7 +82,9 @@ def bench_model(name: str, device, args) -> dict:
     vocab = model.get_input_embeddings().weight.shape[0]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=cuda)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
-    micro_tokens = args.micro_tokens or (4096 if n_params > 1e9 else 16384)
+    # 3B: fp32 weights + grads + AdamW states take ~50 GB; 2,048-token micro-batches keep
+    # activations near 11 GB so an 80 GB H100 has room.
+    micro_tokens = args.micro_tokens or (2048 if n_params > 1e9 else 16384)
     seqs = make_batch(args.seqs, min(vocab, 49152), seed=0)
     groups = buckets(seqs, micro_tokens)
     real = sum(len(s) for s, _ in seqs)
@@ -131,7 +133,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer steps (CPU: a tiny smoke run)")
     ap.add_argument("--model", action="append", help="models (default: smollm2 and random:qwen2.5-3b)")
     ap.add_argument("--seqs", type=int, default=0, help="sequences per step (default 128; CPU quick 8)")
-    ap.add_argument("--micro-tokens", type=int, default=0, help="padded tokens per micro-batch (default 16384; 4096 above 1B params)")
+    ap.add_argument("--micro-tokens", type=int, default=0, help="padded tokens per micro-batch (default 16384; 2048 above 1B params)")
     ap.add_argument("--grad-checkpointing", action="store_true", help="recompute activations (lower memory, lower MFU)")
     args = ap.parse_args()
     device = pick(args.device)
