@@ -172,10 +172,14 @@ class RolloutEngine:
         return tuple(p.data_ptr() for p in self.model.parameters())
 
     def _slot(self, rows: int, width: int, max_new: int) -> _Slot:
-        key = (rows, width, max_new)
-        if key in self.slots:
+        # Prompt widths vary from round to round: a slot whose width is a little larger serves
+        # (more left padding) instead of capturing graphs for every width seen.
+        fits = [k for k in self.slots if k[0] == rows and k[2] == max_new and width <= k[1] <= width * 3 // 2]
+        if fits:
+            key = min(fits, key=lambda k: k[1])
             self.slots.move_to_end(key)
             return self.slots[key]
+        key = (rows, width, max_new)
         while len(self.slots) >= self.max_slots:
             self.slots.popitem(last=False)
             if self.device.type == "cuda":
@@ -188,14 +192,14 @@ class RolloutEngine:
         n = len(prompts)
         rows = next((b for b in self.buckets if b >= n), n)
         width = max(len(p) for p in prompts)
-        width = -(-width // self.prompt_multiple) * self.prompt_multiple
+        slot = self._slot(rows, -(-width // self.prompt_multiple) * self.prompt_multiple, max_new)
+        width = slot.width
         ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
         valid = torch.zeros((rows, width), dtype=torch.bool)
         for i, p in enumerate(prompts):  # left padding: every row's next token goes in the same column
             ids[i, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
             valid[i, width - len(p):] = True
         ids, valid = ids.to(self.device), valid.to(self.device)
-        slot = self._slot(rows, width, max_new)
         inv_t = 1.0 if greedy else 1.0 / temperature
         if self.cuda_graphs and max_new > 1 and greedy not in slot.graphs:
             self._prefill(slot, ids, valid, inv_t, greedy)  # initialises the cache; state is reset below

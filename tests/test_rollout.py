@@ -189,6 +189,14 @@ def test_reused_slot_after_decoding_is_reset(tiny):
     ps = prompts((3, 11, 6, 6, 1), seed=5)
     again = eng.generate(ps, 10, greedy=True)
     assert len(eng.slots) == 1  # same (rows, width, max_new): the slot was reused
+    # A narrower batch (width 12 after rounding to 4) is served by a 16-wide slot: more left
+    # padding, no new cache or graph, the same tokens.
+    eng4 = RolloutEngine(tiny, 2, 2, buckets=(8,), prompt_multiple=4)
+    eng4.generate(prompts((14, 3), seed=6), 6, greedy=True)
+    narrow = prompts((2, 11), seed=7)
+    assert eng4.generate(narrow, 6, greedy=True).token_ids == RolloutEngine(tiny, 2, 2).generate(
+        narrow, 6, greedy=True).token_ids
+    assert list(eng4.slots) == [(8, 16, 6)]
     fresh = RolloutEngine(tiny, 2, 2).generate(ps, 10, greedy=True)
     assert again.token_ids == fresh.token_ids
     np.testing.assert_allclose(np.stack(again.logprobs), np.stack(fresh.logprobs), atol=1e-5)
