@@ -6,7 +6,7 @@ attention are the model's own), but drives it the way throughput engines do:
 
 * a preallocated `transformers.StaticCache` of [batch, prompt width + max_new_tokens], so
   every decode step has the same shapes and tensor addresses;
-* our own 4-D boolean attention mask (HF passes a prepared 4-D mask through untouched),
+* our own 4-D additive attention mask (HF passes a prepared 4-D mask through untouched),
   kept in a static buffer and updated on the device, so mask building never syncs;
 * sampling on the GPU: Gumbel-max (argmax of logits/T - log E, E ~ Exp(1)) is an exact
   draw from softmax(logits/T) without `multinomial`; greedy is argmax; the sampled
@@ -109,7 +109,8 @@ class RolloutEngine:
         if impl not in ("sdpa", "eager"):
             raise ValueError(f"the fast generation backend supports sdpa and eager attention, not {impl!r}; "
                              f"load the model with attn_implementation='sdpa' or use --generation-backend hf")
-        self.float_mask = impl == "eager"  # eager attention adds the mask: it needs 0 / -inf, not booleans
+        # An additive mask (0 / dtype min) in the model dtype: eager attention needs one, and SDPA
+        # would otherwise convert a boolean mask in every layer of every step.
         self.eos = torch.tensor(sorted({eos_ids} if isinstance(eos_ids, int) else set(eos_ids)),
                                 dtype=torch.long, device=self.device)
         self.pad_id = int(pad_id)
@@ -217,8 +218,6 @@ class RolloutEngine:
         return slot.out[:n].cpu(), slot.out_lp[:n].cpu(), slot.finished[:n].cpu(), steps
 
     def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
-        if not self.float_mask:
-            return allowed
         zero = torch.zeros((), dtype=self.dtype, device=allowed.device)
         return torch.where(allowed, zero, torch.finfo(self.dtype).min)
 
