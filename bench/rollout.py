@@ -48,7 +48,7 @@ def plan(quick: bool, cuda: bool):
 
 
 def gsm8k_prompts(tok, split: str, n: int) -> list[list[int]]:
-    problems = load_problems(str(GSM8K), split, limit=n)
+    problems = load_problems(str(GSM8K), split, limit=n)  # GSM8K: set from --dataset in main()
     return [tok(build_prompt(tok, p.question), add_special_tokens=False)["input_ids"] for p in problems]
 
 
@@ -171,13 +171,18 @@ def agreement(model, tok, device, n: int, new: int) -> dict:
 
 
 def main() -> int:
+    global GSM8K
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto", help="auto, cuda or cpu")
     ap.add_argument("--quick", action="store_true", help="fewer configurations (CPU: a tiny smoke run)")
     ap.add_argument("--model", default="smollm2", help="main model (default smollm2; tiny-random for a CPU smoke run)")
+    ap.add_argument("--dataset", default=str(GSM8K), help="GSM8K folder with train.jsonl/test.jsonl (default ../shared/data/gsm8k)")
     ap.add_argument("--no-qwen", action="store_true", help="skip the random:qwen2.5-3b rows")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd engine row (full run, CUDA)")
     args = ap.parse_args()
+    GSM8K = Path(args.dataset)
+    if not (GSM8K / "train.jsonl").is_file():
+        raise SystemExit(f"bench/rollout.py: error: no train.jsonl in {GSM8K}; pass --dataset PATH_TO_GSM8K")
     device = pick(args.device)
     torch.manual_seed(0)
     p = plan(args.quick, device.type == "cuda")
