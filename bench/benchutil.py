@@ -37,7 +37,8 @@ def pick(device: str) -> torch.device:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("bench: error: --device cuda but CUDA is not available; use --device cpu")
+        print("bench: error: --device cuda but CUDA is not available; use --device cpu", file=sys.stderr)
+        raise SystemExit(2)
     return torch.device(device if device != "cuda" else "cuda:0")
 
 

@@ -182,7 +182,8 @@ def main() -> int:
     args = ap.parse_args()
     GSM8K = Path(args.dataset)
     if not (GSM8K / "train.jsonl").is_file():
-        raise SystemExit(f"bench/rollout.py: error: no train.jsonl in {GSM8K}; pass --dataset PATH_TO_GSM8K")
+        print(f"bench/rollout.py: error: no train.jsonl in {GSM8K}; pass --dataset PATH_TO_GSM8K", file=sys.stderr)
+        return 2
     device = pick(args.device)
     torch.manual_seed(0)
     p = plan(args.quick, device.type == "cuda")
