@@ -103,6 +103,13 @@ class SamplerConfig(CommonConfig):
     """The code reward: test processes run at the same time."""
     dataset_transform: str = ""
     """module:function applied to every raw dataset row: fn(row: dict) -> dict (question/answer, prompt, instruction/response or input/output columns) or None to drop the row."""
+    # --- rollout
+    generation_backend: str = "auto"
+    """'fast' (grpo/rollout.py: static KV cache, CUDA-graph decode), 'hf' (Hugging Face generate), or 'auto' (fast on CUDA, hf on CPU)."""
+    cuda_graphs: bool = True
+    """With the fast backend on CUDA, capture the decode step as a CUDA graph (--no-cuda-graphs: eager decode, for debugging)."""
+    compile_decode: bool = False
+    """With the fast backend, compile the decode step with torch.compile before capturing it (fewer, fused kernels; slower start)."""
 
 
 @dataclass

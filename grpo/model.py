@@ -214,14 +214,12 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
     Sampler (old and reference log-probs) and learner (current log-probs) both use this, so
     the ratio compares like with like: same right-padded layout, same temperature scaling.
-    Gathers the target logit and subtracts logsumexp instead of materialising a float32
-    log-softmax over the whole vocabulary.
+    The LM head and log-softmax run in chunks of rows (grpo/logprobs.py), so full-vocabulary
+    logits never exist for the whole batch; positions whose target is padding are 0.
     """
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    logits = logits[:, :-1, :].float() / temperature                       # [B, L-1, V]
-    targets = input_ids[:, 1:].unsqueeze(-1)                               # [B, L-1, 1]
-    picked = torch.gather(logits, -1, targets).squeeze(-1)                 # [B, L-1]
-    return picked - torch.logsumexp(logits, dim=-1)                        # [B, L-1]
+    from grpo.logprobs import chunked_token_logprobs
+
+    return chunked_token_logprobs(model, input_ids, attention_mask, temperature)
 
 
 def right_pad(sequences: list[list[int]] | list[torch.Tensor], pad_id: int,

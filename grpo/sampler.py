@@ -22,6 +22,7 @@ from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_devi
 from grpo.gpustats import GpuMonitor, format_gpu
 from grpo.progress import Progress
 from grpo.reward_funcs import reward_set_from_config
+from grpo.rollout import RolloutEngine, hf_generate, resolve_backend
 from grpo.transport import DataSender, SyncClient
 from grpo.weight_sync import apply_weights, request_weights
 
@@ -32,6 +33,7 @@ class Sampler:
     def __init__(self, cfg: SamplerConfig):
         self.cfg = cfg
         self.device = pick_device(cfg.device, cfg.gpu_id)
+        self.backend = resolve_backend(cfg.generation_backend, self.device)  # a bad name fails before any loading
         torch.manual_seed(cfg.seed + 1000 * cfg.sampler_id)
         self.rewards = reward_set_from_config(cfg)  # a bad --reward fails here, before any model loads
         problems = load_problems(cfg.dataset, "train", limit=cfg.dataset_limit or None, seed=cfg.seed,
@@ -52,6 +54,10 @@ class Sampler:
         self.receiver, self.sync_method = None, "tcp"
         if cfg.weight_sync == "nccl" or (cfg.weight_sync in ("auto", "ipc") and self.device.type == "cuda"):
             self._use("nccl" if cfg.weight_sync == "nccl" else "ipc", dtype)
+        self.engine = (RolloutEngine(self.policy, self.tok.eos_token_id, self.tok.pad_token_id,
+                                     cuda_graphs=cfg.cuda_graphs and self.device.type == "cuda",
+                                     compile_decode=cfg.compile_decode)
+                       if self.backend == "fast" else None)
         self.version = 0
         self._request_id = 0
         self.groups_sent = 0
@@ -66,9 +72,9 @@ class Sampler:
         self.gpu = GpuMonitor(self.device)
         self.stats = {"samples": 0.0, "tokens": 0.0, "gen_s": 0.0, "sync_s": 0.0, "weight_bytes": 0.0,
                       "weight_syncs": 0.0, "apply_s": 0.0, "rounds": 0.0}
-        log.info("sampler %d/%d on %s: %d prompts in its shard, model %s, G=%d, %d prompts per round",
-                 cfg.sampler_id, cfg.num_samplers, self.device, len(mine), path, cfg.num_generations,
-                 cfg.prompts_per_round)
+        log.info("sampler %d/%d on %s: %d prompts in its shard, model %s, G=%d, %d prompts per round, "
+                 "%s generation", cfg.sampler_id, cfg.num_samplers, self.device, len(mine), path,
+                 cfg.num_generations, cfg.prompts_per_round, self.backend)
 
     # ------------------------------------------------------------------ weights
     def sync_weights(self) -> bool:
@@ -169,25 +175,13 @@ class Sampler:
         prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
         G = cfg.num_generations
         t0 = time.perf_counter()
-        # Left padding for generation: every row's next token is in the last column.
-        width = max(len(p) for p in prompt_ids)
-        ids = torch.full((len(prompts) * G, width), tok.pad_token_id, dtype=torch.long)
-        attn = torch.zeros_like(ids)
-        for i, p in enumerate(prompt_ids):
-            ids[i * G:(i + 1) * G, width - len(p):] = torch.tensor(p)
-            attn[i * G:(i + 1) * G, width - len(p):] = 1
-        out = self.policy.generate(
-            input_ids=ids.to(self.device), attention_mask=attn.to(self.device), do_sample=True,
-            temperature=cfg.temperature, top_k=0, top_p=1.0, max_new_tokens=cfg.max_new_tokens,
-            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-        gen = out[:, width:].cpu()
-        completions: list[tuple[list[int], bool]] = []
-        for row in gen.tolist():
-            if tok.eos_token_id in row:  # keep the EOS: the policy must learn to stop
-                cut = row.index(tok.eos_token_id) + 1
-                completions.append((row[:cut], True))
-            else:
-                completions.append((row, False))
+        rows = [p for p in prompt_ids for _ in range(G)]
+        if self.engine is not None:
+            out = self.engine.generate(rows, cfg.max_new_tokens, cfg.temperature)
+            completions = list(zip(out.token_ids, out.finished))
+        else:
+            completions = list(zip(*hf_generate(self.policy, rows, cfg.max_new_tokens, cfg.temperature, False,
+                                                tok.eos_token_id, tok.pad_token_id)))
         gen_s = time.perf_counter() - t0
 
         whole = [prompt_ids[i // G] + c for i, (c, _) in enumerate(completions)]

@@ -1,0 +1,90 @@
+"""Shared helpers of the bench/ scripts: device and version info, timing, the results file."""
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as `python bench/X.py` from anywhere: import grpo from the repo
+    sys.path.insert(0, str(ROOT))
+
+# Dense bf16 tensor-core peak of one H100 SXM / H200 (same chip), without sparsity.
+PEAK_BF16_FLOPS = 989e12
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for mod in ("torch", "transformers", "deepspeed"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception as exc:  # noqa: BLE001 - a missing package is reported, not fatal
+            out[mod] = f"unavailable ({type(exc).__name__})"
+    return out
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or "cpu"
+
+
+def pick(device: str) -> torch.device:
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        print("bench: error: --device cuda but CUDA is not available; use --device cpu", file=sys.stderr)
+        raise SystemExit(2)
+    return torch.device(device if device != "cuda" else "cuda:0")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Timer:
+    """Wall time of a block, synchronised with the device on both ends; peak memory too."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def __enter__(self):
+        sync(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        sync(self.device)
+        self.s = time.perf_counter() - self.t0
+        self.peak_gib = (torch.cuda.max_memory_allocated(self.device) / 2**30
+                         if self.device.type == "cuda" else float("nan"))
+
+
+def write_result(name: str, device: torch.device, payload: dict) -> Path:
+    dev = device_name(device)
+    slug = dev.replace(" ", "_").replace("/", "_") if device.type == "cuda" else "cpu"
+    path = ROOT / "bench" / "results" / f"{name}_{slug}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out = {"device": dev, "versions": versions(), **payload}
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    return path
+
+
+def table(rows: list[dict], cols: list[str]) -> str:
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+        return "-" if v is None else str(v)
+
+    cells = [[fmt(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(x[i]) for x in cells)) if cells else len(c) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(x.rjust(w) for x, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)

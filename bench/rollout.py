@@ -1,0 +1,226 @@
+"""Rollout throughput: the fast engine (grpo/rollout.py) against Hugging Face `generate`, side by side.
+
+Usage (GPU machine, repo root):   python bench/rollout.py            (full, < 6 min on one H100)
+                                  python bench/rollout.py --quick    (a minute)
+Local smoke check:                python bench/rollout.py --device cpu --quick --model tiny-random
+
+Throughput rows sample at temperature 1 with EOS ignored, so every row generates exactly
+max_new_tokens and both engines do the same work (tokens/s = rows x new tokens / wall s).
+One row per goal configuration also runs with EOS on (the sampler's real setting) and
+counts only the tokens kept; on CUDA that row also measures the engine without CUDA graphs
+(what the graph buys) and, in the full run, with `compile_decode=True` (torch.compile'd step,
+then captured; an error there is recorded, not fatal). HF `generate` is slow, so it runs only where affordable
+(listed under "hf_configs" in the JSON). Then two correctness checks on GSM8K prompts:
+greedy agreement (fraction of prompts whose greedy completion is token-identical) and the
+engine's sampled-token log-probs against a teacher-forced pass (grpo.model.token_logprobs).
+Writes bench/results/rollout_<device>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchutil import ROOT, Timer, pick, table, write_result  # noqa: E402
+
+from grpo.data import build_prompt, load_problems  # noqa: E402
+from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, resolve_model, right_pad, token_logprobs  # noqa: E402
+from grpo.rollout import RolloutEngine, hf_generate  # noqa: E402
+
+GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
+
+
+def plan(quick: bool, cuda: bool):
+    """(fast configs, hf configs, eos configs, agreement prompts, agreement tokens) per model."""
+    if not cuda:  # smoke check: tiny everything
+        return {"batches": [4], "new": [8], "hf": [(4, 8)], "eos": [(4, 8)], "agree": (4, 8), "qwen": []}
+    if quick:
+        return {"batches": [64, 512], "new": [128, 256], "hf": [(64, 128), (512, 256)], "eos": [(512, 256)],
+                "agree": (16, 128), "qwen": [(256, 128)]}
+    return {"batches": [64, 256, 512, 1024], "new": [128, 256, 512],
+            "hf": [(64, 128), (256, 128), (512, 128), (1024, 128), (512, 256)], "eos": [(512, 256)],
+            "agree": (64, 256), "qwen": [(256, 128), (256, 256)]}
+
+
+def gsm8k_prompts(tok, split: str, n: int) -> list[list[int]]:
+    problems = load_problems(str(GSM8K), split, limit=n)  # GSM8K: set from --dataset in main()
+    return [tok(build_prompt(tok, p.question), add_special_tokens=False)["input_ids"] for p in problems]
+
+
+def rows_for(prompts: list[list[int]], batch: int) -> list[list[int]]:
+    """The sampler's layout: each prompt repeated batch/len(prompts) times, contiguously."""
+    if batch <= len(prompts):
+        return prompts[:batch]
+    return [prompts[(i * len(prompts)) // batch] for i in range(batch)]
+
+
+def run_fast(engine: RolloutEngine, rows, new: int, device, eos_on: bool) -> dict:
+    first = Timer(device)
+    with first:  # includes the one-time graph capture for this shape
+        engine.generate(rows, new, temperature=1.0)
+    with Timer(device) as t:
+        out = engine.generate(rows, new, temperature=1.0)
+    tokens = sum(len(r) for r in out.token_ids)
+    if not eos_on:
+        assert tokens == len(rows) * new, (tokens, len(rows) * new)
+    return {"tok_s": tokens / t.s, "s": t.s, "tokens": tokens, "peak_gib": t.peak_gib,
+            "first_call_s": first.s, "cuda_graphs": out.stats["cuda_graphs"]}
+
+
+def run_hf(model, rows, new: int, device, pad_id: int, eos_id: int | None) -> dict:
+    width = max(len(p) for p in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, p in enumerate(rows):
+        ids[i, width - len(p):] = torch.tensor(p)
+        attn[i, width - len(p):] = 1
+    ids, attn = ids.to(device), attn.to(device)
+    gc = copy.deepcopy(model.generation_config)
+    gc.eos_token_id = eos_id  # None: no stopping, exactly `new` tokens per row
+    gc.update(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=pad_id, max_new_tokens=4)
+    model.generate(input_ids=ids[:2], attention_mask=attn[:2], generation_config=gc)  # warm-up
+    gc.max_new_tokens = new
+    with Timer(device) as t:
+        out = model.generate(input_ids=ids, attention_mask=attn, generation_config=gc)
+    gen = out[:, width:]
+    if eos_id is None:
+        tokens = gen.numel()
+    else:  # kept tokens: up to and including the first EOS
+        hit = (gen == eos_id)
+        first = torch.where(hit.any(1), hit.float().argmax(1) + 1, torch.full_like(hit[:, 0], gen.shape[1], dtype=torch.long))
+        tokens = int(first.sum())
+    return {"tok_s": tokens / t.s, "s": t.s, "tokens": tokens, "peak_gib": t.peak_gib}
+
+
+def throughput(name: str, model, tok, device, p: dict, configs_fast, configs_hf, eos_cfgs,
+               compile_decode: bool = False) -> list[dict]:
+    prompts = gsm8k_prompts(tok, "train", 64)
+    no_eos = RolloutEngine(model, [], tok.pad_token_id)
+    with_eos = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id)
+    rows_out = []
+    for batch, new in configs_fast:
+        rows = rows_for(prompts, batch)
+        r = {"model": name, "rows": batch, "new": new}
+        f = run_fast(no_eos, rows, new, device, eos_on=False)
+        no_eos.clear()
+        r.update({"fast_tok_s": f["tok_s"], "fast_s": f["s"], "fast_peak_gib": f["peak_gib"],
+                  "fast_first_call_s": f["first_call_s"], "cuda_graphs": f["cuda_graphs"]})
+        if (batch, new) in configs_hf:
+            h = run_hf(model, rows, new, device, tok.pad_token_id, None)
+            r.update({"hf_tok_s": h["tok_s"], "hf_s": h["s"], "hf_peak_gib": h["peak_gib"],
+                      "speedup": f["tok_s"] / h["tok_s"]})
+        if (batch, new) in eos_cfgs:  # the sampler's real setting: stop at EOS, count kept tokens
+            fe = run_fast(with_eos, rows, new, device, eos_on=True)
+            with_eos.clear()
+            he = run_hf(model, rows, new, device, tok.pad_token_id, tok.eos_token_id)
+            r.update({"eos_fast_tok_s": fe["tok_s"], "eos_fast_tokens": fe["tokens"], "eos_hf_tok_s": he["tok_s"],
+                      "eos_hf_tokens": he["tokens"], "eos_speedup": fe["tok_s"] / he["tok_s"]})
+            if device.type == "cuda":  # what the graph buys: the same engine decoding eagerly
+                eager = RolloutEngine(model, [], tok.pad_token_id, cuda_graphs=False, buckets=(batch,))
+                r["fast_eager_tok_s"] = run_fast(eager, rows, new, device, eos_on=False)["tok_s"]
+                eager.clear()
+                if compile_decode:  # opt-in engine switch: torch.compile the step, then capture it
+                    try:
+                        comp = RolloutEngine(model, [], tok.pad_token_id, compile_decode=True)
+                        c = run_fast(comp, rows, new, device, eos_on=False)
+                        r.update({"fast_compiled_tok_s": c["tok_s"], "fast_compiled_first_call_s": c["first_call_s"],
+                                  "fast_compiled_cuda_graphs": c["cuda_graphs"]})
+                        comp.clear()
+                    except Exception as exc:  # noqa: BLE001 - reported in the results, the rest still runs
+                        r["fast_compiled_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        rows_out.append(r)
+        print(table([r], list(r)), flush=True)
+    return rows_out
+
+
+def agreement(model, tok, device, n: int, new: int) -> dict:
+    prompts = gsm8k_prompts(tok, "test", n)
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    engine = RolloutEngine(model, eos, pad)
+    fast = engine.generate(prompts, new, greedy=True).token_ids
+    ref, _ = hf_generate(model, prompts, new, 1.0, True, eos, pad)
+    diverge = []
+    for i, (a, b) in enumerate(zip(fast, ref)):
+        if a != b:
+            at = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            diverge.append({"prompt": i, "first_diff_token": at, "fast_len": len(a), "hf_len": len(b)})
+    # Sampled log-probs: engine's (decode-time) against a teacher-forced pass over the same tokens.
+    torch.manual_seed(0)
+    sampled = engine.generate(prompts, new, temperature=1.0)
+    diffs = []
+    whole = [p + g for p, g in zip(prompts, sampled.token_ids)]
+    for s in range(0, len(whole), 16):
+        ids, mask = right_pad(whole[s:s + 16], pad, device)
+        with torch.no_grad():
+            tf = token_logprobs(model, ids, mask, 1.0).float().cpu().numpy()
+        for j in range(ids.shape[0]):
+            i = s + j
+            p, g = len(prompts[i]), len(sampled.token_ids[i])
+            diffs.append(np.abs(sampled.logprobs[i] - tf[j, p - 1:p - 1 + g]))
+    d = np.concatenate(diffs)
+    engine.clear()
+    return {"prompts": n, "max_new_tokens": new, "greedy_identical": (n - len(diverge)) / n,
+            "greedy_divergent": diverge, "logprob_tokens": int(d.size), "logprob_absdiff_mean": float(d.mean()),
+            "logprob_absdiff_p99": float(np.quantile(d, 0.99)), "logprob_absdiff_max": float(d.max()),
+            "logprob_within_0.05": float((d <= 0.05).mean())}
+
+
+def main() -> int:
+    global GSM8K
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="auto", help="auto, cuda or cpu")
+    ap.add_argument("--quick", action="store_true", help="fewer configurations (CPU: a tiny smoke run)")
+    ap.add_argument("--model", default="smollm2", help="main model (default smollm2; tiny-random for a CPU smoke run)")
+    ap.add_argument("--dataset", default=str(GSM8K), help="GSM8K folder with train.jsonl/test.jsonl (default ../shared/data/gsm8k)")
+    ap.add_argument("--no-qwen", action="store_true", help="skip the random:qwen2.5-3b rows")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd engine row (full run, CUDA)")
+    args = ap.parse_args()
+    GSM8K = Path(args.dataset)
+    if not (GSM8K / "train.jsonl").is_file():
+        print(f"bench/rollout.py: error: no train.jsonl in {GSM8K}; pass --dataset PATH_TO_GSM8K", file=sys.stderr)
+        return 2
+    device = pick(args.device)
+    torch.manual_seed(0)
+    p = plan(args.quick, device.type == "cuda")
+    dtype = compute_dtype(device)
+    path = resolve_model(args.model)
+    tok = load_tokenizer(path)
+    model = load_causal_lm(path, device, dtype).eval()
+    fast_cfgs = [(b, n) for b in p["batches"] for n in p["new"]]
+    rows = throughput(args.model, model, tok, device, p, fast_cfgs, p["hf"], p["eos"],
+                      compile_decode=not (args.quick or args.no_compile))
+    agree = agreement(model, tok, device, *p["agree"])
+    print(f"greedy agreement on {agree['prompts']} GSM8K prompts x {agree['max_new_tokens']} tokens: "
+          f"{agree['greedy_identical']:.3f}; log-prob |diff| mean {agree['logprob_absdiff_mean']:.2e} "
+          f"p99 {agree['logprob_absdiff_p99']:.2e} max {agree['logprob_absdiff_max']:.2e}", flush=True)
+    del model
+    qwen = []
+    if p["qwen"] and not args.no_qwen:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        qpath = resolve_model("random:qwen2.5-3b")
+        qmodel = load_causal_lm(qpath, device, dtype).eval()
+        qwen = throughput("random:qwen2.5-3b", qmodel, load_tokenizer(qpath), device, p, p["qwen"], p["qwen"][:1], [])
+        del qmodel
+    all_rows = rows + qwen
+    cols = ["model", "rows", "new", "fast_tok_s", "hf_tok_s", "speedup", "fast_peak_gib", "hf_peak_gib",
+            "fast_first_call_s", "cuda_graphs"]
+    print("\n" + table(all_rows, cols))
+    out = write_result("rollout", device, {
+        "settings": {"quick": args.quick, "model": args.model, "dtype": str(dtype), "temperature": 1.0,
+                     "top_k": 0, "top_p": 1.0, "prompts": "GSM8K train, first 64, chat template, each repeated rows/64 times",
+                     "eos": "ignored in throughput rows (every row generates exactly `new` tokens); eos_* columns stop at EOS and count kept tokens",
+                     "fast_configs": fast_cfgs, "hf_configs": p["hf"] + [("random:qwen2.5-3b",) + c for c in p["qwen"][:1]],
+                     "hf_note": "HF generate runs only where affordable within the time budget"},
+        "rows": all_rows, "agreement": agree})
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

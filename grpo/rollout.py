@@ -1,0 +1,335 @@
+"""A generation engine for rollouts: static KV cache, one prefill, then a decode step
+captured once as a CUDA graph and replayed for every token.
+
+It runs the same Hugging Face model code as `generate` (so weights, rotary embeddings and
+attention are the model's own), but drives it the way throughput engines do:
+
+* a preallocated `transformers.StaticCache` of [batch, prompt width + max_new_tokens], so
+  every decode step has the same shapes and tensor addresses;
+* our own 4-D additive attention mask (HF passes a prepared 4-D mask through untouched),
+  kept in a static buffer and updated on the device, so mask building never syncs;
+* sampling on the GPU: Gumbel-max (argmax of logits/T - log E, E ~ Exp(1)) is an exact
+  draw from softmax(logits/T) without `multinomial`; greedy is argmax; the sampled
+  token's log-prob is computed on the way (one logsumexp over the row);
+* finished rows keep running (fixed shapes) but emit padding after their EOS; the host
+  looks at the "all finished" flag only every `check_every` steps, the one sync point;
+* batch buckets (64, 128, 256, 512, 1024 rows; prompt width rounded up to 64) so one
+  captured graph serves every round of a run; unused rows are padding rows that start finished.
+
+On CPU (tests) the same code runs without graph capture. Weights may be updated between
+calls in place (`param.copy_`, as weight sync does): the graph reads the parameters'
+memory. If a parameter's storage changes, captured graphs are dropped and recaptured.
+
+Use `RolloutEngine(model, eos_ids, pad_id).generate(prompts, max_new_tokens, ...)`, or the
+module function `generate(model, prompts_token_ids, max_new_tokens, temperature, greedy,
+eos_id, pad_id)`, which keeps one engine per model.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import time
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUCKETS = (64, 128, 256, 512, 1024)
+BACKENDS = ("auto", "fast", "hf")
+
+
+def resolve_backend(name: str, device: torch.device) -> str:
+    """--generation-backend to 'fast' or 'hf' (auto: fast on CUDA, hf on CPU)."""
+    if name not in BACKENDS:
+        raise ValueError(f"--generation-backend {name}: choose one of {', '.join(BACKENDS)}")
+    if name == "auto":
+        return "fast" if device.type == "cuda" else "hf"
+    return name
+
+
+@dataclass
+class Rollout:
+    token_ids: list[list[int]]   # generated ids per prompt, cut after the first EOS (kept)
+    finished: list[bool]         # ended with EOS (False: cut at max_new_tokens)
+    logprobs: list[np.ndarray]   # float32 log-prob of each generated token under the sampling distribution
+    stats: dict = field(default_factory=dict)
+
+
+class _Slot:
+    """Everything one (batch rows, prompt width, max_new_tokens) shape needs: static cache,
+    static input/output buffers and the captured decode graphs (one greedy, one sampling)."""
+
+    def __init__(self, model, rows: int, width: int, max_new: int, pad_id: int, device: torch.device):
+        from transformers import StaticCache
+
+        self.rows, self.width, self.max_new = rows, width, max_new
+        length = width + max_new
+        self.cache = StaticCache(config=model.config, max_cache_len=length)
+        kw = dict(device=device)
+        self.key_valid = torch.zeros((rows, length), dtype=torch.bool, **kw)    # real prompt tokens + all generated slots
+        self.key_index = torch.arange(length, **kw)                             # [L]
+        self.tok = torch.full((rows, 1), pad_id, dtype=torch.long, **kw)        # token fed to the next step
+        self.pos = torch.zeros((rows, 1), dtype=torch.long, **kw)               # its position id
+        self.t = torch.zeros((), dtype=torch.long, **kw)                        # its cache slot
+        self.col = torch.zeros((1,), dtype=torch.long, **kw)                    # its output column
+        self.finished = torch.zeros((rows,), dtype=torch.bool, **kw)
+        self.inv_t = torch.ones((), dtype=torch.float32, **kw)                  # 1 / temperature
+        self.out = torch.full((rows, max_new), pad_id, dtype=torch.long, **kw)
+        self.out_lp = torch.zeros((rows, max_new), dtype=torch.float32, **kw)
+        self.graphs: dict[bool, torch.cuda.CUDAGraph | None] = {}
+
+    def reset_cache(self) -> None:
+        for layer in self.cache.layers:
+            if getattr(layer, "is_initialized", False):
+                layer.cumulative_length.zero_()
+
+
+class RolloutEngine:
+    def __init__(self, model, eos_ids: int | list[int], pad_id: int, cuda_graphs: bool | None = None,
+                 buckets: tuple[int, ...] | None = None, prompt_multiple: int | None = None,
+                 check_every: int = 16, max_slots: int = 2, compile_decode: bool = False):
+        """cuda_graphs: capture the decode step (default: on CUDA). compile_decode: run the
+        decode step through torch.compile first (fuses the many small kernels of a small
+        model; compiled in the graph warm-up, then captured as usual). buckets / prompt_multiple:
+        batch rows and prompt width are rounded up to these so graphs are reused (default:
+        DEFAULT_BUCKETS and 64 with graphs, exact sizes without). max_slots: how many
+        shapes keep their cache and graphs (least recently used ones are freed)."""
+        self.model = model
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        if cuda_graphs is None:
+            cuda_graphs = self.device.type == "cuda"
+        if cuda_graphs and self.device.type != "cuda":
+            raise ValueError("cuda_graphs needs the model on a CUDA device; use cuda_graphs=False on CPU")
+        self.cuda_graphs = cuda_graphs
+        impl = getattr(model.config, "_attn_implementation", "eager")
+        if impl not in ("sdpa", "eager"):
+            raise ValueError(f"the fast generation backend supports sdpa and eager attention, not {impl!r}; "
+                             f"load the model with attn_implementation='sdpa' or use --generation-backend hf")
+        # An additive mask (0 / dtype min) in the model dtype: eager attention needs one, and SDPA
+        # would otherwise convert a boolean mask in every layer of every step.
+        self.eos = torch.tensor(sorted({eos_ids} if isinstance(eos_ids, int) else set(eos_ids)),
+                                dtype=torch.long, device=self.device)
+        self.pad_id = int(pad_id)
+        self.buckets = tuple(sorted(buckets)) if buckets else (DEFAULT_BUCKETS if cuda_graphs else ())
+        self.prompt_multiple = prompt_multiple or (64 if cuda_graphs else 1)
+        self.check_every = max(1, check_every)
+        self.max_slots = max(1, max_slots)
+        self.slots: collections.OrderedDict[tuple[int, int, int], _Slot] = collections.OrderedDict()
+        self._ptrs = self._param_ptrs()
+        self._pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
+        self.graph_failures = 0
+        # torch.compile specialises on shapes (dynamic=False): one compilation per bucket shape.
+        self._step = torch.compile(self._decode, dynamic=False) if compile_decode else self._decode
+
+    # ------------------------------------------------------------------ public
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
+                 greedy: bool = False) -> Rollout:
+        """Complete every prompt (token ids, unpadded). temperature 0 means greedy."""
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("generate needs at least one prompt, and no prompt may be empty")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens {max_new_tokens}: must be >= 1")
+        greedy = greedy or temperature == 0
+        if self._param_ptrs() != self._ptrs:  # weights were replaced, not copied into: graphs are stale
+            log.info("model parameters moved since the graphs were captured; recapturing")
+            self.clear()
+            self._ptrs = self._param_ptrs()
+        t0 = time.perf_counter()
+        top = self.buckets[-1] if self.buckets else len(prompts)
+        toks, lps, fins, steps = [], [], [], 0
+        for s in range(0, len(prompts), top):
+            out, lp, fin, n = self._run(prompts[s:s + top], max_new_tokens, temperature, greedy)
+            toks.append(out), lps.append(lp), fins.append(fin)
+            steps += n
+        out, lp = torch.cat(toks), torch.cat(lps).numpy()
+        # A row's first EOS ends it (kept: the policy must learn to stop); after it, padding.
+        hit = (out.unsqueeze(-1) == self.eos.cpu()).any(-1)                          # [n, max_new]
+        finished = hit.any(-1)
+        cuts = torch.where(finished, hit.int().argmax(-1) + 1, out.shape[1]).tolist()
+        ids = [row[:c] for row, c in zip(out.tolist(), cuts)]
+        logprobs = [lp[i, :c].astype(np.float32) for i, c in enumerate(cuts)]
+        finished = finished.tolist()
+        stats = {"gen_s": time.perf_counter() - t0, "decode_steps": steps,
+                 "tokens": sum(len(x) for x in ids), "cuda_graphs": self.cuda_graphs and not self.graph_failures}
+        return Rollout(ids, finished, logprobs, stats)
+
+    def clear(self) -> None:
+        """Free every cache and graph (they are rebuilt on the next call)."""
+        self.slots.clear()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # ------------------------------------------------------------------ internals
+    @property
+    def _eos_set(self) -> set[int]:
+        return set(self.eos.tolist())
+
+    def _param_ptrs(self) -> tuple[int, ...]:
+        return tuple(p.data_ptr() for p in self.model.parameters())
+
+    def _slot(self, rows: int, width: int, max_new: int) -> _Slot:
+        # Prompt widths vary from round to round: a slot whose width is a little larger serves
+        # (more left padding) instead of capturing graphs for every width seen.
+        fits = [k for k in self.slots if k[0] == rows and k[2] == max_new and width <= k[1] <= width * 3 // 2]
+        if fits:
+            key = min(fits, key=lambda k: k[1])
+            self.slots.move_to_end(key)
+            return self.slots[key]
+        key = (rows, width, max_new)
+        while len(self.slots) >= self.max_slots:
+            self.slots.popitem(last=False)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        slot = _Slot(self.model, rows, width, max_new, self.pad_id, self.device)
+        self.slots[key] = slot
+        return slot
+
+    def _run(self, prompts, max_new, temperature, greedy):
+        n = len(prompts)
+        rows = next((b for b in self.buckets if b >= n), n)
+        width = max(len(p) for p in prompts)
+        slot = self._slot(rows, -(-width // self.prompt_multiple) * self.prompt_multiple, max_new)
+        width = slot.width
+        ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
+        valid = torch.zeros((rows, width), dtype=torch.bool)
+        for i, p in enumerate(prompts):  # left padding: every row's next token goes in the same column
+            ids[i, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
+            valid[i, width - len(p):] = True
+        ids, valid = ids.to(self.device), valid.to(self.device)
+        inv_t = 1.0 if greedy else 1.0 / temperature
+        if self.cuda_graphs and max_new > 1 and greedy not in slot.graphs:
+            self._prefill(slot, ids, valid, inv_t, greedy)  # initialises the cache; state is reset below
+            slot.graphs[greedy] = self._capture(slot, greedy)
+        self._prefill(slot, ids, valid, inv_t, greedy)
+        graph = slot.graphs.get(greedy)
+        steps = 0
+        for steps in range(1, max_new):
+            if graph is not None:
+                graph.replay()
+            else:
+                self._step(slot, greedy)
+            if steps % self.check_every == 0 and bool(slot.finished.all()):  # the only host sync
+                break
+        return slot.out[:n].cpu(), slot.out_lp[:n].cpu(), slot.finished[:n].cpu(), steps
+
+    def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        zero = torch.zeros((), dtype=self.dtype, device=allowed.device)
+        return torch.where(allowed, zero, torch.finfo(self.dtype).min)
+
+    def _prefill(self, s: _Slot, ids: torch.Tensor, valid: torch.Tensor, inv_t: float, greedy: bool) -> None:
+        """Run the prompts through the model, filling the cache, and emit the first token."""
+        P = s.width
+        s.reset_cache()
+        s.key_valid.fill_(True)
+        s.key_valid[:, :P] = valid
+        q = s.key_index[:P].view(1, P, 1)
+        k = s.key_index.view(1, 1, -1)
+        # Causal over real keys; a padding query also sees itself, so its row is never all
+        # masked (that would give NaN hidden states, and NaN * 0 still leaks through attention).
+        allowed = (k <= q) & (s.key_valid.unsqueeze(1) | (k == q))                  # [B, P, L]
+        pos = (valid.long().cumsum(-1) - 1).clamp(min=0)                              # [B, P]
+        logits = self.model(input_ids=ids, position_ids=pos, attention_mask=self._mask(allowed.unsqueeze(1)),
+                            past_key_values=s.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        s.t.fill_(P)
+        s.pos.copy_(valid.sum(-1, keepdim=True))
+        s.col.zero_()
+        s.finished.copy_(~valid.any(-1))  # bucket padding rows are done before they start
+        s.out.fill_(self.pad_id)
+        s.out_lp.zero_()
+        s.inv_t.fill_(inv_t)
+        self._emit(s, logits, greedy)
+
+    def _decode(self, s: _Slot, greedy: bool) -> None:
+        """One token for every row; only device tensors change (this is what the graph captures)."""
+        allowed = s.key_valid & (s.key_index <= s.t)                                 # [B, L]
+        logits = self.model(input_ids=s.tok, position_ids=s.pos,
+                            attention_mask=self._mask(allowed.view(s.rows, 1, 1, -1)),
+                            past_key_values=s.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        s.t.add_(1)
+        s.pos.add_(1)
+        self._emit(s, logits, greedy)
+
+    def _emit(self, s: _Slot, logits: torch.Tensor, greedy: bool) -> None:
+        scaled = logits.float() * s.inv_t                                             # [B, V]
+        if greedy:
+            nxt = scaled.argmax(-1)
+        else:
+            noise = torch.empty_like(scaled).exponential_()                           # E ~ Exp(1)
+            nxt = (scaled - noise.log()).argmax(-1)                                   # Gumbel-max draw
+        lp = scaled.gather(-1, nxt.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, -1)
+        done = s.finished
+        nxt = torch.where(done, self.pad_id, nxt)
+        lp = torch.where(done, 0.0, lp)
+        s.out.index_copy_(1, s.col, nxt.unsqueeze(1))
+        s.out_lp.index_copy_(1, s.col, lp.unsqueeze(1))
+        s.col.add_(1)
+        s.finished.logical_or_((nxt.unsqueeze(-1) == self.eos).any(-1))  # isin without its sort/sync paths
+        s.tok.copy_(nxt.unsqueeze(1))
+
+    def _capture(self, s: _Slot, greedy: bool):
+        """Capture one decode step; None (eager decoding) if capture fails."""
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):  # warm-up outside capture (cuBLAS workspaces, lazy inits)
+                for _ in range(min(2, s.max_new - 1)):
+                    self._step(s, greedy)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                self._step(s, greedy)
+            torch.cuda.synchronize()
+            log.info("captured the decode step for %d rows x %d cache slots (greedy=%s)",
+                     s.rows, s.width + s.max_new, greedy)
+            return graph
+        except RuntimeError as exc:
+            self.graph_failures += 1
+            log.warning("CUDA graph capture failed (%s); decoding eagerly for this shape",
+                        str(exc).splitlines()[0])
+            return None
+
+
+_ENGINES: "weakref.WeakKeyDictionary[torch.nn.Module, RolloutEngine]" = weakref.WeakKeyDictionary()
+
+
+def generate(model, prompts_token_ids: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
+             greedy: bool = False, eos_id: int | list[int] = 2, pad_id: int = 2,
+             cuda_graphs: bool | None = None) -> tuple[list[list[int]], list[bool]]:
+    """(generated ids per prompt, cut after the first EOS, and whether each ended with EOS).
+
+    Greedy when `greedy` or temperature == 0; otherwise pure sampling at `temperature`
+    (no top-k / top-p). Keeps one engine (caches, graphs) per model between calls.
+    """
+    engine = _ENGINES.get(model)
+    if engine is None or engine.pad_id != pad_id or engine._eos_set != ({eos_id} if isinstance(eos_id, int) else set(eos_id)):
+        engine = _ENGINES[model] = RolloutEngine(model, eos_id, pad_id, cuda_graphs=cuda_graphs)
+    res = engine.generate(prompts_token_ids, max_new_tokens, temperature, greedy)
+    return res.token_ids, res.finished
+
+
+def hf_generate(model, prompts: list[list[int]], max_new_tokens: int, temperature: float, greedy: bool,
+                eos_id: int, pad_id: int) -> tuple[list[list[int]], list[bool]]:
+    """The Hugging Face `generate` path (the fallback backend), with the same output."""
+    device = next(model.parameters()).device
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):  # left padding: every row's next token is in the last column
+        ids[i, width - len(p):] = torch.as_tensor(p)
+        attn[i, width - len(p):] = 1
+    sample = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if not (greedy or temperature == 0) \
+        else dict(do_sample=False, temperature=None, top_k=None, top_p=None)
+    out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), max_new_tokens=max_new_tokens,
+                         pad_token_id=pad_id, eos_token_id=eos_id, **sample)
+    completions, finished = [], []
+    for row in out[:, width:].cpu().tolist():
+        if eos_id in row:  # keep the EOS: the policy must learn to stop
+            row = row[:row.index(eos_id) + 1]
+        completions.append(row)
+        finished.append(bool(row) and row[-1] == eos_id)
+    return completions, finished

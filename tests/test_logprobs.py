@@ -1,0 +1,94 @@
+"""Chunked log-probs equal the full-logits computation, values and gradients."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo.logprobs import chunked_token_logprobs
+from grpo.model import load_causal_lm, resolve_model, right_pad, token_logprobs
+
+
+def full_logprobs(model, ids, mask, temperature):
+    """The previous implementation: [B, L-1, V] float32 logits at once."""
+    logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    logits = logits[:, :-1, :].float() / temperature
+    picked = torch.gather(logits, -1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The test machine's cores are shared: one intra-op thread avoids oversubscription."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    m = load_causal_lm(resolve_model("tiny-random"), torch.device("cpu"), torch.float32)
+    # Larger weights than the init's: peaked distributions make the test sensitive.
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(8.0) if p.dim() == 2 else None
+    return m
+
+
+def batch():
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(3, 49152, (n,), generator=g).tolist() for n in (11, 7, 16, 3)]
+    return right_pad(seqs, 2, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("chunk_elems", [49152 * 5, 49152 * 64])  # 5 rows per chunk (uneven), one chunk
+def test_values_and_grads_match_full_logits(model, chunk_elems):
+    ids, mask = batch()
+    valid = mask[:, 1:].bool()
+    model.zero_grad()
+    ref = full_logprobs(model, ids, mask, 0.7)
+    weights = torch.randn(ref.shape, generator=torch.Generator().manual_seed(2))
+    (ref * weights * valid).sum().backward()
+    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    model.zero_grad()
+    got = chunked_token_logprobs(model, ids, mask, 0.7, chunk_elems=chunk_elems)
+    assert got.shape == (4, 15) and got.dtype == torch.float32
+    assert torch.equal(got[~valid], torch.zeros(int((~valid).sum())))  # padding targets are 0
+    assert (got[valid] < 0).all()
+    torch.testing.assert_close(got[valid], ref[valid], rtol=0, atol=1e-6)
+    (got * weights).sum().backward()
+    for n, p in model.named_parameters():
+        # The weight gradients are sums over rows, added chunk by chunk here: equal up to
+        # float32 rounding of a different summation order, relative to the tensor's scale.
+        scale = ref_grads[n].abs().max().item()
+        assert scale > 0
+        assert (p.grad - ref_grads[n]).abs().max().item() <= 1e-5 * scale, n
+
+
+def test_model_token_logprobs_uses_chunks_without_grad(model):
+    ids, mask = batch()
+    with torch.no_grad():
+        got = token_logprobs(model, ids, mask, 1.0)
+        ref = full_logprobs(model, ids, mask, 1.0)
+    valid = mask[:, 1:].bool()
+    torch.testing.assert_close(got[valid], ref[valid], rtol=0, atol=1e-6)
+    assert not got.requires_grad
+
+
+def test_chunk_memory_does_not_hold_full_logits(model):
+    """Autograd keeps no [N, V] tensor alive between forward and backward: the saved
+    tensors of the whole graph stay far below one float32 logits matrix."""
+    g = torch.Generator().manual_seed(3)
+    ids, mask = right_pad([torch.randint(3, 49152, (64,), generator=g).tolist()] * 8, 2, torch.device("cpu"))
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        chunked_token_logprobs(model, ids, mask, 1.0, chunk_elems=49152 * 32)
+    full_logits_bytes = 8 * 63 * 49152 * 4
+    assert sum(saved) < full_logits_bytes / 4, (sum(saved), full_logits_bytes)

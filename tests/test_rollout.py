@@ -1,0 +1,223 @@
+"""The fast rollout engine (grpo/rollout.py) on CPU: same tokens as HF generate, exact EOS
+and padding handling, log-probs that match a teacher-forced pass, and correct sampling."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from grpo.model import load_causal_lm, load_tokenizer, resolve_model, right_pad, token_logprobs
+from grpo.rollout import RolloutEngine, generate, hf_generate, resolve_backend
+
+CPU = torch.device("cpu")
+GSM8K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The test machine's cores are shared: one intra-op thread avoids oversubscription."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_causal_lm(resolve_model("tiny-random"), CPU, torch.float32).eval()
+
+
+def prompts(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 49000, (n,), generator=g).tolist() for n in lengths]
+
+
+def test_greedy_matches_hf_generate_with_left_padding_and_buckets(tiny):
+    ps = prompts((5, 9, 3, 12, 1))
+    ref, ref_fin = hf_generate(tiny, ps, 12, 1.0, True, eos_id=2, pad_id=2)
+    # Exact sizes, and buckets that add padding rows and a wider (rounded-up) prompt.
+    for kw in ({}, {"buckets": (4, 8), "prompt_multiple": 16}):
+        got = RolloutEngine(tiny, 2, 2, **kw).generate(ps, 12, greedy=True)
+        assert got.token_ids == ref and got.finished == ref_fin
+        assert all(len(r) == 12 for r in got.token_ids)  # random weights: no EOS in 12 tokens
+    # temperature 0 means greedy, through the module function that keeps an engine per model
+    ids, fin = generate(tiny, ps, 12, temperature=0.0, eos_id=2, pad_id=2)
+    assert ids == ref and fin == ref_fin
+
+
+def test_eos_cuts_rows_and_pads_after_like_hf(tiny):
+    ps = prompts((4, 7, 6))
+    free = RolloutEngine(tiny, 2, 2).generate(ps, 10, greedy=True).token_ids
+    eos = free[0][3]               # make the 4th greedy token of row 0 the EOS
+    pad = 7                        # a pad id distinct from EOS, so both can be told apart
+    eng = RolloutEngine(tiny, eos, pad)
+    got = eng.generate(ps, 10, greedy=True)
+    ref, ref_fin = hf_generate(tiny, ps, 10, 1.0, True, eos_id=eos, pad_id=pad)
+    assert got.token_ids == ref and got.finished == ref_fin
+    first = free[0].index(eos)
+    assert got.token_ids[0] == free[0][:first + 1] and got.finished[0]
+    for row, fin, full in zip(got.token_ids, got.finished, free):
+        assert fin == (eos in full)
+        assert row == (full[:full.index(eos) + 1] if fin else full)
+    # The raw buffer: after a row's EOS only padding, with log-prob 0.
+    slot = next(iter(eng.slots.values()))
+    raw = slot.out[0].tolist()
+    assert raw[:first + 1] == free[0][:first + 1] and raw[first + 1:] == [pad] * (10 - first - 1)
+    assert torch.all(slot.out_lp[0, first + 1:] == 0) and torch.all(slot.out_lp[0, :first + 1] < 0)
+    assert len(got.logprobs[0]) == first + 1
+
+
+def test_early_stop_when_all_rows_finished(tiny):
+    ps = prompts((4, 4), seed=3)
+    ps[1] = list(ps[0])
+    free = RolloutEngine(tiny, 2, 2).generate(ps, 12, greedy=True).token_ids
+    eng = RolloutEngine(tiny, free[0][1], 2, check_every=2)
+    got = eng.generate(ps, 40, greedy=True)
+    cut = free[0].index(free[0][1]) + 1
+    assert got.token_ids == [free[0][:cut]] * 2 and got.finished == [True, True]
+    assert got.stats["decode_steps"] == 2  # checked at step 2, all done: 38 steps saved
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_logprobs_match_teacher_forced_pass(tiny, temperature):
+    torch.manual_seed(5)
+    ps = prompts((6, 3, 10, 8), seed=1)
+    got = RolloutEngine(tiny, 2, 2).generate(ps, 16, temperature=temperature)
+    whole = [p + g for p, g in zip(ps, got.token_ids)]
+    ids, mask = right_pad(whole, 2, CPU)
+    with torch.no_grad():
+        tf = token_logprobs(tiny, ids, mask, temperature)
+    for i, (p, g) in enumerate(zip(ps, got.token_ids)):
+        ref = tf[i, len(p) - 1:len(p) - 1 + len(g)].numpy()
+        assert got.logprobs[i].dtype == np.float32 and got.logprobs[i].shape == ref.shape == (16,)
+        np.testing.assert_allclose(got.logprobs[i], ref, rtol=0, atol=1e-4)
+
+
+def test_sampling_follows_the_softmax_distribution(tiny):
+    """First-token frequencies over 2000 draws against softmax(logits / T)."""
+    p = prompts((5,), seed=7)[0]
+    with torch.no_grad():
+        logits = tiny(input_ids=torch.tensor([p])).logits[0, -1].float()
+    T = 0.02  # random weights give flat logits; a low temperature makes a few tokens likely
+    probs = torch.softmax(logits / T, -1)
+    top = probs.topk(4)
+    assert top.values.sum() > 0.5, top.values  # the check below is then meaningful
+    torch.manual_seed(11)
+    n = 2000
+    got = RolloutEngine(tiny, 2, 2).generate([p] * n, 1, temperature=T)
+    first = torch.tensor([r[0] for r in got.token_ids])
+    for tok_id, pr in zip(top.indices.tolist(), top.values.tolist()):
+        freq = (first == tok_id).float().mean().item()
+        sigma = (pr * (1 - pr) / n) ** 0.5
+        assert abs(freq - pr) < 5 * sigma + 1e-3, (tok_id, freq, pr)
+
+
+def test_backend_choice_and_bad_inputs(tiny):
+    assert resolve_backend("auto", CPU) == "hf" and resolve_backend("auto", torch.device("cuda", 0)) == "fast"
+    assert resolve_backend("fast", CPU) == "fast" and resolve_backend("hf", CPU) == "hf"
+    with pytest.raises(ValueError, match="choose one of auto, fast, hf"):
+        resolve_backend("vllm", CPU)
+    with pytest.raises(ValueError, match="cuda_graphs=False on CPU"):
+        RolloutEngine(tiny, 2, 2, cuda_graphs=True)
+    with pytest.raises(ValueError, match="no prompt may be empty"):
+        RolloutEngine(tiny, 2, 2).generate([[5], []], 4)
+
+
+@pytest.mark.slow
+def test_greedy_matches_hf_generate_on_smollm2_gsm8k_prompts():
+    from grpo.data import build_prompt, load_problems
+
+    path = resolve_model("smollm2")
+    model, tok = load_causal_lm(path, CPU, torch.float32).eval(), load_tokenizer(path)
+    problems = load_problems(str(GSM8K), "test", limit=2)
+    ps = [tok(build_prompt(tok, q.question), add_special_tokens=False)["input_ids"] for q in problems]
+    ref, ref_fin = hf_generate(model, ps, 6, 1.0, True, tok.eos_token_id, tok.pad_token_id)
+    got = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id).generate(ps, 6, greedy=True)
+    assert got.token_ids == ref and got.finished == ref_fin
+    assert len({len(p) for p in ps}) > 1  # prompts of different lengths: left padding exercised
+
+
+def test_sampler_round_with_fast_backend():
+    """The sampler's round on the fast engine: groups carry the engine's completions, and the
+    teacher-forced old log-probs line up with them token for token."""
+    from netutil import free_ports
+
+    from grpo.config import SamplerConfig
+    from grpo.sampler import Sampler
+
+    d, s = free_ports(2)
+    cfg = SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
+                        prompts_per_round=2, num_generations=3, max_new_tokens=6, generation_backend="fast",
+                        data_port=d, sync_port=s)
+    sampler = Sampler(cfg)
+    try:
+        assert sampler.backend == "fast" and sampler.engine is not None
+        groups = sampler.generate_round(0)
+    finally:
+        sampler.data.close()
+        sampler.sync.close()
+    assert len(groups) == 2 and all(len(g.completions) == 3 for g in groups)
+    for g in groups:
+        for c in g.completions:
+            n = len(c.generated_token_ids)
+            assert 1 <= n <= 6 and c.is_finished == (int(c.generated_token_ids[-1]) == sampler.tok.eos_token_id)
+            assert list(c.whole_token_ids) == list(g.prefix_token_ids) + list(c.generated_token_ids)
+            assert c.old_policy_log_probs.shape == c.ref_policy_log_probs.shape == (n,)
+            assert np.all(c.old_policy_log_probs < 0)
+            # policy and reference are the same weights before any update
+            np.testing.assert_allclose(c.old_policy_log_probs, c.ref_policy_log_probs, atol=1e-5)
+    with pytest.raises(ValueError, match="--generation-backend"):
+        Sampler(SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
+                              generation_backend="turbo", data_port=d, sync_port=s))
+
+
+def test_reused_slot_after_decoding_is_reset(tiny):
+    """A slot is reused across calls (and, on GPU, decoded into while capturing): a later call
+    must give what a fresh engine gives, so cache counters, mask and buffers are all reset."""
+    eng = RolloutEngine(tiny, 2, 2, buckets=(8,), prompt_multiple=16)
+    eng.generate(prompts((9, 2, 14), seed=4), 10, greedy=True)
+    slot = next(iter(eng.slots.values()))
+    # What graph capture does before a real call: a prefill and warm-up decode steps, which
+    # must not leak into the next call.
+    ids, valid = torch.full((8, 16), 2), torch.zeros((8, 16), dtype=torch.bool)
+    ids[0, -4:], valid[0, -4:] = torch.tensor([17, 4000, 23, 9]), True
+    eng._prefill(slot, ids, valid, 1.0, False)
+    eng._decode(slot, False)
+    eng._decode(slot, False)
+    ps = prompts((3, 11, 6, 6, 1), seed=5)
+    again = eng.generate(ps, 10, greedy=True)
+    assert len(eng.slots) == 1  # same (rows, width, max_new): the slot was reused
+    # A narrower batch (width 12 after rounding to 4) is served by a 16-wide slot: more left
+    # padding, no new cache or graph, the same tokens.
+    eng4 = RolloutEngine(tiny, 2, 2, buckets=(8,), prompt_multiple=4)
+    eng4.generate(prompts((14, 3), seed=6), 6, greedy=True)
+    narrow = prompts((2, 11), seed=7)
+    assert eng4.generate(narrow, 6, greedy=True).token_ids == RolloutEngine(tiny, 2, 2).generate(
+        narrow, 6, greedy=True).token_ids
+    assert list(eng4.slots) == [(8, 16, 6)]
+    fresh = RolloutEngine(tiny, 2, 2).generate(ps, 10, greedy=True)
+    assert again.token_ids == fresh.token_ids
+    np.testing.assert_allclose(np.stack(again.logprobs), np.stack(fresh.logprobs), atol=1e-5)
+
+
+def test_flags_and_one_line_error_for_a_bad_backend():
+    import os
+    import subprocess
+    import sys
+
+    from grpo.config import SamplerConfig, parse_config
+
+    cfg = parse_config(SamplerConfig, ["--generation-backend", "hf", "--no-cuda-graphs", "--compile-decode"], "s")
+    assert (cfg.generation_backend, cfg.cuda_graphs, cfg.compile_decode) == ("hf", False, True)
+    default = parse_config(SamplerConfig, [], "s")
+    assert (default.generation_backend, default.cuda_graphs, default.compile_decode) == ("auto", True, False)
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "sampling_worker.py", "--device", "cpu", "--model", "tiny-random",
+                        "--dataset", str(GSM8K), "--generation-backend", "turbo"], cwd=root, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 2, r.stderr
+    lines = [x for x in r.stderr.strip().splitlines() if "error" in x]
+    assert lines == ["sampling_worker.py: error: --generation-backend turbo: choose one of auto, fast, hf"], r.stderr
+    assert "Traceback" not in r.stderr
