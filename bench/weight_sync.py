@@ -76,8 +76,14 @@ def learner(args) -> None:
         total = sum(p.numel() * p.element_size() for p in params)
         for method in args.methods.split(","):
             server = SyncServer("127.0.0.1", port)
-            pub = (IpcPublisher(server, model, torch.bfloat16) if method == "ipc"
-                   else TcpPublisher(server, model, torch.bfloat16))
+            if method == "shared":
+                from grpo.weight_shared import SharedPublisher
+
+                pub = SharedPublisher(server, model, port)
+            elif method in ("ipc", "nccl"):
+                pub = IpcPublisher(server, model, torch.bfloat16, method=method)
+            else:
+                pub = TcpPublisher(server, model, torch.bfloat16)
             stalls, starts, copies = [], {}, []
             for v in range(1, args.syncs + 1):
                 with torch.no_grad():   # every weight changes, as after an optimizer step
@@ -86,7 +92,10 @@ def learner(args) -> None:
                 ev0 = torch.cuda.Event(enable_timing=True)
                 ev0.record()
                 starts[v] = time.time()
-                stalls.append(pub.publish(v, model))
+                with pub.guard():   # shared: the step's update and publish happen under the lock
+                    t_pub = time.perf_counter()
+                    pub.publish(v, model)
+                    stalls.append(time.perf_counter() - t_pub + (pub.guard_waits_s[-1] if method == "shared" else 0.0))
                 ev1 = torch.cuda.Event(enable_timing=True)
                 ev1.record()
                 ev1.synchronize()
@@ -158,7 +167,16 @@ def sampler(args) -> None:
         model = build(model_name, dev)
         total = sum(p.numel() * p.element_size() for p in model.parameters())
         for method in args.methods.split(","):
-            rx = IpcReceiver(model, torch.bfloat16) if method == "ipc" else None
+            if method == "shared":
+                from grpo.weight_shared import SharedReceiver
+
+                rx = SharedReceiver(model, port)
+            elif method == "nccl":
+                from grpo.weight_nccl import NcclReceiver
+
+                rx = NcclReceiver(model, torch.bfloat16)
+            else:
+                rx = IpcReceiver(model, torch.bfloat16) if method == "ipc" else None
             client = SyncClient("127.0.0.1", port, P.weights_limits(total + (64 << 20)))
             version, rid, applied, apply_s = 0, 0, {}, []
             while True:
@@ -169,7 +187,7 @@ def sampler(args) -> None:
                 if newest is None:
                     continue
                 t0 = time.perf_counter()
-                if method == "ipc":
+                if rx is not None:
                     if not rx.apply(newest):
                         continue
                 else:
@@ -179,6 +197,8 @@ def sampler(args) -> None:
                 applied[newest.version] = time.time()
                 version = newest.version
             client.close()
+            if hasattr(rx, "close"):
+                rx.close()
             out[f"{model_name}/{method}"] = {"apply_s": apply_s, "applied": applied,
                                              "checksum": weights_checksum(model), "version": version}
             port += 1
@@ -209,11 +229,12 @@ def sampler(args) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="smollm2-135m,qwen2.5-3b")
-    ap.add_argument("--methods", default="ipc,tcp")
+    ap.add_argument("--methods", default="ipc,nccl,tcp", help="shared needs --same-gpu")
     ap.add_argument("--floors", default="nccl")
     ap.add_argument("--syncs", type=int, default=10)
     ap.add_argument("--port", type=int, default=47000)
     ap.add_argument("--out", default="")
+    ap.add_argument("--same-gpu", action="store_true", help="learner and sampler both on GPU 0 (for shared)")
     ap.add_argument("--role", default="")
     ap.add_argument("--role-out", default="")
     args = ap.parse_args()
@@ -229,7 +250,7 @@ def main() -> int:
     if n == 0:
         print("weight_sync.py needs CUDA GPUs (ipc and nccl are GPU methods)", file=sys.stderr)
         return 2
-    learner_gpu, sampler_gpu = ("1", "0") if n > 1 else ("0", "0")
+    learner_gpu, sampler_gpu = ("1", "0") if n > 1 and not args.same_gpu else ("0", "0")
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
     procs = []
     for role, visible in (("learner", learner_gpu), ("sampler", ",".join(dict.fromkeys([sampler_gpu, learner_gpu])))):

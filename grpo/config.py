@@ -47,7 +47,7 @@ class CommonConfig:
     log_file: str = ""
     """Also write this process's log here (the launcher captures stderr instead)."""
     weight_sync: str = "auto"
-    """How weights reach the samplers: 'auto' (ipc where the sampler sees the learner's GPU, nccl on other CUDA hosts, else tcp), 'ipc' (CUDA IPC, one node), 'nccl' (point-to-point group per sampler; gloo on CPU), or 'tcp' (bytes over ZeroMQ)."""
+    """How weights reach the samplers: 'auto' (ipc where the sampler sees the learner's GPU, nccl on other CUDA hosts, else tcp), 'ipc' (CUDA IPC, one node), 'nccl' (point-to-point group per sampler; gloo on CPU), 'shared' (same GPU: the sampler uses the learner's weights in place, the two take turns), or 'tcp' (bytes over ZeroMQ)."""
     # --- evaluation (greedy pass@1 on the first --eval-size test problems)
     eval_every: int = 0
     """Sampler 0 evaluates at version 0 and whenever its version reaches a multiple of N; the learner evaluates its final weights (0: no evaluation)."""

@@ -76,8 +76,11 @@ class Learner:
             raise ValueError("--no-deepspeed runs one process; drop it or start a single rank")
         local = int(os.environ.get("LOCAL_RANK", "0"))
         self.device = pick_device(cfg.device, cfg.gpu_id if cfg.gpu_id >= 0 else (local if cfg.device != "cpu" else -1))
-        if cfg.weight_sync not in ("auto", "ipc", "nccl", "tcp"):
-            raise ValueError(f"--weight-sync {cfg.weight_sync}: choose auto, ipc, nccl or tcp")
+        if cfg.weight_sync not in ("auto", "ipc", "nccl", "shared", "tcp"):
+            raise ValueError(f"--weight-sync {cfg.weight_sync}: choose auto, ipc, nccl, shared or tcp")
+        if cfg.weight_sync == "shared" and (self.device.type != "cuda" or cfg.lora_r or cfg.no_deepspeed):
+            raise ValueError("--weight-sync shared needs a CUDA DeepSpeed learner without LoRA (bf16 weights the "
+                             "sampler can use as they are); use --weight-sync ipc")
         if cfg.weight_sync == "ipc" and self.device.type != "cuda":
             raise ValueError("--weight-sync ipc needs a CUDA learner; use --weight-sync tcp (or auto) on CPU")
         if cfg.eval_every > 0 and not cfg.eval_dataset:
@@ -149,6 +152,10 @@ class Learner:
             log.info("weight sync: auto -> %s (%s)", method, "CUDA learner: samplers that see its GPU map the "
                      "weights (ipc), others on CUDA get them by nccl, the rest as bytes" if method == "ipc"
                      else "no CUDA: bytes over ZeroMQ")
+        if method == "shared":
+            from grpo.weight_shared import SharedPublisher
+
+            return SharedPublisher(self.server, self.engine.module, self.cfg.sync_port)
         if method in ("ipc", "nccl"):   # nccl on a CPU learner runs on gloo (tests)
             from grpo.weight_ipc import IpcPublisher
 
@@ -275,11 +282,13 @@ class Learner:
                 batch = build_batch(groups, self.cfg.num_generations, self.cfg.scale_rewards)
             t_data = time.perf_counter()
             batch, _ = broadcast_batch(batch, False, self.device)
-            stats = self.train_step(batch)
-            self.version = step
-            t_train = time.perf_counter()
+            # shared: the sampler reads these very weights; it waits while we step and publish.
+            with self.publisher.guard() if self.rank == 0 else contextlib.nullcontext():
+                stats = self.train_step(batch)
+                self.version = step
+                t_train = time.perf_counter()
+                stall = self.publisher.publish(self.version, self.engine.module) if self.rank == 0 else 0.0
             if self.rank == 0:
-                stall = self.publisher.publish(self.version, self.engine.module)
                 self.counts["trained"] += len(groups)
                 trained_samples += batch.size
                 self._log_step(step, groups, batch, stats, t0, t_data, t_train, stall, trained_samples, t_start)

@@ -122,6 +122,7 @@ class WeightsAnnounce:  # learner -> sampler
     request_id: int = -1  # the weights_request this answers (-1: unsolicited)
     ipc: IpcHandle | None = None  # method "ipc": where the buckets are on the learner's GPU
     nccl: NcclRendezvous | None = None  # method "nccl": where to meet the learner for the bytes
+    shared: list[IpcHandle] | None = None  # method "shared": one handle per storage ("bucket") of the parameters
 
 
 @dataclass
@@ -226,6 +227,8 @@ def _encode_weights(w: WeightsAnnounce) -> list[bytes | memoryview]:
         fields["ipc"] = dataclasses.asdict(w.ipc)
     if w.nccl is not None:
         fields["nccl"] = dataclasses.asdict(w.nccl)
+    if w.shared is not None:
+        fields["shared"] = [dataclasses.asdict(h) for h in w.shared]
     frames = [memoryview(b) for b in w.buckets] if w.method == "tcp" else []
     descs = [{"name": f"bucket_{i}", "dtype": "uint8", "shape": [f.nbytes]} for i, f in enumerate(frames)]
     return [_pack("weights", fields, descs), *frames]
@@ -535,8 +538,17 @@ def _decode_weights(h: dict[str, Any], arrays: list[_Array], views: list[memoryv
             raise _fail("bad_field", f"weights.nccl.backend must be nccl or gloo, got {backend!r}")
         nccl = NcclRendezvous(_str(m, "host", "weights.nccl", 255), _int(m, "port", "weights.nccl") if
                               0 < _int(m, "port", "weights.nccl") < 65536 else _port_error(), backend)
+    shared = None
+    if method == "shared":
+        items = _get(h, "shared", "weights", list)
+        if len(items) != len(bucket_nbytes):
+            raise _fail("bad_field", f"weights.shared: {len(items)} handles for {len(bucket_nbytes)} storages")
+        shared = [_ipc_handle(x, 0, stamped=False) for x in items]   # no stamp: the file lock orders access
+        for i, (x, n) in enumerate(zip(shared, bucket_nbytes)):
+            if x.storage_nbytes != n:
+                raise _fail("bad_shape", f"weights.shared[{i}]: storage of {x.storage_nbytes} bytes, layout says {n}")
     return WeightsAnnounce(version, method, layout, bucket_dtypes, bucket_nbytes, list(views),
-                           _int(h, "request_id", "weights", lo=-1), ipc, nccl)
+                           _int(h, "request_id", "weights", lo=-1), ipc, nccl, shared)
 
 
 def _port_error() -> int:
@@ -550,11 +562,11 @@ def _bytes(m: dict[str, Any], key: str, max_len: int) -> bytes:
     return v
 
 
-def _ipc_handle(v: Any, buckets_nbytes: int) -> IpcHandle:
+def _ipc_handle(v: Any, buckets_nbytes: int, stamped: bool = True) -> IpcHandle:
     m = _map(v, "weights.ipc")
     stamp = _int(m, "stamp_offset", "weights.ipc")
     size = _int(m, "storage_nbytes", "weights.ipc")
-    if stamp < buckets_nbytes or stamp % 8 or stamp + 8 > size:
+    if stamped and (stamp < buckets_nbytes or stamp % 8 or stamp + 8 > size):
         raise _fail("bad_shape", f"weights.ipc: stamp at {stamp} must follow {buckets_nbytes} bucket bytes "
                     f"inside {size} bytes")
     sync = _get(m, "event_sync_required", "weights.ipc", bool)

@@ -6,6 +6,7 @@ of a round was sampled by one policy version, which is the version the groups ca
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import asdict
@@ -52,8 +53,8 @@ class Sampler:
         self.vocab_size = self.policy.get_input_embeddings().weight.shape[0]
         # ipc/nccl: the policy's parameters move into flat buckets so that a version is one copy.
         self.receiver, self.sync_method = None, "tcp"
-        if cfg.weight_sync == "nccl" or (cfg.weight_sync in ("auto", "ipc") and self.device.type == "cuda"):
-            self._use("nccl" if cfg.weight_sync == "nccl" else "ipc", dtype)
+        if cfg.weight_sync in ("nccl", "shared") or (cfg.weight_sync in ("auto", "ipc") and self.device.type == "cuda"):
+            self._use(cfg.weight_sync if cfg.weight_sync in ("nccl", "shared") else "ipc", dtype)
         self.engine = (RolloutEngine(self.policy, self.tok.eos_token_id, self.tok.pad_token_id,
                                      cuda_graphs=cfg.cuda_graphs and self.device.type == "cuda",
                                      compile_decode=cfg.compile_decode)
@@ -107,7 +108,7 @@ class Sampler:
     def _apply(self, newest: P.WeightsAnnounce) -> bool:
         """Apply one announced version; True if a follow-up request should be sent (ipc)."""
         t_apply = time.perf_counter()
-        if newest.method in ("ipc", "nccl"):
+        if newest.method in ("ipc", "nccl", "shared"):
             try:
                 ok = self.receiver.apply(newest)
             except RuntimeError as exc:
@@ -130,11 +131,18 @@ class Sampler:
                  sum(newest.bucket_nbytes) / 1e6, newest.method, dt)
         return newest.method in ("ipc", "nccl")   # the follow-up request acknowledges the version
 
+    def _round_guard(self):
+        return self.receiver.guard() if self.sync_method == "shared" else contextlib.nullcontext()
+
     def _use(self, method: str, dtype: torch.dtype) -> None:
         if method == "ipc":
             from grpo.weight_ipc import IpcReceiver
 
             self.receiver = IpcReceiver(self.policy, dtype)
+        elif method == "shared":
+            from grpo.weight_shared import SharedReceiver
+
+            self.receiver = SharedReceiver(self.policy, self.cfg.sync_port)
         else:
             from grpo.weight_nccl import NcclReceiver
 
@@ -253,11 +261,15 @@ class Sampler:
         t_start = time.perf_counter()
         bar = Progress(f"sampler{self.cfg.sampler_id} rounds", total=self.cfg.max_rounds or None, unit="round")
         try:
-            while self.sync_weights():
-                if self.cfg.max_rounds and rounds >= self.cfg.max_rounds:
-                    break
-                self.maybe_evaluate()
-                for group in self.generate_round(rounds):
+            while True:
+                # shared: we read the learner's live weights, so it must not step during a round
+                # (sync, evaluation, generation, old log-probs); sending needs no lock.
+                with self._round_guard():
+                    if not self.sync_weights() or (self.cfg.max_rounds and rounds >= self.cfg.max_rounds):
+                        break
+                    self.maybe_evaluate()
+                    groups = self.generate_round(rounds)
+                for group in groups:
                     self._send_blocking(group)
                     self.groups_sent += 1
                 rounds += 1

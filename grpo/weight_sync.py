@@ -12,6 +12,7 @@ the last reply that uses it has gone.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -219,6 +220,10 @@ class TcpPublisher:
                 got = self.server.receive(timeout_s=0)
             for identity, msg in latest.items():
                 self._answer(identity, msg)
+
+    def guard(self):
+        """Held around a training step and its publish (method shared locks; the others need nothing)."""
+        return contextlib.nullcontext()
 
     def _on_request(self, identity: bytes, msg: P.WeightsRequest) -> None:
         """Hook: every request, before it is answered (ipc counts acknowledgements here)."""

@@ -51,8 +51,11 @@ def make_weights(method: str = "tcp") -> P.WeightsAnnounce:
     ipc = (P.IpcHandle(gpu_uuid="GPU-0a1b", slot=1, handle=bytes(range(64)), storage_nbytes=128, storage_offset=0,
                        ref_counter_handle=b"/torch_123_456", ref_counter_offset=3, event_handle=bytes(64),
                        event_sync_required=True, stamp_offset=64) if method == "ipc" else None)
+    nccl = P.NcclRendezvous("10.0.0.7", 29555, "nccl") if method == "nccl" else None
+    shared = ([P.IpcHandle("GPU-0a1b", i, bytes(range(64)), n, 0, b"/torch_1_2", i, bytes(64), False, 0)
+               for i, n in enumerate((48, 16))] if method == "shared" else None)
     return P.WeightsAnnounce(version=9, method=method, layout=layout, bucket_dtypes=["float32", "bfloat16"],
-                             bucket_nbytes=[48, 16], buckets=buckets, ipc=ipc)
+                             bucket_nbytes=[48, 16], buckets=buckets, ipc=ipc, nccl=nccl, shared=shared)
 
 
 def assert_groups_equal(a: P.Group, b: P.Group) -> None:
@@ -155,7 +158,7 @@ def test_weights_round_trip(method: str) -> None:
     assert out.layout == w.layout
     assert [bytes(b) for b in out.buckets] == [bytes(b) for b in w.buckets]
     assert all(isinstance(b, memoryview) for b in out.buckets)
-    assert out.ipc == w.ipc
+    assert (out.ipc, out.nccl, out.shared) == (w.ipc, w.nccl, w.shared)
 
 
 def test_ipc_handle_is_validated() -> None:
@@ -168,6 +171,13 @@ def test_ipc_handle_is_validated() -> None:
                      (dataclasses.replace(w.ipc, handle=bytes(300)), "bad_field")):
         assert reason(P.encode(dataclasses.replace(w, ipc=bad))) == why
     assert reason(P.encode(dataclasses.replace(w, ipc=None))) == "bad_field"       # ipc without a handle
+    n = make_weights("nccl")
+    for bad in (P.NcclRendezvous("h", 0, "nccl"), P.NcclRendezvous("h", 70000, "nccl"), P.NcclRendezvous("h", 5, "mpi")):
+        assert reason(P.encode(dataclasses.replace(n, nccl=bad))) == "bad_field"
+    sh = make_weights("shared")
+    assert reason(P.encode(dataclasses.replace(sh, shared=sh.shared[:1]))) == "bad_field"      # a storage without a handle
+    wrong = [dataclasses.replace(sh.shared[0], storage_nbytes=64), sh.shared[1]]
+    assert reason(P.encode(dataclasses.replace(sh, shared=wrong))) == "bad_shape"              # handle vs layout size
     req = P.WeightsRequest(1, 2, 3, "ipc")
     assert P.decode(P.encode(req)) == req
     assert reason(P.encode(P.WeightsRequest(1, 2, 3, "carrier-pigeon"))) == "bad_field"
