@@ -367,7 +367,7 @@ def parse_config(cls: type, argv: list[str] | None, prog: str, **kw):
     parser = build_parser(cls, prog, **kw)
     apply_config_file(parser, cls, argv)
     ns = parser.parse_args(argv)
-    if ns.config:
+    if getattr(ns, "config", ""):
         ns.config = os.path.abspath(ns.config)
     return cls(**{k: v for k, v in vars(ns).items() if k in {f.name for f in dataclasses.fields(cls)}})
 

@@ -167,7 +167,7 @@ class Sampler:
         if self._evaluated_at >= 0 and self.version // every == self._evaluated_at // every:
             return
         result = greedy_accuracy(self.policy, self.tok, self.eval_set, self.cfg.max_new_tokens,
-                                 self.cfg.eval_batch_size, self.device)
+                                 self.cfg.eval_batch_size, self.device, engine=self.engine)
         self._evaluated_at = self.version
         record_eval(self.cfg.run_dir, self.version, result, by=f"sampler{self.cfg.sampler_id}")
         # Reported to the learner with the next status, which puts it in metrics.jsonl.

@@ -49,6 +49,13 @@ def test_batched_left_padded_eval_scores_like_one_at_a_time():
     assert res["n"] == 6 and res["correct"] == expect_correct
     assert abs(res["accuracy"] - expect_correct / 6) < 1e-12
     assert abs(res["mean_completion_len"] - sum(lengths) / 6) < 1e-12
+    # The sampler's rollout engine (CPU here, no graphs) scores exactly the same way.
+    from grpo.rollout import RolloutEngine
+
+    eng = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id, cuda_graphs=False)
+    res2 = greedy_accuracy(model, tok, problems, 20, batch_size=4, device=torch.device("cpu"), engine=eng)
+    assert (res2["correct"], res2["mean_completion_len"], res2["truncated_frac"]) == \
+        (res["correct"], res["mean_completion_len"], res["truncated_frac"])
 
 
 def test_evaluate_command_writes_json(tmp_path):
