@@ -94,8 +94,11 @@ def test_two_terminals_real_model_sampler_first(tmp_path):
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     time.sleep(3)  # the sampler is up (loading) before the learner exists: ZeroMQ connects later
     try:
+        # --max-staleness 0: step 2 trains only on a group generated at version 1, so the sampler
+        # must have applied v1 (without it, under load, both steps could use v0 groups and the
+        # stop could come before the sampler ever asked for v1).
         learner = run(["training_worker.py", *common, "--max-steps", "2", "--train-batch-size", "4",
-                       "--learning-rate", "1e-5"], timeout=900)
+                       "--learning-rate", "1e-5", "--max-staleness", "0"], timeout=900)
         out, _ = sampler.communicate(timeout=300)
     finally:
         sampler.kill()
