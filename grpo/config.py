@@ -45,6 +45,9 @@ class CommonConfig:
     """Sampling temperature; the learner uses it too, so both sides score the same policy."""
     log_file: str = ""
     """Also write this process's log here (the launcher captures stderr instead)."""
+    # --- faults and security (issue 6)
+    curve_keys: str = ""
+    """Folder of ZeroMQ CURVE keys (make them with: python -m grpo.keys DIR): encrypt both channels and admit only samplers holding the client key (empty: plain TCP)."""
 
 
 @dataclass
@@ -71,6 +74,13 @@ class SamplerConfig(CommonConfig):
     """How long to wait for the learner's answer to a weights request before generating with the current weights."""
     send_hwm: int = 16
     """High-water mark of the data socket in groups: beyond it a send blocks (backpressure) instead of growing memory."""
+    # --- faults and security (issue 6)
+    heartbeat_interval_s: float = 2.0
+    """Send a status (heartbeat) to the learner this often, from a thread of its own (0: off)."""
+    on_full: str = "block"
+    """At the high-water mark: 'block' (wait, up to --send-timeout-s) or 'drop' (drop the group at once); dropped groups are counted."""
+    send_timeout_s: float = 600.0
+    """With --on-full block: the longest one group waits at the high-water mark before it is dropped and counted (0: no limit)."""
 
 
 @dataclass
@@ -121,6 +131,17 @@ class LearnerConfig(CommonConfig):
     """Timeout of the learner's process-group collectives (waiting for data counts against it)."""
     max_message_mb: int = 64
     """Largest data message accepted, in MiB; larger ones are dropped by ZeroMQ before allocation."""
+    # --- faults and security (issue 6)
+    bind_host: str = "127.0.0.1"
+    """Address rank 0 binds its two ports on; anything but loopback is explicit and logged as a warning (use --curve-keys across hosts)."""
+    heartbeat_timeout_s: float = 30.0
+    """A sampler silent this long is counted as gone (logged) and not waited for; it is welcomed back when it speaks again."""
+    buffer_size: int = 1024
+    """Received groups waiting to be trained, at most (a FIFO): beyond it the oldest is dropped and counted as buffer_full."""
+    max_samplers: int = 256
+    """Sampler ids must be below this; messages naming others are dropped, so no peer can grow the learner's tables."""
+    max_prompt_tokens: int = 4096
+    """Groups whose prompt is longer (or whose completions exceed --max-new-tokens) are dropped as too_long before training."""
 
 
 @dataclass

@@ -22,11 +22,14 @@ import torch.distributed as dist
 
 from grpo import protocol as P
 from grpo.batch import Batch, balanced_split, broadcast_batch, build_batch, micro_batch
+from grpo.books import Books
 from grpo.config import LearnerConfig
 from grpo.engine import DeepSpeedEngine, TorchEngine, load_ds_config, resolve_ds_config
+from grpo.liveness import Liveness, SyncPeers
 from grpo.loss import KL_ESTIMATORS, LOSS_TYPES, grpo_token_loss, reduce_loss
 from grpo.metrics import MetricsWriter, make_run_dir
 from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, token_logprobs
+from grpo.security import SERVER, curve_for, warn_if_exposed
 from grpo.transport import DataReceiver, SyncServer, free_port
 from grpo.weight_sync import TcpPublisher
 
@@ -81,14 +84,18 @@ class Learner:
         # Rank 0 binds both ports before loading the model, so samplers can connect and
         # queue while it loads; the ready file tells the launcher the ports are bound.
         self.receiver = self.server = None
+        self.liveness = Liveness(cfg.heartbeat_timeout_s, cfg.max_samplers)
+        self.books = Books(max_entries=4 * cfg.max_samplers)
         if self.rank == 0:
-            self.server = SyncServer(cfg.host, cfg.sync_port)
-            self.receiver = DataReceiver(cfg.host, cfg.data_port, P.Limits(group_size=cfg.num_generations),
-                                         max_message_bytes=cfg.max_message_mb << 20)
+            curve = curve_for(cfg.curve_keys, SERVER)
+            warn_if_exposed(cfg.bind_host, curve)
+            self.server = SyncServer(cfg.bind_host, cfg.sync_port, curve=curve)
+            self.receiver = DataReceiver(cfg.bind_host, cfg.data_port, P.Limits(group_size=cfg.num_generations),
+                                         max_message_bytes=cfg.max_message_mb << 20, curve=curve)
             (self.run_dir / "learner.ready").write_text(json.dumps(
-                {"host": cfg.host, "data_port": cfg.data_port, "sync_port": cfg.sync_port, "pid": os.getpid()}))
-            log.info("learner bound data %s:%d and sync %s:%d; run dir %s", cfg.host, cfg.data_port,
-                     cfg.host, cfg.sync_port, self.run_dir)
+                {"host": cfg.bind_host, "data_port": cfg.data_port, "sync_port": cfg.sync_port, "pid": os.getpid()}))
+            log.info("learner bound data %s:%d and sync %s:%d%s; run dir %s", cfg.bind_host, cfg.data_port,
+                     cfg.bind_host, cfg.sync_port, " (CURVE)" if curve else "", self.run_dir)
 
         if not cfg.no_deepspeed:
             import deepspeed
@@ -114,22 +121,34 @@ class Learner:
         self.autocast = (cfg.no_deepspeed and self.device.type == "cuda")
         self.publisher = (TcpPublisher(self.server, self.engine.module, compute_dtype(self.device))
                           if self.rank == 0 else None)
+        if self.publisher is not None:
+            self.publisher.peers = SyncPeers(self.liveness, max_peers=4 * cfg.max_samplers)
         self.metrics = MetricsWriter(self.run_dir) if self.rank == 0 else None
         self.version = 0
         self.queue: collections.deque[P.Group] = collections.deque()
         self.counts = collections.Counter()           # received, trained, dropped_<reason>
-        self.sampler_status: dict[int, P.SamplerStatus] = {}
         log.info("learner rank %d/%d on %s: batch %d completions (%d groups of %d) per step, gas %d",
                  self.rank, self.world, self.device, self.batch_size, self.groups_per_step,
                  cfg.num_generations, self.engine.gas)
 
     # ------------------------------------------------------------------ data (rank 0)
     def _take(self, msg: P.Message | None) -> None:
-        if isinstance(msg, P.Group):
+        if isinstance(msg, (P.Group, P.SamplerStatus)) and not self.liveness.seen(
+                msg.sampler_id, final=isinstance(msg, P.SamplerStatus) and msg.final):
+            self.receiver.rejected["bad_sampler_id"] += 1  # beyond --max-samplers: not in anyone's books
+        elif isinstance(msg, P.Group):
             self.counts["received"] += 1
+            self.books.group(msg, self.version)
+            if (len(msg.prefix_token_ids) > self.cfg.max_prompt_tokens
+                    or max(len(c.generated_token_ids) for c in msg.completions) > self.cfg.max_new_tokens):
+                self.counts["dropped_too_long"] += 1  # valid on the wire, but not ours to train on
+                return
+            if len(self.queue) >= self.cfg.buffer_size > 0:
+                self.queue.popleft()  # FIFO: the oldest is the stalest
+                self.counts["dropped_buffer_full"] += 1
             self.queue.append(msg)
         elif isinstance(msg, P.SamplerStatus):
-            self.sampler_status[msg.sampler_id] = msg
+            self.books.status(msg, self.version)
         elif msg is not None:
             self.counts["dropped_unexpected_kind"] += 1
 
@@ -151,11 +170,13 @@ class Learner:
             if len(groups) >= self.groups_per_step:
                 break
             self._take(self.receiver.receive(timeout_s=0.5))
+            self.liveness.check()
             now = time.monotonic()
             if now >= next_note:
-                log.info("no data for %.0f s (have %d of %d groups for step %d); samplers seen: %s",
+                live = self.liveness.snapshot()
+                log.info("no data for %.0f s (have %d of %d groups for step %d); samplers alive %s, gone %s",
                          now - waited_since, len(groups), self.groups_per_step, self.version + 1,
-                         sorted(self.sampler_status) or "none")
+                         live["alive"] or "none", live["gone"] or "none")
                 next_note = now + self.cfg.data_timeout_s
         # Take what else already arrived without waiting, so the queue counts are current;
         # bounded, so a peer that never stops sending cannot keep the step from starting.
@@ -255,6 +276,7 @@ class Learner:
                "step_time_s": now - t0, "data_wait_s": t_data - t0, "train_s": t_train - t_data,
                "sync_publish_s": stall, "samples_per_s": trained_samples / (now - t_start),
                "groups": self._accounting(), "sampler_versions": dict(self.publisher.sampler_versions),
+               "samplers_alive": len(self.liveness.alive()), "samplers_gone": len(self.liveness.gone),
                "sync_bytes_served": self.publisher.bytes_served, "data_bytes_received": self.receiver.bytes,
                "time_s": now - t_start}
         self.metrics.write(rec)
@@ -270,31 +292,33 @@ class Learner:
         dropped = {k[len("dropped_"):]: v for k, v in self.counts.items() if k.startswith("dropped_")}
         for reason, n in self.receiver.rejected.items():
             dropped["invalid_" + reason] = dropped.get("invalid_" + reason, 0) + n
+        sent, by_samplers = self.books.totals()
+        for reason, n in by_samplers.items():
+            dropped[reason] = dropped.get(reason, 0) + n
         return {"received": self.counts["received"], "trained": self.counts["trained"],
-                "dropped": dropped, "queued": len(self.queue),
-                "sent": sum(s.groups_sent for s in self.sampler_status.values())}
+                "dropped": dropped, "queued": len(self.queue), "sent": sent}
 
     def shutdown(self, elapsed: float) -> dict:
         """Tell samplers to stop, wait for their final status, and account for every group."""
         self.publisher.stop_samplers()
-        known = set(self.sampler_status) | set(self.publisher.sampler_versions)
         deadline = time.monotonic() + self.cfg.shutdown_timeout_s
-        log.info("finished %d steps; stopping samplers %s (waiting up to %.0f s for their final status)",
-                 self.version, sorted(known), self.cfg.shutdown_timeout_s)
-        while time.monotonic() < deadline:
-            finals = {i for i, s in self.sampler_status.items() if s.final}
-            known |= set(self.sampler_status) | set(self.publisher.sampler_versions)
-            if known and known <= finals:
-                break
+        log.info("finished %d steps; stopping samplers %s (waiting up to %.0f s for their final status; "
+                 "gone ones are not waited for)", self.version, sorted(self.liveness.alive()),
+                 self.cfg.shutdown_timeout_s)
+        # Wait only for samplers that are alive (heard from within --heartbeat-timeout-s and
+        # not finished): a killed or made-up one drops out of alive() after the timeout.
+        while time.monotonic() < deadline and (self.liveness.alive() or not self.books.entries):
             self._take(self.receiver.receive(timeout_s=0.2))
         acc = self._accounting()
-        missing = sorted(known - {i for i, s in self.sampler_status.items() if s.final})
+        latest = self.books.latest()
+        missing = sorted(i for i, e in latest.items() if not e.final)
         dropped_total = sum(acc["dropped"].values())
         acc["balanced"] = acc["sent"] == acc["trained"] + dropped_total + acc["queued"]
         summary = {"steps": self.version, "elapsed_s": elapsed, "groups": acc,
-                   "samplers": {i: {"version": s.policy_version, "groups_sent": s.groups_sent, "final": s.final,
-                                    "stats": s.stats}
-                                for i, s in sorted(self.sampler_status.items())},
+                   "samplers": {i: {"version": e.status.policy_version, "groups_sent": e.status.groups_sent,
+                                    "final": e.final, "stats": e.status.stats}
+                                for i, e in sorted(latest.items()) if e.status is not None},
+                   "incarnations": self.books.report(), "liveness": self.liveness.snapshot(),
                    "samplers_without_final_status": missing,
                    "sync": {"bytes_served": self.publisher.bytes_served, **self.publisher.replies},
                    "rejected_messages": dict(self.receiver.rejected)}

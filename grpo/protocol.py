@@ -83,6 +83,7 @@ class Group:  # the unit of transfer: all G completions of one prompt
     prefix_token_ids: np.ndarray  # int32 [P]
     completions: list[Completion]
     meta: dict[str, object]  # small map str -> str|int|float|bool, e.g. {"answer": "72"}
+    incarnation: int = 0  # random id of the sampler process that made it (a restart gets a new one)
 
 
 @dataclass
@@ -92,6 +93,7 @@ class SamplerStatus:
     groups_sent: int  # cumulative groups handed to the data socket
     final: bool  # last status before the sampler exits
     stats: dict[str, float]
+    incarnation: int = 0  # random id of this sampler process, so a restart's counts start fresh
 
 
 @dataclass
@@ -179,7 +181,7 @@ def _encode_group(g: Group) -> list[bytes | memoryview]:
     ]
     fields = {"sampler_id": g.sampler_id, "group_id": g.group_id, "policy_version": g.policy_version,
               "prefix": g.prefix, "prefix_tokens": list(g.prefix_tokens), "meta": dict(g.meta),
-              "completions": completions}
+              "completions": completions, "incarnation": g.incarnation}
     descs = [{"name": n, "dtype": d, "shape": [len(a)]} for (n, d), a in zip(GROUP_ARRAYS, arrays)]
     # memoryview of a contiguous array: zmq sends it with copy=False, no bytes() copy.
     return [_pack("group", fields, descs), *(memoryview(a) for a in arrays)]
@@ -337,6 +339,21 @@ def _reject_ext(code: int, data: bytes) -> Any:
     raise ValueError(f"msgpack ext type {code} not allowed")
 
 
+def _has_timestamp(tree: Any) -> bool:
+    # msgpack decodes ext type -1 into a Timestamp itself, without calling ext_hook, so it
+    # is looked for here: every ext type is refused the same way, wherever it sits.
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if type(node) is dict:
+            stack.extend(node.values())
+        elif type(node) is list:
+            stack.extend(node)
+        elif type(node) is msgpack.Timestamp:
+            return True
+    return False
+
+
 def _header(frames: Sequence[Frame], limits: Limits) -> tuple[dict[str, Any], list[memoryview]]:
     if isinstance(frames, (bytes, bytearray, memoryview, str)) or not isinstance(frames, Sequence):
         raise _fail("not_multipart", f"expected a list of frames, got {type(frames).__name__}")
@@ -354,6 +371,8 @@ def _header(frames: Sequence[Frame], limits: Limits) -> tuple[dict[str, Any], li
         raise _fail("bad_header", f"undecodable msgpack header: {type(e).__name__}: {e}") from None
     if type(header) is not dict or any(type(k) is not str for k in header):
         raise _fail("bad_header", f"header must be a map with str keys, got {type(header).__name__}")
+    if _has_timestamp(header):
+        raise _fail("bad_header", "msgpack ext type -1 (timestamp) not allowed")
     schema = header.get("schema")
     if type(schema) is not int or schema != SCHEMA_VERSION:
         raise _fail("bad_schema", f"schema {schema!r} != {SCHEMA_VERSION}")
@@ -430,7 +449,13 @@ def _decode_group(h: dict[str, Any], arrays: list[_Array], views: list[memoryvie
         completions.append(Completion(g, old_lp[g0 : g0 + n], ref_lp[g0 : g0 + n], w,
                                       text, reward, reward_info, is_finished))
         g0, w0 = g0 + n, w0 + P + n
-    return Group(sampler_id, group_id, policy_version, prefix, prefix_tokens, prefix_ids, completions, meta)
+    return Group(sampler_id, group_id, policy_version, prefix, prefix_tokens, prefix_ids, completions, meta,
+                 _incarnation(h, "group"))
+
+
+def _incarnation(h: dict[str, Any], where: str) -> int:
+    # Optional (absent: 0), so senders from before it existed still decode.
+    return _int(h, "incarnation", where) if "incarnation" in h else 0
 
 
 def _layout(h: dict[str, Any], bucket_dtypes: list[str], bucket_nbytes: list[int]) -> list[TensorSpec]:
@@ -516,7 +541,7 @@ def decode(frames: Sequence[Frame], limits: Limits = Limits()) -> Message:
     if kind == "status":
         return SamplerStatus(_int(h, "sampler_id", kind), _int(h, "policy_version", kind),
                              _int(h, "groups_sent", kind), _get(h, "final", kind, bool),
-                             _float_map(_get(h, "stats", kind), "status.stats"))
+                             _float_map(_get(h, "stats", kind), "status.stats"), _incarnation(h, kind))
     if kind == "weights_request":
         return WeightsRequest(_int(h, "sampler_id", kind), _int(h, "have_version", kind, lo=-1),
                               _int(h, "request_id", kind))
