@@ -80,13 +80,15 @@ class Books:
         if e.first_group_version is None:
             e.first_group_version = g.policy_version
 
-    def status(self, s: P.SamplerStatus, version: int) -> None:
+    def status(self, s: P.SamplerStatus, version: int) -> bool:
+        """Record a status; returns whether that process has now sent its final status."""
         e = self._entry(s.sampler_id, s.incarnation, version)
         old = e.status
         # Heartbeats travel on their own socket, so one may overtake (arrive after) the final
         # status or a newer heartbeat: keep the final one, else the one with the larger count.
         if old is None or s.final or (not old.final and s.groups_sent >= old.groups_sent):
             e.status = s
+        return e.final
 
     def latest(self) -> dict[int, Incarnation]:
         """Per sampler id, its newest incarnation."""

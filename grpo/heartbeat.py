@@ -52,7 +52,7 @@ class Heartbeat:
 
 
 def send_group(sender: DataSender, msg: P.Message, on_full: str, timeout_s: float, stats: dict,
-               where: str) -> bool:
+               where: str, what: str = "group") -> bool:
     """Send one group under the --on-full policy; False when it was dropped (and counted)."""
     if on_full == "drop":
         if sender.send(msg, timeout_s=0):
@@ -71,13 +71,14 @@ def send_group(sender: DataSender, msg: P.Message, on_full: str, timeout_s: floa
             log.warning("data queue full for %.0f s (> --send-timeout-s): dropped this group "
                         "(%d so far)", waited, int(stats["dropped_send_timeout"]))
             return False
-        log.info("data queue full for %.0f s (learner slow or not up at %s); waiting", waited, where)
+        log.info("data queue full for %.0f s (learner slow or not up at %s); waiting to send %s",
+                 waited, where, what)
     return True
 
 
 def wait_send(sender: DataSender, msg: P.Message, timeout_s: float, where: str) -> bool:
     """A status message: waits like 'block', at most timeout_s, never dropped silently."""
-    ok = send_group(sender, msg, "block", timeout_s, {}, where)
+    ok = send_group(sender, msg, "block", timeout_s, {}, where, "a status")
     if not ok:
         log.warning("could not send a status to the learner at %s within %.0f s", where, timeout_s)
     return ok

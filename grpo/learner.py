@@ -133,10 +133,10 @@ class Learner:
 
     # ------------------------------------------------------------------ data (rank 0)
     def _take(self, msg: P.Message | None) -> None:
-        if isinstance(msg, (P.Group, P.SamplerStatus)) and not self.liveness.seen(
-                msg.sampler_id, final=isinstance(msg, P.SamplerStatus) and msg.final):
+        if isinstance(msg, (P.Group, P.SamplerStatus)) and not self.liveness.valid_id(msg.sampler_id):
             self.receiver.rejected["bad_sampler_id"] += 1  # beyond --max-samplers: not in anyone's books
         elif isinstance(msg, P.Group):
+            self.liveness.seen(msg.sampler_id)
             self.counts["received"] += 1
             self.books.group(msg, self.version)
             if (len(msg.prefix_token_ids) > self.cfg.max_prompt_tokens
@@ -148,7 +148,9 @@ class Learner:
                 self.counts["dropped_buffer_full"] += 1
             self.queue.append(msg)
         elif isinstance(msg, P.SamplerStatus):
-            self.books.status(msg, self.version)
+            # A heartbeat may overtake the final status (its own socket): the books keep the
+            # final one, and liveness asks them, so a finished process stays finished.
+            self.liveness.seen(msg.sampler_id, final=self.books.status(msg, self.version))
         elif msg is not None:
             self.counts["dropped_unexpected_kind"] += 1
 
@@ -170,7 +172,8 @@ class Learner:
             if len(groups) >= self.groups_per_step:
                 break
             self._take(self.receiver.receive(timeout_s=0.5))
-            self.liveness.check()
+            if not self.receiver.sock.poll(0):  # judge silence only once what arrived is read
+                self.liveness.check()
             now = time.monotonic()
             if now >= next_note:
                 live = self.liveness.snapshot()
@@ -178,13 +181,20 @@ class Learner:
                          now - waited_since, len(groups), self.groups_per_step, self.version + 1,
                          live["alive"] or "none", live["gone"] or "none")
                 next_note = now + self.cfg.data_timeout_s
-        # Take what else already arrived without waiting, so the queue counts are current;
-        # bounded, so a peer that never stops sending cannot keep the step from starting.
+        self._drain()
+        return groups
+
+    def _drain(self) -> None:
+        # Take what else already arrived without waiting, so the queue counts (and last-seen
+        # times) are current; bounded, so a peer that never stops sending cannot stall us.
         for _ in range(1000):
             if not self.receiver.sock.poll(0):
                 break
             self._take(self.receiver.receive(timeout_s=0))
-        return groups
+
+    def _alive(self) -> set[int]:
+        self._drain()  # a training step may have kept us from reading heartbeats that did arrive
+        return self.liveness.alive()
 
     # ------------------------------------------------------------------ training (all ranks)
     def train_step(self, batch: Batch) -> dict:
@@ -276,7 +286,7 @@ class Learner:
                "step_time_s": now - t0, "data_wait_s": t_data - t0, "train_s": t_train - t_data,
                "sync_publish_s": stall, "samples_per_s": trained_samples / (now - t_start),
                "groups": self._accounting(), "sampler_versions": dict(self.publisher.sampler_versions),
-               "samplers_alive": len(self.liveness.alive()), "samplers_gone": len(self.liveness.gone),
+               "samplers_alive": len(self._alive()), "samplers_gone": len(self.liveness.gone),
                "sync_bytes_served": self.publisher.bytes_served, "data_bytes_received": self.receiver.bytes,
                "time_s": now - t_start}
         self.metrics.write(rec)
@@ -303,11 +313,11 @@ class Learner:
         self.publisher.stop_samplers()
         deadline = time.monotonic() + self.cfg.shutdown_timeout_s
         log.info("finished %d steps; stopping samplers %s (waiting up to %.0f s for their final status; "
-                 "gone ones are not waited for)", self.version, sorted(self.liveness.alive()),
+                 "gone ones are not waited for)", self.version, sorted(self._alive()),
                  self.cfg.shutdown_timeout_s)
         # Wait only for samplers that are alive (heard from within --heartbeat-timeout-s and
         # not finished): a killed or made-up one drops out of alive() after the timeout.
-        while time.monotonic() < deadline and (self.liveness.alive() or not self.books.entries):
+        while time.monotonic() < deadline and (self._alive() or not self.books.entries):
             self._take(self.receiver.receive(timeout_s=0.2))
         acc = self._accounting()
         latest = self.books.latest()

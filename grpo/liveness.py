@@ -79,7 +79,7 @@ class Liveness:
             return {"alive": sorted(set(self.last_seen) - self.gone - self.finished), "gone": sorted(self.gone),
                     "finished": sorted(self.finished),
                     "silent_s": {sid: round(now - t, 1) for sid, t in sorted(self.last_seen.items())},
-                    **{k: self.events[k] for k in ("gone", "back")}}
+                    "times_gone": self.events["gone"], "times_back": self.events["back"]}
 
 
 class SyncPeers:

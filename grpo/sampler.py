@@ -202,7 +202,7 @@ class Sampler:
                 for group in self.generate_round(rounds):
                     self.groups_sent += 1  # offered: a group dropped at the HWM is counted too
                     send_group(self.data, group, self.cfg.on_full, self.cfg.send_timeout_s, self.stats,
-                               self._where)
+                               self._where, f"group {self.groups_sent}")
                 rounds += 1
                 self.stats["rounds"] = rounds
                 self.send_status(final=False)
