@@ -58,7 +58,8 @@ def send_group(sender: DataSender, msg: P.Message, on_full: str, timeout_s: floa
         if sender.send(msg, timeout_s=0):
             return True
         stats["dropped_full"] = stats.get("dropped_full", 0.0) + 1
-        if stats["dropped_full"] in (1, 10, 100) or stats["dropped_full"] % 1000 == 0:
+        n = int(stats["dropped_full"])
+        if n == 1 or (n <= 100 and n % 10 == 0) or n % 1000 == 0:  # a dead learner must not flood the log
             log.warning("data queue full (learner slow or absent at %s): dropped %d groups so far "
                         "(--on-full drop)", where, int(stats["dropped_full"]))
         return False

@@ -185,7 +185,10 @@ class Sampler:
                                incarnation=self.incarnation)
 
     def send_status(self, final: bool) -> None:
-        wait_send(self.data, self._status(final), self.cfg.send_timeout_s or 600.0, self._where)
+        if final:  # the learner's books need this one: wait for room, but not forever
+            wait_send(self.data, self._status(True), self.cfg.send_timeout_s or 600.0, self._where)
+        else:  # like a heartbeat: if the queue is full now, the next one says the same, newer
+            self.data.send(self._status(False), timeout_s=0)
 
     @property
     def _where(self) -> str:

@@ -102,11 +102,12 @@ class Cluster:
         self.wait(f"{count}x {pattern!r} in {name}", lambda: self.count(name, pattern) >= count, **kw)
 
 
-def rss_kb(pid: int) -> int:
+def peak_rss_kb(pid: int) -> int:
+    """The process's peak resident set size so far (VmHWM)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith("VmHWM:"):
             return int(line.split()[1])
-    raise AssertionError("no VmRSS")
+    raise AssertionError("no VmHWM")
 
 
 def check_books(acc: dict) -> None:

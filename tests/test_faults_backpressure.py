@@ -1,7 +1,7 @@
 """A learner that is absent, then slow: bounded queues on both sides, and every group in the books.
 
 Real processes. Two samplers start before the learner exists, with --send-hwm 2:
-  sampler 0 --on-full drop: queues exactly 2 groups, drops the rest (counted), memory flat;
+  sampler 0 --on-full drop: queues exactly 2 groups, drops the rest (counted), peak memory flat;
   sampler 1 --on-full block: queues 2 groups and waits on the third (logged), generating nothing more.
 Then the learner starts with --buffer-size 2: the backlog arrives while it loads its model, so its
 FIFO overflows (oldest dropped, counted as buffer_full), and it stops after 3 steps with groups still
@@ -9,10 +9,9 @@ queued, which are counted as queued, not vanished.
 """
 import json
 import re
-import time
 
 import pytest
-from faultutil import Cluster, check_books, rss_kb
+from faultutil import Cluster, check_books, peak_rss_kb
 
 HWM = 2
 
@@ -26,15 +25,14 @@ def test_absent_then_slow_learner_bounded_queues_and_books(tmp_path):
     try:
         c.sampler(0, *opts, "--on-full", "drop")
         c.sampler(1, *opts, "--on-full", "block")
-        # Sampler 0's resident memory from its first drop until it has dropped 10 groups.
-        c.wait_log("sampler0", r"dropped 1 groups so far", alive=samplers)
+        # Sampler 0's peak resident memory once warm (10 drops) and 20 drops later: flat, since
+        # what it cannot send it drops instead of queueing (each group is ~10 kB here, so this
+        # bounds the process, not the groups; the queue bound itself is exact, see sampler 1).
+        c.wait_log("sampler0", r"dropped 10 groups so far", alive=samplers)
         pid = c.procs["sampler0"].pid
-        rss = [rss_kb(pid)]
-        rx = re.compile(r"dropped 10 groups so far")
-        while not rx.search(c.log("sampler0")):
-            assert all(c.procs[n].poll() is None for n in samplers), c.logs()
-            rss.append(rss_kb(pid))
-            time.sleep(0.2)
+        rss = [peak_rss_kb(pid)]
+        c.wait_log("sampler0", r"dropped 30 groups so far", alive=samplers)
+        rss.append(peak_rss_kb(pid))
         c.wait_log("sampler1", rf"data queue full for \d+ s .* waiting to send group {HWM + 1}\b", alive=samplers)
         blocked_log = c.log("sampler1")
         # Blocked on group HWM+1: it has not gone on to generate and queue more.
@@ -54,13 +52,13 @@ def test_absent_then_slow_learner_bounded_queues_and_books(tmp_path):
     acc = s["groups"]
     r0 = json.loads((c.run_dir / "sampler0_result.json").read_text())
     r1 = json.loads((c.run_dir / "sampler1_result.json").read_text())
-    print(f"\nsampler 0 RSS {rss[0] / 1024:.0f} MB at its first drop, peak {max(rss) / 1024:.0f} MB "
-          f"by its 10th ({len(rss)} samples); accounting: {acc}")
-    assert growth_mb < 32, (growth_mb, rss)
+    print(f"\nsampler 0 peak RSS {rss[0] / 1024:.0f} MB at its 10th drop, {rss[1] / 1024:.0f} MB at its 30th; "
+          f"accounting: {acc}")
+    assert growth_mb < 64, (growth_mb, rss)
     check_books(acc)
     assert s["steps"] == 3 and acc["trained"] == 3
     # Sampler-side drops are in the books, exactly as the samplers counted them.
-    assert r0["dropped_full"] >= 10 and acc["dropped"]["sampler_full"] == r0["dropped_full"]
+    assert r0["dropped_full"] >= 30 and acc["dropped"]["sampler_full"] == r0["dropped_full"]
     assert r1["dropped_full"] == 0 and r1["dropped_send_timeout"] == 0
     assert acc["sent"] == r0["groups_sent"] + r1["groups_sent"]
     # The learner's FIFO held at most 2: the backlog overflowed it, and what is left is counted.
