@@ -121,6 +121,13 @@ class LearnerConfig(CommonConfig):
     """Timeout of the learner's process-group collectives (waiting for data counts against it)."""
     max_message_mb: int = 64
     """Largest data message accepted, in MiB; larger ones are dropped by ZeroMQ before allocation."""
+    # --- checkpoints and resume (grpo/checkpoint.py)
+    save_every: int = 1000
+    """Save a checkpoint (DeepSpeed or PyTorch state, Hugging Face policy, RNG, step) every N steps and at the end (0: only at the end)."""
+    keep_checkpoints: int = 3
+    """Keep only the newest K checkpoints under <run_dir>/checkpoints (0: keep all)."""
+    resume: str = ""
+    """Resume from a checkpoint: 'latest' (newest under --run-dir), a checkpoints/step_N folder, or a run directory."""
 
 
 @dataclass

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from grpo import protocol as P
 from grpo.batch import Batch, balanced_split, broadcast_batch, build_batch, micro_batch
+from grpo.checkpoint import Checkpointer, ResumeError, load_checkpoint, resolve_resume
 from grpo.config import LearnerConfig
 from grpo.engine import DeepSpeedEngine, TorchEngine, load_ds_config, resolve_ds_config
 from grpo.loss import KL_ESTIMATORS, LOSS_TYPES, grpo_token_loss, reduce_loss
@@ -78,6 +79,7 @@ class Learner:
         self.groups_per_step = self.batch_size // cfg.num_generations
 
         path = resolve_model(cfg.model)  # a bad --model fails here, before ports or weights
+        resume_dir = resolve_resume(cfg.resume, self.run_dir)  # so does a bad --resume
         # Rank 0 binds both ports before loading the model, so samplers can connect and
         # queue while it loads; the ready file tells the launcher the ports are bound.
         self.receiver = self.server = None
@@ -116,6 +118,17 @@ class Learner:
                           if self.rank == 0 else None)
         self.metrics = MetricsWriter(self.run_dir) if self.rank == 0 else None
         self.version = 0
+        self.checkpointer = Checkpointer(self.run_dir, cfg.save_every, cfg.keep_checkpoints, self.rank, self.world)
+        if resume_dir is not None:
+            self.resumed = load_checkpoint(self.engine, resume_dir, self.rank, self.world)
+            self.version = self.checkpointer.last_saved = int(self.resumed["step"])
+            if self.version >= cfg.max_steps:
+                raise ResumeError(f"checkpoint {resume_dir} is at step {self.version} >= --max-steps "
+                                  f"{cfg.max_steps}; raise --max-steps (it counts all steps, resumed ones too)")
+            if self.publisher is not None:
+                # Samplers hold the initial (or newer, lost) weights: serve the resumed ones at once.
+                self.publisher.publish(self.version, self.engine.module)
+            log.info("resumed from %s: continuing at step %d", resume_dir, self.version + 1)
         self.queue: collections.deque[P.Group] = collections.deque()
         self.counts = collections.Counter()           # received, trained, dropped_<reason>
         self.sampler_status: dict[int, P.SamplerStatus] = {}
@@ -220,7 +233,7 @@ class Learner:
     def run(self) -> dict:
         t_start = time.perf_counter()
         trained_samples = 0
-        for step in range(1, self.cfg.max_steps + 1):
+        for step in range(self.version + 1, self.cfg.max_steps + 1):
             t0 = time.perf_counter()
             batch = groups = None
             if self.rank == 0:
@@ -236,6 +249,8 @@ class Learner:
                 self.counts["trained"] += len(groups)
                 trained_samples += batch.size
                 self._log_step(step, groups, batch, stats, t0, t_data, t_train, stall, trained_samples, t_start)
+            if self.checkpointer.due(step, last=step == self.cfg.max_steps):
+                self.checkpointer.save(self.engine, self.tok, step, self._checkpoint_extra())
         if self.rank == 0:
             broadcast_batch(None, True, self.device)
             return self.shutdown(time.perf_counter() - t_start)
@@ -265,6 +280,14 @@ class Learner:
                  stats["clip_frac"], stats["tokens"], rec["step_time_s"], rec["data_wait_s"], rec["train_s"],
                  stall, rec["samples_per_s"], rec["sampler_versions"], rec["groups"], self.receiver.messages,
                  self.receiver.bytes / 1e6, self.publisher.bytes_served / 1e6)
+
+    def _checkpoint_extra(self) -> dict:
+        """What rank 0 records beside the weights: the samplers' last reported position, counts."""
+        if self.rank != 0:
+            return {}
+        return {"samplers": {i: {"version": s.policy_version, "groups_sent": s.groups_sent,
+                                 "rounds": int(s.stats.get("rounds", 0))} for i, s in self.sampler_status.items()},
+                "groups": self._accounting(), "seed": self.cfg.seed}
 
     def _accounting(self) -> dict:
         dropped = {k[len("dropped_"):]: v for k, v in self.counts.items() if k.startswith("dropped_")}
