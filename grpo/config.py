@@ -152,6 +152,17 @@ class LaunchConfig(CommonConfig):
     """After a stop, how long each process gets to exit before it is killed."""
     extra: list[str] = field(default_factory=list)
     """(internal) flags passed through to every worker."""
+    # --- operations: supervision, parallel seeded runs (grpo/instances.py)
+    restart_samplers: int = 0
+    """Restart a sampler that dies up to N times (each sampler) instead of stopping the run (0: stop the run)."""
+    share_gpus: bool = False
+    """Allow a GPU in both --sampling-gpus and --training-gpus (otherwise an overlap is refused)."""
+    instances: int = 1
+    """Independent runs started together, each with its own GPUs, ports and run directory (see --seeds)."""
+    seeds: str = ""
+    """Comma-separated seeds, one per instance, e.g. 42,1337 (implies --instances; default: --seed, --seed+1, ...)."""
+    name: str = "grpo"
+    """With --instances/--seeds: instance run directories are <run-dir or runs>/<name>_seed<seed>."""
 
 
 # --------------------------------------------------------------------------- flags
