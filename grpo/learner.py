@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import time
+import zlib
 from datetime import timedelta
 
 import torch
@@ -271,7 +272,10 @@ class Learner:
                "sync_publish_s": stall, "samples_per_s": trained_samples / (now - t_start),
                "groups": self._accounting(), "sampler_versions": dict(self.publisher.sampler_versions),
                "sync_bytes_served": self.publisher.bytes_served, "data_bytes_received": self.receiver.bytes,
-               "time_s": now - t_start}
+               "time_s": now - t_start,
+               # Fingerprint of the step's completions: equal seeds and settings give equal batches.
+               "batch_crc32": zlib.crc32(b"".join(c.generated_token_ids.tobytes() for g in groups
+                                                  for c in g.completions))}
         self.metrics.write(rec)
         log.info("step %d v%d: loss %.4f reward %.3f acc %.3f kl %.4f clip %.3f | %d tok, %.2f s "
                  "(wait %.2f, train %.2f, publish %.3f) | %.1f samples/s | samplers at %s | groups %s | "
