@@ -56,14 +56,23 @@ def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def resolve_resume(spec: str, run_dir: Path) -> Path | None:
+def resolve_resume(spec: str, run_dir: Path, max_steps: int = 0) -> Path | None:
     """--resume value to a checkpoint folder: '' (none), 'latest', or a path.
 
     A path may be a step_N folder or a run directory / checkpoints folder (its newest complete
-    checkpoint is taken).
+    checkpoint is taken). With max_steps, a checkpoint with nothing left to do is refused.
     """
     if not spec:
         return None
+    found = _resolve(spec, run_dir)
+    step = json.loads((found / STATE_FILE).read_text())["step"]
+    if max_steps and step >= max_steps:
+        raise ResumeError(f"checkpoint {found} is at step {step} >= --max-steps {max_steps}; "
+                          f"raise --max-steps (it counts all steps, the resumed ones too)")
+    return found
+
+
+def _resolve(spec: str, run_dir: Path) -> Path:
     if spec == "latest":
         found = list_checkpoints(checkpoints_root(run_dir))
         if not found:

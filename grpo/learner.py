@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from grpo import protocol as P
 from grpo.batch import Batch, balanced_split, broadcast_batch, build_batch, micro_batch
-from grpo.checkpoint import Checkpointer, ResumeError, load_checkpoint, resolve_resume
+from grpo.checkpoint import Checkpointer, load_checkpoint, resolve_resume
 from grpo.config import LearnerConfig
 from grpo.engine import DeepSpeedEngine, TorchEngine, load_ds_config, resolve_ds_config
 from grpo.loss import KL_ESTIMATORS, LOSS_TYPES, grpo_token_loss, reduce_loss
@@ -80,7 +80,7 @@ class Learner:
         self.groups_per_step = self.batch_size // cfg.num_generations
 
         path = resolve_model(cfg.model)  # a bad --model fails here, before ports or weights
-        resume_dir = resolve_resume(cfg.resume, self.run_dir)  # so does a bad --resume
+        resume_dir = resolve_resume(cfg.resume, self.run_dir, cfg.max_steps)  # so does a bad --resume
         # Rank 0 binds both ports before loading the model, so samplers can connect and
         # queue while it loads; the ready file tells the launcher the ports are bound.
         self.receiver = self.server = None
@@ -121,15 +121,14 @@ class Learner:
         self.version = 0
         self.checkpointer = Checkpointer(self.run_dir, cfg.save_every, cfg.keep_checkpoints, self.rank, self.world)
         if resume_dir is not None:
+            t_load = time.perf_counter()
             self.resumed = load_checkpoint(self.engine, resume_dir, self.rank, self.world)
             self.version = self.checkpointer.last_saved = int(self.resumed["step"])
-            if self.version >= cfg.max_steps:
-                raise ResumeError(f"checkpoint {resume_dir} is at step {self.version} >= --max-steps "
-                                  f"{cfg.max_steps}; raise --max-steps (it counts all steps, resumed ones too)")
             if self.publisher is not None:
                 # Samplers hold the initial (or newer, lost) weights: serve the resumed ones at once.
                 self.publisher.publish(self.version, self.engine.module)
-            log.info("resumed from %s: continuing at step %d", resume_dir, self.version + 1)
+            log.info("resumed from %s in %.2f s: continuing at step %d", resume_dir,
+                     time.perf_counter() - t_load, self.version + 1)
         self.queue: collections.deque[P.Group] = collections.deque()
         self.counts = collections.Counter()           # received, trained, dropped_<reason>
         self.sampler_status: dict[int, P.SamplerStatus] = {}

@@ -134,6 +134,9 @@ def test_keep_k_prunes_oldest_and_incomplete_ones_are_ignored(tmp_path, tiny):
     assert resolve_resume(str(root / "step_3"), tmp_path) == root / "step_3"
     assert json.loads((root / "step_4" / STATE_FILE).read_text())["step"] == 4
     assert resolve_resume("", tmp_path) is None
+    with pytest.raises(ResumeError, match="at step 4 >= --max-steps 4; raise --max-steps"):
+        resolve_resume("latest", tmp_path, max_steps=4)
+    assert resolve_resume("latest", tmp_path, max_steps=5) == root / "step_4"
     with pytest.raises(ResumeError, match="--resume latest: no complete checkpoint"):
         resolve_resume("latest", tmp_path / "elsewhere")
     with pytest.raises(ResumeError, match="not a complete checkpoint"):
