@@ -11,6 +11,11 @@ For a process that ended without a final status (killed), its last status may be
 or newer than the groups that reached us: we take sent = max(last groups_sent, what we
 received + what it dropped), and what it sent that never arrived is dropped as
 "lost_in_flight" (groups that died in its socket buffer with it).
+
+A learner resumed from a checkpoint restores the books as they were at that checkpoint
+(dump/restore). What the killed learner had queued then died with it ("lost_in_learner_queue");
+so did what it received after the checkpoint and what was in flight to it: "lost_with_learner"
+(the samplers' final counts say they were sent; no learner that lived on saw them).
 """
 from __future__ import annotations
 
@@ -42,6 +47,11 @@ class Incarnation:
         stats = self.status.stats if self.status else {}
         return {reason: int(stats.get(key, 0)) for key, reason in SAMPLER_DROPS.items() if stats.get(key, 0)}
 
+    def lost_with_learner(self, carried: bool) -> int:
+        if not (carried and self.final):
+            return 0
+        return max(0, self.sent() - self.received - sum(self.sampler_dropped().values()))
+
     def sent(self) -> int:
         offered = self.status.groups_sent if self.status else 0
         if self.final:
@@ -58,6 +68,7 @@ class Books:
     def __init__(self, max_entries: int = 1024):
         self.max_entries = max_entries
         self.entries: dict[tuple[int, int], Incarnation] = {}
+        self.carried = False  # restored from a checkpoint of an earlier learner process
 
     def _entry(self, sampler_id: int, incarnation: int, version: int) -> Incarnation:
         key = (sampler_id, incarnation)
@@ -104,9 +115,44 @@ class Books:
             sent += e.sent()
             for reason, n in e.sampler_dropped().items():
                 dropped[reason] = dropped.get(reason, 0) + n
-            if e.lost():
-                dropped["lost_in_flight"] = dropped.get("lost_in_flight", 0) + e.lost()
+            for reason, n in (("lost_in_flight", e.lost()), ("lost_with_learner", e.lost_with_learner(self.carried))):
+                if n:
+                    dropped[reason] = dropped.get(reason, 0) + n
         return sent, dropped
+
+    # ------------------------------------------------------------------ checkpoint / resume
+    def dump(self) -> list[dict]:
+        """JSON-able state for the learner's checkpoint."""
+        return [{"sampler_id": e.sampler_id, "incarnation": e.incarnation, "joined_at_version": e.joined_at_version,
+                 "received": e.received, "first_group_version": e.first_group_version,
+                 "status": None if e.status is None else
+                 {"policy_version": e.status.policy_version, "groups_sent": e.status.groups_sent,
+                  "final": e.status.final, "stats": dict(e.status.stats)}}
+                for e in sorted(self.entries.values(), key=lambda e: e.order)]
+
+    def restore(self, entries: list[dict], groups: dict, counts, rejected) -> int:
+        """Take over the books of a checkpoint; returns the groups lost from its queue."""
+        for d in entries[: self.max_entries]:
+            e = Incarnation(int(d["sampler_id"]), int(d["incarnation"]), int(d["joined_at_version"]),
+                            int(d["received"]), d.get("first_group_version"), order=len(self.entries))
+            st = d.get("status")
+            if st:
+                e.status = P.SamplerStatus(e.sampler_id, int(st["policy_version"]), int(st["groups_sent"]),
+                                           bool(st["final"]), {k: float(v) for k, v in st["stats"].items()},
+                                           e.incarnation)
+            self.entries[(e.sampler_id, e.incarnation)] = e
+        self.carried = True
+        counts["received"] += int(groups.get("received", 0))
+        counts["trained"] += int(groups.get("trained", 0))
+        derived = set(SAMPLER_DROPS.values()) | {"lost_in_flight", "lost_with_learner"}  # recomputed
+        for reason, n in groups.get("dropped", {}).items():
+            if reason.startswith("invalid_"):
+                rejected[reason[len("invalid_"):]] += int(n)
+            elif reason not in derived:  # those are recomputed from the restored entries
+                counts["dropped_" + reason] += int(n)
+        lost = int(groups.get("queued", 0))  # the killed learner's queue at the checkpoint
+        counts["dropped_lost_in_learner_queue"] += lost
+        return lost
 
     def report(self) -> list[dict]:
         return [{"sampler_id": e.sampler_id, "incarnation": e.incarnation, "joined_at_version": e.joined_at_version,

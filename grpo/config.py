@@ -142,6 +142,13 @@ class LearnerConfig(CommonConfig):
     """Sampler ids must be below this; messages naming others are dropped, so no peer can grow the learner's tables."""
     max_prompt_tokens: int = 4096
     """Groups whose prompt is longer (or whose completions exceed --max-new-tokens) are dropped as too_long before training."""
+    # --- checkpoints and resume (grpo/checkpoint.py)
+    save_every: int = 1000
+    """Save a checkpoint (DeepSpeed or PyTorch state, Hugging Face policy, RNG, step) every N steps and at the end (0: only at the end)."""
+    keep_checkpoints: int = 3
+    """Keep only the newest K checkpoints under <run_dir>/checkpoints (0: keep all)."""
+    resume: str = ""
+    """Resume from a checkpoint: 'latest' (newest under --run-dir), a checkpoints/step_N folder, or a run directory."""
 
 
 @dataclass
@@ -166,6 +173,17 @@ class LaunchConfig(CommonConfig):
     """After a stop, how long each process gets to exit before it is killed."""
     extra: list[str] = field(default_factory=list)
     """(internal) flags passed through to every worker."""
+    # --- operations: supervision, parallel seeded runs (grpo/instances.py)
+    restart_samplers: int = 0
+    """Restart a sampler that dies up to N times (each sampler) instead of stopping the run (0: stop the run)."""
+    share_gpus: bool = False
+    """Allow a GPU in both --sampling-gpus and --training-gpus (otherwise an overlap is refused)."""
+    instances: int = 1
+    """Independent runs started together, each with its own GPUs, ports and run directory (see --seeds)."""
+    seeds: str = ""
+    """Comma-separated seeds, one per instance, e.g. 42,1337 (implies --instances; default: --seed, --seed+1, ...)."""
+    name: str = "grpo"
+    """With --instances/--seeds: instance run directories are <run-dir or runs>/<name>_seed<seed>."""
 
 
 # --------------------------------------------------------------------------- flags

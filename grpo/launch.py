@@ -100,6 +100,10 @@ def plan(cfg: LaunchConfig, cuda_count: int, sampler_flags: list[str], learner_f
             samp_gpus = [0]
         if not train_gpus:
             train_gpus = [1] if cuda_count > 1 else [0]
+        shared = sorted(set(samp_gpus) & set(train_gpus))
+        if shared and (cfg.sampling_gpus or cfg.training_gpus) and not cfg.share_gpus:
+            raise LaunchError(f"GPU(s) {','.join(map(str, shared))} in both --sampling-gpus and --training-gpus; "
+                              f"give disjoint lists, or add --share-gpus to put a sampler beside learner ranks")
         for g in samp_gpus + train_gpus:
             if g >= cuda_count:
                 raise LaunchError(f"GPU {g} does not exist: this machine has {cuda_count} GPU(s) "
@@ -172,9 +176,13 @@ class Supervisor:
         fh = open(log_path, "ab")
         # Own session per child: a terminal Ctrl+C reaches only us, and we stop children in order.
         p = subprocess.Popen(spec.argv, env=spec.env, stdout=fh, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT)
+                             stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT,
+                             preexec_fn=_die_with_parent)
         fh.close()
         self.procs[spec.name] = (p, spec, log_path)
+        # Which pid is which process, for whoever operates the run (and the no-orphan test).
+        pids = {n: q.pid for n, (q, _, _) in self.procs.items()}
+        (self.run_dir / "pids.json").write_text(json.dumps({"launcher": os.getpid(), **pids}) + "\n")
 
     def failed(self) -> tuple[str, int] | None:
         for name, (p, _, _) in self.procs.items():
@@ -201,7 +209,7 @@ class Supervisor:
     def stop(self, timeout: float) -> None:
         live = [(n, p) for n, (p, _, _) in self.procs.items() if p.poll() is None]
         for _, p in live:
-            _signal_group(p, signal.SIGTERM)
+            _signal_group(p, signal.SIGTERM)   # the whole group: helpers a worker spawned stop too
         deadline = time.monotonic() + timeout
         for n, p in live:
             try:
@@ -210,6 +218,25 @@ class Supervisor:
                 print(f"[launcher] {n} did not stop in {timeout:.0f} s; killing it", flush=True)
                 _signal_group(p, signal.SIGKILL)
                 p.wait()
+
+
+def _die_with_parent() -> None:
+    """In the child: the kernel kills it if the launcher dies (even by SIGKILL): no orphans."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: the launcher's own stop() is the only guard
+
+
+def describe_exit(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"was killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"was killed by signal {-rc}"
+    return f"failed with exit code {rc}"
 
 
 def _signal_group(p: subprocess.Popen, sig: int) -> None:
@@ -236,6 +263,10 @@ def _status_line(run_dir: Path, seen: int) -> tuple[int, str | None]:
 
 def main(argv: list[str] | None = None) -> int:
     cfg, to_s, to_l = parse(argv)
+    if cfg.instances != 1 or cfg.seeds:
+        from grpo.instances import run_instances
+
+        return run_instances(cfg, sys.argv[1:] if argv is None else argv)
     try:
         if cfg.device == "cpu":
             cuda_count = 0
@@ -292,13 +323,23 @@ def main(argv: list[str] | None = None) -> int:
         for s in samplers:
             sup.start(s)
         seen = 0
+        restarts = {s.name: 0 for s in samplers}
         while True:
             if stopping["sig"]:
-                print("[launcher] interrupted: stopping every process", flush=True)
-                return 130
+                name = signal.Signals(stopping["sig"]).name
+                print(f"[launcher] {name}: stopping every process (up to {cfg.stop_timeout_s:.0f} s each, "
+                      f"then killed)", flush=True)
+                return 128 + stopping["sig"]
             bad = sup.failed()
+            if bad and bad[0].startswith("sampler") and restarts[bad[0]] < cfg.restart_samplers:
+                restarts[bad[0]] += 1
+                print(f"[launcher] {bad[0]} {describe_exit(bad[1])}; restarting it ({restarts[bad[0]]} of "
+                      f"{cfg.restart_samplers}). Last lines of {bad[0]}.log:\n{sup.tail(bad[0])}",
+                      file=sys.stderr, flush=True)
+                sup.start(sup.procs[bad[0]][1])
+                continue
             if bad:
-                print(f"[launcher] {bad[0]} failed with exit code {bad[1]}; stopping the run. "
+                print(f"[launcher] {bad[0]} {describe_exit(bad[1])}; stopping the run. "
                       f"Last lines of {bad[0]}.log:\n{sup.tail(bad[0])}", file=sys.stderr, flush=True)
                 return 1
             seen, line = _status_line(run_dir, seen)

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import time
+import zlib
 from datetime import timedelta
 
 import torch
@@ -23,6 +24,7 @@ import torch.distributed as dist
 from grpo import protocol as P
 from grpo.batch import Batch, balanced_split, broadcast_batch, build_batch, micro_batch
 from grpo.books import Books
+from grpo.checkpoint import Checkpointer, load_checkpoint, resolve_resume
 from grpo.config import LearnerConfig
 from grpo.engine import DeepSpeedEngine, TorchEngine, load_ds_config, resolve_ds_config
 from grpo.liveness import Liveness, SyncPeers
@@ -81,6 +83,7 @@ class Learner:
         self.groups_per_step = self.batch_size // cfg.num_generations
 
         path = resolve_model(cfg.model)  # a bad --model fails here, before ports or weights
+        resume_dir = resolve_resume(cfg.resume, self.run_dir, cfg.max_steps)  # so does a bad --resume
         # Rank 0 binds both ports before loading the model, so samplers can connect and
         # queue while it loads; the ready file tells the launcher the ports are bound.
         self.receiver = self.server = None
@@ -125,8 +128,23 @@ class Learner:
             self.publisher.peers = SyncPeers(self.liveness, max_peers=4 * cfg.max_samplers)
         self.metrics = MetricsWriter(self.run_dir) if self.rank == 0 else None
         self.version = 0
+        self.checkpointer = Checkpointer(self.run_dir, cfg.save_every, cfg.keep_checkpoints, self.rank, self.world)
+        if resume_dir is not None:
+            t_load = time.perf_counter()
+            self.resumed = load_checkpoint(self.engine, resume_dir, self.rank, self.world)
+            self.version = self.checkpointer.last_saved = int(self.resumed["step"])
+            if self.publisher is not None:
+                # Samplers hold the initial (or newer, lost) weights: serve the resumed ones at once.
+                self.publisher.publish(self.version, self.engine.module)
+            log.info("resumed from %s in %.2f s: continuing at step %d", resume_dir,
+                     time.perf_counter() - t_load, self.version + 1)
         self.queue: collections.deque[P.Group] = collections.deque()
         self.counts = collections.Counter()           # received, trained, dropped_<reason>
+        if resume_dir is not None and self.rank == 0:
+            lost = self.books.restore(self.resumed.get("books", []), self.resumed.get("groups", {}),
+                                      self.counts, self.receiver.rejected)
+            log.info("books carried over from step %d (%d groups queued then are lost with the old learner)",
+                     self.version, lost)
         log.info("learner rank %d/%d on %s: batch %d completions (%d groups of %d) per step, gas %d",
                  self.rank, self.world, self.device, self.batch_size, self.groups_per_step,
                  cfg.num_generations, self.engine.gas)
@@ -251,7 +269,7 @@ class Learner:
     def run(self) -> dict:
         t_start = time.perf_counter()
         trained_samples = 0
-        for step in range(1, self.cfg.max_steps + 1):
+        for step in range(self.version + 1, self.cfg.max_steps + 1):
             t0 = time.perf_counter()
             batch = groups = None
             if self.rank == 0:
@@ -267,6 +285,8 @@ class Learner:
                 self.counts["trained"] += len(groups)
                 trained_samples += batch.size
                 self._log_step(step, groups, batch, stats, t0, t_data, t_train, stall, trained_samples, t_start)
+            if self.checkpointer.due(step, last=step == self.cfg.max_steps):
+                self.checkpointer.save(self.engine, self.tok, step, self._checkpoint_extra())
         if self.rank == 0:
             broadcast_batch(None, True, self.device)
             return self.shutdown(time.perf_counter() - t_start)
@@ -288,7 +308,10 @@ class Learner:
                "groups": self._accounting(), "sampler_versions": dict(self.publisher.sampler_versions),
                "samplers_alive": len(self._alive()), "samplers_gone": len(self.liveness.gone),
                "sync_bytes_served": self.publisher.bytes_served, "data_bytes_received": self.receiver.bytes,
-               "time_s": now - t_start}
+               "time_s": now - t_start,
+               # Fingerprint of the step's completions: equal seeds and settings give equal batches.
+               "batch_crc32": zlib.crc32(b"".join(c.generated_token_ids.tobytes() for g in groups
+                                                  for c in g.completions))}
         self.metrics.write(rec)
         log.info("step %d v%d: loss %.4f reward %.3f acc %.3f kl %.4f clip %.3f | %d tok, %.2f s "
                  "(wait %.2f, train %.2f, publish %.3f) | %.1f samples/s | samplers at %s | groups %s | "
@@ -297,6 +320,15 @@ class Learner:
                  stats["clip_frac"], stats["tokens"], rec["step_time_s"], rec["data_wait_s"], rec["train_s"],
                  stall, rec["samples_per_s"], rec["sampler_versions"], rec["groups"], self.receiver.messages,
                  self.receiver.bytes / 1e6, self.publisher.bytes_served / 1e6)
+
+    def _checkpoint_extra(self) -> dict:
+        """What rank 0 records beside the weights: the samplers' last reported position, counts."""
+        if self.rank != 0:
+            return {}
+        return {"samplers": {i: {"version": e.status.policy_version, "groups_sent": e.status.groups_sent,
+                                 "rounds": int(e.status.stats.get("rounds", 0))}
+                             for i, e in self.books.latest().items() if e.status is not None},
+                "groups": self._accounting(), "books": self.books.dump(), "seed": self.cfg.seed}
 
     def _accounting(self) -> dict:
         dropped = {k[len("dropped_"):]: v for k, v in self.counts.items() if k.startswith("dropped_")}

@@ -54,7 +54,7 @@ def test_absent_then_slow_learner_bounded_queues_and_books(tmp_path):
     r1 = json.loads((c.run_dir / "sampler1_result.json").read_text())
     print(f"\nsampler 0 peak RSS {rss[0] / 1024:.0f} MB at its 10th drop, {rss[1] / 1024:.0f} MB at its 30th; "
           f"accounting: {acc}")
-    assert growth_mb < 64, (growth_mb, rss)
+    assert growth_mb < 128, (growth_mb, rss)  # a sanity bound: the peak follows prompt length, not drops
     check_books(acc)
     assert s["steps"] == 3 and acc["trained"] == 3
     # Sampler-side drops are in the books, exactly as the samplers counted them.
