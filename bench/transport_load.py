@@ -118,6 +118,15 @@ def main() -> int:
         p.join(timeout=30)
     receiver.close()
 
+    # The same decode + validation alone, with no sender competing for the CPU: its own cost.
+    frames = [bytes(memoryview(f)) for f in P.encode(one)]
+    for _ in range(20):
+        P.decode(frames, receiver.limits)
+    t0, reps = time.perf_counter(), 300
+    for _ in range(reps):
+        P.decode(frames, receiver.limits)
+    alone = (time.perf_counter() - t0) / reps
+
     busy_a = np.array(busy)
     groups_per_step = args.step_completions / args.G
     per_step = float(busy_a.mean()) * groups_per_step
@@ -133,6 +142,9 @@ def main() -> int:
                                        "per_group_p99": float(np.percentile(busy_a, 99)) * 1e3,
                                        "per_step_mean": per_step * 1e3},
         "per_step_vs_learner_step": per_step / args.learner_step_s,
+        "decode_validate_alone_ms": {"per_group": alone * 1e3, "per_step": alone * groups_per_step * 1e3,
+                                     "MB_per_s": group_bytes / alone / 1e6,
+                                     "per_step_vs_learner_step": alone * groups_per_step / args.learner_step_s},
         "receiver_capacity_MB_per_s": group_bytes / float(busy_a.mean()) / 1e6,
         "rejected": dict(receiver.rejected),
         "samplers": sorted(results, key=lambda r: r["sampler_id"]),
@@ -150,7 +162,9 @@ def main() -> int:
           f"{rec['receive_decode_validate_ms']['per_group_p99']:.3f}), {per_step * 1e3:.3f} ms per "
           f"{args.step_completions}-completion step = {100 * rec['per_step_vs_learner_step']:.2f}% of a "
           f"{args.learner_step_s} s learner step; receiver busy {100 * rec['receiver_busy_fraction']:.0f}%, "
-          f"capacity {rec['receiver_capacity_MB_per_s']:.0f} MB/s -> {path}")
+          f"capacity {rec['receiver_capacity_MB_per_s']:.0f} MB/s; decode+validate alone {alone * 1e3:.3f} ms/group "
+          f"({group_bytes / alone / 1e6:.0f} MB/s, {100 * alone * groups_per_step / args.learner_step_s:.2f}% of a step) "
+          f"-> {path}")
     return 0
 
 

@@ -371,7 +371,7 @@ def _header(frames: Sequence[Frame], limits: Limits) -> tuple[dict[str, Any], li
         raise _fail("bad_header", f"undecodable msgpack header: {type(e).__name__}: {e}") from None
     if type(header) is not dict or any(type(k) is not str for k in header):
         raise _fail("bad_header", f"header must be a map with str keys, got {type(header).__name__}")
-    if _has_timestamp(header):
+    if b"\xff" in bytes(views[0]) and _has_timestamp(header):  # a timestamp's type byte is 0xff
         raise _fail("bad_header", "msgpack ext type -1 (timestamp) not allowed")
     schema = header.get("schema")
     if type(schema) is not int or schema != SCHEMA_VERSION:
@@ -398,7 +398,7 @@ def _decode_group(h: dict[str, Any], arrays: list[_Array], views: list[memoryvie
     policy_version = _int(h, "policy_version", "group")
     prefix = _str(h, "prefix", "group")
     prefix_tokens = _get(h, "prefix_tokens", "group", list)
-    if any(type(t) is not str for t in prefix_tokens):
+    if set(map(type, prefix_tokens)) - {str}:
         raise _fail("bad_field", "group.prefix_tokens must be a list of str")
     meta = _meta(_get(h, "meta", "group"))
     raw_completions = _get(h, "completions", "group", list)
@@ -444,11 +444,14 @@ def _decode_group(h: dict[str, Any], arrays: list[_Array], views: list[memoryvie
         is_finished = _get(c, "is_finished", where, bool)
         w = whole[w0 : w0 + P + n]
         g = gen[g0 : g0 + n]
-        if not (np.array_equal(w[:P], prefix_ids) and np.array_equal(w[P:], g)):
-            raise _fail("length_mismatch", f"{where}: whole_token_ids != prefix ++ generated")
         completions.append(Completion(g, old_lp[g0 : g0 + n], ref_lp[g0 : g0 + n], w,
                                       text, reward, reward_info, is_finished))
         g0, w0 = g0 + n, w0 + P + n
+    # One comparison for all completions: whole == prefix ++ generated_i, for every i. Its size
+    # (G*P + N) was checked against the frame above.
+    expected = np.concatenate([part for c in completions for part in (prefix_ids, c.generated_token_ids)])
+    if not np.array_equal(whole, expected):
+        raise _fail("length_mismatch", "whole_token_ids != prefix ++ generated for some completion")
     return Group(sampler_id, group_id, policy_version, prefix, prefix_tokens, prefix_ids, completions, meta,
                  _incarnation(h, "group"))
 
