@@ -132,8 +132,8 @@ class LearnerConfig(CommonConfig):
     max_message_mb: int = 64
     """Largest data message accepted, in MiB; larger ones are dropped by ZeroMQ before allocation."""
     # --- faults and security (issue 6)
-    bind_host: str = "127.0.0.1"
-    """Address rank 0 binds its two ports on; anything but loopback is explicit and logged as a warning (use --curve-keys across hosts)."""
+    bind_host: str = ""
+    """Address rank 0 binds its two ports on (empty: --host, itself 127.0.0.1 by default); e.g. 0.0.0.0 when samplers reach the learner by name. Anything but loopback is logged as a warning (use --curve-keys across hosts)."""
     heartbeat_timeout_s: float = 30.0
     """A sampler silent this long is counted as gone (logged) and not waited for; it is welcomed back when it speaks again."""
     buffer_size: int = 1024

@@ -91,14 +91,15 @@ class Learner:
         self.books = Books(max_entries=4 * cfg.max_samplers)
         if self.rank == 0:
             curve = curve_for(cfg.curve_keys, SERVER)
-            warn_if_exposed(cfg.bind_host, curve)
-            self.server = SyncServer(cfg.bind_host, cfg.sync_port, curve=curve)
-            self.receiver = DataReceiver(cfg.bind_host, cfg.data_port, P.Limits(group_size=cfg.num_generations),
+            bind = cfg.bind_host or cfg.host  # loopback unless a flag says otherwise
+            warn_if_exposed(bind, curve)
+            self.server = SyncServer(bind, cfg.sync_port, curve=curve)
+            self.receiver = DataReceiver(bind, cfg.data_port, P.Limits(group_size=cfg.num_generations),
                                          max_message_bytes=cfg.max_message_mb << 20, curve=curve)
             (self.run_dir / "learner.ready").write_text(json.dumps(
-                {"host": cfg.bind_host, "data_port": cfg.data_port, "sync_port": cfg.sync_port, "pid": os.getpid()}))
-            log.info("learner bound data %s:%d and sync %s:%d%s; run dir %s", cfg.bind_host, cfg.data_port,
-                     cfg.bind_host, cfg.sync_port, " (CURVE)" if curve else "", self.run_dir)
+                {"host": cfg.host, "data_port": cfg.data_port, "sync_port": cfg.sync_port, "pid": os.getpid()}))
+            log.info("learner bound data %s:%d and sync %s:%d%s; run dir %s", bind, cfg.data_port,
+                     bind, cfg.sync_port, " (CURVE)" if curve else "", self.run_dir)
 
         if not cfg.no_deepspeed:
             import deepspeed
