@@ -63,14 +63,14 @@ def send_group(sender: DataSender, msg: P.Message, on_full: str, timeout_s: floa
             log.warning("data queue full (learner slow or absent at %s): dropped %d groups so far "
                         "(--on-full drop)", where, int(stats["dropped_full"]))
         return False
-    waited, step = 0.0, min(5.0, timeout_s) if timeout_s > 0 else 5.0
+    step = min(5.0, timeout_s) if timeout_s > 0 else 5.0  # wake every 5 s to log the wait
     t0 = time.monotonic()
     while not sender.send(msg, timeout_s=step):
         waited = time.monotonic() - t0
         if timeout_s > 0 and waited >= timeout_s:
             stats["dropped_send_timeout"] = stats.get("dropped_send_timeout", 0.0) + 1
-            log.warning("data queue full for %.0f s (> --send-timeout-s): dropped this group "
-                        "(%d so far)", waited, int(stats["dropped_send_timeout"]))
+            log.warning("data queue full for %.0f s (> --send-timeout-s): dropped %s (%d so far)",
+                        waited, what, int(stats["dropped_send_timeout"]))
             return False
         log.info("data queue full for %.0f s (learner slow or not up at %s); waiting to send %s",
                  waited, where, what)
