@@ -2,10 +2,12 @@
 
 Layout of one checkpoint, `<run_dir>/checkpoints/step_N/`:
   deepspeed/        engine.save_checkpoint (every rank writes its ZeRO-2 optimizer shard)
-  torch_state.pt    instead of deepspeed/ with --no-deepspeed: model + AdamW state_dicts
+  torch_state.safetensors + torch_optimizer.json
+                    instead of deepspeed/ with --no-deepspeed: model and AdamW state tensors,
+                    and the optimizer's param groups and state layout
   hf/               the policy in Hugging Face save_pretrained format, with the tokenizer
                     (loadable by transformers.AutoModelForCausalLM and by vLLM)
-  rng_rank{r}.pt    python, numpy, torch (and CUDA) RNG states of learner rank r
+  rng_rank{r}.json  python, numpy, torch (and CUDA) RNG states of learner rank r
   trainer_state.json  step, policy version, per-sampler position, counts; written LAST by
                     rank 0 after every rank finished, so its presence marks a complete checkpoint
 
@@ -94,19 +96,61 @@ def _is_deepspeed(engine) -> bool:
     return hasattr(engine, "_engine")
 
 
+# Our own files hold no pickles (the code base never unpickles): RNG states and optimizer
+# layout go to JSON, tensors to safetensors. DeepSpeed's own checkpoint format is its business.
 def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    version, mt, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": [version, list(mt), gauss], "numpy": [name, keys.tolist(), pos, has_gauss, cached],
+             "torch": torch.get_rng_state().tolist()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = [t.tolist() for t in torch.cuda.get_rng_state_all()]
     return state
 
 
 def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    version, mt, gauss = state["python"]
+    random.setstate((version, tuple(mt), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([torch.tensor(t, dtype=torch.uint8) for t in state["cuda"]])
+
+
+def _save_torch_state(engine, step_dir: Path) -> None:
+    """--no-deepspeed: model and AdamW tensors as safetensors, the rest of the optimizer as JSON."""
+    from safetensors.torch import save_file
+
+    opt = engine.opt.state_dict()
+    tensors = {f"model.{k}": v.detach().contiguous() for k, v in engine.module.state_dict().items()}
+    layout: dict[str, dict[str, str]] = {}
+    for idx, per_param in opt["state"].items():
+        layout[str(idx)] = {}
+        for name, value in per_param.items():
+            tensors[f"opt.{idx}.{name}"] = value.detach().contiguous()
+            layout[str(idx)][name] = str(value.dtype)
+    # Tied weights share storage; safetensors wants each stored once, so clone the aliases.
+    seen: set[int] = set()
+    for k, v in tensors.items():
+        if v.data_ptr() in seen:
+            tensors[k] = v.clone()
+        seen.add(v.data_ptr())
+    save_file(tensors, str(step_dir / "torch_state.safetensors"))
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in opt["param_groups"]]
+    (step_dir / "torch_optimizer.json").write_text(json.dumps({"param_groups": groups, "state": layout}) + "\n")
+
+
+def _load_torch_state(engine, step_dir: Path) -> None:
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(step_dir / "torch_state.safetensors"), device=str(engine.device))
+    meta = json.loads((step_dir / "torch_optimizer.json").read_text())
+    engine.module.load_state_dict({k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")})
+    state = {int(idx): {name: tensors[f"opt.{idx}.{name}"] for name in names}
+             for idx, names in meta["state"].items()}
+    groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in meta["param_groups"]]
+    engine.opt.load_state_dict({"state": state, "param_groups": groups})
 
 
 def _barrier() -> None:
@@ -134,9 +178,8 @@ def save_checkpoint(engine, tokenizer, step_dir: Path, state: dict, rank: int) -
     if _is_deepspeed(engine):
         engine._engine.save_checkpoint(str(step_dir / "deepspeed"), tag="state")
     elif rank == 0:
-        torch.save({"model": engine.module.state_dict(), "optimizer": engine.opt.state_dict()},
-                   step_dir / "torch_state.pt")
-    torch.save(rng_state(), step_dir / f"rng_rank{rank}.pt")
+        _save_torch_state(engine, step_dir)
+    (step_dir / f"rng_rank{rank}.json").write_text(json.dumps(rng_state()) + "\n")
     if rank == 0:
         _save_hf(engine.module, tokenizer, step_dir / "hf")
     _barrier()   # every rank's shard is on disk before the checkpoint is marked complete
@@ -185,13 +228,10 @@ def load_checkpoint(engine, step_dir: Path, rank: int, world: int) -> dict:
         if path is None:
             raise ResumeError(f"DeepSpeed could not load {step_dir / 'deepspeed'}; the checkpoint is incomplete")
     else:
-        # Our own file, written by save_checkpoint (never bytes from a socket).
-        blob = torch.load(step_dir / "torch_state.pt", map_location=engine.device, weights_only=True)
-        engine.module.load_state_dict(blob["model"])
-        engine.opt.load_state_dict(blob["optimizer"])
-    rng = step_dir / f"rng_rank{rank}.pt"
+        _load_torch_state(engine, step_dir)
+    rng = step_dir / f"rng_rank{rank}.json"
     if rng.is_file():
-        set_rng_state(torch.load(rng, weights_only=False))
+        set_rng_state(json.loads(rng.read_text()))
     return state
 
 

@@ -131,6 +131,7 @@ def run_instances(cfg: LaunchConfig, argv: list[str]) -> int:
     procs: list[tuple[Instance, subprocess.Popen, Path]] = []
     try:
         for inst in plan:
+            inst.run_dir = inst.run_dir.resolve()   # the child launchers run in the repo root
             inst.run_dir.mkdir(parents=True, exist_ok=True)
             log_path = inst.run_dir / "launcher.log"
             with open(log_path, "ab") as fh:

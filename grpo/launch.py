@@ -152,6 +152,26 @@ def check_port(host: str, port: int, flag: str) -> None:
             raise LaunchError(f"port {port} on {host} is already in use; stop what holds it or pass {flag} N") from None
 
 
+def check_resume(cfg: LaunchConfig, learner_flags: list[str]) -> None:
+    """A --resume that cannot work is a one-line mistake here, not a learner crash later."""
+    spec = ""
+    for i, tok in enumerate(learner_flags):
+        if tok == "--resume" and i + 1 < len(learner_flags):
+            spec = learner_flags[i + 1]
+        elif tok.startswith("--resume="):
+            spec = tok.partition("=")[2]
+    if not spec:
+        return
+    if spec == "latest" and not cfg.run_dir:
+        raise LaunchError("--resume latest needs the --run-dir of the run to resume")
+    from grpo.checkpoint import resolve_resume
+
+    try:
+        resolve_resume(spec, Path(cfg.run_dir), cfg.max_steps)
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
+
+
 def parse(argv: list[str] | None) -> tuple[LaunchConfig, list[str], list[str]]:
     parser = build_parser(LaunchConfig, "run_distributed.py",
                           aliases={"sampling_gpus": ["--sampling-gpu"], "training_gpus": ["--training-gpu"]})
@@ -277,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         from grpo.transport import free_port
 
         specs = plan(cfg, cuda_count, to_s, to_l, free_port())
+        check_resume(cfg, to_l)
         check_port(cfg.host, cfg.data_port, "--data-port")
         check_port(cfg.host, cfg.sync_port, "--sync-port")
         if cfg.data_port == cfg.sync_port:

@@ -34,11 +34,21 @@ def _engine(kind, path):
     import deepspeed
     from netutil import free_ports
 
-    if not torch.distributed.is_initialized():
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_ports(1)[0]), RANK="0",
-                          WORLD_SIZE="1", LOCAL_RANK="0")
-        deepspeed.init_distributed(dist_backend="gloo")
-    return DeepSpeedEngine(model, _ds_config())
+    # The rendezvous variables only while the group and engine are made: left in os.environ, the
+    # learners that later tests start would inherit this (bound) MASTER_PORT.
+    saved = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_ports(1)[0]), RANK="0",
+                      WORLD_SIZE="1", LOCAL_RANK="0")
+    try:
+        if not torch.distributed.is_initialized():
+            deepspeed.init_distributed(dist_backend="gloo")
+        return DeepSpeedEngine(model, _ds_config())
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _train_step(engine, seed):

@@ -78,3 +78,16 @@ def test_instance_argv_round_trips_through_the_parser():
     assert (ns.sampling_gpus, ns.training_gpus, ns.max_steps, ns.no_deepspeed, ns.restart_samplers) == \
         ("2", "3", 7, True, 2)
     assert Path(ns.run_dir) == Path("runs/grpo_seed1337") and rest == ["--beta", "0.1"]
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ([], "--resume latest needs the --run-dir of the run to resume"),
+    (["--run-dir", "{tmp}"], "--resume latest: no complete checkpoint under"),
+])
+def test_launcher_refuses_a_resume_that_cannot_work(tmp_path, capsys, extra, needle):
+    from grpo.launch import main
+
+    argv = ["--device", "cpu", "--resume", "latest"] + [x.format(tmp=tmp_path) for x in extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err

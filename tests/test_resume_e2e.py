@@ -41,7 +41,7 @@ def test_resume_latest_continues_numbering(tmp_path):
     assert sorted(p.name for p in root.iterdir()) == ["step_2"]          # keep 1: step_1 was pruned
     state = json.loads((root / "step_2" / "trainer_state.json").read_text())
     assert state["step"] == 2 and state["samplers"]["0"]["rounds"] >= 1
-    assert (root / "step_2" / ("torch_state.pt" if engine else "deepspeed")).exists()
+    assert (root / "step_2" / ("torch_state.safetensors" if engine else "deepspeed")).exists()
 
     launch(run_dir, "--max-steps", "4", "--save-every", "1", "--keep-checkpoints", "2", "--resume", "latest", *engine)
     # No step repeated or skipped; policy version == step throughout.
