@@ -60,6 +60,9 @@ class CommonConfig:
     # --- config file (issue 7)
     config: str = ""
     """YAML file of options (keys are these field names, dashes or underscores); flags given on the command line override it."""
+    # --- faults and security (issue 6)
+    curve_keys: str = ""
+    """Folder of ZeroMQ CURVE keys (make them with: python -m grpo.keys DIR): encrypt both channels and admit only samplers holding the client key (empty: plain TCP)."""
 
 
 @dataclass
@@ -110,6 +113,13 @@ class SamplerConfig(CommonConfig):
     """With the fast backend on CUDA, capture the decode step as a CUDA graph (--no-cuda-graphs: eager decode, for debugging)."""
     compile_decode: bool = False
     """With the fast backend, compile the decode step with torch.compile before capturing it (fewer, fused kernels; slower start)."""
+    # --- faults and security (issue 6)
+    heartbeat_interval_s: float = 2.0
+    """Send a status (heartbeat) to the learner this often, from a thread of its own (0: off)."""
+    on_full: str = "block"
+    """At the high-water mark: 'block' (wait, up to --send-timeout-s) or 'drop' (drop the group at once); dropped groups are counted."""
+    send_timeout_s: float = 600.0
+    """With --on-full block: the longest one group waits at the high-water mark before it is dropped and counted (0: no limit)."""
 
 
 @dataclass
@@ -177,6 +187,24 @@ class LearnerConfig(CommonConfig):
     """Comma-separated module names to adapt (e.g. q_proj,v_proj), or 'all-linear' (every linear layer but the output head)."""
     lora_dropout: float = 0.0
     """Dropout on the LoRA input; 0 keeps the learner's log-probs deterministic, like the samplers'."""
+    # --- faults and security (issue 6)
+    bind_host: str = ""
+    """Address rank 0 binds its two ports on (empty: --host, itself 127.0.0.1 by default); e.g. 0.0.0.0 when samplers reach the learner by name. Anything but loopback is logged as a warning (use --curve-keys across hosts)."""
+    heartbeat_timeout_s: float = 30.0
+    """A sampler silent this long is counted as gone (logged) and not waited for; it is welcomed back when it speaks again."""
+    buffer_size: int = 1024
+    """Received groups waiting to be trained, at most (a FIFO): beyond it the oldest is dropped and counted as buffer_full."""
+    max_samplers: int = 256
+    """Sampler ids must be below this; messages naming others are dropped, so no peer can grow the learner's tables."""
+    max_prompt_tokens: int = 4096
+    """Groups whose prompt is longer (or whose completions exceed --max-new-tokens) are dropped as too_long before training."""
+    # --- checkpoints and resume (grpo/checkpoint.py)
+    save_every: int = 1000
+    """Save a checkpoint (DeepSpeed or PyTorch state, Hugging Face policy, RNG, step) every N steps and at the end (0: only at the end)."""
+    keep_checkpoints: int = 3
+    """Keep only the newest K checkpoints under <run_dir>/checkpoints (0: keep all)."""
+    resume: str = ""
+    """Resume from a checkpoint: 'latest' (newest under --run-dir), a checkpoints/step_N folder, or a run directory."""
 
 
 @dataclass
@@ -201,6 +229,17 @@ class LaunchConfig(CommonConfig):
     """After a stop, how long each process gets to exit before it is killed."""
     extra: list[str] = field(default_factory=list)
     """(internal) flags passed through to every worker."""
+    # --- operations: supervision, parallel seeded runs (grpo/instances.py)
+    restart_samplers: int = 0
+    """Restart a sampler that dies up to N times (each sampler) instead of stopping the run (0: stop the run)."""
+    share_gpus: bool = False
+    """Allow a GPU in both --sampling-gpus and --training-gpus (otherwise an overlap is refused)."""
+    instances: int = 1
+    """Independent runs started together, each with its own GPUs, ports and run directory (see --seeds)."""
+    seeds: str = ""
+    """Comma-separated seeds, one per instance, e.g. 42,1337 (implies --instances; default: --seed, --seed+1, ...)."""
+    name: str = "grpo"
+    """With --instances/--seeds: instance run directories are <run-dir or runs>/<name>_seed<seed>."""
 
 
 @dataclass

@@ -101,6 +101,10 @@ def plan(cfg: LaunchConfig, cuda_count: int, sampler_flags: list[str], learner_f
             samp_gpus = [0]
         if not train_gpus:
             train_gpus = [1] if cuda_count > 1 else [0]
+        shared = sorted(set(samp_gpus) & set(train_gpus))
+        if shared and (cfg.sampling_gpus or cfg.training_gpus) and not cfg.share_gpus:
+            raise LaunchError(f"GPU(s) {','.join(map(str, shared))} in both --sampling-gpus and --training-gpus; "
+                              f"give disjoint lists, or add --share-gpus to put a sampler beside learner ranks")
         for g in samp_gpus + train_gpus:
             if g >= cuda_count:
                 raise LaunchError(f"GPU {g} does not exist: this machine has {cuda_count} GPU(s) "
@@ -154,6 +158,26 @@ def check_port(host: str, port: int, flag: str) -> None:
             raise LaunchError(f"port {port} on {host} is already in use; stop what holds it or pass {flag} N") from None
 
 
+def check_resume(cfg: LaunchConfig, learner_flags: list[str]) -> None:
+    """A --resume that cannot work is a one-line mistake here, not a learner crash later."""
+    spec = ""
+    for i, tok in enumerate(learner_flags):
+        if tok == "--resume" and i + 1 < len(learner_flags):
+            spec = learner_flags[i + 1]
+        elif tok.startswith("--resume="):
+            spec = tok.partition("=")[2]
+    if not spec:
+        return
+    if spec == "latest" and not cfg.run_dir:
+        raise LaunchError("--resume latest needs the --run-dir of the run to resume")
+    from grpo.checkpoint import resolve_resume
+
+    try:
+        resolve_resume(spec, Path(cfg.run_dir), cfg.max_steps)
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
+
+
 def parse(argv: list[str] | None) -> tuple[LaunchConfig, list[str], list[str]]:
     parser = build_parser(LaunchConfig, "run_distributed.py",
                           aliases={"sampling_gpus": ["--sampling-gpu"], "training_gpus": ["--training-gpu"]})
@@ -185,9 +209,13 @@ class Supervisor:
         fh = open(log_path, "ab")
         # Own session per child: a terminal Ctrl+C reaches only us, and we stop children in order.
         p = subprocess.Popen(spec.argv, env=spec.env, stdout=fh, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT)
+                             stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT,
+                             preexec_fn=_die_with_parent)
         fh.close()
         self.procs[spec.name] = (p, spec, log_path)
+        # Which pid is which process, for whoever operates the run (and the no-orphan test).
+        pids = {n: q.pid for n, (q, _, _) in self.procs.items()}
+        (self.run_dir / "pids.json").write_text(json.dumps({"launcher": os.getpid(), **pids}) + "\n")
 
     def failed(self) -> tuple[str, int] | None:
         for name, (p, _, _) in self.procs.items():
@@ -214,7 +242,7 @@ class Supervisor:
     def stop(self, timeout: float) -> None:
         live = [(n, p) for n, (p, _, _) in self.procs.items() if p.poll() is None]
         for _, p in live:
-            _signal_group(p, signal.SIGTERM)
+            _signal_group(p, signal.SIGTERM)   # the whole group: helpers a worker spawned stop too
         deadline = time.monotonic() + timeout
         for n, p in live:
             try:
@@ -223,6 +251,25 @@ class Supervisor:
                 print(f"[launcher] {n} did not stop in {timeout:.0f} s; killing it", flush=True)
                 _signal_group(p, signal.SIGKILL)
                 p.wait()
+
+
+def _die_with_parent() -> None:
+    """In the child: the kernel kills it if the launcher dies (even by SIGKILL): no orphans."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: the launcher's own stop() is the only guard
+
+
+def describe_exit(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"was killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"was killed by signal {-rc}"
+    return f"failed with exit code {rc}"
 
 
 def _signal_group(p: subprocess.Popen, sig: int) -> None:
@@ -249,6 +296,10 @@ def _status_line(run_dir: Path, seen: int) -> tuple[int, str | None]:
 
 def main(argv: list[str] | None = None) -> int:
     cfg, to_s, to_l = parse(argv)
+    if cfg.instances != 1 or cfg.seeds:
+        from grpo.instances import run_instances
+
+        return run_instances(cfg, sys.argv[1:] if argv is None else argv)
     try:
         if cfg.device == "cpu":
             cuda_count = 0
@@ -264,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         if samplers_argv := [s.argv[2:] for s in specs if s.role == "sampler"]:
             if problem := check_sampler_flags(samplers_argv[0]):
                 raise LaunchError(problem)
+        check_resume(cfg, to_l)
         check_port(cfg.host, cfg.data_port, "--data-port")
         check_port(cfg.host, cfg.sync_port, "--sync-port")
         if cfg.data_port == cfg.sync_port:
@@ -310,13 +362,23 @@ def main(argv: list[str] | None = None) -> int:
         for s in samplers:
             sup.start(s)
         seen = 0
+        restarts = {s.name: 0 for s in samplers}
         while True:
             if stopping["sig"]:
-                print("[launcher] interrupted: stopping every process", flush=True)
-                return 130
+                name = signal.Signals(stopping["sig"]).name
+                print(f"[launcher] {name}: stopping every process (up to {cfg.stop_timeout_s:.0f} s each, "
+                      f"then killed)", flush=True)
+                return 128 + stopping["sig"]
             bad = sup.failed()
+            if bad and bad[0].startswith("sampler") and restarts[bad[0]] < cfg.restart_samplers:
+                restarts[bad[0]] += 1
+                print(f"[launcher] {bad[0]} {describe_exit(bad[1])}; restarting it ({restarts[bad[0]]} of "
+                      f"{cfg.restart_samplers}). Last lines of {bad[0]}.log:\n{sup.tail(bad[0])}",
+                      file=sys.stderr, flush=True)
+                sup.start(sup.procs[bad[0]][1])
+                continue
             if bad:
-                print(f"[launcher] {bad[0]} failed with exit code {bad[1]}; stopping the run. "
+                print(f"[launcher] {bad[0]} {describe_exit(bad[1])}; stopping the run. "
                       f"Last lines of {bad[0]}.log:\n{sup.tail(bad[0])}", file=sys.stderr, flush=True)
                 return 1
             seen, line = _status_line(run_dir, seen)

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import time
+import zlib
 from datetime import timedelta
 
 import torch
@@ -23,8 +24,11 @@ import torch.distributed as dist
 
 from grpo import protocol as P
 from grpo.batch import Batch, balanced_split, broadcast_batch, build_batch, micro_batch
+from grpo.books import Books
+from grpo.checkpoint import Checkpointer, load_checkpoint, resolve_resume
 from grpo.config import LearnerConfig
 from grpo.engine import DeepSpeedEngine, TorchEngine, load_ds_config, resolve_ds_config
+from grpo.liveness import Liveness, SyncPeers
 from grpo.loss import KL_ESTIMATORS, LOSS_TYPES, grpo_token_loss, reduce_loss
 from grpo.gpustats import GpuMonitor, format_gpu
 from grpo.metrics import MetricsWriter, make_run_dir
@@ -32,6 +36,7 @@ from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_devi
                         weights_checksum)
 from grpo.progress import Progress
 from grpo.tracking import Tracker, parse_report_to, step_extras
+from grpo.security import SERVER, curve_for, warn_if_exposed
 from grpo.transport import DataReceiver, SyncServer, free_port
 from grpo.weight_sync import TcpPublisher
 
@@ -94,17 +99,23 @@ class Learner:
         self.groups_per_step = self.batch_size // cfg.num_generations
 
         path = resolve_model(cfg.model)  # a bad --model fails here, before ports or weights
+        resume_dir = resolve_resume(cfg.resume, self.run_dir, cfg.max_steps)  # so does a bad --resume
         # Rank 0 binds both ports before loading the model, so samplers can connect and
         # queue while it loads; the ready file tells the launcher the ports are bound.
         self.receiver = self.server = None
+        self.liveness = Liveness(cfg.heartbeat_timeout_s, cfg.max_samplers)
+        self.books = Books(max_entries=4 * cfg.max_samplers)
         if self.rank == 0:
-            self.server = SyncServer(cfg.host, cfg.sync_port)
-            self.receiver = DataReceiver(cfg.host, cfg.data_port, P.Limits(group_size=cfg.num_generations),
-                                         max_message_bytes=cfg.max_message_mb << 20)
+            curve = curve_for(cfg.curve_keys, SERVER)
+            bind = cfg.bind_host or cfg.host  # loopback unless a flag says otherwise
+            warn_if_exposed(bind, curve)
+            self.server = SyncServer(bind, cfg.sync_port, curve=curve)
+            self.receiver = DataReceiver(bind, cfg.data_port, P.Limits(group_size=cfg.num_generations),
+                                         max_message_bytes=cfg.max_message_mb << 20, curve=curve)
             (self.run_dir / "learner.ready").write_text(json.dumps(
                 {"host": cfg.host, "data_port": cfg.data_port, "sync_port": cfg.sync_port, "pid": os.getpid()}))
-            log.info("learner bound data %s:%d and sync %s:%d; run dir %s", cfg.host, cfg.data_port,
-                     cfg.host, cfg.sync_port, self.run_dir)
+            log.info("learner bound data %s:%d and sync %s:%d%s; run dir %s", bind, cfg.data_port,
+                     bind, cfg.sync_port, " (CURVE)" if curve else "", self.run_dir)
 
         if not cfg.no_deepspeed:
             import deepspeed
@@ -133,13 +144,29 @@ class Learner:
                        else DeepSpeedEngine(model, self.ds_config))
         self.autocast = (cfg.no_deepspeed and self.device.type == "cuda")
         self.publisher = self._make_publisher() if self.rank == 0 else None
+        if self.publisher is not None:
+            self.publisher.peers = SyncPeers(self.liveness, max_peers=4 * cfg.max_samplers)
         self.metrics = MetricsWriter(self.run_dir) if self.rank == 0 else None
         self.tracker = Tracker(self.run_dir, cfg.report_to, dataclasses.asdict(cfg)) if self.rank == 0 else None
         self.gpu = GpuMonitor(self.device)
         self.version = 0
+        self.checkpointer = Checkpointer(self.run_dir, cfg.save_every, cfg.keep_checkpoints, self.rank, self.world)
+        if resume_dir is not None:
+            t_load = time.perf_counter()
+            self.resumed = load_checkpoint(self.engine, resume_dir, self.rank, self.world)
+            self.version = self.checkpointer.last_saved = int(self.resumed["step"])
+            if self.publisher is not None:
+                # Samplers hold the initial (or newer, lost) weights: serve the resumed ones at once.
+                self.publisher.publish(self.version, self.engine.module)
+            log.info("resumed from %s in %.2f s: continuing at step %d", resume_dir,
+                     time.perf_counter() - t_load, self.version + 1)
         self.queue: collections.deque[P.Group] = collections.deque()
         self.counts = collections.Counter()           # received, trained, dropped_<reason>
-        self.sampler_status: dict[int, P.SamplerStatus] = {}
+        if resume_dir is not None and self.rank == 0:
+            lost = self.books.restore(self.resumed.get("books", []), self.resumed.get("groups", {}),
+                                      self.counts, self.receiver.rejected)
+            log.info("books carried over from step %d (%d groups queued then are lost with the old learner)",
+                     self.version, lost)
         log.info("learner rank %d/%d on %s: batch %d completions (%d groups of %d) per step, gas %d",
                  self.rank, self.world, self.device, self.batch_size, self.groups_per_step,
                  cfg.num_generations, self.engine.gas)
@@ -165,11 +192,24 @@ class Learner:
 
     # ------------------------------------------------------------------ data (rank 0)
     def _take(self, msg: P.Message | None) -> None:
-        if isinstance(msg, P.Group):
+        if isinstance(msg, (P.Group, P.SamplerStatus)) and not self.liveness.valid_id(msg.sampler_id):
+            self.receiver.rejected["bad_sampler_id"] += 1  # beyond --max-samplers: not in anyone's books
+        elif isinstance(msg, P.Group):
+            self.liveness.seen(msg.sampler_id)
             self.counts["received"] += 1
+            self.books.group(msg, self.version)
+            if (len(msg.prefix_token_ids) > self.cfg.max_prompt_tokens
+                    or max(len(c.generated_token_ids) for c in msg.completions) > self.cfg.max_new_tokens):
+                self.counts["dropped_too_long"] += 1  # valid on the wire, but not ours to train on
+                return
+            if len(self.queue) >= self.cfg.buffer_size > 0:
+                self.queue.popleft()  # FIFO: the oldest is the stalest
+                self.counts["dropped_buffer_full"] += 1
             self.queue.append(msg)
         elif isinstance(msg, P.SamplerStatus):
-            self.sampler_status[msg.sampler_id] = msg
+            # A heartbeat may overtake the final status (its own socket): the books keep the
+            # final one, and liveness asks them, so a finished process stays finished.
+            self.liveness.seen(msg.sampler_id, final=self.books.status(msg, self.version))
         elif msg is not None:
             self.counts["dropped_unexpected_kind"] += 1
 
@@ -191,19 +231,29 @@ class Learner:
             if len(groups) >= self.groups_per_step:
                 break
             self._take(self.receiver.receive(timeout_s=0.5))
+            if not self.receiver.sock.poll(0):  # judge silence only once what arrived is read
+                self.liveness.check()
             now = time.monotonic()
             if now >= next_note:
-                log.info("no data for %.0f s (have %d of %d groups for step %d); samplers seen: %s",
+                live = self.liveness.snapshot()
+                log.info("no data for %.0f s (have %d of %d groups for step %d); samplers alive %s, gone %s",
                          now - waited_since, len(groups), self.groups_per_step, self.version + 1,
-                         sorted(self.sampler_status) or "none")
+                         live["alive"] or "none", live["gone"] or "none")
                 next_note = now + self.cfg.data_timeout_s
-        # Take what else already arrived without waiting, so the queue counts are current;
-        # bounded, so a peer that never stops sending cannot keep the step from starting.
+        self._drain()
+        return groups
+
+    def _drain(self) -> None:
+        # Take what else already arrived without waiting, so the queue counts (and last-seen
+        # times) are current; bounded, so a peer that never stops sending cannot stall us.
         for _ in range(1000):
             if not self.receiver.sock.poll(0):
                 break
             self._take(self.receiver.receive(timeout_s=0))
-        return groups
+
+    def _alive(self) -> set[int]:
+        self._drain()  # a training step may have kept us from reading heartbeats that did arrive
+        return self.liveness.alive()
 
     # ------------------------------------------------------------------ training (all ranks)
     def train_step(self, batch: Batch) -> dict:
@@ -273,8 +323,9 @@ class Learner:
     def run(self) -> dict:
         t_start = time.perf_counter()
         trained_samples = 0
-        bar = Progress("learner steps", total=self.cfg.max_steps, unit="step") if self.rank == 0 else None
-        for step in range(1, self.cfg.max_steps + 1):
+        bar = (Progress("learner steps", total=self.cfg.max_steps - self.version, unit="step")
+               if self.rank == 0 else None)
+        for step in range(self.version + 1, self.cfg.max_steps + 1):
             t0 = time.perf_counter()
             batch = groups = None
             if self.rank == 0:
@@ -295,7 +346,10 @@ class Learner:
                 bar.update(1, loss=stats["loss"], reward=float(batch.scalars[:, 1].mean()))
             elif gpu := self.gpu.sample():  # other ranks: their own GPU use, one line per step
                 log.info("step %d%s", step, format_gpu(gpu))
-            if self.cfg.max_time_s and self._time_up(t_start):
+            time_up = bool(self.cfg.max_time_s) and self._time_up(t_start)
+            if self.checkpointer.due(step, last=step == self.cfg.max_steps or time_up):
+                self.checkpointer.save(self.engine, self.tok, step, self._checkpoint_extra())
+            if time_up:
                 break
         if bar is not None:
             bar.close()
@@ -356,8 +410,12 @@ class Learner:
                "sync_publish_s": stall, "samples_per_s": trained_samples / (now - t_start),
                "groups": self._accounting(), "sampler_versions": dict(self.publisher.sampler_versions),
                "eval": self._latest_eval(), "sync_method": self.publisher.method,
+               "samplers_alive": len(self._alive()), "samplers_gone": len(self.liveness.gone),
                "sync_bytes_served": self.publisher.bytes_served, "data_bytes_received": self.receiver.bytes,
-               "time_s": now - t_start, **step_extras(groups, self.version)}
+               "time_s": now - t_start, **step_extras(groups, self.version),
+               # Fingerprint of the step's completions: equal seeds and settings give equal batches.
+               "batch_crc32": zlib.crc32(b"".join(c.generated_token_ids.tobytes() for g in groups
+                                                  for c in g.completions))}
         parts: dict[str, list[float]] = {}  # each reward part by name (reward_info), as reward/<name>
         for c in (c for g in groups for c in g.completions):
             for name, value in c.reward_info.items():
@@ -377,41 +435,52 @@ class Learner:
 
     def _latest_eval(self) -> dict | None:
         """The newest evaluation a sampler has reported (version, greedy pass@1), if any."""
-        evals = [s.stats for s in self.sampler_status.values() if "eval_version" in s.stats]
+        evals = [s.stats for s in self.sampler_status.values() if s.stats.get("eval_version", -1) >= 0]
         if not evals:
             return None
         best = max(evals, key=lambda st: st["eval_version"])
         return {"version": int(best["eval_version"]), "accuracy": best["eval_accuracy"]}
 
+    def _checkpoint_extra(self) -> dict:
+        """What rank 0 records beside the weights: the samplers' last reported position, counts."""
+        if self.rank != 0:
+            return {}
+        return {"samplers": {i: {"version": e.status.policy_version, "groups_sent": e.status.groups_sent,
+                                 "rounds": int(e.status.stats.get("rounds", 0))}
+                             for i, e in self.books.latest().items() if e.status is not None},
+                "groups": self._accounting(), "books": self.books.dump(), "seed": self.cfg.seed}
+
     def _accounting(self) -> dict:
         dropped = {k[len("dropped_"):]: v for k, v in self.counts.items() if k.startswith("dropped_")}
         for reason, n in self.receiver.rejected.items():
             dropped["invalid_" + reason] = dropped.get("invalid_" + reason, 0) + n
+        sent, by_samplers = self.books.totals()
+        for reason, n in by_samplers.items():
+            dropped[reason] = dropped.get(reason, 0) + n
         return {"received": self.counts["received"], "trained": self.counts["trained"],
-                "dropped": dropped, "queued": len(self.queue),
-                "sent": sum(s.groups_sent for s in self.sampler_status.values())}
+                "dropped": dropped, "queued": len(self.queue), "sent": sent}
 
     def shutdown(self, elapsed: float, checksums: list[str] | None = None, final_eval: dict | None = None) -> dict:
         """Tell samplers to stop, wait for their final status, and account for every group."""
         self.publisher.stop_samplers()
-        known = set(self.sampler_status) | set(self.publisher.sampler_versions)
         deadline = time.monotonic() + self.cfg.shutdown_timeout_s
-        log.info("finished %d steps; stopping samplers %s (waiting up to %.0f s for their final status)",
-                 self.version, sorted(known), self.cfg.shutdown_timeout_s)
-        while time.monotonic() < deadline:
-            finals = {i for i, s in self.sampler_status.items() if s.final}
-            known |= set(self.sampler_status) | set(self.publisher.sampler_versions)
-            if known and known <= finals:
-                break
+        log.info("finished %d steps; stopping samplers %s (waiting up to %.0f s for their final status; "
+                 "gone ones are not waited for)", self.version, sorted(self._alive()),
+                 self.cfg.shutdown_timeout_s)
+        # Wait only for samplers that are alive (heard from within --heartbeat-timeout-s and
+        # not finished): a killed or made-up one drops out of alive() after the timeout.
+        while time.monotonic() < deadline and (self._alive() or not self.books.entries):
             self._take(self.receiver.receive(timeout_s=0.2))
         acc = self._accounting()
-        missing = sorted(known - {i for i, s in self.sampler_status.items() if s.final})
+        latest = self.books.latest()
+        missing = sorted(i for i, e in latest.items() if not e.final)
         dropped_total = sum(acc["dropped"].values())
         acc["balanced"] = acc["sent"] == acc["trained"] + dropped_total + acc["queued"]
         summary = {"steps": self.version, "elapsed_s": elapsed, "groups": acc,
-                   "samplers": {i: {"version": s.policy_version, "groups_sent": s.groups_sent, "final": s.final,
-                                    "stats": s.stats}
-                                for i, s in sorted(self.sampler_status.items())},
+                   "samplers": {i: {"version": e.status.policy_version, "groups_sent": e.status.groups_sent,
+                                    "final": e.final, "stats": e.status.stats}
+                                for i, e in sorted(latest.items()) if e.status is not None},
+                   "incarnations": self.books.report(), "liveness": self.liveness.snapshot(),
                    "samplers_without_final_status": missing,
                    "sync": {"bytes_served": self.publisher.bytes_served, **self.publisher.replies},
                    "rejected_messages": dict(self.receiver.rejected),

@@ -83,6 +83,7 @@ class Group:  # the unit of transfer: all G completions of one prompt
     prefix_token_ids: np.ndarray  # int32 [P]
     completions: list[Completion]
     meta: dict[str, object]  # small map str -> str|int|float|bool, e.g. {"answer": "72"}
+    incarnation: int = 0  # random id of the sampler process that made it (a restart gets a new one)
 
 
 @dataclass
@@ -92,6 +93,7 @@ class SamplerStatus:
     groups_sent: int  # cumulative groups handed to the data socket
     final: bool  # last status before the sampler exits
     stats: dict[str, float]
+    incarnation: int = 0  # random id of this sampler process, so a restart's counts start fresh
 
 
 @dataclass
@@ -213,7 +215,7 @@ def _encode_group(g: Group) -> list[bytes | memoryview]:
     ]
     fields = {"sampler_id": g.sampler_id, "group_id": g.group_id, "policy_version": g.policy_version,
               "prefix": g.prefix, "prefix_tokens": list(g.prefix_tokens), "meta": dict(g.meta),
-              "completions": completions}
+              "completions": completions, "incarnation": g.incarnation}
     descs = [{"name": n, "dtype": d, "shape": [len(a)]} for (n, d), a in zip(GROUP_ARRAYS, arrays)]
     # memoryview of a contiguous array: zmq sends it with copy=False, no bytes() copy.
     return [_pack("group", fields, descs), *(memoryview(a) for a in arrays)]
@@ -377,6 +379,21 @@ def _reject_ext(code: int, data: bytes) -> Any:
     raise ValueError(f"msgpack ext type {code} not allowed")
 
 
+def _has_timestamp(tree: Any) -> bool:
+    # msgpack decodes ext type -1 into a Timestamp itself, without calling ext_hook, so it
+    # is looked for here: every ext type is refused the same way, wherever it sits.
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if type(node) is dict:
+            stack.extend(node.values())
+        elif type(node) is list:
+            stack.extend(node)
+        elif type(node) is msgpack.Timestamp:
+            return True
+    return False
+
+
 def _header(frames: Sequence[Frame], limits: Limits) -> tuple[dict[str, Any], list[memoryview]]:
     if isinstance(frames, (bytes, bytearray, memoryview, str)) or not isinstance(frames, Sequence):
         raise _fail("not_multipart", f"expected a list of frames, got {type(frames).__name__}")
@@ -394,6 +411,8 @@ def _header(frames: Sequence[Frame], limits: Limits) -> tuple[dict[str, Any], li
         raise _fail("bad_header", f"undecodable msgpack header: {type(e).__name__}: {e}") from None
     if type(header) is not dict or any(type(k) is not str for k in header):
         raise _fail("bad_header", f"header must be a map with str keys, got {type(header).__name__}")
+    if b"\xff" in bytes(views[0]) and _has_timestamp(header):  # a timestamp's type byte is 0xff
+        raise _fail("bad_header", "msgpack ext type -1 (timestamp) not allowed")
     schema = header.get("schema")
     if type(schema) is not int or schema != SCHEMA_VERSION:
         raise _fail("bad_schema", f"schema {schema!r} != {SCHEMA_VERSION}")
@@ -419,7 +438,7 @@ def _decode_group(h: dict[str, Any], arrays: list[_Array], views: list[memoryvie
     policy_version = _int(h, "policy_version", "group")
     prefix = _str(h, "prefix", "group")
     prefix_tokens = _get(h, "prefix_tokens", "group", list)
-    if any(type(t) is not str for t in prefix_tokens):
+    if set(map(type, prefix_tokens)) - {str}:
         raise _fail("bad_field", "group.prefix_tokens must be a list of str")
     meta = _meta(_get(h, "meta", "group"))
     raw_completions = _get(h, "completions", "group", list)
@@ -465,12 +484,21 @@ def _decode_group(h: dict[str, Any], arrays: list[_Array], views: list[memoryvie
         is_finished = _get(c, "is_finished", where, bool)
         w = whole[w0 : w0 + P + n]
         g = gen[g0 : g0 + n]
-        if not (np.array_equal(w[:P], prefix_ids) and np.array_equal(w[P:], g)):
-            raise _fail("length_mismatch", f"{where}: whole_token_ids != prefix ++ generated")
         completions.append(Completion(g, old_lp[g0 : g0 + n], ref_lp[g0 : g0 + n], w,
                                       text, reward, reward_info, is_finished))
         g0, w0 = g0 + n, w0 + P + n
-    return Group(sampler_id, group_id, policy_version, prefix, prefix_tokens, prefix_ids, completions, meta)
+    # One comparison for all completions: whole == prefix ++ generated_i, for every i. Its size
+    # (G*P + N) was checked against the frame above.
+    expected = np.concatenate([part for c in completions for part in (prefix_ids, c.generated_token_ids)])
+    if not np.array_equal(whole, expected):
+        raise _fail("length_mismatch", "whole_token_ids != prefix ++ generated for some completion")
+    return Group(sampler_id, group_id, policy_version, prefix, prefix_tokens, prefix_ids, completions, meta,
+                 _incarnation(h, "group"))
+
+
+def _incarnation(h: dict[str, Any], where: str) -> int:
+    # Optional (absent: 0), so senders from before it existed still decode.
+    return _int(h, "incarnation", where) if "incarnation" in h else 0
 
 
 def _layout(h: dict[str, Any], bucket_dtypes: list[str], bucket_nbytes: list[int]) -> list[TensorSpec]:
@@ -599,7 +627,7 @@ def decode(frames: Sequence[Frame], limits: Limits = Limits()) -> Message:
     if kind == "status":
         return SamplerStatus(_int(h, "sampler_id", kind), _int(h, "policy_version", kind),
                              _int(h, "groups_sent", kind), _get(h, "final", kind, bool),
-                             _float_map(_get(h, "stats", kind), "status.stats"))
+                             _float_map(_get(h, "stats", kind), "status.stats"), _incarnation(h, kind))
     if kind == "weights_request":
         method = h.get("method", "")
         if method != "" and method not in WEIGHT_METHODS:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import time
 from dataclasses import asdict
 
@@ -24,6 +25,8 @@ from grpo.gpustats import GpuMonitor, format_gpu
 from grpo.progress import Progress
 from grpo.reward_funcs import reward_set_from_config
 from grpo.rollout import RolloutEngine, hf_generate, resolve_backend
+from grpo.heartbeat import ON_FULL, Heartbeat, send_group, wait_send
+from grpo.security import CLIENT, curve_for
 from grpo.transport import DataSender, SyncClient
 from grpo.weight_sync import apply_weights, request_weights
 
@@ -33,6 +36,9 @@ log = logging.getLogger(__name__)
 class Sampler:
     def __init__(self, cfg: SamplerConfig):
         self.cfg = cfg
+        if cfg.on_full not in ON_FULL:
+            raise ValueError(f"--on-full {cfg.on_full}: choose one of {', '.join(ON_FULL)}")
+        curve = curve_for(cfg.curve_keys, CLIENT)  # bad keys fail here, before the model loads
         self.device = pick_device(cfg.device, cfg.gpu_id)
         self.backend = resolve_backend(cfg.generation_backend, self.device)  # a bad name fails before any loading
         torch.manual_seed(cfg.seed + 1000 * cfg.sampler_id)
@@ -61,18 +67,26 @@ class Sampler:
                        if self.backend == "fast" else None)
         self.version = 0
         self._request_id = 0
-        self.groups_sent = 0
-        self.data = DataSender(cfg.host, cfg.data_port, hwm=cfg.send_hwm)
+        self.groups_sent = 0  # groups offered to the data socket, including those dropped at the HWM
+        # A restart under the same --sampler-id is a new process with fresh counts: the
+        # learner's books tell the two apart by this random id.
+        self.incarnation = secrets.randbits(48)
+        self.data = DataSender(cfg.host, cfg.data_port, hwm=cfg.send_hwm, curve=curve)
         # Accept weights up to float32 size whatever our own dtype: a learner may publish fp32.
         total = sum(p.numel() * 4 for p in self.policy.parameters())
-        self.sync = SyncClient(cfg.host, cfg.sync_port, P.weights_limits(total + (64 << 20)))
+        self.sync = SyncClient(cfg.host, cfg.sync_port, P.weights_limits(total + (64 << 20)), curve=curve)
         # Sampler 0 evaluates (greedy pass@1) at version 0 and at every multiple of --eval-every.
         self.eval_set = (eval_problems(cfg.eval_dataset or cfg.dataset, cfg.eval_size)
                          if cfg.eval_every > 0 and cfg.sampler_id == 0 else None)
         self._evaluated_at = -1
         self.gpu = GpuMonitor(self.device)
+        # A fixed key set: the heartbeat thread reads this dict while the main thread updates it.
         self.stats = {"samples": 0.0, "tokens": 0.0, "gen_s": 0.0, "sync_s": 0.0, "weight_bytes": 0.0,
-                      "weight_syncs": 0.0, "apply_s": 0.0, "rounds": 0.0}
+                      "weight_syncs": 0.0, "apply_s": 0.0, "rounds": 0.0, "dropped_full": 0.0,
+                      "dropped_send_timeout": 0.0, "peak_mem_gb": 0.0, "eval_version": -1.0,
+                      "eval_accuracy": 0.0, "eval_seconds": 0.0}
+        self.heartbeat = Heartbeat(DataSender(cfg.host, cfg.data_port, hwm=2, curve=curve),
+                                   cfg.heartbeat_interval_s, lambda: self._status(final=False))
         log.info("sampler %d/%d on %s: %d prompts in its shard, model %s, G=%d, %d prompts per round, "
                  "%s generation", cfg.sampler_id, cfg.num_samplers, self.device, len(mine), path,
                  cfg.num_generations, cfg.prompts_per_round, self.backend)
@@ -215,7 +229,8 @@ class Sampler:
                 sampler_id=cfg.sampler_id, group_id=f"s{cfg.sampler_id}-r{round_idx}-g{gi}",
                 policy_version=self.version, prefix=prompt,
                 prefix_tokens=tok.convert_ids_to_tokens(pids), prefix_token_ids=np.asarray(pids, dtype=np.int32),
-                completions=comps, meta={"answer": problem.answer.split("####")[-1].strip()[:64]}))
+                completions=comps, meta={"answer": problem.answer.split("####")[-1].strip()[:64]},
+                incarnation=self.incarnation))
         n_tokens = sum(len(c) for c, _ in completions)
         self.stats["samples"] += len(completions)
         self.stats["tokens"] += n_tokens
@@ -243,23 +258,27 @@ class Sampler:
         return out
 
     # ------------------------------------------------------------------ main loop
-    def send_status(self, final: bool) -> None:
-        status = P.SamplerStatus(sampler_id=self.cfg.sampler_id, policy_version=self.version,
-                                 groups_sent=self.groups_sent, final=final,
-                                 stats={k: float(v) for k, v in self.stats.items()})
-        self._send_blocking(status)
+    def _status(self, final: bool) -> P.SamplerStatus:
+        return P.SamplerStatus(sampler_id=self.cfg.sampler_id, policy_version=self.version,
+                               groups_sent=self.groups_sent, final=final,
+                               stats={k: float(v) for k, v in list(self.stats.items())},
+                               incarnation=self.incarnation)
 
-    def _send_blocking(self, msg: P.Message) -> None:
-        waited = 0.0
-        while not self.data.send(msg, timeout_s=5.0):
-            waited += 5.0
-            log.info("data queue full for %.0f s (learner slow or not up at %s:%d); waiting",
-                     waited, self.cfg.host, self.cfg.data_port)
+    def send_status(self, final: bool) -> None:
+        if final:  # the learner's books need this one: wait for room, but not forever
+            wait_send(self.data, self._status(True), self.cfg.send_timeout_s or 600.0, self._where)
+        else:  # like a heartbeat: if the queue is full now, the next one says the same, newer
+            self.data.send(self._status(False), timeout_s=0)
+
+    @property
+    def _where(self) -> str:
+        return f"{self.cfg.host}:{self.cfg.data_port}"
 
     def run(self) -> dict:
         rounds = 0
         t_start = time.perf_counter()
         bar = Progress(f"sampler{self.cfg.sampler_id} rounds", total=self.cfg.max_rounds or None, unit="round")
+        self.heartbeat.start()
         try:
             while True:
                 # shared: we read the learner's live weights, so it must not step during a round
@@ -270,15 +289,18 @@ class Sampler:
                     self.maybe_evaluate()
                     groups = self.generate_round(rounds)
                 for group in groups:
-                    self._send_blocking(group)
-                    self.groups_sent += 1
+                    self.groups_sent += 1  # offered: a group dropped at the HWM is counted too
+                    send_group(self.data, group, self.cfg.on_full, self.cfg.send_timeout_s, self.stats,
+                               self._where, f"group {self.groups_sent}")
                 rounds += 1
                 self.stats["rounds"] = rounds
                 bar.update(1, version=self.version)
                 self.send_status(final=False)
+            self.heartbeat.stop()  # no heartbeat may follow the final status
             self.send_status(final=True)
         finally:
             bar.close()
+            self.heartbeat.stop()
             elapsed = time.perf_counter() - t_start
             log.info("sampler %d done: %d rounds, %d groups sent, %.1f samples/s, %.2f MB sent, "
                      "last version %d", self.cfg.sampler_id, rounds, self.groups_sent,

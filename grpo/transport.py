@@ -15,11 +15,14 @@ import logging
 import socket
 import time
 from collections import Counter
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import zmq
 
 from grpo import protocol as P
+
+if TYPE_CHECKING:
+    from grpo.security import Curve
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +92,11 @@ class _Receiving:
 class DataSender:
     """Sampler side of the data channel."""
 
-    def __init__(self, host: str, port: int, hwm: int, ctx: zmq.Context | None = None):
+    def __init__(self, host: str, port: int, hwm: int, ctx: zmq.Context | None = None,
+                 curve: Curve | None = None):
         self.sock = (ctx or zmq.Context.instance()).socket(zmq.PUSH)
+        if curve:
+            curve.apply_client(self.sock)
         # At the high-water mark a PUSH send blocks: that is the backpressure that keeps a
         # sampler from queueing unbounded groups while the learner is slow or absent.
         self.sock.setsockopt(zmq.SNDHWM, hwm)
@@ -108,16 +114,18 @@ class DataSender:
         self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
         return True
 
-    def close(self) -> None:
-        self.sock.close()
+    def close(self, linger_s: float | None = None) -> None:
+        self.sock.close(linger=None if linger_s is None else int(linger_s * 1000))
 
 
 class DataReceiver(_Receiving):
     """Learner rank 0 side of the data channel."""
 
     def __init__(self, host: str, port: int, limits: P.Limits, max_message_bytes: int,
-                 ctx: zmq.Context | None = None):
+                 ctx: zmq.Context | None = None, curve: Curve | None = None):
         sock = (ctx or zmq.Context.instance()).socket(zmq.PULL)
+        if curve:
+            curve.apply_server(sock)
         sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)  # per frame; checked before allocation
         sock.setsockopt(zmq.RCVHWM, 1000)
         sock.setsockopt(zmq.LINGER, 0)
@@ -128,8 +136,13 @@ class DataReceiver(_Receiving):
 class SyncClient(_Receiving):
     """Sampler side of the weight channel."""
 
-    def __init__(self, host: str, port: int, limits: P.Limits, ctx: zmq.Context | None = None):
+    def __init__(self, host: str, port: int, limits: P.Limits, ctx: zmq.Context | None = None,
+                 curve: Curve | None = None):
         sock = (ctx or zmq.Context.instance()).socket(zmq.DEALER)
+        if curve:
+            curve.apply_client(sock)
+        # Largest frame: one weight bucket (or the header); libzmq drops a larger one unread.
+        sock.setsockopt(zmq.MAXMSGSIZE, max(limits.max_array_bytes, limits.max_header_bytes))
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(f"tcp://{host}:{port}")
         super().__init__(sock, limits, "sync")
@@ -145,8 +158,10 @@ class SyncClient(_Receiving):
 class SyncServer(_Receiving):
     """Learner rank 0 side of the weight channel. Lives in one thread (zmq sockets are not thread-safe)."""
 
-    def __init__(self, host: str, port: int, ctx: zmq.Context | None = None):
+    def __init__(self, host: str, port: int, ctx: zmq.Context | None = None, curve: Curve | None = None):
         sock = (ctx or zmq.Context.instance()).socket(zmq.ROUTER)
+        if curve:
+            curve.apply_server(sock)
         sock.setsockopt(zmq.MAXMSGSIZE, 1 << 16)  # requests are tiny
         # A ROUTER drops (not blocks) when a peer's queue is full; weights are re-requested
         # by the sampler's next round, so a dropped reply costs one round of staleness at most.

@@ -175,6 +175,7 @@ class TcpPublisher:
         self.bytes_served = 0
         self.replies = {"weights": 0, "no_update": 0, "stop": 0}
         self.stopped_samplers: set[int] = set()
+        self.peers = None  # grpo.liveness.SyncPeers: binds a connection to one sampler id (set by the learner)
         self._thread = threading.Thread(target=self._serve, name="weight-sync", daemon=True)
         if start:   # a subclass starts it once its own state exists
             self._thread.start()
@@ -215,6 +216,8 @@ class TcpPublisher:
                 identity, msg = got
                 if not isinstance(msg, P.WeightsRequest):
                     self.server.rejected["unexpected_kind"] += 1
+                elif self.peers is not None and (why := self.peers.accept(identity, msg.sampler_id)):
+                    self.server.rejected[why] += 1  # a made-up or borrowed sampler id: no answer
                 elif identity not in latest or msg.request_id >= latest[identity].request_id:
                     latest[identity] = msg
                 got = self.server.receive(timeout_s=0)

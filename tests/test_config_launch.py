@@ -72,7 +72,7 @@ def test_plan_one_sampler_three_learner_gpus(gpus):
 
 
 def test_plan_two_samplers_and_shared_gpu():
-    specs = _plan(["--sampling-gpus", "0,1", "--training-gpus", "0"], cuda_count=2)
+    specs = _plan(["--sampling-gpus", "0,1", "--training-gpus", "0", "--share-gpus"], cuda_count=2)
     samplers = [s for s in specs if s.role == "sampler"]
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in samplers] == ["0", "1,0"]
     assert [s.argv[s.argv.index("--sampler-id") + 1] for s in samplers] == ["0", "1"]

@@ -1,0 +1,171 @@
+"""Checkpoints: exact optimizer/model/RNG round trip for both engines, HF export, pruning, --resume."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo.checkpoint import (STATE_FILE, Checkpointer, ResumeError, list_checkpoints, load_checkpoint,
+                             resolve_resume)
+from grpo.engine import DeepSpeedEngine, TorchEngine, load_ds_config, resolve_ds_config
+from grpo.model import load_causal_lm, load_tokenizer, resolve_model
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    path = resolve_model("tiny-random")
+    return path, load_tokenizer(path)
+
+
+def _ds_config(lr=1e-2):
+    cfg, _ = resolve_ds_config(load_ds_config(str(ROOT / "deepspeed.json")), world=1, train_batch_size=4,
+                               group_size=4, learning_rate=lr, cuda=False)
+    return cfg
+
+
+def _engine(kind, path):
+    model = load_causal_lm(path, CPU, torch.float32)
+    if kind == "torch":
+        return TorchEngine(model, _ds_config(), CPU)
+    import deepspeed
+    from netutil import free_ports
+
+    # The rendezvous variables only while the group and engine are made: left in os.environ, the
+    # learners that later tests start would inherit this (bound) MASTER_PORT.
+    saved = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_ports(1)[0]), RANK="0",
+                      WORLD_SIZE="1", LOCAL_RANK="0")
+    try:
+        if not torch.distributed.is_initialized():
+            deepspeed.init_distributed(dist_backend="gloo")
+        return DeepSpeedEngine(model, _ds_config())
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _train_step(engine, seed):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 1000, (2, 12), generator=g)
+    for _ in range(engine.gas):
+        out = engine.module(input_ids=ids, use_cache=False).logits
+        engine.backward(out.float().logsumexp(-1).mean())
+    engine.step()
+
+
+def _opt_state(engine):
+    return engine._engine.optimizer.state_dict() if hasattr(engine, "_engine") else engine.opt.state_dict()
+
+
+def _assert_same(a, b, where="state"):
+    """Recursive exact equality of nested dicts/lists of tensors and plain values."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert set(a) == set(b), (where, set(a) ^ set(b))
+        for k in a:
+            _assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same(x, y, f"{where}[{i}]")
+    elif hasattr(a, "__dict__") and not callable(a):
+        assert type(a) is type(b), where         # e.g. DeepSpeed's loss scaler: compare its fields
+        _assert_same(vars(a), vars(b), where)
+    else:
+        assert a == b, (where, a, b)
+
+
+def _params(module):
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+@pytest.mark.parametrize("kind", ["torch", "deepspeed"])
+def test_save_then_resume_restores_optimizer_weights_and_rng_exactly(tmp_path, tiny, kind):
+    path, tok = tiny
+    a = _engine(kind, path)
+    ckpt = Checkpointer(tmp_path, save_every=2, keep=0, rank=0, world=1)
+    for step in (1, 2):
+        _train_step(a, seed=step)
+        if ckpt.due(step, last=False):
+            ckpt.save(a, tok, step, {"samplers": {0: {"rounds": 7}}})
+    assert [s for s, _ in list_checkpoints(tmp_path / "checkpoints")] == [2]
+    saved_opt, saved_w = _opt_state(a), _params(a.module)
+    after_save_draw = torch.rand(3)
+
+    torch.manual_seed(999)                       # a fresh process would have other RNG state
+    b = _engine(kind, path)                      # fresh: initial weights, empty optimizer
+    assert not all(torch.equal(v, saved_w[k]) for k, v in _params(b.module).items())
+    state = load_checkpoint(b, resolve_resume("latest", tmp_path), rank=0, world=1)
+    assert state["step"] == 2 and state["policy_version"] == 2 and state["samplers"]["0"]["rounds"] == 7
+    assert state["engine"] == kind
+    _assert_same(saved_opt, _opt_state(b), "optimizer")
+    _assert_same(saved_w, _params(b.module), "weights")
+    assert torch.equal(torch.rand(3), after_save_draw)      # RNG continues where the save left it
+
+    # The same next step on both gives the same weights: Adam moments and step count carried over.
+    _train_step(a, seed=3)
+    _train_step(b, seed=3)
+    _assert_same(_params(a.module), _params(b.module), "weights after step 3")
+
+    # The Hugging Face export loads with plain transformers and holds the step-2 weights.
+    from transformers import AutoModelForCausalLM
+
+    hf_dir = tmp_path / "checkpoints" / "step_2" / "hf"
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    assert hf.config.use_cache is True
+    hf_w = hf.state_dict()
+    for k, v in saved_w.items():
+        assert torch.equal(hf_w[k], v), k
+    assert (hf_dir / "tokenizer.json").is_file() or (hf_dir / "tokenizer_config.json").is_file()
+
+
+def test_keep_k_prunes_oldest_and_incomplete_ones_are_ignored(tmp_path, tiny):
+    path, tok = tiny
+    eng = _engine("torch", path)
+    ckpt = Checkpointer(tmp_path, save_every=1, keep=2, rank=0, world=1)
+    for step in range(1, 5):
+        assert ckpt.due(step, last=False)
+        ckpt.save(eng, tok, step, {})
+    assert not ckpt.due(4, last=True)            # the end of the run does not save step 4 twice
+    root = tmp_path / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["step_3", "step_4"]
+    # A crash mid-save leaves a folder without trainer_state.json: never picked as latest.
+    (root / "step_9").mkdir()
+    assert resolve_resume("latest", tmp_path) == root / "step_4"
+    assert resolve_resume(str(tmp_path), tmp_path) == root / "step_4"     # a run directory
+    assert resolve_resume(str(root / "step_3"), tmp_path) == root / "step_3"
+    assert json.loads((root / "step_4" / STATE_FILE).read_text())["step"] == 4
+    assert resolve_resume("", tmp_path) is None
+    with pytest.raises(ResumeError, match="at step 4 >= --max-steps 4; raise --max-steps"):
+        resolve_resume("latest", tmp_path, max_steps=4)
+    assert resolve_resume("latest", tmp_path, max_steps=5) == root / "step_4"
+    with pytest.raises(ResumeError, match="--resume latest: no complete checkpoint"):
+        resolve_resume("latest", tmp_path / "elsewhere")
+    with pytest.raises(ResumeError, match="not a complete checkpoint"):
+        resolve_resume(str(root / "step_9"), tmp_path)
+
+
+def test_save_every_schedule():
+    c = Checkpointer(Path("/nonexistent"), save_every=1000, keep=3, rank=0, world=1)
+    assert [s for s in range(1, 2501) if c.due(s, last=s == 2500)] == [1000, 2000, 2500]
+    c0 = Checkpointer(Path("/nonexistent"), save_every=0, keep=3, rank=0, world=1)
+    assert [s for s in range(1, 11) if c0.due(s, last=s == 10)] == [10]
+
+
+def test_engine_mismatch_is_one_line(tmp_path, tiny):
+    path, tok = tiny
+    eng = _engine("torch", path)
+    Checkpointer(tmp_path, save_every=1, keep=0, rank=0, world=1).save(eng, tok, 1, {})
+    state_file = tmp_path / "checkpoints" / "step_1" / STATE_FILE
+    state = json.loads(state_file.read_text())
+    state_file.write_text(json.dumps(dict(state, engine="deepspeed")))
+    with pytest.raises(ResumeError, match="drop --no-deepspeed"):
+        load_checkpoint(eng, tmp_path / "checkpoints" / "step_1", rank=0, world=1)

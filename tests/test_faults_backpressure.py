@@ -1,0 +1,66 @@
+"""A learner that is absent, then slow: bounded queues on both sides, and every group in the books.
+
+Real processes. Two samplers start before the learner exists, with --send-hwm 2:
+  sampler 0 --on-full drop: queues exactly 2 groups, drops the rest (counted), peak memory flat;
+  sampler 1 --on-full block: queues 2 groups and waits on the third (logged), generating nothing more.
+Then the learner starts with --buffer-size 2: the backlog arrives while it loads its model, so its
+FIFO overflows (oldest dropped, counted as buffer_full), and it stops after 3 steps with groups still
+queued, which are counted as queued, not vanished.
+"""
+import json
+import re
+
+import pytest
+from faultutil import Cluster, check_books, peak_rss_kb
+
+HWM = 2
+
+
+@pytest.mark.slow
+def test_absent_then_slow_learner_bounded_queues_and_books(tmp_path):
+    c = Cluster(tmp_path, 2, ["--num-generations", "4", "--max-new-tokens", "8"])
+    opts = ["--prompts-per-round", "4", "--send-hwm", str(HWM), "--sync-timeout-s", "1",
+            "--heartbeat-interval-s", "1"]
+    samplers = ("sampler0", "sampler1")
+    try:
+        c.sampler(0, *opts, "--on-full", "drop")
+        c.sampler(1, *opts, "--on-full", "block")
+        # Sampler 0's peak resident memory once warm (10 drops) and 20 drops later: flat, since
+        # what it cannot send it drops instead of queueing (each group is ~10 kB here, so this
+        # bounds the process, not the groups; the queue bound itself is exact, see sampler 1).
+        c.wait_log("sampler0", r"dropped 10 groups so far", alive=samplers)
+        pid = c.procs["sampler0"].pid
+        rss = [peak_rss_kb(pid)]
+        c.wait_log("sampler0", r"dropped 30 groups so far", alive=samplers)
+        rss.append(peak_rss_kb(pid))
+        c.wait_log("sampler1", rf"data queue full for \d+ s .* waiting to send group {HWM + 1}\b", alive=samplers)
+        blocked_log = c.log("sampler1")
+        # Blocked on group HWM+1: it has not gone on to generate and queue more.
+        assert not re.search(rf"waiting to send group (?!{HWM + 1}\b)\d+", blocked_log), blocked_log[-2000:]
+        assert len(re.findall(r"round \d+ \(v0\)", blocked_log)) == 1  # 4 groups per round: blocked in round 0
+
+        c.learner("--max-steps", "3", "--train-batch-size", "4", "--buffer-size", "2",
+                  "--heartbeat-timeout-s", "60", "--shutdown-timeout-s", "60")
+        assert c.procs["learner"].wait(timeout=400) == 0, c.logs()
+        for n in samplers:
+            assert c.procs[n].wait(timeout=120) == 0, c.logs()
+    finally:
+        c.close()
+
+    growth_mb = (max(rss) - rss[0]) / 1024
+    s = c.summary()
+    acc = s["groups"]
+    r0 = json.loads((c.run_dir / "sampler0_result.json").read_text())
+    r1 = json.loads((c.run_dir / "sampler1_result.json").read_text())
+    print(f"\nsampler 0 peak RSS {rss[0] / 1024:.0f} MB at its 10th drop, {rss[1] / 1024:.0f} MB at its 30th; "
+          f"accounting: {acc}")
+    assert growth_mb < 128, (growth_mb, rss)  # a sanity bound: the peak follows prompt length, not drops
+    check_books(acc)
+    assert s["steps"] == 3 and acc["trained"] == 3
+    # Sampler-side drops are in the books, exactly as the samplers counted them.
+    assert r0["dropped_full"] >= 30 and acc["dropped"]["sampler_full"] == r0["dropped_full"]
+    assert r1["dropped_full"] == 0 and r1["dropped_send_timeout"] == 0
+    assert acc["sent"] == r0["groups_sent"] + r1["groups_sent"]
+    # The learner's FIFO held at most 2: the backlog overflowed it, and what is left is counted.
+    assert acc["dropped"].get("buffer_full", 0) >= 1 and 1 <= acc["queued"] <= 2, acc
+    assert "learner bound data 127.0.0.1" in c.log("learner")

@@ -1,0 +1,187 @@
+"""Heartbeat bookkeeping, per-process accounting and sync-id binding, by hand-worked cases (no processes)."""
+import time
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+
+from grpo import protocol as P
+from grpo.books import Books
+from grpo.heartbeat import send_group
+from grpo.liveness import Liveness, SyncPeers
+from grpo.transport import DataSender, SyncClient, SyncServer
+from grpo.weight_sync import TcpPublisher
+from netutil import free_ports
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_silent_sampler_is_gone_then_back_and_final_is_not_waited_for(caplog):
+    clock = Clock()
+    live = Liveness(timeout_s=5.0, max_samplers=4, clock=clock)
+    assert live.seen(0) and live.seen(1) and live.seen(2)
+    assert not live.seen(4) and not live.seen(-1)          # out of range: nothing recorded
+    clock.t += 3
+    live.seen(1)
+    clock.t += 2.5                                         # 0 and 2 silent 5.5 s, 1 silent 2.5 s
+    assert live.check() == [0, 2] and live.check() == []   # each counted gone once
+    assert live.alive() == {1}
+    live.seen(2, final=True)                               # 2 speaks again, and it is its last word
+    assert live.alive() == {1} and live.finished == {2} and live.gone == {0}
+    clock.t += 60
+    assert live.alive() == set() and live.gone == {0, 1}   # 2 finished: never counted gone
+    live.seen(0)
+    assert live.alive() == {0}
+    snap = live.snapshot()
+    assert (snap["gone"], snap["finished"], snap["times_gone"], snap["times_back"]) == ([1], [2], 3, 2)
+    msgs = [r.getMessage() for r in caplog.records]
+    assert sum("counted as gone" in m for m in msgs) == 3 and sum("is back after" in m for m in msgs) == 2
+
+
+def status(sid, inc, sent, final=False, **stats):
+    return P.SamplerStatus(sampler_id=sid, policy_version=0, groups_sent=sent, final=final,
+                           stats={k: float(v) for k, v in stats.items()}, incarnation=inc)
+
+
+def group(sid, inc, version=0):
+    ids = np.array([1, 2], np.int32)
+    c = P.Completion(ids, np.zeros(2, np.float32), np.zeros(2, np.float32), np.concatenate([ids, ids]),
+                     "", 0.0, {}, True)
+    return P.Group(sid, "g", version, "", ["a", "b"], ids, [c], {}, incarnation=inc)
+
+
+def test_books_per_process_killed_restarted_and_late_heartbeat():
+    b = Books()
+    # sampler 0: 5 offered, 2 of them dropped at its HWM, 3 received, then final.
+    for _ in range(3):
+        b.group(group(0, 11), version=0)
+    assert b.status(status(0, 11, 5, final=True, dropped_full=2), 0) is True
+    # a heartbeat that overtook the final status (sent on another socket) changes nothing
+    assert b.status(status(0, 11, 4), 1) is True
+    # sampler 1, first process: heartbeat said 4 sent, 2 arrived, then SIGKILL: 2 lost in flight
+    b.group(group(1, 21), version=1)
+    b.status(status(1, 21, 4), 1)
+    b.status(status(1, 21, 3), 1)                  # an older heartbeat arriving late: ignored
+    b.group(group(1, 21), version=1)
+    # sampler 1 restarted: a new process whose counts start at 0; its first group is at v3
+    b.group(group(1, 22, version=3), version=3)
+    b.status(status(1, 22, 1, final=True), 3)
+    # sampler 2 died before any status reached us: sent >= what we received
+    b.group(group(2, 31), version=3)
+    sent, dropped = b.totals()
+    assert sent == 5 + 4 + 1 + 1
+    assert dropped == {"sampler_full": 2, "lost_in_flight": 2}
+    received = 3 + 2 + 1 + 1
+    assert sent == received + sum(dropped.values())
+    rows = {(r["sampler_id"], r["incarnation"]): r for r in b.report()}
+    assert rows[(1, 22)]["joined_at_version"] == 3 and rows[(1, 22)]["first_group_version"] == 3
+    assert rows[(1, 21)]["lost_in_flight"] == 2 and not rows[(1, 21)]["final"]
+    assert b.latest()[1].incarnation == 22
+
+
+def test_books_are_bounded_against_made_up_incarnations():
+    b = Books(max_entries=3)
+    for inc in range(10):
+        b.group(group(0, inc), version=0)
+    assert len(b.entries) == 4 and b.entries[(0, -1)].received == 7  # 3 real + one overflow entry
+    assert b.totals() == (10, {})
+
+
+def test_sync_connection_is_bound_to_its_first_sampler_id():
+    live = Liveness(timeout_s=5.0, max_samplers=8)
+    peers = SyncPeers(live, max_peers=2)
+    assert peers.accept(b"A", 3) is None and peers.accept(b"A", 3) is None
+    assert peers.accept(b"A", 4) == "sampler_id_mismatch"
+    assert peers.accept(b"B", 99) == "bad_sampler_id"
+    assert peers.accept(b"B", 4) is None and peers.accept(b"C", 5) is None
+    assert list(peers._ids) == [b"B", b"C"]                # A aged out: the table stays bounded
+    assert live.last_seen.keys() == {3, 4, 5}
+
+
+def test_publisher_refuses_borrowed_and_made_up_sampler_ids():
+    """Over real sockets: a connection that switches ids, or names one beyond --max-samplers, gets no answer."""
+    (port,) = free_ports(1)
+    server = SyncServer("127.0.0.1", port)
+    model = torch.nn.Linear(2, 2)
+    pub = TcpPublisher(server, model)
+    live = Liveness(timeout_s=5.0, max_samplers=8)
+    pub.peers = SyncPeers(live, max_peers=16)
+    pub.publish(1, model)
+    client = SyncClient("127.0.0.1", port, P.weights_limits(1 << 20))
+    try:
+        def ask(sid, rid):
+            deadline = time.monotonic() + 10
+            while not client.send(P.WeightsRequest(sampler_id=sid, have_version=0, request_id=rid)):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            return client.receive(timeout_s=2.0)
+
+        first = ask(3, 1)
+        assert isinstance(first, P.WeightsAnnounce) and first.request_id == 1
+        assert ask(5, 2) is None                     # same connection, another id: refused
+        assert ask(1000, 3) is None                  # beyond --max-samplers: refused
+        again = ask(3, 4)
+        assert isinstance(again, P.WeightsAnnounce) and again.request_id == 4
+        assert server.rejected == {"sampler_id_mismatch": 1, "bad_sampler_id": 1}
+        assert set(pub.sampler_versions) == {3} and live.last_seen.keys() == {3}
+    finally:
+        client.close()
+        pub.close()
+
+
+def test_on_full_drop_counts_and_block_times_out():
+    """A PUSH with no learner behind it queues exactly --send-hwm groups; the rest are dropped (and counted)."""
+    (port,) = free_ports(1)
+    g = group(0, 1)
+    drop = DataSender("127.0.0.1", port, hwm=2)
+    stats = {}
+    try:
+        sent = [send_group(drop, g, "drop", 600, stats, "nowhere") for _ in range(7)]
+        assert sent == [True, True, False, False, False, False, False] and stats == {"dropped_full": 5.0}
+        t0 = time.monotonic()
+        assert send_group(drop, g, "block", 0.5, stats, "nowhere") is False
+        assert 0.4 < time.monotonic() - t0 < 5 and stats["dropped_send_timeout"] == 1.0
+    finally:
+        drop.close(linger_s=0)
+
+
+def test_msgpack_timestamp_ext_is_refused_as_bad_header():
+    h = {"schema": 1, "kind": "no_update", "version": 1, "request_id": 1, "x": [msgpack.Timestamp(1, 0)]}
+    with pytest.raises(P.ProtocolError) as e:
+        P.decode([msgpack.packb(h, datetime=False)])
+    assert e.value.reason == "bad_header"
+    del h["x"]
+    assert P.decode([msgpack.packb(h)]) == P.NoUpdate(version=1, request_id=1)
+
+
+def test_learner_intake_bounds_its_fifo_and_drops_what_it_would_not_train():
+    """Learner._take on real messages: --buffer-size FIFO, too_long, ids beyond --max-samplers."""
+    import collections
+    from types import SimpleNamespace
+
+    from grpo.config import LearnerConfig
+    from grpo.learner import Learner
+
+    lrn = object.__new__(Learner)  # just the intake: no model, no sockets
+    lrn.cfg = LearnerConfig(buffer_size=2, max_new_tokens=2, max_prompt_tokens=3, max_samplers=4)
+    lrn.liveness, lrn.books = Liveness(30.0, 4), Books()
+    lrn.queue, lrn.counts, lrn.version = collections.deque(), collections.Counter(), 0
+    lrn.receiver = SimpleNamespace(rejected=collections.Counter())
+    groups = [group(0, 1, version=v) for v in range(4)]          # prompt 2 tokens, completion 2 tokens
+    long_prompt = group(1, 2)
+    long_prompt.prefix_token_ids = np.arange(4, dtype=np.int32)  # 4 > --max-prompt-tokens 3
+    long_completion = group(1, 2)
+    long_completion.completions[0].generated_token_ids = np.arange(3, dtype=np.int32)  # 3 > --max-new-tokens 2
+    for msg in [*groups, long_prompt, long_completion, group(4, 9), status(4, 9, 1)]:
+        lrn._take(msg)
+    assert [g.policy_version for g in lrn.queue] == [2, 3]        # the two oldest were pushed out
+    assert lrn.counts == {"received": 6, "dropped_buffer_full": 2, "dropped_too_long": 2}
+    assert lrn.receiver.rejected == {"bad_sampler_id": 2}         # sampler id 4 >= --max-samplers 4
+    assert lrn.books.totals() == (6, {}) and lrn.liveness.last_seen.keys() == {0, 1}
