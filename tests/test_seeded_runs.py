@@ -1,6 +1,13 @@
-"""Parallel seeded runs through run_distributed.py --seeds: same seed, same first step; own dirs and ports."""
+"""Parallel seeded runs through run_distributed.py --seeds, and a learner on another address.
+
+One launch starts two instances (seeds 7 and 8); a second, plain run with seed 7 must train the
+same first batch. That second run also stands for multi-node on one host: its learner binds
+127.0.0.2 (a second loopback address) while 127.0.0.1 holds the same port numbers, as another
+machine would, and its sampler reaches it through --host.
+"""
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,20 +34,38 @@ def first_step(run_dir):
 
 
 @pytest.mark.slow
-def test_same_seed_same_first_step_and_separate_instances(tmp_path):
+def test_same_seed_same_first_step_separate_instances_and_learner_on_another_address(tmp_path):
     d = free_ports(1)[0]
     r = launch("--seeds", "7,8", "--name", "exp", "--run-dir", str(tmp_path), "--data-port", str(d),
                "--sync-port", str(d + 1))
     logs = "".join(p.read_text()[-2000:] for p in tmp_path.glob("*/*.log"))
     assert r.returncode == 0, r.stdout + r.stderr + logs
     a, b = tmp_path / "exp_seed7", tmp_path / "exp_seed8"
-    for run_dir, port in ((a, d), (b, d + 2)):
+    for run_dir, seed, port in ((a, 7, d), (b, 8, d + 2)):
         assert (run_dir / "launcher.log").exists() and (run_dir / "learner0.log").exists()
         cfg = json.loads((run_dir / "config_learner.json").read_text())
-        assert (cfg["seed"], cfg["data_port"]) == (7 if run_dir == a else 8, port)
-    d2 = free_ports(1)[0]
-    r = launch("--seed", "7", "--run-dir", str(tmp_path / "again"), "--data-port", str(d2), "--sync-port", str(d2 + 1))
+        assert (cfg["seed"], cfg["data_port"]) == (seed, port)
+
+    d2, s2 = free_ports(2)
+    blockers = []
+    for port in (d2, s2):                    # "the other host" uses these ports on 127.0.0.1
+        blocker = socket.socket()
+        blocker.bind(("127.0.0.1", port))
+        blocker.listen()
+        blockers.append(blocker)
+    try:
+        r = launch("--seed", "7", "--host", "127.0.0.2", "--run-dir", str(tmp_path / "again"),
+                   "--data-port", str(d2), "--sync-port", str(s2))
+    finally:
+        for blocker in blockers:
+            blocker.close()
     assert r.returncode == 0, r.stdout + r.stderr
-    s7, s8, again = first_step(a), first_step(b), first_step(tmp_path / "again")
-    assert {k: s7[k] for k in SAME} == {k: again[k] for k in SAME}     # exact: same tokens, same loss
+    assert "learner ready on 127.0.0.2" in r.stdout
+    again = tmp_path / "again"
+    assert json.loads((again / "config_sampler0.json").read_text())["host"] == "127.0.0.2"
+    summary = json.loads((again / "summary.json").read_text())
+    assert summary["samplers"]["0"]["final"] and summary["groups"]["balanced"]
+
+    s7, s8, s7b = first_step(a), first_step(b), first_step(again)
+    assert {k: s7[k] for k in SAME} == {k: s7b[k] for k in SAME}      # exact: same tokens, same loss
     assert s7["batch_crc32"] != s8["batch_crc32"]                      # another seed, another batch
