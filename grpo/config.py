@@ -108,7 +108,7 @@ class SamplerConfig(CommonConfig):
     """module:function applied to every raw dataset row: fn(row: dict) -> dict (question/answer, prompt, instruction/response or input/output columns) or None to drop the row."""
     # --- rollout
     generation_backend: str = "auto"
-    """'fast' (grpo/rollout.py: static KV cache, CUDA-graph decode), 'hf' (Hugging Face generate), or 'auto' (fast on CUDA, hf on CPU)."""
+    """'fast' (grpo/rollout.py: static KV cache, CUDA-graph decode; failed in its first GPU run, see README), 'hf' (Hugging Face generate), or 'auto' (hf for now)."""
     cuda_graphs: bool = True
     """With the fast backend on CUDA, capture the decode step as a CUDA graph (--no-cuda-graphs: eager decode, for debugging)."""
     compile_decode: bool = False

@@ -435,7 +435,8 @@ class Learner:
 
     def _latest_eval(self) -> dict | None:
         """The newest evaluation a sampler has reported (version, greedy pass@1), if any."""
-        evals = [s.stats for s in self.sampler_status.values() if s.stats.get("eval_version", -1) >= 0]
+        evals = [e.status.stats for e in self.books.latest().values()
+                 if e.status is not None and e.status.stats.get("eval_version", -1) >= 0]
         if not evals:
             return None
         best = max(evals, key=lambda st: st["eval_version"])
