@@ -20,6 +20,7 @@ import torch
 
 from grpo.config import EvalConfig, parse_config
 from grpo.data import Problem, build_prompt, load_problems
+from grpo.progress import Progress
 from grpo.rewards import gsm8k_reward
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,8 @@ def greedy_accuracy(model, tok, problems: list[Problem], max_new_tokens: int, ba
             scored = gsm8k_reward(tok.decode(row, skip_special_tokens=True), problems[i].answer)
             correct[i], has_answer[i] = scored.info["correct"], scored.info["has_answer"]
         order = []
+    bar = Progress("eval problems", total=len(problems), unit="problem")
+    bar.update(len(problems) - len(order))   # the engine path did them all at once
     for s in range(0, len(order), batch_size):
         rows = order[s:s + batch_size]
         width = max(len(ids[i]) for i in rows)
@@ -81,6 +84,8 @@ def greedy_accuracy(model, tok, problems: list[Problem], max_new_tokens: int, ba
             scored = gsm8k_reward(text, problems[i].answer)
             correct[i] = scored.info["correct"]
             has_answer[i] = scored.info["has_answer"]
+        bar.update(len(rows))
+    bar.close()
     if was_training:
         model.train()
     n = max(len(problems), 1)
