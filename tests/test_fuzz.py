@@ -1037,6 +1037,13 @@ def test_no_pickle_eval_exec_in_code():
             for what, rx in FORBIDDEN:
                 if rx.search(line):
                     hits.append(f"{f.relative_to(ROOT)}:{n}: {what}: {line.strip()}")
+    # The one deliberate exception: the code-execution reward (issue 7) runs the sampler's own
+    # completions, never socket data, in a sandboxed child process (its runner script is a
+    # string that only the child executes). Exactly those two lines are allowed.
+    allowed = [h for h in hits if h.startswith("grpo/code_reward.py:") and ": exec(: exec(compile(" in h]
+    assert len(allowed) == 2, hits
+    assert "grpo.transport" not in (ROOT / "grpo" / "code_reward.py").read_text()
+    hits = [h for h in hits if h not in allowed]
     assert not hits, "\n".join(hits)
     # The regexes do catch what they are meant to (and let nn.Module.eval() through).
     for bad in ("import pickle", "x = eval(s)", "exec (code)", "import marshal", "torch.load(path)",
