@@ -38,7 +38,7 @@ from grpo.progress import Progress
 from grpo.tracking import Tracker, parse_report_to, step_extras
 from grpo.security import SERVER, curve_for, warn_if_exposed
 from grpo.transport import DataReceiver, SyncServer, free_port
-from grpo.weight_sync import TcpPublisher
+from grpo.weight_methods import check_method, make_publisher
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +81,7 @@ class Learner:
             raise ValueError("--no-deepspeed runs one process; drop it or start a single rank")
         local = int(os.environ.get("LOCAL_RANK", "0"))
         self.device = pick_device(cfg.device, cfg.gpu_id if cfg.gpu_id >= 0 else (local if cfg.device != "cpu" else -1))
-        if cfg.weight_sync not in ("auto", "ipc", "nccl", "shared", "tcp"):
-            raise ValueError(f"--weight-sync {cfg.weight_sync}: choose auto, ipc, nccl, shared or tcp")
-        if cfg.weight_sync == "shared" and (self.device.type != "cuda" or cfg.lora_r or cfg.no_deepspeed):
-            raise ValueError("--weight-sync shared needs a CUDA DeepSpeed learner without LoRA (bf16 weights the "
-                             "sampler can use as they are); use --weight-sync ipc")
-        if cfg.weight_sync == "ipc" and self.device.type != "cuda":
-            raise ValueError("--weight-sync ipc needs a CUDA learner; use --weight-sync tcp (or auto) on CPU")
+        check_method(cfg.weight_sync, self.device, bool(cfg.lora_r), not cfg.no_deepspeed)
         if cfg.eval_every > 0 and not cfg.eval_dataset:
             raise ValueError("--eval-every on the learner needs --eval-dataset (the data set the samplers use); "
                              "run_distributed.py passes it for you")
@@ -143,7 +137,9 @@ class Learner:
         self.engine = (TorchEngine(model, self.ds_config, self.device) if cfg.no_deepspeed
                        else DeepSpeedEngine(model, self.ds_config))
         self.autocast = (cfg.no_deepspeed and self.device.type == "cuda")
-        self.publisher = self._make_publisher() if self.rank == 0 else None
+        self.publisher = (make_publisher(cfg.weight_sync, self.server, self.engine.module, self.device,
+                                         compute_dtype(self.device), cfg.host, cfg.sync_port,
+                                         cfg.ipc_ack_timeout_s, cfg.nccl_timeout_s) if self.rank == 0 else None)
         if self.publisher is not None:
             self.publisher.peers = SyncPeers(self.liveness, max_peers=4 * cfg.max_samplers)
         self.metrics = MetricsWriter(self.run_dir) if self.rank == 0 else None
@@ -170,25 +166,6 @@ class Learner:
         log.info("learner rank %d/%d on %s: batch %d completions (%d groups of %d) per step, gas %d",
                  self.rank, self.world, self.device, self.batch_size, self.groups_per_step,
                  cfg.num_generations, self.engine.gas)
-
-    def _make_publisher(self):
-        """tcp on CPU or when asked; otherwise slots on the GPU that serve ipc, nccl and tcp requests alike."""
-        method, dtype = self.cfg.weight_sync, compute_dtype(self.device)
-        if method == "auto":
-            method = "ipc" if self.device.type == "cuda" else "tcp"
-            log.info("weight sync: auto -> %s (%s)", method, "CUDA learner: samplers that see its GPU map the "
-                     "weights (ipc), others on CUDA get them by nccl, the rest as bytes" if method == "ipc"
-                     else "no CUDA: bytes over ZeroMQ")
-        if method == "shared":
-            from grpo.weight_shared import SharedPublisher
-
-            return SharedPublisher(self.server, self.engine.module, self.cfg.sync_port)
-        if method in ("ipc", "nccl"):   # nccl on a CPU learner runs on gloo (tests)
-            from grpo.weight_ipc import IpcPublisher
-
-            return IpcPublisher(self.server, self.engine.module, dtype, ack_timeout_s=self.cfg.ipc_ack_timeout_s,
-                                method=method, host=self.cfg.host, nccl_timeout_s=self.cfg.nccl_timeout_s)
-        return TcpPublisher(self.server, self.engine.module, dtype)
 
     # ------------------------------------------------------------------ data (rank 0)
     def _take(self, msg: P.Message | None) -> None:

@@ -28,6 +28,7 @@ from grpo.rollout import RolloutEngine, hf_generate, resolve_backend
 from grpo.heartbeat import ON_FULL, Heartbeat, send_group, wait_send
 from grpo.security import CLIENT, curve_for
 from grpo.transport import DataSender, SyncClient
+from grpo.weight_methods import make_receiver, sampler_method
 from grpo.weight_sync import apply_weights, request_weights
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,8 @@ class Sampler:
         self.vocab_size = self.policy.get_input_embeddings().weight.shape[0]
         # ipc/nccl: the policy's parameters move into flat buckets so that a version is one copy.
         self.receiver, self.sync_method = None, "tcp"
-        if cfg.weight_sync in ("nccl", "shared") or (cfg.weight_sync in ("auto", "ipc") and self.device.type == "cuda"):
-            self._use(cfg.weight_sync if cfg.weight_sync in ("nccl", "shared") else "ipc", dtype)
+        if (method := sampler_method(cfg.weight_sync, self.device)) != "tcp":
+            self._use(method, dtype)
         self.engine = (RolloutEngine(self.policy, self.tok.eos_token_id, self.tok.pad_token_id,
                                      cuda_graphs=cfg.cuda_graphs and self.device.type == "cuda",
                                      compile_decode=cfg.compile_decode)
@@ -149,18 +150,7 @@ class Sampler:
         return self.receiver.guard() if self.sync_method == "shared" else contextlib.nullcontext()
 
     def _use(self, method: str, dtype: torch.dtype) -> None:
-        if method == "ipc":
-            from grpo.weight_ipc import IpcReceiver
-
-            self.receiver = IpcReceiver(self.policy, dtype)
-        elif method == "shared":
-            from grpo.weight_shared import SharedReceiver
-
-            self.receiver = SharedReceiver(self.policy, self.cfg.sync_port)
-        else:
-            from grpo.weight_nccl import NcclReceiver
-
-            self.receiver = NcclReceiver(self.policy, dtype, self.cfg.sync_timeout_s * 12)
+        self.receiver = make_receiver(method, self.policy, dtype, self.cfg.sync_port, self.cfg.sync_timeout_s * 12)
         self.sync_method = method
         log.info("weight sync: %s (--weight-sync %s)", method, self.cfg.weight_sync)
 

@@ -126,6 +126,7 @@ def _logs(run_dir):
     (["training_worker.py", "--device", "cpu", "--model", "/nonexistent/model"], "/nonexistent/model"),
     (["run_distributed.py", "--device", "cpu", "--frobnicate", "1"], "--frobnicate"),
     (["training_worker.py", "--device", "cpu", "--loss-type", "ppo"], "--loss-type ppo"),
+    (["training_worker.py", "--device", "cpu", "--weight-sync", "ipc"], "--weight-sync ipc needs a CUDA learner"),
     (["run_distributed.py", "--sampling-gpu", "0", "--training-gpus", "1,2,3"], "CUDA is not available"),
 ])
 def test_user_mistakes_get_one_line_and_no_traceback(args, needle):

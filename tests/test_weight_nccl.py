@@ -130,3 +130,21 @@ def test_slot_publisher_answers_tcp_and_waits_for_acknowledgements():
         tcp_client.close()
         rx.close()
         pub.close()
+
+
+def test_method_choice_per_side():
+    import pytest
+
+    from grpo.weight_methods import check_method, sampler_method
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert [sampler_method(m, gpu) for m in ("auto", "ipc", "nccl", "shared", "tcp")] == \
+        ["ipc", "ipc", "nccl", "shared", "tcp"]
+    assert [sampler_method(m, cpu) for m in ("auto", "ipc", "nccl", "tcp")] == ["tcp", "tcp", "nccl", "tcp"]
+    check_method("nccl", cpu, lora=False, deepspeed=True)           # gloo on CPU: allowed
+    for method, device, lora, ds, needle in (("pigeon", cpu, False, True, "choose auto"),
+                                             ("ipc", cpu, False, True, "needs a CUDA learner"),
+                                             ("shared", gpu, True, True, "without LoRA"),
+                                             ("shared", gpu, False, False, "DeepSpeed")):
+        with pytest.raises(ValueError, match=needle):
+            check_method(method, device, lora, ds)
