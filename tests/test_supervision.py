@@ -58,7 +58,11 @@ def assert_clean(all_pids, ports):
     assert not [p for p in all_pids if alive(p)], "orphans left"
     for port in ports:
         with socket.socket() as s:       # what a new run's learner does: bind the port again
+            # ZeroMQ binds with SO_REUSEADDR (and so does the launcher's port check): connections
+            # of the old run left in TIME_WAIT do not block it, a process still listening does.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", port))
+            s.listen()
 
 
 def finish(proc, timeout=120):
