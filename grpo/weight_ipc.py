@@ -31,7 +31,7 @@ import torch
 
 from grpo import protocol as P
 from grpo.transport import SyncServer
-from grpo.weight_sync import TORCH_DTYPES, Snapshot, TcpPublisher, pack, publish_named, unpack_views
+from grpo.weight_sync import Snapshot, TcpPublisher, publish_named, unpack_views
 
 log = logging.getLogger(__name__)
 SLOTS = 2
@@ -261,4 +261,4 @@ class IpcReceiver(FlatReceiver):
         return True
 
 
-__all__ = ["FlatReceiver", "IpcPublisher", "IpcReceiver", "gpu_uuid", "local_index_of", "TORCH_DTYPES", "pack"]
+__all__ = ["FlatReceiver", "IpcPublisher", "IpcReceiver", "gpu_uuid", "local_index_of"]

@@ -1,5 +1,8 @@
-"""Helpers shared by the tests that open real sockets."""
+"""Helpers shared by tests: free loopback ports, and a one-thread fixture for CPU-heavy modules."""
 import socket
+
+import pytest
+import torch
 
 
 def free_ports(n: int) -> list[int]:
@@ -13,3 +16,14 @@ def free_ports(n: int) -> list[int]:
     for s in socks:
         s.close()
     return ports
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The test machine's cores are shared: one intra-op thread avoids oversubscription.
+
+    Import it into a test module to apply it to that module's tests."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

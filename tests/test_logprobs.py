@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 import torch
 
 from grpo.logprobs import chunked_token_logprobs
@@ -15,14 +16,6 @@ def full_logprobs(model, ids, mask, temperature):
     picked = torch.gather(logits, -1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The test machine's cores are shared: one intra-op thread avoids oversubscription."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

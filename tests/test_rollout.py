@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 import torch
 
 from grpo.model import load_causal_lm, load_tokenizer, resolve_model, right_pad, token_logprobs
@@ -14,14 +15,6 @@ from grpo.rollout import RolloutEngine, generate, hf_generate, resolve_backend
 CPU = torch.device("cpu")
 GSM8K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The test machine's cores are shared: one intra-op thread avoids oversubscription."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
