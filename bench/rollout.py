@@ -69,7 +69,8 @@ def run_fast(engine: RolloutEngine, rows, new: int, device, eos_on: bool) -> dic
     if not eos_on:
         assert tokens == len(rows) * new, (tokens, len(rows) * new)
     return {"tok_s": tokens / t.s, "s": t.s, "tokens": tokens, "peak_gib": t.peak_gib,
-            "first_call_s": first.s, "cuda_graphs": out.stats["cuda_graphs"]}
+            "first_call_s": first.s, "cuda_graphs": out.stats["cuda_graphs"],
+            "graph_failures": out.stats.get("graph_failures", [])}
 
 
 def run_hf(model, rows, new: int, device, pad_id: int, eos_id: int | None) -> dict:
@@ -110,6 +111,8 @@ def throughput(name: str, model, tok, device, p: dict, configs_fast, configs_hf,
         no_eos.clear()
         r.update({"fast_tok_s": f["tok_s"], "fast_s": f["s"], "fast_peak_gib": f["peak_gib"],
                   "fast_first_call_s": f["first_call_s"], "cuda_graphs": f["cuda_graphs"]})
+        if f["graph_failures"]:
+            r["graph_failures"] = f["graph_failures"]
         if (batch, new) in configs_hf:
             h = run_hf(model, rows, new, device, tok.pad_token_id, None)
             r.update({"hf_tok_s": h["tok_s"], "hf_s": h["s"], "hf_peak_gib": h["peak_gib"],

@@ -128,6 +128,12 @@ class RolloutEngine:
         self._ptrs = self._param_ptrs()
         self._pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
         self.graph_failures = 0
+        self.graph_failure_reasons: list[str] = []
+        # Sampling noise comes from the engine's own generator (seeded from torch's global RNG,
+        # so torch.manual_seed still makes runs repeatable). It is registered with every captured
+        # graph; if a capture fails half-way it is replaced, so a failure can never leave the
+        # generator that eager decoding draws from stuck in "capturing" state.
+        self.gen = self._new_generator()
         # torch.compile specialises on shapes (dynamic=False): one compilation per bucket shape.
         self._step = torch.compile(self._decode, dynamic=False) if compile_decode else self._decode
 
@@ -162,6 +168,8 @@ class RolloutEngine:
         finished = finished.tolist()
         stats = {"gen_s": time.perf_counter() - t0, "decode_steps": steps,
                  "tokens": sum(len(x) for x in ids), "cuda_graphs": self.cuda_graphs and not self.graph_failures}
+        if self.graph_failure_reasons:
+            stats["graph_failures"] = list(self.graph_failure_reasons)
         return Rollout(ids, finished, logprobs, stats)
 
     def clear(self) -> None:
@@ -265,7 +273,7 @@ class RolloutEngine:
         if greedy:
             nxt = scaled.argmax(-1)
         else:
-            noise = torch.empty_like(scaled).exponential_()                           # E ~ Exp(1)
+            noise = torch.empty_like(scaled).exponential_(generator=self.gen)         # E ~ Exp(1)
             nxt = (scaled - noise.log()).argmax(-1)                                   # Gumbel-max draw
         lp = scaled.gather(-1, nxt.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, -1)
         done = s.finished
@@ -277,17 +285,38 @@ class RolloutEngine:
         s.finished.logical_or_((nxt.unsqueeze(-1) == self.eos).any(-1))  # isin without its sort/sync paths
         s.tok.copy_(nxt.unsqueeze(1))
 
+    def _new_generator(self) -> torch.Generator:
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(int(torch.randint(0, 2**62, (1,)).item()))  # CPU draw: follows torch.manual_seed
+        return gen
+
     def _capture(self, s: _Slot, greedy: bool):
-        """Capture one decode step; None (eager decoding) if capture fails."""
+        """Capture one decode step; None (eager decoding) if capture fails.
+
+        The warm-up runs with torch's sync debug mode set to "error": an operation that would
+        synchronise with the host (and so cannot be captured) raises there, in eager mode, with
+        its name, instead of invalidating a capture half-way (the error a failed capture reports
+        is only "operation not permitted when stream is capturing")."""
+        stage = "warm-up"
         try:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):  # warm-up outside capture (cuBLAS workspaces, lazy inits)
-                for _ in range(min(2, s.max_new - 1)):
-                    self._step(s, greedy)
+            prev = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                with torch.cuda.stream(stream):  # warm-up outside capture (cuBLAS workspaces, lazy inits)
+                    for _ in range(min(2, s.max_new - 1)):
+                        self._step(s, greedy)
+            finally:
+                torch.cuda.set_sync_debug_mode(prev)
             torch.cuda.current_stream().wait_stream(stream)
+            stage = "capture"
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            if hasattr(graph, "register_generator_state"):
+                graph.register_generator_state(self.gen)
+            # thread_local: a CUDA call from another thread of the sampler (heartbeats, weight
+            # receiver) cannot invalidate this capture; only this thread's calls are checked.
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 self._step(s, greedy)
             torch.cuda.synchronize()
             log.info("captured the decode step for %d rows x %d cache slots (greedy=%s)",
@@ -295,9 +324,44 @@ class RolloutEngine:
             return graph
         except RuntimeError as exc:
             self.graph_failures += 1
-            log.warning("CUDA graph capture failed (%s); decoding eagerly for this shape",
-                        str(exc).splitlines()[0])
+            reason = f"{stage}: {_describe(exc)}"
+            self.graph_failure_reasons.append(reason)
+            log.warning("CUDA graph capture failed (%s); decoding eagerly for this shape", reason)
+            if stage == "capture":
+                self._recover_after_failed_capture()
             return None
+
+    def _recover_after_failed_capture(self) -> None:
+        """A capture that fails inside torch.cuda.graph ends without running the generators'
+        capture epilogue, so they stay in capture mode and the next eager draw fails with
+        "Offset increment outside graph capture". Our own generator is simply replaced; the
+        default one (always registered) is reset by one empty, successful capture."""
+        self.gen = self._new_generator()
+        try:
+            torch.cuda.synchronize()
+        except RuntimeError:
+            pass
+        try:
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "the CUDA graph is empty"
+                empty = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(empty, capture_error_mode="thread_local"):
+                    pass
+        except RuntimeError as exc:
+            log.warning("could not reset the CUDA RNG after the failed capture (%s)", _describe(exc))
+
+
+def _describe(exc: BaseException) -> str:
+    """The first line of an exception and of what it replaced (a failed capture's own error
+    is raised from torch.cuda.graph's exit and hides the error that broke the capture)."""
+    parts, seen = [], set()
+    while exc is not None and id(exc) not in seen and len(parts) < 3:
+        seen.add(id(exc))
+        parts.append(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
+        exc = exc.__cause__ or exc.__context__
+    return " <- ".join(parts)
 
 
 _ENGINES: "weakref.WeakKeyDictionary[torch.nn.Module, RolloutEngine]" = weakref.WeakKeyDictionary()

@@ -59,3 +59,31 @@ def test_sampled_logprobs_match_teacher_forcing_in_bf16(smol):
     diffs = np.concatenate([np.abs(got.logprobs[i] - tf[i, len(p) - 1:len(p) - 1 + len(g)])
                             for i, (p, g) in enumerate(zip(prompts, got.token_ids))])
     assert np.median(diffs) < 0.02 and np.quantile(diffs, 0.99) < 0.25, (np.median(diffs), diffs.max())
+
+
+def _poisoned(engine, when_capturing: bool):
+    """The engine's decode step plus one host sync: always (caught by the warm-up's sync
+    check) or only while capturing (breaks the capture itself)."""
+    step = engine._step
+
+    def bad(s, greedy):
+        step(s, greedy)
+        if not when_capturing or torch.cuda.is_current_stream_capturing():
+            s.t.item()
+    engine._step = bad
+
+
+@pytest.mark.parametrize("when_capturing", [False, True], ids=["sync-in-warm-up", "sync-in-capture"])
+def test_failed_capture_falls_back_to_eager_sampling_and_leaves_the_rng_usable(smol, when_capturing):
+    model, tok, prompts = smol
+    engine = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id)
+    _poisoned(engine, when_capturing)
+    torch.manual_seed(0)
+    got = engine.generate(prompts[:8], 24, temperature=1.0)   # sampling: draws noise after the failure
+    assert engine.graph_failures == 1 and not got.stats["cuda_graphs"]
+    stage = "capture" if when_capturing else "warm-up"
+    assert got.stats["graph_failures"][0].startswith(stage), got.stats["graph_failures"]
+    assert all(0 < len(t) <= 24 for t in got.token_ids)
+    torch.randn(4, device="cuda").sum().item()  # the default CUDA generator still works
+    again = engine.generate(prompts[:8], 24, temperature=1.0)  # eager for this shape from now on
+    assert engine.graph_failures == 1 and len(again.token_ids) == 8

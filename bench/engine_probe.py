@@ -1,0 +1,64 @@
+"""A one-minute GPU check of the fast rollout engine: does the decode step capture as a CUDA
+graph (and if not, why), do greedy graph and eager decoding agree, and what does sampling
+run at. Prints one JSON line per check; no result file (bench/rollout.py is the benchmark).
+
+  python bench/engine_probe.py [--model random:qwen2.5-3b|smollm2] [--rows 256] [--new 128]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
+from grpo.rollout import RolloutEngine  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="random:qwen2.5-3b")
+    ap.add_argument("--rows", type=int, default=256)
+    ap.add_argument("--new", type=int, default=128)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    device = torch.device("cuda", 0)
+    path = resolve_model(args.model)
+    tok = load_tokenizer(path)
+    model = load_causal_lm(path, device, compute_dtype(device)).eval()
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(10, 1000, (int(n),), generator=g).tolist()
+               for n in torch.randint(40, 120, (args.rows,), generator=g)]
+    torch.manual_seed(0)
+    for greedy in (True, False):
+        engine = RolloutEngine(model, [], tok.pad_token_id)  # no EOS: every row makes `new` tokens
+        first = engine.generate(prompts, args.new, greedy=greedy)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = engine.generate(prompts, args.new, greedy=greedy)
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        rec = {"greedy": greedy, "rows": args.rows, "new": args.new, "tok_s": round(out.stats["tokens"] / dt),
+               "first_call_s": round(first.stats["gen_s"], 2), "cuda_graphs": out.stats["cuda_graphs"],
+               "graph_failures": out.stats.get("graph_failures", [])}
+        if greedy:
+            eager = RolloutEngine(model, [], tok.pad_token_id, cuda_graphs=False, buckets=engine.buckets,
+                                  prompt_multiple=engine.prompt_multiple)
+            e = eager.generate(prompts[:64], 32, greedy=True)
+            gr = engine.generate(prompts[:64], 32, greedy=True)
+            rec["graph_equals_eager_64x32"] = e.token_ids == gr.token_ids
+            eager.clear()
+        print(json.dumps(rec), flush=True)
+        engine.clear()
+    torch.randn(4, device=device).sum().item()  # the default CUDA generator still usable
+    print(json.dumps({"default_rng_ok": True}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
