@@ -70,7 +70,14 @@ def summarise(run_dir: Path) -> dict:
         "reward_mean_first_last": [steps[0]["reward_mean"], steps[-1]["reward_mean"]],
         "groups": final["groups"],
         "sampler_versions": {k: v["version"] for k, v in samplers.items()},
+        "sync_method": steps[-1].get("sync_method"),
+        "weight_sync_verified": final.get("weight_sync_verified"),   # with --verify-weight-sync
+        "sampler_backend_tokens": [s["stats"].get("tokens") for s in samplers.values() if s.get("stats")],
     }
+
+
+def _verified(v: dict | None) -> str:
+    return "-" if not v else f"{v['matched']}/{v['versions_checked']} ok"
 
 
 def main() -> int:
@@ -104,7 +111,7 @@ def main() -> int:
         out = {"device": device, "versions": versions(), "max_steps": args.max_steps, "runs": results}
         path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"\n{'run':10} {'rc':>3} {'steps':>5} {'step s':>7} {'train s':>7} {'wait s':>7} {'samples/s':>9} "
-          f"{'publish ms':>10} {'apply ms':>9} {'balanced':>8}")
+          f"{'publish ms':>10} {'apply ms':>9} {'balanced':>8} {'method':>7} {'verified':>12}")
     for name, r in results.items():
         if r["exit_code"]:
             print(f"{name:10} {r['exit_code']:>3} (failed; see runs/)")
@@ -112,7 +119,8 @@ def main() -> int:
         ap_ms = f"{r['sampler_apply_mean_s'] * 1e3:9.1f}" if r["sampler_apply_mean_s"] else "        -"
         print(f"{name:10} {0:>3} {r['steps']:>5} {r['step_time_median_s']:7.3f} {r['train_time_median_s']:7.3f} "
               f"{r['data_wait_median_s']:7.3f} {r['samples_per_s']:9.1f} {r['publish_stall_median_s'] * 1e3:10.1f} "
-              f"{ap_ms} {str(r['groups'].get('balanced')):>8}")
+              f"{ap_ms} {str(r['groups'].get('balanced')):>8} {str(r.get('sync_method')):>7} "
+              f"{_verified(r.get('weight_sync_verified')):>12}")
     print(f"wrote {path}")
     return 0 if all(r["exit_code"] == 0 for r in results.values()) else 1
 

@@ -48,6 +48,8 @@ class CommonConfig:
     """Also write this process's log here (the launcher captures stderr instead)."""
     weight_sync: str = "auto"
     """How weights reach the samplers: 'auto' (ipc where the sampler sees the learner's GPU, nccl on other CUDA hosts, else tcp), 'ipc' (CUDA IPC, one node), 'nccl' (point-to-point group per sampler; gloo on CPU), 'shared' (same GPU: the sampler uses the learner's weights in place, the two take turns), or 'tcp' (bytes over ZeroMQ)."""
+    verify_weight_sync: bool = False
+    """Prove weight sync end to end: the learner fingerprints each version it publishes, samplers the weights they run after applying one; the summary says whether every pair matched bit for bit (one pass over the weights per version on each side)."""
     # --- evaluation (greedy pass@1 on the first --eval-size test problems)
     eval_every: int = 0
     """Sampler 0 evaluates at version 0 and whenever its version reaches a multiple of N; the learner evaluates its final weights (0: no evaluation)."""

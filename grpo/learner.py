@@ -142,6 +142,14 @@ class Learner:
                                          cfg.ipc_ack_timeout_s, cfg.nccl_timeout_s) if self.rank == 0 else None)
         if self.publisher is not None:
             self.publisher.peers = SyncPeers(self.liveness, max_peers=4 * cfg.max_samplers)
+        self.fingerprints = None
+        if cfg.verify_weight_sync and self.rank == 0:
+            if cfg.lora_r:  # samplers get merged weights, not the module's: nothing to compare
+                log.warning("--verify-weight-sync is not supported with LoRA; not verifying")
+            else:
+                from grpo.weight_verify import PublishedFingerprints
+
+                self.fingerprints = PublishedFingerprints()
         self.metrics = MetricsWriter(self.run_dir) if self.rank == 0 else None
         self.tracker = Tracker(self.run_dir, cfg.report_to, dataclasses.asdict(cfg)) if self.rank == 0 else None
         self.gpu = GpuMonitor(self.device)
@@ -187,6 +195,8 @@ class Learner:
             # A heartbeat may overtake the final status (its own socket): the books keep the
             # final one, and liveness asks them, so a finished process stays finished.
             self.liveness.seen(msg.sampler_id, final=self.books.status(msg, self.version))
+            if self.fingerprints is not None:
+                self.fingerprints.check(msg.sampler_id, msg.stats)
         elif msg is not None:
             self.counts["dropped_unexpected_kind"] += 1
 
@@ -316,6 +326,8 @@ class Learner:
                 self.version = step
                 t_train = time.perf_counter()
                 stall = self.publisher.publish(self.version, self.engine.module) if self.rank == 0 else 0.0
+                if self.fingerprints is not None:
+                    self.fingerprints.record(self.version, self.engine.module, compute_dtype(self.device))
             if self.rank == 0:
                 self.counts["trained"] += len(groups)
                 trained_samples += batch.size
@@ -463,6 +475,7 @@ class Learner:
                    "sync": {"bytes_served": self.publisher.bytes_served, **self.publisher.replies},
                    "rejected_messages": dict(self.receiver.rejected),
                    "final_eval": final_eval,
+                   "weight_sync_verified": self.fingerprints.report() if self.fingerprints is not None else None,
                    "rank_weight_checksums": checksums or [],
                    "ranks_identical": len(set(checksums or [])) == 1,
                    "peak_mem_gb": (torch.cuda.max_memory_allocated(self.device) / 2**30

@@ -234,8 +234,9 @@ def right_pad(sequences: list[list[int]] | list[torch.Tensor], pad_id: int,
     return ids.to(device), mask.to(device)
 
 
-def weights_checksum(model: torch.nn.Module) -> str:
-    """An exact fingerprint of the parameters' bits, computed on their device.
+def weights_checksum(model: torch.nn.Module, dtype: torch.dtype | None = None) -> str:
+    """An exact fingerprint of the parameters' bits, computed on their device (after a cast
+    of floating-point parameters to `dtype`, when given: the bits a publisher would send).
 
     Each tensor's raw bits (as integers) are weighted by a position pattern and summed in
     int64, so two ranks agree iff (up to a negligible collision chance) every bit agrees;
@@ -245,7 +246,10 @@ def weights_checksum(model: torch.nn.Module) -> str:
     total = 0
     with torch.no_grad():
         for i, (name, p) in enumerate(sorted(model.named_parameters())):
-            bits = p.detach().contiguous().view(-1).view(ints[p.element_size()]).to(torch.int64)
+            t = p.detach()
+            if dtype is not None and t.is_floating_point():
+                t = t.to(dtype)
+            bits = t.contiguous().view(-1).view(ints[t.element_size()]).to(torch.int64)
             weights = torch.arange(bits.numel(), device=bits.device, dtype=torch.int64) % 65521 + 1
             total = (total * 1000003 + int((bits * weights).sum()) + i) % (1 << 61)
     return f"{total:016x}"

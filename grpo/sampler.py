@@ -85,7 +85,8 @@ class Sampler:
         self.stats = {"samples": 0.0, "tokens": 0.0, "gen_s": 0.0, "sync_s": 0.0, "weight_bytes": 0.0,
                       "weight_syncs": 0.0, "apply_s": 0.0, "rounds": 0.0, "dropped_full": 0.0,
                       "dropped_send_timeout": 0.0, "peak_mem_gb": 0.0, "eval_version": -1.0,
-                      "eval_accuracy": 0.0, "eval_seconds": 0.0}
+                      "eval_accuracy": 0.0, "eval_seconds": 0.0,
+                      "verified_version": -1.0, "verified_checksum": 0.0}  # --verify-weight-sync
         self.heartbeat = Heartbeat(DataSender(cfg.host, cfg.data_port, hwm=2, curve=curve),
                                    cfg.heartbeat_interval_s, lambda: self._status(final=False))
         log.info("sampler %d/%d on %s: %d prompts in its shard, model %s, G=%d, %d prompts per round, "
@@ -142,6 +143,11 @@ class Sampler:
         self.stats["weight_syncs"] += 1
         self.version = newest.version
         self.stats["weight_bytes"] += sum(newest.bucket_nbytes)
+        if self.cfg.verify_weight_sync:  # after the apply's timing: not part of apply_s
+            from grpo.weight_verify import fingerprint
+
+            self.stats["verified_checksum"] = fingerprint(self.policy, compute_dtype(self.device))
+            self.stats["verified_version"] = float(self.version)
         log.info("now running policy version %d (%.1f MB by %s applied in %.4f s)", self.version,
                  sum(newest.bucket_nbytes) / 1e6, newest.method, dt)
         return newest.method in ("ipc", "nccl")   # the follow-up request acknowledges the version

@@ -49,7 +49,7 @@ def test_run_distributed_cpu_two_ranks_two_samplers(tmp_path):
     r = run(["run_distributed.py", "--device", "cpu", "--training-ranks", "2", "--num-samplers", "2",
              "--max-steps", "3", "--model", "tiny-random", "--dataset", str(GSM8K), "--num-generations", "4",
              "--prompts-per-round", "1", "--train-batch-size", "8", "--max-new-tokens", "16",
-             "--eval-every", "2", "--eval-size", "3", "--weight-sync", "nccl",
+             "--eval-every", "2", "--eval-size", "3", "--weight-sync", "nccl", "--verify-weight-sync",
              "--data-port", str(d), "--sync-port", str(s), "--run-dir", str(run_dir)], timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr + _logs(run_dir)
     steps, summary = steps_of(run_dir)
@@ -71,6 +71,9 @@ def test_run_distributed_cpu_two_ranks_two_samplers(tmp_path):
     # --weight-sync nccl on CPU: each sampler got its versions over its own gloo pair group
     for k in (0, 1):
         assert "MB by nccl applied" in (run_dir / f"sampler{k}.log").read_text()
+    # --verify-weight-sync: every version a sampler applied is bit-identical to what rank 0 published
+    ver = summary["weight_sync_verified"]
+    assert ver["all_matched"] and ver["mismatched"] == 0 and set(ver["per_sampler"]) == {"0", "1"}, ver
     log0 = (run_dir / "learner0.log").read_text()
     assert "DeepSpeed ZeRO stage 2 engine" in log0 and "balanced" in log0
     assert (run_dir / "config_learner.json").exists() and (run_dir / "config_launch.json").exists()
