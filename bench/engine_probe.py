@@ -20,17 +20,45 @@ from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, resolve_mo
 from grpo.rollout import RolloutEngine  # noqa: E402
 
 
+def profile(model, tok, prompts, new: int) -> None:
+    """Top kernels of eager decode steps (a captured graph hides its kernels from the profiler)."""
+    from torch.profiler import ProfilerActivity, profile as prof
+
+    engine = RolloutEngine(model, [], tok.pad_token_id, cuda_graphs=False, buckets=(len(prompts),), prompt_multiple=64)
+    engine.generate(prompts, 8, temperature=1.0)          # allocate the slot
+    slot = next(iter(engine.slots.values()))
+    engine._prefill(slot, *_batch(engine, slot, prompts), 1.0, False)
+    torch.cuda.synchronize()
+    with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        for _ in range(4):
+            engine._decode(slot, False)
+        torch.cuda.synchronize()
+    print(p.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60))
+
+
+def _batch(engine, slot, prompts):
+    ids = torch.full((slot.rows, slot.width), engine.pad_id, dtype=torch.long)
+    valid = torch.zeros((slot.rows, slot.width), dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        ids[i, slot.width - len(p):] = torch.as_tensor(p)
+        valid[i, slot.width - len(p):] = True
+    return ids.to(engine.device), valid.to(engine.device)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="random:qwen2.5-3b")
     ap.add_argument("--rows", type=int, default=256)
     ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--profile", action="store_true", help="also print the top CUDA kernels of 4 eager decode steps")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     device = torch.device("cuda", 0)
     path = resolve_model(args.model)
     tok = load_tokenizer(path)
     model = load_causal_lm(path, device, compute_dtype(device)).eval()
+    print(json.dumps({"model": args.model, "dtype": str(next(model.parameters()).dtype),
+                      "attn": model.config._attn_implementation, "params": sum(p.numel() for p in model.parameters())}))
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(10, 1000, (int(n),), generator=g).tolist()
                for n in torch.randint(40, 120, (args.rows,), generator=g)]
@@ -55,6 +83,8 @@ def main() -> int:
             eager.clear()
         print(json.dumps(rec), flush=True)
         engine.clear()
+    if args.profile:
+        profile(model, tok, prompts, args.new)
     torch.randn(4, device=device).sum().item()  # the default CUDA generator still usable
     print(json.dumps({"default_rng_ok": True}), flush=True)
     return 0
