@@ -20,6 +20,7 @@ from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, resolve_mo
 from grpo.rollout import RolloutEngine  # noqa: E402
 
 
+@torch.no_grad()
 def profile(model, tok, prompts, new: int) -> None:
     """Top kernels of eager decode steps (a captured graph hides its kernels from the profiler)."""
     from torch.profiler import ProfilerActivity, profile as prof
