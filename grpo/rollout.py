@@ -27,6 +27,7 @@ eos_id, pad_id)`, which keeps one engine per model.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import time
 import weakref
@@ -38,6 +39,7 @@ import torch
 log = logging.getLogger(__name__)
 
 DEFAULT_BUCKETS = (64, 128, 256, 512, 1024)
+ATTENTION = "grpo_rollout"   # the attention function the engine's forward passes use (below)
 BACKENDS = ("auto", "fast", "hf")
 
 
@@ -111,6 +113,7 @@ class RolloutEngine:
         if cuda_graphs and self.device.type != "cuda":
             raise ValueError("cuda_graphs needs the model on a CUDA device; use cuda_graphs=False on CPU")
         self.cuda_graphs = cuda_graphs
+        _register_attention()
         impl = getattr(model.config, "_attn_implementation", "eager")
         if impl not in ("sdpa", "eager"):
             raise ValueError(f"the fast generation backend supports sdpa and eager attention, not {impl!r}; "
@@ -231,6 +234,19 @@ class RolloutEngine:
                 break
         return slot.out[:n].cpu(), slot.out_lp[:n].cpu(), slot.finished[:n].cpu(), steps
 
+    @contextlib.contextmanager
+    def _attention(self):
+        """Run the model's layers with `_rollout_attention` (the model's own setting is restored
+        after, so evaluation and log-prob passes keep theirs). A captured graph keeps the
+        kernels chosen here: only eager calls need the switch."""
+        cfg = self.model.config
+        before = cfg._attn_implementation
+        cfg._attn_implementation = ATTENTION
+        try:
+            yield
+        finally:
+            cfg._attn_implementation = before
+
     def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
         zero = torch.zeros((), dtype=self.dtype, device=allowed.device)
         return torch.where(allowed, zero, torch.finfo(self.dtype).min)
@@ -247,8 +263,9 @@ class RolloutEngine:
         # masked (that would give NaN hidden states, and NaN * 0 still leaks through attention).
         allowed = (k <= q) & (s.key_valid.unsqueeze(1) | (k == q))                  # [B, P, L]
         pos = (valid.long().cumsum(-1) - 1).clamp(min=0)                              # [B, P]
-        logits = self.model(input_ids=ids, position_ids=pos, attention_mask=self._mask(allowed.unsqueeze(1)),
-                            past_key_values=s.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        with self._attention():
+            logits = self.model(input_ids=ids, position_ids=pos, attention_mask=self._mask(allowed.unsqueeze(1)),
+                                past_key_values=s.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
         s.t.fill_(P)
         s.pos.copy_(valid.sum(-1, keepdim=True))
         s.col.zero_()
@@ -261,9 +278,10 @@ class RolloutEngine:
     def _decode(self, s: _Slot, greedy: bool) -> None:
         """One token for every row; only device tensors change (this is what the graph captures)."""
         allowed = s.key_valid & (s.key_index <= s.t)                                 # [B, L]
-        logits = self.model(input_ids=s.tok, position_ids=s.pos,
-                            attention_mask=self._mask(allowed.view(s.rows, 1, 1, -1)),
-                            past_key_values=s.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        with self._attention():
+            logits = self.model(input_ids=s.tok, position_ids=s.pos,
+                                attention_mask=self._mask(allowed.view(s.rows, 1, 1, -1)),
+                                past_key_values=s.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
         s.t.add_(1)
         s.pos.add_(1)
         self._emit(s, logits, greedy)
@@ -362,6 +380,34 @@ def _describe(exc: BaseException) -> str:
         parts.append(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
         exc = exc.__cause__ or exc.__context__
     return " <- ".join(parts)
+
+
+def _rollout_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                       **kwargs):
+    """Attention for the engine's passes. A one-token query (decode) with grouped KV heads
+    (GQA: SmolLM2 3 KV heads for 9, Qwen2.5-3B 2 for 16) attends the cache without copying it:
+    the G query heads that share a KV head become G "query rows" of that head. Hugging Face's
+    SDPA path instead repeats the whole cache G times per layer and step (`repeat_kv`, a
+    copy), which on a 3B model at 256 rows took half the decode step. Prefill (many query
+    tokens, once per round) goes through Hugging Face's SDPA function unchanged."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    b, heads, q_len, dim = query.shape
+    kv_heads = key.shape[1]
+    if q_len != 1 or heads == kv_heads:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    # repeat_kv puts query head j on KV head j // G, so [B, H, 1, D] -> [B, H_kv, G, D] pairs them up.
+    q = query.view(b, kv_heads, heads // kv_heads, dim)
+    mask = attention_mask[:, :, :, :key.shape[-2]] if attention_mask is not None else None   # [B, 1, 1, L]
+    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)
+    return out.reshape(b, heads, 1, dim).transpose(1, 2).contiguous(), None                # [B, 1, H, D]
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, _rollout_attention)
 
 
 _ENGINES: "weakref.WeakKeyDictionary[torch.nn.Module, RolloutEngine]" = weakref.WeakKeyDictionary()
