@@ -198,10 +198,16 @@ def main() -> int:
     rows = throughput(args.model, model, tok, device, p, fast_cfgs, p["hf"], p["eos"],
                       compile_decode=not (args.quick or args.no_compile))
     agree = agreement(model, tok, device, *p["agree"])
-    print(f"greedy agreement on {agree['prompts']} GSM8K prompts x {agree['max_new_tokens']} tokens: "
-          f"{agree['greedy_identical']:.3f}; log-prob |diff| mean {agree['logprob_absdiff_mean']:.2e} "
-          f"p99 {agree['logprob_absdiff_p99']:.2e} max {agree['logprob_absdiff_max']:.2e}", flush=True)
     del model
+    # fp32 too: there the two paths' different summation orders stay ~1e-6 apart, so greedy
+    # identity tests the engine's algorithm; in bf16 near-ties of the coarse logits flip.
+    m32 = load_causal_lm(path, device, torch.float32).eval()
+    agree32 = agreement(m32, tok, device, *p["agree"])
+    del m32
+    for label, a in ((str(dtype), agree), ("torch.float32", agree32)):
+        print(f"{label}: greedy agreement on {a['prompts']} GSM8K prompts x {a['max_new_tokens']} tokens: "
+              f"{a['greedy_identical']:.3f}; log-prob |diff| mean {a['logprob_absdiff_mean']:.2e} "
+              f"p99 {a['logprob_absdiff_p99']:.2e} max {a['logprob_absdiff_max']:.2e}", flush=True)
     qwen = []
     if p["qwen"] and not args.no_qwen:
         if device.type == "cuda":
@@ -220,7 +226,7 @@ def main() -> int:
                      "eos": "ignored in throughput rows (every row generates exactly `new` tokens); eos_* columns stop at EOS and count kept tokens",
                      "fast_configs": fast_cfgs, "hf_configs": p["hf"] + [("random:qwen2.5-3b",) + c for c in p["qwen"][:1]],
                      "hf_note": "HF generate runs only where affordable within the time budget"},
-        "rows": all_rows, "agreement": agree})
+        "rows": all_rows, "agreement": agree, "agreement_fp32": agree32})
     print(f"wrote {out}")
     return 0
 

@@ -88,6 +88,11 @@ class _Slot:
         self.out = torch.full((rows, max_new), pad_id, dtype=torch.long, **kw)
         self.out_lp = torch.zeros((rows, max_new), dtype=torch.float32, **kw)
         self.graphs: dict[bool, torch.cuda.CUDAGraph | None] = {}
+        # The slot's graphs (greedy, sampling) share one memory pool, which lives as long as they
+        # do. One pool handle for the whole engine broke once every graph of a freed slot was
+        # gone: PyTorch releases a pool with its last graph, and capturing into the stale
+        # handle then fails an allocator assertion (seen on H100, torch 2.11).
+        self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
 
     def reset_cache(self) -> None:
         for layer in self.cache.layers:
@@ -129,7 +134,6 @@ class RolloutEngine:
         self.max_slots = max(1, max_slots)
         self.slots: collections.OrderedDict[tuple[int, int, int], _Slot] = collections.OrderedDict()
         self._ptrs = self._param_ptrs()
-        self._pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
         self.graph_failures = 0
         self.graph_failure_reasons: list[str] = []
         # Sampling noise comes from the engine's own generator (seeded from torch's global RNG,
@@ -334,7 +338,7 @@ class RolloutEngine:
                 graph.register_generator_state(self.gen)
             # thread_local: a CUDA call from another thread of the sampler (heartbeats, weight
             # receiver) cannot invalidate this capture; only this thread's calls are checked.
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, pool=s.pool, capture_error_mode="thread_local"):
                 self._step(s, greedy)
             torch.cuda.synchronize()
             log.info("captured the decode step for %d rows x %d cache slots (greedy=%s)",

@@ -16,14 +16,27 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 GSM8K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
 
 
-@pytest.fixture(scope="module")
-def smol():
+def _load(dtype):
     path = resolve_model("smollm2")
     tok = load_tokenizer(path)
-    model = load_causal_lm(path, torch.device("cuda", 0), torch.bfloat16).eval()
+    model = load_causal_lm(path, torch.device("cuda", 0), dtype).eval()
     problems = load_problems(str(GSM8K), "test", limit=64)
     prompts = [tok(build_prompt(tok, p.question), add_special_tokens=False)["input_ids"] for p in problems]
     return model, tok, prompts
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return _load(torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def smol32():
+    """fp32: kernels that sum in another order (other shapes, another attention kernel) still
+    agree to ~1e-6, so greedy ties are rare and token identity tests the algorithm (masks,
+    positions, cache). In bf16 the logits' own spacing (0.125 near 20) makes near-ties flip:
+    bench/rollout.py reports the bf16 agreement next to this one."""
+    return _load(torch.float32)
 
 
 def test_graph_replay_equals_eager_decode(smol):
@@ -31,6 +44,8 @@ def test_graph_replay_equals_eager_decode(smol):
     graphed = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id)
     eager = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id, cuda_graphs=False, buckets=(64,),
                           prompt_multiple=64)  # same shapes, so the same kernels
+    a = graphed.generate(prompts[:40], 48, greedy=True)
+    graphed.clear()   # graphs and their memory pool freed: the next capture must get a fresh pool
     a = graphed.generate(prompts[:40], 48, greedy=True)
     b = eager.generate(prompts[:40], 48, greedy=True)
     assert a.stats["cuda_graphs"] and graphed.graph_failures == 0
@@ -40,8 +55,8 @@ def test_graph_replay_equals_eager_decode(smol):
     assert len(graphed.slots) == 1 and list(next(iter(graphed.slots.values())).graphs) == [True]
 
 
-def test_greedy_agrees_with_hf_generate_on_95_percent(smol):
-    model, tok, prompts = smol
+def test_greedy_agrees_with_hf_generate_on_95_percent(smol32):
+    model, tok, prompts = smol32
     got = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id).generate(prompts, 64, greedy=True)
     ref, _ = hf_generate(model, prompts, 64, 1.0, True, tok.eos_token_id, tok.pad_token_id)
     same = sum(a == b for a, b in zip(got.token_ids, ref)) / len(ref)
@@ -58,7 +73,20 @@ def test_sampled_logprobs_match_teacher_forcing_in_bf16(smol):
         tf = token_logprobs(model, ids, mask, 1.0).cpu().numpy()
     diffs = np.concatenate([np.abs(got.logprobs[i] - tf[i, len(p) - 1:len(p) - 1 + len(g)])
                             for i, (p, g) in enumerate(zip(prompts, got.token_ids))])
-    assert np.median(diffs) < 0.02 and np.quantile(diffs, 0.99) < 0.25, (np.median(diffs), diffs.max())
+    assert np.median(diffs) < 0.05 and np.quantile(diffs, 0.99) < 0.3, (np.median(diffs), diffs.max())
+
+
+def test_sampled_logprobs_match_teacher_forcing_in_fp32(smol32):
+    model, tok, prompts = smol32
+    torch.manual_seed(0)
+    got = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id).generate(prompts[:32], 64, temperature=1.0)
+    whole = [p + g for p, g in zip(prompts, got.token_ids)]
+    ids, mask = right_pad(whole, tok.pad_token_id, torch.device("cuda", 0))
+    with torch.no_grad():
+        tf = token_logprobs(model, ids, mask, 1.0).cpu().numpy()
+    diffs = np.concatenate([np.abs(got.logprobs[i] - tf[i, len(p) - 1:len(p) - 1 + len(g)])
+                            for i, (p, g) in enumerate(zip(prompts, got.token_ids))])
+    assert diffs.max() < 2e-3, (np.median(diffs), diffs.max())
 
 
 def _poisoned(engine, when_capturing: bool):
