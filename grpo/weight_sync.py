@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from grpo import protocol as P
+from grpo.coalesce import Coalescer
 from grpo.transport import SyncClient, SyncServer
 
 log = logging.getLogger(__name__)
@@ -167,6 +168,7 @@ class TcpPublisher:
         # the bytes for nothing, since the sampler casts them down anyway.
         named = [(n, p if dtype is None else p.detach().to("meta", dtype)) for n, p in publish_named(model)]
         self.layout, self.bucket_dtypes, self.bucket_nbytes = plan_layout(named)
+        self.coalescer = Coalescer(self.layout, self.bucket_nbytes)   # which tensors copy as one
         self._snapshot: Snapshot | None = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()

@@ -5,7 +5,10 @@ import pytest
 import torch
 
 from grpo.coalesce import Coalescer
+from grpo.transport import SyncServer
+from grpo.weight_ipc import IpcPublisher
 from grpo.weight_sync import plan_layout, unpack_views
+from netutil import free_ports
 
 BF = torch.bfloat16
 # (name, shape, element offset in the flat buffer or None for a storage of its own)
@@ -99,6 +102,27 @@ def test_plan_is_kept_while_storages_stay_and_rebuilt_when_one_moves():
     assert [(names[r.first], r.count) for r in plan.runs] == [("w0", 4), ("g0", 3)]
     assert [names[i] for i in plan.singles] == ["w3", "w4", "sep", "tr", "f32", "k0", "k1"]
     assert torch.equal(flat, _per_tensor(named, layout, nbytes))
+
+
+def test_ipc_publisher_slots_hold_the_per_tensor_bytes():
+    """The slot publisher on CPU (as the nccl-on-gloo tests run it): both slots, two versions."""
+    m = ZeroLike(3)
+    port = free_ports(1)[0]
+    pub = IpcPublisher(SyncServer("127.0.0.1", port), m, BF, method="nccl")
+    try:
+        for v in (1, 2):
+            with torch.no_grad():
+                m.flat.add_(1.0)
+                m.sep.add_(1.0)
+            pub.publish(v, m)
+            named = list(m.named_parameters())
+            slot = pub._snapshot.slot
+            ref = _per_tensor(named, pub.layout, pub.bucket_nbytes)
+            assert torch.equal(pub.slots[slot][:pub.total], ref[:pub.total])
+            assert int(pub.stamps[slot].item()) == v
+        assert pub.coalescer.replans == 1 and len(pub.coalescer.plan.runs) == 3
+    finally:
+        pub.close()
 
 
 @pytest.mark.slow
