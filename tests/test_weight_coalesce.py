@@ -7,7 +7,7 @@ import torch
 from grpo.coalesce import Coalescer
 from grpo.transport import SyncServer
 from grpo.weight_ipc import IpcPublisher
-from grpo.weight_sync import plan_layout, unpack_views
+from grpo.weight_sync import pack, plan_layout, unpack_views
 from netutil import free_ports
 
 BF = torch.bfloat16
@@ -102,6 +102,18 @@ def test_plan_is_kept_while_storages_stay_and_rebuilt_when_one_moves():
     assert [(names[r.first], r.count) for r in plan.runs] == [("w0", 4), ("g0", 3)]
     assert [names[i] for i in plan.singles] == ["w3", "w4", "sep", "tr", "f32", "k0", "k1"]
     assert torch.equal(flat, _per_tensor(named, layout, nbytes))
+
+
+def test_tcp_pack_with_runs_writes_the_same_tensor_bytes():
+    m = ZeroLike(2)
+    named, layout, _, nbytes = _layout(m)
+    c = Coalescer(layout, nbytes)
+    plain = unpack_views(layout, pack(named, layout, nbytes))
+    runs = unpack_views(layout, pack(named, layout, nbytes, c))
+    assert len(c.plan.runs) == 3
+    for name, _ in named:   # padding is uninitialised in both (receivers never read it)
+        a, b = plain[name].reshape(-1).view(torch.uint8), runs[name].reshape(-1).view(torch.uint8)
+        assert torch.equal(a, b), name
 
 
 def test_ipc_publisher_slots_hold_the_per_tensor_bytes():
