@@ -4,6 +4,7 @@ Usage (2 GPUs, from the repo root; the learner on GPU 1, the sampler on GPU 0 as
 places them):
   python bench/weight_sync.py                       # smollm2-135m and qwen2.5-3b shapes, tcp and ipc
   python bench/weight_sync.py --models tiny --syncs 3 --out /tmp/ws.json    # a quick check (1 GPU is enough)
+  python bench/weight_sync.py --learner-layout zero2   # learner weights in one flat buffer, as under DeepSpeed
 
 Models are random-initialised with the real shapes (nothing to download). For each model and
 method the learner publishes `--syncs` versions, changing every weight between them as an
@@ -54,6 +55,24 @@ def build(name: str, device):
         return LlamaForCausalLM(LlamaConfig(**SHAPES[name], tie_word_embeddings=True)).to(torch.bfloat16)
 
 
+def flatten_like_zero2(model):
+    """Re-point the parameters into one flat buffer, back to back in parameters() order: how
+    DeepSpeed ZeRO-1/2 keeps the bf16 weights (stage_1_and_2.py, _update_model_bit16_weights),
+    so the publishers see the layout they get in training (a plain model has one storage each)."""
+    import torch
+
+    params = list(model.parameters())
+    flat = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+    off = 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            flat[off:off + n].copy_(p.reshape(-1))
+            p.data = flat[off:off + n].view(p.shape)
+            off += n
+    return flat
+
+
 def _median_ms(xs):
     return statistics.median(xs) * 1e3 if xs else None
 
@@ -72,6 +91,8 @@ def learner(args) -> None:
     port = args.port
     for model_name in args.models.split(","):
         model = build(model_name, dev)
+        if args.learner_layout == "zero2":
+            flatten_like_zero2(model)
         params = [p for p in model.parameters()]
         total = sum(p.numel() * p.element_size() for p in params)
         for method in args.methods.split(","):
@@ -235,6 +256,8 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=47000)
     ap.add_argument("--out", default="")
     ap.add_argument("--same-gpu", action="store_true", help="learner and sampler both on GPU 0 (for shared)")
+    ap.add_argument("--learner-layout", choices=("plain", "zero2"), default="plain",
+                    help="zero2: the learner's weights are views of one flat buffer, as DeepSpeed ZeRO-2 leaves them")
     ap.add_argument("--role", default="")
     ap.add_argument("--role-out", default="")
     args = ap.parse_args()
@@ -257,7 +280,7 @@ def main() -> int:
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=visible, NCCL_NVLS_ENABLE="0", PYTHONUNBUFFERED="1")
         cmd = [sys.executable, __file__, "--role", role, "--role-out", str(tmp / f"ws_{role}.json"),
                "--models", args.models, "--methods", args.methods, "--floors", args.floors,
-               "--syncs", str(args.syncs), "--port", str(args.port)]
+               "--syncs", str(args.syncs), "--port", str(args.port), "--learner-layout", args.learner_layout]
         procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT))
     rcs = [p.wait(timeout=1800) for p in procs]
     if any(rcs):
@@ -285,7 +308,7 @@ def main() -> int:
         for k, v in floors.items():
             print(f"{model_name:14} {k:22} {'':8} {'':9} {'':8} {v:9.3f}")
         results[model_name] = entry
-    doc = {"device": device_name(), "versions": versions(), "syncs": args.syncs,
+    doc = {"device": device_name(), "versions": versions(), "syncs": args.syncs, "learner_layout": args.learner_layout,
            "placement": {"learner_gpu": learner_gpu, "sampler_gpu": sampler_gpu}, "results": results}
     path = Path(args.out) if args.out else ROOT / "bench" / "results" / \
         f"weight_sync_{device_name().replace(' ', '_').replace('/', '_')}.json"

@@ -73,7 +73,6 @@ class IpcPublisher(TcpPublisher):
         self.ack_timeout_s = ack_timeout_s
         self.slots = [torch.zeros(self.total + 64, dtype=torch.uint8, device=device) for _ in range(SLOTS)]
         self.stamps = [s[self.total:self.total + 8].view(torch.int64) for s in self.slots]
-        self.slot_views = [_views(s, self.layout, self.bucket_nbytes) for s in self.slots]
         for st in self.stamps:
             st.fill_(-1)
         cuda = device.type == "cuda"
@@ -118,11 +117,12 @@ class IpcPublisher(TcpPublisher):
                 self.pending[slot].clear()
         waited = time.perf_counter() - t0
         # On the training stream: the copies read the parameters before the next step writes them.
-        views = self.slot_views[slot]
-        params = publish_named(model)
+        # Parameters that sit back to back in one storage (DeepSpeed's flat bf16 buffer) are
+        # copied as one run each; the rest in one _foreach_copy_ (grpo.coalesce).
+        tensors = [p for _, p in publish_named(model)]
         with torch.no_grad():
             self.stamps[slot].fill_(-1)
-            torch._foreach_copy_([views[n] for n, _ in params], [p.detach() for _, p in params])
+            self.coalescer.copy_into(self.slots[slot], tensors, cache_key=slot)
             self.stamps[slot].fill_(version)
         done = None
         if self.device.type == "cuda":

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from grpo import protocol as P
+from grpo.coalesce import Coalescer
 from grpo.transport import SyncClient, SyncServer
 
 log = logging.getLogger(__name__)
@@ -57,18 +58,33 @@ def plan_layout(named: list[tuple[str, torch.Tensor]],
 
 
 def pack(named: list[tuple[str, torch.Tensor]], layout: list[P.TensorSpec],
-         bucket_nbytes: list[int]) -> list[torch.Tensor]:
+         bucket_nbytes: list[int], coalescer: Coalescer | None = None) -> list[torch.Tensor]:
     """Copy the tensors into new CPU uint8 buckets (device-to-host for CUDA tensors).
 
     A tensor whose dtype differs from its layout entry is cast first (fp32 master weights
     published as bf16), on its own device, so the host copy moves the smaller bytes.
+    With a `coalescer` (grpo.coalesce), tensors that are byte-adjacent in one storage and in
+    the buckets (DeepSpeed's flat bf16 parameters) move in one host copy per run, not one each.
     """
-    buckets = [torch.empty(n, dtype=torch.uint8) for n in bucket_nbytes]
-    for (name, t), spec in zip(named, layout):
+    # One allocation, the buckets back to back (the offsets grpo.coalesce plans with); each
+    # bucket a slice of it, so a reply still sending any bucket keeps the whole snapshot alive.
+    flat = torch.empty(sum(bucket_nbytes), dtype=torch.uint8)
+    starts = np.concatenate([[0], np.cumsum(bucket_nbytes, dtype=np.int64)])
+    buckets = [flat[int(s):int(s) + n] for s, n in zip(starts, bucket_nbytes)]
+    if [n for n, _ in named] != [s.name for s in layout]:
+        raise ValueError("pack: the tensors do not match the layout")
+    todo = range(len(layout))
+    if coalescer is not None:
+        plan = coalescer.plan_for([t for _, t in named])
+        for run in plan.runs:
+            flat[run.offset:run.offset + run.nbytes].copy_(run.src)
+        todo = plan.singles
+    for i in todo:
+        (name, t), spec = named[i], layout[i]
         assert name == spec.name
         t = t.detach().to(TORCH_DTYPES[spec.dtype])
-        flat = t.contiguous().view(-1).view(torch.uint8)
-        buckets[spec.bucket][spec.offset:spec.offset + flat.numel()].copy_(flat)
+        raw = t.contiguous().view(-1).view(torch.uint8)
+        buckets[spec.bucket][spec.offset:spec.offset + raw.numel()].copy_(raw)
     return buckets
 
 
@@ -167,6 +183,7 @@ class TcpPublisher:
         # the bytes for nothing, since the sampler casts them down anyway.
         named = [(n, p if dtype is None else p.detach().to("meta", dtype)) for n, p in publish_named(model)]
         self.layout, self.bucket_dtypes, self.bucket_nbytes = plan_layout(named)
+        self.coalescer = Coalescer(self.layout, self.bucket_nbytes)   # which tensors copy as one
         self._snapshot: Snapshot | None = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -184,7 +201,7 @@ class TcpPublisher:
         """Snapshot the model as `version`; returns the seconds the learner was stalled."""
         t0 = time.perf_counter()
         named = publish_named(model)
-        buckets = pack(named, self.layout, self.bucket_nbytes)
+        buckets = pack(named, self.layout, self.bucket_nbytes, self.coalescer)
         announce = P.WeightsAnnounce(version=version, method="tcp", layout=self.layout,
                                      bucket_dtypes=self.bucket_dtypes, bucket_nbytes=self.bucket_nbytes,
                                      buckets=[memoryview(b.numpy()) for b in buckets])

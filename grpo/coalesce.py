@@ -1,0 +1,155 @@
+"""Copying the published tensors into a flat buffer with as few copies as their memory allows.
+
+The publishers lay every tensor out in flat per-dtype buckets (grpo.weight_sync.plan_layout:
+buckets back to back, each tensor at a 16-byte aligned offset). Copying tensor by tensor
+costs one copy per parameter (272 for SmolLM2-135M), although under DeepSpeed ZeRO-1/2 the
+bf16 parameters are views of one flat buffer per parameter group, packed back to back in
+`model.parameters()` order (stage_1_and_2.py: `_update_model_bit16_weights`; padding only at
+the end of the group, or to 16 bytes per parameter with `zero_optimization.parameter_alignment`).
+
+A *run* is a maximal sequence of consecutive tensors (publish order) that are byte-adjacent on
+both sides: the same source storage, each contiguous and already in the published dtype,
+each starting where the previous one ends in the source *and* in the flat buffer. A run of
+two or more tensors is copied as one 1-D byte copy (a memcpy on CUDA, the same operation
+as the raw copy floor); every other tensor (own storage, non-contiguous, a cast needed) goes
+through one `torch._foreach_copy_`, as before. The bytes written are exactly those of the
+per-tensor path: a run covers only the tensors' own bytes, never padding.
+
+The plan is computed once and reused while every tensor's data_ptr stays the same (one tuple
+compare per publish). Run sources hold a reference to their storage, so a parameter moved
+elsewhere cannot have its old address reused while the plan lives: an unchanged data_ptr
+really is the same memory. Tensors outside runs are always read from the live tensors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from grpo import protocol as P
+
+
+@dataclass(frozen=True)
+class Run:
+    first: int            # index (publish order) of the run's first tensor
+    count: int            # tensors it covers
+    offset: int           # byte offset in the flat buffer (all buckets back to back)
+    nbytes: int
+    src: torch.Tensor     # 1-D uint8 view of the source bytes; keeps the source storage alive
+
+
+@dataclass
+class Plan:
+    key: tuple[int, ...]                                # data_ptr of every tensor when planned
+    runs: list[Run] = field(default_factory=list)       # runs of >= 2 tensors
+    singles: list[int] = field(default_factory=list)    # tensors copied one by one
+
+    @property
+    def copies(self) -> int:
+        return len(self.runs) + len(self.singles)
+
+
+def flat_offsets(layout: list[P.TensorSpec], bucket_nbytes: list[int]) -> list[int]:
+    """Each tensor's byte offset in one buffer holding the buckets back to back (as the ipc slots do)."""
+    starts = np.concatenate([[0], np.cumsum(bucket_nbytes, dtype=np.int64)])
+    return [int(starts[s.bucket]) + s.offset for s in layout]
+
+
+def _byte_view(t: torch.Tensor, nbytes: int) -> torch.Tensor:
+    """uint8 view of `nbytes` of t's storage starting at t's first byte (beyond t's own end)."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(
+        t.untyped_storage(), t.storage_offset() * t.element_size(), (nbytes,))
+
+
+def plan_runs(tensors: list[torch.Tensor], dtypes: list[torch.dtype], shapes: list[tuple[int, ...]],
+              offsets: list[int], nbytes: list[int]) -> Plan:
+    """Group `tensors` (publish order) into runs; see the module docstring for the rule."""
+    plan = Plan(key=tuple(t.data_ptr() for t in tensors))
+    run: list[int] = []           # indices of the open run
+    storage = src_end = dst_end = -1
+
+    def close():
+        if len(run) >= 2:
+            first = tensors[run[0]]
+            n = dst_end - offsets[run[0]]
+            plan.runs.append(Run(run[0], len(run), offsets[run[0]], n, _byte_view(first, n)))
+        elif run:
+            plan.singles.append(run[0])
+        run.clear()
+
+    for i, t in enumerate(tensors):
+        n = nbytes[i]
+        if n == 0:
+            continue   # no bytes on either side: nothing to copy, and no gap in a run
+        if t.dtype != dtypes[i] or not t.is_contiguous() or tuple(t.shape) != shapes[i]:
+            close()
+            plan.singles.append(i)   # cast, strided or another shape: the per-tensor path (which raises on that)
+            continue
+        ptr, st = t.data_ptr(), t.untyped_storage().data_ptr()
+        if not (run and st == storage and ptr == src_end and offsets[i] == dst_end
+                and t.device == tensors[run[0]].device):
+            close()
+            storage = st
+        run.append(i)
+        src_end, dst_end = ptr + n, offsets[i] + n
+    close()
+    return plan
+
+
+class Coalescer:
+    """The plan for one layout, rebuilt whenever a tensor's data_ptr changes."""
+
+    def __init__(self, layout: list[P.TensorSpec], bucket_nbytes: list[int]):
+        self.layout = layout
+        self.dtypes = [getattr(torch, s.dtype) for s in layout]   # the layout names dtypes as torch does
+        self.shapes = [tuple(s.shape) for s in layout]
+        self.offsets = flat_offsets(layout, bucket_nbytes)
+        self.nbytes = [int(np.prod(s.shape, dtype=np.int64)) * torch.empty((), dtype=d).element_size()
+                       for s, d in zip(layout, self.dtypes)]
+        self.total = sum(bucket_nbytes)
+        self.plan: Plan | None = None
+        self.replans = 0
+        self._targets: dict[object, tuple[Plan, int, list[torch.Tensor], list[torch.Tensor]]] = {}
+
+    def plan_for(self, tensors: list[torch.Tensor]) -> Plan:
+        if len(tensors) != len(self.layout):
+            raise ValueError(f"{len(tensors)} tensors for a layout of {len(self.layout)}")
+        plan = self.plan
+        if plan is None or plan.key != tuple(t.data_ptr() for t in tensors):
+            # Drop the old plan's views first, so a storage only they kept alive is freed.
+            self.plan, self._targets = None, {}
+            plan = self.plan = plan_runs(tensors, self.dtypes, self.shapes, self.offsets, self.nbytes)
+            self.replans += 1
+        return plan
+
+    def _dsts(self, flat: torch.Tensor, plan: Plan, cache_key) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        hit = self._targets.get(cache_key) if cache_key is not None else None
+        if hit is not None and hit[0] is plan and hit[1] == flat.data_ptr():
+            return hit[2], hit[3]
+        runs = [flat[r.offset:r.offset + r.nbytes] for r in plan.runs]
+        singles = [flat[self.offsets[i]:self.offsets[i] + self.nbytes[i]].view(self.dtypes[i])
+                   .view(self.shapes[i]) for i in plan.singles]
+        if cache_key is not None:
+            self._targets[cache_key] = (plan, flat.data_ptr(), runs, singles)
+        return runs, singles
+
+    def copy_into(self, flat: torch.Tensor, tensors: list[torch.Tensor], cache_key=None) -> Plan:
+        """Write `tensors` into `flat` (uint8, the buckets back to back) at their layout offsets.
+
+        `cache_key` names a buffer that is written again and again (an ipc slot): its
+        destination views are then built once per plan, not per call.
+        """
+        if flat.dtype != torch.uint8 or flat.numel() < self.total:
+            raise ValueError("copy_into needs a uint8 buffer holding every bucket")
+        plan = self.plan_for(tensors)
+        runs, singles = self._dsts(flat, plan, cache_key)
+        with torch.no_grad():
+            for dst, run in zip(runs, plan.runs):
+                dst.copy_(run.src)   # device to device: a memcpy, enqueued without waiting
+            if singles:
+                torch._foreach_copy_(singles, [tensors[i] for i in plan.singles])   # casts where needed
+        return plan
+
+
+__all__ = ["Coalescer", "Plan", "Run", "flat_offsets", "plan_runs"]
