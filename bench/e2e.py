@@ -7,7 +7,10 @@ process per GPU), for the same --seconds. Same model folder, GSM8K train prompts
 correctness reward, G, completions per optimizer step, max new tokens, temperature, learning
 rate and beta (see trl_grpo.py for the rest). Goal: ours at least 10x TRL's completions/s.
 
-GPU machine (2 GPUs; ~7 min for one backend at the default 150 s; the TRL wheels in .whl_trl/):
+GPU machine (2 GPUs; ~7 min for one backend at the default 150 s). It has no trl, datasets,
+dill or multiprocess and no network: their wheels are in .whl_trl/ (git-ignored, carried like
+.whl/). --no-deps into a folder of its own: a resolving install would fail whenever the
+machine's fsspec or pyarrow is outside datasets' pins, with no index to fetch others from:
   . bench/device_setup.sh
   python3 -m pip install -q --no-index --no-deps --target /tmp/site_trl .whl_trl/*.whl
   export PYTHONPATH=/tmp/site_trl:$PYTHONPATH
