@@ -142,7 +142,8 @@ def main(argv=None) -> int:
         adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0,
         beta=args.beta, epsilon=0.2, loss_type="grpo", scale_rewards="group",
         max_steps=args.max_steps, log_completions=False, dataloader_num_workers=0,
-        # Every parameter gets a gradient; TRL's default (True) costs an extra autograd traversal per step.
+        # Every parameter gets a gradient; left unset, DDP got find_unused_parameters=True (seen in the
+        # CPU smoke run), an extra autograd traversal every step.
         ddp_find_unused_parameters=False,
     )
     clock = Clock(args.seconds, B, cuda)
