@@ -17,9 +17,9 @@ if str(ROOT) not in sys.path:  # run as `python bench/X.py` from anywhere: impor
 PEAK_BF16_FLOPS = 989e12
 
 
-def versions() -> dict:
+def versions(extra: tuple[str, ...] = ()) -> dict:
     out = {"python": platform.python_version()}
-    for mod in ("torch", "transformers", "deepspeed"):
+    for mod in ("torch", "transformers", "deepspeed", *extra):
         try:
             out[mod] = __import__(mod).__version__
         except Exception as exc:  # noqa: BLE001 - a missing package is reported, not fatal
@@ -67,12 +67,15 @@ class Timer:
                          if self.device.type == "cuda" else float("nan"))
 
 
-def write_result(name: str, device: torch.device, payload: dict) -> Path:
-    dev = device_name(device)
+def write_result(name: str, device: torch.device, payload: dict, label: str | None = None,
+                 extra_versions: tuple[str, ...] = ()) -> Path:
+    """bench/results/<name>_<device>.json. `label` names the device instead of asking CUDA (a
+    parent of GPU processes should not hold a CUDA context of its own), e.g. "2x NVIDIA H200"."""
+    dev = label or device_name(device)
     slug = dev.replace(" ", "_").replace("/", "_") if device.type == "cuda" else "cpu"
     path = ROOT / "bench" / "results" / f"{name}_{slug}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    out = {"device": dev, "versions": versions(), **payload}
+    out = {"device": dev, "versions": versions(extra_versions), **payload}
     path.write_text(json.dumps(out, indent=2) + "\n")
     return path
 

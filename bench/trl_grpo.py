@@ -1,0 +1,178 @@
+"""TRL's GRPOTrainer on this repo's GSM8K prompts and correctness reward: the baseline of bench/e2e.py.
+
+bench/e2e.py launches it as plain DDP through torchrun, one process per GPU, each generating
+its share of the batch with Hugging Face `generate` (no vLLM) and training on it:
+  python -m torch.distributed.run --standalone --nproc_per_node 2 bench/trl_grpo.py \
+      --dataset .data/gsm8k --out runs/trl/steps.json [--seconds 150 --train-batch-size 64 ...]
+CPU smoke check (a tiny random model, gloo):  add --device cpu --model tiny-random --max-steps 3
+Needs trl and datasets; the GPU machine has neither and no network, so carry the wheels and
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site_trl .whl_trl/*.whl
+  export PYTHONPATH=/tmp/site_trl:$PYTHONPATH
+(.whl_trl/: trl 1.16.0, datasets 5.2.0, dill 0.4.1, multiprocess 0.70.19; the rest is on that machine).
+
+Kept equal to our trainer: the model folder (grpo.model.resolve_model), the prompt text
+(grpo.data.problem_prompt, tokenised without special tokens like our sampler), the reward
+(grpo.reward_funcs.correctness_reward, already TRL's calling convention), G, completions per
+optimizer step over all ranks, max new tokens, temperature (pure sampling: top_p 1, top_k 0),
+learning rate, beta, loss type 'grpo', clip 0.2, AdamW betas (0.9, 0.99), grad clip 1, constant LR.
+Every optimizer step generates fresh completions: gradient_accumulation_steps = steps_per_generation
+= num_iterations = 1, so one step = one generation of the whole global batch, as in ours.
+Rank 0 writes --out: one record per step (its end, seconds since training began, synchronised
+with the GPU), completions and completion tokens of the step, mean reward; e2e.py turns them into rates.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from transformers import TrainerCallback
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchutil import versions  # noqa: E402  (also puts the repo root on sys.path)
+
+from grpo.data import load_problems, problem_prompt  # noqa: E402
+from grpo.model import resolve_model  # noqa: E402
+from grpo.reward_funcs import correctness_reward  # noqa: E402
+
+
+def parse(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2", help="as our --model: smollm2, tiny-random, or a path/hub id")
+    ap.add_argument("--dataset", required=True)
+    ap.add_argument("--dataset-limit", type=int, default=0, help="first N train problems only (0: all)")
+    ap.add_argument("--num-generations", type=int, default=8)
+    ap.add_argument("--train-batch-size", type=int, default=64, help="completions per optimizer step, all ranks")
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--learning-rate", type=float, default=1e-6)
+    ap.add_argument("--beta", type=float, default=0.0)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--seconds", type=float, default=150.0, help="stop after the step that ends past this")
+    ap.add_argument("--max-steps", type=int, default=100000)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                    help="weights; bfloat16: TRL's fastest plain setting (no per-matmul cast in generate); "
+                         "float32: TRL's default, bf16 autocast over fp32 weights")
+    ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--out", required=True, help="JSON file for the per-step records (rank 0)")
+    return ap.parse_args(argv)
+
+
+def build_dataset(tok, spec: str, limit: int):
+    from datasets import Dataset
+
+    problems = load_problems(spec, "train", limit=limit or None)
+    # The exact text our sampler feeds the model (chat template applied, '####' instruction);
+    # TRL tokenises a plain-string prompt as is, so we check it adds no special tokens either.
+    rows = [{"prompt": problem_prompt(tok, p), "answer": p.answer} for p in problems]
+    probe = rows[0]["prompt"]
+    if tok(probe)["input_ids"] != tok(probe, add_special_tokens=False)["input_ids"]:
+        raise SystemExit("trl_grpo: the tokenizer adds special tokens to a prompt; TRL's prompts would differ from ours")
+    return Dataset.from_list(rows)
+
+
+class Clock(TrainerCallback):
+    """Records each step's end; stops every rank together once `seconds` of training have passed."""
+
+    def __init__(self, seconds: float, batch: int, cuda: bool):
+        self.seconds, self.batch, self.cuda = seconds, batch, cuda
+        self.t0 = 0.0
+        self.steps: list[dict] = []
+        self.logs: dict[int, dict] = {}
+
+    def on_train_begin(self, args, state, control, **kw):
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.t0 = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kw):
+        if self.cuda:  # the step's kernels are only queued; count the step when they are done
+            torch.cuda.synchronize()
+        t = time.perf_counter() - self.t0
+        self.steps.append({"step": state.global_step, "time_s": t, "completions": self.batch})
+        # Each rank reads its own clock; rank 0 decides for all, or one rank could stop while
+        # the others wait for it in the next all-reduce.
+        if _agree(t >= self.seconds, self.cuda):
+            control.should_training_stop = True
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        if logs and "completions/mean_length" in logs:  # logging_steps=1: one record per step
+            self.logs[state.global_step] = dict(logs)
+
+
+def _agree(flag: bool, cuda: bool) -> bool:
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=torch.device("cuda", torch.cuda.current_device()) if cuda else "cpu")
+    dist.broadcast(t, 0)
+    return bool(t.item())
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    t_start = time.perf_counter()
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    B, G = args.train_batch_size, args.num_generations
+    if B % world or B % G:
+        raise SystemExit(f"trl_grpo: --train-batch-size {B} must be a multiple of the {world} ranks and of G={G}")
+    import trl
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    model_path = resolve_model(args.model)
+    tok = AutoTokenizer.from_pretrained(model_path, padding_side="left")
+    dataset = build_dataset(tok, args.dataset, args.dataset_limit)
+    out_dir = Path(args.out).resolve().parent
+    cfg = GRPOConfig(
+        output_dir=str(out_dir / "trl_output"), report_to=[], logging_steps=1, save_strategy="no",
+        disable_tqdm=True, seed=args.seed, use_cpu=not cuda, bf16=cuda,
+        model_init_kwargs={"dtype": args.dtype if cuda else "float32"},
+        # A 135M model fits easily; TRL's default checkpointing would only slow its training.
+        gradient_checkpointing=False,
+        per_device_train_batch_size=B // world, gradient_accumulation_steps=1,
+        steps_per_generation=1, num_iterations=1, num_generations=G,
+        max_completion_length=args.max_new_tokens, temperature=args.temperature, top_p=1.0, top_k=0,
+        use_vllm=False, learning_rate=args.learning_rate, lr_scheduler_type="constant", warmup_steps=0,
+        adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0,
+        beta=args.beta, epsilon=0.2, loss_type="grpo", scale_rewards="group",
+        max_steps=args.max_steps, log_completions=False, dataloader_num_workers=0,
+        # Every parameter gets a gradient; left unset, DDP got find_unused_parameters=True (seen in the
+        # CPU smoke run), an extra autograd traversal every step.
+        ddp_find_unused_parameters=False,
+    )
+    clock = Clock(args.seconds, B, cuda)
+    trainer = GRPOTrainer(model=model_path, reward_funcs=[correctness_reward], args=cfg,
+                          train_dataset=dataset, processing_class=tok, callbacks=[clock])
+    setup_s = time.perf_counter() - t_start
+    trainer.train()
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    if rank == 0:
+        steps = []
+        for s in clock.steps:
+            log = clock.logs.get(s["step"], {})
+            mean_len = log.get("completions/mean_length")
+            steps.append({**s, "tokens": None if mean_len is None else mean_len * s["completions"],
+                          "completion_len_mean": mean_len, "reward_mean": log.get("reward")})
+        doc = {"trl": trl.__version__, "versions": {**versions(), "trl": trl.__version__},
+               "world_size": world, "per_device_batch": B // world, "model": model_path,
+               "problems": len(dataset), "setup_s": setup_s, "total_s": time.perf_counter() - t_start,
+               "config": {k: getattr(cfg, k) for k in (
+                   "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
+                   "generation_batch_size", "num_iterations", "num_generations", "max_completion_length",
+                   "temperature", "top_p", "top_k", "learning_rate", "beta", "loss_type", "bf16",
+                   "gradient_checkpointing", "use_vllm", "model_init_kwargs")},
+               "steps": steps}
+        Path(args.out).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        print(f"trl_grpo: {len(steps)} steps in {steps[-1]['time_s'] if steps else 0:.1f} s of training; "
+              f"wrote {args.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
