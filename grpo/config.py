@@ -110,7 +110,7 @@ class SamplerConfig(CommonConfig):
     """module:function applied to every raw dataset row: fn(row: dict) -> dict (question/answer, prompt, instruction/response or input/output columns) or None to drop the row."""
     # --- rollout
     generation_backend: str = "auto"
-    """'fast' (grpo/rollout.py: static KV cache, CUDA-graph decode; failed in its first GPU run, see README), 'hf' (Hugging Face generate), or 'auto' (hf for now)."""
+    """'fast' (grpo/rollout.py: static KV cache, CUDA-graph decode, sampling on the GPU), 'hf' (Hugging Face generate), or 'auto' (fast on CUDA, hf on CPU)."""
     cuda_graphs: bool = True
     """With the fast backend on CUDA, capture the decode step as a CUDA graph (--no-cuda-graphs: eager decode, for debugging)."""
     compile_decode: bool = False
@@ -164,8 +164,6 @@ class LearnerConfig(CommonConfig):
     """Optimizer steps to run before stopping the samplers and exiting."""
     max_time_s: float = 0.0
     """Also stop after the step that ends past this many seconds of training (0: no time limit)."""
-    max_tokens_per_micro_batch: int = 0
-    """Token cap per micro-batch on a rank (0: micro-batch by the DeepSpeed config's sequence count)."""
     data_timeout_s: float = 60.0
     """Log 'no data for N s' at this interval while waiting for groups."""
     shutdown_timeout_s: float = 120.0

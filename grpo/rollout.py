@@ -44,17 +44,14 @@ BACKENDS = ("auto", "fast", "hf")
 
 
 def resolve_backend(name: str, device: torch.device) -> str:
-    """--generation-backend to 'fast' or 'hf' (auto: hf for now).
-
-    auto stays on Hugging Face generate until the fast engine has run cleanly on a GPU: its one
-    GPU run so far (bench/rollout.py, 2x H200) stopped in the first sampling prefill after a
-    CUDA-graph capture with "Offset increment outside graph capture encountered unexpectedly"
-    (CUDA RNG state), and a sampler that dies is worse than a slow one. `fast` selects it.
-    """
+    """--generation-backend to 'fast' or 'hf'. auto: the fast engine on CUDA (its GPU tests
+    pass on H200: graph replay equals eager decoding, greedy identical to `generate` in fp32,
+    a failed capture falls back to eager decoding), `generate` on CPU, where the engine has
+    no graphs to replay and buys little."""
     if name not in BACKENDS:
         raise ValueError(f"--generation-backend {name}: choose one of {', '.join(BACKENDS)}")
     if name == "auto":
-        return "hf"
+        return "fast" if device.type == "cuda" else "hf"
     return name
 
 

@@ -40,12 +40,14 @@ def test_unknown_flag_is_one_line_exit_2(capsys):
 
 def test_deepspeed_json_auto_values():
     raw = json.loads((ROOT / "deepspeed.json").read_text())
-    assert raw["train_batch_size"] == 16 and raw["train_micro_batch_size_per_gpu"] == 4
+    assert raw["train_batch_size"] == 16 and raw["train_micro_batch_size_per_gpu"] == 32
     assert raw["zero_optimization"]["stage"] == 2
     cfg, batch = resolve_ds_config(raw, world=3, train_batch_size=0, group_size=8, learning_rate=1e-6, cuda=True)
     assert batch == 16
-    assert cfg["gradient_accumulation_steps"] == 2          # ceil(16 / (4 * 3))
-    assert cfg["train_batch_size"] == 4 * 2 * 3              # what DeepSpeed's own check needs
+    assert cfg["gradient_accumulation_steps"] == 1          # ceil(16 / (32 * 3))
+    assert cfg["train_batch_size"] == 32 * 1 * 3             # what DeepSpeed's own check needs
+    cfg, _ = resolve_ds_config(raw, world=1, train_batch_size=128, group_size=8, learning_rate=1e-6, cuda=True)
+    assert cfg["gradient_accumulation_steps"] == 4          # ceil(128 / 32): 4 micro-steps, not 32
     assert cfg["bf16"]["enabled"] is True and cfg["optimizer"]["params"]["lr"] == 1e-6
     cfg, _ = resolve_ds_config(raw, world=4, train_batch_size=0, group_size=8, learning_rate=1e-6, cuda=False)
     assert cfg["gradient_accumulation_steps"] == 1 and cfg["bf16"]["enabled"] is False

@@ -108,7 +108,7 @@ def test_sampling_follows_the_softmax_distribution(tiny):
 
 
 def test_backend_choice_and_bad_inputs(tiny):
-    assert resolve_backend("auto", CPU) == "hf" and resolve_backend("auto", torch.device("cuda", 0)) == "hf"
+    assert resolve_backend("auto", CPU) == "hf" and resolve_backend("auto", torch.device("cuda", 0)) == "fast"
     assert resolve_backend("fast", CPU) == "fast" and resolve_backend("hf", CPU) == "hf"
     with pytest.raises(ValueError, match="choose one of auto, fast, hf"):
         resolve_backend("vllm", CPU)
