@@ -20,14 +20,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # Run 1 (lr 3e-6, G=8, correctness only, HF generation: ~5,600 completions in 8 minutes) did
-# not learn: 2-3 % train reward gave most groups zero advantage. Run 2's settings: the fast
-# engine (~10x the completions), G=16 (more groups with a correct member), a small format
-# reward (dense signal for ending with '#### <number>'), lr 1e-5. Chosen before the run, not
-# tuned on the test subset.
+# not learn: 2-3 % train reward gave most groups zero advantage. Run 2 (fast engine, G=16,
+# correctness + 0.2 x format, lr 1e-5; its exact flags are in bench/results/learning_run_2/)
+# did not either: the learner ran 32 micro-steps per step (5.2 s; deepspeed.json's micro-batch
+# is now 32) and the format bonus was gamed (bare '#### N' answers). These are the settings
+# for the next run: run 2's without the format reward. Chosen before running, not tuned on
+# the test subset.
 RUN_FLAGS = ["--sampling-gpu", "0", "--training-gpus", "1", "--max-time-s", "480", "--max-steps", "100000",
              "--eval-every", "100", "--eval-size", "500", "--num-generations", "16", "--prompts-per-round", "32",
              "--train-batch-size", "128", "--learning-rate", "1e-5", "--beta", "0.0",
-             "--reward", "correctness,format=0.2", "--generation-backend", "fast", "--verify-weight-sync"]
+             "--reward", "correctness", "--generation-backend", "fast", "--verify-weight-sync"]
 
 
 def summarise(run_dir: Path, device: str, out_dir: Path) -> dict:
