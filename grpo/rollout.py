@@ -36,10 +36,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from grpo.attention import ATTENTION, register_attention
+
 log = logging.getLogger(__name__)
 
 DEFAULT_BUCKETS = (64, 128, 256, 512, 1024)
-ATTENTION = "grpo_rollout"   # the attention function the engine's forward passes use (below)
 BACKENDS = ("auto", "fast", "hf")
 
 
@@ -115,7 +116,7 @@ class RolloutEngine:
         if cuda_graphs and self.device.type != "cuda":
             raise ValueError("cuda_graphs needs the model on a CUDA device; use cuda_graphs=False on CPU")
         self.cuda_graphs = cuda_graphs
-        _register_attention()
+        register_attention()
         impl = getattr(model.config, "_attn_implementation", "eager")
         if impl not in ("sdpa", "eager"):
             raise ValueError(f"the fast generation backend supports sdpa and eager attention, not {impl!r}; "
@@ -237,7 +238,7 @@ class RolloutEngine:
 
     @contextlib.contextmanager
     def _attention(self):
-        """Run the model's layers with `_rollout_attention` (the model's own setting is restored
+        """Run the model's layers with grpo.attention's decode attention (the model's own setting is restored
         after, so evaluation and log-prob passes keep theirs). A captured graph keeps the
         kernels chosen here: only eager calls need the switch."""
         cfg = self.model.config
@@ -381,34 +382,6 @@ def _describe(exc: BaseException) -> str:
         parts.append(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
         exc = exc.__cause__ or exc.__context__
     return " <- ".join(parts)
-
-
-def _rollout_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
-                       **kwargs):
-    """Attention for the engine's passes. A one-token query (decode) with grouped KV heads
-    (GQA: SmolLM2 3 KV heads for 9, Qwen2.5-3B 2 for 16) attends the cache without copying it:
-    the G query heads that share a KV head become G "query rows" of that head. Hugging Face's
-    SDPA path instead repeats the whole cache G times per layer and step (`repeat_kv`, a
-    copy), which on a 3B model at 256 rows took half the decode step. Prefill (many query
-    tokens, once per round) goes through Hugging Face's SDPA function unchanged."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    b, heads, q_len, dim = query.shape
-    kv_heads = key.shape[1]
-    if q_len != 1 or heads == kv_heads:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
-    # repeat_kv puts query head j on KV head j // G, so [B, H, 1, D] -> [B, H_kv, G, D] pairs them up.
-    q = query.view(b, kv_heads, heads // kv_heads, dim)
-    mask = attention_mask[:, :, :, :key.shape[-2]] if attention_mask is not None else None   # [B, 1, 1, L]
-    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)
-    return out.reshape(b, heads, 1, dim).transpose(1, 2).contiguous(), None                # [B, 1, H, D]
-
-
-def _register_attention() -> None:
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTENTION, _rollout_attention)
 
 
 _ENGINES: "weakref.WeakKeyDictionary[torch.nn.Module, RolloutEngine]" = weakref.WeakKeyDictionary()

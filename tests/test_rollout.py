@@ -221,7 +221,7 @@ def test_decode_attention_without_repeating_the_cache_equals_hf_sdpa():
     Face's SDPA path (which repeats K/V per query head), with a padding mask."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from grpo.rollout import _rollout_attention
+    from grpo.attention import rollout_attention
 
     class Attn(torch.nn.Module):
         num_key_value_groups = 3
@@ -233,10 +233,10 @@ def test_decode_attention_without_repeating_the_cache_equals_hf_sdpa():
     k, v = torch.randn(b, kv, length, dim, dtype=torch.float64), torch.randn(b, kv, length, dim, dtype=torch.float64)
     mask = torch.zeros(b, 1, 1, length, dtype=torch.float64)
     mask[0, ..., :3] = torch.finfo(torch.float64).min          # row 0: three padding keys
-    got, _ = _rollout_attention(Attn(), q, k, v, mask, scaling=0.5)
+    got, _ = rollout_attention(Attn(), q, k, v, mask, scaling=0.5)
     want, _ = sdpa_attention_forward(Attn(), q, k, v, mask, scaling=0.5)
     assert got.shape == want.shape == (b, 1, heads, dim)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     # and the mask matters: without it row 0 differs
-    free, _ = _rollout_attention(Attn(), q, k, v, None, scaling=0.5)
+    free, _ = rollout_attention(Attn(), q, k, v, None, scaling=0.5)
     assert not torch.allclose(free[0], want[0]) and torch.allclose(free[1], want[1])
