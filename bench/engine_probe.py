@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
+from grpo.model import compute_dtype, left_pad, load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
 from grpo.rollout import RolloutEngine  # noqa: E402
 
 
@@ -28,22 +28,14 @@ def profile(model, tok, prompts, new: int) -> None:
     engine = RolloutEngine(model, [], tok.pad_token_id, cuda_graphs=False, buckets=(len(prompts),), prompt_multiple=64)
     engine.generate(prompts, 8, temperature=1.0)          # allocate the slot
     slot = next(iter(engine.slots.values()))
-    engine._prefill(slot, *_batch(engine, slot, prompts), 1.0, False)
+    ids, mask = left_pad(prompts, engine.pad_id, engine.device, width=slot.width, rows=slot.rows)
+    engine._prefill(slot, ids, mask.bool(), 1.0, False)
     torch.cuda.synchronize()
     with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
         for _ in range(4):
             engine._decode(slot, False)
         torch.cuda.synchronize()
     print(p.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60))
-
-
-def _batch(engine, slot, prompts):
-    ids = torch.full((slot.rows, slot.width), engine.pad_id, dtype=torch.long)
-    valid = torch.zeros((slot.rows, slot.width), dtype=torch.bool)
-    for i, p in enumerate(prompts):
-        ids[i, slot.width - len(p):] = torch.as_tensor(p)
-        valid[i, slot.width - len(p):] = True
-    return ids.to(engine.device), valid.to(engine.device)
 
 
 def main() -> int:

@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import ROOT, Timer, pick, table, write_result  # noqa: E402
 
 from grpo.data import build_prompt, load_problems  # noqa: E402
-from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, resolve_model, right_pad, token_logprobs  # noqa: E402
+from grpo.model import (compute_dtype, left_pad, load_causal_lm, load_tokenizer, resolve_model, right_pad,  # noqa: E402
+                        token_logprobs)
 from grpo.rollout import RolloutEngine, hf_generate  # noqa: E402
 
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
@@ -74,13 +75,8 @@ def run_fast(engine: RolloutEngine, rows, new: int, device, eos_on: bool) -> dic
 
 
 def run_hf(model, rows, new: int, device, pad_id: int, eos_id: int | None) -> dict:
-    width = max(len(p) for p in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    for i, p in enumerate(rows):
-        ids[i, width - len(p):] = torch.tensor(p)
-        attn[i, width - len(p):] = 1
-    ids, attn = ids.to(device), attn.to(device)
+    ids, attn = left_pad(rows, pad_id, device)
+    width = ids.shape[1]
     gc = copy.deepcopy(model.generation_config)
     gc.eos_token_id = eos_id  # None: no stopping, exactly `new` tokens per row
     gc.update(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=pad_id, max_new_tokens=4)

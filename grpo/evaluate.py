@@ -20,6 +20,7 @@ import torch
 
 from grpo.config import EvalConfig, parse_config
 from grpo.data import Problem, build_prompt, load_problems
+from grpo.model import left_pad
 from grpo.progress import Progress
 from grpo.rewards import gsm8k_reward
 
@@ -63,14 +64,9 @@ def greedy_accuracy(model, tok, problems: list[Problem], max_new_tokens: int, ba
     bar.update(len(problems) - len(order))   # the engine path did them all at once
     for s in range(0, len(order), batch_size):
         rows = order[s:s + batch_size]
-        width = max(len(ids[i]) for i in rows)
-        # Left padding: every row's next token is in the last column.
-        x = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
-        attn = torch.zeros_like(x)
-        for j, i in enumerate(rows):
-            x[j, width - len(ids[i]):] = torch.tensor(ids[i])
-            attn[j, width - len(ids[i]):] = 1
-        out = model.generate(input_ids=x.to(device), attention_mask=attn.to(device), do_sample=False,
+        x, attn = left_pad([ids[i] for i in rows], tok.pad_token_id, device)
+        width = x.shape[1]
+        out = model.generate(input_ids=x, attention_mask=attn, do_sample=False,
                              max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
                              eos_token_id=tok.eos_token_id, top_k=None, top_p=None, temperature=None)
         for j, row in enumerate(out[:, width:].cpu().tolist()):

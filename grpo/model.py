@@ -234,6 +234,20 @@ def right_pad(sequences: list[list[int]] | list[torch.Tensor], pad_id: int,
     return ids.to(device), mask.to(device)
 
 
+def left_pad(sequences: list[list[int]], pad_id: int, device: torch.device, width: int | None = None,
+             rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """[rows, width] ids and attention mask, sequences right-aligned (padding on the left), so
+    every row's next token goes in the same column, as generation needs. width and rows
+    default to the longest sequence and the number of sequences; extra rows are all padding."""
+    width = width or max(len(s) for s in sequences)
+    ids = torch.full((rows or len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, seq in enumerate(sequences):
+        ids[i, width - len(seq):] = torch.as_tensor(seq, dtype=torch.long)
+        mask[i, width - len(seq):] = 1
+    return ids.to(device), mask.to(device)
+
+
 def weights_checksum(model: torch.nn.Module, dtype: torch.dtype | None = None) -> str:
     """An exact fingerprint of the parameters' bits, computed on their device (after a cast
     of floating-point parameters to `dtype`, when given: the bits a publisher would send).

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from grpo.attention import ATTENTION, register_attention
+from grpo.model import left_pad
 
 log = logging.getLogger(__name__)
 
@@ -214,12 +215,8 @@ class RolloutEngine:
         width = max(len(p) for p in prompts)
         slot = self._slot(rows, -(-width // self.prompt_multiple) * self.prompt_multiple, max_new)
         width = slot.width
-        ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
-        valid = torch.zeros((rows, width), dtype=torch.bool)
-        for i, p in enumerate(prompts):  # left padding: every row's next token goes in the same column
-            ids[i, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
-            valid[i, width - len(p):] = True
-        ids, valid = ids.to(self.device), valid.to(self.device)
+        ids, mask = left_pad(prompts, self.pad_id, self.device, width=width, rows=rows)
+        valid = mask.bool()
         inv_t = 1.0 if greedy else 1.0 / temperature
         if self.cuda_graphs and max_new > 1 and greedy not in slot.graphs:
             self._prefill(slot, ids, valid, inv_t, greedy)  # initialises the cache; state is reset below
@@ -406,15 +403,11 @@ def hf_generate(model, prompts: list[list[int]], max_new_tokens: int, temperatur
                 eos_id: int, pad_id: int) -> tuple[list[list[int]], list[bool]]:
     """The Hugging Face `generate` path (the fallback backend), with the same output."""
     device = next(model.parameters()).device
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):  # left padding: every row's next token is in the last column
-        ids[i, width - len(p):] = torch.as_tensor(p)
-        attn[i, width - len(p):] = 1
+    ids, attn = left_pad(prompts, pad_id, device)
+    width = ids.shape[1]
     sample = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if not (greedy or temperature == 0) \
         else dict(do_sample=False, temperature=None, top_k=None, top_p=None)
-    out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), max_new_tokens=max_new_tokens,
+    out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens,
                          pad_token_id=pad_id, eos_token_id=eos_id, **sample)
     completions, finished = [], []
     for row in out[:, width:].cpu().tolist():
