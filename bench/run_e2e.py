@@ -72,7 +72,6 @@ def summarise(run_dir: Path) -> dict:
         "sampler_versions": {k: v["version"] for k, v in samplers.items()},
         "sync_method": steps[-1].get("sync_method"),
         "weight_sync_verified": final.get("weight_sync_verified"),   # with --verify-weight-sync
-        "sampler_backend_tokens": [s["stats"].get("tokens") for s in samplers.values() if s.get("stats")],
     }
 
 

@@ -28,8 +28,8 @@ def rollout_attention(module, query, key, value, attention_mask, dropout=0.0, sc
                                       is_causal=is_causal, **kwargs)
     # repeat_kv puts query head j on KV head j // G, so [B, H, 1, D] -> [B, H_kv, G, D] pairs them up.
     q = query.view(b, kv_heads, heads // kv_heads, dim)
-    mask = attention_mask[:, :, :, :key.shape[-2]] if attention_mask is not None else None   # [B, 1, 1, L]
-    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)
+    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask,  # [B, 1, 1, L]
+                                                           scale=scaling)
     return out.reshape(b, heads, 1, dim).transpose(1, 2).contiguous(), None                # [B, 1, H, D]
 
 
