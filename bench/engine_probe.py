@@ -1,6 +1,7 @@
 """A one-minute GPU check of the fast rollout engine: does the decode step capture as a CUDA
 graph (and if not, why), do greedy graph and eager decoding agree, and what does sampling
-run at. Prints one JSON line per check; no result file (bench/rollout.py is the benchmark).
+run at. Prints one JSON line per check and writes bench/results/engine_probe_<device>.json
+(bench/rollout.py is the benchmark; this is the diagnosis).
 
   python bench/engine_probe.py [--model random:qwen2.5-3b|smollm2] [--rows 256] [--new 128]
 """
@@ -16,12 +17,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchutil import write_result  # noqa: E402
 from grpo.model import compute_dtype, left_pad, load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
 from grpo.rollout import RolloutEngine  # noqa: E402
 
 
 @torch.no_grad()
-def profile(model, tok, prompts, new: int) -> None:
+def profile(model, tok, prompts, new: int) -> dict:
     """Top kernels of eager decode steps (a captured graph hides its kernels from the profiler)."""
     from torch.profiler import ProfilerActivity, profile as prof
 
@@ -36,6 +39,9 @@ def profile(model, tok, prompts, new: int) -> None:
             engine._decode(slot, False)
         torch.cuda.synchronize()
     print(p.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60))
+    rows = [{"op": e.key[:80], "device_ms": getattr(e, "device_time_total", 0.0) / 1e3, "calls": e.count}
+            for e in p.key_averages()]
+    return {"eager_decode_steps": 4, "top_ops": sorted(rows, key=lambda r: -r["device_ms"])[:18]}
 
 
 def main() -> int:
@@ -50,8 +56,10 @@ def main() -> int:
     path = resolve_model(args.model)
     tok = load_tokenizer(path)
     model = load_causal_lm(path, device, compute_dtype(device)).eval()
-    print(json.dumps({"model": args.model, "dtype": str(next(model.parameters()).dtype),
-                      "attn": model.config._attn_implementation, "params": sum(p.numel() for p in model.parameters())}))
+    setup = {"model": args.model, "dtype": str(next(model.parameters()).dtype),
+             "attn": model.config._attn_implementation, "params": sum(p.numel() for p in model.parameters())}
+    print(json.dumps(setup))
+    checks = []
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(10, 1000, (int(n),), generator=g).tolist()
                for n in torch.randint(40, 120, (args.rows,), generator=g)]
@@ -75,11 +83,12 @@ def main() -> int:
             rec["graph_equals_eager_64x32"] = e.token_ids == gr.token_ids
             eager.clear()
         print(json.dumps(rec), flush=True)
+        checks.append(rec)
         engine.clear()
-    if args.profile:
-        profile(model, tok, prompts, args.new)
+    prof = profile(model, tok, prompts, args.new) if args.profile else None
     torch.randn(4, device=device).sum().item()  # the default CUDA generator still usable
     print(json.dumps({"default_rng_ok": True}), flush=True)
+    print("wrote", write_result("engine_probe", device, {"setup": setup, "checks": checks, "profile": prof}))
     return 0
 
 
