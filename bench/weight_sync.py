@@ -262,6 +262,9 @@ def main() -> int:
     ap.add_argument("--role-out", default="")
     args = ap.parse_args()
     if args.role:
+        if os.environ.get("WS_DUMP_AFTER"):  # diagnosis: print every thread's stack after N s, then exit
+            import faulthandler
+            faulthandler.dump_traceback_later(float(os.environ["WS_DUMP_AFTER"]), exit=True)
         (learner if args.role == "learner" else sampler)(args)
         return 0
 
