@@ -3,7 +3,10 @@ graph (and if not, why), do greedy graph and eager decoding agree, and what does
 run at. Prints one JSON line per check and writes bench/results/engine_probe_<device>.json
 (bench/rollout.py is the benchmark; this is the diagnosis).
 
-  python bench/engine_probe.py [--model random:qwen2.5-3b|smollm2] [--rows 256] [--new 128]
+  python bench/engine_probe.py [--model random:qwen2.5-3b|smollm2] [--rows 256] [--new 128] [--compile]
+
+--compile adds a sampling row with RolloutEngine(compile_decode=True): the decode step through
+torch.compile (fusing the small kernels of norms, rotary embeddings and sampling), then captured.
 """
 from __future__ import annotations
 
@@ -50,6 +53,7 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=256)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--profile", action="store_true", help="also print the top CUDA kernels of 4 eager decode steps")
+    ap.add_argument("--compile", action="store_true", help="also measure sampling with compile_decode=True")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     device = torch.device("cuda", 0)
@@ -64,15 +68,17 @@ def main() -> int:
     prompts = [torch.randint(10, 1000, (int(n),), generator=g).tolist()
                for n in torch.randint(40, 120, (args.rows,), generator=g)]
     torch.manual_seed(0)
-    for greedy in (True, False):
-        engine = RolloutEngine(model, [], tok.pad_token_id)  # no EOS: every row makes `new` tokens
+    for greedy, compiled in ((True, False), (False, False)) + (((False, True),) if args.compile else ()):
+        # no EOS: every row makes `new` tokens
+        engine = RolloutEngine(model, [], tok.pad_token_id, compile_decode=compiled)
         first = engine.generate(prompts, args.new, greedy=greedy)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         out = engine.generate(prompts, args.new, greedy=greedy)
         torch.cuda.synchronize()
         dt = time.perf_counter() - t0
-        rec = {"greedy": greedy, "rows": args.rows, "new": args.new, "tok_s": round(out.stats["tokens"] / dt),
+        rec = {"greedy": greedy, "compile_decode": compiled, "rows": args.rows, "new": args.new,
+               "tok_s": round(out.stats["tokens"] / dt),
                "first_call_s": round(first.stats["gen_s"], 2), "cuda_graphs": out.stats["cuda_graphs"],
                "graph_failures": out.stats.get("graph_failures", [])}
         if greedy:

@@ -71,7 +71,7 @@ def tensors(seqs, idx, device, pad=2):
     return ids.to(device), att.to(device), gen.to(device)
 
 
-def bench_model(name: str, device, args) -> dict:
+def bench_model(name: str, device, args, micro_tokens: int = 0) -> dict:
     cuda = device.type == "cuda"
     model = load_causal_lm(resolve_model(name), device, torch.float32)
     model.config.use_cache = False
@@ -84,7 +84,7 @@ def bench_model(name: str, device, args) -> dict:
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
     # 3B: fp32 weights + grads + AdamW states take ~50 GB; 2,048-token micro-batches keep
     # activations near 11 GB so an 80 GB H100 has room.
-    micro_tokens = args.micro_tokens or (2048 if n_params > 1e9 else 16384)
+    micro_tokens = micro_tokens or (2048 if n_params > 1e9 else 16384)
     seqs = make_batch(args.seqs, min(vocab, 49152), seed=0)
     groups = buckets(seqs, micro_tokens)
     real = sum(len(s) for s, _ in seqs)
@@ -133,7 +133,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer steps (CPU: a tiny smoke run)")
     ap.add_argument("--model", action="append", help="models (default: smollm2 and random:qwen2.5-3b)")
     ap.add_argument("--seqs", type=int, default=0, help="sequences per step (default 128; CPU quick 8)")
-    ap.add_argument("--micro-tokens", type=int, default=0, help="padded tokens per micro-batch (default 16384; 2048 above 1B params)")
+    ap.add_argument("--micro-tokens", default="0",
+                    help="padded tokens per micro-batch, or a comma list (one row each); default 16384, 2048 above 1B params")
+    ap.add_argument("--name", default="learner", help="result file bench/results/<name>_<device>.json")
     ap.add_argument("--grad-checkpointing", action="store_true", help="recompute activations (lower memory, lower MFU)")
     args = ap.parse_args()
     device = pick(args.device)
@@ -143,13 +145,14 @@ def main() -> int:
     models = args.model or (["tiny-random"] if device.type == "cpu" else ["smollm2", "random:qwen2.5-3b"])
     rows = []
     for name in models:
-        rows.append(bench_model(name, device, args))
-        print(table(rows[-1:], list(rows[-1])), flush=True)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        for micro in [int(x) for x in str(args.micro_tokens).split(",")]:
+            rows.append(bench_model(name, device, args, micro))
+            print(table(rows[-1:], list(rows[-1])), flush=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     cols = ["model", "params_m", "tokens", "micro_batches", "pad_frac", "step_s", "tok_s", "mfu", "peak_gib"]
     print("\n" + table(rows, cols))
-    out = write_result("learner", device, {
+    out = write_result(args.name, device, {
         "settings": {"quick": args.quick, "seqs_per_step": args.seqs, "warmup_steps": args.warmup,
                      "timed_steps": args.steps, "precision": "fp32 master weights, bf16 autocast (CUDA)",
                      "optimizer": "torch.optim.AdamW(fused on CUDA), grad clip 1.0",

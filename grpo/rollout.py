@@ -141,6 +141,7 @@ class RolloutEngine:
         # generator that eager decoding draws from stuck in "capturing" state.
         self.gen = self._new_generator()
         # torch.compile specialises on shapes (dynamic=False): one compilation per bucket shape.
+        self.compile_decode = compile_decode
         self._step = torch.compile(self._decode, dynamic=False) if compile_decode else self._decode
 
     # ------------------------------------------------------------------ public
@@ -318,6 +319,11 @@ class RolloutEngine:
         try:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
+            if self.compile_decode:  # compile first: compiling may synchronise; the result may not
+                stage = "compile"
+                with torch.cuda.stream(stream):
+                    self._step(s, greedy)
+                stage = "warm-up"
             prev = torch.cuda.get_sync_debug_mode()
             torch.cuda.set_sync_debug_mode("error")
             try:
