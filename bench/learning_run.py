@@ -22,14 +22,17 @@ ROOT = Path(__file__).resolve().parents[1]
 # Run 1 (lr 3e-6, G=8, correctness only, HF generation: ~5,600 completions in 8 minutes) did
 # not learn: 2-3 % train reward gave most groups zero advantage. Run 2 (fast engine, G=16,
 # correctness + 0.2 x format, lr 1e-5; its exact flags are in bench/results/learning_run_2/)
-# did not either: the learner ran 32 micro-steps per step (5.2 s; deepspeed.json's micro-batch
-# is now 32) and the format bonus was gamed (bare '#### N' answers). These are the settings
-# for the next run: run 2's without the format reward. Chosen before running, not tuned on
-# the test subset.
+# did not either: the learner ran 32 micro-steps per step and the format bonus was gamed.
+# Run 3 (run 2's settings, correctness only, 32-sequence micro-batches; learning_run_3/) got
+# worse (0.026 -> 0.016): completions grew until cut off (train truncation 59% -> 81%), the
+# per-sequence loss's length bias at work. These are the settings for the next run, chosen
+# from run 3's train metrics, not the test subset: token-level loss, truncated completions
+# masked out, 512 new tokens (the eval uses the same length, so the baseline moves with it).
 RUN_FLAGS = ["--sampling-gpu", "0", "--training-gpus", "1", "--max-time-s", "480", "--max-steps", "100000",
              "--eval-every", "100", "--eval-size", "500", "--num-generations", "16", "--prompts-per-round", "32",
              "--train-batch-size", "128", "--learning-rate", "1e-5", "--beta", "0.0",
-             "--reward", "correctness", "--generation-backend", "fast", "--verify-weight-sync"]
+             "--reward", "correctness", "--generation-backend", "fast", "--verify-weight-sync",
+             "--loss-type", "dapo", "--mask-truncated", "--max-new-tokens", "512"]
 
 
 def summarise(run_dir: Path, device: str, out_dir: Path) -> dict:

@@ -1,0 +1,40 @@
+"""bench/learning_run.py's RUN_FLAGS (the settings the next GPU learning run uses) parse through
+run_distributed.py's launcher and reach the sampler and learner as intended: a typo there
+would only show on the GPU machine, after its setup time."""
+import importlib.util
+import sys
+from pathlib import Path
+
+from grpo.config import LearnerConfig, SamplerConfig, parse_config
+from grpo.launch import parse, plan
+from grpo.learner import check_loss_options
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def run_flags() -> list[str]:
+    saved = list(sys.path)
+    spec = importlib.util.spec_from_file_location("bench_learning_run", BENCH / "learning_run.py")
+    mod = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path[:] = saved
+    return mod.RUN_FLAGS
+
+
+def test_next_learning_run_settings_reach_both_roles():
+    launch, to_s, to_l = parse(run_flags() + ["--dataset", "data/gsm8k"])
+    specs = {p.name: p for p in plan(launch, 2, to_s, to_l, 29500)}
+    assert set(specs) == {"learner0", "sampler0"}
+    # Sampler on GPU 0 (it also sees the learner's GPU, for ipc), learner on GPU 1.
+    assert [specs[n].env["CUDA_VISIBLE_DEVICES"] for n in ("sampler0", "learner0")] == ["0,1", "1"]
+    sampler = parse_config(SamplerConfig, specs["sampler0"].argv[2:], "s")   # [python, script, flags...]
+    learner = parse_config(LearnerConfig, specs["learner0"].argv[2:], "l")
+    # Both roles must agree on the length: the sampler generates up to it, the learner's
+    # masking and normalisers use it.
+    assert sampler.max_new_tokens == learner.max_new_tokens == 512
+    check_loss_options(learner)   # what the learner checks first on the GPU machine
+    assert (learner.loss_type, learner.mask_truncated, learner.learning_rate, learner.beta) == ("dapo", True, 1e-5, 0.0)
+    assert (sampler.num_generations, sampler.prompts_per_round, sampler.reward) == (16, 32, "correctness")
+    assert learner.train_batch_size == 128 and sampler.generation_backend == "fast"
