@@ -90,6 +90,23 @@ def balanced_split(lengths: list[int], parts: int) -> list[list[int]]:
     return [sorted(ix) for ix in out]
 
 
+def length_buckets(lengths: list[int], parts: int) -> list[list[int]]:
+    """Indices cut into `parts` micro-batches of neighbouring lengths: sorted by length, then
+    consecutive runs of near-equal size (the later runs get the extra one). Each micro-batch
+    pads to its own longest sequence, so similar lengths travel together and padding stays
+    small; no run holds more sequences than ceil(n / parts), so memory per micro-step is
+    bounded as with any split of that size. Deterministic; empty runs when n < parts.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    n = len(order)
+    return [sorted(order[(k * n) // parts:((k + 1) * n) // parts]) for k in range(parts)]
+
+
+def padded_tokens(lengths: list[int], parts: list[list[int]]) -> int:
+    """Token slots the micro-batches occupy once right-padded (rows x longest row, per part)."""
+    return sum(len(p) * max(lengths[i] for i in p) for p in parts if p)
+
+
 @dataclass
 class MicroBatch:
     input_ids: torch.Tensor    # [b, L] right-padded

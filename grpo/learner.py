@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from grpo import protocol as P
-from grpo.batch import Batch, balanced_split, broadcast_batch, build_batch, micro_batch
+from grpo.batch import Batch, balanced_split, broadcast_batch, build_batch, length_buckets, micro_batch, padded_tokens
 from grpo.books import Books
 from grpo.checkpoint import Checkpointer, load_checkpoint, resolve_resume
 from grpo.config import LearnerConfig
@@ -249,8 +249,9 @@ class Learner:
         module.train()
         lens = batch.whole_lens()
         gen_lens = batch.meta[:, 1].tolist()
-        mine = balanced_split(lens, self.world)[self.rank]
-        micro = balanced_split([lens[i] for i in mine], self.engine.gas)
+        mine = balanced_split(lens, self.world)[self.rank]        # ranks: equal token loads
+        mine_lens = [lens[i] for i in mine]
+        micro = length_buckets(mine_lens, self.engine.gas)          # micro-steps: similar lengths
         total_tokens = int(sum(gen_lens))
         scale = self.world * self.engine.gas   # undo DeepSpeed's mean over ranks and micro-steps
         sums = torch.zeros(6, dtype=torch.float64)  # loss, kl, clipped, tokens, ratio, sequences
@@ -286,10 +287,11 @@ class Learner:
                                      dtype=torch.float64)
         self.engine.step()
         # Per rank: tokens through the model (prompt + completion) over this step's train time,
-        # and peak device memory, gathered so rank 0 can log every rank's figures.
-        mine_stats = torch.tensor([float(sum(lens[i] for i in mine)), time.perf_counter() - t_start,
+        # peak device memory and padded token slots, gathered so rank 0 can log every rank's figures.
+        mine_stats = torch.tensor([float(sum(mine_lens)), time.perf_counter() - t_start,
                                    torch.cuda.max_memory_allocated(self.device) / 2**30
-                                   if self.device.type == "cuda" else 0.0], dtype=torch.float64)
+                                   if self.device.type == "cuda" else 0.0,
+                                   float(padded_tokens(mine_lens, micro))], dtype=torch.float64)
         if dist.is_initialized() and self.world > 1:
             s = torch.cat([sums, mine_stats]).to(self.device)
             parts = [torch.empty_like(s) for _ in range(self.world)]
@@ -300,11 +302,13 @@ class Learner:
         else:
             ranks = [mine_stats.tolist()]
         loss, kl, clipped, toks, ratio, seqs = sums.tolist()
+        real, padded = sum(r[0] for r in ranks), sum(r[3] for r in ranks)
         return {"loss": loss, "kl": kl / max(toks, 1), "clip_frac": clipped / max(toks, 1),
                 "ratio_mean": ratio / max(toks, 1), "tokens": int(toks), "sequences": int(seqs),
                 "grad_norm": self.engine.grad_norm(),
-                "rank_tokens_per_s": [t / max(dt, 1e-9) for t, dt, _ in ranks],
-                "rank_peak_mem_gb": [m for _, _, m in ranks]}
+                "pad_frac": 1.0 - real / padded if padded else 0.0,   # padding share of the model's input
+                "rank_tokens_per_s": [t / max(dt, 1e-9) for t, dt, _, _ in ranks],
+                "rank_peak_mem_gb": [m for _, _, m, _ in ranks]}
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> dict:

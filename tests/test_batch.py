@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from grpo import protocol as P
-from grpo.batch import balanced_split, build_batch, micro_batch
+from grpo.batch import balanced_split, build_batch, length_buckets, micro_batch, padded_tokens
 
 
 def group(prefix, gens, rewards, version=0):
@@ -30,6 +30,22 @@ def test_balanced_split_is_deterministic_and_balanced():
     assert parts == [[0, 5, 6], [1, 4, 7], [2, 3]]
     assert [sum(lengths[i] for i in p) for p in parts] == [19, 18, 15]
     assert balanced_split([5], 3) == [[0], [], []]  # fewer sequences than parts: empty parts
+
+
+def test_length_buckets_keep_similar_lengths_together_and_pad_less():
+    lengths = [10, 9, 8, 7, 6, 5, 4, 3]
+    parts = length_buckets(lengths, 2)
+    # sorted by length, cut in the middle: the four shortest, then the four longest
+    assert parts == [[4, 5, 6, 7], [0, 1, 2, 3]]
+    assert padded_tokens(lengths, parts) == 4 * 6 + 4 * 10 == 64
+    # the token-balanced split (for ranks) mixes long and short: [0, 3, 4, 7] and [1, 2, 5, 6]
+    assert padded_tokens(lengths, balanced_split(lengths, 2)) == 4 * 10 + 4 * 9 == 76
+    # odd counts: the later (longer) runs take the extra sequence; ties keep index order
+    assert length_buckets([5, 1, 4, 2, 3], 2) == [[1, 3], [0, 2, 4]]
+    assert length_buckets([5, 1, 4, 2, 3], 3) == [[1], [3, 4], [0, 2]]
+    assert length_buckets([2, 2, 2], 2) == [[0], [1, 2]]
+    assert length_buckets([7], 3) == [[], [], [0]]        # fewer sequences than parts: empty runs
+    assert padded_tokens([7], [[], [], [0]]) == 7
 
 
 def test_build_batch_and_micro_batch_alignment():
