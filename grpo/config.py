@@ -83,8 +83,8 @@ class SamplerConfig(CommonConfig):
     """Use only the first N problems (0: all)."""
     prompts_per_round: int = 4
     """Prompts generated together in one round; weights are swapped only between rounds."""
-    logprob_batch_size: int = 16
-    """Sequences per teacher-forced forward pass when computing old and reference log-probs."""
+    logprob_batch_size: int = 64
+    """Sequences per teacher-forced forward pass when computing old and reference log-probs (the LM head runs in row chunks, so memory grows with this times length, not times vocabulary)."""
     max_rounds: int = 0
     """Stop after this many rounds (0: until the learner says stop)."""
     sync_timeout_s: float = 5.0

@@ -239,18 +239,21 @@ class Sampler:
                  float(np.mean(rewards)), format_gpu(self.gpu.sample()))
         return groups
 
+    @torch.no_grad()
     def _logprobs(self, model, whole: list[list[int]], prompt_lens: list[int]) -> list[np.ndarray]:
-        """Per generated token log-probs from a teacher-forced pass, in micro-batches."""
-        out: list[np.ndarray] = []
+        """Per generated token log-probs from a teacher-forced pass, in micro-batches of
+        similar lengths (sorted first, so each pads only to its own longest sequence)."""
+        out: list[np.ndarray | None] = [None] * len(whole)
+        order = sorted(range(len(whole)), key=lambda i: len(whole[i]))
         bs = self.cfg.logprob_batch_size
-        for s in range(0, len(whole), bs):
-            chunk = whole[s:s + bs]
-            ids, mask = right_pad(chunk, self.tok.pad_token_id, self.device)
+        for s in range(0, len(order), bs):
+            idx = order[s:s + bs]
+            ids, mask = right_pad([whole[i] for i in idx], self.tok.pad_token_id, self.device)
             lp = token_logprobs(model, ids, mask, self.cfg.temperature).cpu()   # [b, L-1]
-            for j, seq in enumerate(chunk):
-                p = prompt_lens[s + j]
+            for j, i in enumerate(idx):
+                p = prompt_lens[i]
                 # token t (t >= p) is predicted at position t-1
-                out.append(lp[j, p - 1:len(seq) - 1].numpy().astype(np.float32))
+                out[i] = lp[j, p - 1:len(whole[i]) - 1].numpy().astype(np.float32)
         return out
 
     # ------------------------------------------------------------------ main loop

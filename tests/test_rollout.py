@@ -148,6 +148,18 @@ def test_sampler_round_with_fast_backend():
     try:
         assert sampler.backend == "fast" and sampler.engine is not None
         groups = sampler.generate_round(0)
+        # The log-prob pass sorts by length into micro-batches; results come back in input
+        # order and equal one sequence at a time (no padding at all).
+        whole = prompts((9, 4, 12, 6, 5))
+        plens = [3, 2, 5, 1, 4]
+        sampler.cfg.logprob_batch_size = 2
+        got = sampler._logprobs(sampler.policy, whole, plens)
+        for seq, p, lp in zip(whole, plens, got):
+            ids = torch.tensor([seq])
+            with torch.no_grad():
+                alone = token_logprobs(sampler.policy, ids, torch.ones_like(ids), 1.0)[0, p - 1:].numpy()
+            assert lp.shape == (len(seq) - p,)
+            np.testing.assert_allclose(lp, alone, atol=1e-5)
     finally:
         sampler.data.close()
         sampler.sync.close()
