@@ -66,6 +66,11 @@ def summarise(run_dir: Path) -> dict:
         "weight_syncs": sum(s.get("stats", {}).get("weight_syncs", 0) for s in samplers.values()),
         "sampler_tokens_per_s": [s["stats"]["tokens"] / max(s["stats"]["gen_s"], 1e-9)
                                  for s in samplers.values() if s.get("stats")],
+        # Where each sampler's rounds went: generation, old/ref log-prob passes, reward scoring
+        # (seconds per round; the rest of a round's cadence is sending and weight sync).
+        "sampler_round_split_s": [{k: s["stats"].get(k, 0.0) / max(s["stats"].get("rounds", 0.0), 1.0)
+                                   for k in ("gen_s", "logprob_s", "reward_s")}
+                                  for s in samplers.values() if s.get("stats")],
         "loss_first_last": [steps[0]["loss"], steps[-1]["loss"]],
         "reward_mean_first_last": [steps[0]["reward_mean"], steps[-1]["reward_mean"]],
         "groups": final["groups"],

@@ -82,9 +82,9 @@ class Sampler:
         self._evaluated_at = -1
         self.gpu = GpuMonitor(self.device)
         # A fixed key set: the heartbeat thread reads this dict while the main thread updates it.
-        self.stats = {"samples": 0.0, "tokens": 0.0, "gen_s": 0.0, "sync_s": 0.0, "weight_bytes": 0.0,
-                      "weight_syncs": 0.0, "apply_s": 0.0, "rounds": 0.0, "dropped_full": 0.0,
-                      "dropped_send_timeout": 0.0, "peak_mem_gb": 0.0, "eval_version": -1.0,
+        self.stats = {"samples": 0.0, "tokens": 0.0, "gen_s": 0.0, "logprob_s": 0.0, "reward_s": 0.0,
+                      "sync_s": 0.0, "weight_bytes": 0.0, "weight_syncs": 0.0, "apply_s": 0.0, "rounds": 0.0,
+                      "dropped_full": 0.0, "dropped_send_timeout": 0.0, "peak_mem_gb": 0.0, "eval_version": -1.0,
                       "eval_accuracy": 0.0, "eval_seconds": 0.0,
                       "verified_version": -1.0, "verified_checksum": 0.0}  # --verify-weight-sync
         self.heartbeat = Heartbeat(DataSender(cfg.host, cfg.data_port, hwm=2, curve=curve),
@@ -204,12 +204,15 @@ class Sampler:
 
         whole = [prompt_ids[i // G] + c for i, (c, _) in enumerate(completions)]
         prompt_lens = [len(prompt_ids[i // G]) for i in range(len(whole))]
+        t1 = time.perf_counter()
         old_lp = self._logprobs(self.policy, whole, prompt_lens)
         ref_lp = self._logprobs(self.ref, whole, prompt_lens)
+        t2 = time.perf_counter()   # (_logprobs ends in .cpu(): the passes are done by now)
 
         texts = [tok.decode(c, skip_special_tokens=True) for c, _ in completions]
         scores = self.rewards.score([problems[k // G] for k in range(len(completions))], texts,
                                     [c for c, _ in completions])
+        logprob_s, reward_s = t2 - t1, time.perf_counter() - t2
         groups = []
         for gi, (problem, prompt, pids) in enumerate(zip(problems, prompts, prompt_ids)):
             comps = []
@@ -231,12 +234,15 @@ class Sampler:
         self.stats["samples"] += len(completions)
         self.stats["tokens"] += n_tokens
         self.stats["gen_s"] += gen_s
+        self.stats["logprob_s"] += logprob_s
+        self.stats["reward_s"] += reward_s
         if self.device.type == "cuda":
             self.stats["peak_mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         rewards = [c.reward for g in groups for c in g.completions]
-        log.info("round %d (v%d): %d completions, %d tokens in %.2f s (%.0f tok/s), reward mean %.3f%s",
-                 round_idx, self.version, len(completions), n_tokens, gen_s, n_tokens / max(gen_s, 1e-9),
-                 float(np.mean(rewards)), format_gpu(self.gpu.sample()))
+        log.info("round %d (v%d): %d completions, %d tokens in %.2f s (%.0f tok/s); log-probs %.2f s, "
+                 "rewards %.2f s; reward mean %.3f%s", round_idx, self.version, len(completions), n_tokens, gen_s,
+                 n_tokens / max(gen_s, 1e-9), logprob_s, reward_s, float(np.mean(rewards)),
+                 format_gpu(self.gpu.sample()))
         return groups
 
     @torch.no_grad()
