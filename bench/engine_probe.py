@@ -6,7 +6,7 @@ run at. Prints one JSON line per check and writes bench/results/engine_probe_<de
   python bench/engine_probe.py [--model random:qwen2.5-3b|smollm2] [--rows 256] [--new 128] [--compile]
 
 --compile adds a sampling row with RolloutEngine(compile_decode=True): the decode step through
-torch.compile (fusing the small kernels of norms, rotary embeddings and sampling), then captured.
+torch.compile (meant to fuse the many small elementwise kernels), then captured.
 """
 from __future__ import annotations
 

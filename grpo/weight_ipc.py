@@ -229,7 +229,7 @@ class IpcReceiver(FlatReceiver):
 
     def __init__(self, model: torch.nn.Module, dtype: torch.dtype):
         super().__init__(model, dtype)
-        self._opened: dict[tuple[str, bytes], torch.Tensor] = {}
+        self._opened: dict[tuple[str, bytes, int], torch.Tensor] = {}   # (gpu uuid, handle, offset)
         self.visible = True
 
     def _open(self, h: P.IpcHandle) -> torch.Tensor:
