@@ -1,7 +1,7 @@
 """The learner: rank 0 receives groups, every rank trains on its shard, rank 0 publishes weights.
 
 One step:
-  rank 0   collect train_batch_size/G fresh groups (stale ones dropped and counted)
+  rank 0   collect train_batch_size/G fresh groups (grpo.intake: stale ones dropped and counted)
   all      broadcast the batch; each rank keeps its token-balanced shard      (sync point)
   all      gas micro-steps of forward + GRPO loss + backward (ZeRO-2 reduces grads)
   all      optimizer step; policy version = step count
@@ -9,7 +9,6 @@ One step:
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import json
@@ -31,6 +30,7 @@ from grpo.engine import DeepSpeedEngine, TorchEngine, load_ds_config, resolve_ds
 from grpo.liveness import Liveness, SyncPeers
 from grpo.loss import KL_ESTIMATORS, LOSS_TYPES, grpo_token_loss, reduce_loss
 from grpo.gpustats import GpuMonitor, format_gpu
+from grpo.intake import Intake
 from grpo.metrics import MetricsWriter, make_run_dir
 from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, token_logprobs,
                         weights_checksum)
@@ -54,21 +54,6 @@ def check_loss_options(cfg: LearnerConfig) -> None:
     if cfg.tis_cap < 0:
         raise ValueError(f"--tis-cap {cfg.tis_cap}: must be > 0 (typically 2), or 0 to turn it off")
     parse_report_to(cfg.report_to)
-
-
-def drop_reason(g: P.Group, version: int, max_staleness: int, filter_zero_signal: bool) -> str | None:
-    """Why a received group must not be trained on at learner `version` (None: train on it)."""
-    if g.policy_version > version:
-        return "future_version"
-    if version - g.policy_version > max_staleness:
-        return "stale"
-    if len(g.prefix_token_ids) == 0:
-        return "empty_prompt"
-    if filter_zero_signal and len({c.reward for c in g.completions}) == 1:
-        # All rewards equal: every advantage is 0 and the group only adds KL (DAPO's
-        # dynamic sampling drops it; the next group from the queue takes its place).
-        return "zero_signal"
-    return None
 
 
 class Learner:
@@ -164,83 +149,16 @@ class Learner:
                 self.publisher.publish(self.version, self.engine.module)
             log.info("resumed from %s in %.2f s: continuing at step %d", resume_dir,
                      time.perf_counter() - t_load, self.version + 1)
-        self.queue: collections.deque[P.Group] = collections.deque()
-        self.counts = collections.Counter()           # received, trained, dropped_<reason>
+        self.intake = (Intake(cfg, self.receiver, self.liveness, self.books, self.fingerprints)
+                       if self.rank == 0 else None)
         if resume_dir is not None and self.rank == 0:
             lost = self.books.restore(self.resumed.get("books", []), self.resumed.get("groups", {}),
-                                      self.counts, self.receiver.rejected)
+                                      self.intake.counts, self.receiver.rejected)
             log.info("books carried over from step %d (%d groups queued then are lost with the old learner)",
                      self.version, lost)
         log.info("learner rank %d/%d on %s: batch %d completions (%d groups of %d) per step, gas %d",
                  self.rank, self.world, self.device, self.batch_size, self.groups_per_step,
                  cfg.num_generations, self.engine.gas)
-
-    # ------------------------------------------------------------------ data (rank 0)
-    def _take(self, msg: P.Message | None) -> None:
-        if isinstance(msg, (P.Group, P.SamplerStatus)) and not self.liveness.valid_id(msg.sampler_id):
-            self.receiver.rejected["bad_sampler_id"] += 1  # beyond --max-samplers: not in anyone's books
-        elif isinstance(msg, P.Group):
-            self.liveness.seen(msg.sampler_id)
-            self.counts["received"] += 1
-            self.books.group(msg, self.version)
-            if (len(msg.prefix_token_ids) > self.cfg.max_prompt_tokens
-                    or max(len(c.generated_token_ids) for c in msg.completions) > self.cfg.max_new_tokens):
-                self.counts["dropped_too_long"] += 1  # valid on the wire, but not ours to train on
-                return
-            if len(self.queue) >= self.cfg.buffer_size > 0:
-                self.queue.popleft()  # FIFO: the oldest is the stalest
-                self.counts["dropped_buffer_full"] += 1
-            self.queue.append(msg)
-        elif isinstance(msg, P.SamplerStatus):
-            # A heartbeat may overtake the final status (its own socket): the books keep the
-            # final one, and liveness asks them, so a finished process stays finished.
-            self.liveness.seen(msg.sampler_id, final=self.books.status(msg, self.version))
-            if self.fingerprints is not None:
-                self.fingerprints.check(msg.sampler_id, msg.stats)
-        elif msg is not None:
-            self.counts["dropped_unexpected_kind"] += 1
-
-    def _fresh(self, g: P.Group) -> bool:
-        reason = drop_reason(g, self.version, self.cfg.max_staleness, self.cfg.filter_zero_signal)
-        if reason:
-            self.counts["dropped_" + reason] += 1
-        return reason is None
-
-    def collect(self) -> list[P.Group]:
-        groups: list[P.Group] = []
-        waited_since = time.monotonic()
-        next_note = waited_since + self.cfg.data_timeout_s
-        while len(groups) < self.groups_per_step:
-            while self.queue and len(groups) < self.groups_per_step:
-                g = self.queue.popleft()
-                if self._fresh(g):
-                    groups.append(g)
-            if len(groups) >= self.groups_per_step:
-                break
-            self._take(self.receiver.receive(timeout_s=0.5))
-            if not self.receiver.sock.poll(0):  # judge silence only once what arrived is read
-                self.liveness.check()
-            now = time.monotonic()
-            if now >= next_note:
-                live = self.liveness.snapshot()
-                log.info("no data for %.0f s (have %d of %d groups for step %d); samplers alive %s, gone %s",
-                         now - waited_since, len(groups), self.groups_per_step, self.version + 1,
-                         live["alive"] or "none", live["gone"] or "none")
-                next_note = now + self.cfg.data_timeout_s
-        self._drain()
-        return groups
-
-    def _drain(self) -> None:
-        # Take what else already arrived without waiting, so the queue counts (and last-seen
-        # times) are current; bounded, so a peer that never stops sending cannot stall us.
-        for _ in range(1000):
-            if not self.receiver.sock.poll(0):
-                break
-            self._take(self.receiver.receive(timeout_s=0))
-
-    def _alive(self) -> set[int]:
-        self._drain()  # a training step may have kept us from reading heartbeats that did arrive
-        return self.liveness.alive()
 
     # ------------------------------------------------------------------ training (all ranks)
     def train_step(self, batch: Batch) -> dict:
@@ -320,7 +238,7 @@ class Learner:
             t0 = time.perf_counter()
             batch = groups = None
             if self.rank == 0:
-                groups = self.collect()
+                groups = self.intake.collect(self.groups_per_step, self.version)
                 batch = build_batch(groups, self.cfg.num_generations, self.cfg.scale_rewards)
             t_data = time.perf_counter()
             batch, _ = broadcast_batch(batch, False, self.device)
@@ -333,7 +251,7 @@ class Learner:
                 if self.fingerprints is not None:
                     self.fingerprints.record(self.version, self.engine.module, compute_dtype(self.device))
             if self.rank == 0:
-                self.counts["trained"] += len(groups)
+                self.intake.counts["trained"] += len(groups)
                 trained_samples += batch.size
                 self._log_step(step, groups, batch, stats, t0, t_data, t_train, stall, trained_samples, t_start)
                 bar.update(1, loss=stats["loss"], reward=float(batch.scalars[:, 1].mean()))
@@ -401,9 +319,9 @@ class Learner:
                "staleness_mean": sum(self.version - 1 - v for v in versions) / len(versions),
                "step_time_s": now - t0, "data_wait_s": t_data - t0, "train_s": t_train - t_data,
                "sync_publish_s": stall, "samples_per_s": trained_samples / (now - t_start),
-               "groups": self._accounting(), "sampler_versions": dict(self.publisher.sampler_versions),
+               "groups": self.intake.accounting(), "sampler_versions": dict(self.publisher.sampler_versions),
                "eval": self._latest_eval(), "sync_method": self.publisher.method,
-               "samplers_alive": len(self._alive()), "samplers_gone": len(self.liveness.gone),
+               "samplers_alive": len(self.intake.alive(self.version)), "samplers_gone": len(self.liveness.gone),
                "sync_bytes_served": self.publisher.bytes_served, "data_bytes_received": self.receiver.bytes,
                "time_s": now - t_start, **step_extras(groups, self.version),
                # Fingerprint of the step's completions: equal seeds and settings give equal batches.
@@ -442,30 +360,16 @@ class Learner:
         return {"samplers": {i: {"version": e.status.policy_version, "groups_sent": e.status.groups_sent,
                                  "rounds": int(e.status.stats.get("rounds", 0))}
                              for i, e in self.books.latest().items() if e.status is not None},
-                "groups": self._accounting(), "books": self.books.dump(), "seed": self.cfg.seed}
-
-    def _accounting(self) -> dict:
-        dropped = {k[len("dropped_"):]: v for k, v in self.counts.items() if k.startswith("dropped_")}
-        for reason, n in self.receiver.rejected.items():
-            dropped["invalid_" + reason] = dropped.get("invalid_" + reason, 0) + n
-        sent, by_samplers = self.books.totals()
-        for reason, n in by_samplers.items():
-            dropped[reason] = dropped.get(reason, 0) + n
-        return {"received": self.counts["received"], "trained": self.counts["trained"],
-                "dropped": dropped, "queued": len(self.queue), "sent": sent}
+                "groups": self.intake.accounting(), "books": self.books.dump(), "seed": self.cfg.seed}
 
     def shutdown(self, elapsed: float, checksums: list[str] | None = None, final_eval: dict | None = None) -> dict:
         """Tell samplers to stop, wait for their final status, and account for every group."""
         self.publisher.stop_samplers()
-        deadline = time.monotonic() + self.cfg.shutdown_timeout_s
         log.info("finished %d steps; stopping samplers %s (waiting up to %.0f s for their final status; "
-                 "gone ones are not waited for)", self.version, sorted(self._alive()),
+                 "gone ones are not waited for)", self.version, sorted(self.intake.alive(self.version)),
                  self.cfg.shutdown_timeout_s)
-        # Wait only for samplers that are alive (heard from within --heartbeat-timeout-s and
-        # not finished): a killed or made-up one drops out of alive() after the timeout.
-        while time.monotonic() < deadline and (self._alive() or not self.books.entries):
-            self._take(self.receiver.receive(timeout_s=0.2))
-        acc = self._accounting()
+        self.intake.wait_for_finals(self.cfg.shutdown_timeout_s, self.version)
+        acc = self.intake.accounting()
         latest = self.books.latest()
         missing = sorted(i for i, e in latest.items() if not e.final)
         dropped_total = sum(acc["dropped"].values())

@@ -67,7 +67,7 @@ def test_build_batch_and_micro_batch_alignment():
 
 
 def test_drop_reasons():
-    from grpo.learner import drop_reason
+    from grpo.intake import drop_reason
 
     g = group(prefix=[1], gens=[[2], [3]], rewards=[1.0, 0.0], version=5)
     assert drop_reason(g, version=7, max_staleness=4, filter_zero_signal=True) is None

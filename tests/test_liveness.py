@@ -162,26 +162,27 @@ def test_msgpack_timestamp_ext_is_refused_as_bad_header():
 
 
 def test_learner_intake_bounds_its_fifo_and_drops_what_it_would_not_train():
-    """Learner._take on real messages: --buffer-size FIFO, too_long, ids beyond --max-samplers."""
+    """The learner's intake on real messages: --buffer-size FIFO, too_long, ids beyond --max-samplers."""
     import collections
     from types import SimpleNamespace
 
     from grpo.config import LearnerConfig
-    from grpo.learner import Learner
+    from grpo.intake import Intake
 
-    lrn = object.__new__(Learner)  # just the intake: no model, no sockets
-    lrn.cfg = LearnerConfig(buffer_size=2, max_new_tokens=2, max_prompt_tokens=3, max_samplers=4)
-    lrn.liveness, lrn.books = Liveness(30.0, 4), Books()
-    lrn.queue, lrn.counts, lrn.version = collections.deque(), collections.Counter(), 0
-    lrn.receiver = SimpleNamespace(rejected=collections.Counter())
+    cfg = LearnerConfig(buffer_size=2, max_new_tokens=2, max_prompt_tokens=3, max_samplers=4)
+    # no sockets: the receiver is only asked for its rejection counter here
+    lrn = Intake(cfg, SimpleNamespace(rejected=collections.Counter()), Liveness(30.0, 4), Books())
     groups = [group(0, 1, version=v) for v in range(4)]          # prompt 2 tokens, completion 2 tokens
     long_prompt = group(1, 2)
     long_prompt.prefix_token_ids = np.arange(4, dtype=np.int32)  # 4 > --max-prompt-tokens 3
     long_completion = group(1, 2)
     long_completion.completions[0].generated_token_ids = np.arange(3, dtype=np.int32)  # 3 > --max-new-tokens 2
     for msg in [*groups, long_prompt, long_completion, group(4, 9), status(4, 9, 1)]:
-        lrn._take(msg)
+        lrn.take(msg, version=0)
     assert [g.policy_version for g in lrn.queue] == [2, 3]        # the two oldest were pushed out
     assert lrn.counts == {"received": 6, "dropped_buffer_full": 2, "dropped_too_long": 2}
     assert lrn.receiver.rejected == {"bad_sampler_id": 2}         # sampler id 4 >= --max-samplers 4
     assert lrn.books.totals() == (6, {}) and lrn.liveness.last_seen.keys() == {0, 1}
+    # what the end-of-run accounting makes of it (the bad ids' groups never reached the books)
+    assert lrn.accounting() == {"received": 6, "trained": 0, "queued": 2, "sent": 6,
+                                "dropped": {"buffer_full": 2, "too_long": 2, "invalid_bad_sampler_id": 2}}

@@ -1,0 +1,133 @@
+"""Learner rank 0's side of the data channel: what arrived, what waits, what was dropped and why.
+
+The intake reads groups and sampler statuses off the DataReceiver, keeps received groups in a
+bounded FIFO (`--buffer-size`: when full the oldest, i.e. stalest, goes), records every group
+and status in the books, and hands the learner a step's worth of groups it may train on at
+its current version (`drop_reason`). Its counts (received, trained, dropped_<reason>) and the
+books give the end-of-run accounting: sent = trained + dropped + queued.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import time
+
+from grpo import protocol as P
+from grpo.books import Books
+from grpo.config import LearnerConfig
+from grpo.liveness import Liveness
+
+log = logging.getLogger(__name__)
+
+
+def drop_reason(g: P.Group, version: int, max_staleness: int, filter_zero_signal: bool) -> str | None:
+    """Why a received group must not be trained on at learner `version` (None: train on it)."""
+    if g.policy_version > version:
+        return "future_version"
+    if version - g.policy_version > max_staleness:
+        return "stale"
+    if len(g.prefix_token_ids) == 0:
+        return "empty_prompt"
+    if filter_zero_signal and len({c.reward for c in g.completions}) == 1:
+        # All rewards equal: every advantage is 0 and the group only adds KL (DAPO's
+        # dynamic sampling drops it; the next group from the queue takes its place).
+        return "zero_signal"
+    return None
+
+
+class Intake:
+    """Rank 0's receive side. Every method takes the learner's current policy `version`: the
+    books record when things arrived, and staleness is judged against it."""
+
+    def __init__(self, cfg: LearnerConfig, receiver, liveness: Liveness, books: Books, fingerprints=None):
+        self.cfg, self.receiver, self.liveness, self.books = cfg, receiver, liveness, books
+        self.fingerprints = fingerprints   # --verify-weight-sync: checks what samplers report
+        self.queue: collections.deque[P.Group] = collections.deque()
+        self.counts = collections.Counter()   # received, trained, dropped_<reason>
+
+    def take(self, msg: P.Message | None, version: int) -> None:
+        if isinstance(msg, (P.Group, P.SamplerStatus)) and not self.liveness.valid_id(msg.sampler_id):
+            self.receiver.rejected["bad_sampler_id"] += 1  # beyond --max-samplers: not in anyone's books
+        elif isinstance(msg, P.Group):
+            self.liveness.seen(msg.sampler_id)
+            self.counts["received"] += 1
+            self.books.group(msg, version)
+            if (len(msg.prefix_token_ids) > self.cfg.max_prompt_tokens
+                    or max(len(c.generated_token_ids) for c in msg.completions) > self.cfg.max_new_tokens):
+                self.counts["dropped_too_long"] += 1  # valid on the wire, but not ours to train on
+                return
+            if len(self.queue) >= self.cfg.buffer_size > 0:
+                self.queue.popleft()  # FIFO: the oldest is the stalest
+                self.counts["dropped_buffer_full"] += 1
+            self.queue.append(msg)
+        elif isinstance(msg, P.SamplerStatus):
+            # A heartbeat may overtake the final status (its own socket): the books keep the
+            # final one, and liveness asks them, so a finished process stays finished.
+            self.liveness.seen(msg.sampler_id, final=self.books.status(msg, version))
+            if self.fingerprints is not None:
+                self.fingerprints.check(msg.sampler_id, msg.stats)
+        elif msg is not None:
+            self.counts["dropped_unexpected_kind"] += 1
+
+    def _fresh(self, g: P.Group, version: int) -> bool:
+        reason = drop_reason(g, version, self.cfg.max_staleness, self.cfg.filter_zero_signal)
+        if reason:
+            self.counts["dropped_" + reason] += 1
+        return reason is None
+
+    def collect(self, n: int, version: int) -> list[P.Group]:
+        """`n` groups the learner may train on at `version`, waiting as long as it takes (a note
+        in the log every --data-timeout-s, naming the samplers alive and gone)."""
+        groups: list[P.Group] = []
+        waited_since = time.monotonic()
+        next_note = waited_since + self.cfg.data_timeout_s
+        while len(groups) < n:
+            while self.queue and len(groups) < n:
+                g = self.queue.popleft()
+                if self._fresh(g, version):
+                    groups.append(g)
+            if len(groups) >= n:
+                break
+            self.take(self.receiver.receive(timeout_s=0.5), version)
+            if not self.receiver.sock.poll(0):  # judge silence only once what arrived is read
+                self.liveness.check()
+            now = time.monotonic()
+            if now >= next_note:
+                live = self.liveness.snapshot()
+                log.info("no data for %.0f s (have %d of %d groups for step %d); samplers alive %s, gone %s",
+                         now - waited_since, len(groups), n, version + 1,
+                         live["alive"] or "none", live["gone"] or "none")
+                next_note = now + self.cfg.data_timeout_s
+        self.drain(version)
+        return groups
+
+    def drain(self, version: int) -> None:
+        # Take what else already arrived without waiting, so the queue counts (and last-seen
+        # times) are current; bounded, so a peer that never stops sending cannot stall us.
+        for _ in range(1000):
+            if not self.receiver.sock.poll(0):
+                break
+            self.take(self.receiver.receive(timeout_s=0), version)
+
+    def alive(self, version: int) -> set[int]:
+        self.drain(version)  # a training step may have kept us from reading heartbeats that did arrive
+        return self.liveness.alive()
+
+    def wait_for_finals(self, timeout_s: float, version: int) -> None:
+        """At shutdown: read until every sampler still alive has sent its final status. Only
+        live ones are waited for: a killed or made-up one drops out of alive() after
+        --heartbeat-timeout-s."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and (self.alive(version) or not self.books.entries):
+            self.take(self.receiver.receive(timeout_s=0.2), version)
+
+    def accounting(self) -> dict:
+        """Groups sent (by the samplers' own counts) against trained, dropped by reason, queued."""
+        dropped = {k[len("dropped_"):]: v for k, v in self.counts.items() if k.startswith("dropped_")}
+        for reason, n in self.receiver.rejected.items():
+            dropped["invalid_" + reason] = dropped.get("invalid_" + reason, 0) + n
+        sent, by_samplers = self.books.totals()
+        for reason, n in by_samplers.items():
+            dropped[reason] = dropped.get(reason, 0) + n
+        return {"received": self.counts["received"], "trained": self.counts["trained"],
+                "dropped": dropped, "queued": len(self.queue), "sent": sent}
