@@ -552,8 +552,14 @@ def test_docs_client_example_sends_a_valid_group(zmq_ctx: zmq.Context) -> None:
 
 
 def test_source_has_no_unsafe_deserialization_and_light_imports() -> None:
-    src = (pathlib.Path(__file__).resolve().parents[1] / "grpo" / "protocol.py").read_text()
-    for bad in ("pickle", "eval(", "exec("):
-        assert bad not in src
-    imports = {line.split()[1].split(".")[0] for line in src.splitlines() if line.startswith(("import ", "from "))}
-    assert imports <= {"__future__", "dataclasses", "math", "typing", "msgpack", "numpy"}
+    grpo = pathlib.Path(__file__).resolve().parents[1] / "grpo"
+    for name in ("protocol.py", "protocol_decode.py"):   # types + encode, and the checking decoder
+        src = (grpo / name).read_text()
+        for bad in ("pickle", "eval(", "exec("):
+            assert bad not in src, (name, bad)
+        lines = [line for line in src.splitlines() if line.startswith(("import ", "from "))]
+        imports = {line.split()[1] for line in lines}
+        # stdlib, numpy and msgpack only; the two halves import each other and nothing else of ours
+        assert {m.split(".")[0] for m in imports} <= {"__future__", "dataclasses", "math", "typing", "msgpack",
+                                                       "numpy", "grpo"}, (name, imports)
+        assert {m for m in imports if m.startswith("grpo")} <= {"grpo.protocol", "grpo.protocol_decode"}, name

@@ -1,0 +1,409 @@
+"""The checking half of the wire protocol (grpo.protocol): ``decode`` and its field checks.
+
+Every field and every size is checked *before* the payload is touched, so a hostile or buggy
+peer costs at most one rejected message (a ``ProtocolError`` whose ``.reason`` feeds drop
+counters). Only msgpack is parsed, with ext types refused. Imports only stdlib, numpy and
+msgpack, like grpo.protocol.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import msgpack
+import numpy as np
+
+from grpo.protocol import (_I64_MAX, _NP_DTYPES, DTYPE_SIZES, GROUP_ARRAYS, KINDS, MAX_ID_CHARS, MAX_LOG_PROB,
+                           MAX_MAP_ITEMS, MAX_REASON_CHARS, SCHEMA_VERSION, WEIGHT_METHODS, Completion, Frame, Group,
+                           IpcHandle, Limits, Message, NcclRendezvous, NoUpdate, ProtocolError, SamplerStatus, Stop,
+                           TensorSpec, WeightsAnnounce, WeightsRequest)
+
+# ----------------------------------------------------------------------------- field checks
+
+
+_fail = ProtocolError  # short alias: `raise _fail(reason, detail)`
+
+
+def _get(m: dict[str, Any], key: str, where: str, typ: type | None = None) -> Any:
+    """m[key], which must exist and, if typ is given, be exactly a typ (a bool is not an int)."""
+    if key not in m:
+        raise _fail("bad_field", f"{where}: missing {key!r}")
+    if typ is not None and type(m[key]) is not typ:
+        raise _fail("bad_field", f"{where}.{key} must be {typ.__name__}, got {type(m[key]).__name__}")
+    return m[key]
+
+
+def _as_int(v: Any, where: str, lo: int = 0, hi: int = _I64_MAX) -> int:
+    if type(v) is not int:  # `type is`, not isinstance: True/False are ints in Python
+        raise _fail("bad_field", f"{where} must be int, got {type(v).__name__}")
+    if not lo <= v <= hi:
+        raise _fail("bad_field", f"{where}={v} outside [{lo}, {hi}]")
+    return v
+
+
+def _as_str(v: Any, where: str, max_chars: int | None = None) -> str:
+    if type(v) is not str:
+        raise _fail("bad_field", f"{where} must be str, got {type(v).__name__}")
+    if max_chars is not None and len(v) > max_chars:
+        raise _fail("bad_field", f"{where} longer than {max_chars} chars")
+    return v
+
+
+def _int(m: dict[str, Any], key: str, where: str, lo: int = 0) -> int:
+    return _as_int(_get(m, key, where), f"{where}.{key}", lo)
+
+
+def _str(m: dict[str, Any], key: str, where: str, max_chars: int | None = None) -> str:
+    return _as_str(_get(m, key, where), f"{where}.{key}", max_chars)
+
+
+def _number(v: Any, where: str) -> float:
+    # Ints are accepted for float fields: other languages may pack 1.0 as 1.
+    if type(v) not in (int, float):
+        raise _fail("bad_field", f"{where} must be a number, got {type(v).__name__}")
+    f = float(v)
+    if not math.isfinite(f):
+        raise _fail("non_finite", f"{where} is {f}")
+    return f
+
+
+def _map(v: Any, where: str) -> dict[str, Any]:
+    if type(v) is not dict or len(v) > MAX_MAP_ITEMS:
+        raise _fail("bad_field", f"{where} must be a map of at most {MAX_MAP_ITEMS} items")
+    for k in v:
+        if type(k) is not str or len(k) > MAX_ID_CHARS:
+            raise _fail("bad_field", f"{where} keys must be str of <= {MAX_ID_CHARS} chars")
+    return v
+
+
+def _float_map(v: Any, where: str) -> dict[str, float]:
+    return {k: _number(x, f"{where}[{k!r}]") for k, x in _map(v, where).items()}
+
+
+def _meta(v: Any) -> dict[str, object]:
+    for k, x in _map(v, "meta").items():
+        if type(x) is float:
+            _number(x, f"meta[{k!r}]")
+        elif type(x) not in (str, int, bool):
+            raise _fail("bad_field", f"meta[{k!r}] must be str|int|float|bool")
+    return v
+
+
+# ----------------------------------------------------------------------------- framing
+
+
+@dataclass(frozen=True)
+class _Array:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+def _shape(v: Any, where: str) -> tuple[int, ...]:
+    if type(v) is not list or len(v) > 8 or any(type(s) is not int or s < 0 for s in v):
+        raise _fail("bad_shape", f"{where}: shape must be a list of non-negative ints")
+    return tuple(v)
+
+
+def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
+    # Python ints: a declared 2**40 elements is just a big number, nothing is allocated.
+    return math.prod(shape) * DTYPE_SIZES[dtype]
+
+
+def _arrays(header: dict[str, Any], limits: Limits) -> list[_Array]:
+    raw = header.get("arrays", [])  # kinds without payload may omit it
+    if type(raw) is not list:
+        raise _fail("bad_field", "arrays must be a list")
+    if len(raw) + 1 > limits.max_frames:
+        raise _fail("too_large", f"{len(raw)} arrays > max_frames-1")
+    out = []
+    for i, d in enumerate(raw):
+        if type(d) is not dict:
+            raise _fail("bad_field", f"arrays[{i}] must be a map")
+        name = _str(d, "name", f"arrays[{i}]", MAX_ID_CHARS)
+        dtype = _str(d, "dtype", f"arrays[{i}]", MAX_ID_CHARS)
+        if dtype not in DTYPE_SIZES:
+            raise _fail("bad_dtype", f"{name}: unknown dtype {dtype!r}")
+        shape = _shape(_get(d, "shape", f"arrays[{i}]"), name)
+        nbytes = _nbytes(shape, dtype)
+        if nbytes > limits.max_array_bytes:
+            raise _fail("too_large", f"{name}: {nbytes} bytes > {limits.max_array_bytes}")
+        out.append(_Array(name, dtype, shape, nbytes))
+    return out
+
+
+def _view(frame: Frame) -> memoryview:
+    """Zero-copy byte view of a frame (bytes, memoryview, or zmq.Frame via .buffer)."""
+    buf = frame.buffer if hasattr(frame, "buffer") else frame
+    try:
+        mv = memoryview(buf)
+        return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+    except (TypeError, ValueError) as e:  # not a buffer, or not C-contiguous
+        raise _fail("not_multipart", f"frame is not a contiguous bytes-like buffer: {e}") from None
+
+
+def _reject_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"msgpack ext type {code} not allowed")
+
+
+def _has_timestamp(tree: Any) -> bool:
+    # msgpack decodes ext type -1 into a Timestamp itself, without calling ext_hook, so it
+    # is looked for here: every ext type is refused the same way, wherever it sits.
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if type(node) is dict:
+            stack.extend(node.values())
+        elif type(node) is list:
+            stack.extend(node)
+        elif type(node) is msgpack.Timestamp:
+            return True
+    return False
+
+
+def _header(frames: Sequence[Frame], limits: Limits) -> tuple[dict[str, Any], list[memoryview]]:
+    if isinstance(frames, (bytes, bytearray, memoryview, str)) or not isinstance(frames, Sequence):
+        raise _fail("not_multipart", f"expected a list of frames, got {type(frames).__name__}")
+    if len(frames) == 0:
+        raise _fail("not_multipart", "no frames")
+    if len(frames) > limits.max_frames:
+        raise _fail("too_large", f"{len(frames)} frames > {limits.max_frames}")
+    views = [_view(f) for f in frames]
+    if views[0].nbytes > limits.max_header_bytes:
+        raise _fail("too_large", f"header {views[0].nbytes} bytes > {limits.max_header_bytes}")
+    try:
+        header = msgpack.unpackb(views[0], raw=False, strict_map_key=True, ext_hook=_reject_ext,
+                                 use_list=True)
+    except Exception as e:  # any malformed input; msgpack raises several types
+        raise _fail("bad_header", f"undecodable msgpack header: {type(e).__name__}: {e}") from None
+    if type(header) is not dict or any(type(k) is not str for k in header):
+        raise _fail("bad_header", f"header must be a map with str keys, got {type(header).__name__}")
+    if b"\xff" in bytes(views[0]) and _has_timestamp(header):  # a timestamp's type byte is 0xff
+        raise _fail("bad_header", "msgpack ext type -1 (timestamp) not allowed")
+    schema = header.get("schema")
+    if type(schema) is not int or schema != SCHEMA_VERSION:
+        raise _fail("bad_schema", f"schema {schema!r} != {SCHEMA_VERSION}")
+    if header.get("kind") not in KINDS:
+        raise _fail("bad_kind", f"unknown kind {header.get('kind')!r}")
+    return header, views
+
+
+# ----------------------------------------------------------------------------- decode
+
+
+def _decode_group(h: dict[str, Any], arrays: list[_Array], views: list[memoryview], limits: Limits) -> Group:
+    names, expected = [a.name for a in arrays], [n for n, _ in GROUP_ARRAYS]
+    if names != expected:
+        raise _fail("bad_field", f"group arrays must be {expected}, got {names}")
+    for (name, dtype), a in zip(GROUP_ARRAYS, arrays):
+        if a.dtype != dtype:
+            raise _fail("bad_dtype", f"{name} must be {dtype}, got {a.dtype}")
+        if len(a.shape) != 1:
+            raise _fail("bad_shape", f"{name} must be 1-D, got {list(a.shape)}")
+    sampler_id = _int(h, "sampler_id", "group")
+    group_id = _str(h, "group_id", "group", MAX_ID_CHARS)
+    policy_version = _int(h, "policy_version", "group")
+    prefix = _str(h, "prefix", "group")
+    prefix_tokens = _get(h, "prefix_tokens", "group", list)
+    if set(map(type, prefix_tokens)) - {str}:
+        raise _fail("bad_field", "group.prefix_tokens must be a list of str")
+    meta = _meta(_get(h, "meta", "group"))
+    raw_completions = _get(h, "completions", "group", list)
+
+    # Zero-copy views into the frames; nothing below copies token or log-prob data.
+    prefix_ids, lengths, gen, old_lp, ref_lp, whole = (
+        np.frombuffer(v, dtype=_NP_DTYPES[a.dtype]) for a, v in zip(arrays, views)
+    )
+    G, P = len(raw_completions), len(prefix_ids)
+    if not 1 <= G <= limits.max_completions or len(lengths) != G:
+        raise _fail("bad_group_size", f"{G} completions, {len(lengths)} lengths (max {limits.max_completions})")
+    if limits.group_size is not None and G != limits.group_size:
+        raise _fail("bad_group_size", f"{G} completions != group_size {limits.group_size}")
+    if P > limits.max_tokens or int(lengths.max()) > limits.max_tokens:  # G >= 1 here
+        raise _fail("too_large", f"prefix or completion longer than max_tokens={limits.max_tokens}")
+    if len(prefix_tokens) != P:
+        raise _fail("length_mismatch", f"{len(prefix_tokens)} prefix_tokens for {P} prefix ids")
+    if int(lengths.min()) < 0:
+        raise _fail("length_mismatch", "negative generated length")
+    total = int(lengths.sum(dtype=np.int64))
+    if not len(gen) == len(old_lp) == len(ref_lp) == total or len(whole) != G * P + total:
+        raise _fail("length_mismatch", f"sum(lengths)={total}, generated/old/ref/whole = "
+                    f"{len(gen)}/{len(old_lp)}/{len(ref_lp)}/{len(whole)}, P={P}, G={G}")
+    # Range-check the token ids once; whole is checked for equality against them below.
+    for ids in (prefix_ids, gen):
+        if len(ids) and (int(ids.min()) < 0 or (limits.vocab_size is not None and int(ids.max()) >= limits.vocab_size)):
+            raise _fail("token_out_of_range", f"token ids in [{ids.min()}, {ids.max()}], vocab {limits.vocab_size}")
+    for name, lp in (("old_policy_log_probs", old_lp), ("ref_policy_log_probs", ref_lp)):
+        if not np.isfinite(lp).all():
+            raise _fail("non_finite", f"{name} has NaN/inf")
+        if len(lp) and float(lp.max()) > MAX_LOG_PROB:
+            raise _fail("bad_log_prob", f"{name} max {float(lp.max())} > {MAX_LOG_PROB}")
+
+    completions = []
+    g0 = w0 = 0
+    for i, (c, n) in enumerate(zip(raw_completions, lengths.tolist())):
+        where = f"completions[{i}]"
+        if type(c) is not dict:
+            raise _fail("bad_field", f"{where} must be a map")
+        text = _str(c, "text", where)
+        reward = _number(_get(c, "reward", where), f"{where}.reward")
+        reward_info = _float_map(_get(c, "reward_info", where), f"{where}.reward_info")
+        is_finished = _get(c, "is_finished", where, bool)
+        w = whole[w0 : w0 + P + n]
+        g = gen[g0 : g0 + n]
+        completions.append(Completion(g, old_lp[g0 : g0 + n], ref_lp[g0 : g0 + n], w,
+                                      text, reward, reward_info, is_finished))
+        g0, w0 = g0 + n, w0 + P + n
+    # One comparison for all completions: whole == prefix ++ generated_i, for every i. Its size
+    # (G*P + N) was checked against the frame above.
+    expected = np.concatenate([part for c in completions for part in (prefix_ids, c.generated_token_ids)])
+    if not np.array_equal(whole, expected):
+        raise _fail("length_mismatch", "whole_token_ids != prefix ++ generated for some completion")
+    return Group(sampler_id, group_id, policy_version, prefix, prefix_tokens, prefix_ids, completions, meta,
+                 _incarnation(h, "group"))
+
+
+def _incarnation(h: dict[str, Any], where: str) -> int:
+    # Optional (absent: 0), so senders from before it existed still decode.
+    return _int(h, "incarnation", where) if "incarnation" in h else 0
+
+
+def _layout(h: dict[str, Any], bucket_dtypes: list[str], bucket_nbytes: list[int]) -> list[TensorSpec]:
+    specs: list[TensorSpec] = []
+    names: set[str] = set()
+    extents: list[list[tuple[int, int, str]]] = [[] for _ in bucket_dtypes]
+    for i, t in enumerate(_get(h, "layout", "weights", list)):
+        if type(t) is not list or len(t) != 5:
+            raise _fail("bad_field", f"layout[{i}] must be [name, dtype, shape, bucket, offset]")
+        name = _as_str(t[0], f"layout[{i}].name", 1024)
+        dtype = _as_str(t[1], f"{name}.dtype", MAX_ID_CHARS)
+        shape = _shape(t[2], name)
+        bucket = _as_int(t[3], f"{name}.bucket", 0, len(bucket_dtypes) - 1)
+        offset = _as_int(t[4], f"{name}.offset")
+        if name in names:
+            raise _fail("bad_field", f"duplicate tensor name {name!r}")
+        names.add(name)
+        if dtype not in DTYPE_SIZES or dtype != bucket_dtypes[bucket]:
+            raise _fail("bad_dtype", f"{name}: dtype {dtype!r} != bucket {bucket} dtype {bucket_dtypes[bucket]!r}")
+        nbytes = _nbytes(shape, dtype)
+        # Aligned offsets let the receiver view the bucket as `dtype` without copying.
+        if offset % DTYPE_SIZES[dtype] or offset + nbytes > bucket_nbytes[bucket]:
+            raise _fail("bad_shape", f"{name}: [{offset}, {offset + nbytes}) misaligned or outside bucket "
+                        f"{bucket} of {bucket_nbytes[bucket]} bytes")
+        if nbytes:
+            extents[bucket].append((offset, offset + nbytes, name))
+        specs.append(TensorSpec(name, dtype, shape, bucket, offset))
+    for b, ext in enumerate(extents):
+        ext.sort()
+        for (_, end, a), (start, _, c) in zip(ext, ext[1:]):
+            if start < end:
+                raise _fail("bad_shape", f"tensors {a!r} and {c!r} overlap in bucket {b}")
+    return specs
+
+
+def _decode_weights(h: dict[str, Any], arrays: list[_Array], views: list[memoryview]) -> WeightsAnnounce:
+    version = _int(h, "version", "weights")
+    method = _str(h, "method", "weights", MAX_ID_CHARS)
+    if method not in WEIGHT_METHODS:
+        raise _fail("bad_field", f"unknown weights method {method!r}")
+    bucket_dtypes = _get(h, "bucket_dtypes", "weights", list)
+    bucket_nbytes = _get(h, "bucket_nbytes", "weights", list)
+    if len(bucket_dtypes) != len(bucket_nbytes):
+        raise _fail("bad_field", f"{len(bucket_dtypes)} bucket_dtypes vs {len(bucket_nbytes)} bucket_nbytes")
+    for i, d in enumerate(bucket_dtypes):
+        if type(d) is not str or d not in DTYPE_SIZES:
+            raise _fail("bad_dtype", f"bucket {i}: unknown dtype {d!r}")
+    for i, n in enumerate(bucket_nbytes):
+        _as_int(n, f"weights.bucket_nbytes[{i}]")
+    layout = _layout(h, bucket_dtypes, bucket_nbytes)
+    expected = len(bucket_nbytes) if method == "tcp" else 0  # other methods carry buckets out of band
+    if len(arrays) != expected:
+        raise _fail("frame_size", f"method {method}: {len(arrays)} bucket frames, expected {expected}")
+    for i, (a, n) in enumerate(zip(arrays, bucket_nbytes)):
+        if a.name != f"bucket_{i}" or a.dtype != "uint8" or len(a.shape) != 1:
+            raise _fail("bad_field", f"bucket frame {i} must be bucket_{i}, uint8, 1-D")
+        if a.nbytes != n:
+            raise _fail("length_mismatch", f"bucket {i}: frame {a.nbytes} bytes, declared {n}")
+    ipc = _ipc_handle(h.get("ipc"), sum(bucket_nbytes)) if method == "ipc" else None
+    nccl = None
+    if method == "nccl":
+        m = _map(h.get("nccl"), "weights.nccl")
+        backend = _str(m, "backend", "weights.nccl", MAX_ID_CHARS)
+        if backend not in ("nccl", "gloo"):
+            raise _fail("bad_field", f"weights.nccl.backend must be nccl or gloo, got {backend!r}")
+        nccl = NcclRendezvous(_str(m, "host", "weights.nccl", 255), _int(m, "port", "weights.nccl") if
+                              0 < _int(m, "port", "weights.nccl") < 65536 else _port_error(), backend)
+    shared = None
+    if method == "shared":
+        items = _get(h, "shared", "weights", list)
+        if len(items) != len(bucket_nbytes):
+            raise _fail("bad_field", f"weights.shared: {len(items)} handles for {len(bucket_nbytes)} storages")
+        shared = [_ipc_handle(x, 0, stamped=False) for x in items]   # no stamp: the file lock orders access
+        for i, (x, n) in enumerate(zip(shared, bucket_nbytes)):
+            if x.storage_nbytes != n:
+                raise _fail("bad_shape", f"weights.shared[{i}]: storage of {x.storage_nbytes} bytes, layout says {n}")
+    return WeightsAnnounce(version, method, layout, bucket_dtypes, bucket_nbytes, list(views),
+                           _int(h, "request_id", "weights", lo=-1), ipc, nccl, shared)
+
+
+def _port_error() -> int:
+    raise _fail("bad_field", "weights.nccl.port must be in 1..65535")
+
+
+def _bytes(m: dict[str, Any], key: str, max_len: int) -> bytes:
+    v = _get(m, key, "weights.ipc")
+    if type(v) is not bytes or len(v) > max_len:
+        raise _fail("bad_field", f"weights.ipc.{key} must be bytes of at most {max_len}")
+    return v
+
+
+def _ipc_handle(v: Any, buckets_nbytes: int, stamped: bool = True) -> IpcHandle:
+    m = _map(v, "weights.ipc")
+    stamp = _int(m, "stamp_offset", "weights.ipc")
+    size = _int(m, "storage_nbytes", "weights.ipc")
+    if stamped and (stamp < buckets_nbytes or stamp % 8 or stamp + 8 > size):
+        raise _fail("bad_shape", f"weights.ipc: stamp at {stamp} must follow {buckets_nbytes} bucket bytes "
+                    f"inside {size} bytes")
+    sync = _get(m, "event_sync_required", "weights.ipc", bool)
+    return IpcHandle(_str(m, "gpu_uuid", "weights.ipc", MAX_ID_CHARS), _int(m, "slot", "weights.ipc"),
+                     _bytes(m, "handle", 256), size, _int(m, "storage_offset", "weights.ipc"),
+                     _bytes(m, "ref_counter_handle", 4096), _int(m, "ref_counter_offset", "weights.ipc"),
+                     _bytes(m, "event_handle", 256), sync, stamp)
+
+
+def decode(frames: Sequence[Frame], limits: Limits = Limits()) -> Message:
+    """Parse and fully validate one multipart message; raise ProtocolError if it must be dropped.
+
+    Arrays are zero-copy views of the frames (read-only when the frames are), so they stay
+    valid as long as the caller keeps the returned object.
+    """
+    h, views = _header(frames, limits)
+    arrays, payload = _arrays(h, limits), views[1:]
+    if len(payload) != len(arrays):
+        raise _fail("frame_size", f"{len(views)} frames for {len(arrays)} arrays")
+    for a, v in zip(arrays, payload):  # sizes were bounded by _arrays before we compare
+        if v.nbytes != a.nbytes:
+            raise _fail("frame_size", f"{a.name}: frame has {v.nbytes} bytes, shape needs {a.nbytes}")
+    kind = h["kind"]
+    if kind == "group":
+        return _decode_group(h, arrays, payload, limits)
+    if kind == "weights":
+        return _decode_weights(h, arrays, payload)
+    if arrays:  # only group and weights carry array frames
+        raise _fail("frame_size", f"kind {kind!r} carries no arrays, got {len(arrays)}")
+    if kind == "status":
+        return SamplerStatus(_int(h, "sampler_id", kind), _int(h, "policy_version", kind),
+                             _int(h, "groups_sent", kind), _get(h, "final", kind, bool),
+                             _float_map(_get(h, "stats", kind), "status.stats"), _incarnation(h, kind))
+    if kind == "weights_request":
+        method = h.get("method", "")
+        if method != "" and method not in WEIGHT_METHODS:
+            raise _fail("bad_field", f"weights_request.method: unknown method {method!r}")
+        return WeightsRequest(_int(h, "sampler_id", kind), _int(h, "have_version", kind, lo=-1),
+                              _int(h, "request_id", kind), method)
+    if kind == "no_update":
+        return NoUpdate(_int(h, "version", kind), _int(h, "request_id", kind, lo=-1))
+    return Stop(_int(h, "version", kind), _str(h, "reason", kind, MAX_REASON_CHARS),
+                _int(h, "request_id", kind, lo=-1))
