@@ -1,24 +1,13 @@
 """bench/e2e.py's steady-state rates, against hand-worked numbers (no processes, no model)."""
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from benchload import load_bench
 
 
 @pytest.fixture(scope="module")
 def e2e():
-    saved = list(sys.path)  # the bench script puts bench/ on sys.path; keep the suite's path as it was
-    spec = importlib.util.spec_from_file_location("bench_e2e", BENCH / "e2e.py")
-    mod = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path[:] = saved
-    return mod
+    return load_bench("e2e")
 
 
 STEPS = [{"time_s": t, "completions": 64, "tokens": k} for t, k in ((10, 1000), (12, 2000), (15, 3000), (20, 4000))]

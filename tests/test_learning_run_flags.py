@@ -1,26 +1,15 @@
 """bench/learning_run.py's RUN_FLAGS (the settings the next GPU learning run uses) parse through
 run_distributed.py's launcher and reach the sampler and learner as intended: a typo there
 would only show on the GPU machine, after its setup time."""
-import importlib.util
-import sys
-from pathlib import Path
+from benchload import load_bench
 
 from grpo.config import LearnerConfig, SamplerConfig, parse_config
 from grpo.launch import parse, plan
 from grpo.learner import check_loss_options
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-
 
 def run_flags() -> list[str]:
-    saved = list(sys.path)
-    spec = importlib.util.spec_from_file_location("bench_learning_run", BENCH / "learning_run.py")
-    mod = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path[:] = saved
-    return mod.RUN_FLAGS
+    return load_bench("learning_run").RUN_FLAGS
 
 
 def test_next_learning_run_settings_reach_both_roles():
