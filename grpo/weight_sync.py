@@ -80,8 +80,7 @@ def pack(named: list[tuple[str, torch.Tensor]], layout: list[P.TensorSpec],
             flat[run.offset:run.offset + run.nbytes].copy_(run.src)
         todo = plan.singles
     for i in todo:
-        (name, t), spec = named[i], layout[i]
-        assert name == spec.name
+        (_, t), spec = named[i], layout[i]   # names checked against the layout above
         t = t.detach().to(TORCH_DTYPES[spec.dtype])
         raw = t.contiguous().view(-1).view(torch.uint8)
         buckets[spec.bucket][spec.offset:spec.offset + raw.numel()].copy_(raw)

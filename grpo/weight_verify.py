@@ -31,7 +31,9 @@ class PublishedFingerprints:
     def __init__(self, keep: int = 512):
         self.keep = keep
         self.by_version: collections.OrderedDict[int, float] = collections.OrderedDict()
-        self.seen: set[tuple[int, int]] = set()          # (sampler, version) pairs compared
+        # The version each sampler last reported: its heartbeats repeat it until it applies
+        # another, so one entry per sampler (not one per pair ever seen) keeps each check single.
+        self.last: dict[int, int] = {}
         self.books: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
         self.mismatched: dict[int, list[int]] = collections.defaultdict(list)
 
@@ -42,9 +44,9 @@ class PublishedFingerprints:
 
     def check(self, sampler_id: int, stats: dict) -> None:
         version = int(stats.get("verified_version", -1))
-        if version < 0 or (sampler_id, version) in self.seen:
+        if version < 0 or self.last.get(sampler_id) == version:
             return
-        self.seen.add((sampler_id, version))
+        self.last[sampler_id] = version
         want = self.by_version.get(version)
         if want is None:
             self.books[sampler_id]["unknown_version"] += 1   # older than we keep, or a made-up one
