@@ -31,7 +31,8 @@ from benchutil import ROOT, Timer, pick, table, write_result  # noqa: E402
 from grpo.data import build_prompt, load_problems  # noqa: E402
 from grpo.model import (compute_dtype, left_pad, load_causal_lm, load_tokenizer, resolve_model, right_pad,  # noqa: E402
                         token_logprobs)
-from grpo.rollout import RolloutEngine, hf_generate  # noqa: E402
+from grpo.generation import hf_generate  # noqa: E402
+from grpo.rollout import RolloutEngine  # noqa: E402
 
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 

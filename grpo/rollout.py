@@ -42,21 +42,6 @@ from grpo.model import left_pad
 log = logging.getLogger(__name__)
 
 DEFAULT_BUCKETS = (64, 128, 256, 512, 1024)
-BACKENDS = ("auto", "fast", "hf")
-
-
-def resolve_backend(name: str, device: torch.device) -> str:
-    """--generation-backend to 'fast' or 'hf'. auto: the fast engine on CUDA (its GPU tests
-    pass on H200: graph replay equals eager decoding, greedy identical to `generate` in fp32,
-    a failed capture falls back to eager decoding), `generate` on CPU, where the engine has
-    no graphs to replay and buys little."""
-    if name not in BACKENDS:
-        raise ValueError(f"--generation-backend {name}: choose one of {', '.join(BACKENDS)}")
-    if name == "auto":
-        return "fast" if device.type == "cuda" else "hf"
-    return name
-
-
 @dataclass
 class Rollout:
     token_ids: list[list[int]]   # generated ids per prompt, cut after the first EOS (kept)
@@ -403,22 +388,3 @@ def generate(model, prompts_token_ids: list[list[int]], max_new_tokens: int, tem
         engine = _ENGINES[model] = RolloutEngine(model, eos_id, pad_id, cuda_graphs=cuda_graphs)
     res = engine.generate(prompts_token_ids, max_new_tokens, temperature, greedy)
     return res.token_ids, res.finished
-
-
-def hf_generate(model, prompts: list[list[int]], max_new_tokens: int, temperature: float, greedy: bool,
-                eos_id: int, pad_id: int) -> tuple[list[list[int]], list[bool]]:
-    """The Hugging Face `generate` path (the fallback backend), with the same output."""
-    device = next(model.parameters()).device
-    ids, attn = left_pad(prompts, pad_id, device)
-    width = ids.shape[1]
-    sample = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if not (greedy or temperature == 0) \
-        else dict(do_sample=False, temperature=None, top_k=None, top_p=None)
-    out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens,
-                         pad_token_id=pad_id, eos_token_id=eos_id, **sample)
-    completions, finished = [], []
-    for row in out[:, width:].cpu().tolist():
-        if eos_id in row:  # keep the EOS: the policy must learn to stop
-            row = row[:row.index(eos_id) + 1]
-        completions.append(row)
-        finished.append(bool(row) and row[-1] == eos_id)
-    return completions, finished

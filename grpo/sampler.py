@@ -24,7 +24,8 @@ from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_devi
 from grpo.gpustats import GpuMonitor, format_gpu
 from grpo.progress import Progress
 from grpo.reward_funcs import reward_set_from_config
-from grpo.rollout import RolloutEngine, hf_generate, resolve_backend
+from grpo.generation import hf_generate, resolve_backend
+from grpo.rollout import RolloutEngine
 from grpo.heartbeat import ON_FULL, Heartbeat, send_group, wait_send
 from grpo.security import CLIENT, curve_for
 from grpo.transport import DataSender, SyncClient

@@ -10,7 +10,8 @@ from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 import torch
 
 from grpo.model import load_causal_lm, load_tokenizer, resolve_model, right_pad, token_logprobs
-from grpo.rollout import RolloutEngine, generate, hf_generate, resolve_backend
+from grpo.generation import hf_generate, resolve_backend
+from grpo.rollout import RolloutEngine, generate
 
 CPU = torch.device("cpu")
 GSM8K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
