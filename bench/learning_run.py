@@ -25,17 +25,23 @@ ROOT = Path(__file__).resolve().parents[1]
 # did not either: the learner ran 32 micro-steps per step and the format bonus was gamed.
 # Run 3 (run 2's settings, correctness only, 32-sequence micro-batches; learning_run_3/) got
 # worse (0.026 -> 0.016): completions grew until cut off (train truncation 59% -> 81%), the
-# per-sequence loss's length bias at work. These are the settings for the next run, chosen
-# from run 3's train metrics, not the test subset: token-level loss, truncated completions
-# masked out, 512 new tokens (the eval uses the same length, so the baseline moves with it),
-# and --max-staleness 8: run 3 dropped 1,072 of 2,944 groups as more than 4 versions old (a
-# 4-step round is generated with one version while the previous one trains) at a clip
-# fraction of 0.05%, so the clipped, behaviour-corrected ratio has room for older groups.
+# per-sequence loss's length bias at work. These are the settings for run 4, chosen from run 3's
+# train metrics, not the test subset:
+# - token-level loss (--loss-type dapo): a long wrong completion is pushed down as hard per token
+#   as a short one, so rambling to the cap no longer pays; truncated completions stay in the loss
+#   (not --mask-truncated): at this size a cut-off completion is a loop or a ramble, scored wrong,
+#   and masking it would take away the only push against 59-81% truncation;
+# - --filter-zero-signal: about four groups in five had no correct member (zero advantage), yet
+#   filled the learner's steps while 1,072 of 2,944 groups were dropped as stale; trained only on
+#   groups with signal, the learner waits for data instead and every step carries 8 of them;
+# - 512 new tokens, so that most completions can finish (the eval uses the same length, so the
+#   baseline is measured again at it); --max-staleness 8 (clip fraction was 0.05%, room for older
+#   groups); an evaluation every 50 steps, as the run has fewer, fuller steps.
 RUN_FLAGS = ["--sampling-gpu", "0", "--training-gpus", "1", "--max-time-s", "480", "--max-steps", "100000",
-             "--eval-every", "100", "--eval-size", "500", "--num-generations", "16", "--prompts-per-round", "32",
+             "--eval-every", "50", "--eval-size", "500", "--num-generations", "16", "--prompts-per-round", "32",
              "--train-batch-size", "128", "--learning-rate", "1e-5", "--beta", "0.0",
              "--reward", "correctness", "--generation-backend", "fast", "--verify-weight-sync",
-             "--loss-type", "dapo", "--mask-truncated", "--max-new-tokens", "512", "--max-staleness", "8"]
+             "--loss-type", "dapo", "--filter-zero-signal", "--max-new-tokens", "512", "--max-staleness", "8"]
 
 
 def summarise(run_dir: Path, device: str, out_dir: Path) -> dict:
