@@ -4,6 +4,7 @@ run at. Prints one JSON line per check and writes bench/results/engine_probe_<de
 (bench/rollout.py is the benchmark; this is the diagnosis).
 
   python bench/engine_probe.py [--model random:qwen2.5-3b|smollm2] [--rows 256] [--new 128] [--compile]
+                               [--profile] [--name engine_probe]
 
 --compile adds a sampling row with RolloutEngine(compile_decode=True): the decode step through
 torch.compile (meant to fuse the many small elementwise kernels), then captured.
@@ -54,6 +55,7 @@ def main() -> int:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--profile", action="store_true", help="also print the top CUDA kernels of 4 eager decode steps")
     ap.add_argument("--compile", action="store_true", help="also measure sampling with compile_decode=True")
+    ap.add_argument("--name", default="engine_probe", help="result file bench/results/<name>_<device>.json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     device = torch.device("cuda", 0)
@@ -94,7 +96,7 @@ def main() -> int:
     prof = profile(model, tok, prompts, args.new) if args.profile else None
     torch.randn(4, device=device).sum().item()  # the default CUDA generator still usable
     print(json.dumps({"default_rng_ok": True}), flush=True)
-    print("wrote", write_result("engine_probe", device, {"setup": setup, "checks": checks, "profile": prof}))
+    print("wrote", write_result(args.name, device, {"setup": setup, "checks": checks, "profile": prof}))
     return 0
 
 
