@@ -26,7 +26,9 @@ from grpo import protocol as P
 
 log = logging.getLogger(__name__)
 
-SAMPLER_DROPS = {"dropped_full": "sampler_full", "dropped_send_timeout": "sampler_send_timeout"}
+# Groups a sampler counted as offered (groups_sent) but did not deliver, by its stats key.
+SAMPLER_DROPS = {"dropped_full": "sampler_full", "dropped_send_timeout": "sampler_send_timeout",
+                 "dropped_zero_signal": "sampler_zero_signal"}
 
 
 @dataclass

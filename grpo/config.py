@@ -87,6 +87,8 @@ class SamplerConfig(CommonConfig):
     """Sequences per teacher-forced forward pass when computing old and reference log-probs (the LM head runs in row chunks, so memory grows with this times length, not times vocabulary)."""
     max_rounds: int = 0
     """Stop after this many rounds (0: until the learner says stop)."""
+    filter_zero_signal: bool = False
+    """Drop groups whose rewards are all equal before their log-prob passes (the learner's flag of the same name, applied at the source); counted as sampler_zero_signal."""
     sync_timeout_s: float = 5.0
     """How long to wait for the learner's answer to a weights request before generating with the current weights."""
     send_hwm: int = 16

@@ -85,7 +85,7 @@ class Sampler:
         # A fixed key set: the heartbeat thread reads this dict while the main thread updates it.
         self.stats = {"samples": 0.0, "tokens": 0.0, "gen_s": 0.0, "logprob_s": 0.0, "reward_s": 0.0,
                       "sync_s": 0.0, "weight_bytes": 0.0, "weight_syncs": 0.0, "apply_s": 0.0, "rounds": 0.0,
-                      "dropped_full": 0.0, "dropped_send_timeout": 0.0, "peak_mem_gb": 0.0, "eval_version": -1.0,
+                      "dropped_full": 0.0, "dropped_send_timeout": 0.0, "dropped_zero_signal": 0.0, "peak_mem_gb": 0.0, "eval_version": -1.0,
                       "eval_accuracy": 0.0, "eval_seconds": 0.0,
                       "verified_version": -1.0, "verified_checksum": 0.0}  # --verify-weight-sync
         self.heartbeat = Heartbeat(DataSender(cfg.host, cfg.data_port, hwm=2, curve=curve),
@@ -204,18 +204,26 @@ class Sampler:
         gen_s = time.perf_counter() - t0
 
         whole = [prompt_ids[i // G] + c for i, (c, _) in enumerate(completions)]
-        prompt_lens = [len(prompt_ids[i // G]) for i in range(len(whole))]
-        t1 = time.perf_counter()
-        old_lp = self._logprobs(self.policy, whole, prompt_lens)
-        ref_lp = self._logprobs(self.ref, whole, prompt_lens)
-        t2 = time.perf_counter()   # (_logprobs ends in .cpu(): the passes are done by now)
-
         texts = [tok.decode(c, skip_special_tokens=True) for c, _ in completions]
+        t1 = time.perf_counter()
         scores = self.rewards.score([problems[k // G] for k in range(len(completions))], texts,
                                     [c for c, _ in completions])
-        logprob_s, reward_s = t2 - t1, time.perf_counter() - t2
+        # Scored before the log-prob passes, so that with --filter-zero-signal a group whose
+        # rewards are all equal (zero advantage: the learner would drop it) costs no passes and
+        # is not sent; it still counts as offered, and the learner's books see it as dropped.
+        keep = [gi for gi in range(len(problems))
+                if not (cfg.filter_zero_signal and len({scores[k].reward for k in range(gi * G, (gi + 1) * G)}) == 1)]
+        rows_kept = [k for gi in keep for k in range(gi * G, (gi + 1) * G)]
+        t2 = time.perf_counter()
+        kept_whole = [whole[k] for k in rows_kept]
+        kept_plens = [len(prompt_ids[k // G]) for k in rows_kept]
+        old_lp = dict(zip(rows_kept, self._logprobs(self.policy, kept_whole, kept_plens)))
+        ref_lp = dict(zip(rows_kept, self._logprobs(self.ref, kept_whole, kept_plens)))
+        reward_s, logprob_s = t2 - t1, time.perf_counter() - t2   # (_logprobs ends in .cpu(): done by now)
+        self.stats["dropped_zero_signal"] += len(problems) - len(keep)
         groups = []
-        for gi, (problem, prompt, pids) in enumerate(zip(problems, prompts, prompt_ids)):
+        for gi in keep:
+            problem, prompt, pids = problems[gi], prompts[gi], prompt_ids[gi]
             comps = []
             for k in range(gi * G, (gi + 1) * G):
                 gen_ids, finished = completions[k]
@@ -239,10 +247,11 @@ class Sampler:
         self.stats["reward_s"] += reward_s
         if self.device.type == "cuda":
             self.stats["peak_mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-        rewards = [c.reward for g in groups for c in g.completions]
+        rewards = [sc.reward for sc in scores]   # every completion, filtered or not: the train reward
+        dropped = f", {len(problems) - len(keep)} of {len(problems)} groups zero-signal" if cfg.filter_zero_signal else ""
         log.info("round %d (v%d): %d completions, %d tokens in %.2f s (%.0f tok/s); log-probs %.2f s, "
-                 "rewards %.2f s; reward mean %.3f%s", round_idx, self.version, len(completions), n_tokens, gen_s,
-                 n_tokens / max(gen_s, 1e-9), logprob_s, reward_s, float(np.mean(rewards)),
+                 "rewards %.2f s; reward mean %.3f%s%s", round_idx, self.version, len(completions), n_tokens, gen_s,
+                 n_tokens / max(gen_s, 1e-9), logprob_s, reward_s, float(np.mean(rewards)), dropped,
                  format_gpu(self.gpu.sample()))
         return groups
 
@@ -293,7 +302,11 @@ class Sampler:
                     if not self.sync_weights() or (self.cfg.max_rounds and rounds >= self.cfg.max_rounds):
                         break
                     self.maybe_evaluate()
+                    filtered = self.stats["dropped_zero_signal"]
                     groups = self.generate_round(rounds)
+                # Groups filtered out as zero-signal were offered too: the learner's books count them
+                # as sent and dropped (sampler_zero_signal), so sent = trained + dropped + queued holds.
+                self.groups_sent += int(self.stats["dropped_zero_signal"] - filtered)
                 for group in groups:
                     self.groups_sent += 1  # offered: a group dropped at the HWM is counted too
                     send_group(self.data, group, self.cfg.on_full, self.cfg.send_timeout_s, self.stats,

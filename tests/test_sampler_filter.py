@@ -1,0 +1,95 @@
+"""--filter-zero-signal at the sampler (DAPO dynamic sampling at the source): a round is scored
+before its log-prob passes, so a group whose rewards are all equal costs no passes and is not
+sent; it still counts as offered, and the learner's books show it as dropped
+(sampler_zero_signal), so sent = trained + dropped + queued still holds."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from netutil import free_ports, one_thread  # noqa: F401 - module-wide fixture (autouse)
+
+from grpo import protocol as P
+from grpo.books import Books
+from grpo.config import SamplerConfig
+from grpo.sampler import Sampler
+from grpo.transport import DataReceiver
+
+GSM8K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
+
+REWARD = '''
+def first_only(prompts, completions, **kwargs):
+    # The round's first completion is right and every other one wrong: group 0 has signal
+    # (rewards 1, 0), every other group has none (all 0).
+    return [1.0 if i == 0 else 0.0 for i in range(len(completions))]
+'''
+
+
+@pytest.fixture
+def reward(tmp_path, monkeypatch):
+    (tmp_path / "zero_signal_reward.py").write_text(REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "zero_signal_reward:first_only"
+
+
+def sampler(reward: str, filt: bool, data_port: int, sync_port: int, **kw) -> Sampler:
+    return Sampler(SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
+                                 prompts_per_round=3, num_generations=2, max_new_tokens=4,
+                                 generation_backend="fast", reward=reward, filter_zero_signal=filt,
+                                 data_port=data_port, sync_port=sync_port, **kw))
+
+
+@pytest.mark.parametrize("filt", [True, False])
+def test_zero_signal_groups_cost_no_logprob_passes_and_are_not_sent(reward, monkeypatch, filt):
+    s = sampler(reward, filt, *free_ports(2))
+    passes = []
+    real = s._logprobs
+    monkeypatch.setattr(s, "_logprobs", lambda model, whole, plens: passes.append(len(whole)) or real(model, whole, plens))
+    try:
+        groups = s.generate_round(0)
+    finally:
+        s.data.close()
+        s.sync.close()
+    if filt:
+        assert [g.group_id for g in groups] == ["s0-r0-g0"]
+        assert passes == [2, 2]   # policy and reference passes over group 0's two completions only
+        assert s.stats["dropped_zero_signal"] == 2
+    else:
+        assert [g.group_id for g in groups] == ["s0-r0-g0", "s0-r0-g1", "s0-r0-g2"]
+        assert passes == [6, 6] and s.stats["dropped_zero_signal"] == 0
+    assert [c.reward for c in groups[0].completions] == [1.0, 0.0]
+    for g in groups:
+        for c in g.completions:   # each completion still gets its own log-probs, in order
+            n = len(c.generated_token_ids)
+            assert c.old_policy_log_probs.shape == c.ref_policy_log_probs.shape == (n,)
+            assert list(c.whole_token_ids[-n:]) == list(c.generated_token_ids)
+
+
+def test_filtered_groups_count_as_offered_and_the_books_balance(reward):
+    """Two real rounds over a real socket, no learner (the sampler generates with its start
+    weights after the weights request times out): 6 groups offered, 2 delivered, 4 filtered."""
+    data_port, sync_port = free_ports(2)
+    receiver = DataReceiver("127.0.0.1", data_port, P.Limits(), 1 << 26)
+    s = sampler(reward, True, data_port, sync_port, max_rounds=2, sync_timeout_s=0.2, heartbeat_interval_s=0)
+    result = s.run()
+    msgs, final = [], None
+    deadline = time.monotonic() + 30
+    while final is None and time.monotonic() < deadline:
+        m = receiver.receive(timeout_s=0.5)
+        if isinstance(m, P.SamplerStatus) and m.final:
+            final = m
+        elif m is not None:
+            msgs.append(m)
+    receiver.close()
+    groups = [m for m in msgs if isinstance(m, P.Group)]
+    assert final is not None and result["groups_sent"] == final.groups_sent == 6
+    assert [g.group_id for g in groups] == ["s0-r0-g0", "s0-r1-g0"]
+    assert final.stats["dropped_zero_signal"] == 4
+    books = Books()
+    for g in groups:
+        books.group(g, version=0)
+    books.status(final, 0)
+    sent, dropped = books.totals()
+    # The learner's identity: sent (6) = trained + dropped (4 at the sampler) + queued (the 2 received)
+    assert sent == 6 and dropped == {"sampler_zero_signal": 4}
