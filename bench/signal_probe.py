@@ -45,14 +45,19 @@ def probe(engine: RolloutEngine, tok, problems, G: int, temperature: float, max_
         finished += out.finished
     rewards = [gsm8k_reward(tok.decode(t, skip_special_tokens=True), problems[k // G].answer).reward
                for k, t in enumerate(tokens)]
-    groups = [rewards[g * G:(g + 1) * G] for g in range(len(problems))]
-    return {"temperature": temperature, "completions": len(rewards),
-            "accuracy": round(sum(rewards) / len(rewards), 5),
-            "groups_with_signal": round(sum(len(set(g)) > 1 for g in groups) / len(groups), 4),
-            "correct_per_signal_group": round(sum(sum(g) for g in groups if len(set(g)) > 1)
-                                              / max(1, sum(len(set(g)) > 1 for g in groups)), 3),
-            "mean_completion_len": round(sum(map(len, tokens)) / len(tokens), 1),
-            "truncated_frac": round(1 - sum(finished) / len(finished), 4), "gen_s": round(gen_s, 2)}
+    return {"temperature": temperature, **signal_stats(rewards, G, [len(t) for t in tokens], finished),
+            "gen_s": round(gen_s, 2)}
+
+
+def signal_stats(rewards: list[float], G: int, lengths: list[int], finished: list[bool]) -> dict:
+    """Per-completion rewards (consecutive groups of G) -> what a round offers the learner."""
+    groups = [rewards[g:g + G] for g in range(0, len(rewards), G)]
+    signal = [g for g in groups if len(set(g)) > 1]   # what --filter-zero-signal keeps
+    return {"completions": len(rewards), "accuracy": round(sum(rewards) / len(rewards), 5),
+            "groups_with_signal": round(len(signal) / len(groups), 4),
+            "correct_per_signal_group": round(sum(map(sum, signal)) / max(1, len(signal)), 3),
+            "mean_completion_len": round(sum(lengths) / len(lengths), 1),
+            "truncated_frac": round(1 - sum(finished) / len(finished), 4)}
 
 
 def main() -> int:
