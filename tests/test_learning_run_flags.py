@@ -24,7 +24,10 @@ def test_next_learning_run_settings_reach_both_roles():
     # masking and normalisers use it.
     assert sampler.max_new_tokens == learner.max_new_tokens == 512
     check_loss_options(learner)   # what the learner checks first on the GPU machine
-    assert (learner.loss_type, learner.mask_truncated, learner.learning_rate, learner.beta) == ("dapo", False, 1e-5, 0.0)
+    assert (learner.loss_type, learner.mask_truncated, learner.learning_rate, learner.beta) == ("dapo", False, 2e-5, 0.0)
     assert learner.max_staleness == 8 and learner.filter_zero_signal
-    assert (sampler.num_generations, sampler.prompts_per_round, sampler.reward) == (16, 32, "correctness")
+    assert (sampler.num_generations, sampler.prompts_per_round, sampler.reward) == (16, 128, "correctness")
+    # Zero-signal groups are dropped at the source (before their log-prob passes) and, should
+    # any still arrive, at the learner.
+    assert sampler.filter_zero_signal
     assert learner.train_batch_size == 128 and sampler.generation_backend == "fast"
