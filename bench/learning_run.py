@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,10 @@ def summarise(run_dir: Path, device: str, out_dir: Path) -> dict:
         "evals": [{k: e[k] for k in ("version", "by", "accuracy", "correct", "n", "mean_completion_len",
                                       "truncated_frac", "seconds")} for e in evals],
         "reward_mean_per_step": [r["reward_mean"] for r in steps],
+        # The learner's batch reward counts only groups it trained on (with --filter-zero-signal,
+        # only groups with a correct member); the sampler's rounds count every completion.
+        "trained_groups_only": bool(cfg.get("learner", {}).get("filter_zero_signal")),
+        "sampler_rounds": _sampler_rounds(run_dir / "sampler0.log"),
         "train_accuracy_per_step": [r["accuracy"] for r in steps],
         "time_s_per_step": [r["time_s"] for r in steps],
     }
@@ -70,6 +75,17 @@ def summarise(run_dir: Path, device: str, out_dir: Path) -> dict:
     (out_dir / f"learning_{slug}.json").write_text(json.dumps(doc, indent=2) + "\n")
     _plot(doc, [run_dir / "learning.png", out_dir / f"learning_{slug}.png"])
     return doc
+
+
+_ROUND = re.compile(r"round (\d+) \(v(\d+)\): (\d+) completions.*reward mean ([\d.]+)")
+
+
+def _sampler_rounds(log: Path) -> list[dict]:
+    """Sampler 0's rounds from its log: the version it generated with, completions, mean reward."""
+    if not log.is_file():
+        return []
+    return [{"round": int(m[1]), "version": int(m[2]), "completions": int(m[3]), "reward_mean": float(m[4])}
+            for m in map(_ROUND.search, log.read_text().splitlines()) if m]
 
 
 def _plot(doc: dict, paths: list[Path]) -> None:
@@ -85,8 +101,14 @@ def _plot(doc: dict, paths: list[Path]) -> None:
         window = 8
         r = doc["reward_mean_per_step"]
         smooth = [sum(r[max(0, i - window + 1):i + 1]) / len(r[max(0, i - window + 1):i + 1]) for i in range(len(r))]
-        ax.plot(x, r, color="tab:blue", alpha=0.3, lw=0.8, label="train reward (batch mean)")
-        ax.plot(x, smooth, color="tab:blue", lw=1.6, label=f"train reward ({window}-step mean)")
+        what = "trained batch reward (groups with signal only)" if doc.get("trained_groups_only") else "train reward"
+        ax.plot(x, r, color="tab:blue", alpha=0.3, lw=0.8, label=f"{what}, per step")
+        ax.plot(x, smooth, color="tab:blue", lw=1.6, label=f"{what}, {window}-step mean")
+        rounds = doc.get("sampler_rounds") or []
+        if rounds:   # at the version each round was generated with (its time: when that version began)
+            rx = [rd["version"] if ax is axes[0] else ([0.0] + t)[min(rd["version"], len(t))] for rd in rounds]
+            ax.plot(rx, [rd["reward_mean"] for rd in rounds], ".", color="tab:green", ms=4,
+                    label="sampler round reward, all completions")
         ex = [e["version"] if ax is axes[0] else t[min(max(e["version"] - 1, 0), len(t) - 1)] for e in doc["evals"]]
         ax.plot(ex, [e["accuracy"] for e in doc["evals"]], "o-", color="tab:red",
                 label=f"greedy test accuracy ({doc['evals'][0]['n']} problems)")

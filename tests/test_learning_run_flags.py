@@ -31,3 +31,18 @@ def test_next_learning_run_settings_reach_both_roles():
     # any still arrive, at the learner.
     assert sampler.filter_zero_signal
     assert learner.train_batch_size == 128 and sampler.generation_backend == "fast"
+
+
+def test_summary_reads_the_sampler_rounds_of_both_log_formats(tmp_path):
+    """The plot's all-completion train reward comes from sampler 0's round lines: the format
+    of learning run 3 (no timing split) and the current one (split, zero-signal count)."""
+    log = tmp_path / "sampler0.log"
+    log.write_text(
+        "04:42:20 sampler0 INFO sampler 0/1 on cuda:0: 7473 prompts in its shard\n"
+        "04:42:34 sampler0 INFO round 0 (v0): 512 completions, 104637 tokens in 2.37 s (44196 tok/s), "
+        "reward mean 0.020 | gpu 0% 13.2/150.8 GB\n"
+        "07:27:28 sampler0 INFO round 1 (v3): 2048 completions, 673473 tokens in 15.45 s (43580 tok/s); "
+        "log-probs 1.02 s, rewards 2.42 s; reward mean 0.011, 111 of 128 groups zero-signal | gpu 83%\n")
+    assert load_bench("learning_run")._sampler_rounds(log) == [
+        {"round": 0, "version": 0, "completions": 512, "reward_mean": 0.020},
+        {"round": 1, "version": 3, "completions": 2048, "reward_mean": 0.011}]
