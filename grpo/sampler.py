@@ -204,8 +204,8 @@ class Sampler:
         gen_s = time.perf_counter() - t0
 
         whole = [prompt_ids[i // G] + c for i, (c, _) in enumerate(completions)]
-        texts = [tok.decode(c, skip_special_tokens=True) for c, _ in completions]
         t1 = time.perf_counter()
+        texts = [tok.decode(c, skip_special_tokens=True) for c, _ in completions]
         scores = self.rewards.score([problems[k // G] for k in range(len(completions))], texts,
                                     [c for c, _ in completions])
         # Scored before the log-prob passes, so that with --filter-zero-signal a group whose
