@@ -38,8 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # at 1.2-1.8% train accuracy), and KL to the start stayed under 0.011. The train reward rises
 # within each run, but run 3's rose the same way over the same (seed 42) prompt order. Since
 # run 5, --filter-zero-signal also filters at the sampler, before the log-prob passes (24% of
-# its time in run 5), so these flags now give about 1.2x the signal per minute. README,
-# "Learning runs 4 and 5", has the numbers.
+# its time in run 5), so these flags now give about 1.2x the signal per minute; adding
+# `-- --sampling-gpus 0,1 --share-gpus` (a second sampler on the learner's GPU) gave 2.7x in a
+# 90 s run (bench/results/two_samplers_90s/). README, "Learning runs 4 and 5", has the numbers.
 RUN_FLAGS = ["--sampling-gpu", "0", "--training-gpus", "1", "--max-time-s", "480", "--max-steps", "100000",
              "--eval-every", "50", "--eval-size", "500", "--num-generations", "16", "--prompts-per-round", "128",
              "--train-batch-size", "128", "--learning-rate", "2e-5", "--beta", "0.0",
