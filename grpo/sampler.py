@@ -85,8 +85,8 @@ class Sampler:
         # A fixed key set: the heartbeat thread reads this dict while the main thread updates it.
         self.stats = {"samples": 0.0, "tokens": 0.0, "gen_s": 0.0, "logprob_s": 0.0, "reward_s": 0.0,
                       "sync_s": 0.0, "weight_bytes": 0.0, "weight_syncs": 0.0, "apply_s": 0.0, "rounds": 0.0,
-                      "dropped_full": 0.0, "dropped_send_timeout": 0.0, "dropped_zero_signal": 0.0, "peak_mem_gb": 0.0, "eval_version": -1.0,
-                      "eval_accuracy": 0.0, "eval_seconds": 0.0,
+                      "dropped_full": 0.0, "dropped_send_timeout": 0.0, "dropped_zero_signal": 0.0,
+                      "peak_mem_gb": 0.0, "eval_version": -1.0, "eval_accuracy": 0.0, "eval_seconds": 0.0,
                       "verified_version": -1.0, "verified_checksum": 0.0}  # --verify-weight-sync
         self.heartbeat = Heartbeat(DataSender(cfg.host, cfg.data_port, hwm=2, curve=curve),
                                    cfg.heartbeat_interval_s, lambda: self._status(final=False))
@@ -248,7 +248,8 @@ class Sampler:
         if self.device.type == "cuda":
             self.stats["peak_mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         rewards = [sc.reward for sc in scores]   # every completion, filtered or not: the train reward
-        dropped = f", {len(problems) - len(keep)} of {len(problems)} groups zero-signal" if cfg.filter_zero_signal else ""
+        dropped = (f", {len(problems) - len(keep)} of {len(problems)} groups zero-signal"
+                   if cfg.filter_zero_signal else "")
         log.info("round %d (v%d): %d completions, %d tokens in %.2f s (%.0f tok/s); log-probs %.2f s, "
                  "rewards %.2f s; reward mean %.3f%s%s", round_idx, self.version, len(completions), n_tokens, gen_s,
                  n_tokens / max(gen_s, 1e-9), logprob_s, reward_s, float(np.mean(rewards)), dropped,

@@ -45,7 +45,8 @@ def test_zero_signal_groups_cost_no_logprob_passes_and_are_not_sent(reward, monk
     s = sampler(reward, filt, *free_ports(2))
     passes = []
     real = s._logprobs
-    monkeypatch.setattr(s, "_logprobs", lambda model, whole, plens: passes.append(len(whole)) or real(model, whole, plens))
+    monkeypatch.setattr(s, "_logprobs",
+                        lambda model, whole, plens: passes.append(len(whole)) or real(model, whole, plens))
     try:
         groups = s.generate_round(0)
     finally:
