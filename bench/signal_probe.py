@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import ROOT, write_result  # noqa: E402
 
 from grpo.data import load_problems, problem_prompt  # noqa: E402
+from grpo.loss import has_signal  # noqa: E402
 from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
 from grpo.rewards import gsm8k_reward  # noqa: E402
 from grpo.rollout import RolloutEngine  # noqa: E402
@@ -52,7 +53,7 @@ def probe(engine: RolloutEngine, tok, problems, G: int, temperature: float, max_
 def signal_stats(rewards: list[float], G: int, lengths: list[int], finished: list[bool]) -> dict:
     """Per-completion rewards (consecutive groups of G) -> what a round offers the learner."""
     groups = [rewards[g:g + G] for g in range(0, len(rewards), G)]
-    signal = [g for g in groups if len(set(g)) > 1]   # what --filter-zero-signal keeps
+    signal = [g for g in groups if has_signal(g)]   # what --filter-zero-signal keeps
     return {"completions": len(rewards), "accuracy": round(sum(rewards) / len(rewards), 5),
             "groups_with_signal": round(len(signal) / len(groups), 4),
             "correct_per_signal_group": round(sum(map(sum, signal)) / max(1, len(signal)), 3),

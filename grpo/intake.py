@@ -16,6 +16,7 @@ from grpo import protocol as P
 from grpo.books import Books
 from grpo.config import LearnerConfig
 from grpo.liveness import Liveness
+from grpo.loss import has_signal
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +29,9 @@ def drop_reason(g: P.Group, version: int, max_staleness: int, filter_zero_signal
         return "stale"
     if len(g.prefix_token_ids) == 0:
         return "empty_prompt"
-    if filter_zero_signal and len({c.reward for c in g.completions}) == 1:
-        # All rewards equal: every advantage is 0 and the group only adds KL (DAPO's
-        # dynamic sampling drops it; the next group from the queue takes its place).
+    if filter_zero_signal and not has_signal([c.reward for c in g.completions]):
+        # Every advantage is 0 and the group only adds KL; the next group from the queue
+        # takes its place.
         return "zero_signal"
     return None
 

@@ -29,6 +29,13 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True,
     return centred.reshape(-1)                                             # [N]
 
 
+def has_signal(rewards) -> bool:
+    """Whether a group's rewards differ. If they are all equal, group_advantages gives every
+    member zero advantage and the group teaches nothing: --filter-zero-signal (DAPO's dynamic
+    sampling) drops it, at the sampler before its log-prob passes and again at the learner."""
+    return len(set(rewards)) > 1
+
+
 @dataclass
 class TokenLoss:
     loss: torch.Tensor     # [B, T] per-token loss (zero where mask is 0)

@@ -22,6 +22,7 @@ from grpo.evaluate import eval_problems, greedy_accuracy, record_eval
 from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model,
                         right_pad, token_logprobs)
 from grpo.gpustats import GpuMonitor, format_gpu
+from grpo.loss import has_signal
 from grpo.progress import Progress
 from grpo.reward_funcs import reward_set_from_config
 from grpo.generation import hf_generate, resolve_backend
@@ -212,7 +213,7 @@ class Sampler:
         # rewards are all equal (zero advantage: the learner would drop it) costs no passes and
         # is not sent; it still counts as offered, and the learner's books see it as dropped.
         keep = [gi for gi in range(len(problems))
-                if not (cfg.filter_zero_signal and len({scores[k].reward for k in range(gi * G, (gi + 1) * G)}) == 1)]
+                if not cfg.filter_zero_signal or has_signal([sc.reward for sc in scores[gi * G:(gi + 1) * G]])]
         rows_kept = [k for gi in keep for k in range(gi * G, (gi + 1) * G)]
         t2 = time.perf_counter()
         kept_whole = [whole[k] for k in rows_kept]
