@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from grpo.config import EvalConfig, parse_config
+from grpo.config import EvalConfig
+from grpo.flags import parse_config
 from grpo.data import Problem, build_prompt, load_problems
 from grpo.model import left_pad
 from grpo.progress import Progress

@@ -24,7 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo.config import LaunchConfig, build_parser, to_flags
+from grpo.config import LaunchConfig
+from grpo.flags import build_parser, to_flags
 from grpo.launch import ROOT, LaunchError, _die_with_parent, _signal_group, describe_exit, parse_gpus
 
 PORT_STRIDE = 2

@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo.config import (CommonConfig, LaunchConfig, LearnerConfig, SamplerConfig, apply_config_file, build_parser,
-                         to_flags)
+from grpo.config import CommonConfig, LaunchConfig, LearnerConfig, SamplerConfig
+from grpo.flags import apply_config_file, build_parser, to_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 

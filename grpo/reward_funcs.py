@@ -300,7 +300,8 @@ def reward_set_from_config(cfg: Any) -> RewardSet:
 def check_sampler_flags(flags: list[str]) -> str | None:
     """For the launcher: the one-line error a sampler started with `flags` would give for its
     --reward / --dataset-transform choice (imports and names only), or None if they resolve."""
-    from grpo.config import SamplerConfig, parse_config
+    from grpo.config import SamplerConfig
+    from grpo.flags import parse_config
     from grpo.dataset_formats import load_transform
 
     cfg = parse_config(SamplerConfig, flags, "sampling_worker.py")

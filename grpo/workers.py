@@ -11,7 +11,8 @@ import json
 import os
 import sys
 
-from grpo.config import LearnerConfig, SamplerConfig, parse_config
+from grpo.config import LearnerConfig, SamplerConfig
+from grpo.flags import parse_config
 
 USER_ERROR_EXIT = 2
 

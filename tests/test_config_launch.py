@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo.config import LaunchConfig, LearnerConfig, SamplerConfig, build_parser, field_docs, parse_config, to_flags
+from grpo.config import LaunchConfig, LearnerConfig, SamplerConfig
+from grpo.flags import build_parser, field_docs, parse_config, to_flags
 from grpo.engine import ConfigError, resolve_ds_config
 from grpo.launch import LaunchError, parse, plan, split_passthrough
 

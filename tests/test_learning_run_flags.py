@@ -3,7 +3,8 @@ run_distributed.py's launcher and reach the sampler and learner as intended: a t
 would only show on the GPU machine, after its setup time."""
 from benchload import load_bench
 
-from grpo.config import LearnerConfig, SamplerConfig, parse_config
+from grpo.config import LearnerConfig, SamplerConfig
+from grpo.flags import parse_config
 from grpo.launch import parse, plan
 from grpo.learner import check_loss_options
 

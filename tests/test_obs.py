@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from grpo import protocol as P
-from grpo.config import LearnerConfig, SamplerConfig, parse_config
+from grpo.config import LearnerConfig, SamplerConfig
+from grpo.flags import parse_config
 from grpo.gpustats import GpuMonitor, format_gpu
 from grpo.launch import parse, plan
 from grpo.progress import Progress

@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo.config import LaunchConfig, build_parser
+from grpo.config import LaunchConfig
+from grpo.flags import build_parser
 from grpo.instances import instance_argv, plan_instances
 from grpo.launch import LaunchError, describe_exit, parse, plan
 

@@ -213,7 +213,8 @@ def test_flags_and_one_line_error_for_a_bad_backend():
     import subprocess
     import sys
 
-    from grpo.config import SamplerConfig, parse_config
+    from grpo.config import SamplerConfig
+    from grpo.flags import parse_config
 
     cfg = parse_config(SamplerConfig, ["--generation-backend", "hf", "--no-cuda-graphs", "--compile-decode"], "s")
     assert (cfg.generation_backend, cfg.cuda_graphs, cfg.compile_decode) == ("hf", False, True)

@@ -1,0 +1,179 @@
+"""Flags and YAML config files from the typed configs in grpo.config: one ``--field-name`` per
+dataclass field, its help the docstring under the field; a ``--config`` file's values become
+the defaults, so flags on the command line win; and back to flags for the launcher's children.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import os
+import textwrap
+import typing
+
+from grpo.config import LaunchConfig, LearnerConfig, SamplerConfig
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Docstrings written under dataclass fields (this class and its bases)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        for node, nxt in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                    and isinstance(nxt.value.value, str)):
+                docs[node.target.id] = nxt.value.value
+    return docs
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that reports a user mistake as one line and exit code 2, no usage dump."""
+
+    def error(self, message: str) -> typing.NoReturn:  # noqa: D401
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser(cls: type, prog: str, description: str = "",
+                 aliases: dict[str, list[str]] | None = None,
+                 skip: tuple[str, ...] = ("extra",)) -> ArgumentParser:
+    parser = ArgumentParser(prog=prog, description=description or cls.__doc__)
+    docs = field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        names = [flag] + (aliases or {}).get(f.name, [])
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        help_text = docs.get(f.name, "") + f" (default: {default!r})"
+        tp = hints[f.name]
+        if tp is bool and f.name.startswith("no_"):
+            # argparse's BooleanOptionalAction reads any "--no-..." flag as False: plain switch.
+            parser.add_argument(*names, dest=f.name, action="store_true", help=help_text)
+        elif tp is bool:
+            parser.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction,
+                                default=default, help=help_text)
+        else:
+            parser.add_argument(*names, dest=f.name, type=tp, default=default, help=help_text,
+                                metavar=f.name.upper())
+    return parser
+
+
+def _all_fields() -> dict[str, dataclasses.Field]:
+    """Every option of every role: one YAML file can configure a whole run."""
+    out: dict[str, dataclasses.Field] = {}
+    for klass in (SamplerConfig, LearnerConfig, LaunchConfig):
+        out.update({f.name: f for f in dataclasses.fields(klass) if f.name not in ("extra", "config")})
+    return out
+
+
+def _coerce(key: str, value, tp, path: str):
+    """A YAML value as the field's type; a mismatch is a ConfigFileError naming the key."""
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    elif tp is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    elif tp is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
+    elif tp in (int, float) and isinstance(value, str):
+        # YAML 1.1 reads 2e-6 (no dot) as a string; accept what the flag would accept.
+        try:
+            return tp(value)
+        except ValueError:
+            pass
+    elif tp is str and isinstance(value, list) and all(isinstance(v, (str, int)) for v in value):
+        return ",".join(map(str, value))  # lists like [q_proj, v_proj] or GPU ids [1, 2]
+    raise ConfigFileError(f"--config {path}: {key}: expected {tp.__name__}, got {value!r}")
+
+
+class ConfigFileError(ValueError):
+    """A bad --config file; one line naming the file, the key and the fix."""
+
+
+def load_config_file(path: str, cls: type) -> dict:
+    """The options a YAML file sets for `cls`, checked against every role's fields.
+
+    Keys may use dashes or underscores. A key that no role knows fails with the nearest
+    valid name; keys of other roles are accepted and left to those roles (one file serves
+    the launcher, the learner and the samplers).
+    """
+    import difflib
+
+    import yaml
+
+    try:
+        with open(path) as fh:
+            data = yaml.safe_load(fh)
+    except FileNotFoundError:
+        raise ConfigFileError(f"--config {path}: no such file") from None
+    except yaml.YAMLError as exc:
+        raise ConfigFileError(f"--config {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigFileError(f"--config {path}: expected a mapping of option: value, got {type(data).__name__}")
+    known = _all_fields()
+    mine = {f.name for f in dataclasses.fields(cls)}
+    hints = {**typing.get_type_hints(SamplerConfig), **typing.get_type_hints(LearnerConfig),
+             **typing.get_type_hints(LaunchConfig)}
+    out: dict = {}
+    for raw_key, value in data.items():
+        key = str(raw_key).replace("-", "_")
+        if key not in known:
+            near = difflib.get_close_matches(key, list(known), n=1, cutoff=0.5)
+            hint = f"; did you mean {near[0]}?" if near else "; see --help for the options"
+            raise ConfigFileError(f"--config {path}: unknown key {raw_key!r}{hint}")
+        value = _coerce(key, value, hints[key], path)
+        if key in mine:
+            out[key] = value
+    return out
+
+
+def apply_config_file(parser: argparse.ArgumentParser, cls: type, argv: list[str] | None) -> None:
+    """Make the --config file's values the parser's defaults, so flags on the command line win."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", default="")
+    ns, _ = pre.parse_known_args(argv)
+    if not ns.config:
+        return
+    try:
+        values = load_config_file(ns.config, cls)
+    except ConfigFileError as exc:
+        parser.error(str(exc))
+    # Absolute, so children started from another directory (the launcher's) find it too.
+    parser.set_defaults(**values, config=os.path.abspath(ns.config))
+
+
+def parse_config(cls: type, argv: list[str] | None, prog: str, **kw):
+    parser = build_parser(cls, prog, **kw)
+    apply_config_file(parser, cls, argv)
+    ns = parser.parse_args(argv)
+    if getattr(ns, "config", ""):
+        ns.config = os.path.abspath(ns.config)
+    return cls(**{k: v for k, v in vars(ns).items() if k in {f.name for f in dataclasses.fields(cls)}})
+
+
+def to_flags(cfg, cls: type | None = None) -> list[str]:
+    """The inverse of parse_config for the fields `cls` knows (used by the launcher)."""
+    cls = cls or type(cfg)
+    names = {f.name for f in dataclasses.fields(cls)}
+    out: list[str] = []
+    for f in dataclasses.fields(cfg):
+        if f.name not in names or f.name == "extra":
+            continue
+        value = getattr(cfg, f.name)
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            if value or not f.name.startswith("no_"):
+                out.append(flag if value else "--no-" + f.name.replace("_", "-"))
+        else:
+            out += [flag, str(value)]
+    return out
