@@ -41,11 +41,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # its time in run 5), so these flags now give about 1.2x the signal per minute; adding
 # `-- --sampling-gpus 0,1 --share-gpus` (a second sampler on the learner's GPU) gave 2.7x in a
 # 90 s run (bench/results/two_samplers_90s/). README, "Learning runs 4 and 5", has the numbers.
-RUN_FLAGS = ["--sampling-gpu", "0", "--training-gpus", "1", "--max-time-s", "480", "--max-steps", "100000",
+RUN_FLAGS = ["--sampling-gpus", "0,1", "--share-gpus", "--training-gpus", "1", "--max-time-s", "480", "--max-steps", "100000",
              "--eval-every", "50", "--eval-size", "500", "--num-generations", "16", "--prompts-per-round", "128",
-             "--train-batch-size", "128", "--learning-rate", "2e-5", "--beta", "0.0",
+             "--train-batch-size", "128", "--learning-rate", "5e-5", "--beta", "0.0",
              "--reward", "correctness", "--generation-backend", "fast", "--verify-weight-sync",
-             "--loss-type", "dapo", "--filter-zero-signal", "--max-new-tokens", "512", "--max-staleness", "8"]
+             "--loss-type", "dapo", "--filter-zero-signal", "--max-new-tokens", "512", "--max-staleness", "8",
+             "--dataset-transform", "bench/gsm8k_curriculum.py:at_most_2_steps"]
 
 
 def summarise(run_dir: Path, device: str, out_dir: Path) -> dict:

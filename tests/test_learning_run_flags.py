@@ -1,12 +1,19 @@
 """bench/learning_run.py's RUN_FLAGS (the settings the next GPU learning run uses) parse through
 run_distributed.py's launcher and reach the sampler and learner as intended: a typo there
 would only show on the GPU machine, after its setup time."""
+from pathlib import Path
+
+import pytest
 from benchload import load_bench
 
 from grpo.config import LearnerConfig, SamplerConfig
 from grpo.flags import parse_config
 from grpo.launch import parse, plan
 from grpo.learner import check_loss_options
+
+
+GSM8K_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
+RUN_TRANSFORM = "bench/gsm8k_curriculum.py:at_most_2_steps"
 
 
 def run_flags() -> list[str]:
@@ -16,22 +23,57 @@ def run_flags() -> list[str]:
 def test_next_learning_run_settings_reach_both_roles():
     launch, to_s, to_l = parse(run_flags() + ["--dataset", "data/gsm8k"])
     specs = {p.name: p for p in plan(launch, 2, to_s, to_l, 29500)}
-    assert set(specs) == {"learner0", "sampler0"}
-    # Sampler on GPU 0 (it also sees the learner's GPU, for ipc), learner on GPU 1.
-    assert [specs[n].env["CUDA_VISIBLE_DEVICES"] for n in ("sampler0", "learner0")] == ["0,1", "1"]
+    assert set(specs) == {"learner0", "sampler0", "sampler1"}
+    # Sampler 0 on GPU 0, the learner on GPU 1, and a second sampler beside it on GPU 1 (the
+    # learner waits for signal most of the time). Each sampler also sees the learner's GPU, for ipc.
+    assert [specs[n].env["CUDA_VISIBLE_DEVICES"] for n in ("sampler0", "sampler1", "learner0")] == ["0,1", "1", "1"]
     sampler = parse_config(SamplerConfig, specs["sampler0"].argv[2:], "s")   # [python, script, flags...]
+    second = parse_config(SamplerConfig, specs["sampler1"].argv[2:], "s")
     learner = parse_config(LearnerConfig, specs["learner0"].argv[2:], "l")
     # Both roles must agree on the length: the sampler generates up to it, the learner's
     # masking and normalisers use it.
-    assert sampler.max_new_tokens == learner.max_new_tokens == 512
+    assert sampler.max_new_tokens == second.max_new_tokens == learner.max_new_tokens == 512
     check_loss_options(learner)   # what the learner checks first on the GPU machine
-    assert (learner.loss_type, learner.mask_truncated, learner.learning_rate, learner.beta) == ("dapo", False, 2e-5, 0.0)
+    assert (learner.loss_type, learner.mask_truncated, learner.learning_rate, learner.beta) == ("dapo", False, 5e-5, 0.0)
     assert learner.max_staleness == 8 and learner.filter_zero_signal
     assert (sampler.num_generations, sampler.prompts_per_round, sampler.reward) == (16, 128, "correctness")
+    # The two samplers take disjoint halves of the same (curriculum-filtered) train problems.
+    assert (sampler.sampler_id, second.sampler_id, sampler.num_samplers, second.num_samplers) == (0, 1, 2, 2)
+    assert sampler.dataset_transform == second.dataset_transform == "bench/gsm8k_curriculum.py:at_most_2_steps"
     # Zero-signal groups are dropped at the source (before their log-prob passes) and, should
     # any still arrive, at the learner.
-    assert sampler.filter_zero_signal
+    assert sampler.filter_zero_signal and second.filter_zero_signal
     assert learner.train_batch_size == 128 and sampler.generation_backend == "fast"
+
+
+def test_curriculum_keeps_train_problems_by_solution_steps(tmp_path):
+    """The run's --dataset-transform, loaded as the sampler loads it, on a hand-made file: the
+    step count is the reference solution's lines before '####'."""
+    import json
+
+    from grpo.data import load_problems
+
+    solutions = {"one": "A<<1+1=2>>2\n#### 2", "two": "A\nB\n#### 3", "three": "A\nB\n\nC\n#### 4"}
+    rows = [{"question": q, "answer": a} for q, a in solutions.items()]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    mod = load_bench("gsm8k_curriculum")
+    assert [mod.solution_steps(a) for a in solutions.values()] == [1, 2, 3]   # the blank line is no step
+    kept = load_problems(str(tmp_path), "train", transform=RUN_TRANSFORM)
+    assert [p.question for p in kept] == ["one", "two"]
+    assert [p.question for p in load_problems(str(tmp_path), "train",
+                                              transform="bench/gsm8k_curriculum.py:at_most_3_steps")] == list(solutions)
+
+
+def test_curriculum_on_gsm8k_train_and_not_on_the_test_subset():
+    """1,961 of GSM8K's 7,473 train problems have two-step solutions; the evaluation subset is
+    the first 500 test problems whatever the run's transform (it is never applied to them)."""
+    from grpo.data import load_problems
+    from grpo.evaluate import eval_problems
+
+    if not (GSM8K_DIR / "train.jsonl").is_file():
+        pytest.skip(f"{GSM8K_DIR} is missing")
+    assert len(load_problems(str(GSM8K_DIR), "train", transform=RUN_TRANSFORM)) == 1961
+    assert len(eval_problems(str(GSM8K_DIR), 500)) == 500
 
 
 def test_summary_reads_the_sampler_rounds_of_both_log_formats(tmp_path):
