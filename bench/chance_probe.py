@@ -12,13 +12,17 @@ by solution steps, the two chance baselines on the same problems, and a few corr
   python bench/chance_probe.py [--model smollm2] [--prompts 256] [-G 16] [--eval-size 500]
                                [--max-new-tokens 512] [--dataset ../shared/data/gsm8k]
 
-Writes bench/results/<--name, default chance_probe>_<device>.json. CPU smoke run: --device cpu --model tiny-random
+With --baselines-only (no model, CPU) it writes the data's chance baselines alone, adding two that
+read no question at all: always the train split's most common answer, and an answer drawn from the
+train answers' distribution: bench/results/chance_baselines_cpu.json.
+Otherwise writes bench/results/<--name, default chance_probe>_<device>.json. CPU smoke run: --device cpu --model tiny-random
 --prompts 2 -G 2 --eval-size 2 --max-new-tokens 4.
 """
 from __future__ import annotations
 
 import argparse
 import random
+from collections import Counter
 import sys
 from pathlib import Path
 
@@ -69,6 +73,17 @@ def answer_stats(questions: list[str], golds: list[str], answers: list[str | Non
     }
 
 
+def prior_baselines(train_golds: list[str], test_golds: list[str]) -> dict:
+    """Answers that read no question: the train split's most common answer, always, and an answer
+    drawn from the train answers' distribution (expected accuracy), scored on the test golds."""
+    counts = Counter(train_golds)
+    top, _ = counts.most_common(1)[0]
+    return {"most_common_train_answer": top,
+            "constant_answer_accuracy": round(sum(g == top for g in test_golds) / len(test_golds), 5),
+            "train_answer_distribution_accuracy": round(sum(counts[g] for g in test_golds)
+                                                        / len(train_golds) / len(test_golds), 5)}
+
+
 def generate(engine: RolloutEngine, tok, problems, per: int, temperature: float, max_new: int, rows: int):
     ids = [tok(problem_prompt(tok, p), add_special_tokens=False)["input_ids"] for p in problems]
     flat = [i for i in ids for _ in range(per)]
@@ -103,23 +118,36 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=1024)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--name", default="chance_probe", help="results file stem (e.g. for a trained checkpoint)")
+    ap.add_argument("--baselines-only", action="store_true",
+                    help="no model: the data's chance baselines only, into chance_baselines_cpu.json")
     args = ap.parse_args()
+    train_all = load_problems(args.dataset, "train")
+    test = load_problems(args.dataset, "test", limit=args.eval_size)   # the evaluation's fixed subset
+    test_golds = [extract_gsm8k_answer(p.answer) for p in test]
+    prior = prior_baselines([extract_gsm8k_answer(p.answer) for p in train_all], test_golds)
+    if args.baselines_only:
+        copy = answer_stats([p.question for p in test], test_golds, test_golds, 1,
+                            [solution_steps(p.answer) for p in test])
+        keep = ("gold_in_question", "chance_last_question_number", "chance_uniform_question_number")
+        print("wrote", write_result("chance_baselines", torch.device("cpu"), {
+            "data": "first %d GSM8K test problems; train answers from all %d train problems" % (len(test), len(train_all)),
+            **{k: copy[k] for k in keep}, **prior}))
+        return 0
     device = torch.device(args.device)
     path = resolve_model(args.model)
     tok = load_tokenizer(path)
     model = load_causal_lm(path, device, compute_dtype(device)).eval()
     engine = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id)
     torch.manual_seed(args.seed)
-    train = random.Random(args.seed).sample(load_problems(args.dataset, "train"), args.prompts)
+    train = random.Random(args.seed).sample(train_all, args.prompts)
     sampled = probe(engine, tok, train, args.G, args.temperature, args.max_new_tokens, args.rows)
     print({k: v for k, v in sampled.items() if k != "correct_examples"}, flush=True)
-    test = load_problems(args.dataset, "test", limit=args.eval_size)   # the evaluation's fixed subset
     greedy = probe(engine, tok, test, 1, 0.0, args.max_new_tokens, args.rows)
     print({k: v for k, v in greedy.items() if k != "correct_examples"}, flush=True)
     print("wrote", write_result(args.name, device, {
         "model": args.model, "max_new_tokens": args.max_new_tokens,
         "train_sampled": {"data": "GSM8K train, %d prompts sampled with seed %d" % (args.prompts, args.seed), **sampled},
-        "test_greedy": {"data": "first %d GSM8K test problems" % args.eval_size, **greedy}}))
+        "test_greedy": {"data": "first %d GSM8K test problems" % args.eval_size, **greedy}, "test_prior": prior}))
     return 0
 
 

@@ -46,3 +46,32 @@ def test_probe_runs_on_the_tiny_model():
     assert greedy["completions"] == 3 and greedy["temperature"] == 0.0
     # The chance baselines depend on the problems only, not on what the model wrote.
     assert greedy["chance_last_question_number"] == row["chance_last_question_number"]
+
+
+def test_prior_baselines_hand_worked():
+    cp = load_bench("chance_probe")
+    # Train answers: "4" x3, "6" x1. Test golds "4", "6", "9": always "4" is right once in 3;
+    # drawing from the train distribution scores (3/4 + 1/4 + 0) / 3.
+    assert cp.prior_baselines(["4", "6", "4", "4"], ["4", "6", "9"]) == {
+        "most_common_train_answer": "4", "constant_answer_accuracy": round(1 / 3, 5),
+        "train_answer_distribution_accuracy": round(1 / 3, 5)}
+
+
+def test_gsm8k_chance_baselines_beside_the_models_2_4_percent():
+    """On the evaluation subset (first 500 test problems), answering "4" (the train split's most
+    common answer) scores 3.0%, more than SmolLM2-135M's greedy 2.4%; copying the question's last
+    number 1.8%. These are the README's reference points for 'learning'."""
+    import pytest
+
+    from grpo.data import load_problems
+    from grpo.rewards import extract_gsm8k_answer
+
+    if not (GSM8K / "train.jsonl").is_file():
+        pytest.skip(f"{GSM8K} is missing")
+    cp = load_bench("chance_probe")
+    golds = lambda ps: [extract_gsm8k_answer(p.answer) for p in ps]   # noqa: E731
+    test = load_problems(str(GSM8K), "test", limit=500)
+    prior = cp.prior_baselines(golds(load_problems(str(GSM8K), "train")), golds(test))
+    assert (prior["most_common_train_answer"], prior["constant_answer_accuracy"]) == ("4", 0.03)
+    copy = cp.answer_stats([p.question for p in test], golds(test), golds(test), 1, [2] * 500)
+    assert (copy["gold_in_question"], copy["chance_last_question_number"]) == (0.06, 0.018)
