@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # metrics, not the test subset: token-level loss (--loss-type dapo) with truncated completions
 # kept in it (at this size a cut-off completion is a loop or a ramble, scored wrong), groups with
 # all-equal rewards filtered (--filter-zero-signal: four in five carried no signal), 512 new
-# tokens (the baseline is re-measured at that length), --max-staleness 8. Run 5 (these flags;
-# top-level learning_2x_NVIDIA_H200.*) added rounds of 128 prompts and lr 2e-5. Neither moved
+# tokens (the baseline is re-measured at that length), --max-staleness 8. Run 5
+# (learning_run_5/) added rounds of 128 prompts and lr 2e-5. Neither moved
 # greedy test accuracy (0.024 -> 0.024 and 0.022): 41 and 47 steps, each of 8 groups with
 # signal, were all the sampler's 36-45k completions gave (15% of groups have a correct member
 # at 1.2-1.8% train accuracy), and KL to the start stayed under 0.011. The train reward rises
@@ -40,7 +40,13 @@ ROOT = Path(__file__).resolve().parents[1]
 # run 5, --filter-zero-signal also filters at the sampler, before the log-prob passes (24% of
 # its time in run 5), so these flags now give about 1.2x the signal per minute; adding
 # `-- --sampling-gpus 0,1 --share-gpus` (a second sampler on the learner's GPU) gave 2.7x in a
-# 90 s run (bench/results/two_samplers_90s/). README, "Learning runs 4 and 5", has the numbers.
+# 90 s run (bench/results/two_samplers_90s/). Runs 6 and 7 (these flags; run 7 is the top-level
+# learning_2x_NVIDIA_H200.*) added that second sampler, two-step train problems only
+# (bench/gsm8k_curriculum.py) and lr 5e-5: 119 and 118 steps, 2.5x run 5's groups with signal,
+# KL 0.08-0.11, and greedy test accuracy 0.024 -> 0.018 in both. bench/chance_probe.py says why:
+# the base model's 2.4% is at chance (always answering "4" scores 3.0%, copying the question's
+# last number 1.8%; half its correct answers are copies), so the reward mostly pays coincidences.
+# README, "Learning runs 6 and 7", has the numbers.
 RUN_FLAGS = ["--sampling-gpus", "0,1", "--share-gpus", "--training-gpus", "1", "--max-time-s", "480", "--max-steps", "100000",
              "--eval-every", "50", "--eval-size", "500", "--num-generations", "16", "--prompts-per-round", "128",
              "--train-batch-size", "128", "--learning-rate", "5e-5", "--beta", "0.0",
