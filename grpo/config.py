@@ -52,6 +52,8 @@ class CommonConfig:
     """Data set to evaluate on (default: --dataset; the learner needs it set when it evaluates)."""
     eval_batch_size: int = 256
     """Sequences decoded together during evaluation."""
+    generation_backend: str = "auto"
+    """'fast' (grpo/rollout.py: static KV cache, CUDA-graph decode, sampling on the GPU), 'hf' (Hugging Face generate), or 'auto' (fast on CUDA, hf on CPU). Samplers generate with it; every greedy evaluation (sampler 0's and the learner's final one) decodes with it, so the baseline and the final accuracy come from the same decoder."""
     # --- config file (issue 7)
     config: str = ""
     """YAML file of options (keys are these field names, dashes or underscores); flags given on the command line override it."""
@@ -104,8 +106,6 @@ class SamplerConfig(CommonConfig):
     dataset_transform: str = ""
     """module:function applied to every raw dataset row: fn(row: dict) -> dict (question/answer, prompt, instruction/response or input/output columns) or None to drop the row."""
     # --- rollout
-    generation_backend: str = "auto"
-    """'fast' (grpo/rollout.py: static KV cache, CUDA-graph decode, sampling on the GPU), 'hf' (Hugging Face generate), or 'auto' (fast on CUDA, hf on CPU)."""
     cuda_graphs: bool = True
     """With the fast backend on CUDA, capture the decode step as a CUDA graph (--no-cuda-graphs: eager decode, for debugging)."""
     compile_decode: bool = False
@@ -257,3 +257,5 @@ class EvalConfig:
     """CUDA device index (-1: 0)."""
     out: str = ""
     """Also write the result as JSON to this file."""
+    generation_backend: str = "auto"
+    """Greedy decoding with 'fast' (grpo/rollout.py), 'hf' (Hugging Face generate) or 'auto' (fast on CUDA, hf on CPU): the decoder the training run's evaluations use."""

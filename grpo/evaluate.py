@@ -9,6 +9,7 @@ same function runs inside the sampler (`--eval-every N`) and at the learner's en
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -26,6 +27,34 @@ from grpo.progress import Progress
 from grpo.rewards import gsm8k_reward
 
 log = logging.getLogger(__name__)
+
+
+def eval_engine(model, tok, backend: str, device: torch.device):
+    """The decoder a greedy evaluation uses: the rollout engine where --generation-backend resolves
+    to 'fast' (CUDA by default), else None (Hugging Face `generate`). Sampler 0 (the baseline),
+    the learner (the final weights) and this module's command all decide by this one rule, so a
+    run's accuracies before and after come from the same decoder: in learning run 7 the two
+    decoders, on the same bf16 weights, differed by 2 of 500 problems."""
+    from grpo.generation import resolve_backend
+
+    if resolve_backend(backend, device) != "fast":
+        return None
+    from grpo.rollout import RolloutEngine
+
+    return RolloutEngine(model, tok.eos_token_id, tok.pad_token_id, cuda_graphs=device.type == "cuda")
+
+
+def evaluate_module(module, tok, cfg, device: torch.device, autocast: bool = False) -> dict:
+    """Greedy pass@1 of a training module (the learner's final weights) on cfg's evaluation
+    subset, with the decoder sampler 0 scored the baseline with (eval_engine). The engine decodes
+    in the module's own dtype: bf16 under DeepSpeed, as at the samplers; fp32 with --no-deepspeed,
+    whose bf16 autocast only Hugging Face `generate` gets (`autocast`)."""
+    module.config.use_cache = True
+    decoder = eval_engine(module, tok, cfg.generation_backend, device)
+    amp = autocast and decoder is None
+    with torch.autocast("cuda", dtype=torch.bfloat16) if amp else contextlib.nullcontext():
+        return greedy_accuracy(module, tok, eval_problems(cfg.eval_dataset, cfg.eval_size), cfg.max_new_tokens,
+                               cfg.eval_batch_size, device, engine=decoder)
 
 
 def eval_problems(dataset: str, size: int, seed: int = 0) -> list[Problem]:
@@ -89,7 +118,7 @@ def greedy_accuracy(model, tok, problems: list[Problem], max_new_tokens: int, ba
     return {"accuracy": sum(correct) / n, "correct": int(sum(correct)), "n": len(problems),
             "has_answer": sum(has_answer) / n, "mean_completion_len": sum(lengths) / n,
             "truncated_frac": truncated / n, "seconds": time.perf_counter() - t0,
-            "max_new_tokens": max_new_tokens}
+            "max_new_tokens": max_new_tokens, "decoder": "hf" if engine is None else "fast"}
 
 
 def record_eval(run_dir: str, version: int, result: dict, by: str) -> None:
@@ -115,10 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         path = resolve_model(cfg.model)
         tok = load_tokenizer(path)
         model = load_causal_lm(path, device, compute_dtype(device))
+        engine = eval_engine(model, tok, cfg.generation_backend, device)
     except (DatasetUnavailable, ModelUnavailable, ValueError) as exc:
         print(f"python -m grpo.evaluate: error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
         return 2
-    result = greedy_accuracy(model, tok, problems, cfg.max_new_tokens, cfg.eval_batch_size, device)
+    result = greedy_accuracy(model, tok, problems, cfg.max_new_tokens, cfg.eval_batch_size, device, engine=engine)
     result.update(model=cfg.model, dataset=cfg.dataset, split="test", device=str(device), config=asdict(cfg))
     print(f"greedy pass@1: {result['accuracy']:.4f} ({result['correct']}/{result['n']}) on the first "
           f"{result['n']} test problems of {cfg.dataset}; {result['seconds']:.1f} s")

@@ -32,6 +32,7 @@ from grpo.loss import KL_ESTIMATORS, LOSS_TYPES, grpo_token_loss, reduce_loss
 from grpo.gpustats import GpuMonitor, format_gpu
 from grpo.intake import Intake
 from grpo.metrics import MetricsWriter, make_run_dir
+from grpo.generation import resolve_backend
 from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, token_logprobs,
                         weights_checksum)
 from grpo.progress import Progress
@@ -67,6 +68,7 @@ class Learner:
         local = int(os.environ.get("LOCAL_RANK", "0"))
         self.device = pick_device(cfg.device, cfg.gpu_id if cfg.gpu_id >= 0 else (local if cfg.device != "cpu" else -1))
         check_method(cfg.weight_sync, self.device, bool(cfg.lora_r), not cfg.no_deepspeed)
+        resolve_backend(cfg.generation_backend, self.device)   # a bad name fails now, not after training
         if cfg.eval_every > 0 and not cfg.eval_dataset:
             raise ValueError("--eval-every on the learner needs --eval-dataset (the data set the samplers use); "
                              "run_distributed.py passes it for you")
@@ -278,13 +280,9 @@ class Learner:
 
     def _final_eval(self) -> dict:
         """Greedy pass@1 of the final weights, on rank 0 after training (nothing left to stall)."""
-        from grpo.evaluate import eval_problems, greedy_accuracy, record_eval
+        from grpo.evaluate import evaluate_module, record_eval
 
-        module = self.engine.module
-        module.config.use_cache = True
-        with torch.autocast("cuda", dtype=torch.bfloat16) if self.autocast else contextlib.nullcontext():
-            result = greedy_accuracy(module, self.tok, eval_problems(self.cfg.eval_dataset, self.cfg.eval_size),
-                                     self.cfg.max_new_tokens, self.cfg.eval_batch_size, self.device)
+        result = evaluate_module(self.engine.module, self.tok, self.cfg, self.device, self.autocast)
         record_eval(str(self.run_dir), self.version, result, by="learner")
         return {"version": self.version, **result}
 

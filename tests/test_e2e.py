@@ -82,6 +82,8 @@ def test_run_distributed_cpu_two_ranks_two_samplers(tmp_path):
     evals = [json.loads(x) for x in (run_dir / "eval.jsonl").read_text().splitlines()]
     assert (0, "sampler0") in {(e["version"], e["by"]) for e in evals}
     assert (3, "learner") in {(e["version"], e["by"]) for e in evals} and all(e["n"] == 3 for e in evals)
+    # ... with one decoder (--generation-backend's rule, the same for both roles)
+    assert {e["decoder"] for e in evals} == {"hf"}
     assert summary["final_eval"]["version"] == 3
     assert any(x["eval"] and x["eval"]["version"] == 0 for x in steps)
 

@@ -58,14 +58,36 @@ def test_batched_left_padded_eval_scores_like_one_at_a_time():
         (res["correct"], res["mean_completion_len"], res["truncated_frac"])
 
 
+def test_final_evaluation_decodes_like_the_samplers():
+    """The learner's final evaluation picks its decoder by --generation-backend, the rule sampler 0
+    scores the baseline by: 'auto' on CPU is Hugging Face generate, 'fast' the rollout engine;
+    both score the same on the same weights (fp32 here)."""
+    from grpo.config import LearnerConfig
+    from grpo.evaluate import evaluate_module
+
+    path = resolve_model("smollm2")
+    tok = load_tokenizer(path)
+    model = load_causal_lm(path, torch.device("cpu"), torch.float32).eval()
+    res = {}
+    for backend in ("auto", "fast"):
+        cfg = LearnerConfig(eval_dataset=str(GSM8K), eval_size=4, eval_batch_size=4, max_new_tokens=12,
+                            generation_backend=backend)
+        res[backend] = evaluate_module(model, tok, cfg, torch.device("cpu"))
+    assert (res["auto"]["decoder"], res["fast"]["decoder"]) == ("hf", "fast")
+    keys = ("correct", "n", "has_answer", "mean_completion_len", "truncated_frac")
+    assert [res["auto"][k] for k in keys] == [res["fast"][k] for k in keys]
+    assert res["fast"]["n"] == 4 and res["fast"]["mean_completion_len"] > 0
+
+
 def test_evaluate_command_writes_json(tmp_path):
     out = tmp_path / "r.json"
     r = subprocess.run([sys.executable, "-m", "grpo.evaluate", "--model", "tiny-random", "--dataset", str(GSM8K),
-                        "--eval-size", "3", "--max-new-tokens", "4", "--device", "cpu", "--out", str(out)],
+                        "--eval-size", "3", "--max-new-tokens", "4", "--device", "cpu", "--out", str(out),
+                        "--generation-backend", "fast"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())
-    assert res["n"] == 3 and 0 <= res["correct"] <= 3 and res["split"] == "test"
+    assert res["n"] == 3 and 0 <= res["correct"] <= 3 and res["split"] == "test" and res["decoder"] == "fast"
     assert "greedy pass@1" in r.stdout
     bad = subprocess.run([sys.executable, "-m", "grpo.evaluate", "--model", "/nonexistent/m", "--device", "cpu",
                           "--dataset", str(GSM8K)], cwd=ROOT, capture_output=True, text=True, timeout=300)

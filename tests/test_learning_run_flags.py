@@ -43,7 +43,7 @@ def test_next_learning_run_settings_reach_both_roles():
     # Zero-signal groups are dropped at the source (before their log-prob passes) and, should
     # any still arrive, at the learner.
     assert sampler.filter_zero_signal and second.filter_zero_signal
-    assert learner.train_batch_size == 128 and sampler.generation_backend == "fast"
+    assert learner.train_batch_size == 128 and sampler.generation_backend == learner.generation_backend == "fast"
 
 
 def test_curriculum_keeps_train_problems_by_solution_steps(tmp_path):
