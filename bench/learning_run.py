@@ -68,8 +68,9 @@ def summarise(run_dir: Path, device: str, out_dir: Path) -> dict:
         "steps": len(steps), "wall_s": steps[-1]["time_s"], "config": cfg,
         "baseline_accuracy": base["accuracy"], "final_accuracy": final["accuracy"],
         "final_eval_version": final["version"],
-        "evals": [{k: e[k] for k in ("version", "by", "accuracy", "correct", "n", "mean_completion_len",
-                                      "truncated_frac", "seconds")} for e in evals],
+        # decoder: None in runs up to 7, whose learner evaluated with HF generate and sampler 0 with the engine.
+        "evals": [{**{k: e[k] for k in ("version", "by", "accuracy", "correct", "n", "mean_completion_len",
+                                         "truncated_frac", "seconds")}, "decoder": e.get("decoder")} for e in evals],
         "reward_mean_per_step": [r["reward_mean"] for r in steps],
         # The learner's batch reward counts only groups it trained on (with --filter-zero-signal,
         # only groups with a correct member); the sampler's rounds count every completion.

@@ -89,3 +89,24 @@ def test_summary_reads_the_sampler_rounds_of_both_log_formats(tmp_path):
     assert load_bench("learning_run")._sampler_rounds(log) == [
         {"round": 0, "version": 0, "completions": 512, "reward_mean": 0.020},
         {"round": 1, "version": 3, "completions": 2048, "reward_mean": 0.011}]
+
+
+def test_summary_reproduces_the_committed_run_7_result(tmp_path):
+    """`learning_run.py summarise` on run 7's committed raw files (a copy: it writes a PNG into
+    the run directory) gives the committed JSON's numbers, and marks the evaluations of that run
+    as decoder-unknown (they predate the field)."""
+    import json
+    import shutil
+
+    committed = Path(__file__).resolve().parents[1] / "bench" / "results" / "learning_run_7"
+    run = tmp_path / "run7"
+    shutil.copytree(committed, run)
+    doc = load_bench("learning_run").summarise(run, "2x NVIDIA H200", tmp_path / "out")
+    old = json.loads((committed / "learning_2x_NVIDIA_H200.json").read_text())
+    assert (doc["steps"], doc["baseline_accuracy"], doc["final_accuracy"], doc["final_eval_version"]) == \
+        (118, 0.024, 0.018, 118)
+    assert [e["decoder"] for e in doc["evals"]] == [None] * 4
+    for e in doc["evals"]:
+        e.pop("decoder")
+    assert doc == old
+    assert (run / "learning.png").stat().st_size > 10_000
