@@ -82,4 +82,12 @@ def learner_main(argv: list[str] | None = None) -> int:
     except _user_errors() as exc:
         return _fail(prog, exc)
     learner.run()
+    # Every rank's last collective is behind it (rank 0's evaluation and shutdown use none), so
+    # each tears its process group down now, itself: left to interpreter exit, gloo's worker
+    # threads can outlive Python and abort the process ("terminate called without an active
+    # exception", SIGABRT; seen on learner rank 1 of the 2-rank CPU e2e run).
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
     return 0
