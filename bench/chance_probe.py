@@ -31,8 +31,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import ROOT, write_result  # noqa: E402
 from gsm8k_curriculum import solution_steps  # noqa: E402
+from signal_probe import sample  # noqa: E402 - the same sampling loop, with greedy at temperature 0
 
-from grpo.data import load_problems, problem_prompt  # noqa: E402
+from grpo.data import load_problems  # noqa: E402
 from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
 from grpo.rewards import _numbers, extract_gsm8k_answer  # noqa: E402
 from grpo.rollout import RolloutEngine  # noqa: E402
@@ -84,18 +85,9 @@ def prior_baselines(train_golds: list[str], test_golds: list[str]) -> dict:
                                                         / len(train_golds) / len(test_golds), 5)}
 
 
-def generate(engine: RolloutEngine, tok, problems, per: int, temperature: float, max_new: int, rows: int):
-    ids = [tok(problem_prompt(tok, p), add_special_tokens=False)["input_ids"] for p in problems]
-    flat = [i for i in ids for _ in range(per)]
-    texts = []
-    for s in range(0, len(flat), rows):
-        out = engine.generate(flat[s:s + rows], max_new, temperature, greedy=temperature == 0)
-        texts += [tok.decode(t, skip_special_tokens=True) for t in out.token_ids]
-    return texts
-
-
 def probe(engine, tok, problems, per: int, temperature: float, max_new: int, rows: int, examples: int = 6) -> dict:
-    texts = generate(engine, tok, problems, per, temperature, max_new, rows)
+    texts = [tok.decode(t, skip_special_tokens=True) for t in sample(engine, tok, problems, per, temperature,
+                                                                     max_new, rows)[0]]
     answers = [extract_gsm8k_answer(t) for t in texts]
     golds = [extract_gsm8k_answer(p.answer) for p in problems]
     stats = answer_stats([p.question for p in problems], golds, answers, per,

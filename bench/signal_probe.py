@@ -34,7 +34,9 @@ from grpo.rollout import RolloutEngine  # noqa: E402
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 
 
-def probe(engine: RolloutEngine, tok, problems, G: int, temperature: float, max_new: int, rows: int) -> dict:
+def sample(engine: RolloutEngine, tok, problems, G: int, temperature: float, max_new: int, rows: int):
+    """G completions of each problem's sampler prompt, in chunks of `rows` (temperature 0: greedy):
+    (token ids per completion, problem by problem; finished flags; generation seconds)."""
     ids = [tok(problem_prompt(tok, p), add_special_tokens=False)["input_ids"] for p in problems]
     flat = [i for i in ids for _ in range(G)]
     tokens, finished, gen_s = [], [], 0.0
@@ -44,6 +46,11 @@ def probe(engine: RolloutEngine, tok, problems, G: int, temperature: float, max_
         gen_s += time.perf_counter() - t0
         tokens += out.token_ids
         finished += out.finished
+    return tokens, finished, gen_s
+
+
+def probe(engine: RolloutEngine, tok, problems, G: int, temperature: float, max_new: int, rows: int) -> dict:
+    tokens, finished, gen_s = sample(engine, tok, problems, G, temperature, max_new, rows)
     rewards = [gsm8k_reward(tok.decode(t, skip_special_tokens=True), problems[k // G].answer).reward
                for k, t in enumerate(tokens)]
     return {"temperature": temperature, **signal_stats(rewards, G, [len(t) for t in tokens], finished),
