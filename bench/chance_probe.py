@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import argparse
 import random
-from collections import Counter
 import sys
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -33,10 +33,10 @@ from benchutil import ROOT, write_result  # noqa: E402
 from gsm8k_curriculum import solution_steps  # noqa: E402
 from signal_probe import sample  # noqa: E402 - the same sampling loop, with greedy at temperature 0
 
-from grpo.data import load_problems  # noqa: E402
+from grpo.data.gsm8k import _numbers, extract_gsm8k_answer  # noqa: E402
+from grpo.data.sources import load_problems  # noqa: E402
 from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
-from grpo.rewards import _numbers, extract_gsm8k_answer  # noqa: E402
-from grpo.rollout import RolloutEngine  # noqa: E402
+from grpo.sampler.rollout import RolloutEngine  # noqa: E402
 
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 

@@ -23,14 +23,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import write_result  # noqa: E402
+
 from grpo.model import compute_dtype, left_pad, load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
-from grpo.rollout import RolloutEngine  # noqa: E402
+from grpo.sampler.rollout import RolloutEngine  # noqa: E402
 
 
 @torch.no_grad()
 def profile(model, tok, prompts, new: int) -> dict:
     """Top kernels of eager decode steps (a captured graph hides its kernels from the profiler)."""
-    from torch.profiler import ProfilerActivity, profile as prof
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
 
     engine = RolloutEngine(model, [], tok.pad_token_id, cuda_graphs=False, buckets=(len(prompts),), prompt_multiple=64)
     engine.generate(prompts, 8, temperature=1.0)          # allocate the slot

@@ -7,7 +7,7 @@ PY=${PY:-python}
 RUN=runs/lora_gpu_$(date +%Y%m%d-%H%M%S)
 $PY run_distributed.py --sampling-gpu 0 --training-gpus "${TRAIN_GPUS:-1}" --lora-r 16 --lora-alpha 32 \
     --learning-rate 1e-5 --max-steps "${STEPS:-12}" --dataset "${DATASET:-../shared/data/gsm8k}" --run-dir "$RUN"
-$PY -m grpo.report "$RUN"
+$PY -m grpo.obs.report "$RUN"
 echo "--- GPU use per step (learner) and per round (sampler)"
 grep -h "| gpu" "$RUN/learner0.log" | tail -n 3
 grep -h "| gpu" "$RUN/sampler0.log" | tail -n 3

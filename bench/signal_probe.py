@@ -25,11 +25,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import ROOT, write_result  # noqa: E402
 
-from grpo.data import load_problems, problem_prompt  # noqa: E402
+from grpo.data.gsm8k import gsm8k_reward  # noqa: E402
+from grpo.data.prompts import problem_prompt  # noqa: E402
+from grpo.data.sources import load_problems
 from grpo.loss import has_signal  # noqa: E402
 from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
-from grpo.rewards import gsm8k_reward  # noqa: E402
-from grpo.rollout import RolloutEngine  # noqa: E402
+from grpo.sampler.rollout import RolloutEngine  # noqa: E402
 
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 

@@ -28,23 +28,24 @@ import numpy as np
 import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from grpo import protocol as P  # noqa: E402
-from grpo.transport import DataReceiver, DataSender, free_port  # noqa: E402
+from grpo.wire import codec
+from grpo.wire import messages as M  # noqa: E402
+from grpo.wire.transport import DataReceiver, DataSender, free_port  # noqa: E402
 
 VOCAB = 49152  # SmolLM2's vocabulary
 
 
-def make_group(rng: np.random.Generator, sampler_id: int, i: int, G: int, prompt: int, gen: int) -> P.Group:
+def make_group(rng: np.random.Generator, sampler_id: int, i: int, G: int, prompt: int, gen: int) -> M.Group:
     prefix = rng.integers(0, VOCAB, prompt, dtype=np.int32)
     comps = []
     for _ in range(G):
         ids = rng.integers(0, VOCAB, gen, dtype=np.int32)
-        comps.append(P.Completion(
+        comps.append(M.Completion(
             generated_token_ids=ids, old_policy_log_probs=-rng.random(gen, dtype=np.float32),
             ref_policy_log_probs=-rng.random(gen, dtype=np.float32), whole_token_ids=np.concatenate([prefix, ids]),
             text="x" * (gen * 4), reward=float(rng.integers(0, 2)), reward_info={"correct": 1.0, "format": 0.0},
             is_finished=bool(rng.integers(0, 2))))
-    return P.Group(sampler_id=sampler_id, group_id=f"s{sampler_id}-g{i}", policy_version=0, prefix="q" * (prompt * 4),
+    return M.Group(sampler_id=sampler_id, group_id=f"s{sampler_id}-g{i}", policy_version=0, prefix="q" * (prompt * 4),
                    prefix_tokens=[f"t{t}" for t in prefix.tolist()], prefix_token_ids=prefix, completions=comps,
                    meta={"answer": "42"})
 
@@ -62,7 +63,7 @@ def sampler(port: int, sid: int, args: argparse.Namespace, start: mp.Event, stop
         sent = sender.send(g, timeout_s=0.5)  # encode + hand to zmq (blocks at the HWM)
         encode_s += time.perf_counter() - t0
         n += sent
-    sender.send(P.SamplerStatus(sid, 0, n, True, {}), timeout_s=10)
+    sender.send(M.SamplerStatus(sid, 0, n, True, {}), timeout_s=10)
     sender.close(linger_s=10)
     out.put({"sampler_id": sid, "groups_sent": n, "bytes_sent": sender.bytes_sent, "send_s": encode_s})
 
@@ -81,7 +82,7 @@ def main() -> int:
     args = ap.parse_args()
 
     port = free_port()
-    receiver = DataReceiver("127.0.0.1", port, P.Limits(group_size=args.G, vocab_size=VOCAB), max_message_bytes=64 << 20)
+    receiver = DataReceiver("127.0.0.1", port, M.Limits(group_size=args.G, vocab_size=VOCAB), max_message_bytes=64 << 20)
     ctx = mp.get_context("spawn")
     start, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=sampler, args=(port, i, args, start, stop, out)) for i in range(args.samplers)]
@@ -89,7 +90,7 @@ def main() -> int:
         p.start()
     time.sleep(2.0)  # every sampler has built its groups and connected
     one = make_group(np.random.default_rng(0), 0, 0, args.G, args.prompt_tokens, args.gen_tokens)
-    group_bytes = sum(memoryview(f).nbytes for f in P.encode(one))
+    group_bytes = sum(memoryview(f).nbytes for f in codec.encode(one))
 
     sock = receiver.sock
     groups = 0
@@ -103,7 +104,7 @@ def main() -> int:
         t0 = time.perf_counter()
         msg = receiver._decode(sock.recv_multipart(copy=False))
         busy.append(time.perf_counter() - t0)
-        assert isinstance(msg, P.Group), (msg, dict(receiver.rejected))
+        assert isinstance(msg, M.Group), (msg, dict(receiver.rejected))
         groups += 1
     elapsed = time.perf_counter() - t_start
     bytes_in = receiver.bytes
@@ -112,19 +113,19 @@ def main() -> int:
     drain_deadline = time.monotonic() + 60
     while finals < args.samplers and time.monotonic() < drain_deadline:
         msg = receiver.receive(timeout_s=1.0)
-        finals += isinstance(msg, P.SamplerStatus)
+        finals += isinstance(msg, M.SamplerStatus)
     results = [out.get(timeout=60) for _ in procs]
     for p in procs:
         p.join(timeout=30)
     receiver.close()
 
     # The same decode + validation alone, with no sender competing for the CPU: its own cost.
-    frames = [bytes(memoryview(f)) for f in P.encode(one)]
+    frames = [bytes(memoryview(f)) for f in codec.encode(one)]
     for _ in range(20):
-        P.decode(frames, receiver.limits)
+        codec.decode(frames, receiver.limits)
     t0, reps = time.perf_counter(), 300
     for _ in range(reps):
-        P.decode(frames, receiver.limits)
+        codec.decode(frames, receiver.limits)
     alone = (time.perf_counter() - t0) / reps
 
     busy_a = np.array(busy)

@@ -36,9 +36,10 @@ from transformers import TrainerCallback
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import versions  # noqa: E402  (also puts the repo root on sys.path)
 
-from grpo.data import load_problems, problem_prompt  # noqa: E402
+from grpo.data.prompts import problem_prompt  # noqa: E402
+from grpo.data.rewards import correctness_reward  # noqa: E402
+from grpo.data.sources import load_problems
 from grpo.model import resolve_model  # noqa: E402
-from grpo.reward_funcs import correctness_reward  # noqa: E402
 
 
 def parse(argv=None) -> argparse.Namespace:

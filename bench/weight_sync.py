@@ -81,9 +81,9 @@ def learner(args) -> None:
     import torch
 
     from grpo.model import weights_checksum
-    from grpo.transport import SyncServer
-    from grpo.weight_ipc import IpcPublisher
-    from grpo.weight_sync import TcpPublisher
+    from grpo.weights.slots import SlotPublisher
+    from grpo.weights.tcp import TcpPublisher
+    from grpo.wire.transport import SyncServer
 
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
@@ -98,11 +98,11 @@ def learner(args) -> None:
         for method in args.methods.split(","):
             server = SyncServer("127.0.0.1", port)
             if method == "shared":
-                from grpo.weight_shared import SharedPublisher
+                from grpo.weights.shared import SharedPublisher
 
                 pub = SharedPublisher(server, model, port)
             elif method in ("ipc", "nccl"):
-                pub = IpcPublisher(server, model, torch.bfloat16, method=method)
+                pub = SlotPublisher(server, model, torch.bfloat16, method=method)
             else:
                 pub = TcpPublisher(server, model, torch.bfloat16)
             stalls, starts, copies = [], {}, []
@@ -173,11 +173,12 @@ def _nccl_times(rank: int, nbytes: int, args, port: int) -> list[float]:
 def sampler(args) -> None:
     import torch
 
-    from grpo import protocol as P
     from grpo.model import weights_checksum
-    from grpo.transport import SyncClient
-    from grpo.weight_ipc import IpcReceiver
-    from grpo.weight_sync import apply_weights, request_weights
+    from grpo.weights.ipc import IpcReceiver
+    from grpo.weights.publisher import request_weights
+    from grpo.weights.tcp import apply_weights
+    from grpo.wire import messages as M
+    from grpo.wire.transport import SyncClient
 
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
@@ -189,16 +190,16 @@ def sampler(args) -> None:
         total = sum(p.numel() * p.element_size() for p in model.parameters())
         for method in args.methods.split(","):
             if method == "shared":
-                from grpo.weight_shared import SharedReceiver
+                from grpo.weights.shared import SharedReceiver
 
                 rx = SharedReceiver(model, port)
             elif method == "nccl":
-                from grpo.weight_nccl import NcclReceiver
+                from grpo.weights.nccl import NcclReceiver
 
                 rx = NcclReceiver(model, torch.bfloat16)
             else:
                 rx = IpcReceiver(model, torch.bfloat16) if method == "ipc" else None
-            client = SyncClient("127.0.0.1", port, P.weights_limits(total + (64 << 20)))
+            client = SyncClient("127.0.0.1", port, M.weights_limits(total + (64 << 20)))
             version, rid, applied, apply_s = 0, 0, {}, []
             while True:
                 rid += 1
@@ -269,7 +270,6 @@ def main() -> int:
         return 0
 
     import torch
-
     from run_e2e import device_name, versions
 
     n = torch.cuda.device_count()

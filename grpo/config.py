@@ -53,13 +53,13 @@ class CommonConfig:
     eval_batch_size: int = 256
     """Sequences decoded together during evaluation."""
     generation_backend: str = "auto"
-    """'fast' (grpo/rollout.py: static KV cache, CUDA-graph decode, sampling on the GPU), 'hf' (Hugging Face generate), or 'auto' (fast on CUDA, hf on CPU). Samplers generate with it; every greedy evaluation (sampler 0's and the learner's final one) decodes with it, so the baseline and the final accuracy come from the same decoder."""
+    """'fast' (grpo/sampler/rollout.py: static KV cache, CUDA-graph decode, sampling on the GPU), 'hf' (Hugging Face generate), or 'auto' (fast on CUDA, hf on CPU). Samplers generate with it; every greedy evaluation (sampler 0's and the learner's final one) decodes with it, so the baseline and the final accuracy come from the same decoder."""
     # --- config file (issue 7)
     config: str = ""
     """YAML file of options (keys are these field names, dashes or underscores); flags given on the command line override it."""
     # --- faults and security (issue 6)
     curve_keys: str = ""
-    """Folder of ZeroMQ CURVE keys (make them with: python -m grpo.keys DIR): encrypt both channels and admit only samplers holding the client key (empty: plain TCP)."""
+    """Folder of ZeroMQ CURVE keys (make them with: python -m grpo.wire.curve DIR): encrypt both channels and admit only samplers holding the client key (empty: plain TCP)."""
 
 
 @dataclass
@@ -128,11 +128,11 @@ class LearnerConfig(CommonConfig):
     no_deepspeed: bool = False
     """One plain PyTorch process with torch.optim.AdamW instead of a DeepSpeed group."""
     deepspeed_config: str = "deepspeed.json"
-    """DeepSpeed config; "auto" values are filled from this config."""
+    """DeepSpeed config; its "auto" values are filled from these options, which own them (batch size, learning rate): a number there that contradicts one is an error naming both."""
     learning_rate: float = 1e-6
     """AdamW learning rate."""
-    train_batch_size: int = 0
-    """Completions per optimizer step, all ranks together (0: from the DeepSpeed config, 16)."""
+    train_batch_size: int = 16
+    """Completions per optimizer step, all ranks together (a multiple of --num-generations)."""
     beta: float = 0.04
     """Weight of the k3 KL penalty to the reference model."""
     epsilon: float = 0.2
@@ -193,7 +193,7 @@ class LearnerConfig(CommonConfig):
     """Sampler ids must be below this; messages naming others are dropped, so no peer can grow the learner's tables."""
     max_prompt_tokens: int = 4096
     """Groups whose prompt is longer (or whose completions exceed --max-new-tokens) are dropped as too_long before training."""
-    # --- checkpoints and resume (grpo/checkpoint.py)
+    # --- checkpoints and resume (grpo/learner/checkpoint.py)
     save_every: int = 1000
     """Save a checkpoint (DeepSpeed or PyTorch state, Hugging Face policy, RNG, step) every N steps and at the end (0: only at the end)."""
     keep_checkpoints: int = 3
@@ -224,7 +224,7 @@ class LaunchConfig(CommonConfig):
     """After a stop, how long each process gets to exit before it is killed."""
     extra: list[str] = field(default_factory=list)
     """(internal) flags passed through to every worker."""
-    # --- operations: supervision, parallel seeded runs (grpo/instances.py)
+    # --- operations: supervision, parallel seeded runs (grpo/launch/plan.py)
     restart_samplers: int = 0
     """Restart a sampler that dies up to N times (each sampler) instead of stopping the run (0: stop the run)."""
     share_gpus: bool = False
@@ -258,4 +258,4 @@ class EvalConfig:
     out: str = ""
     """Also write the result as JSON to this file."""
     generation_backend: str = "auto"
-    """Greedy decoding with 'fast' (grpo/rollout.py), 'hf' (Hugging Face generate) or 'auto' (fast on CUDA, hf on CPU): the decoder the training run's evaluations use."""
+    """Greedy decoding with 'fast' (grpo/sampler/rollout.py), 'hf' (Hugging Face generate) or 'auto' (fast on CUDA, hf on CPU): the decoder the training run's evaluations use."""

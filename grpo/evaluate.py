@@ -20,11 +20,13 @@ from pathlib import Path
 import torch
 
 from grpo.config import EvalConfig
+from grpo.data.formats import Problem
+from grpo.data.gsm8k import gsm8k_reward
+from grpo.data.prompts import build_prompt
+from grpo.data.sources import load_problems
 from grpo.flags import parse_config
-from grpo.data import Problem, build_prompt, load_problems
 from grpo.model import left_pad
-from grpo.progress import Progress
-from grpo.rewards import gsm8k_reward
+from grpo.obs.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +37,11 @@ def eval_engine(model, tok, backend: str, device: torch.device):
     the learner (the final weights) and this module's command all decide by this one rule, so a
     run's accuracies before and after come from the same decoder: in learning run 7 the two
     decoders, on the same bf16 weights, differed by 2 of 500 problems."""
-    from grpo.generation import resolve_backend
+    from grpo.sampler.rollout import resolve_backend
 
     if resolve_backend(backend, device) != "fast":
         return None
-    from grpo.rollout import RolloutEngine
+    from grpo.sampler.rollout import RolloutEngine
 
     return RolloutEngine(model, tok.eos_token_id, tok.pad_token_id, cuda_graphs=device.type == "cuda")
 
@@ -81,7 +83,7 @@ def greedy_accuracy(model, tok, problems: list[Problem], max_new_tokens: int, ba
     has_answer = [0.0] * len(ids)
     lengths = [0] * len(ids)
     truncated = 0
-    if engine is not None:   # the sampler's rollout engine (grpo.rollout): same greedy tokens, faster
+    if engine is not None:   # the sampler's rollout engine (grpo.sampler.rollout): same greedy tokens, faster
         out = engine.generate([ids[i] for i in order], max_new_tokens, greedy=True)
         for i, row, fin in zip(order, out.token_ids, out.finished):
             row = row[:-1] if fin else row    # drop the EOS the engine keeps
@@ -132,10 +134,9 @@ def record_eval(run_dir: str, version: int, result: dict, by: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(EvalConfig, argv, "python -m grpo.evaluate")
-    from grpo.data import DatasetUnavailable
-    from grpo.metrics import setup_logging
-    from grpo.model import (ModelUnavailable, compute_dtype, load_causal_lm, load_tokenizer, pick_device,
-                            resolve_model)
+    from grpo.data.sources import DatasetUnavailable
+    from grpo.model import ModelUnavailable, compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model
+    from grpo.obs.rundir import setup_logging
 
     setup_logging("evaluate")
     try:

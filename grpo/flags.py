@@ -38,29 +38,36 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def build_parser(cls: type, prog: str, description: str = "",
-                 aliases: dict[str, list[str]] | None = None,
-                 skip: tuple[str, ...] = ("extra",)) -> ArgumentParser:
-    parser = ArgumentParser(prog=prog, description=description or cls.__doc__)
+def add_fields(container, cls: type, names: list[str] | None = None,
+               aliases: dict[str, list[str]] | None = None) -> None:
+    """One ``--field-name`` option per dataclass field of `cls` (or only `names`), on a parser or
+    an argument group; the help is the docstring under the field and its default."""
     docs = field_docs(cls)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        if f.name in skip:
+        if names is not None and f.name not in names:
             continue
         flag = "--" + f.name.replace("_", "-")
-        names = [flag] + (aliases or {}).get(f.name, [])
+        opts = [flag] + (aliases or {}).get(f.name, [])
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         help_text = docs.get(f.name, "") + f" (default: {default!r})"
         tp = hints[f.name]
         if tp is bool and f.name.startswith("no_"):
             # argparse's BooleanOptionalAction reads any "--no-..." flag as False: plain switch.
-            parser.add_argument(*names, dest=f.name, action="store_true", help=help_text)
+            container.add_argument(*opts, dest=f.name, action="store_true", help=help_text)
         elif tp is bool:
-            parser.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction,
-                                default=default, help=help_text)
+            container.add_argument(*opts, dest=f.name, action=argparse.BooleanOptionalAction,
+                                   default=default, help=help_text)
         else:
-            parser.add_argument(*names, dest=f.name, type=tp, default=default, help=help_text,
-                                metavar=f.name.upper())
+            container.add_argument(*opts, dest=f.name, type=tp, default=default, help=help_text,
+                                   metavar=f.name.upper())
+
+
+def build_parser(cls: type, prog: str, description: str = "",
+                 aliases: dict[str, list[str]] | None = None,
+                 skip: tuple[str, ...] = ("extra",)) -> ArgumentParser:
+    parser = ArgumentParser(prog=prog, description=description or cls.__doc__)
+    add_fields(parser, cls, [f.name for f in dataclasses.fields(cls) if f.name not in skip], aliases)
     return parser
 
 

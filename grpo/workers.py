@@ -18,10 +18,10 @@ USER_ERROR_EXIT = 2
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from grpo.data import DatasetUnavailable
-    from grpo.engine import ConfigError
+    from grpo.data.sources import DatasetUnavailable
+    from grpo.learner.engine import ConfigError
     from grpo.model import ModelUnavailable
-    from grpo.transport import PortInUse
+    from grpo.wire.transport import PortInUse
 
     return (DatasetUnavailable, ConfigError, ModelUnavailable, PortInUse, ValueError)
 
@@ -38,6 +38,17 @@ def _gpu_env(device: str, gpu_id: int) -> None:
         raise ValueError("--gpu-id and --device cpu contradict each other; drop one of them")
 
 
+def seed_all(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
 def sampler_main(argv: list[str] | None = None) -> int:
     prog = "sampling_worker.py"
     cfg = parse_config(SamplerConfig, argv, prog)
@@ -45,14 +56,14 @@ def sampler_main(argv: list[str] | None = None) -> int:
         _gpu_env(cfg.device, cfg.gpu_id)
         if not 0 <= cfg.sampler_id < cfg.num_samplers:
             raise ValueError(f"--sampler-id {cfg.sampler_id} must be in 0..{cfg.num_samplers - 1} (--num-samplers)")
-        from grpo.metrics import make_run_dir, save_config, seed_all, setup_logging
+        from grpo.obs.rundir import make_run_dir, save_config, setup_logging
 
         run_dir = make_run_dir(cfg.run_dir)
         cfg.run_dir = str(run_dir)
         setup_logging(f"sampler{cfg.sampler_id}", cfg.log_file)
         seed_all(cfg.seed + cfg.sampler_id)
         save_config(run_dir, f"sampler{cfg.sampler_id}", cfg)
-        from grpo.sampler import Sampler
+        from grpo.sampler.loop import Sampler
 
         sampler = Sampler(cfg)
     except _user_errors() as exc:
@@ -67,7 +78,7 @@ def learner_main(argv: list[str] | None = None) -> int:
     cfg = parse_config(LearnerConfig, argv, prog)
     try:
         _gpu_env(cfg.device, cfg.gpu_id)
-        from grpo.metrics import make_run_dir, save_config, seed_all, setup_logging
+        from grpo.obs.rundir import make_run_dir, save_config, setup_logging
 
         rank = int(os.environ.get("RANK", "0"))
         run_dir = make_run_dir(cfg.run_dir)
@@ -76,7 +87,7 @@ def learner_main(argv: list[str] | None = None) -> int:
         seed_all(cfg.seed)
         if rank == 0:
             save_config(run_dir, "learner", cfg)
-        from grpo.learner import Learner
+        from grpo.learner.loop import Learner
 
         learner = Learner(cfg)
     except _user_errors() as exc:

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from grpo import protocol as P
-from grpo.batch import balanced_split, build_batch, length_buckets, micro_batch, padded_tokens
+from grpo.learner.batch import balanced_split, build_batch, length_buckets, micro_batch, padded_tokens
+from grpo.wire import messages as M
 
 
 def group(prefix, gens, rewards, version=0):
@@ -12,12 +12,12 @@ def group(prefix, gens, rewards, version=0):
     comps = []
     for k, (gen, r) in enumerate(zip(gens, rewards)):
         gen = np.asarray(gen, dtype=np.int32)
-        comps.append(P.Completion(
+        comps.append(M.Completion(
             generated_token_ids=gen, old_policy_log_probs=-(np.arange(len(gen), dtype=np.float32) + 1) / 10,
             ref_policy_log_probs=-(np.arange(len(gen), dtype=np.float32) + 1) / 100,
             whole_token_ids=np.concatenate([prefix, gen]), text="", reward=r, reward_info={},
             is_finished=True))
-    return P.Group(sampler_id=0, group_id="g", policy_version=version, prefix="", prefix_tokens=[],
+    return M.Group(sampler_id=0, group_id="g", policy_version=version, prefix="", prefix_tokens=[],
                    prefix_token_ids=prefix, completions=comps, meta={})
 
 
@@ -67,7 +67,7 @@ def test_build_batch_and_micro_batch_alignment():
 
 
 def test_drop_reasons():
-    from grpo.intake import drop_reason
+    from grpo.learner.intake import drop_reason
 
     g = group(prefix=[1], gens=[[2], [3]], rewards=[1.0, 0.0], version=5)
     assert drop_reason(g, version=7, max_staleness=4, filter_zero_signal=True) is None

@@ -5,9 +5,9 @@ from pathlib import Path
 import torch
 from benchload import load_bench
 
-from grpo.data import load_problems
+from grpo.data.sources import load_problems
 from grpo.model import load_causal_lm, load_tokenizer, resolve_model
-from grpo.rollout import RolloutEngine
+from grpo.sampler.rollout import RolloutEngine
 
 GSM8K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
 
@@ -63,8 +63,8 @@ def test_gsm8k_chance_baselines_beside_the_models_2_4_percent():
     number 1.8%. These are the README's reference points for 'learning'."""
     import pytest
 
-    from grpo.data import load_problems
-    from grpo.rewards import extract_gsm8k_answer
+    from grpo.data.gsm8k import extract_gsm8k_answer
+    from grpo.data.sources import load_problems
 
     if not (GSM8K / "train.jsonl").is_file():
         pytest.skip(f"{GSM8K} is missing")

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo.checkpoint import (STATE_FILE, Checkpointer, ResumeError, list_checkpoints, load_checkpoint,
-                             resolve_resume)
-from grpo.engine import DeepSpeedEngine, TorchEngine, load_ds_config, resolve_ds_config
+from grpo.learner.checkpoint import (STATE_FILE, Checkpointer, ResumeError, list_checkpoints, load_checkpoint,
+                                     resolve_resume)
+from grpo.learner.engine import DeepSpeedEngine, TorchEngine, load_ds_config, resolve_ds_config
 from grpo.model import load_causal_lm, load_tokenizer, resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo.code_reward import SandboxLimits, code_reward, extract_code, run_tests, sandbox_features
+from grpo.data.sandbox import SandboxLimits, code_reward, extract_code, run_tests, sandbox_features
 
 LIMITS = SandboxLimits(timeout_s=3.0, memory_mb=512)
 TESTS = ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(5, 1) == 6", "assert add(7, 1) == 8"]

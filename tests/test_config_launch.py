@@ -6,8 +6,8 @@ import pytest
 
 from grpo.config import LaunchConfig, LearnerConfig, SamplerConfig
 from grpo.flags import build_parser, field_docs, parse_config, to_flags
-from grpo.engine import ConfigError, resolve_ds_config
-from grpo.launch import LaunchError, parse, plan, split_passthrough
+from grpo.launch.plan import LaunchError, parse, plan, split_passthrough
+from grpo.learner.engine import ConfigError, resolve_ds_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,19 +41,47 @@ def test_unknown_flag_is_one_line_exit_2(capsys):
 
 def test_deepspeed_json_auto_values():
     raw = json.loads((ROOT / "deepspeed.json").read_text())
-    assert raw["train_batch_size"] == 16 and raw["train_micro_batch_size_per_gpu"] == 32
+    # The flags own the batch size and the learning rate; DeepSpeed owns the micro-batch size.
+    assert raw["train_batch_size"] == "auto" and raw["optimizer"]["params"]["lr"] == "auto"
+    assert raw["train_micro_batch_size_per_gpu"] == 32
     assert raw["zero_optimization"]["stage"] == 2
-    cfg, batch = resolve_ds_config(raw, world=3, train_batch_size=0, group_size=8, learning_rate=1e-6, cuda=True)
+    assert LearnerConfig.train_batch_size == 16                # the default lives in the typed config
+    cfg, batch = resolve_ds_config(raw, world=3, train_batch_size=16, group_size=8, learning_rate=1e-6, cuda=True)
     assert batch == 16
     assert cfg["gradient_accumulation_steps"] == 1          # ceil(16 / (32 * 3))
     assert cfg["train_batch_size"] == 32 * 1 * 3             # what DeepSpeed's own check needs
     cfg, _ = resolve_ds_config(raw, world=1, train_batch_size=128, group_size=8, learning_rate=1e-6, cuda=True)
     assert cfg["gradient_accumulation_steps"] == 4          # ceil(128 / 32): 4 micro-steps, not 32
     assert cfg["bf16"]["enabled"] is True and cfg["optimizer"]["params"]["lr"] == 1e-6
-    cfg, _ = resolve_ds_config(raw, world=4, train_batch_size=0, group_size=8, learning_rate=1e-6, cuda=False)
+    cfg, _ = resolve_ds_config(raw, world=4, train_batch_size=16, group_size=8, learning_rate=1e-6, cuda=False)
     assert cfg["gradient_accumulation_steps"] == 1 and cfg["bf16"]["enabled"] is False
     with pytest.raises(ConfigError, match="multiple of"):
         resolve_ds_config(raw, world=1, train_batch_size=12, group_size=8, learning_rate=1e-6, cuda=False)
+
+
+def test_deepspeed_json_number_contradicting_a_flag_is_an_error_naming_both(tmp_path, capsys):
+    raw = json.loads((ROOT / "deepspeed.json").read_text())
+    raw["train_batch_size"] = 32
+    with pytest.raises(ConfigError, match=r"train_batch_size is 32 but --train-batch-size is 16"):
+        resolve_ds_config(raw, world=1, train_batch_size=16, group_size=8, learning_rate=1e-6, cuda=False)
+    cfg, batch = resolve_ds_config(raw, world=1, train_batch_size=32, group_size=8, learning_rate=1e-6, cuda=False)
+    assert batch == 32                                       # the same number: no contradiction
+    raw["train_batch_size"] = "auto"
+    raw["optimizer"]["params"]["lr"] = 1e-5
+    with pytest.raises(ConfigError, match=r"optimizer.params.lr is 1e-05 but --learning-rate is 1e-06"):
+        resolve_ds_config(raw, world=1, train_batch_size=16, group_size=8, learning_rate=1e-6, cuda=False)
+    cfg, _ = resolve_ds_config(raw, world=1, train_batch_size=16, group_size=8, learning_rate=1e-5, cuda=False)
+    assert cfg["optimizer"]["params"]["lr"] == 1e-5
+    # A learner given such a file stops with one line naming the file, the key and the flag.
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(raw))
+    from grpo.workers import learner_main
+
+    rc = learner_main(["--device", "cpu", "--deepspeed-config", str(path), "--learning-rate", "3e-6",
+                       "--run-dir", str(tmp_path / "run"), "--data-port", "1", "--sync-port", "2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert str(path) in err[0] and "optimizer.params.lr" in err[0] and "--learning-rate is 3e-06" in err[0]
 
 
 def _plan(argv, cuda_count):
@@ -103,3 +131,21 @@ def test_split_passthrough_routes_and_rejects():
                                                          "--no-scale-rewards"]
     with pytest.raises(LaunchError, match="unknown flag --bogus"):
         split_passthrough(["--bogus", "1"])
+
+
+def test_launcher_help_lists_the_options_it_passes_on(capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    out = out[out.index("\noptions:"):]   # past the usage line, which names every option
+    heads = ["sampler options (passed to every sampler)", "learner options (passed to every learner rank)",
+             "sampler and learner options (passed to both)"]
+    at = [out.index(h + ":") for h in heads]
+    assert at == sorted(at) and out.index("--sampling-gpus") < at[0]     # the launcher's own first
+    sampler, learner, both = out[at[0]:at[1]], out[at[1]:at[2]], out[at[2]:]
+    assert "--reward " in sampler and "--dataset " in sampler and "--learning-rate" not in sampler
+    assert "--learning-rate" in learner and "--lora-r" in learner and "--reward " not in learner
+    assert "--filter-zero-signal" in both
+    assert "--sampler-id" not in out and "--gpu-id" not in out        # the launcher sets those itself
+    assert out.count("\n  --num-generations") == 1                    # a common option: listed once

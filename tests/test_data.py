@@ -7,17 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from grpo.data import (
-    DEFAULT_INSTRUCTION,
-    DatasetUnavailable,
-    Problem,
-    PromptStream,
-    _hub_unreachable_reason,
-    build_prompt,
-    load_problems,
-    shard,
-)
-from grpo.rewards import extract_gsm8k_answer
+from grpo.data.formats import Problem
+from grpo.data.gsm8k import extract_gsm8k_answer
+from grpo.data.prompts import DEFAULT_INSTRUCTION, PromptStream, build_prompt
+from grpo.data.sources import DatasetUnavailable, _hub_unreachable_reason, load_problems, shard
 
 GSM8K_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
 FIRST_TEST_QUESTION = (

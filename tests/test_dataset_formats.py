@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo.data import DEFAULT_INSTRUCTION, DatasetUnavailable, Problem, load_problems, problem_prompt
+from grpo.data.formats import Problem
+from grpo.data.prompts import DEFAULT_INSTRUCTION, problem_prompt
+from grpo.data.sources import DatasetUnavailable, load_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 

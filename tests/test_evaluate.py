@@ -6,10 +6,11 @@ from pathlib import Path
 
 import torch
 
-from grpo.data import Problem, build_prompt
+from grpo.data.formats import Problem
+from grpo.data.gsm8k import extract_gsm8k_answer
+from grpo.data.prompts import build_prompt
 from grpo.evaluate import eval_problems, greedy_accuracy
 from grpo.model import load_causal_lm, load_tokenizer, resolve_model
-from grpo.rewards import extract_gsm8k_answer
 
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
@@ -50,7 +51,7 @@ def test_batched_left_padded_eval_scores_like_one_at_a_time():
     assert abs(res["accuracy"] - expect_correct / 6) < 1e-12
     assert abs(res["mean_completion_len"] - sum(lengths) / 6) < 1e-12
     # The sampler's rollout engine (CPU here, no graphs) scores exactly the same way.
-    from grpo.rollout import RolloutEngine
+    from grpo.sampler.rollout import RolloutEngine
 
     eng = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id, cuda_graphs=False)
     res2 = greedy_accuracy(model, tok, problems, 20, batch_size=4, device=torch.device("cpu"), engine=eng)

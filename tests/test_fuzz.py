@@ -1,6 +1,6 @@
 """Fuzzing both sockets with malformed messages (docs/protocol.md, section 4).
 
-Every corruption is built from a valid message (``P.encode``) by editing its msgpack header or
+Every corruption is built from a valid message (``codec.encode``) by editing its msgpack header or
 its frames, and is first decoded here with the receiver's own limits: it must raise
 ``ProtocolError`` (any other exception is a crash in ``decode`` and fails the test), and the
 reason it gives is the count the receiver on the other end of the socket must report.
@@ -33,10 +33,11 @@ import numpy as np
 import pytest
 import zmq
 import zmq.utils.monitor
-
-from grpo import protocol as P
-from grpo.transport import SyncClient
 from netutil import free_ports
+
+from grpo.wire import codec
+from grpo.wire import messages as M
+from grpo.wire.transport import SyncClient
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -45,7 +46,7 @@ VOCAB = 49152  # tiny-random uses SmolLM2's tokenizer
 G = 2  # the learner runs with --num-generations 2
 SAMPLER_ID = 7  # every group and status of the fuzzing "sampler" carries this id
 MAX_MESSAGE_MB = 1  # learner's --max-message-mb: libzmq drops any frame above 1 MiB
-DATA_LIMITS = P.Limits(group_size=G, vocab_size=VOCAB)  # what the learner checks once its model is loaded
+DATA_LIMITS = M.Limits(group_size=G, vocab_size=VOCAB)  # what the learner checks once its model is loaded
 N_DATA = 10_000
 N_SYNC = 2_000
 # Every reason code of docs/protocol.md section 4 except not_multipart, which cannot cross a
@@ -64,8 +65,8 @@ def child_env() -> dict[str, str]:
     return dict(os.environ, PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
 
 
-def frames_of(msg: P.Message) -> Frames:
-    return [bytes(f) for f in P.encode(msg)]  # private, mutable-by-copy bytes
+def frames_of(msg: M.Message) -> Frames:
+    return [bytes(f) for f in codec.encode(msg)]  # private, mutable-by-copy bytes
 
 
 def header(frames: Frames) -> dict[str, Any]:
@@ -82,11 +83,11 @@ def rehead(frames: Frames, edit: Callable[[dict[str, Any]], Any]) -> Frames:
     return [pack(h), *frames[1:]]
 
 
-def reject_reason(frames: Frames, limits: P.Limits) -> str | None:
+def reject_reason(frames: Frames, limits: M.Limits) -> str | None:
     """The reason `decode` rejects `frames` with, or None if it accepts them. Other exceptions propagate."""
     try:
-        P.decode(frames, limits)
-    except P.ProtocolError as exc:
+        codec.decode(frames, limits)
+    except M.ProtocolError as exc:
         return exc.reason
     return None
 
@@ -140,36 +141,36 @@ def rand_obj(r: random.Random, depth: int = 0) -> Any:
 
 
 def make_group(nrng: np.random.Generator, group_id: str, lengths: tuple[int, ...] = (3, 2), prefix_len: int = 4,
-               policy_version: int = 0) -> P.Group:
+               policy_version: int = 0) -> M.Group:
     prefix = nrng.integers(0, VOCAB, prefix_len, dtype=np.int32)
     completions = []
     for i, n in enumerate(lengths):
         gen = nrng.integers(0, VOCAB, n, dtype=np.int32)
-        completions.append(P.Completion(
+        completions.append(M.Completion(
             generated_token_ids=gen,
             old_policy_log_probs=-nrng.random(n, dtype=np.float32) * 5 - 0.01,
             ref_policy_log_probs=-nrng.random(n, dtype=np.float32) * 5 - 0.01,
             whole_token_ids=np.concatenate([prefix, gen]),
             text=f"completion {i}", reward=float(i), reward_info={"correct": float(i), "format": 0.5},
             is_finished=i == 0))
-    return P.Group(sampler_id=SAMPLER_ID, group_id=group_id, policy_version=policy_version, prefix="What is 8*9?",
+    return M.Group(sampler_id=SAMPLER_ID, group_id=group_id, policy_version=policy_version, prefix="What is 8*9?",
                    prefix_tokens=[f"t{i}" for i in range(prefix_len)], prefix_token_ids=prefix,
                    completions=completions, meta={"answer": "72", "idx": 5, "hard": True, "w": 0.5})
 
 
-def make_status(groups_sent: int = 0, final: bool = False) -> P.SamplerStatus:
-    return P.SamplerStatus(sampler_id=SAMPLER_ID, policy_version=0, groups_sent=groups_sent, final=final,
+def make_status(groups_sent: int = 0, final: bool = False) -> M.SamplerStatus:
+    return M.SamplerStatus(sampler_id=SAMPLER_ID, policy_version=0, groups_sent=groups_sent, final=final,
                            stats={"samples": 4.0, "seconds": 1.5})
 
 
-def make_weights(version: int = 3, request_id: int = 1) -> P.WeightsAnnounce:
+def make_weights(version: int = 3, request_id: int = 1) -> M.WeightsAnnounce:
     # bucket 0: float32 [a (2,3) @0, b (4,) @32]; bucket 1: bfloat16 bit patterns [c (2,4) @0].
     b0 = np.arange(12, dtype="<f4") * 0.5
     b1 = np.arange(8, dtype="<u2") + 0x3F80
-    layout = [P.TensorSpec("a.weight", "float32", (2, 3), 0, 0),
-              P.TensorSpec("b.bias", "float32", (4,), 0, 32),
-              P.TensorSpec("c.weight", "bfloat16", (2, 4), 1, 0)]
-    return P.WeightsAnnounce(version=version, method="tcp", layout=layout, bucket_dtypes=["float32", "bfloat16"],
+    layout = [M.TensorSpec("a.weight", "float32", (2, 3), 0, 0),
+              M.TensorSpec("b.bias", "float32", (4,), 0, 32),
+              M.TensorSpec("c.weight", "bfloat16", (2, 4), 1, 0)]
+    return M.WeightsAnnounce(version=version, method="tcp", layout=layout, bucket_dtypes=["float32", "bfloat16"],
                              bucket_nbytes=[48, 16], buckets=[memoryview(b0).cast("B"), memoryview(b1).cast("B")],
                              request_id=request_id)
 
@@ -261,7 +262,7 @@ def c_kind(r, nrng, base):
 
 def c_kind_swap(r, nrng, base):
     # A known kind whose fields do not match the header (or that carries arrays it cannot have).
-    return rehead(base, lambda h: h.__setitem__("kind", r.choice([k for k in P.KINDS if k != h["kind"]])))
+    return rehead(base, lambda h: h.__setitem__("kind", r.choice([k for k in M.KINDS if k != h["kind"]])))
 
 
 def c_drop_frames(r, nrng, base):
@@ -409,10 +410,10 @@ def with_arrays(base: Frames, arrays: dict[str, bytes], edit: Callable[[dict], A
     """Replace the six group arrays (descriptors follow the bytes) and optionally edit the header."""
     h = header(base)
     sizes = {"int32": 4, "float32": 4}
-    h["arrays"] = [{"name": n, "dtype": d, "shape": [len(arrays[n]) // sizes[d]]} for n, d in P.GROUP_ARRAYS]
+    h["arrays"] = [{"name": n, "dtype": d, "shape": [len(arrays[n]) // sizes[d]]} for n, d in M.GROUP_ARRAYS]
     if edit:
         edit(h)
-    return [pack(h), *(arrays[n] for n, _ in P.GROUP_ARRAYS)]
+    return [pack(h), *(arrays[n] for n, _ in M.GROUP_ARRAYS)]
 
 
 def rand_ids(nrng, n):
@@ -694,7 +695,7 @@ def wc_layout(r, nrng, base):
         elif choice == 3:
             t[1] = r.choice([5, None, b"float32"] + BAD_DTYPE)
         elif choice == 4:
-            t[1] = r.choice([d for d in P.DTYPE_SIZES if d != t[1]])  # valid dtype, not the bucket's
+            t[1] = r.choice([d for d in M.DTYPE_SIZES if d != t[1]])  # valid dtype, not the bucket's
         elif choice == 5:
             t[2] = r.choice([[-1], [1.5], "2,3", None, [0] * 9, [True], 6])
         elif choice == 6:
@@ -705,7 +706,7 @@ def wc_layout(r, nrng, base):
             t[4] += r.choice([1, 2, 3])
         elif choice == 9:  # bucket overflow: tensor runs past the end of its bucket
             t[4] = h["bucket_nbytes"][t[3]] - (0 if r.random() < 0.5 else 4 if t[1] == "float32" else 2)
-            if t[4] % P.DTYPE_SIZES[t[1]]:
+            if t[4] % M.DTYPE_SIZES[t[1]]:
                 t[4] = h["bucket_nbytes"][t[3]]
         elif choice == 10:
             t[2] = r.choice([[100], [2 ** 40], [2 ** 20, 2 ** 20], [3, 3], [2 ** 62] * 2])
@@ -777,7 +778,7 @@ def nc_arrays(r, nrng, base):
 
 
 def generate_cases(r: random.Random, nrng: np.random.Generator, n: int, families: list[tuple],
-                   limits: P.Limits) -> list[tuple[str, Frames, str]]:
+                   limits: M.Limits) -> list[tuple[str, Frames, str]]:
     """n corrupted messages as (family, frames, expected reason), each one checked against `decode`."""
     cases = []
     while len(cases) < n:
@@ -867,7 +868,7 @@ def test_fuzz_data_port_then_valid_group_is_trained(tmp_path):
     r, nrng = random.Random(SEED + 1), np.random.default_rng(SEED + 1)
     oversized = oversized_messages(r, nrng)
     valid = make_group(nrng, f"s{SAMPLER_ID}-valid")
-    assert P.decode(frames_of(valid), DATA_LIMITS).group_id == valid.group_id
+    assert codec.decode(frames_of(valid), DATA_LIMITS).group_id == valid.group_id
     t_gen = time.monotonic() - t_start
 
     data_port, sync_port = free_ports(2)
@@ -903,8 +904,8 @@ def test_fuzz_data_port_then_valid_group_is_trained(tmp_path):
             # Same socket, so after every malformed message: the valid group, then the final status.
             # groups_sent counts every message this "sampler" handed to its data socket that the
             # learner must account for (see the comment at the accounting assertions below).
-            push.send_multipart(P.encode(valid), copy=False)
-            push.send_multipart(P.encode(P.SamplerStatus(sampler_id=SAMPLER_ID, policy_version=0,
+            push.send_multipart(codec.encode(valid), copy=False)
+            push.send_multipart(codec.encode(M.SamplerStatus(sampler_id=SAMPLER_ID, policy_version=0,
                                                          groups_sent=1 + len(cases), final=True, stats={})))
         except zmq.Again:
             pytest.fail(f"the learner stopped reading its data socket (exit code {proc.poll()}):\n"
@@ -948,11 +949,11 @@ def test_fuzz_data_port_then_valid_group_is_trained(tmp_path):
 # ----------------------------------------------------------------------------- 2. sync port
 
 
-def sync_cases(n: int, limits: P.Limits) -> list[tuple[str, Frames, str]]:
+def sync_cases(n: int, limits: M.Limits) -> list[tuple[str, Frames, str]]:
     r, nrng = random.Random(SEED + 2), np.random.default_rng(SEED + 2)
     weights = lambda: frames_of(make_weights(version=r.randint(1, 9), request_id=r.randint(-1, 9)))
-    no_update = lambda: frames_of(P.NoUpdate(version=r.randint(0, 9), request_id=r.randint(-1, 9)))
-    stop = lambda: frames_of(P.Stop(version=r.randint(0, 9), reason="learner finished",
+    no_update = lambda: frames_of(M.NoUpdate(version=r.randint(0, 9), request_id=r.randint(-1, 9)))
+    stop = lambda: frames_of(M.Stop(version=r.randint(0, 9), reason="learner finished",
                                     request_id=r.randint(-1, 9)))
     families = [(weights, fn, 1.0) for fn in GENERIC]
     families += [(weights, wc_scalar, 2.0), (weights, wc_buckets, 2.0), (weights, wc_layout, 5.0),
@@ -965,7 +966,7 @@ def sync_cases(n: int, limits: P.Limits) -> list[tuple[str, Frames, str]]:
 def test_fuzz_sync_port_from_sampler_side():
     t_start = time.monotonic()
     valid = make_weights(version=5, request_id=42)
-    limits = P.weights_limits(sum(valid.bucket_nbytes))
+    limits = M.weights_limits(sum(valid.bucket_nbytes))
     cases = sync_cases(N_SYNC, limits)
     expected = Counter(reason for _, _, reason in cases)
 
@@ -977,12 +978,12 @@ def test_fuzz_sync_port_from_sampler_side():
     client = SyncClient("127.0.0.1", port, limits, ctx=ctx)
     try:
         deadline = time.monotonic() + 30
-        while not client.send(P.WeightsRequest(sampler_id=SAMPLER_ID, have_version=-1, request_id=42)):
+        while not client.send(M.WeightsRequest(sampler_id=SAMPLER_ID, have_version=-1, request_id=42)):
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert router.poll(30_000), "the client's weights_request never arrived"
         identity, *request = router.recv_multipart()
-        assert P.decode(request) == P.WeightsRequest(sampler_id=SAMPLER_ID, have_version=-1, request_id=42)
+        assert codec.decode(request) == M.WeightsRequest(sampler_id=SAMPLER_ID, have_version=-1, request_id=42)
 
         so_far: Counter[str] = Counter()
         for i, (family, frames, reason) in enumerate(cases):
@@ -997,13 +998,13 @@ def test_fuzz_sync_port_from_sampler_side():
             assert client.rejected == so_far, (i, family, reason, dict(client.rejected))
         assert client.rejected == expected
 
-        router.send_multipart([identity, *P.encode(valid)], copy=False)
+        router.send_multipart([identity, *codec.encode(valid)], copy=False)
         got = client.receive(timeout_s=10.0)
     finally:
         client.close()
         router.close(linger=0)
         ctx.destroy(linger=0)
-    assert isinstance(got, P.WeightsAnnounce), got
+    assert isinstance(got, M.WeightsAnnounce), got
     assert (got.version, got.request_id, got.method) == (5, 42, "tcp")
     assert got.layout == valid.layout
     assert got.bucket_dtypes == valid.bucket_dtypes and got.bucket_nbytes == valid.bucket_nbytes
@@ -1040,9 +1041,9 @@ def test_no_pickle_eval_exec_in_code():
     # The one deliberate exception: the code-execution reward (issue 7) runs the sampler's own
     # completions, never socket data, in a sandboxed child process (its runner script is a
     # string that only the child executes). Exactly those two lines are allowed.
-    allowed = [h for h in hits if h.startswith("grpo/code_reward.py:") and ": exec(: exec(compile(" in h]
+    allowed = [h for h in hits if h.startswith("grpo/data/sandbox.py:") and ": exec(: exec(compile(" in h]
     assert len(allowed) == 2, hits
-    assert "grpo.transport" not in (ROOT / "grpo" / "code_reward.py").read_text()
+    assert "grpo.wire.transport" not in (ROOT / "grpo" / "data" / "sandbox.py").read_text()
     hits = [h for h in hits if h not in allowed]
     assert not hits, "\n".join(hits)
     # The regexes do catch what they are meant to (and let nn.Module.eval() through).

@@ -8,9 +8,8 @@ from benchload import load_bench
 
 from grpo.config import LearnerConfig, SamplerConfig
 from grpo.flags import parse_config
-from grpo.launch import parse, plan
-from grpo.learner import check_loss_options
-
+from grpo.launch.plan import parse, plan
+from grpo.learner.loop import check_loss_options
 
 GSM8K_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
 RUN_TRANSFORM = "bench/gsm8k_curriculum.py:at_most_2_steps"
@@ -51,7 +50,7 @@ def test_curriculum_keeps_train_problems_by_solution_steps(tmp_path):
     step count is the reference solution's lines before '####'."""
     import json
 
-    from grpo.data import load_problems
+    from grpo.data.sources import load_problems
 
     solutions = {"one": "A<<1+1=2>>2\n#### 2", "two": "A\nB\n#### 3", "three": "A\nB\n\nC\n#### 4"}
     rows = [{"question": q, "answer": a} for q, a in solutions.items()]
@@ -67,7 +66,7 @@ def test_curriculum_keeps_train_problems_by_solution_steps(tmp_path):
 def test_curriculum_on_gsm8k_train_and_not_on_the_test_subset():
     """1,961 of GSM8K's 7,473 train problems have two-step solutions; the evaluation subset is
     the first 500 test problems whatever the run's transform (it is never applied to them)."""
-    from grpo.data import load_problems
+    from grpo.data.sources import load_problems
     from grpo.evaluate import eval_problems
 
     if not (GSM8K_DIR / "train.jsonl").is_file():

@@ -5,14 +5,15 @@ import msgpack
 import numpy as np
 import pytest
 import torch
-
-from grpo import protocol as P
-from grpo.books import Books
-from grpo.heartbeat import send_group
-from grpo.liveness import Liveness, SyncPeers
-from grpo.transport import DataSender, SyncClient, SyncServer
-from grpo.weight_sync import TcpPublisher
 from netutil import free_ports
+
+from grpo.learner.accounting import Books
+from grpo.learner.liveness import Liveness, SyncPeers
+from grpo.sampler.heartbeat import send_group
+from grpo.weights.tcp import TcpPublisher
+from grpo.wire import codec
+from grpo.wire import messages as M
+from grpo.wire.transport import DataSender, SyncClient, SyncServer
 
 
 class Clock:
@@ -46,15 +47,15 @@ def test_silent_sampler_is_gone_then_back_and_final_is_not_waited_for(caplog):
 
 
 def status(sid, inc, sent, final=False, **stats):
-    return P.SamplerStatus(sampler_id=sid, policy_version=0, groups_sent=sent, final=final,
+    return M.SamplerStatus(sampler_id=sid, policy_version=0, groups_sent=sent, final=final,
                            stats={k: float(v) for k, v in stats.items()}, incarnation=inc)
 
 
 def group(sid, inc, version=0):
     ids = np.array([1, 2], np.int32)
-    c = P.Completion(ids, np.zeros(2, np.float32), np.zeros(2, np.float32), np.concatenate([ids, ids]),
+    c = M.Completion(ids, np.zeros(2, np.float32), np.zeros(2, np.float32), np.concatenate([ids, ids]),
                      "", 0.0, {}, True)
-    return P.Group(sid, "g", version, "", ["a", "b"], ids, [c], {}, incarnation=inc)
+    return M.Group(sid, "g", version, "", ["a", "b"], ids, [c], {}, incarnation=inc)
 
 
 def test_books_per_process_killed_restarted_and_late_heartbeat():
@@ -114,21 +115,21 @@ def test_publisher_refuses_borrowed_and_made_up_sampler_ids():
     live = Liveness(timeout_s=5.0, max_samplers=8)
     pub.peers = SyncPeers(live, max_peers=16)
     pub.publish(1, model)
-    client = SyncClient("127.0.0.1", port, P.weights_limits(1 << 20))
+    client = SyncClient("127.0.0.1", port, M.weights_limits(1 << 20))
     try:
         def ask(sid, rid):
             deadline = time.monotonic() + 10
-            while not client.send(P.WeightsRequest(sampler_id=sid, have_version=0, request_id=rid)):
+            while not client.send(M.WeightsRequest(sampler_id=sid, have_version=0, request_id=rid)):
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
             return client.receive(timeout_s=2.0)
 
         first = ask(3, 1)
-        assert isinstance(first, P.WeightsAnnounce) and first.request_id == 1
+        assert isinstance(first, M.WeightsAnnounce) and first.request_id == 1
         assert ask(5, 2) is None                     # same connection, another id: refused
         assert ask(1000, 3) is None                  # beyond --max-samplers: refused
         again = ask(3, 4)
-        assert isinstance(again, P.WeightsAnnounce) and again.request_id == 4
+        assert isinstance(again, M.WeightsAnnounce) and again.request_id == 4
         assert server.rejected == {"sampler_id_mismatch": 1, "bad_sampler_id": 1}
         assert set(pub.sampler_versions) == {3} and live.last_seen.keys() == {3}
     finally:
@@ -154,11 +155,11 @@ def test_on_full_drop_counts_and_block_times_out():
 
 def test_msgpack_timestamp_ext_is_refused_as_bad_header():
     h = {"schema": 1, "kind": "no_update", "version": 1, "request_id": 1, "x": [msgpack.Timestamp(1, 0)]}
-    with pytest.raises(P.ProtocolError) as e:
-        P.decode([msgpack.packb(h, datetime=False)])
+    with pytest.raises(M.ProtocolError) as e:
+        codec.decode([msgpack.packb(h, datetime=False)])
     assert e.value.reason == "bad_header"
     del h["x"]
-    assert P.decode([msgpack.packb(h)]) == P.NoUpdate(version=1, request_id=1)
+    assert codec.decode([msgpack.packb(h)]) == M.NoUpdate(version=1, request_id=1)
 
 
 def test_learner_intake_bounds_its_fifo_and_drops_what_it_would_not_train():
@@ -167,7 +168,7 @@ def test_learner_intake_bounds_its_fifo_and_drops_what_it_would_not_train():
     from types import SimpleNamespace
 
     from grpo.config import LearnerConfig
-    from grpo.intake import Intake
+    from grpo.learner.intake import Intake
 
     cfg = LearnerConfig(buffer_size=2, max_new_tokens=2, max_prompt_tokens=3, max_samplers=4)
     # no sockets: the receiver is only asked for its rejection counter here

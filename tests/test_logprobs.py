@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import pytest
-from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 import torch
+from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 
-from grpo.logprobs import chunked_token_logprobs
-from grpo.model import load_causal_lm, resolve_model, right_pad, token_logprobs
+from grpo.model import chunked_token_logprobs, load_causal_lm, resolve_model, right_pad, token_logprobs
 
 
 def full_logprobs(model, ids, mask, temperature):

@@ -11,12 +11,13 @@ import pytest
 import torch
 from netutil import free_ports
 
-from grpo import protocol as P
-from grpo.engine import TorchEngine
-from grpo.lora import lora_stats, publish_named_tensors, save_adapter, wrap_lora
+from grpo.learner.engine import TorchEngine
+from grpo.learner.lora import lora_stats, publish_named_tensors, save_adapter, wrap_lora
 from grpo.model import load_causal_lm, resolve_model
-from grpo.transport import SyncClient, SyncServer
-from grpo.weight_sync import TcpPublisher, apply_weights, request_weights
+from grpo.weights.publisher import request_weights
+from grpo.weights.tcp import TcpPublisher, apply_weights
+from grpo.wire import messages as M
+from grpo.wire.transport import SyncClient, SyncServer
 
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
@@ -78,7 +79,7 @@ def test_tcp_sync_gives_the_sampler_base_plus_merged_delta_exactly():
     model = _lora_with_nonzero_b()
     expect = _hand_merge(model)
     pub = TcpPublisher(SyncServer("127.0.0.1", port), model)
-    client = SyncClient("127.0.0.1", port, P.weights_limits(64 << 20))
+    client = SyncClient("127.0.0.1", port, M.weights_limits(64 << 20))
     try:
         pub.publish(1, model)
         answered, newest, stop = request_weights(client, 0, 0, request_id=1, timeout_s=30)
@@ -167,7 +168,7 @@ def test_lora_run_distributed_zero2_with_config_file(tmp_path):
     assert [e.step for e in acc.Scalars("train/loss")] == [1, 2]
     assert {"reward/reward_mean", "reward/component/has_answer", "train/entropy", "time/sync_publish_s",
             "samplers/version/0", "groups/trained"} <= set(acc.Tags()["scalars"])
-    r = subprocess.run([sys.executable, "-m", "grpo.report", str(run_dir)], cwd=ROOT, capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "grpo.obs.report", str(run_dir)], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert (run_dir / "report.png").stat().st_size > 20_000

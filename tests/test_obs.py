@@ -11,14 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from grpo import protocol as P
 from grpo.config import LearnerConfig, SamplerConfig
 from grpo.flags import parse_config
-from grpo.gpustats import GpuMonitor, format_gpu
-from grpo.launch import parse, plan
-from grpo.progress import Progress
-from grpo.report import main as report_main
-from grpo.tracking import Tracker, flatten, parse_report_to, step_extras
+from grpo.launch.plan import parse, plan
+from grpo.obs.gpu import GpuMonitor, format_gpu
+from grpo.obs.progress import Progress
+from grpo.obs.report import main as report_main
+from grpo.obs.tracking import Tracker, flatten, parse_report_to
+from grpo.stats import group_stats
+from grpo.wire import messages as M
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,18 +123,18 @@ def test_wandb_asked_for_but_missing_is_one_warning(tmp_path, caplog):
 
 def _completion(n, lp, finished, info):
     ids = np.arange(n, dtype=np.int32)
-    return P.Completion(generated_token_ids=ids, old_policy_log_probs=np.asarray(lp, np.float32),
+    return M.Completion(generated_token_ids=ids, old_policy_log_probs=np.asarray(lp, np.float32),
                         ref_policy_log_probs=np.zeros(n, np.float32), whole_token_ids=ids, text="",
                         reward=0.0, reward_info=info, is_finished=finished)
 
 
 def test_step_extras_hand_worked():
-    g1 = P.Group(0, "a", 3, "", [], np.zeros(1, np.int32), [
+    g1 = M.Group(0, "a", 3, "", [], np.zeros(1, np.int32), [
         _completion(2, [-1.0, -2.0], True, {"correct": 1.0, "has_answer": 1.0, "format": 0.5}),
         _completion(1, [-3.0], False, {"correct": 0.0, "has_answer": 0.0})], {})
-    g2 = P.Group(0, "b", 1, "", [], np.zeros(1, np.int32), [
+    g2 = M.Group(0, "b", 1, "", [], np.zeros(1, np.int32), [
         _completion(3, [-0.5, -0.5, -1.0], True, {"has_answer": 1.0, "format": 1.5})], {})
-    out = step_extras([g1, g2], version=4)
+    out = group_stats([g1, g2], version=4)
     assert out["reward_components"] == {"format": 1.0, "has_answer": 2 / 3}   # 'correct' is accuracy already
     assert out["entropy"] == pytest.approx(8.0 / 6)                         # (1+2+3+0.5+0.5+1) / 6 tokens
     assert (out["completion_len_min"], out["completion_len_max"]) == (1, 3)
@@ -144,7 +145,7 @@ def test_step_extras_hand_worked():
 # --------------------------------------------------------------------------- progress, GPU stats
 def test_progress_lines_without_a_terminal(caplog, monkeypatch):
     monkeypatch.delenv("GRPO_PROGRESS", raising=False)
-    with caplog.at_level(logging.INFO, logger="grpo.progress"):
+    with caplog.at_level(logging.INFO, logger="grpo.obs.progress"):
         with Progress("steps", total=4, unit="step", every_s=0, stream=io.StringIO()) as p:
             p.update(1, loss=0.5)
             p.update(1)
@@ -159,7 +160,7 @@ def test_progress_lines_without_a_terminal(caplog, monkeypatch):
 def test_progress_bar_on_request(caplog, monkeypatch):
     monkeypatch.setenv("GRPO_PROGRESS", "bar")
     out = io.StringIO()
-    with caplog.at_level(logging.INFO, logger="grpo.progress"):
+    with caplog.at_level(logging.INFO, logger="grpo.obs.progress"):
         with Progress("rounds", total=3, unit="round", stream=out) as p:
             p.update(3)
     assert "rounds: 100%" in out.getvalue() and "3/3" in out.getvalue()
@@ -213,10 +214,10 @@ def test_report_makes_png_and_summary(tmp_path):
 
 
 def test_report_on_a_missing_run_dir_is_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "grpo.report", str(tmp_path / "nope")], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "grpo.obs.report", str(tmp_path / "nope")], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines() == [f"grpo.report: error: {tmp_path / 'nope'}: no such run directory; "
+    assert r.stderr.strip().splitlines() == [f"grpo.obs.report: error: {tmp_path / 'nope'}: no such run directory; "
                                              "pass runs/<run_id> (see ls runs/)"]
     (tmp_path / "empty").mkdir()
     assert report_main([str(tmp_path / "empty")]) == 2

@@ -5,8 +5,8 @@ import pytest
 
 from grpo.config import LaunchConfig
 from grpo.flags import build_parser
-from grpo.instances import instance_argv, plan_instances
-from grpo.launch import LaunchError, describe_exit, parse, plan
+from grpo.launch.plan import LaunchError, instance_argv, parse, plan, plan_instances
+from grpo.launch.supervisor import describe_exit
 
 
 def _cfg(argv):
@@ -86,7 +86,7 @@ def test_instance_argv_round_trips_through_the_parser():
     (["--run-dir", "{tmp}"], "--resume latest: no complete checkpoint under"),
 ])
 def test_launcher_refuses_a_resume_that_cannot_work(tmp_path, capsys, extra, needle):
-    from grpo.launch import main
+    from grpo.launch.main import main
 
     argv = ["--device", "cpu", "--resume", "latest"] + [x.format(tmp=tmp_path) for x in extra]
     assert main(argv) == 2

@@ -1,4 +1,4 @@
-"""Tests for grpo/protocol.py: round trips, zero-copy decoding, and one rejection per reason code."""
+"""Tests for grpo/wire/messages.py: round trips, zero-copy decoding, and one rejection per reason code."""
 from __future__ import annotations
 
 import copy
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import zmq
 
-from grpo import protocol as P
+from grpo.wire import codec
+from grpo.wire import messages as M
 
 VOCAB = 1000
 
@@ -19,13 +20,13 @@ VOCAB = 1000
 # ----------------------------------------------------------------------------- builders
 
 
-def make_group(lengths: tuple[int, ...] = (3, 0, 7, 2), prefix_len: int = 5, seed: int = 0) -> P.Group:
+def make_group(lengths: tuple[int, ...] = (3, 0, 7, 2), prefix_len: int = 5, seed: int = 0) -> M.Group:
     rng = np.random.default_rng(seed)
     prefix = rng.integers(0, VOCAB, prefix_len, dtype=np.int32)
     completions = []
     for i, n in enumerate(lengths):
         gen = rng.integers(0, VOCAB, n, dtype=np.int32)
-        completions.append(P.Completion(
+        completions.append(M.Completion(
             generated_token_ids=gen,
             old_policy_log_probs=-rng.random(n, dtype=np.float32) * 5,
             ref_policy_log_probs=-rng.random(n, dtype=np.float32) * 5,
@@ -35,30 +36,30 @@ def make_group(lengths: tuple[int, ...] = (3, 0, 7, 2), prefix_len: int = 5, see
             reward_info={"correct": float(i % 2), "format": 0.25},
             is_finished=i % 2 == 0,
         ))
-    return P.Group(sampler_id=3, group_id="s3-r7-g1", policy_version=12, prefix="What is 8*9?",
+    return M.Group(sampler_id=3, group_id="s3-r7-g1", policy_version=12, prefix="What is 8*9?",
                    prefix_tokens=[f"tok{i}" for i in range(prefix_len)], prefix_token_ids=prefix,
                    completions=completions, meta={"answer": "72", "idx": 5, "hard": True, "w": 0.5})
 
 
-def make_weights(method: str = "tcp") -> P.WeightsAnnounce:
+def make_weights(method: str = "tcp") -> M.WeightsAnnounce:
     # bucket 0: float32 (two tensors, 16-byte aligned), bucket 1: bfloat16 raw bytes.
     b0 = np.arange(12, dtype=np.float32)
     b1 = np.arange(8, dtype=np.uint16)  # stands in for bfloat16 bit patterns
-    layout = [P.TensorSpec("a.weight", "float32", (2, 3), 0, 0),
-              P.TensorSpec("b.bias", "float32", (4,), 0, 32),
-              P.TensorSpec("c.weight", "bfloat16", (2, 4), 1, 0)]
+    layout = [M.TensorSpec("a.weight", "float32", (2, 3), 0, 0),
+              M.TensorSpec("b.bias", "float32", (4,), 0, 32),
+              M.TensorSpec("c.weight", "bfloat16", (2, 4), 1, 0)]
     buckets = [memoryview(b0).cast("B"), memoryview(b1).cast("B")] if method == "tcp" else []
-    ipc = (P.IpcHandle(gpu_uuid="GPU-0a1b", slot=1, handle=bytes(range(64)), storage_nbytes=128, storage_offset=0,
+    ipc = (M.IpcHandle(gpu_uuid="GPU-0a1b", slot=1, handle=bytes(range(64)), storage_nbytes=128, storage_offset=0,
                        ref_counter_handle=b"/torch_123_456", ref_counter_offset=3, event_handle=bytes(64),
                        event_sync_required=True, stamp_offset=64) if method == "ipc" else None)
-    nccl = P.NcclRendezvous("10.0.0.7", 29555, "nccl") if method == "nccl" else None
-    shared = ([P.IpcHandle("GPU-0a1b", i, bytes(range(64)), n, 0, b"/torch_1_2", i, bytes(64), False, 0)
+    nccl = M.NcclRendezvous("10.0.0.7", 29555, "nccl") if method == "nccl" else None
+    shared = ([M.IpcHandle("GPU-0a1b", i, bytes(range(64)), n, 0, b"/torch_1_2", i, bytes(64), False, 0)
                for i, n in enumerate((48, 16))] if method == "shared" else None)
-    return P.WeightsAnnounce(version=9, method=method, layout=layout, bucket_dtypes=["float32", "bfloat16"],
+    return M.WeightsAnnounce(version=9, method=method, layout=layout, bucket_dtypes=["float32", "bfloat16"],
                              bucket_nbytes=[48, 16], buckets=buckets, ipc=ipc, nccl=nccl, shared=shared)
 
 
-def assert_groups_equal(a: P.Group, b: P.Group) -> None:
+def assert_groups_equal(a: M.Group, b: M.Group) -> None:
     for f in ("sampler_id", "group_id", "policy_version", "prefix", "prefix_tokens", "meta"):
         assert getattr(a, f) == getattr(b, f), f
     np.testing.assert_array_equal(a.prefix_token_ids, b.prefix_token_ids)
@@ -83,9 +84,9 @@ def rehead(frames: list[Any], edit: Callable[[dict[str, Any]], Any]) -> list[Any
     return [msgpack.packb(h, use_bin_type=True), *frames[1:]]
 
 
-def reason(frames: Any, limits: P.Limits = P.Limits()) -> str:
-    with pytest.raises(P.ProtocolError) as exc:
-        P.decode(frames, limits)
+def reason(frames: Any, limits: M.Limits = M.Limits()) -> str:
+    with pytest.raises(M.ProtocolError) as exc:
+        codec.decode(frames, limits)
     assert exc.value.detail and str(exc.value).startswith(exc.value.reason)
     return exc.value.reason
 
@@ -95,23 +96,23 @@ def reason(frames: Any, limits: P.Limits = P.Limits()) -> str:
 
 def test_group_round_trip() -> None:
     g = make_group()
-    frames = P.encode(g)
+    frames = codec.encode(g)
     assert len(frames) == 7 and isinstance(frames[0], bytes)
-    out = P.decode(frames, P.Limits(vocab_size=VOCAB, group_size=4))
-    assert isinstance(out, P.Group)
+    out = codec.decode(frames, M.Limits(vocab_size=VOCAB, group_size=4))
+    assert isinstance(out, M.Group)
     assert_groups_equal(g, out)
-    assert_groups_equal(g, P.decode(to_bytes(frames)))  # same from plain bytes
+    assert_groups_equal(g, codec.decode(to_bytes(frames)))  # same from plain bytes
 
 
 def test_group_single_completion_and_empty_prefix() -> None:
     g = make_group(lengths=(4,), prefix_len=0)
     g.prefix_tokens = []
-    assert_groups_equal(g, P.decode(P.encode(g)))
+    assert_groups_equal(g, codec.decode(codec.encode(g)))
 
 
 def test_group_array_frames_layout() -> None:
     g = make_group(lengths=(2, 3), prefix_len=4)
-    frames = P.encode(g)
+    frames = codec.encode(g)
     h = msgpack.unpackb(frames[0], raw=False)
     assert (h["schema"], h["kind"]) == (1, "group")
     assert [(a["name"], a["dtype"], a["shape"]) for a in h["arrays"]] == [
@@ -127,33 +128,33 @@ def test_encode_accepts_numpy_scalars_and_lists() -> None:
     g.sampler_id, g.policy_version = np.int64(3), np.int32(12)
     g.completions[0].reward = np.float32(1.5)
     g.completions[0].generated_token_ids = g.completions[0].generated_token_ids.astype(np.int64).tolist()
-    out = P.decode(P.encode(g))
+    out = codec.decode(codec.encode(g))
     assert (out.sampler_id, out.policy_version, out.completions[0].reward) == (3, 12, 1.5)
     assert out.completions[0].generated_token_ids.dtype == np.int32
 
 
 @pytest.mark.parametrize("msg", [
-    P.SamplerStatus(sampler_id=2, policy_version=7, groups_sent=123, final=True,
+    M.SamplerStatus(sampler_id=2, policy_version=7, groups_sent=123, final=True,
                     stats={"samples_per_s": 12.5, "tokens": 4096.0}),
-    P.SamplerStatus(sampler_id=0, policy_version=0, groups_sent=0, final=False, stats={}),
-    P.WeightsRequest(sampler_id=1, have_version=-1),
-    P.WeightsRequest(sampler_id=1, have_version=41),
-    P.NoUpdate(version=5),
-    P.Stop(version=100, reason="max_steps reached"),
+    M.SamplerStatus(sampler_id=0, policy_version=0, groups_sent=0, final=False, stats={}),
+    M.WeightsRequest(sampler_id=1, have_version=-1),
+    M.WeightsRequest(sampler_id=1, have_version=41),
+    M.NoUpdate(version=5),
+    M.Stop(version=100, reason="max_steps reached"),
 ])
-def test_header_only_round_trip(msg: P.Message) -> None:
-    frames = P.encode(msg)
+def test_header_only_round_trip(msg: M.Message) -> None:
+    frames = codec.encode(msg)
     assert len(frames) == 1
-    assert P.decode(frames) == msg
+    assert codec.decode(frames) == msg
 
 
 @pytest.mark.parametrize("method", ["tcp", "ipc", "nccl", "shared"])
 def test_weights_round_trip(method: str) -> None:
     w = make_weights(method)
-    frames = P.encode(w)
+    frames = codec.encode(w)
     assert len(frames) == 1 + (2 if method == "tcp" else 0)
-    out = P.decode(frames)
-    assert isinstance(out, P.WeightsAnnounce)
+    out = codec.decode(frames)
+    assert isinstance(out, M.WeightsAnnounce)
     assert (out.version, out.method, out.bucket_dtypes, out.bucket_nbytes) == (9, method, ["float32", "bfloat16"], [48, 16])
     assert out.layout == w.layout
     assert [bytes(b) for b in out.buckets] == [bytes(b) for b in w.buckets]
@@ -169,28 +170,28 @@ def test_ipc_handle_is_validated() -> None:
                      (dataclasses.replace(w.ipc, stamp_offset=124), "bad_shape"),     # stamp past the storage
                      (dataclasses.replace(w.ipc, handle="not bytes"), "bad_field"),
                      (dataclasses.replace(w.ipc, handle=bytes(300)), "bad_field")):
-        assert reason(P.encode(dataclasses.replace(w, ipc=bad))) == why
-    assert reason(P.encode(dataclasses.replace(w, ipc=None))) == "bad_field"       # ipc without a handle
+        assert reason(codec.encode(dataclasses.replace(w, ipc=bad))) == why
+    assert reason(codec.encode(dataclasses.replace(w, ipc=None))) == "bad_field"       # ipc without a handle
     n = make_weights("nccl")
-    for bad in (P.NcclRendezvous("h", 0, "nccl"), P.NcclRendezvous("h", 70000, "nccl"), P.NcclRendezvous("h", 5, "mpi")):
-        assert reason(P.encode(dataclasses.replace(n, nccl=bad))) == "bad_field"
+    for bad in (M.NcclRendezvous("h", 0, "nccl"), M.NcclRendezvous("h", 70000, "nccl"), M.NcclRendezvous("h", 5, "mpi")):
+        assert reason(codec.encode(dataclasses.replace(n, nccl=bad))) == "bad_field"
     sh = make_weights("shared")
-    assert reason(P.encode(dataclasses.replace(sh, shared=sh.shared[:1]))) == "bad_field"      # a storage without a handle
+    assert reason(codec.encode(dataclasses.replace(sh, shared=sh.shared[:1]))) == "bad_field"      # a storage without a handle
     wrong = [dataclasses.replace(sh.shared[0], storage_nbytes=64), sh.shared[1]]
-    assert reason(P.encode(dataclasses.replace(sh, shared=wrong))) == "bad_shape"              # handle vs layout size
-    req = P.WeightsRequest(1, 2, 3, "ipc")
-    assert P.decode(P.encode(req)) == req
-    assert reason(P.encode(P.WeightsRequest(1, 2, 3, "carrier-pigeon"))) == "bad_field"
+    assert reason(codec.encode(dataclasses.replace(sh, shared=wrong))) == "bad_shape"              # handle vs layout size
+    req = M.WeightsRequest(1, 2, 3, "ipc")
+    assert codec.decode(codec.encode(req)) == req
+    assert reason(codec.encode(M.WeightsRequest(1, 2, 3, "carrier-pigeon"))) == "bad_field"
 
 
 def test_weights_limits() -> None:
-    lim = P.weights_limits(3 << 30)
+    lim = M.weights_limits(3 << 30)
     assert lim.max_array_bytes >= 3 << 30
-    big = P.Limits().max_array_bytes + 16  # one bucket larger than the default per-frame limit
-    w = P.WeightsAnnounce(1, "tcp", [P.TensorSpec("x", "uint8", (big,), 0, 0)], ["uint8"], [big],
+    big = M.Limits().max_array_bytes + 16  # one bucket larger than the default per-frame limit
+    w = M.WeightsAnnounce(1, "tcp", [M.TensorSpec("x", "uint8", (big,), 0, 0)], ["uint8"], [big],
                           [memoryview(bytearray(big))])
-    assert reason(P.encode(w)) == "too_large"
-    assert P.decode(P.encode(w), P.weights_limits(big)).bucket_nbytes == [big]
+    assert reason(codec.encode(w)) == "too_large"
+    assert codec.decode(codec.encode(w), M.weights_limits(big)).bucket_nbytes == [big]
 
 
 # ----------------------------------------------------------------------------- zero copy
@@ -198,20 +199,20 @@ def test_weights_limits() -> None:
 
 def test_decode_is_zero_copy_in_process() -> None:
     g = make_group()
-    frames = to_bytes(P.encode(g))
-    out = P.decode(frames)
+    frames = to_bytes(codec.encode(g))
+    out = codec.decode(frames)
     whole = np.frombuffer(frames[6], np.uint8)
     assert all(np.shares_memory(c.whole_token_ids, whole) for c in out.completions)
     assert np.shares_memory(out.completions[0].generated_token_ids, np.frombuffer(frames[3], np.uint8))
     assert np.shares_memory(out.prefix_token_ids, np.frombuffer(frames[1], np.uint8))
     src = make_weights()
-    w = P.decode(P.encode(src))
+    w = codec.decode(codec.encode(src))
     assert np.shares_memory(np.frombuffer(w.buckets[0], np.uint8), np.frombuffer(src.buckets[0], np.uint8))
 
 
 def test_encode_is_zero_copy_for_contiguous_arrays() -> None:
     g = make_group(lengths=(3,))
-    frames = P.encode(g)
+    frames = codec.encode(g)
     assert np.shares_memory(np.frombuffer(frames[1], np.uint8), g.prefix_token_ids)
 
 
@@ -230,11 +231,11 @@ def test_group_over_real_zmq_sockets(zmq_ctx: zmq.Context, pattern: tuple[int, i
     tx.connect(f"tcp://127.0.0.1:{port}")
     # Big enough that zmq keeps frames out of line (no small-message inlining).
     g = make_group(lengths=(5000, 17, 20000), prefix_len=300)
-    tx.send_multipart(P.encode(g), copy=False)
+    tx.send_multipart(codec.encode(g), copy=False)
     assert rx.poll(5000), "nothing received"
     frames = rx.recv_multipart(copy=False)
     assert all(isinstance(f, zmq.Frame) for f in frames)
-    out = P.decode(frames, P.Limits(vocab_size=VOCAB, group_size=3))
+    out = codec.decode(frames, M.Limits(vocab_size=VOCAB, group_size=3))
     assert_groups_equal(g, out)
     gen_frame = np.frombuffer(frames[3].buffer, np.uint8)
     assert all(np.shares_memory(c.generated_token_ids, gen_frame) for c in out.completions if len(c.generated_token_ids))
@@ -248,14 +249,14 @@ def test_weights_over_real_zmq_router_dealer(zmq_ctx: zmq.Context) -> None:
     dealer = zmq_ctx.socket(zmq.DEALER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     dealer.connect(f"tcp://127.0.0.1:{port}")
-    dealer.send_multipart(P.encode(P.WeightsRequest(sampler_id=0, have_version=-1)), copy=False)
+    dealer.send_multipart(codec.encode(M.WeightsRequest(sampler_id=0, have_version=-1)), copy=False)
     assert router.poll(5000)
     ident, *frames = router.recv_multipart(copy=False)
-    assert P.decode(frames) == P.WeightsRequest(0, -1)
+    assert codec.decode(frames) == M.WeightsRequest(0, -1)
     src = make_weights()
-    router.send_multipart([ident, *P.encode(src)], copy=False)
+    router.send_multipart([ident, *codec.encode(src)], copy=False)
     assert dealer.poll(5000)
-    out = P.decode(dealer.recv_multipart(copy=False))
+    out = codec.decode(dealer.recv_multipart(copy=False))
     assert [bytes(b) for b in out.buckets] == [bytes(b) for b in src.buckets]
     dealer.close(linger=0)
     router.close(linger=0)
@@ -265,7 +266,7 @@ def test_weights_over_real_zmq_router_dealer(zmq_ctx: zmq.Context) -> None:
 
 
 def test_not_multipart() -> None:
-    frames = P.encode(make_group())
+    frames = codec.encode(make_group())
     assert reason(frames[0]) == "not_multipart"  # a single bytes object, not a list of frames
     assert reason([]) == "not_multipart"
     assert reason([frames[0], 12345]) == "not_multipart"  # an element that is no buffer
@@ -285,7 +286,7 @@ def test_bad_header_not_a_map() -> None:
 
 
 def test_bad_header_trailing_bytes_and_ext_types() -> None:
-    frames = P.encode(P.NoUpdate(3))
+    frames = codec.encode(M.NoUpdate(3))
     assert reason([bytes(frames[0]) + b"\x01"]) == "bad_header"
     ext = msgpack.packb({"schema": 1, "kind": "no_update", "version": msgpack.ExtType(5, b"x")})
     assert reason([ext]) == "bad_header"
@@ -294,14 +295,14 @@ def test_bad_header_trailing_bytes_and_ext_types() -> None:
 
 
 def test_bad_schema() -> None:
-    assert reason(rehead(P.encode(make_group()), lambda h: h.update(schema=2))) == "bad_schema"
-    assert reason(rehead(P.encode(make_group()), lambda h: h.update(schema=True))) == "bad_schema"
-    assert reason(rehead(P.encode(make_group()), lambda h: h.pop("schema"))) == "bad_schema"
+    assert reason(rehead(codec.encode(make_group()), lambda h: h.update(schema=2))) == "bad_schema"
+    assert reason(rehead(codec.encode(make_group()), lambda h: h.update(schema=True))) == "bad_schema"
+    assert reason(rehead(codec.encode(make_group()), lambda h: h.pop("schema"))) == "bad_schema"
 
 
 def test_bad_kind() -> None:
-    assert reason(rehead(P.encode(make_group()), lambda h: h.update(kind="grupo"))) == "bad_kind"
-    assert reason(rehead(P.encode(P.NoUpdate(1)), lambda h: h.pop("kind"))) == "bad_kind"
+    assert reason(rehead(codec.encode(make_group()), lambda h: h.update(kind="grupo"))) == "bad_kind"
+    assert reason(rehead(codec.encode(M.NoUpdate(1)), lambda h: h.pop("kind"))) == "bad_kind"
 
 
 @pytest.mark.parametrize("edit", [
@@ -316,86 +317,86 @@ def test_bad_kind() -> None:
     lambda h: h["completions"][0].update(reward_info={"x": True}),
     lambda h: h["completions"][0].pop("text"),
     lambda h: h.update(meta={"answer": [7, 2]}),
-    lambda h: h.update(meta={str(i): i for i in range(P.MAX_MAP_ITEMS + 1)}),
+    lambda h: h.update(meta={str(i): i for i in range(M.MAX_MAP_ITEMS + 1)}),
     lambda h: h["arrays"][0].update(name="prefix_ids"),
 ])
 def test_bad_field_group(edit: Callable[[dict[str, Any]], Any]) -> None:
-    assert reason(rehead(P.encode(make_group()), edit)) == "bad_field"
+    assert reason(rehead(codec.encode(make_group()), edit)) == "bad_field"
 
 
 @pytest.mark.parametrize("msg,edit", [
-    (P.SamplerStatus(1, 2, 3, False, {}), lambda h: h.update(final=0)),
-    (P.SamplerStatus(1, 2, 3, False, {}), lambda h: h.update(groups_sent=False)),
-    (P.SamplerStatus(1, 2, 3, False, {}), lambda h: h.update(stats={"a": "fast"})),
-    (P.WeightsRequest(1, 2), lambda h: h.update(have_version=-2)),
-    (P.NoUpdate(1), lambda h: h.update(version=None)),
-    (P.Stop(1, "done"), lambda h: h.update(reason=7)),
+    (M.SamplerStatus(1, 2, 3, False, {}), lambda h: h.update(final=0)),
+    (M.SamplerStatus(1, 2, 3, False, {}), lambda h: h.update(groups_sent=False)),
+    (M.SamplerStatus(1, 2, 3, False, {}), lambda h: h.update(stats={"a": "fast"})),
+    (M.WeightsRequest(1, 2), lambda h: h.update(have_version=-2)),
+    (M.NoUpdate(1), lambda h: h.update(version=None)),
+    (M.Stop(1, "done"), lambda h: h.update(reason=7)),
     (make_weights(), lambda h: h.update(method="carrier-pigeon")),
     (make_weights(), lambda h: h["layout"][2].__setitem__(0, "a.weight")),  # duplicate name
     (make_weights(), lambda h: h["layout"][0].__setitem__(3, 2)),  # bucket index out of range
     (make_weights(), lambda h: h["layout"][0].pop()),  # layout entry of 4 items
 ])
-def test_bad_field_other_kinds(msg: P.Message, edit: Callable[[dict[str, Any]], Any]) -> None:
-    assert reason(rehead(P.encode(msg), edit)) == "bad_field"
+def test_bad_field_other_kinds(msg: M.Message, edit: Callable[[dict[str, Any]], Any]) -> None:
+    assert reason(rehead(codec.encode(msg), edit)) == "bad_field"
 
 
 def test_too_large_declared_shape_2_pow_40() -> None:
     # Frames stay tiny: the 2**40-element declaration must be refused from the header alone.
-    frames = rehead(P.encode(make_group()), lambda h: h["arrays"][2].update(shape=[2 ** 40]))
+    frames = rehead(codec.encode(make_group()), lambda h: h["arrays"][2].update(shape=[2 ** 40]))
     assert reason(frames) == "too_large"
-    assert reason(frames, P.weights_limits(2 ** 50)) == "frame_size"  # allowed size, but the frame is not there
-    assert reason(rehead(P.encode(make_group()), lambda h: h["arrays"][2].update(shape=[2 ** 20, 2 ** 20]))) == "too_large"
+    assert reason(frames, M.weights_limits(2 ** 50)) == "frame_size"  # allowed size, but the frame is not there
+    assert reason(rehead(codec.encode(make_group()), lambda h: h["arrays"][2].update(shape=[2 ** 20, 2 ** 20]))) == "too_large"
 
 
 def test_too_large_header_frames_and_tokens() -> None:
     g = make_group()
-    assert reason(P.encode(g), P.Limits(max_header_bytes=64)) == "too_large"
-    assert reason(P.encode(g), P.Limits(max_frames=4)) == "too_large"
-    assert reason(P.encode(g), P.Limits(max_tokens=6)) == "too_large"  # one completion has 7 tokens
-    assert reason(P.encode(g), P.Limits(max_tokens=4)) == "too_large"  # prefix has 5 tokens
+    assert reason(codec.encode(g), M.Limits(max_header_bytes=64)) == "too_large"
+    assert reason(codec.encode(g), M.Limits(max_frames=4)) == "too_large"
+    assert reason(codec.encode(g), M.Limits(max_tokens=6)) == "too_large"  # one completion has 7 tokens
+    assert reason(codec.encode(g), M.Limits(max_tokens=4)) == "too_large"  # prefix has 5 tokens
     many = [b"x"] * 70
-    assert reason([P.encode(P.NoUpdate(1))[0], *many]) == "too_large"
+    assert reason([codec.encode(M.NoUpdate(1))[0], *many]) == "too_large"
 
 
 def test_bad_dtype() -> None:
     g = make_group()
-    assert reason(rehead(P.encode(g), lambda h: h["arrays"][0].update(dtype="complex64"))) == "bad_dtype"
+    assert reason(rehead(codec.encode(g), lambda h: h["arrays"][0].update(dtype="complex64"))) == "bad_dtype"
     # Same byte size, wrong dtype for this name.
-    assert reason(rehead(P.encode(g), lambda h: h["arrays"][0].update(dtype="float32"))) == "bad_dtype"
-    assert reason(rehead(P.encode(g), lambda h: h["arrays"][3].update(dtype="bfloat16", shape=[24]))) == "bad_dtype"
-    assert reason(rehead(P.encode(make_weights()), lambda h: h["layout"][0].__setitem__(1, "int32"))) == "bad_dtype"
-    assert reason(rehead(P.encode(make_weights()), lambda h: h["bucket_dtypes"].__setitem__(0, "f32"))) == "bad_dtype"
+    assert reason(rehead(codec.encode(g), lambda h: h["arrays"][0].update(dtype="float32"))) == "bad_dtype"
+    assert reason(rehead(codec.encode(g), lambda h: h["arrays"][3].update(dtype="bfloat16", shape=[24]))) == "bad_dtype"
+    assert reason(rehead(codec.encode(make_weights()), lambda h: h["layout"][0].__setitem__(1, "int32"))) == "bad_dtype"
+    assert reason(rehead(codec.encode(make_weights()), lambda h: h["bucket_dtypes"].__setitem__(0, "f32"))) == "bad_dtype"
 
 
 def test_bad_shape() -> None:
     g = make_group()
-    assert reason(rehead(P.encode(g), lambda h: h["arrays"][0].update(shape=[-5]))) == "bad_shape"
-    assert reason(rehead(P.encode(g), lambda h: h["arrays"][0].update(shape=[1, 5]))) == "bad_shape"
-    assert reason(rehead(P.encode(g), lambda h: h["arrays"][0].update(shape=5))) == "bad_shape"
-    assert reason(rehead(P.encode(g), lambda h: h["arrays"][0].update(shape=[5.0]))) == "bad_shape"
+    assert reason(rehead(codec.encode(g), lambda h: h["arrays"][0].update(shape=[-5]))) == "bad_shape"
+    assert reason(rehead(codec.encode(g), lambda h: h["arrays"][0].update(shape=[1, 5]))) == "bad_shape"
+    assert reason(rehead(codec.encode(g), lambda h: h["arrays"][0].update(shape=5))) == "bad_shape"
+    assert reason(rehead(codec.encode(g), lambda h: h["arrays"][0].update(shape=[5.0]))) == "bad_shape"
 
 
 def test_frame_size_truncated_frame() -> None:
-    frames = to_bytes(P.encode(make_group()))
+    frames = to_bytes(codec.encode(make_group()))
     frames[3] = frames[3][:-1]
     assert reason(frames) == "frame_size"
 
 
 def test_frame_size_extra_and_missing_frame() -> None:
-    frames = to_bytes(P.encode(make_group()))
+    frames = to_bytes(codec.encode(make_group()))
     assert reason([*frames, b"\x00" * 4]) == "frame_size"
     assert reason(frames[:-1]) == "frame_size"
-    assert reason([*P.encode(P.NoUpdate(1)), b""]) == "frame_size"
+    assert reason([*codec.encode(M.NoUpdate(1)), b""]) == "frame_size"
 
 
 def test_length_mismatch_lengths() -> None:
     g = make_group()
     g.completions[2].old_policy_log_probs = g.completions[2].old_policy_log_probs[:-1]
-    assert reason(P.encode(g)) == "length_mismatch"
+    assert reason(codec.encode(g)) == "length_mismatch"
 
 
 def test_length_mismatch_generated_lengths_frame() -> None:
-    frames = to_bytes(P.encode(make_group()))
+    frames = to_bytes(codec.encode(make_group()))
     lengths = np.frombuffer(frames[2], "<i4").copy()
     lengths[0] += 1
     lengths[1] -= 1  # same sum, but now n_1 = -1
@@ -411,18 +412,18 @@ def test_length_mismatch_whole_not_prefix_plus_generated() -> None:
     w = g.completions[2].whole_token_ids.copy()
     w[-1] = (w[-1] + 1) % VOCAB  # still a valid token id, same length
     g.completions[2].whole_token_ids = w
-    assert reason(P.encode(g)) == "length_mismatch"
+    assert reason(codec.encode(g)) == "length_mismatch"
     g = make_group()
     g.completions[0].whole_token_ids = g.completions[0].whole_token_ids.copy()
     g.completions[0].whole_token_ids[0] += 1  # prefix part differs
-    assert reason(P.encode(g)) == "length_mismatch"
+    assert reason(codec.encode(g)) == "length_mismatch"
     g = make_group()
     g.prefix_tokens = g.prefix_tokens[:-1]
-    assert reason(P.encode(g)) == "length_mismatch"
+    assert reason(codec.encode(g)) == "length_mismatch"
 
 
 def test_length_mismatch_weights_bucket_frame() -> None:
-    frames = rehead(P.encode(make_weights()), lambda h: h["bucket_nbytes"].__setitem__(1, 32))
+    frames = rehead(codec.encode(make_weights()), lambda h: h["bucket_nbytes"].__setitem__(1, 32))
     assert reason(frames) == "length_mismatch"
 
 
@@ -434,29 +435,29 @@ def test_length_mismatch_weights_bucket_frame() -> None:
     lambda g: g.completions[2].ref_policy_log_probs.__setitem__(0, np.nan),
     lambda g: g.meta.update(w=math.nan),
 ])
-def test_non_finite(corrupt: Callable[[P.Group], Any]) -> None:
+def test_non_finite(corrupt: Callable[[M.Group], Any]) -> None:
     g = make_group()
     corrupt(g)
-    assert reason(P.encode(g)) == "non_finite"
+    assert reason(codec.encode(g)) == "non_finite"
 
 
 def test_non_finite_status_stats() -> None:
-    assert reason(P.encode(P.SamplerStatus(0, 0, 0, False, {"x": math.nan}))) == "non_finite"
+    assert reason(codec.encode(M.SamplerStatus(0, 0, 0, False, {"x": math.nan}))) == "non_finite"
 
 
 def test_bad_log_prob_positive() -> None:
     g = make_group()
     g.completions[2].old_policy_log_probs[3] = 0.5
-    assert reason(P.encode(g)) == "bad_log_prob"
+    assert reason(codec.encode(g)) == "bad_log_prob"
     g = make_group()
     g.completions[0].ref_policy_log_probs[0] = 0.5
-    assert reason(P.encode(g)) == "bad_log_prob"
+    assert reason(codec.encode(g)) == "bad_log_prob"
     g = make_group()
     g.completions[0].ref_policy_log_probs[0] = 1e-4  # float noise around 0 is tolerated
-    assert isinstance(P.decode(P.encode(g)), P.Group)
+    assert isinstance(codec.decode(codec.encode(g)), M.Group)
 
 
-def _set_token(g: P.Group, value: int) -> None:
+def _set_token(g: M.Group, value: int) -> None:
     c = g.completions[2]
     c.generated_token_ids[1] = value
     c.whole_token_ids = np.concatenate([g.prefix_token_ids, c.generated_token_ids])  # keep whole consistent
@@ -465,52 +466,52 @@ def _set_token(g: P.Group, value: int) -> None:
 def test_token_out_of_range_negative() -> None:
     g = make_group()
     _set_token(g, -1)
-    assert reason(P.encode(g)) == "token_out_of_range"  # rejected even without a vocab_size
+    assert reason(codec.encode(g)) == "token_out_of_range"  # rejected even without a vocab_size
     g = make_group()
     g.prefix_token_ids[0] = -1
     for c in g.completions:
         c.whole_token_ids = np.concatenate([g.prefix_token_ids, c.generated_token_ids])
-    assert reason(P.encode(g)) == "token_out_of_range"
+    assert reason(codec.encode(g)) == "token_out_of_range"
 
 
 def test_token_out_of_range_vocab() -> None:
     g = make_group()
     _set_token(g, VOCAB)
-    assert isinstance(P.decode(P.encode(g)), P.Group)  # fine when the vocab is unknown
-    assert reason(P.encode(g), P.Limits(vocab_size=VOCAB)) == "token_out_of_range"
-    assert isinstance(P.decode(P.encode(g), P.Limits(vocab_size=VOCAB + 1)), P.Group)
+    assert isinstance(codec.decode(codec.encode(g)), M.Group)  # fine when the vocab is unknown
+    assert reason(codec.encode(g), M.Limits(vocab_size=VOCAB)) == "token_out_of_range"
+    assert isinstance(codec.decode(codec.encode(g), M.Limits(vocab_size=VOCAB + 1)), M.Group)
 
 
 def test_bad_group_size() -> None:
     g = make_group()
-    assert reason(P.encode(g), P.Limits(group_size=8)) == "bad_group_size"
-    assert reason(P.encode(g), P.Limits(max_completions=3)) == "bad_group_size"
+    assert reason(codec.encode(g), M.Limits(group_size=8)) == "bad_group_size"
+    assert reason(codec.encode(g), M.Limits(max_completions=3)) == "bad_group_size"
     empty = make_group()
     empty.completions = []
-    assert reason(P.encode(empty)) == "bad_group_size"
+    assert reason(codec.encode(empty)) == "bad_group_size"
     # A completion dropped from the header but not from generated_lengths.
-    assert reason(rehead(P.encode(g), lambda h: h["completions"].pop())) == "bad_group_size"
+    assert reason(rehead(codec.encode(g), lambda h: h["completions"].pop())) == "bad_group_size"
 
 
 def test_weights_overlapping_tensors() -> None:
-    frames = rehead(P.encode(make_weights()), lambda h: h["layout"][1].__setitem__(4, 16))  # [16,32) vs [0,24)
+    frames = rehead(codec.encode(make_weights()), lambda h: h["layout"][1].__setitem__(4, 16))  # [16,32) vs [0,24)
     assert reason(frames) == "bad_shape"
 
 
 def test_weights_bucket_overflow() -> None:
-    frames = rehead(P.encode(make_weights()), lambda h: h["layout"][1].__setitem__(2, [5]))  # 32+20 > 48
+    frames = rehead(codec.encode(make_weights()), lambda h: h["layout"][1].__setitem__(2, [5]))  # 32+20 > 48
     assert reason(frames) == "bad_shape"
-    frames = rehead(P.encode(make_weights()), lambda h: h["layout"][2].__setitem__(2, [2 ** 40]))
+    frames = rehead(codec.encode(make_weights()), lambda h: h["layout"][2].__setitem__(2, [2 ** 40]))
     assert reason(frames) == "bad_shape"
 
 
 def test_weights_misaligned_offset() -> None:
-    frames = rehead(P.encode(make_weights()), lambda h: h["layout"][1].__setitem__(4, 30))
+    frames = rehead(codec.encode(make_weights()), lambda h: h["layout"][1].__setitem__(4, 30))
     assert reason(frames) == "bad_shape"
 
 
 def test_weights_frames_for_method() -> None:
-    frames = P.encode(make_weights())
+    frames = codec.encode(make_weights())
     assert reason(frames[:-1]) == "frame_size"  # descriptor says 2 frames, 1 present
     assert reason(rehead(frames, lambda h: h.update(method="nccl"))) == "frame_size"  # nccl carries no frames
     assert reason(rehead(frames[:2], lambda h: h["arrays"].pop())) == "frame_size"  # 2 buckets, 1 frame
@@ -526,8 +527,8 @@ def test_every_reason_code_is_tested() -> None:
 
 def test_decode_does_not_mutate_or_keep_header_state() -> None:
     g = make_group()
-    frames = P.encode(g)
-    a, b = P.decode(frames), P.decode(frames)
+    frames = codec.encode(g)
+    a, b = codec.decode(frames), codec.decode(frames)
     assert_groups_equal(a, b)
     assert copy.deepcopy(a.meta) == g.meta
 
@@ -545,21 +546,21 @@ def test_docs_client_example_sends_a_valid_group(zmq_ctx: zmq.Context) -> None:
     namespace: dict[str, Any] = {}
     exec(compile(code.replace("tcp://127.0.0.1:5555", f"tcp://127.0.0.1:{port}"), str(doc), "exec"), namespace)
     assert rx.poll(5000)
-    g = P.decode(rx.recv_multipart(copy=False), P.Limits(vocab_size=VOCAB, group_size=2))
-    assert isinstance(g, P.Group) and g.meta == {"answer": "72"}
+    g = codec.decode(rx.recv_multipart(copy=False), M.Limits(vocab_size=VOCAB, group_size=2))
+    assert isinstance(g, M.Group) and g.meta == {"answer": "72"}
     assert [c.whole_token_ids.tolist() for c in g.completions] == [[1, 2, 3, 10, 11], [1, 2, 3, 12, 13, 14]]
     rx.close(linger=0)
 
 
 def test_source_has_no_unsafe_deserialization_and_light_imports() -> None:
     grpo = pathlib.Path(__file__).resolve().parents[1] / "grpo"
-    for name in ("protocol.py", "protocol_decode.py"):   # types + encode, and the checking decoder
+    for name in ("wire/messages.py", "wire/codec.py"):   # types, and the codec (encode + checking decode)
         src = (grpo / name).read_text()
         for bad in ("pickle", "eval(", "exec("):
             assert bad not in src, (name, bad)
         lines = [line for line in src.splitlines() if line.startswith(("import ", "from "))]
         imports = {line.split()[1] for line in lines}
-        # stdlib, numpy and msgpack only; the two halves import each other and nothing else of ours
+        # stdlib, numpy and msgpack only; the codec imports the messages and nothing else of ours
         assert {m.split(".")[0] for m in imports} <= {"__future__", "dataclasses", "math", "typing", "msgpack",
                                                        "numpy", "grpo"}, (name, imports)
-        assert {m for m in imports if m.startswith("grpo")} <= {"grpo.protocol", "grpo.protocol_decode"}, name
+        assert {m for m in imports if m.startswith("grpo")} <= {"grpo.wire.messages", "grpo.wire.codec"}, name

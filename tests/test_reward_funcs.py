@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo.data import Problem
-from grpo.reward_funcs import (RewardError, RewardSet, format_reward, overlong_reward,
-                               parse_reward_spec)
-from grpo.rewards import RewardResult
+from grpo.data.formats import Problem
+from grpo.data.gsm8k import RewardResult
+from grpo.data.rewards import RewardError, RewardSet, format_reward, overlong_reward, parse_reward_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
@@ -207,7 +206,7 @@ def test_parts_reach_the_learner_metrics(user_module, tmp_path):
 
 
 def test_correctness_on_a_non_numeric_reasoning_gym_task():
-    from grpo.data import load_problems
+    from grpo.data.sources import load_problems
 
     (p,) = load_problems("rg:word_sorting", limit=1, seed=0)
     assert p.answer == "Hart, find, inform, necessarily, profit, received, subscribers, tax, undertaking"
@@ -221,7 +220,7 @@ def test_correctness_on_a_non_numeric_reasoning_gym_task():
 
 
 def test_code_reward_through_the_reward_set():
-    from grpo.code_reward import SandboxLimits
+    from grpo.data.sandbox import SandboxLimits
 
     row = Problem(question="Write add(a, b).", answer="", style="plain",
                   columns={"tests": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"]})

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo.rewards import RewardResult, extract_gsm8k_answer, gsm8k_correct, gsm8k_reward
+from grpo.data.gsm8k import RewardResult, extract_gsm8k_answer, gsm8k_correct, gsm8k_reward
 
 GSM8K_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
 

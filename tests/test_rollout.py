@@ -1,4 +1,4 @@
-"""The fast rollout engine (grpo/rollout.py) on CPU: same tokens as HF generate, exact EOS
+"""The fast rollout engine (grpo/sampler/rollout.py) on CPU: same tokens as HF generate, exact EOS
 and padding handling, log-probs that match a teacher-forced pass, and correct sampling."""
 from __future__ import annotations
 
@@ -6,12 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 import torch
+from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 
 from grpo.model import load_causal_lm, load_tokenizer, resolve_model, right_pad, token_logprobs
-from grpo.generation import hf_generate, resolve_backend
-from grpo.rollout import RolloutEngine, generate
+from grpo.sampler.rollout import RolloutEngine, generate, hf_generate, resolve_backend
 
 CPU = torch.device("cpu")
 GSM8K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
@@ -121,7 +120,8 @@ def test_backend_choice_and_bad_inputs(tiny):
 
 @pytest.mark.slow
 def test_greedy_matches_hf_generate_on_smollm2_gsm8k_prompts():
-    from grpo.data import build_prompt, load_problems
+    from grpo.data.prompts import build_prompt
+    from grpo.data.sources import load_problems
 
     path = resolve_model("smollm2")
     model, tok = load_causal_lm(path, CPU, torch.float32).eval(), load_tokenizer(path)
@@ -139,7 +139,7 @@ def test_sampler_round_with_fast_backend():
     from netutil import free_ports
 
     from grpo.config import SamplerConfig
-    from grpo.sampler import Sampler
+    from grpo.sampler.loop import Sampler
 
     d, s = free_ports(2)
     cfg = SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
@@ -235,7 +235,7 @@ def test_decode_attention_without_repeating_the_cache_equals_hf_sdpa():
     Face's SDPA path (which repeats K/V per query head), with a padding mask."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from grpo.attention import rollout_attention
+    from grpo.sampler.rollout import rollout_attention
 
     class Attn(torch.nn.Module):
         num_key_value_groups = 3

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from netutil import free_ports, one_thread  # noqa: F401 - module-wide fixture (autouse)
 
-from grpo import protocol as P
-from grpo.books import Books
 from grpo.config import SamplerConfig
-from grpo.sampler import Sampler
-from grpo.transport import DataReceiver
+from grpo.learner.accounting import Books
+from grpo.sampler.loop import Sampler
+from grpo.wire import messages as M
+from grpo.wire.transport import DataReceiver
 
 GSM8K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
 
@@ -71,19 +71,19 @@ def test_filtered_groups_count_as_offered_and_the_books_balance(reward):
     """Two real rounds over a real socket, no learner (the sampler generates with its start
     weights after the weights request times out): 6 groups offered, 2 delivered, 4 filtered."""
     data_port, sync_port = free_ports(2)
-    receiver = DataReceiver("127.0.0.1", data_port, P.Limits(), 1 << 26)
+    receiver = DataReceiver("127.0.0.1", data_port, M.Limits(), 1 << 26)
     s = sampler(reward, True, data_port, sync_port, max_rounds=2, sync_timeout_s=0.2, heartbeat_interval_s=0)
     result = s.run()
     msgs, final = [], None
     deadline = time.monotonic() + 30
     while final is None and time.monotonic() < deadline:
         m = receiver.receive(timeout_s=0.5)
-        if isinstance(m, P.SamplerStatus) and m.final:
+        if isinstance(m, M.SamplerStatus) and m.final:
             final = m
         elif m is not None:
             msgs.append(m)
     receiver.close()
-    groups = [m for m in msgs if isinstance(m, P.Group)]
+    groups = [m for m in msgs if isinstance(m, M.Group)]
     assert final is not None and result["groups_sent"] == final.groups_sent == 6
     assert [g.group_id for g in groups] == ["s0-r0-g0", "s0-r1-g0"]
     assert final.stats["dropped_zero_signal"] == 4

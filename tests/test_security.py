@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 import zmq
-
-from grpo import protocol as P
-from grpo.security import CLIENT, SERVER, Curve, KeysMissing, is_loopback, warn_if_exposed
-from grpo.transport import DataReceiver, DataSender, SyncClient, SyncServer
 from netutil import free_ports
+
+from grpo.wire import messages as M
+from grpo.wire.curve import CLIENT, SERVER, Curve, KeysMissing, is_loopback, warn_if_exposed
+from grpo.wire.transport import DataReceiver, DataSender, SyncClient, SyncServer
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_keys(d: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "grpo.keys", str(d), *extra], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "grpo.wire.curve", str(d), *extra], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
 
 
@@ -45,7 +45,7 @@ def _deliver(ctx, port, receiver, curve, timeout_s=1.5) -> bool:
     """Does one group sent by a client with `curve` keys (None: plain) reach the receiver?"""
     sender = DataSender("127.0.0.1", port, hwm=4, ctx=ctx, curve=curve)
     try:
-        ok = sender.send(P.SamplerStatus(1, 0, 0, False, {}), timeout_s=1.0)
+        ok = sender.send(M.SamplerStatus(1, 0, 0, False, {}), timeout_s=1.0)
         return ok and receiver.receive(timeout_s=timeout_s) is not None
     finally:
         sender.close(linger_s=0)
@@ -57,7 +57,7 @@ def test_curve_admits_only_authorized_clients(keys, tmp_path):
     (port, sync_port) = free_ports(2)
     ctx = zmq.Context()
     try:
-        receiver = DataReceiver("127.0.0.1", port, P.Limits(), 1 << 20, ctx=ctx, curve=Curve(str(keys), SERVER))
+        receiver = DataReceiver("127.0.0.1", port, M.Limits(), 1 << 20, ctx=ctx, curve=Curve(str(keys), SERVER))
         right = Curve(str(keys), CLIENT)
         # A stranger: its own client key pair, but it knows the learner's public key.
         wrong = Curve(str(other), CLIENT)
@@ -70,15 +70,15 @@ def test_curve_admits_only_authorized_clients(keys, tmp_path):
 
         # The sync channel too: a request and its answer over CURVE.
         server = SyncServer("127.0.0.1", sync_port, ctx=ctx, curve=Curve(str(keys), SERVER))
-        client = SyncClient("127.0.0.1", sync_port, P.weights_limits(1 << 20), ctx=ctx, curve=right)
+        client = SyncClient("127.0.0.1", sync_port, M.weights_limits(1 << 20), ctx=ctx, curve=right)
         deadline = time.monotonic() + 10
-        while not client.send(P.WeightsRequest(sampler_id=0, have_version=0, request_id=7)):
+        while not client.send(M.WeightsRequest(sampler_id=0, have_version=0, request_id=7)):
             assert time.monotonic() < deadline
             time.sleep(0.05)
         got = server.receive(timeout_s=5.0)
-        assert got is not None and got[1] == P.WeightsRequest(0, 0, 7)
-        server.reply(got[0], P.NoUpdate(version=0, request_id=7))
-        assert client.receive(timeout_s=5.0) == P.NoUpdate(version=0, request_id=7)
+        assert got is not None and got[1] == M.WeightsRequest(0, 0, 7)
+        server.reply(got[0], M.NoUpdate(version=0, request_id=7))
+        assert client.receive(timeout_s=5.0) == M.NoUpdate(version=0, request_id=7)
         client.close()
         server.close()
         receiver.close()
@@ -88,7 +88,7 @@ def test_curve_admits_only_authorized_clients(keys, tmp_path):
 
 
 def test_missing_keys_are_one_line_user_errors(tmp_path):
-    with pytest.raises(KeysMissing, match="python -m grpo.keys"):
+    with pytest.raises(KeysMissing, match="python -m grpo.wire.curve"):
         Curve(str(tmp_path), SERVER)
     with pytest.raises(KeysMissing, match="client.key_secret"):
         Curve(str(tmp_path), CLIENT)
@@ -96,7 +96,7 @@ def test_missing_keys_are_one_line_user_errors(tmp_path):
     r = subprocess.run([sys.executable, "sampling_worker.py", "--device", "cpu", "--curve-keys", str(tmp_path)],
                        cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1 and "grpo.keys" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "grpo.wire.curve" in r.stderr
 
 
 def test_loopback_is_quiet_anything_else_warns(caplog):

@@ -5,9 +5,9 @@ from pathlib import Path
 import torch
 from benchload import load_bench
 
-from grpo.data import load_problems
+from grpo.data.sources import load_problems
 from grpo.model import load_causal_lm, load_tokenizer, resolve_model
-from grpo.rollout import RolloutEngine
+from grpo.sampler.rollout import RolloutEngine
 
 GSM8K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
 

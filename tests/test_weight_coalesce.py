@@ -1,14 +1,14 @@
-"""Coalesced publishing (grpo.coalesce): parameters laid out as DeepSpeed ZeRO-2 leaves them
+"""Coalesced publishing (grpo.weights.pack): parameters laid out as DeepSpeed ZeRO-2 leaves them
 (views of one flat bf16 buffer) are copied as a few runs, and the published bytes are exactly
 those of the per-tensor path."""
 import pytest
 import torch
-
-from grpo.coalesce import Coalescer
-from grpo.transport import SyncServer
-from grpo.weight_ipc import IpcPublisher
-from grpo.weight_sync import pack, plan_layout, unpack_views
 from netutil import free_ports
+
+from grpo.weights.layout import plan_layout, unpack_views
+from grpo.weights.pack import Coalescer, pack
+from grpo.weights.slots import SlotPublisher
+from grpo.wire.transport import SyncServer
 
 BF = torch.bfloat16
 # (name, shape, element offset in the flat buffer or None for a storage of its own)
@@ -51,7 +51,7 @@ def _layout(model):
 
 
 def _per_tensor(named, layout, nbytes):
-    """What IpcPublisher wrote before coalescing: one _foreach_copy_ over per-tensor views."""
+    """What SlotPublisher wrote before coalescing: one _foreach_copy_ over per-tensor views."""
     flat = torch.zeros(sum(nbytes) + 64, dtype=torch.uint8)
     starts = [sum(nbytes[:b]) for b in range(len(nbytes))]
     views = unpack_views(layout, [flat[s:s + n] for s, n in zip(starts, nbytes)])
@@ -120,7 +120,7 @@ def test_ipc_publisher_slots_hold_the_per_tensor_bytes():
     """The slot publisher on CPU (as the nccl-on-gloo tests run it): both slots, two versions."""
     m = ZeroLike(3)
     port = free_ports(1)[0]
-    pub = IpcPublisher(SyncServer("127.0.0.1", port), m, BF, method="nccl")
+    pub = SlotPublisher(SyncServer("127.0.0.1", port), m, BF, method="nccl")
     try:
         for v in (1, 2):
             with torch.no_grad():
@@ -141,8 +141,9 @@ def test_ipc_publisher_slots_hold_the_per_tensor_bytes():
 def test_a_real_deepspeed_zero2_model_publishes_in_one_copy():
     """DeepSpeed ZeRO-2 (CPU, gloo, world 1; the repo's deepspeed.json): every parameter is a
     view of one flat buffer, so the whole model is one run, before and after an optimizer step."""
-    from grpo.model import resolve_model
     from test_checkpoint import _engine, _train_step
+
+    from grpo.model import resolve_model
 
     engine = _engine("deepspeed", resolve_model("tiny-random"))
     named = list(engine.module.named_parameters())

@@ -5,14 +5,15 @@ import threading
 import time
 
 import torch
-
-from grpo import protocol as P
-from grpo.model import weights_checksum
-from grpo.transport import SyncClient, SyncServer
-from grpo.weight_ipc import IpcPublisher
-from grpo.weight_nccl import NcclReceiver
-from grpo.weight_sync import apply_weights, request_weights
 from netutil import free_ports
+
+from grpo.model import weights_checksum
+from grpo.weights.nccl import NcclReceiver
+from grpo.weights.publisher import request_weights
+from grpo.weights.slots import SlotPublisher
+from grpo.weights.tcp import apply_weights
+from grpo.wire import messages as M
+from grpo.wire.transport import SyncClient, SyncServer
 
 
 def _model(seed):
@@ -27,13 +28,13 @@ def _step(model, v):
 
 
 def _client(port):
-    return SyncClient("127.0.0.1", port, P.weights_limits(1 << 20))
+    return SyncClient("127.0.0.1", port, M.weights_limits(1 << 20))
 
 
 def test_nccl_on_gloo_delivers_each_version_bit_exactly_and_survives_a_dead_peer():
     learner, sampler = _model(0), _model(1)
     port = free_ports(1)[0]
-    pub = IpcPublisher(SyncServer("127.0.0.1", port), learner, torch.float32, ack_timeout_s=3.0,
+    pub = SlotPublisher(SyncServer("127.0.0.1", port), learner, torch.float32, ack_timeout_s=3.0,
                        method="nccl", nccl_timeout_s=3.0)
     rx = NcclReceiver(sampler, torch.float32, timeout_s=10.0)
     client = _client(port)
@@ -55,7 +56,7 @@ def test_nccl_on_gloo_delivers_each_version_bit_exactly_and_survives_a_dead_peer
         # A peer that asks for nccl and dies before joining: the learner's sync thread gives up
         # after nccl_timeout_s, drops the pair, and publishing (which needs that slot) goes on.
         ghost = _client(port)
-        ghost.send(P.WeightsRequest(sampler_id=7, have_version=0, request_id=1, method="nccl"))
+        ghost.send(M.WeightsRequest(sampler_id=7, have_version=0, request_id=1, method="nccl"))
         time.sleep(0.5)
         ghost.close()
         deadline = time.monotonic() + 15
@@ -88,7 +89,7 @@ def test_nccl_on_gloo_delivers_each_version_bit_exactly_and_survives_a_dead_peer
 def test_slot_publisher_answers_tcp_and_waits_for_acknowledgements():
     learner, sampler, tcp_sampler = _model(3), _model(4), _model(5)
     port = free_ports(1)[0]
-    pub = IpcPublisher(SyncServer("127.0.0.1", port), learner, torch.float32, ack_timeout_s=1.5,
+    pub = SlotPublisher(SyncServer("127.0.0.1", port), learner, torch.float32, ack_timeout_s=1.5,
                        method="nccl", nccl_timeout_s=10.0)
     rx = NcclReceiver(sampler, torch.float32, timeout_s=10.0)
     client, tcp_client = _client(port), _client(port)
@@ -135,7 +136,7 @@ def test_slot_publisher_answers_tcp_and_waits_for_acknowledgements():
 def test_method_choice_per_side():
     import pytest
 
-    from grpo.weight_methods import check_method, sampler_method
+    from grpo.weights.methods import check_method, sampler_method
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     assert [sampler_method(m, gpu) for m in ("auto", "ipc", "nccl", "shared", "tcp")] == \

@@ -3,11 +3,14 @@ import time
 
 import pytest
 import torch
-
-from grpo import protocol as P
-from grpo.transport import SyncClient, SyncServer
-from grpo.weight_sync import TcpPublisher, apply_weights, pack, plan_layout, unpack_views
 from netutil import free_ports
+
+from grpo.weights.layout import plan_layout, unpack_views
+from grpo.weights.pack import pack
+from grpo.weights.tcp import TcpPublisher, apply_weights
+from grpo.wire import codec
+from grpo.wire import messages as M
+from grpo.wire.transport import SyncClient, SyncServer
 
 
 class Mixed(torch.nn.Module):
@@ -36,7 +39,7 @@ def _announce(model, version):
     named = list(model.named_parameters())
     layout, dtypes, nbytes = plan_layout(named)
     buckets = pack(named, layout, nbytes)
-    return P.WeightsAnnounce(version=version, method="tcp", layout=layout, bucket_dtypes=dtypes,
+    return M.WeightsAnnounce(version=version, method="tcp", layout=layout, bucket_dtypes=dtypes,
                              bucket_nbytes=nbytes, buckets=[memoryview(b.numpy()) for b in buckets])
 
 
@@ -45,7 +48,7 @@ def test_apply_is_all_or_nothing():
     src, dst = Mixed(), Mixed()
     before = {k: v.detach().clone() for k, v in dst.named_parameters()}
     bad = _announce(src, 1)
-    bad.layout[-1] = P.TensorSpec("d", "bfloat16", (2,), bad.layout[-1].bucket, bad.layout[-1].offset)
+    bad.layout[-1] = M.TensorSpec("d", "bfloat16", (2,), bad.layout[-1].bucket, bad.layout[-1].offset)
     with pytest.raises(ValueError, match="shape"):
         apply_weights(dst, bad)
     for k, v in dst.named_parameters():   # the earlier tensors were not written either
@@ -60,10 +63,10 @@ def test_tcp_publisher_serves_newest_version_and_stop():
     learner, sampler = Mixed(), Mixed()
     port = free_ports(1)[0]
     pub = TcpPublisher(SyncServer("127.0.0.1", port), learner)
-    client = SyncClient("127.0.0.1", port, P.weights_limits(1 << 20))
+    client = SyncClient("127.0.0.1", port, M.weights_limits(1 << 20))
     try:
-        client.send(P.WeightsRequest(sampler_id=3, have_version=0))
-        assert isinstance(client.receive(5.0), P.NoUpdate)          # nothing published beyond v0
+        client.send(M.WeightsRequest(sampler_id=3, have_version=0))
+        assert isinstance(client.receive(5.0), M.NoUpdate)          # nothing published beyond v0
         with torch.no_grad():
             learner.a.add_(1.0)
         pub.publish(1, learner)
@@ -73,9 +76,9 @@ def test_tcp_publisher_serves_newest_version_and_stop():
             learner.a.add_(1.0)                                      # training goes on after publish
         assert torch.equal(unpack_views(v1.layout, v1.buckets)["a"], a_at_v1)  # the snapshot is a copy
         pub.publish(2, learner)
-        client.send(P.WeightsRequest(sampler_id=3, have_version=0))
+        client.send(M.WeightsRequest(sampler_id=3, have_version=0))
         msg = client.receive(5.0)
-        assert isinstance(msg, P.WeightsAnnounce) and msg.version == 2
+        assert isinstance(msg, M.WeightsAnnounce) and msg.version == 2
         apply_weights(sampler, msg)
         assert torch.equal(sampler.a, learner.a) and torch.equal(sampler.b, learner.b)
         deadline = time.monotonic() + 2
@@ -83,8 +86,8 @@ def test_tcp_publisher_serves_newest_version_and_stop():
             time.sleep(0.01)
         assert pub.sampler_versions[3] == 0
         pub.stop_samplers()
-        client.send(P.WeightsRequest(sampler_id=3, have_version=2))
-        assert isinstance(client.receive(5.0), P.Stop)
+        client.send(M.WeightsRequest(sampler_id=3, have_version=2))
+        assert isinstance(client.receive(5.0), M.Stop)
     finally:
         client.close()
         pub.close()
@@ -97,11 +100,11 @@ def test_fp32_master_weights_are_published_as_bf16():
     sampler = torch.nn.Linear(4, 3).to(torch.bfloat16)
     port = free_ports(1)[0]
     pub = TcpPublisher(SyncServer("127.0.0.1", port), learner, dtype=torch.bfloat16)
-    client = SyncClient("127.0.0.1", port, P.weights_limits(1 << 20))
+    client = SyncClient("127.0.0.1", port, M.weights_limits(1 << 20))
     try:
         assert pub.bucket_dtypes == ["bfloat16"] and sum(pub.bucket_nbytes) == 32 + 16  # 24 -> 32 and 6 -> 16 bytes (16-aligned)
         pub.publish(1, learner)
-        client.send(P.WeightsRequest(sampler_id=0, have_version=0))
+        client.send(M.WeightsRequest(sampler_id=0, have_version=0))
         msg = client.receive(5.0)
         apply_weights(sampler, msg)
         assert torch.equal(sampler.weight, learner.weight.detach().to(torch.bfloat16))
@@ -124,7 +127,7 @@ def test_a_late_answer_is_not_taken_for_the_current_one():
     port = free_ports(1)[0]
     router = zmq.Context.instance().socket(zmq.ROUTER)
     router.bind(f"tcp://127.0.0.1:{port}")
-    client = SyncClient("127.0.0.1", port, P.weights_limits(1 << 20))
+    client = SyncClient("127.0.0.1", port, M.weights_limits(1 << 20))
     torch.manual_seed(4)
     src = Mixed()
     seen = []
@@ -133,18 +136,18 @@ def test_a_late_answer_is_not_taken_for_the_current_one():
         pending = []
         while len(pending) < 2:   # hold request 1 until request 2 is in
             identity, *frames = router.recv_multipart()
-            pending.append((identity, P.decode(frames)))
+            pending.append((identity, codec.decode(frames)))
         for identity, req in pending:
             seen.append(req.request_id)
-            answer = (P.NoUpdate(version=0, request_id=req.request_id) if req.request_id == 1
+            answer = (M.NoUpdate(version=0, request_id=req.request_id) if req.request_id == 1
                       else __import__("dataclasses").replace(_announce(src, 5), request_id=req.request_id))
             time.sleep(0.2)
-            router.send_multipart([identity, *P.encode(answer)])
+            router.send_multipart([identity, *codec.encode(answer)])
 
     t = threading.Thread(target=learner)
     t.start()
     try:
-        from grpo.weight_sync import request_weights
+        from grpo.weights.publisher import request_weights
 
         answered, newest, stop = request_weights(client, 0, 0, request_id=1, timeout_s=0.1)
         assert (answered, newest, stop) == (False, None, None)   # nothing came back in time
@@ -167,10 +170,10 @@ def test_backlog_of_requests_gets_one_answer_for_the_newest():
     model = Mixed()
     port = free_ports(1)[0]
     server = SyncServer("127.0.0.1", port)
-    client = SyncClient("127.0.0.1", port, P.weights_limits(1 << 20))
+    client = SyncClient("127.0.0.1", port, M.weights_limits(1 << 20))
     try:
         for rid in range(1, 7):
-            client.send(P.WeightsRequest(sampler_id=0, have_version=0, request_id=rid))
+            client.send(M.WeightsRequest(sampler_id=0, have_version=0, request_id=rid))
         time.sleep(0.5)                                # all six are queued at the ROUTER
         pub = TcpPublisher(server, model)              # its thread starts now
         answers = []

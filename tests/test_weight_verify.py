@@ -1,7 +1,7 @@
 """--verify-weight-sync's books: fingerprints of published versions against what samplers report."""
 import torch
 
-from grpo.weight_verify import MASK48, PublishedFingerprints, fingerprint
+from grpo.weights.verify import MASK48, PublishedFingerprints, fingerprint
 
 
 def _model(seed: int) -> torch.nn.Module:

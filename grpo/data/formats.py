@@ -1,5 +1,5 @@
 """Rows as users bring them -> Problems: column layouts, local file types, user transforms, and
-the `python -m grpo.data validate PATH` checker.
+the `python -m grpo.data validate PATH` checker; the Problem every source yields.
 
 Accepted row layouts (the first whose prompt column is present wins):
   question / answer        GSM8K; the prompt asks for the final answer after '####' ("gsm8k" style)
@@ -17,17 +17,32 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo.plugins import PluginError, load_callable
+from grpo.data.plugins import PluginError, load_callable
 
-__all__ = ["FILE_TYPES", "RowError", "iter_file_rows", "load_transform", "row_to_problem", "validate_path"]
+__all__ = ["FILE_TYPES", "Problem", "RowError", "iter_file_rows", "load_transform", "row_to_problem", "validate_path"]
 
 FILE_TYPES = (".jsonl", ".json", ".parquet", ".csv")
 ANSWER_COLUMNS = ("answer", "solution", "ground_truth", "completion", "response", "output")
 ROLES = ("system", "user", "assistant", "tool")
 Transform = Callable[[dict], "dict | None"]
+
+
+@dataclass
+class Problem:
+    """One prompt: the question text and its reference (full solution or bare final answer)."""
+
+    question: str
+    answer: str
+    messages: list[dict] | None = None
+    """The prompt as chat messages, when the row gave a list of {role, content}."""
+    columns: dict[str, Any] = field(default_factory=dict)
+    """The row's other columns, passed to reward functions as keyword arguments."""
+    style: str = "gsm8k"
+    """'gsm8k': the prompt asks for '#### <answer>'; 'plain': the row's prompt is used verbatim."""
 
 
 class RowError(ValueError):
@@ -65,8 +80,6 @@ def _messages(value: Any) -> list[dict]:
 
 def row_to_problem(row: Any, transform: Transform | None = None):
     """The Problem for one raw row (after `transform`), or None when the transform drops it."""
-    from grpo.data import Problem  # data imports this module
-
     if transform is not None:
         try:
             row = transform(dict(row) if isinstance(row, dict) else row)

@@ -21,7 +21,7 @@ Built-ins (short names):
   overlong     DAPO's soft overlong punishment: 0 up to max_new_tokens - overlong_buffer tokens, then
                linear down to -1 at max_new_tokens (length counts the EOS).
   code         fraction of the row's `tests` passed by the completion's ```python block, run in a
-               sandbox (grpo/code_reward.py).
+               sandbox (grpo/data/sandbox.py).
 """
 from __future__ import annotations
 
@@ -33,9 +33,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from grpo.code_reward import SandboxLimits, code_reward
-from grpo.plugins import PluginError, load_callable
-from grpo.rewards import RewardResult, extract_gsm8k_answer, gsm8k_correct
+from grpo.data.gsm8k import RewardResult, extract_gsm8k_answer, gsm8k_correct
+from grpo.data.plugins import PluginError, load_callable
+from grpo.data.sandbox import SandboxLimits, code_reward
 
 __all__ = ["BUILTINS", "RewardError", "RewardSet", "correctness_reward", "format_reward",
            "overlong_reward"]
@@ -301,8 +301,8 @@ def check_sampler_flags(flags: list[str]) -> str | None:
     """For the launcher: the one-line error a sampler started with `flags` would give for its
     --reward / --dataset-transform choice (imports and names only), or None if they resolve."""
     from grpo.config import SamplerConfig
+    from grpo.data.formats import load_transform
     from grpo.flags import parse_config
-    from grpo.dataset_formats import load_transform
 
     cfg = parse_config(SamplerConfig, flags, "sampling_worker.py")
     try:

@@ -1,40 +1,22 @@
-"""Problem sources (local files and folders, Hugging Face hub, reasoning_gym), sharding, prompts,
-and the endless shuffled prompt stream that feeds the samplers. Row layouts and file types are in
-grpo/dataset_formats.py.
-
-    python -m grpo.data validate PATH [--transform module:function]
-checks a dataset file (or folder) row by row: exit 0 when clean, 1 with the bad lines listed.
+"""Where problems come from: local files and folders, the Hugging Face hub, reasoning-gym; and
+sharding among samplers. Row layouts and file types are grpo.data.formats'; prompts and the
+prompt stream grpo.data.prompts'.
 """
 
 from __future__ import annotations
 
 import contextlib
-import random
 import re
 import socket
-import sys
 import threading
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from grpo import dataset_formats as formats
+from grpo.data import formats
+from grpo.data.formats import Problem
 
-__all__ = [
-    "DEFAULT_INSTRUCTION",
-    "DatasetUnavailable",
-    "Problem",
-    "PromptStream",
-    "build_prompt",
-    "load_problems",
-    "problem_prompt",
-    "shard",
-]
-
-DEFAULT_INSTRUCTION = "\nSolve step by step and give the final answer after '####'."
 DEFAULT_DATASET = "openai/gsm8k"
 RG_DEFAULT_SIZE = 2000
 # The test split of a generated task is drawn with a far-off seed so it never replays train.
@@ -49,20 +31,6 @@ _FIXES = (
 )
 # "owner/name" or a bare canonical name; anything else with a slash is treated as a path.
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
-
-@dataclass
-class Problem:
-    """One prompt: the question text and its reference (full solution or bare final answer)."""
-
-    question: str
-    answer: str
-    messages: list[dict] | None = None
-    """The prompt as chat messages, when the row gave a list of {role, content}."""
-    columns: dict[str, Any] = field(default_factory=dict)
-    """The row's other columns, passed to reward functions as keyword arguments."""
-    style: str = "gsm8k"
-    """'gsm8k': the prompt asks for '#### <answer>'; 'plain': the row's prompt is used verbatim."""
 
 
 class DatasetUnavailable(Exception):
@@ -269,118 +237,3 @@ def shard(problems: list[Problem], index: int, count: int) -> list[Problem]:
     if count < 1 or not 0 <= index < count:
         raise ValueError(f"shard index {index} out of range for count {count}")
     return problems[index::count]
-
-
-def build_prompt(tokenizer: Any, question: str, system_prompt: str | None = None,
-                 instruction: str = DEFAULT_INSTRUCTION) -> str:
-    """The model input for one question: the tokenizer's chat template with the assistant turn
-    opened, or a plain "Question/Answer" layout for base models that have no template."""
-    content = question + instruction
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        head = f"{system_prompt}\n\n" if system_prompt else ""
-        return f"{head}Question: {content}\nAnswer:"
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    messages.append({"role": "user", "content": content})
-    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    if not isinstance(prompt, str):
-        raise TypeError(f"chat template returned {type(prompt).__name__}, expected str")
-    return prompt
-
-
-def problem_prompt(tokenizer: Any, problem: Problem, system_prompt: str | None = None) -> str:
-    """The model input for a Problem: chat messages as given, a 'gsm8k'-style question with the
-    '####' instruction, a 'plain' one verbatim."""
-    if problem.messages is None:
-        instruction = DEFAULT_INSTRUCTION if problem.style == "gsm8k" else ""
-        return build_prompt(tokenizer, problem.question, system_prompt, instruction)
-    messages = list(problem.messages)
-    if system_prompt and messages[0]["role"] != "system":
-        messages.insert(0, {"role": "system", "content": system_prompt})
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        return "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in messages) + "Assistant:"
-    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    if not isinstance(prompt, str):
-        raise TypeError(f"chat template returned {type(prompt).__name__}, expected str")
-    return prompt
-
-
-class PromptStream:
-    """Endless, seeded, reshuffled-every-epoch iterator over a list of Problems.
-
-    The order of epoch e depends only on (seed, e), so (epoch, index) is the whole state: restoring
-    `position` after a restart replays exactly the same stream.
-    """
-
-    def __init__(self, problems: list[Problem], seed: int) -> None:
-        if not problems:
-            raise ValueError("PromptStream needs at least one problem")
-        self._problems = list(problems)
-        self._seed = seed
-        self._epoch = 0
-        self._index = 0
-        self._order = self._permutation(0)
-
-    def _permutation(self, epoch: int) -> list[int]:
-        # A string seed hashes the same in every process (unlike hash() of a tuple).
-        order = list(range(len(self._problems)))
-        random.Random(f"prompt-stream:{self._seed}:{epoch}").shuffle(order)
-        return order
-
-    @property
-    def position(self) -> tuple[int, int]:
-        """(epoch, index within that epoch's order): what a checkpoint must save."""
-        return self._epoch, self._index
-
-    @position.setter
-    def position(self, value: tuple[int, int]) -> None:
-        epoch, index = value
-        if epoch < 0 or not 0 <= index <= len(self._problems):
-            raise ValueError(f"position {value} out of range for {len(self._problems)} problems")
-        self._epoch, self._index = epoch, index
-        self._order = self._permutation(epoch)
-
-    def __len__(self) -> int:
-        return len(self._problems)
-
-    def __iter__(self) -> Iterator[Problem]:
-        return self
-
-    def __next__(self) -> Problem:
-        if self._index >= len(self._order):
-            self._epoch += 1
-            self._index = 0
-            self._order = self._permutation(self._epoch)
-        problem = self._problems[self._order[self._index]]
-        self._index += 1
-        return problem
-
-    def next_batch(self, n: int) -> list[Problem]:
-        """The next n problems; a batch may straddle two epochs."""
-        if n < 0:
-            raise ValueError(f"batch size must be >= 0, got {n}")
-        return [next(self) for _ in range(n)]
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m grpo.data validate PATH [--transform module:function]`."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m grpo.data", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    check = sub.add_parser("validate", help="check a dataset file or folder row by row")
-    check.add_argument("path", help="a .jsonl/.json/.parquet/.csv file, or a folder of them")
-    check.add_argument("--transform", default="", help="module:function applied to each row first")
-    args = parser.parse_args(argv)
-    path = Path(args.path).expanduser()
-    try:
-        if not path.exists():
-            raise DatasetUnavailable(f"{args.path!r} does not exist; pass a dataset file or folder")
-        bad = formats.validate_path(path, formats.load_transform(args.transform))
-    except (DatasetUnavailable, formats.RowError, formats.PluginError) as exc:
-        print(f"python -m grpo.data: error: {exc}", file=sys.stderr)
-        return 2
-    return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,26 +1,34 @@
-"""run_distributed.py: plan the processes, start them, supervise, stop them cleanly.
+"""The launch plan, pure: the launcher's flags, and which process gets which GPUs, flags, ports,
+environment and run directory. Tested without GPUs; grpo.launch.supervisor runs the plan.
 
-The plan (which process gets which GPUs, flags and environment) is a pure function, so
-it is tested without GPUs. Learner ranks get every training GPU visible and LOCAL_RANK
-set, as torchrun and the deepspeed launcher do; each sampler sees only its own GPU.
+A single run: learner ranks get every training GPU visible and LOCAL_RANK set, as torchrun and
+the deepspeed launcher do; each sampler sees its own GPU first, then learner rank 0's (for
+CUDA IPC weight sync). Flags the launcher does not own go to the sampler and/or learner that
+know them (`split_passthrough`); `--help` lists them too, grouped by who receives them.
+
+Seeded instances (`--instances K --seeds 42,1337,...`): each instance is an ordinary single run
+started by its own child launcher, with its own GPUs, ports, seed and run directory
+(`<run-dir or runs>/<name>_seed<seed>`):
+  GPUs   with --sampling-gpus/--training-gpus: that pattern is instance 0's, and instance k
+         gets it shifted by k * (highest id + 1); without them, the machine's GPUs are split
+         into K equal blocks, the first GPU of a block sampling and the rest training.
+  ports  instance k: --data-port + 2k and --sync-port + 2k (defaults 5555/5556: 5557/5558, ...).
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from grpo.config import CommonConfig, LaunchConfig, LearnerConfig, SamplerConfig
-from grpo.flags import apply_config_file, build_parser, to_flags
+from grpo.flags import add_fields, apply_config_file, build_parser, to_flags
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+ALIASES = {"sampling_gpus": ["--sampling-gpu"], "training_gpus": ["--training-gpu"]}
+# Set by the launcher for each process it starts, so not listed as options it passes on.
+SET_BY_LAUNCHER = ("gpu_id", "sampler_id", "num_samplers", "extra")
 
 
 class LaunchError(ValueError):
@@ -149,38 +157,30 @@ def plan(cfg: LaunchConfig, cuda_count: int, sampler_flags: list[str], learner_f
     return specs
 
 
-def check_port(host: str, port: int, flag: str) -> None:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            raise LaunchError(f"port {port} on {host} is already in use; stop what holds it or pass {flag} N") from None
-
-
-def check_resume(cfg: LaunchConfig, learner_flags: list[str]) -> None:
-    """A --resume that cannot work is a one-line mistake here, not a learner crash later."""
-    spec = ""
-    for i, tok in enumerate(learner_flags):
-        if tok == "--resume" and i + 1 < len(learner_flags):
-            spec = learner_flags[i + 1]
-        elif tok.startswith("--resume="):
-            spec = tok.partition("=")[2]
-    if not spec:
-        return
-    if spec == "latest" and not cfg.run_dir:
-        raise LaunchError("--resume latest needs the --run-dir of the run to resume")
-    from grpo.checkpoint import resolve_resume
-
-    try:
-        resolve_resume(spec, Path(cfg.run_dir), cfg.max_steps)
-    except ValueError as exc:
-        raise LaunchError(str(exc)) from None
+def launcher_parser(with_workers: bool = False):
+    """The launcher's own options; `with_workers` adds, for --help, the options it passes on."""
+    parser = build_parser(LaunchConfig, "run_distributed.py", aliases=ALIASES)
+    if with_workers:
+        own, samp, learn = _fields(LaunchConfig), _fields(SamplerConfig), _fields(LearnerConfig)
+        passed = [n for n in {**samp, **learn} if n not in own and n not in SET_BY_LAUNCHER]
+        groups = (("sampler options (passed to every sampler)", SamplerConfig,
+                   [n for n in passed if n in samp and n not in learn]),
+                  ("learner options (passed to every learner rank)", LearnerConfig,
+                   [n for n in passed if n in learn and n not in samp]),
+                  ("sampler and learner options (passed to both)", SamplerConfig,
+                   [n for n in passed if n in samp and n in learn]))
+        for title, cls, names in groups:
+            if names:
+                add_fields(parser.add_argument_group(title), cls, names)
+    return parser
 
 
 def parse(argv: list[str] | None) -> tuple[LaunchConfig, list[str], list[str]]:
-    parser = build_parser(LaunchConfig, "run_distributed.py",
-                          aliases={"sampling_gpus": ["--sampling-gpu"], "training_gpus": ["--training-gpu"]})
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "-h" in argv or "--help" in argv:
+        launcher_parser(with_workers=True).print_help()
+        raise SystemExit(0)
+    parser = launcher_parser()
     apply_config_file(parser, LaunchConfig, argv)
     ns, rest = parser.parse_known_args(argv)
     if ns.config:
@@ -197,209 +197,90 @@ def parse(argv: list[str] | None) -> tuple[LaunchConfig, list[str], list[str]]:
     return cfg, to_s, to_l
 
 
-class Supervisor:
-    """Owns the child processes: start, watch, report, stop (no orphans)."""
-
-    def __init__(self, run_dir: Path):
-        self.run_dir = run_dir
-        self.procs: dict[str, tuple[subprocess.Popen, ProcSpec, Path]] = {}
-
-    def start(self, spec: ProcSpec) -> None:
-        log_path = self.run_dir / f"{spec.name}.log"
-        fh = open(log_path, "ab")
-        # Own session per child: a terminal Ctrl+C reaches only us, and we stop children in order.
-        p = subprocess.Popen(spec.argv, env=spec.env, stdout=fh, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT,
-                             preexec_fn=_die_with_parent)
-        fh.close()
-        self.procs[spec.name] = (p, spec, log_path)
-        # Which pid is which process, for whoever operates the run (and the no-orphan test).
-        pids = {n: q.pid for n, (q, _, _) in self.procs.items()}
-        (self.run_dir / "pids.json").write_text(json.dumps({"launcher": os.getpid(), **pids}) + "\n")
-
-    def failed(self) -> tuple[str, int] | None:
-        for name, (p, _, _) in self.procs.items():
-            rc = p.poll()
-            if rc not in (None, 0):
-                return name, rc
-        return None
-
-    def tail(self, name: str, lines: int = 15) -> str:
-        path = self.procs[name][2]
-        text = path.read_text(errors="replace").splitlines()
-        return "\n".join("    " + line for line in text[-lines:])
-
-    def wait_all(self, names: list[str], timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        for n in names:
-            p = self.procs[n][0]
-            try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                return False
-        return True
-
-    def stop(self, timeout: float) -> None:
-        live = [(n, p) for n, (p, _, _) in self.procs.items() if p.poll() is None]
-        for _, p in live:
-            _signal_group(p, signal.SIGTERM)   # the whole group: helpers a worker spawned stop too
-        deadline = time.monotonic() + timeout
-        for n, p in live:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                print(f"[launcher] {n} did not stop in {timeout:.0f} s; killing it", flush=True)
-                _signal_group(p, signal.SIGKILL)
-                p.wait()
+def passthrough_flags(argv: list[str]) -> list[str]:
+    """The worker flags of a command line, as given (each instance's launcher gets them again)."""
+    _, rest = launcher_parser().parse_known_args(argv)
+    return rest
 
 
-def _die_with_parent() -> None:
-    """In the child: the kernel kills it if the launcher dies (even by SIGKILL): no orphans."""
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass  # not Linux: the launcher's own stop() is the only guard
+PORT_STRIDE = 2
 
 
-def describe_exit(rc: int) -> str:
-    if rc < 0:
+@dataclass
+class Instance:
+    index: int
+    seed: int
+    run_dir: Path
+    data_port: int
+    sync_port: int
+    sampling_gpus: list[int]
+    training_gpus: list[int]
+
+
+def parse_seeds(cfg: LaunchConfig) -> list[int]:
+    if cfg.seeds.strip():
         try:
-            return f"was killed by {signal.Signals(-rc).name}"
+            seeds = [int(x) for x in cfg.seeds.replace(" ", "").strip(",").split(",")]
         except ValueError:
-            return f"was killed by signal {-rc}"
-    return f"failed with exit code {rc}"
+            raise LaunchError(f"--seeds {cfg.seeds!r}: expected comma-separated integers like 42,1337") from None
+        if cfg.instances not in (1, len(seeds)):
+            raise LaunchError(f"--instances {cfg.instances} but --seeds lists {len(seeds)}; give one seed per instance")
+    else:
+        seeds = [cfg.seed + k for k in range(cfg.instances)]
+    if len(set(seeds)) != len(seeds):
+        raise LaunchError(f"--seeds {cfg.seeds!r} repeats a seed; each instance needs its own (it names the run dir)")
+    if cfg.instances < 1:
+        raise LaunchError("--instances must be >= 1")
+    return seeds
 
 
-def _signal_group(p: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(p.pid, sig)
-    except ProcessLookupError:
-        pass
+def plan_instances(cfg: LaunchConfig, cuda_count: int) -> list[Instance]:
+    """Seeds, GPUs, ports and run directories of every instance (no side effects)."""
+    seeds = parse_seeds(cfg)
+    k_all = len(seeds)
+    samp0 = parse_gpus(cfg.sampling_gpus, "--sampling-gpus")
+    train0 = parse_gpus(cfg.training_gpus, "--training-gpus")
+    use_cuda = cfg.device != "cpu" and (cfg.device == "cuda" or samp0 or train0 or cuda_count > 0)
+    if cfg.device == "cpu" and (samp0 or train0):
+        raise LaunchError("--device cpu with --sampling-gpus/--training-gpus; drop the GPU lists or the --device cpu")
+    if use_cuda:
+        if cuda_count == 0:
+            raise LaunchError("GPUs were asked for but CUDA is not available here; use --device cpu")
+        if bool(samp0) != bool(train0):
+            raise LaunchError("with --instances give both --sampling-gpus and --training-gpus (instance 0's), or neither")
+        if not samp0:
+            per = cuda_count // k_all
+            if per < 2:
+                raise LaunchError(f"{k_all} instances need at least {2 * k_all} GPUs (a sampler and a learner each); "
+                                  f"this machine has {cuda_count}: use fewer --instances")
+            samp0, train0 = [0], list(range(1, per))
+        overlap = sorted(set(samp0) & set(train0))
+        if overlap and not cfg.share_gpus:
+            raise LaunchError(f"GPU(s) {','.join(map(str, overlap))} in both --sampling-gpus and --training-gpus; "
+                              f"give disjoint lists, or add --share-gpus")
+    width = max(samp0 + train0, default=-1) + 1
+    ports: set[int] = set()
+    base = Path(cfg.run_dir) if cfg.run_dir else Path("runs")
+    out = []
+    for k, seed in enumerate(seeds):
+        samp = [g + k * width for g in samp0]
+        train = [g + k * width for g in train0]
+        if use_cuda and max(samp + train) >= cuda_count:
+            raise LaunchError(f"instance {k} would need GPU {max(samp + train)} but this machine has {cuda_count} "
+                              f"(0..{cuda_count - 1}); use fewer --instances or shorter GPU lists")
+        d, s = cfg.data_port + PORT_STRIDE * k, cfg.sync_port + PORT_STRIDE * k
+        if d in ports or s in ports or d == s or max(d, s) > 65535:
+            raise LaunchError(f"instance {k}'s ports {d}/{s} collide or overflow (each instance adds {PORT_STRIDE}); "
+                              f"use --data-port and --sync-port that differ by 1, e.g. 5555 and 5556")
+        ports |= {d, s}
+        out.append(Instance(k, seed, base / f"{cfg.name}_seed{seed}", d, s, samp, train))
+    return out
 
 
-def _status_line(run_dir: Path, seen: int) -> tuple[int, str | None]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return seen, None
-    lines = path.read_text().splitlines()
-    if len(lines) <= seen:
-        return seen, None
-    rec = json.loads(lines[-1])
-    if rec.get("final"):
-        return len(lines), None
-    return len(lines), (f"[launcher] step {rec['step']} loss {rec['loss']:.4f} reward {rec['reward_mean']:.3f} "
-                        f"acc {rec['accuracy']:.3f} {rec['samples_per_s']:.1f} samples/s "
-                        f"samplers at {rec['sampler_versions']} groups {rec['groups']}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    cfg, to_s, to_l = parse(argv)
-    if cfg.instances != 1 or cfg.seeds:
-        from grpo.instances import run_instances
-
-        return run_instances(cfg, sys.argv[1:] if argv is None else argv)
-    try:
-        if cfg.device == "cpu":
-            cuda_count = 0
-        else:
-            import torch  # after parsing: --help and flag mistakes stay instant
-
-            cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        from grpo.transport import free_port
-
-        specs = plan(cfg, cuda_count, to_s, to_l, free_port())
-        from grpo.reward_funcs import check_sampler_flags  # a bad --reward fails before any model loads
-
-        if samplers_argv := [s.argv[2:] for s in specs if s.role == "sampler"]:
-            if problem := check_sampler_flags(samplers_argv[0]):
-                raise LaunchError(problem)
-        check_resume(cfg, to_l)
-        check_port(cfg.host, cfg.data_port, "--data-port")
-        check_port(cfg.host, cfg.sync_port, "--sync-port")
-        if cfg.data_port == cfg.sync_port:
-            raise LaunchError("--data-port and --sync-port are equal; give them different ports")
-    except LaunchError as exc:
-        print(f"run_distributed.py: error: {exc}", file=sys.stderr)
-        return 2
-    from grpo.metrics import make_run_dir, save_config
-
-    run_dir = make_run_dir(cfg.run_dir).resolve()
-    for spec in specs:
-        spec.argv += ["--run-dir", str(run_dir)]
-    save_config(run_dir, "launch", cfg)
-    sup = Supervisor(run_dir)
-    learners = [s for s in specs if s.role == "learner"]
-    samplers = [s for s in specs if s.role == "sampler"]
-    print(f"[launcher] run dir {run_dir}; {len(learners)} learner rank(s), {len(samplers)} sampler(s); "
-          f"logs: {', '.join(s.name + '.log' for s in specs)}", flush=True)
-    stopping = {"sig": None}
-
-    def on_signal(signum, _frame):
-        stopping["sig"] = signum
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    rc = 1
-    try:
-        for s in learners:
-            sup.start(s)
-        ready = run_dir / "learner.ready"
-        deadline = time.monotonic() + cfg.ready_timeout_s
-        while not ready.exists():
-            if (bad := sup.failed()) or stopping["sig"] or time.monotonic() > deadline:
-                if bad:
-                    print(f"[launcher] {bad[0]} exited with code {bad[1]} before binding its ports:\n"
-                          f"{sup.tail(bad[0])}", file=sys.stderr, flush=True)
-                elif not stopping["sig"]:
-                    print(f"[launcher] the learner did not bind its ports within {cfg.ready_timeout_s:.0f} s; "
-                          f"see {run_dir}/learner0.log", file=sys.stderr, flush=True)
-                return 1
-            time.sleep(0.2)
-        print(f"[launcher] learner ready on {cfg.host}:{cfg.data_port}/{cfg.sync_port}; starting samplers",
-              flush=True)
-        for s in samplers:
-            sup.start(s)
-        seen = 0
-        restarts = {s.name: 0 for s in samplers}
-        while True:
-            if stopping["sig"]:
-                name = signal.Signals(stopping["sig"]).name
-                print(f"[launcher] {name}: stopping every process (up to {cfg.stop_timeout_s:.0f} s each, "
-                      f"then killed)", flush=True)
-                return 128 + stopping["sig"]
-            bad = sup.failed()
-            if bad and bad[0].startswith("sampler") and restarts[bad[0]] < cfg.restart_samplers:
-                restarts[bad[0]] += 1
-                print(f"[launcher] {bad[0]} {describe_exit(bad[1])}; restarting it ({restarts[bad[0]]} of "
-                      f"{cfg.restart_samplers}). Last lines of {bad[0]}.log:\n{sup.tail(bad[0])}",
-                      file=sys.stderr, flush=True)
-                sup.start(sup.procs[bad[0]][1])
-                continue
-            if bad:
-                print(f"[launcher] {bad[0]} {describe_exit(bad[1])}; stopping the run. "
-                      f"Last lines of {bad[0]}.log:\n{sup.tail(bad[0])}", file=sys.stderr, flush=True)
-                return 1
-            seen, line = _status_line(run_dir, seen)
-            if line:
-                print(line, flush=True)
-            if sup.procs["learner0"][0].poll() == 0:
-                # The learner told the samplers to stop; give everyone time to exit on their own.
-                ok = sup.wait_all([s.name for s in specs], cfg.stop_timeout_s)
-                summary = run_dir / "summary.json"
-                if summary.exists():
-                    acc = json.loads(summary.read_text())["groups"]
-                    print(f"[launcher] done: {json.dumps(acc)}", flush=True)
-                bad = sup.failed()
-                if bad:
-                    print(f"[launcher] {bad[0]} exited with code {bad[1]}:\n{sup.tail(bad[0])}",
-                          file=sys.stderr, flush=True)
-                    return 1
-                rc = 0 if ok else 1
-                if not ok:
-                    print("[launcher] some processes did not exit after the learner finished", flush=True)
-                return rc
-            time.sleep(0.5)
-    finally:
-        sup.stop(cfg.stop_timeout_s)
+def instance_argv(cfg: LaunchConfig, inst: Instance, passthrough: list[str]) -> list[str]:
+    """The child launcher's command line: this instance's settings plus the worker flags as given."""
+    sub = dataclasses.replace(cfg, instances=1, seeds="", seed=inst.seed, run_dir=str(inst.run_dir),
+                              data_port=inst.data_port, sync_port=inst.sync_port,
+                              sampling_gpus=",".join(map(str, inst.sampling_gpus)),
+                              training_gpus=",".join(map(str, inst.training_gpus)))
+    return [sys.executable, str(ROOT / "run_distributed.py"), *to_flags(sub, LaunchConfig), *passthrough]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from grpo import protocol as P
+from grpo.wire import messages as M
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class Incarnation:
     joined_at_version: int  # learner version when we first heard from this process
     received: int = 0
     first_group_version: int | None = None
-    status: P.SamplerStatus | None = None
+    status: M.SamplerStatus | None = None
     order: int = field(default=0)
 
     @property
@@ -87,13 +87,13 @@ class Books:
                                 sampler_id, version)
         return e
 
-    def group(self, g: P.Group, version: int) -> None:
+    def group(self, g: M.Group, version: int) -> None:
         e = self._entry(g.sampler_id, g.incarnation, version)
         e.received += 1
         if e.first_group_version is None:
             e.first_group_version = g.policy_version
 
-    def status(self, s: P.SamplerStatus, version: int) -> bool:
+    def status(self, s: M.SamplerStatus, version: int) -> bool:
         """Record a status; returns whether that process has now sent its final status."""
         e = self._entry(s.sampler_id, s.incarnation, version)
         old = e.status
@@ -139,7 +139,7 @@ class Books:
                             int(d["received"]), d.get("first_group_version"), order=len(self.entries))
             st = d.get("status")
             if st:
-                e.status = P.SamplerStatus(e.sampler_id, int(st["policy_version"]), int(st["groups_sent"]),
+                e.status = M.SamplerStatus(e.sampler_id, int(st["policy_version"]), int(st["groups_sent"]),
                                            bool(st["final"]), {k: float(v) for k, v in st["stats"].items()},
                                            e.incarnation)
             self.entries[(e.sampler_id, e.incarnation)] = e

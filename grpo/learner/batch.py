@@ -13,8 +13,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from grpo import protocol as P
 from grpo.loss import group_advantages
+from grpo.wire import messages as M
 
 
 @dataclass
@@ -32,7 +32,7 @@ class Batch:
         return (self.meta[:, 0] + self.meta[:, 1]).tolist()
 
 
-def build_batch(groups: list[P.Group], group_size: int, scale_rewards: bool) -> Batch:
+def build_batch(groups: list[M.Group], group_size: int, scale_rewards: bool) -> Batch:
     rows, toks, old, ref, rewards = [], [], [], [], []
     for gi, g in enumerate(groups):
         P_len = len(g.prefix_token_ids)

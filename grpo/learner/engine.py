@@ -31,9 +31,27 @@ def load_ds_config(path: str) -> dict:
         raise ConfigError(f"DeepSpeed config {path} is not valid JSON ({exc}); fix the file") from None
 
 
+def _owned_by_flag(value, flag_value, key: str, flag: str, source: str) -> None:
+    """A value the program fills from a flag: "auto" (or absent) in the file, or the same value."""
+    if value is None or value == "auto":
+        return
+    try:
+        same = float(value) == float(flag_value)
+    except (TypeError, ValueError):
+        same = False
+    if not same:
+        raise ConfigError(f'{source}: {key} is {value!r} but {flag} is {flag_value}; the flag owns it: write "auto" '
+                          f"there (or pass {flag} {value})")
+
+
 def resolve_ds_config(raw: dict, world: int, train_batch_size: int, group_size: int,
-                      learning_rate: float, cuda: bool) -> tuple[dict, int]:
+                      learning_rate: float, cuda: bool, source: str = "deepspeed.json") -> tuple[dict, int]:
     """Fill every "auto" value; returns (config for DeepSpeed, global completions per step).
+
+    One owner per setting: the flags own the batch size (--train-batch-size) and the learning
+    rate (--learning-rate), so the file says "auto" for them, as Hugging Face's DeepSpeed
+    integration does; a number there that contradicts the flag is a ConfigError naming both.
+    DeepSpeed owns the rest (micro-batch size, ZeRO settings, clipping, the optimizer's betas).
 
     Our batch is `train_batch_size` completions per optimizer step, over all ranks. Each
     rank runs exactly `gradient_accumulation_steps` micro-steps (ZeRO-2 reduces gradients
@@ -43,12 +61,10 @@ def resolve_ds_config(raw: dict, world: int, train_batch_size: int, group_size: 
     that product: it only feeds DeepSpeed's own bookkeeping, since we pass it the batches.
     """
     cfg = copy.deepcopy(raw)
-    batch = train_batch_size or cfg.get("train_batch_size", 16)
-    if batch == "auto":
-        batch = 16
-    batch = int(batch)
-    if batch % group_size:
-        raise ConfigError(f"train_batch_size {batch} is not a multiple of --num-generations {group_size}; "
+    batch = int(train_batch_size)
+    _owned_by_flag(cfg.get("train_batch_size"), batch, "train_batch_size", "--train-batch-size", source)
+    if batch <= 0 or batch % group_size:
+        raise ConfigError(f"--train-batch-size {batch} is not a positive multiple of --num-generations {group_size}; "
                           f"a step trains whole groups: use a multiple of {group_size}")
     micro = cfg.get("train_micro_batch_size_per_gpu", "auto")
     micro = max(1, math.ceil(batch / world)) if micro == "auto" else int(micro)
@@ -64,11 +80,12 @@ def resolve_ds_config(raw: dict, world: int, train_batch_size: int, group_size: 
         bf16["enabled"] = False  # no bf16 training on the CPU path: gloo + fp32
     opt = cfg.setdefault("optimizer", {"type": "AdamW", "params": {}})
     params = opt.setdefault("params", {})
-    if params.get("lr", "auto") == "auto":
-        params["lr"] = learning_rate
+    _owned_by_flag(params.get("lr"), learning_rate, "optimizer.params.lr", "--learning-rate", source)
+    params["lr"] = learning_rate
     for key, value in list(params.items()):
         if value == "auto":
-            raise ConfigError(f'optimizer.params.{key} is "auto" but the program does not fill it; set a value')
+            raise ConfigError(f'{source}: optimizer.params.{key} is "auto" but the program does not fill it; '
+                              f"set a value")
     if cfg.get("gradient_clipping") == "auto":
         cfg["gradient_clipping"] = 1.0
     zero = cfg.setdefault("zero_optimization", {"stage": 2})

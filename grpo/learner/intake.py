@@ -1,6 +1,6 @@
 """Learner rank 0's side of the data channel: what arrived, what waits, what was dropped and why.
 
-The intake reads groups and sampler statuses off the DataReceiver, keeps received groups in a
+The intake reads groups and sampler statuses off the data channel (a transport Receiver), keeps received groups in a
 bounded FIFO (`--buffer-size`: when full the oldest, i.e. stalest, goes), records every group
 and status in the books, and hands the learner a step's worth of groups it may train on at
 its current version (`drop_reason`). Its counts (received, trained, dropped_<reason>) and the
@@ -12,20 +12,22 @@ import collections
 import logging
 import time
 
-from grpo import protocol as P
-from grpo.books import Books
 from grpo.config import LearnerConfig
-from grpo.liveness import Liveness
+from grpo.learner.accounting import Books
+from grpo.learner.liveness import Liveness
 from grpo.loss import has_signal
+from grpo.stats import staleness
+from grpo.wire import messages as M
+from grpo.wire.transport import Receiver
 
 log = logging.getLogger(__name__)
 
 
-def drop_reason(g: P.Group, version: int, max_staleness: int, filter_zero_signal: bool) -> str | None:
+def drop_reason(g: M.Group, version: int, max_staleness: int, filter_zero_signal: bool) -> str | None:
     """Why a received group must not be trained on at learner `version` (None: train on it)."""
     if g.policy_version > version:
         return "future_version"
-    if version - g.policy_version > max_staleness:
+    if staleness(version, g.policy_version) > max_staleness:
         return "stale"
     if len(g.prefix_token_ids) == 0:
         return "empty_prompt"
@@ -40,16 +42,16 @@ class Intake:
     """Rank 0's receive side. Every method takes the learner's current policy `version`: the
     books record when things arrived, and staleness is judged against it."""
 
-    def __init__(self, cfg: LearnerConfig, receiver, liveness: Liveness, books: Books, fingerprints=None):
+    def __init__(self, cfg: LearnerConfig, receiver: Receiver, liveness: Liveness, books: Books, fingerprints=None):
         self.cfg, self.receiver, self.liveness, self.books = cfg, receiver, liveness, books
         self.fingerprints = fingerprints   # --verify-weight-sync: checks what samplers report
-        self.queue: collections.deque[P.Group] = collections.deque()
+        self.queue: collections.deque[M.Group] = collections.deque()
         self.counts = collections.Counter()   # received, trained, dropped_<reason>
 
-    def take(self, msg: P.Message | None, version: int) -> None:
-        if isinstance(msg, (P.Group, P.SamplerStatus)) and not self.liveness.valid_id(msg.sampler_id):
+    def take(self, msg: M.Message | None, version: int) -> None:
+        if isinstance(msg, (M.Group, M.SamplerStatus)) and not self.liveness.valid_id(msg.sampler_id):
             self.receiver.rejected["bad_sampler_id"] += 1  # beyond --max-samplers: not in anyone's books
-        elif isinstance(msg, P.Group):
+        elif isinstance(msg, M.Group):
             self.liveness.seen(msg.sampler_id)
             self.counts["received"] += 1
             self.books.group(msg, version)
@@ -61,7 +63,7 @@ class Intake:
                 self.queue.popleft()  # FIFO: the oldest is the stalest
                 self.counts["dropped_buffer_full"] += 1
             self.queue.append(msg)
-        elif isinstance(msg, P.SamplerStatus):
+        elif isinstance(msg, M.SamplerStatus):
             # A heartbeat may overtake the final status (its own socket): the books keep the
             # final one, and liveness asks them, so a finished process stays finished.
             self.liveness.seen(msg.sampler_id, final=self.books.status(msg, version))
@@ -70,16 +72,16 @@ class Intake:
         elif msg is not None:
             self.counts["dropped_unexpected_kind"] += 1
 
-    def _fresh(self, g: P.Group, version: int) -> bool:
+    def _fresh(self, g: M.Group, version: int) -> bool:
         reason = drop_reason(g, version, self.cfg.max_staleness, self.cfg.filter_zero_signal)
         if reason:
             self.counts["dropped_" + reason] += 1
         return reason is None
 
-    def collect(self, n: int, version: int) -> list[P.Group]:
+    def collect(self, n: int, version: int) -> list[M.Group]:
         """`n` groups the learner may train on at `version`, waiting as long as it takes (a note
         in the log every --data-timeout-s, naming the samplers alive and gone)."""
-        groups: list[P.Group] = []
+        groups: list[M.Group] = []
         waited_since = time.monotonic()
         next_note = waited_since + self.cfg.data_timeout_s
         while len(groups) < n:
@@ -90,7 +92,7 @@ class Intake:
             if len(groups) >= n:
                 break
             self.take(self.receiver.receive(timeout_s=0.5), version)
-            if not self.receiver.sock.poll(0):  # judge silence only once what arrived is read
+            if not self.receiver.poll(0):  # judge silence only once what arrived is read
                 self.liveness.check()
             now = time.monotonic()
             if now >= next_note:
@@ -106,7 +108,7 @@ class Intake:
         # Take what else already arrived without waiting, so the queue counts (and last-seen
         # times) are current; bounded, so a peer that never stops sending cannot stall us.
         for _ in range(1000):
-            if not self.receiver.sock.poll(0):
+            if not self.receiver.poll(0):
                 break
             self.take(self.receiver.receive(timeout_s=0), version)
 

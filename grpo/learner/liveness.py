@@ -1,7 +1,7 @@
 """Which samplers are alive, as the learner sees them (heartbeats), and who may speak for which id.
 
 Samplers send a status message every --heartbeat-interval-s from a thread of their own
-(grpo/heartbeat.py), and every group, status or weights request counts as a sign of life.
+(grpo/sampler/heartbeat.py), and every group, status or weights request counts as a sign of life.
 A sampler silent for longer than --heartbeat-timeout-s is *gone*: logged once, and no
 longer waited for (final status at shutdown). When it speaks again it is welcomed back
 (logged). A final status means the sampler left on purpose: it is not waited for either.

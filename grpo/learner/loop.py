@@ -1,7 +1,7 @@
 """The learner: rank 0 receives groups, every rank trains on its shard, rank 0 publishes weights.
 
 One step:
-  rank 0   collect train_batch_size/G fresh groups (grpo.intake: stale ones dropped and counted)
+  rank 0   collect train_batch_size/G fresh groups (grpo.learner.intake: stale ones dropped and counted)
   all      broadcast the batch; each rank keeps its token-balanced shard      (sync point)
   all      gas micro-steps of forward + GRPO loss + backward (ZeRO-2 reduces grads)
   all      optimizer step; policy version = step count
@@ -15,31 +15,34 @@ import json
 import logging
 import os
 import time
-import zlib
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from grpo import protocol as P
-from grpo.batch import Batch, balanced_split, broadcast_batch, build_batch, length_buckets, micro_batch, padded_tokens
-from grpo.books import Books
-from grpo.checkpoint import Checkpointer, load_checkpoint, resolve_resume
 from grpo.config import LearnerConfig
-from grpo.engine import DeepSpeedEngine, TorchEngine, load_ds_config, resolve_ds_config
-from grpo.liveness import Liveness, SyncPeers
+from grpo.learner.accounting import Books
+from grpo.learner.batch import (Batch, balanced_split, broadcast_batch, build_batch, length_buckets, micro_batch,
+                                padded_tokens)
+from grpo.learner.checkpoint import Checkpointer, load_checkpoint, resolve_resume
+from grpo.learner.engine import DeepSpeedEngine, TorchEngine, load_ds_config, resolve_ds_config
+from grpo.learner.intake import Intake
+from grpo.learner.liveness import Liveness, SyncPeers
 from grpo.loss import KL_ESTIMATORS, LOSS_TYPES, grpo_token_loss, reduce_loss
-from grpo.gpustats import GpuMonitor, format_gpu
-from grpo.intake import Intake
-from grpo.metrics import MetricsWriter, make_run_dir
-from grpo.generation import resolve_backend
 from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, token_logprobs,
                         weights_checksum)
-from grpo.progress import Progress
-from grpo.tracking import Tracker, parse_report_to, step_extras
-from grpo.security import SERVER, curve_for, warn_if_exposed
-from grpo.transport import DataReceiver, SyncServer, free_port
-from grpo.weight_methods import check_method, make_publisher
+from grpo.obs.gpu import GpuMonitor, format_gpu
+from grpo.obs.metrics import MetricsWriter
+from grpo.obs.progress import Progress
+from grpo.obs.rundir import make_run_dir
+from grpo.obs.tracking import Tracker, parse_report_to
+from grpo.sampler.rollout import resolve_backend
+from grpo.stats import group_stats
+from grpo.weights import make_publisher
+from grpo.weights.methods import check_method
+from grpo.wire import messages as M
+from grpo.wire.curve import SERVER, curve_for, warn_if_exposed
+from grpo.wire.transport import DataReceiver, SyncServer, free_port
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +79,7 @@ class Learner:
         raw_ds = load_ds_config(cfg.deepspeed_config)
         self.ds_config, self.batch_size = resolve_ds_config(
             raw_ds, self.world, cfg.train_batch_size, cfg.num_generations, cfg.learning_rate,
-            cuda=self.device.type == "cuda")
+            cuda=self.device.type == "cuda", source=cfg.deepspeed_config)
         self.groups_per_step = self.batch_size // cfg.num_generations
 
         path = resolve_model(cfg.model)  # a bad --model fails here, before ports or weights
@@ -91,7 +94,7 @@ class Learner:
             bind = cfg.bind_host or cfg.host  # loopback unless a flag says otherwise
             warn_if_exposed(bind, curve)
             self.server = SyncServer(bind, cfg.sync_port, curve=curve)
-            self.receiver = DataReceiver(bind, cfg.data_port, P.Limits(group_size=cfg.num_generations),
+            self.receiver = DataReceiver(bind, cfg.data_port, M.Limits(group_size=cfg.num_generations),
                                          max_message_bytes=cfg.max_message_mb << 20, curve=curve)
             (self.run_dir / "learner.ready").write_text(json.dumps(
                 {"host": cfg.host, "data_port": cfg.data_port, "sync_port": cfg.sync_port, "pid": os.getpid()}))
@@ -115,12 +118,12 @@ class Learner:
         model = load_causal_lm(path, self.device, dtype)
         model.config.use_cache = False
         if cfg.lora_r:
-            from grpo.lora import wrap_lora  # peft is imported only in LoRA mode
+            from grpo.learner.lora import wrap_lora  # peft is imported only in LoRA mode
 
             model = wrap_lora(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_target_modules, cfg.lora_dropout)
         self.vocab_size = model.get_input_embeddings().weight.shape[0]
         if self.receiver is not None:
-            self.receiver.limits = P.Limits(group_size=cfg.num_generations, vocab_size=self.vocab_size)
+            self.receiver.limits = M.Limits(group_size=cfg.num_generations, vocab_size=self.vocab_size)
         self.engine = (TorchEngine(model, self.ds_config, self.device) if cfg.no_deepspeed
                        else DeepSpeedEngine(model, self.ds_config))
         self.autocast = (cfg.no_deepspeed and self.device.type == "cuda")
@@ -134,7 +137,7 @@ class Learner:
             if cfg.lora_r:  # samplers get merged weights, not the module's: nothing to compare
                 log.warning("--verify-weight-sync is not supported with LoRA; not verifying")
             else:
-                from grpo.weight_verify import PublishedFingerprints
+                from grpo.weights.verify import PublishedFingerprints
 
                 self.fingerprints = PublishedFingerprints()
         self.metrics = MetricsWriter(self.run_dir) if self.rank == 0 else None
@@ -270,7 +273,7 @@ class Learner:
         checksums = self._rank_checksums()
         if self.rank == 0:
             if self.cfg.lora_r:
-                from grpo.lora import save_adapter
+                from grpo.learner.lora import save_adapter
 
                 log.info("LoRA adapter saved to %s", save_adapter(self.engine.module, self.run_dir / "lora_adapter"))
             self.publisher.stop_samplers()   # they stop at their next sync while we evaluate
@@ -307,29 +310,17 @@ class Learner:
 
     def _log_step(self, step, groups, batch, stats, t0, t_data, t_train, stall, trained_samples, t_start) -> None:
         rewards = batch.scalars[:, 1]
-        correct = [c.reward_info.get("correct", 0.0) for g in groups for c in g.completions]
-        versions = [g.policy_version for g in groups]
         now = time.perf_counter()
         rec = {"step": step, "policy_version": self.version, **stats,
                "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()) if batch.size > 1 else 0.0,
-               "accuracy": sum(correct) / max(len(correct), 1),
                "completion_len_mean": float(batch.meta[:, 1].float().mean()),
-               "staleness_mean": sum(self.version - 1 - v for v in versions) / len(versions),
                "step_time_s": now - t0, "data_wait_s": t_data - t0, "train_s": t_train - t_data,
                "sync_publish_s": stall, "samples_per_s": trained_samples / (now - t_start),
                "groups": self.intake.accounting(), "sampler_versions": dict(self.publisher.sampler_versions),
                "eval": self._latest_eval(), "sync_method": self.publisher.method,
                "samplers_alive": len(self.intake.alive(self.version)), "samplers_gone": len(self.liveness.gone),
                "sync_bytes_served": self.publisher.bytes_served, "data_bytes_received": self.receiver.bytes,
-               "time_s": now - t_start, **step_extras(groups, self.version),
-               # Fingerprint of the step's completions: equal seeds and settings give equal batches.
-               "batch_crc32": zlib.crc32(b"".join(c.generated_token_ids.tobytes() for g in groups
-                                                  for c in g.completions))}
-        parts: dict[str, list[float]] = {}  # each reward part by name (reward_info), as reward/<name>
-        for c in (c for g in groups for c in g.completions):
-            for name, value in c.reward_info.items():
-                parts.setdefault(name, []).append(value)
-        rec.update({f"reward/{k}": sum(v) / len(v) for k, v in sorted(parts.items())})
+               "time_s": now - t_start, **group_stats(groups, self.version)}
         if gpu := self.gpu.sample():
             rec["gpu"] = gpu
         self.metrics.write(rec)
@@ -387,7 +378,7 @@ class Learner:
                    "peak_mem_gb": (torch.cuda.max_memory_allocated(self.device) / 2**30
                                    if self.device.type == "cuda" else None)}
         if self.cfg.lora_r:
-            from grpo.lora import lora_stats
+            from grpo.learner.lora import lora_stats
 
             summary["lora"] = lora_stats(self.engine)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

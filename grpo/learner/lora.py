@@ -106,7 +106,7 @@ def save_adapter(model: torch.nn.Module, path: str | Path, merged: bool = False)
     path.mkdir(parents=True, exist_ok=True)
     if not is_peft(model):
         raise ValueError("save_adapter needs a LoRA model (--lora-r > 0)")
-    from grpo.progress import Progress
+    from grpo.obs.progress import Progress
 
     bar = Progress(f"saving LoRA adapter to {path}", total=2 if merged else 1, unit="part", every_s=0)
     model.save_pretrained(str(path))

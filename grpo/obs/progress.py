@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Iterable, Iterator, TypeVar
 
-log = logging.getLogger("grpo.progress")
+log = logging.getLogger("grpo.obs.progress")
 T = TypeVar("T")
 
 

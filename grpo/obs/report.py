@@ -1,4 +1,4 @@
-"""python -m grpo.report runs/<id>: a PNG of the run and a one-page markdown summary.
+"""python -m grpo.obs.report runs/<id>: a PNG of the run and a one-page markdown summary.
 
 Reads metrics.jsonl (one record per learner step, plus the final accounting record),
 summary.json and config_learner.json when present. Writes report.png and report.md into the
@@ -165,7 +165,7 @@ def summarize(run_dir: Path, steps: list[dict], summary: dict, config: dict) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grpo.report", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m grpo.obs.report", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", help="a run directory, e.g. runs/20260101-120000-1234")
     parser.add_argument("--out", default="", help="where to write report.png and report.md (default: the run dir)")
     args = parser.parse_args(argv)
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         steps, summary, config = load_run(run_dir)
     except ReportError as exc:
-        print(f"grpo.report: error: {exc}", file=sys.stderr)
+        print(f"grpo.obs.report: error: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else run_dir
     out.mkdir(parents=True, exist_ok=True)

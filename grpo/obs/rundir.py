@@ -1,11 +1,9 @@
-"""Run directory, logging and metrics.jsonl (one JSON object per learner step)."""
+"""Where a process writes: the run directory, its resolved config file, and the log format."""
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
-import random
 import sys
 import time
 from dataclasses import asdict, is_dataclass
@@ -38,38 +36,6 @@ def setup_logging(name: str, log_file: str = "") -> None:
     for noisy in ("DeepSpeed", "deepspeed", "torch.distributed", "urllib3", "httpx", "datasets",
                   "transformers", "filelock", "huggingface_hub"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-
-
-def seed_all(seed: int) -> None:
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)  # also seeds every CUDA device
-
-
-def _clean(value):
-    """JSON-safe: NaN/inf become null so every line parses with a strict reader."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return value
-
-
-class MetricsWriter:
-    def __init__(self, run_dir: Path):
-        self.path = run_dir / "metrics.jsonl"
-        self._fh = open(self.path, "a", buffering=1)  # line-buffered: a crash loses no finished step
-
-    def write(self, record: dict) -> None:
-        self._fh.write(json.dumps(_clean(record)) + "\n")
-
-    def close(self) -> None:
-        self._fh.close()
 
 
 def save_config(run_dir: Path, name: str, cfg) -> None:

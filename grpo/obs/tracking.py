@@ -95,29 +95,3 @@ class Tracker:
             self._wandb.finish()
 
 
-def step_extras(groups: list, version: int) -> dict:
-    """Per-step statistics of the trained groups beyond the learner's core record.
-
-    reward_components: the mean of every numeric reward_info key (e.g. has_answer, or one
-    entry per reward function), 'correct' excepted since it is already `accuracy`.
-    entropy: mean -log p of the generated tokens under the behaviour policy, a Monte Carlo
-    estimate of the per-token entropy (E[-log p(x)] over x ~ p) that costs no extra pass.
-    """
-    comps = [c for g in groups for c in g.completions]
-    if not comps:
-        return {}
-    sums: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    for c in comps:
-        for k, v in c.reward_info.items():
-            if k != "correct" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                sums[k] = sums.get(k, 0.0) + float(v)
-                counts[k] = counts.get(k, 0) + 1
-    lens = [len(c.generated_token_ids) for c in comps]
-    n_tok = sum(len(c.old_policy_log_probs) for c in comps)
-    neg_lp = -sum(float(c.old_policy_log_probs.sum()) for c in comps)
-    return {"reward_components": {k: sums[k] / counts[k] for k in sorted(sums)},
-            "entropy": neg_lp / n_tok if n_tok else 0.0,
-            "completion_len_min": min(lens), "completion_len_max": max(lens),
-            "truncated_frac": sum(1 for c in comps if not c.is_finished) / len(comps),
-            "staleness_max": max(version - 1 - g.policy_version for g in groups)}

@@ -17,8 +17,8 @@ import threading
 import time
 from typing import Callable
 
-from grpo import protocol as P
-from grpo.transport import DataSender
+from grpo.wire import messages as M
+from grpo.wire.transport import Sender
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ ON_FULL = ("block", "drop")
 
 
 class Heartbeat:
-    def __init__(self, sender: DataSender, interval_s: float, status: Callable[[], P.SamplerStatus]):
+    def __init__(self, sender: Sender, interval_s: float, status: Callable[[], M.SamplerStatus]):
         self.sender, self.interval_s, self.status = sender, interval_s, status
         self.sent = 0
         self._stop = threading.Event()
@@ -51,7 +51,7 @@ class Heartbeat:
         self.sender.close(linger_s=0)
 
 
-def send_group(sender: DataSender, msg: P.Message, on_full: str, timeout_s: float, stats: dict,
+def send_group(sender: Sender, msg: M.Message, on_full: str, timeout_s: float, stats: dict,
                where: str, what: str = "group") -> bool:
     """Send one group under the --on-full policy; False when it was dropped (and counted)."""
     if on_full == "drop":
@@ -77,7 +77,7 @@ def send_group(sender: DataSender, msg: P.Message, on_full: str, timeout_s: floa
     return True
 
 
-def wait_send(sender: DataSender, msg: P.Message, timeout_s: float, where: str) -> bool:
+def wait_send(sender: Sender, msg: M.Message, timeout_s: float, where: str) -> bool:
     """A status message: waits like 'block', at most timeout_s, never dropped silently."""
     ok = send_group(sender, msg, "block", timeout_s, {}, where, "a status")
     if not ok:

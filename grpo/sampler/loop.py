@@ -15,23 +15,25 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from grpo import protocol as P
 from grpo.config import SamplerConfig
-from grpo.data import PromptStream, load_problems, problem_prompt, shard
+from grpo.data.prompts import PromptStream, problem_prompt
+from grpo.data.rewards import reward_set_from_config
+from grpo.data.sources import load_problems, shard
 from grpo.evaluate import eval_problems, greedy_accuracy, record_eval
-from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model,
-                        right_pad, token_logprobs)
-from grpo.gpustats import GpuMonitor, format_gpu
 from grpo.loss import has_signal
-from grpo.progress import Progress
-from grpo.reward_funcs import reward_set_from_config
-from grpo.generation import hf_generate, resolve_backend
-from grpo.rollout import RolloutEngine
-from grpo.heartbeat import ON_FULL, Heartbeat, send_group, wait_send
-from grpo.security import CLIENT, curve_for
-from grpo.transport import DataSender, SyncClient
-from grpo.weight_methods import make_receiver, sampler_method
-from grpo.weight_sync import apply_weights, request_weights
+from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, right_pad,
+                        token_logprobs)
+from grpo.obs.gpu import GpuMonitor, format_gpu
+from grpo.obs.progress import Progress
+from grpo.sampler.heartbeat import ON_FULL, Heartbeat, send_group, wait_send
+from grpo.sampler.rollout import RolloutEngine, hf_generate, resolve_backend
+from grpo.weights import make_receiver
+from grpo.weights.methods import fallback, sampler_method
+from grpo.weights.publisher import request_weights
+from grpo.weights.tcp import apply_weights
+from grpo.wire import messages as M
+from grpo.wire.curve import CLIENT, curve_for
+from grpo.wire.transport import DataSender, SyncClient
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +63,8 @@ class Sampler:
         self.ref = load_causal_lm(path, self.device, dtype).eval()  # frozen: never receives weights
         self.vocab_size = self.policy.get_input_embeddings().weight.shape[0]
         # ipc/nccl: the policy's parameters move into flat buckets so that a version is one copy.
-        self.receiver, self.sync_method = None, "tcp"
-        if (method := sampler_method(cfg.weight_sync, self.device)) != "tcp":
+        self.receiver, self.sync_method = None, M.TCP
+        if (method := sampler_method(cfg.weight_sync, self.device)) != M.TCP:
             self._use(method, dtype)
         self.engine = (RolloutEngine(self.policy, self.tok.eos_token_id, self.tok.pad_token_id,
                                      cuda_graphs=cfg.cuda_graphs and self.device.type == "cuda",
@@ -77,7 +79,7 @@ class Sampler:
         self.data = DataSender(cfg.host, cfg.data_port, hwm=cfg.send_hwm, curve=curve)
         # Accept weights up to float32 size whatever our own dtype: a learner may publish fp32.
         total = sum(p.numel() * 4 for p in self.policy.parameters())
-        self.sync = SyncClient(cfg.host, cfg.sync_port, P.weights_limits(total + (64 << 20)), curve=curve)
+        self.sync = SyncClient(cfg.host, cfg.sync_port, M.weights_limits(total + (64 << 20)), curve=curve)
         # Sampler 0 evaluates (greedy pass@1) at version 0 and at every multiple of --eval-every.
         self.eval_set = (eval_problems(cfg.eval_dataset or cfg.dataset, cfg.eval_size)
                          if cfg.eval_every > 0 and cfg.sampler_id == 0 else None)
@@ -123,10 +125,10 @@ class Sampler:
         self.stats["sync_s"] += time.perf_counter() - t0
         return True
 
-    def _apply(self, newest: P.WeightsAnnounce) -> bool:
+    def _apply(self, newest: M.WeightsAnnounce) -> bool:
         """Apply one announced version; True if a follow-up request should be sent (ipc)."""
         t_apply = time.perf_counter()
-        if newest.method in ("ipc", "nccl", "shared"):
+        if newest.method in (M.IPC, M.NCCL, M.SHARED):
             try:
                 ok = self.receiver.apply(newest)
             except RuntimeError as exc:
@@ -146,16 +148,16 @@ class Sampler:
         self.version = newest.version
         self.stats["weight_bytes"] += sum(newest.bucket_nbytes)
         if self.cfg.verify_weight_sync:  # after the apply's timing: not part of apply_s
-            from grpo.weight_verify import fingerprint
+            from grpo.weights.verify import fingerprint
 
             self.stats["verified_checksum"] = fingerprint(self.policy, compute_dtype(self.device))
             self.stats["verified_version"] = float(self.version)
         log.info("now running policy version %d (%.1f MB by %s applied in %.4f s)", self.version,
                  sum(newest.bucket_nbytes) / 1e6, newest.method, dt)
-        return newest.method in ("ipc", "nccl")   # the follow-up request acknowledges the version
+        return newest.method in (M.IPC, M.NCCL)   # the follow-up request acknowledges the version
 
     def _round_guard(self):
-        return self.receiver.guard() if self.sync_method == "shared" else contextlib.nullcontext()
+        return self.receiver.guard() if self.sync_method == M.SHARED else contextlib.nullcontext()
 
     def _use(self, method: str, dtype: torch.dtype) -> None:
         self.receiver = make_receiver(method, self.policy, dtype, self.cfg.sync_port, self.cfg.sync_timeout_s * 12)
@@ -163,13 +165,14 @@ class Sampler:
         log.info("weight sync: %s (--weight-sync %s)", method, self.cfg.weight_sync)
 
     def _fall_back(self, why: str) -> None:
-        """ipc impossible (the learner's GPU is not visible: another host) -> nccl under auto, else tcp."""
-        if self.sync_method == "ipc" and self.cfg.weight_sync == "auto":
-            log.warning("ipc unavailable (%s); auto picks nccl (the learner is on another host)", why)
-            self._use("nccl", compute_dtype(self.device))
+        """The current method proved impossible here: step down by the rule both sides share."""
+        method = fallback(self.sync_method, self.cfg.weight_sync)
+        log.warning("%s unavailable (%s); asking for weights by %s from now on%s", self.sync_method, why, method,
+                    " (auto: the learner is on another host)" if method == M.NCCL else "")
+        if method == M.TCP:
+            self.sync_method = M.TCP
         else:
-            log.warning("%s unavailable (%s); asking for weights over tcp from now on", self.sync_method, why)
-            self.sync_method = "tcp"
+            self._use(method, compute_dtype(self.device))
 
     def maybe_evaluate(self) -> None:
         """Between rounds: evaluate the policy now running if its version is due (v0: the baseline)."""
@@ -188,7 +191,7 @@ class Sampler:
 
     # ------------------------------------------------------------------ one round
     @torch.no_grad()
-    def generate_round(self, round_idx: int) -> list[P.Group]:
+    def generate_round(self, round_idx: int) -> list[M.Group]:
         cfg, tok = self.cfg, self.tok
         problems = self.prompts.next_batch(cfg.prompts_per_round)
         prompts = [problem_prompt(tok, p) for p in problems]
@@ -229,12 +232,12 @@ class Sampler:
             for k in range(gi * G, (gi + 1) * G):
                 gen_ids, finished = completions[k]
                 text, scored = texts[k], scores[k]
-                comps.append(P.Completion(
+                comps.append(M.Completion(
                     generated_token_ids=np.asarray(gen_ids, dtype=np.int32),
                     old_policy_log_probs=old_lp[k], ref_policy_log_probs=ref_lp[k],
                     whole_token_ids=np.asarray(whole[k], dtype=np.int32), text=text,
                     reward=float(scored.reward), reward_info=dict(scored.info), is_finished=finished))
-            groups.append(P.Group(
+            groups.append(M.Group(
                 sampler_id=cfg.sampler_id, group_id=f"s{cfg.sampler_id}-r{round_idx}-g{gi}",
                 policy_version=self.version, prefix=prompt,
                 prefix_tokens=tok.convert_ids_to_tokens(pids), prefix_token_ids=np.asarray(pids, dtype=np.int32),
@@ -275,8 +278,8 @@ class Sampler:
         return out
 
     # ------------------------------------------------------------------ main loop
-    def _status(self, final: bool) -> P.SamplerStatus:
-        return P.SamplerStatus(sampler_id=self.cfg.sampler_id, policy_version=self.version,
+    def _status(self, final: bool) -> M.SamplerStatus:
+        return M.SamplerStatus(sampler_id=self.cfg.sampler_id, policy_version=self.version,
                                groups_sent=self.groups_sent, final=final,
                                stats={k: float(v) for k, v in list(self.stats.items())},
                                incarnation=self.incarnation)

@@ -23,6 +23,10 @@ memory. If a parameter's storage changes, captured graphs are dropped and recapt
 Use `RolloutEngine(model, eos_ids, pad_id).generate(prompts, max_new_tokens, ...)`, or the
 module function `generate(model, prompts_token_ids, max_new_tokens, temperature, greedy,
 eos_id, pad_id)`, which keeps one engine per model.
+
+--generation-backend picks this engine ('fast') or the model's own `generate` ('hf',
+`hf_generate`, kept as the fallback and for CPU); both return the same thing: generated ids
+per prompt, cut after the first EOS (which is kept), and whether each row finished.
 """
 from __future__ import annotations
 
@@ -36,11 +40,79 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from grpo.attention import ATTENTION, register_attention
 from grpo.model import left_pad
 
 log = logging.getLogger(__name__)
 
+# ----------------------------------------------------------------------------- backends
+BACKENDS = ("auto", "fast", "hf")
+
+
+def resolve_backend(name: str, device: torch.device) -> str:
+    """--generation-backend to 'fast' or 'hf'. auto: the fast engine on CUDA (its GPU tests
+    pass on H200: graph replay equals eager decoding, greedy identical to `generate` in fp32,
+    a failed capture falls back to eager decoding), `generate` on CPU, where the engine has
+    no graphs to replay and buys little."""
+    if name not in BACKENDS:
+        raise ValueError(f"--generation-backend {name}: choose one of {', '.join(BACKENDS)}")
+    if name == "auto":
+        return "fast" if device.type == "cuda" else "hf"
+    return name
+
+
+def hf_generate(model, prompts: list[list[int]], max_new_tokens: int, temperature: float, greedy: bool,
+                eos_id: int, pad_id: int) -> tuple[list[list[int]], list[bool]]:
+    """The Hugging Face `generate` path (the fallback backend), with the same output."""
+    device = next(model.parameters()).device
+    ids, attn = left_pad(prompts, pad_id, device)
+    width = ids.shape[1]
+    sample = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if not (greedy or temperature == 0) \
+        else dict(do_sample=False, temperature=None, top_k=None, top_p=None)
+    out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens,
+                         pad_token_id=pad_id, eos_token_id=eos_id, **sample)
+    completions, finished = [], []
+    for row in out[:, width:].cpu().tolist():
+        if eos_id in row:  # keep the EOS: the policy must learn to stop
+            row = row[:row.index(eos_id) + 1]
+        completions.append(row)
+        finished.append(bool(row) and row[-1] == eos_id)
+    return completions, finished
+
+
+# ----------------------------------------------------------------------------- attention
+ATTENTION = "grpo_rollout"
+
+
+def rollout_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                      **kwargs):
+    """Attention for the engine's passes. A one-token query (decode) with grouped KV heads
+    (GQA: SmolLM2 3 KV heads for 9, Qwen2.5-3B 2 for 16) attends the cache without copying it:
+    the G query heads that share a KV head become G "query rows" of that head. Hugging Face's
+    SDPA path instead repeats the whole cache G times per layer and step (`repeat_kv`, a
+    copy), which on a 3B model at 256 rows took half the decode step. Prefill (many query
+    tokens, once per round) goes through Hugging Face's SDPA function unchanged."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    b, heads, q_len, dim = query.shape
+    kv_heads = key.shape[1]
+    if q_len != 1 or heads == kv_heads:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    # repeat_kv puts query head j on KV head j // G, so [B, H, 1, D] -> [B, H_kv, G, D] pairs them up.
+    q = query.view(b, kv_heads, heads // kv_heads, dim)
+    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask,  # [B, 1, 1, L]
+                                                           scale=scaling)
+    return out.reshape(b, heads, 1, dim).transpose(1, 2).contiguous(), None                # [B, 1, H, D]
+
+
+def register_attention() -> None:
+    """Make ATTENTION a name Hugging Face models can dispatch to (idempotent)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, rollout_attention)
+
+
+# ----------------------------------------------------------------------------- the engine
 DEFAULT_BUCKETS = (64, 128, 256, 512, 1024)
 @dataclass
 class Rollout:
@@ -221,7 +293,7 @@ class RolloutEngine:
 
     @contextlib.contextmanager
     def _attention(self):
-        """Run the model's layers with grpo.attention's decode attention (the model's own setting is restored
+        """Run the model's layers with grpo.sampler.rollout's decode attention (the model's own setting is restored
         after, so evaluation and log-prob passes keep theirs). A captured graph keeps the
         kernels chosen here: only eager calls need the switch."""
         cfg = self.model.config

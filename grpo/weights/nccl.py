@@ -23,9 +23,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from grpo import protocol as P
-from grpo.transport import free_port
-from grpo.weight_ipc import FlatReceiver
+from grpo.weights.receiver import FlatReceiver
+from grpo.wire import messages as M
+from grpo.wire.transport import free_port
 
 log = logging.getLogger(__name__)
 WATCHDOG_S = 24 * 3600  # the library's timeout: ours (polling) always fires first
@@ -88,7 +88,7 @@ class PairGroups:
         self.sent = 0
         self.failed = 0
 
-    def rendezvous(self, identity: bytes, slot: int) -> P.NcclRendezvous:
+    def rendezvous(self, identity: bytes, slot: int) -> M.NcclRendezvous:
         pair = self.pairs.get(identity)
         if pair is None:
             port = free_port(self.host)
@@ -96,7 +96,7 @@ class PairGroups:
                                   wait_for_workers=False)
             pair = self.pairs[identity] = Pair(store, port)
             log.info("nccl: new pair group for a sampler at %s:%d (%s)", self.host, port, self.backend)
-        return P.NcclRendezvous(self.host, pair.port, self.backend)
+        return M.NcclRendezvous(self.host, pair.port, self.backend)
 
     def send(self, identity: bytes, flat: torch.Tensor) -> bool:
         """Send `flat` to the sampler; False (and the pair dropped) if it did not take it in time."""
@@ -135,7 +135,7 @@ class NcclReceiver(FlatReceiver):
         self.key: tuple[str, int] | None = None
         self.pg = None
 
-    def apply(self, announce: P.WeightsAnnounce) -> bool:
+    def apply(self, announce: M.WeightsAnnounce) -> bool:
         self.check_layout(announce)
         r = announce.nccl
         if (r.backend == "nccl") != (self.local.device.type == "cuda"):

@@ -1,6 +1,8 @@
-"""Copying the published tensors into a flat buffer with as few copies as their memory allows.
+"""Copying the published tensors into flat buckets with as few copies as their memory allows.
 
-The publishers lay every tensor out in flat per-dtype buckets (grpo.weight_sync.plan_layout:
+`pack` fills new CPU buckets (a tcp snapshot); `Coalescer.copy_into` fills a device buffer (a slot).
+
+The publishers lay every tensor out in flat per-dtype buckets (grpo.weights.layout.plan_layout:
 buckets back to back, each tensor at a 16-byte aligned offset). Copying tensor by tensor
 costs one copy per parameter (272 for SmolLM2-135M), although under DeepSpeed ZeRO-1/2 the
 bf16 parameters are views of one flat buffer per parameter group, packed back to back in
@@ -24,10 +26,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
-from grpo import protocol as P
+from grpo.weights.layout import TORCH_DTYPES, bucket_slices, flat_offsets, spec_nbytes
+from grpo.wire import messages as M
 
 
 @dataclass(frozen=True)
@@ -48,12 +50,6 @@ class Plan:
     @property
     def copies(self) -> int:
         return len(self.runs) + len(self.singles)
-
-
-def flat_offsets(layout: list[P.TensorSpec], bucket_nbytes: list[int]) -> list[int]:
-    """Each tensor's byte offset in one buffer holding the buckets back to back (as the ipc slots do)."""
-    starts = np.concatenate([[0], np.cumsum(bucket_nbytes, dtype=np.int64)])
-    return [int(starts[s.bucket]) + s.offset for s in layout]
 
 
 def _byte_view(t: torch.Tensor, nbytes: int) -> torch.Tensor:
@@ -100,13 +96,12 @@ def plan_runs(tensors: list[torch.Tensor], dtypes: list[torch.dtype], shapes: li
 class Coalescer:
     """The plan for one layout, rebuilt whenever a tensor's data_ptr changes."""
 
-    def __init__(self, layout: list[P.TensorSpec], bucket_nbytes: list[int]):
+    def __init__(self, layout: list[M.TensorSpec], bucket_nbytes: list[int]):
         self.layout = layout
-        self.dtypes = [getattr(torch, s.dtype) for s in layout]   # the layout names dtypes as torch does
+        self.dtypes = [TORCH_DTYPES[s.dtype] for s in layout]
         self.shapes = [tuple(s.shape) for s in layout]
         self.offsets = flat_offsets(layout, bucket_nbytes)
-        self.nbytes = [int(np.prod(s.shape, dtype=np.int64)) * torch.empty((), dtype=d).element_size()
-                       for s, d in zip(layout, self.dtypes)]
+        self.nbytes = [spec_nbytes(s) for s in layout]
         self.total = sum(bucket_nbytes)
         self.plan: Plan | None = None
         self.replans = 0
@@ -152,4 +147,31 @@ class Coalescer:
         return plan
 
 
-__all__ = ["Coalescer", "Plan", "Run", "flat_offsets", "plan_runs"]
+
+def pack(named: list[tuple[str, torch.Tensor]], layout: list[M.TensorSpec],
+         bucket_nbytes: list[int], coalescer: Coalescer | None = None) -> list[torch.Tensor]:
+    """Copy the tensors into new CPU uint8 buckets (device-to-host for CUDA tensors).
+
+    A tensor whose dtype differs from its layout entry is cast first (fp32 master weights
+    published as bf16), on its own device, so the host copy moves the smaller bytes.
+    With a `coalescer`, tensors that are byte-adjacent in one storage and in
+    the buckets (DeepSpeed's flat bf16 parameters) move in one host copy per run, not one each.
+    """
+    # One allocation, the buckets back to back (the offsets the coalescer plans with); each
+    # bucket a slice of it, so a reply still sending any bucket keeps the whole snapshot alive.
+    flat = torch.empty(sum(bucket_nbytes), dtype=torch.uint8)
+    buckets = bucket_slices(flat, bucket_nbytes)
+    if [n for n, _ in named] != [s.name for s in layout]:
+        raise ValueError("pack: the tensors do not match the layout")
+    todo = range(len(layout))
+    if coalescer is not None:
+        plan = coalescer.plan_for([t for _, t in named])
+        for run in plan.runs:
+            flat[run.offset:run.offset + run.nbytes].copy_(run.src)
+        todo = plan.singles
+    for i in todo:
+        (_, t), spec = named[i], layout[i]   # names checked against the layout above
+        t = t.detach().to(TORCH_DTYPES[spec.dtype])
+        raw = t.contiguous().view(-1).view(torch.uint8)
+        buckets[spec.bucket][spec.offset:spec.offset + raw.numel()].copy_(raw)
+    return buckets

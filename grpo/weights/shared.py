@@ -23,10 +23,11 @@ from contextlib import contextmanager
 
 import torch
 
-from grpo import protocol as P
-from grpo.transport import SyncServer
-from grpo.weight_ipc import gpu_uuid, local_index_of
-from grpo.weight_sync import DTYPE_NAMES, TcpPublisher, TORCH_DTYPES
+from grpo.weights.ipc import local_index_of, open_handle, share_storage
+from grpo.weights.layout import DTYPE_NAMES, TORCH_DTYPES
+from grpo.weights.publisher import Publisher, Snapshot
+from grpo.wire import messages as M
+from grpo.wire.transport import Server
 
 log = logging.getLogger(__name__)
 
@@ -48,18 +49,18 @@ def exclusive(path: str):
         fh.close()
 
 
-class SharedPublisher(TcpPublisher):
+class SharedPublisher(Publisher):
     """Learner rank 0 on CUDA: announces the parameters' own storages; publish copies nothing."""
 
-    method = "shared"
+    method = M.SHARED
 
-    def __init__(self, server: SyncServer, model: torch.nn.Module, sync_port: int):
+    def __init__(self, server: Server, model: torch.nn.Module, sync_port: int):
         super().__init__(server, model, None, start=False)
         named = list(model.named_parameters())
         device = named[0][1].device
         storages: dict[int, int] = {}
         self._storages: list[torch.UntypedStorage] = []
-        layout: list[P.TensorSpec] = []
+        layout: list[M.TensorSpec] = []
         dtypes: list[str] = []
         for name, p in named:
             if p.device != device or not p.is_contiguous():
@@ -71,15 +72,11 @@ class SharedPublisher(TcpPublisher):
                 dtypes.append(DTYPE_NAMES[p.dtype])
             elif dtypes[idx] != DTYPE_NAMES[p.dtype]:
                 raise ValueError("--weight-sync shared: one storage holds parameters of two dtypes")
-            layout.append(P.TensorSpec(name, DTYPE_NAMES[p.dtype], tuple(p.shape), idx,
+            layout.append(M.TensorSpec(name, DTYPE_NAMES[p.dtype], tuple(p.shape), idx,
                                        p.storage_offset() * p.element_size()))
         self.layout, self.bucket_dtypes = layout, dtypes
         self.bucket_nbytes = [st.nbytes() for st in self._storages]
-        self.handles = []
-        for i, st in enumerate(self._storages):
-            (_d, handle, size, offset, rc, rc_off, ev, ev_sync) = st._share_cuda_()
-            self.handles.append(P.IpcHandle(gpu_uuid(device.index), i, bytes(handle), int(size), int(offset),
-                                            bytes(rc), int(rc_off), bytes(ev or b""), bool(ev_sync), 0))
+        self.handles = [share_storage(st, device.index, i, 0) for i, st in enumerate(self._storages)]
         self.lock = lock_path(sync_port)
         self.guard_waits_s: list[float] = []
         self._thread.start()
@@ -96,11 +93,9 @@ class SharedPublisher(TcpPublisher):
     def publish(self, version: int, model: torch.nn.Module) -> float:
         t0 = time.perf_counter()
         torch.cuda.current_stream().synchronize()   # the step's writes have landed before we say v
-        announce = P.WeightsAnnounce(version=version, method="shared", layout=self.layout,
+        announce = M.WeightsAnnounce(version=version, method=M.SHARED, layout=self.layout,
                                      bucket_dtypes=self.bucket_dtypes, bucket_nbytes=self.bucket_nbytes,
                                      buckets=[], shared=self.handles)
-        from grpo.weight_sync import Snapshot
-
         with self._lock:
             self._snapshot = Snapshot(version, announce)
         return time.perf_counter() - t0
@@ -117,7 +112,7 @@ class SharedReceiver:
     def guard(self):
         return exclusive(self.lock)
 
-    def apply(self, announce: P.WeightsAnnounce) -> bool:
+    def apply(self, announce: M.WeightsAnnounce) -> bool:
         if self.mapped:
             return True   # the same storages, updated in place by the learner: nothing to do
         params = dict(self.model.named_parameters())
@@ -130,10 +125,7 @@ class SharedReceiver:
             if index is None or own.type != "cuda" or index != own.index:
                 raise RuntimeError(f"shared needs the learner on this sampler's own GPU ({own}); "
                                    f"the learner's is {h.gpu_uuid}")
-            st = torch.UntypedStorage._new_shared_cuda(index, h.handle, h.storage_nbytes, h.storage_offset,
-                                                        h.ref_counter_handle, h.ref_counter_offset,
-                                                        h.event_handle, h.event_sync_required)
-            bases.append(torch.empty(0, dtype=torch.uint8, device=f"cuda:{index}").set_(st))
+            bases.append(open_handle(h, index))
         for spec in announce.layout:
             p = params[spec.name]
             dtype = TORCH_DTYPES[spec.dtype]

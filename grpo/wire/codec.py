@@ -1,12 +1,16 @@
-"""The checking half of the wire protocol (grpo.protocol): ``decode`` and its field checks.
+"""The wire codec: ``encode`` a message to frames and ``decode`` (with every check) frames to a message.
 
-Every field and every size is checked *before* the payload is touched, so a hostile or buggy
-peer costs at most one rejected message (a ``ProtocolError`` whose ``.reason`` feeds drop
-counters). Only msgpack is parsed, with ext types refused. Imports only stdlib, numpy and
-msgpack, like grpo.protocol.
+Every ZeroMQ message is multipart: frame 0 is a msgpack map (the header), frames 1..n are raw
+little-endian, C-contiguous array bytes described by ``header["arrays"]`` (docs/protocol.md).
+Only msgpack is parsed, with ext types refused: a message from the network can only become
+str/int/float/bool/list/dict values and numpy views. ``decode`` checks every field and every
+size *before* it touches the payload, so a hostile or buggy peer costs at most one rejected
+message (a ``ProtocolError`` whose ``.reason`` feeds drop counters). Imports only stdlib, numpy
+and msgpack, so any process (or test) can use it without torch or zmq.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -14,10 +18,88 @@ from typing import Any, Sequence
 import msgpack
 import numpy as np
 
-from grpo.protocol import (_I64_MAX, _NP_DTYPES, DTYPE_SIZES, GROUP_ARRAYS, KINDS, MAX_ID_CHARS, MAX_LOG_PROB,
-                           MAX_MAP_ITEMS, MAX_REASON_CHARS, SCHEMA_VERSION, WEIGHT_METHODS, Completion, Frame, Group,
-                           IpcHandle, Limits, Message, NcclRendezvous, NoUpdate, ProtocolError, SamplerStatus, Stop,
-                           TensorSpec, WeightsAnnounce, WeightsRequest)
+from grpo.wire.messages import (DTYPE_SIZES, GROUP_ARRAYS, I64_MAX, IPC, KINDS, MAX_ID_CHARS, MAX_LOG_PROB,
+                                MAX_MAP_ITEMS, MAX_REASON_CHARS, NCCL, NP_DTYPES, SCHEMA_VERSION, SHARED, TCP,
+                                WEIGHT_METHODS, Completion, Frame, Group, IpcHandle, Limits, Message, NcclRendezvous,
+                                NoUpdate, ProtocolError, SamplerStatus, Stop, TensorSpec, WeightsAnnounce,
+                                WeightsRequest)
+
+# ----------------------------------------------------------------------------- encode
+
+
+def _flat(x: Any, dtype: str) -> np.ndarray:
+    # No copy when x already is a C-contiguous 1-D array of the wire dtype.
+    return np.ascontiguousarray(np.asarray(x, dtype=dtype).reshape(-1))
+
+
+def _cat(parts: list[Any], dtype: str) -> np.ndarray:
+    return np.concatenate([_flat(p, dtype) for p in parts]) if parts else np.zeros(0, dtype)
+
+
+def _scalar(obj: Any) -> Any:
+    # msgpack `default` hook: numpy scalars (np.int64, np.bool_, np.float32) -> Python scalars.
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"cannot pack {type(obj).__name__}")
+
+
+def _pack(kind: str, fields: dict[str, Any], arrays: list[dict[str, Any]]) -> bytes:
+    header = {"schema": SCHEMA_VERSION, "kind": kind, **fields, "arrays": arrays}
+    return msgpack.packb(header, use_bin_type=True, default=_scalar)
+
+
+def _encode_group(g: Group) -> list[bytes | memoryview]:
+    cs = g.completions
+    gen = [_flat(c.generated_token_ids, "<i4") for c in cs]
+    arrays = [
+        _flat(g.prefix_token_ids, "<i4"),
+        np.array([len(x) for x in gen], dtype="<i4"),
+        _cat(gen, "<i4"),
+        _cat([c.old_policy_log_probs for c in cs], "<f4"),
+        _cat([c.ref_policy_log_probs for c in cs], "<f4"),
+        _cat([c.whole_token_ids for c in cs], "<i4"),
+    ]
+    completions = [
+        {"text": c.text, "reward": float(c.reward), "is_finished": bool(c.is_finished),
+         "reward_info": {k: float(v) for k, v in c.reward_info.items()}}
+        for c in cs
+    ]
+    fields = {"sampler_id": g.sampler_id, "group_id": g.group_id, "policy_version": g.policy_version,
+              "prefix": g.prefix, "prefix_tokens": list(g.prefix_tokens), "meta": dict(g.meta),
+              "completions": completions, "incarnation": g.incarnation}
+    descs = [{"name": n, "dtype": d, "shape": [len(a)]} for (n, d), a in zip(GROUP_ARRAYS, arrays)]
+    # memoryview of a contiguous array: zmq sends it with copy=False, no bytes() copy.
+    return [_pack("group", fields, descs), *(memoryview(a) for a in arrays)]
+
+
+def _encode_weights(w: WeightsAnnounce) -> list[bytes | memoryview]:
+    fields = {"version": w.version, "method": w.method, "request_id": w.request_id,
+              "layout": [[t.name, t.dtype, list(t.shape), t.bucket, t.offset] for t in w.layout],
+              "bucket_dtypes": list(w.bucket_dtypes), "bucket_nbytes": list(w.bucket_nbytes)}
+    if w.ipc is not None:
+        fields["ipc"] = dataclasses.asdict(w.ipc)
+    if w.nccl is not None:
+        fields["nccl"] = dataclasses.asdict(w.nccl)
+    if w.shared is not None:
+        fields["shared"] = [dataclasses.asdict(h) for h in w.shared]
+    frames = [memoryview(b) for b in w.buckets] if w.method == TCP else []
+    descs = [{"name": f"bucket_{i}", "dtype": "uint8", "shape": [f.nbytes]} for i, f in enumerate(frames)]
+    return [_pack("weights", fields, descs), *frames]
+
+
+_SIMPLE_KINDS = {SamplerStatus: "status", WeightsRequest: "weights_request", NoUpdate: "no_update", Stop: "stop"}
+
+
+def encode(msg: Message) -> list[bytes | memoryview]:
+    """Serialize ``msg`` to frames. Does not validate: ``decode`` is the gatekeeper."""
+    if isinstance(msg, Group):
+        return _encode_group(msg)
+    if isinstance(msg, WeightsAnnounce):
+        return _encode_weights(msg)
+    if type(msg) in _SIMPLE_KINDS:  # header-only kinds: the fields are the dataclass fields
+        return [_pack(_SIMPLE_KINDS[type(msg)], dataclasses.asdict(msg), [])]
+    raise TypeError(f"cannot encode {type(msg).__name__}")
+
 
 # ----------------------------------------------------------------------------- field checks
 
@@ -34,7 +116,7 @@ def _get(m: dict[str, Any], key: str, where: str, typ: type | None = None) -> An
     return m[key]
 
 
-def _as_int(v: Any, where: str, lo: int = 0, hi: int = _I64_MAX) -> int:
+def _as_int(v: Any, where: str, lo: int = 0, hi: int = I64_MAX) -> int:
     if type(v) is not int:  # `type is`, not isinstance: True/False are ints in Python
         raise _fail("bad_field", f"{where} must be int, got {type(v).__name__}")
     if not lo <= v <= hi:
@@ -214,7 +296,7 @@ def _decode_group(h: dict[str, Any], arrays: list[_Array], views: list[memoryvie
 
     # Zero-copy views into the frames; nothing below copies token or log-prob data.
     prefix_ids, lengths, gen, old_lp, ref_lp, whole = (
-        np.frombuffer(v, dtype=_NP_DTYPES[a.dtype]) for a, v in zip(arrays, views)
+        np.frombuffer(v, dtype=NP_DTYPES[a.dtype]) for a, v in zip(arrays, views)
     )
     G, P = len(raw_completions), len(prefix_ids)
     if not 1 <= G <= limits.max_completions or len(lengths) != G:
@@ -318,7 +400,7 @@ def _decode_weights(h: dict[str, Any], arrays: list[_Array], views: list[memoryv
     for i, n in enumerate(bucket_nbytes):
         _as_int(n, f"weights.bucket_nbytes[{i}]")
     layout = _layout(h, bucket_dtypes, bucket_nbytes)
-    expected = len(bucket_nbytes) if method == "tcp" else 0  # other methods carry buckets out of band
+    expected = len(bucket_nbytes) if method == TCP else 0  # other methods carry buckets out of band
     if len(arrays) != expected:
         raise _fail("frame_size", f"method {method}: {len(arrays)} bucket frames, expected {expected}")
     for i, (a, n) in enumerate(zip(arrays, bucket_nbytes)):
@@ -326,9 +408,9 @@ def _decode_weights(h: dict[str, Any], arrays: list[_Array], views: list[memoryv
             raise _fail("bad_field", f"bucket frame {i} must be bucket_{i}, uint8, 1-D")
         if a.nbytes != n:
             raise _fail("length_mismatch", f"bucket {i}: frame {a.nbytes} bytes, declared {n}")
-    ipc = _ipc_handle(h.get("ipc"), sum(bucket_nbytes)) if method == "ipc" else None
+    ipc = _ipc_handle(h.get("ipc"), sum(bucket_nbytes)) if method == IPC else None
     nccl = None
-    if method == "nccl":
+    if method == NCCL:
         m = _map(h.get("nccl"), "weights.nccl")
         backend = _str(m, "backend", "weights.nccl", MAX_ID_CHARS)
         if backend not in ("nccl", "gloo"):
@@ -336,7 +418,7 @@ def _decode_weights(h: dict[str, Any], arrays: list[_Array], views: list[memoryv
         nccl = NcclRendezvous(_str(m, "host", "weights.nccl", 255), _int(m, "port", "weights.nccl") if
                               0 < _int(m, "port", "weights.nccl") < 65536 else _port_error(), backend)
     shared = None
-    if method == "shared":
+    if method == SHARED:
         items = _get(h, "shared", "weights", list)
         if len(items) != len(bucket_nbytes):
             raise _fail("bad_field", f"weights.shared: {len(items)} handles for {len(bucket_nbytes)} storages")

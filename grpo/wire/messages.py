@@ -1,30 +1,24 @@
-"""Wire protocol between samplers and the learner (see docs/protocol.md).
+"""Wire messages between samplers and the learner: the types, the size limits and the error.
 
-Every ZeroMQ message is multipart: frame 0 is a msgpack map (the header), frames 1..n
-are raw little-endian, C-contiguous array bytes described by ``header["arrays"]``.
-Only msgpack is parsed (no code-executing deserializer, no ext types): a message from the
-network can only become str/int/float/bool/list/dict values and numpy views, and ``decode`` checks every field
-and every size *before* it touches the payload, so a hostile or buggy peer costs at
-most one rejected message (a ``ProtocolError`` whose ``.reason`` feeds drop counters).
-
-This module imports only stdlib, numpy and msgpack so that any process (or test) can
-use it without torch or zmq.
+The codec (grpo.wire.codec) turns these into ZeroMQ frames and back, checking everything;
+the transport (grpo.wire.transport) moves the frames. docs/protocol.md is the specification.
+This module has no dependencies beyond numpy, so any process (or test) can use it.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Union
 
-import msgpack
 import numpy as np
 
 SCHEMA_VERSION = 1
 KINDS = ("group", "status", "weights_request", "weights", "no_update", "stop")
 # name -> itemsize. Explicit '<' byte order: the wire is little-endian whatever the host.
 DTYPE_SIZES = {"int32": 4, "int64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "uint8": 1}
-_NP_DTYPES = {"int32": "<i4", "int64": "<i8", "float32": "<f4", "float16": "<f2", "uint8": "u1"}
-WEIGHT_METHODS = ("tcp", "ipc", "nccl", "shared")
+NP_DTYPES = {"int32": "<i4", "int64": "<i8", "float32": "<f4", "float16": "<f2", "uint8": "u1"}
+# How weights travel (docs/weight-sync.md); grpo.weights chooses among them.
+TCP, IPC, NCCL, SHARED = "tcp", "ipc", "nccl", "shared"
+WEIGHT_METHODS = (TCP, IPC, NCCL, SHARED)
 # (name, dtype) of the array frames of a "group", in wire order.
 GROUP_ARRAYS = (("prefix_token_ids", "int32"), ("generated_lengths", "int32"), ("generated_token_ids", "int32"),
                 ("old_policy_log_probs", "float32"), ("ref_policy_log_probs", "float32"), ("whole_token_ids", "int32"))
@@ -32,7 +26,7 @@ MAX_LOG_PROB = 1e-3  # log p <= 0; allow a little float noise from log_softmax
 MAX_ID_CHARS = 128  # group_id, map keys, tensor names are short identifiers
 MAX_MAP_ITEMS = 256  # meta / reward_info / stats are "small maps"
 MAX_REASON_CHARS = 4096
-_I64_MAX = (1 << 63) - 1
+I64_MAX = (1 << 63) - 1
 
 
 class ProtocolError(ValueError):
@@ -171,89 +165,3 @@ class Stop:
 
 Message = Union[Group, SamplerStatus, WeightsRequest, WeightsAnnounce, NoUpdate, Stop]
 Frame = Union[bytes, memoryview, Any]
-
-# ----------------------------------------------------------------------------- encode
-
-
-def _flat(x: Any, dtype: str) -> np.ndarray:
-    # No copy when x already is a C-contiguous 1-D array of the wire dtype.
-    return np.ascontiguousarray(np.asarray(x, dtype=dtype).reshape(-1))
-
-
-def _cat(parts: list[Any], dtype: str) -> np.ndarray:
-    return np.concatenate([_flat(p, dtype) for p in parts]) if parts else np.zeros(0, dtype)
-
-
-def _scalar(obj: Any) -> Any:
-    # msgpack `default` hook: numpy scalars (np.int64, np.bool_, np.float32) -> Python scalars.
-    if isinstance(obj, np.generic):
-        return obj.item()
-    raise TypeError(f"cannot pack {type(obj).__name__}")
-
-
-def _pack(kind: str, fields: dict[str, Any], arrays: list[dict[str, Any]]) -> bytes:
-    header = {"schema": SCHEMA_VERSION, "kind": kind, **fields, "arrays": arrays}
-    return msgpack.packb(header, use_bin_type=True, default=_scalar)
-
-
-def _encode_group(g: Group) -> list[bytes | memoryview]:
-    cs = g.completions
-    gen = [_flat(c.generated_token_ids, "<i4") for c in cs]
-    arrays = [
-        _flat(g.prefix_token_ids, "<i4"),
-        np.array([len(x) for x in gen], dtype="<i4"),
-        _cat(gen, "<i4"),
-        _cat([c.old_policy_log_probs for c in cs], "<f4"),
-        _cat([c.ref_policy_log_probs for c in cs], "<f4"),
-        _cat([c.whole_token_ids for c in cs], "<i4"),
-    ]
-    completions = [
-        {"text": c.text, "reward": float(c.reward), "is_finished": bool(c.is_finished),
-         "reward_info": {k: float(v) for k, v in c.reward_info.items()}}
-        for c in cs
-    ]
-    fields = {"sampler_id": g.sampler_id, "group_id": g.group_id, "policy_version": g.policy_version,
-              "prefix": g.prefix, "prefix_tokens": list(g.prefix_tokens), "meta": dict(g.meta),
-              "completions": completions, "incarnation": g.incarnation}
-    descs = [{"name": n, "dtype": d, "shape": [len(a)]} for (n, d), a in zip(GROUP_ARRAYS, arrays)]
-    # memoryview of a contiguous array: zmq sends it with copy=False, no bytes() copy.
-    return [_pack("group", fields, descs), *(memoryview(a) for a in arrays)]
-
-
-def _encode_weights(w: WeightsAnnounce) -> list[bytes | memoryview]:
-    fields = {"version": w.version, "method": w.method, "request_id": w.request_id,
-              "layout": [[t.name, t.dtype, list(t.shape), t.bucket, t.offset] for t in w.layout],
-              "bucket_dtypes": list(w.bucket_dtypes), "bucket_nbytes": list(w.bucket_nbytes)}
-    if w.ipc is not None:
-        fields["ipc"] = dataclasses.asdict(w.ipc)
-    if w.nccl is not None:
-        fields["nccl"] = dataclasses.asdict(w.nccl)
-    if w.shared is not None:
-        fields["shared"] = [dataclasses.asdict(h) for h in w.shared]
-    frames = [memoryview(b) for b in w.buckets] if w.method == "tcp" else []
-    descs = [{"name": f"bucket_{i}", "dtype": "uint8", "shape": [f.nbytes]} for i, f in enumerate(frames)]
-    return [_pack("weights", fields, descs), *frames]
-
-
-_SIMPLE_KINDS = {SamplerStatus: "status", WeightsRequest: "weights_request", NoUpdate: "no_update", Stop: "stop"}
-
-
-def encode(msg: Message) -> list[bytes | memoryview]:
-    """Serialize ``msg`` to frames. Does not validate: ``decode`` is the gatekeeper."""
-    if isinstance(msg, Group):
-        return _encode_group(msg)
-    if isinstance(msg, WeightsAnnounce):
-        return _encode_weights(msg)
-    if type(msg) in _SIMPLE_KINDS:  # header-only kinds: the fields are the dataclass fields
-        return [_pack(_SIMPLE_KINDS[type(msg)], dataclasses.asdict(msg), [])]
-    raise TypeError(f"cannot encode {type(msg).__name__}")
-
-
-# ----------------------------------------------------------------------------- decode
-# The checking decoder is grpo.protocol_decode (it needs the types above, so it is imported
-# after them); re-exported here so `P.decode` stays the one entry point.
-from grpo.protocol_decode import decode  # noqa: E402
-
-__all__ = ["decode", "encode", "weights_limits", "Limits", "ProtocolError", "Message", "Completion", "Group",
-           "SamplerStatus", "WeightsRequest", "TensorSpec", "WeightsAnnounce", "NcclRendezvous", "IpcHandle",
-           "NoUpdate", "Stop"]

@@ -18,25 +18,26 @@ import zlib
 
 import numpy as np
 
-from grpo import protocol as P
 from grpo.config import DATA_PORT, SYNC_PORT
+from grpo.wire import codec
+from grpo.wire import messages as M
 
 G, N_GROUPS = 4, 8
 WEIGHT_BYTES = 32 << 20
 
 
-def make_group(i: int, sampler_id: int) -> P.Group:
+def make_group(i: int, sampler_id: int) -> M.Group:
     rng = np.random.default_rng(i)
     prefix = rng.integers(0, 1000, size=17, dtype=np.int32)
     comps = []
     for k in range(G):
         gen = rng.integers(0, 1000, size=5 + k, dtype=np.int32)
-        comps.append(P.Completion(
+        comps.append(M.Completion(
             generated_token_ids=gen, old_policy_log_probs=-rng.random(len(gen), dtype=np.float32),
             ref_policy_log_probs=-rng.random(len(gen), dtype=np.float32),
             whole_token_ids=np.concatenate([prefix, gen]), text=f"completion {k} #### {k}",
             reward=float(k % 2), reward_info={"correct": float(k % 2)}, is_finished=bool(k % 2)))
-    return P.Group(sampler_id=sampler_id, group_id=f"check-{i}", policy_version=0, prefix=f"prompt {i}",
+    return M.Group(sampler_id=sampler_id, group_id=f"check-{i}", policy_version=0, prefix=f"prompt {i}",
                    prefix_tokens=[str(t) for t in prefix], prefix_token_ids=prefix, completions=comps, meta={})
 
 
@@ -47,39 +48,39 @@ def checksum(frames: list) -> int:
     return crc
 
 
-def make_weights(version: int) -> P.WeightsAnnounce:
+def make_weights(version: int) -> M.WeightsAnnounce:
     rng = np.random.default_rng(version)
     a = rng.integers(0, 256, size=WEIGHT_BYTES // 2, dtype=np.uint8)   # a "bfloat16" bucket
     b = rng.integers(0, 256, size=WEIGHT_BYTES // 2, dtype=np.uint8)   # a "float32" bucket
-    layout = [P.TensorSpec("embed.weight", "bfloat16", (len(a) // 2,), 0, 0),
-              P.TensorSpec("head.weight", "float32", (len(b) // 4,), 1, 0)]
-    return P.WeightsAnnounce(version=version, method="tcp", layout=layout, bucket_dtypes=["bfloat16", "float32"],
+    layout = [M.TensorSpec("embed.weight", "bfloat16", (len(a) // 2,), 0, 0),
+              M.TensorSpec("head.weight", "float32", (len(b) // 4,), 1, 0)]
+    return M.WeightsAnnounce(version=version, method="tcp", layout=layout, bucket_dtypes=["bfloat16", "float32"],
                              bucket_nbytes=[len(a), len(b)], buckets=[memoryview(a), memoryview(b)])
 
 
 # ---------------------------------------------------------------------- the sampler side (child)
 def child(host: str, data_port: int, sync_port: int) -> int:
-    from grpo.transport import DataSender, SyncClient
+    from grpo.wire.transport import DataSender, SyncClient
 
     data = DataSender(host, data_port, hwm=64)
-    sync = SyncClient(host, sync_port, P.weights_limits(WEIGHT_BYTES + (1 << 20)))
+    sync = SyncClient(host, sync_port, M.weights_limits(WEIGHT_BYTES + (1 << 20)))
     for i in range(N_GROUPS):
         data.send(make_group(i, sampler_id=7), timeout_s=10)
     data.sock.send_multipart([b"\x93not a header", b"junk"])  # malformed on purpose
     version, crc = -1, 0
     while True:
-        sync.send(P.WeightsRequest(sampler_id=7, have_version=version))
+        sync.send(M.WeightsRequest(sampler_id=7, have_version=version))
         msg = sync.receive(timeout_s=10)
         if msg is None:
             return 3
-        if isinstance(msg, P.Stop):
+        if isinstance(msg, M.Stop):
             break
-        if isinstance(msg, P.WeightsAnnounce):
+        if isinstance(msg, M.WeightsAnnounce):
             version, crc = msg.version, checksum(msg.buckets)
-            data.send(P.SamplerStatus(sampler_id=7, policy_version=version, groups_sent=N_GROUPS, final=False,
+            data.send(M.SamplerStatus(sampler_id=7, policy_version=version, groups_sent=N_GROUPS, final=False,
                                       stats={"weights_crc": float(crc)}), timeout_s=10)
         time.sleep(0.01)
-    data.send(P.SamplerStatus(sampler_id=7, policy_version=version, groups_sent=N_GROUPS, final=True,
+    data.send(M.SamplerStatus(sampler_id=7, policy_version=version, groups_sent=N_GROUPS, final=True,
                               stats={"weights_crc": float(crc)}), timeout_s=10)
     data.close()
     sync.close()
@@ -97,10 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "sampler":
         return child(args.host, args.data_port, args.sync_port)
 
-    from grpo.transport import DataReceiver, PortInUse, SyncServer
+    from grpo.wire.transport import DataReceiver, PortInUse, SyncServer
 
     try:
-        data = DataReceiver(args.host, args.data_port, P.Limits(group_size=G), max_message_bytes=1 << 24)
+        data = DataReceiver(args.host, args.data_port, M.Limits(group_size=G), max_message_bytes=1 << 24)
         sync = SyncServer(args.host, args.sync_port)
     except PortInUse as exc:
         print(f"communication_test.py: error: {exc}", file=sys.stderr)
@@ -113,17 +114,17 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"learner side bound data {args.host}:{args.data_port} (PULL) and sync {args.host}:{args.sync_port} "
           f"(ROUTER); starting a sampler-side process", flush=True)
-    proc = subprocess.Popen([sys.executable, "-m", "grpo.commcheck", "--role", "sampler", "--host", args.host,
+    proc = subprocess.Popen([sys.executable, "-m", "grpo.wire.selftest", "--role", "sampler", "--host", args.host,
                              "--data-port", str(args.data_port), "--sync-port", str(args.sync_port)])
     t0 = time.perf_counter()
     groups, statuses = [], []
     deadline = time.monotonic() + 30
     while len(groups) < N_GROUPS and time.monotonic() < deadline:
         msg = data.receive(timeout_s=0.5)
-        if isinstance(msg, P.Group):
+        if isinstance(msg, M.Group):
             groups.append(msg)
     t_data = time.perf_counter() - t0
-    intact = [checksum(P.encode(g)) == checksum(P.encode(make_group(i, 7))) for i, g in enumerate(groups)]
+    intact = [checksum(codec.encode(g)) == checksum(codec.encode(make_group(i, 7))) for i, g in enumerate(groups)]
     check(len(groups) == N_GROUPS and all(intact),
           f"data channel: {len(groups)}/{N_GROUPS} groups of {G} completions arrived intact in {t_data * 1e3:.1f} ms")
 
@@ -138,13 +139,13 @@ def main(argv: list[str] | None = None) -> int:
             identity, req = got
             done = any(s.policy_version == 3 for s in statuses)
             if done:
-                sync.reply(identity, P.Stop(version=3, reason="communication test finished"))
+                sync.reply(identity, M.Stop(version=3, reason="communication test finished"))
             elif req.have_version < 3:
                 served += sync.reply(identity, weights)
             else:
-                sync.reply(identity, P.NoUpdate(version=3))
+                sync.reply(identity, M.NoUpdate(version=3))
         msg = data.receive(timeout_s=0.01)
-        if isinstance(msg, P.SamplerStatus):
+        if isinstance(msg, M.SamplerStatus):
             statuses.append(msg)
             if msg.final:
                 final_status = msg

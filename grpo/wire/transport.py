@@ -8,21 +8,26 @@ Two channels (docs/protocol.md):
                and never a backlog of old ones.
 Every receive has a timeout; every receiving socket has a maximum message size, so
 libzmq drops an oversized message before we allocate for it.
+
+The roles see only the small interfaces below (`Sender`, `Receiver`, `Transport` for both, and
+`Server` for the request/reply side with many peers); the ZeroMQ classes implement them.
 """
 from __future__ import annotations
 
 import logging
 import socket
 import time
+from abc import ABC, abstractmethod
 from collections import Counter
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import zmq
 
-from grpo import protocol as P
+from grpo.wire import codec
+from grpo.wire import messages as M
 
 if TYPE_CHECKING:
-    from grpo.security import Curve
+    from grpo.wire.curve import Curve
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +36,52 @@ class PortInUse(Exception):
     """A port we must bind is taken; the message names the flag that changes it."""
 
 
-class Transport(Protocol):
-    def send(self, msg: P.Message, timeout_s: float | None = None) -> bool: ...
-    def receive(self, timeout_s: float) -> P.Message | None: ...
+class Sender(ABC):
+    """Sends messages; a full queue is reported, never waited on past `timeout_s`."""
+
+    @abstractmethod
+    def send(self, msg: M.Message, timeout_s: float | None = None) -> bool:
+        """Queue `msg`; False when it could not leave within timeout_s (None: wait as long as it takes)."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class Receiver(ABC):
+    """Receives checked messages; bad input is counted in `rejected` (by reason) and never raises."""
+
+    rejected: Counter[str]
+
+    @abstractmethod
+    def receive(self, timeout_s: float) -> M.Message | None:
+        """The next valid message, or None on timeout or when the message was rejected."""
+
+    @abstractmethod
+    def poll(self, timeout_s: float = 0.0) -> bool:
+        """Whether a message is waiting (within timeout_s)."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class Transport(Sender, Receiver):
+    """Both directions with one peer (a sampler's side of the sync channel)."""
+
+
+class Server(ABC):
+    """Requests from many peers, each answered by its peer identity (the learner's sync channel)."""
+
+    rejected: Counter[str]
+
+    @abstractmethod
+    def receive(self, timeout_s: float) -> tuple[bytes, M.Message] | None:
+        """(peer, the next valid request), or None on timeout or rejection."""
+
+    @abstractmethod
+    def reply(self, peer: bytes, msg: M.Message) -> int:
+        """Send `msg` to `peer`; returns the bytes queued."""
+
+    @abstractmethod
     def close(self) -> None: ...
 
 
@@ -58,28 +106,31 @@ def _bind(sock: zmq.Socket, host: str, port: int, flag: str) -> None:
 class _Receiving:
     """Decode + validate with counted, rate-limited rejections; bad input never raises."""
 
-    def __init__(self, sock: zmq.Socket, limits: P.Limits, what: str):
+    def __init__(self, sock: zmq.Socket, limits: M.Limits, what: str):
         self.sock, self.limits, self.what = sock, limits, what
         self.rejected: Counter[str] = Counter()
         self.messages = 0
         self.bytes = 0
         self._last_warn = 0.0
 
-    def receive(self, timeout_s: float) -> P.Message | None:
+    def receive(self, timeout_s: float) -> M.Message | None:
         """The next valid message, or None on timeout or when the message was rejected."""
         if not self.sock.poll(int(timeout_s * 1000)):
             return None
         return self._decode(self.sock.recv_multipart(copy=False))
 
+    def poll(self, timeout_s: float = 0.0) -> bool:
+        return bool(self.sock.poll(int(timeout_s * 1000)))
+
     def close(self) -> None:
         self.sock.close(linger=0)
 
-    def _decode(self, frames: list[zmq.Frame]) -> P.Message | None:
+    def _decode(self, frames: list[zmq.Frame]) -> M.Message | None:
         self.messages += 1
         self.bytes += sum(len(f.buffer) for f in frames)
         try:
-            return P.decode(frames, self.limits)
-        except P.ProtocolError as exc:
+            return codec.decode(frames, self.limits)
+        except M.ProtocolError as exc:
             self.rejected[exc.reason] += 1
             now = time.monotonic()
             if now - self._last_warn > 5.0:  # a flood of garbage must not flood the log
@@ -89,7 +140,7 @@ class _Receiving:
             return None
 
 
-class DataSender:
+class DataSender(Sender):
     """Sampler side of the data channel."""
 
     def __init__(self, host: str, port: int, hwm: int, ctx: zmq.Context | None = None,
@@ -104,8 +155,8 @@ class DataSender:
         self.sock.connect(f"tcp://{host}:{port}")
         self.bytes_sent = 0
 
-    def send(self, msg: P.Message, timeout_s: float | None = None) -> bool:
-        frames = P.encode(msg)
+    def send(self, msg: M.Message, timeout_s: float | None = None) -> bool:
+        frames = codec.encode(msg)
         self.sock.setsockopt(zmq.SNDTIMEO, -1 if timeout_s is None else int(timeout_s * 1000))
         try:
             self.sock.send_multipart(frames, copy=False)
@@ -118,10 +169,10 @@ class DataSender:
         self.sock.close(linger=None if linger_s is None else int(linger_s * 1000))
 
 
-class DataReceiver(_Receiving):
+class DataReceiver(_Receiving, Receiver):
     """Learner rank 0 side of the data channel."""
 
-    def __init__(self, host: str, port: int, limits: P.Limits, max_message_bytes: int,
+    def __init__(self, host: str, port: int, limits: M.Limits, max_message_bytes: int,
                  ctx: zmq.Context | None = None, curve: Curve | None = None):
         sock = (ctx or zmq.Context.instance()).socket(zmq.PULL)
         if curve:
@@ -133,10 +184,10 @@ class DataReceiver(_Receiving):
         super().__init__(sock, limits, "data")
 
 
-class SyncClient(_Receiving):
+class SyncClient(_Receiving, Transport):
     """Sampler side of the weight channel."""
 
-    def __init__(self, host: str, port: int, limits: P.Limits, ctx: zmq.Context | None = None,
+    def __init__(self, host: str, port: int, limits: M.Limits, ctx: zmq.Context | None = None,
                  curve: Curve | None = None):
         sock = (ctx or zmq.Context.instance()).socket(zmq.DEALER)
         if curve:
@@ -147,15 +198,15 @@ class SyncClient(_Receiving):
         sock.connect(f"tcp://{host}:{port}")
         super().__init__(sock, limits, "sync")
 
-    def send(self, msg: P.Message, timeout_s: float | None = None) -> bool:
+    def send(self, msg: M.Message, timeout_s: float | None = None) -> bool:
         try:
-            self.sock.send_multipart(P.encode(msg), copy=False, flags=zmq.NOBLOCK)
+            self.sock.send_multipart(codec.encode(msg), copy=False, flags=zmq.NOBLOCK)
         except zmq.Again:  # not connected yet and its queue is full: the next round asks again
             return False
         return True
 
 
-class SyncServer(_Receiving):
+class SyncServer(_Receiving, Server):
     """Learner rank 0 side of the weight channel. Lives in one thread (zmq sockets are not thread-safe)."""
 
     def __init__(self, host: str, port: int, ctx: zmq.Context | None = None, curve: Curve | None = None):
@@ -169,9 +220,9 @@ class SyncServer(_Receiving):
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
         _bind(sock, host, port, "--sync-port")
-        super().__init__(sock, P.Limits(), "sync")
+        super().__init__(sock, M.Limits(), "sync")
 
-    def receive(self, timeout_s: float) -> tuple[bytes, P.Message] | None:  # type: ignore[override]
+    def receive(self, timeout_s: float) -> tuple[bytes, M.Message] | None:  # type: ignore[override]
         if not self.sock.poll(int(timeout_s * 1000)):
             return None
         frames = self.sock.recv_multipart(copy=False)
@@ -179,7 +230,7 @@ class SyncServer(_Receiving):
         msg = self._decode(body)
         return None if msg is None else (identity, msg)
 
-    def reply(self, identity: bytes, msg: P.Message) -> int:
-        frames = P.encode(msg)
-        self.sock.send_multipart([identity, *frames], copy=False)
+    def reply(self, peer: bytes, msg: M.Message) -> int:
+        frames = codec.encode(msg)
+        self.sock.send_multipart([peer, *frames], copy=False)
         return sum(memoryview(f).nbytes for f in frames)

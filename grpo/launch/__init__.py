@@ -1,0 +1,1 @@
+"""run_distributed.py: the launch plan (pure), the supervisor, and the entry point."""

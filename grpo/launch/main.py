@@ -1,0 +1,86 @@
+"""run_distributed.py: parse the launcher's flags, check what can be checked before anything starts
+(GPUs, ports, --reward, --resume), plan the processes and hand them to the supervisor.
+"""
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+from grpo.config import LaunchConfig
+from grpo.launch.plan import LaunchError, instance_argv, parse, passthrough_flags, plan, plan_instances
+
+
+def check_port(host: str, port: int, flag: str) -> None:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            raise LaunchError(f"port {port} on {host} is already in use; stop what holds it or pass {flag} N") from None
+
+
+def check_resume(cfg: LaunchConfig, learner_flags: list[str]) -> None:
+    """A --resume that cannot work is a one-line mistake here, not a learner crash later."""
+    spec = ""
+    for i, tok in enumerate(learner_flags):
+        if tok == "--resume" and i + 1 < len(learner_flags):
+            spec = learner_flags[i + 1]
+        elif tok.startswith("--resume="):
+            spec = tok.partition("=")[2]
+    if not spec:
+        return
+    if spec == "latest" and not cfg.run_dir:
+        raise LaunchError("--resume latest needs the --run-dir of the run to resume")
+    from grpo.learner.checkpoint import resolve_resume
+
+    try:
+        resolve_resume(spec, Path(cfg.run_dir), cfg.max_steps)
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg, to_s, to_l = parse(argv)
+    try:
+        if cfg.device == "cpu":
+            cuda_count = 0
+        else:
+            import torch  # after parsing: --help and flag mistakes stay instant
+
+            cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if cfg.instances != 1 or cfg.seeds:
+            instances = plan_instances(cfg, cuda_count)
+        else:
+            from grpo.wire.transport import free_port
+
+            specs = plan(cfg, cuda_count, to_s, to_l, free_port())
+            from grpo.data.rewards import check_sampler_flags  # a bad --reward fails before any model loads
+
+            if samplers_argv := [s.argv[2:] for s in specs if s.role == "sampler"]:
+                if problem := check_sampler_flags(samplers_argv[0]):
+                    raise LaunchError(problem)
+            check_resume(cfg, to_l)
+            check_port(cfg.host, cfg.data_port, "--data-port")
+            check_port(cfg.host, cfg.sync_port, "--sync-port")
+            if cfg.data_port == cfg.sync_port:
+                raise LaunchError("--data-port and --sync-port are equal; give them different ports")
+    except LaunchError as exc:
+        print(f"run_distributed.py: error: {exc}", file=sys.stderr)
+        return 2
+    from grpo.launch import supervisor
+
+    if cfg.instances != 1 or cfg.seeds:
+        passthrough = passthrough_flags(argv if argv is not None else sys.argv[1:])
+        for inst in instances:
+            inst.run_dir = inst.run_dir.resolve()   # the child launchers run in the repo root
+        base = Path(cfg.run_dir or "runs").resolve()
+        return supervisor.run_instances(cfg, instances, [instance_argv(cfg, inst, passthrough) for inst in instances],
+                                        base)
+    from grpo.obs.rundir import make_run_dir, save_config
+
+    run_dir = make_run_dir(cfg.run_dir).resolve()
+    for spec in specs:
+        spec.argv += ["--run-dir", str(run_dir)]
+    save_config(run_dir, "launch", cfg)
+    return supervisor.run(cfg, specs, run_dir)

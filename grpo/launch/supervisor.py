@@ -1,0 +1,235 @@
+"""Starting, watching and stopping processes: one supervisor for a single run and for seeded instances.
+
+A single run (`run`): the learner ranks first; the samplers once learner rank 0 has bound its
+ports (the `learner.ready` file); then a watch loop that prints each new step's status line,
+restarts a dead sampler when --restart-samplers allows, and ends the run when any process
+fails or the learner finishes. Seeded instances (`run_instances`): one child launcher per
+instance (grpo.launch.plan.plan_instances says which GPUs, ports and run directory); a failed
+instance is reported with the tail of its log and the others carry on.
+
+Every child runs in its own session (a terminal Ctrl+C reaches only us, and we stop children
+in order) and dies with the launcher (PR_SET_PDEATHSIG), so no run leaves orphans.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from grpo.config import LaunchConfig
+from grpo.launch.plan import ROOT, Instance, ProcSpec
+
+
+class Supervisor:
+    """Owns the child processes: start, watch, report, stop (no orphans)."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.procs: dict[str, tuple[subprocess.Popen, ProcSpec, Path]] = {}
+        self.stopping = 0   # the signal that asked us to stop, once one has
+
+    def catch_signals(self) -> None:
+        """Ctrl+C / SIGTERM set `stopping`; the watch loop then stops every child in order."""
+        def on_signal(signum, _frame):
+            self.stopping = signum
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+
+    def start(self, spec: ProcSpec, log_path: Path | None = None) -> None:
+        log_path = log_path or self.run_dir / f"{spec.name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as fh:
+            p = subprocess.Popen(spec.argv, env=spec.env, stdout=fh, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT,
+                                 preexec_fn=_die_with_parent)
+        self.procs[spec.name] = (p, spec, log_path)
+        # Which pid is which process, for whoever operates the run (and the no-orphan test).
+        pids = {n: q.pid for n, (q, _, _) in self.procs.items()}
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "pids.json").write_text(json.dumps({"launcher": os.getpid(), **pids}) + "\n")
+
+    def failed(self) -> tuple[str, int] | None:
+        for name, (p, _, _) in self.procs.items():
+            rc = p.poll()
+            if rc not in (None, 0):
+                return name, rc
+        return None
+
+    def tail(self, name: str, lines: int = 15) -> str:
+        path = self.procs[name][2]
+        text = path.read_text(errors="replace").splitlines()
+        return "\n".join("    " + line for line in text[-lines:])
+
+    def wait_all(self, names: list[str], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        for n in names:
+            p = self.procs[n][0]
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                return False
+        return True
+
+    def stop(self, timeout: float) -> None:
+        live = [(n, p) for n, (p, _, _) in self.procs.items() if p.poll() is None]
+        for _, p in live:
+            _signal_group(p, signal.SIGTERM)   # the whole group: helpers a worker spawned stop too
+        deadline = time.monotonic() + timeout
+        for n, p in live:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                print(f"[launcher] {n} did not stop in {timeout:.0f} s; killing it", flush=True)
+                _signal_group(p, signal.SIGKILL)
+                p.wait()
+
+
+def _die_with_parent() -> None:
+    """In the child: the kernel kills it if the launcher dies (even by SIGKILL): no orphans."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: the launcher's own stop() is the only guard
+
+
+def describe_exit(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"was killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"was killed by signal {-rc}"
+    return f"failed with exit code {rc}"
+
+
+def _signal_group(p: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(p.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _status_line(run_dir: Path, seen: int) -> tuple[int, str | None]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return seen, None
+    lines = path.read_text().splitlines()
+    if len(lines) <= seen:
+        return seen, None
+    rec = json.loads(lines[-1])
+    if rec.get("final"):
+        return len(lines), None
+    return len(lines), (f"[launcher] step {rec['step']} loss {rec['loss']:.4f} reward {rec['reward_mean']:.3f} "
+                        f"acc {rec['accuracy']:.3f} {rec['samples_per_s']:.1f} samples/s "
+                        f"samplers at {rec['sampler_versions']} groups {rec['groups']}")
+
+
+def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path) -> int:
+    """One run: start the learner group, then the samplers, and watch them to the end."""
+    sup = Supervisor(run_dir)
+    learners = [s for s in specs if s.role == "learner"]
+    samplers = [s for s in specs if s.role == "sampler"]
+    print(f"[launcher] run dir {run_dir}; {len(learners)} learner rank(s), {len(samplers)} sampler(s); "
+          f"logs: {', '.join(s.name + '.log' for s in specs)}", flush=True)
+    sup.catch_signals()
+    try:
+        for s in learners:
+            sup.start(s)
+        ready = run_dir / "learner.ready"
+        deadline = time.monotonic() + cfg.ready_timeout_s
+        while not ready.exists():
+            if (bad := sup.failed()) or sup.stopping or time.monotonic() > deadline:
+                if bad:
+                    print(f"[launcher] {bad[0]} exited with code {bad[1]} before binding its ports:\n"
+                          f"{sup.tail(bad[0])}", file=sys.stderr, flush=True)
+                elif not sup.stopping:
+                    print(f"[launcher] the learner did not bind its ports within {cfg.ready_timeout_s:.0f} s; "
+                          f"see {run_dir}/learner0.log", file=sys.stderr, flush=True)
+                return 1
+            time.sleep(0.2)
+        print(f"[launcher] learner ready on {cfg.host}:{cfg.data_port}/{cfg.sync_port}; starting samplers",
+              flush=True)
+        for s in samplers:
+            sup.start(s)
+        seen = 0
+        restarts = {s.name: 0 for s in samplers}
+        while True:
+            if sup.stopping:
+                name = signal.Signals(sup.stopping).name
+                print(f"[launcher] {name}: stopping every process (up to {cfg.stop_timeout_s:.0f} s each, "
+                      f"then killed)", flush=True)
+                return 128 + sup.stopping
+            bad = sup.failed()
+            if bad and bad[0].startswith("sampler") and restarts[bad[0]] < cfg.restart_samplers:
+                restarts[bad[0]] += 1
+                print(f"[launcher] {bad[0]} {describe_exit(bad[1])}; restarting it ({restarts[bad[0]]} of "
+                      f"{cfg.restart_samplers}). Last lines of {bad[0]}.log:\n{sup.tail(bad[0])}",
+                      file=sys.stderr, flush=True)
+                sup.start(sup.procs[bad[0]][1])
+                continue
+            if bad:
+                print(f"[launcher] {bad[0]} {describe_exit(bad[1])}; stopping the run. "
+                      f"Last lines of {bad[0]}.log:\n{sup.tail(bad[0])}", file=sys.stderr, flush=True)
+                return 1
+            seen, line = _status_line(run_dir, seen)
+            if line:
+                print(line, flush=True)
+            if sup.procs["learner0"][0].poll() == 0:
+                # The learner told the samplers to stop; give everyone time to exit on their own.
+                ok = sup.wait_all([s.name for s in specs], cfg.stop_timeout_s)
+                summary = run_dir / "summary.json"
+                if summary.exists():
+                    acc = json.loads(summary.read_text())["groups"]
+                    print(f"[launcher] done: {json.dumps(acc)}", flush=True)
+                bad = sup.failed()
+                if bad:
+                    print(f"[launcher] {bad[0]} exited with code {bad[1]}:\n{sup.tail(bad[0])}",
+                          file=sys.stderr, flush=True)
+                    return 1
+                if not ok:
+                    print("[launcher] some processes did not exit after the learner finished", flush=True)
+                return 0 if ok else 1
+            time.sleep(0.5)
+    finally:
+        sup.stop(cfg.stop_timeout_s)
+
+
+def run_instances(cfg: LaunchConfig, instances: list[Instance], argvs: list[list[str]], base_dir: Path) -> int:
+    """Seeded instances: one child launcher each (argvs[k] for instances[k]), its log in its run dir."""
+    sup = Supervisor(base_dir)
+    sup.catch_signals()
+    names = {}
+    try:
+        for inst, argv in zip(instances, argvs):
+            name = f"instance{inst.index}"
+            names[name] = inst
+            log_path = inst.run_dir / "launcher.log"
+            sup.start(ProcSpec(name, argv, dict(os.environ, PYTHONUNBUFFERED="1"), "instance"), log_path)
+            gpus = (f"; sampling GPUs {inst.sampling_gpus}, training GPUs {inst.training_gpus}"
+                    if inst.sampling_gpus else "")
+            print(f"[instances] {inst.index}: seed {inst.seed}, ports {inst.data_port}/{inst.sync_port}{gpus}; "
+                  f"run dir {inst.run_dir}, log {log_path}", flush=True)
+        done: dict[str, int] = {}
+        while len(done) < len(names) and not sup.stopping:
+            for name, (p, _, log_path) in sup.procs.items():
+                rc = p.poll()
+                if rc is not None and name not in done:
+                    done[name] = rc
+                    inst = names[name]
+                    print(f"[instances] {inst.index} (seed {inst.seed}) "
+                          + ("finished" if rc == 0 else f"{describe_exit(rc)}; last lines of {log_path}:\n"
+                                                        f"{sup.tail(name)}"), flush=True)
+            time.sleep(0.5)
+        if sup.stopping:
+            print(f"[instances] {signal.Signals(sup.stopping).name}: stopping every instance", flush=True)
+            return 128 + sup.stopping
+        return 0 if all(rc == 0 for rc in done.values()) else 1
+    finally:
+        # Each child launcher stops its own processes (its workers die with it if it is killed).
+        sup.stop(cfg.stop_timeout_s + 15)

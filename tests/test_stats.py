@@ -1,0 +1,49 @@
+"""grpo.stats: what a step record computes from the trained groups, worked out by hand."""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+from grpo.stats import batch_crc32, group_stats, reward_parts, staleness
+from grpo.wire import messages as M
+
+
+def _c(ids, logps, finished, info):
+    ids = np.asarray(ids, np.int32)
+    return M.Completion(ids, np.asarray(logps, np.float32), np.zeros(len(ids), np.float32), ids, "", 0.0, info,
+                        finished)
+
+
+def _g(version, comps):
+    return M.Group(0, f"g{version}", version, "", [], np.zeros(1, np.int32), comps, {})
+
+
+def test_staleness_is_versions_behind_the_learner_that_trains():
+    assert staleness(5, 5) == 0     # sampled by the very weights being trained
+    assert staleness(5, 2) == 3
+    assert staleness(0, 1) == -1    # from the future: the intake drops it as future_version
+
+
+def test_group_stats_hand_worked():
+    g1 = _g(3, [_c([5, 6], [-1.0, -1.0], True, {"correct": 1.0, "format": 0.2}),
+                _c([7], [-2.0], False, {"correct": 0.0, "format": 0.0})])
+    g2 = _g(1, [_c([8, 9, 10], [-0.5, -0.5, -0.5], True, {"correct": 1.0})])
+    out = group_stats([g1, g2], version=5)    # trained at version 4 (before the step's update)
+    assert out["accuracy"] == pytest.approx(2 / 3)
+    assert out["staleness_mean"] == pytest.approx(((4 - 3) + (4 - 1)) / 2)  # 2.0
+    assert out["staleness_max"] == 3
+    assert out["reward/correct"] == pytest.approx(2 / 3)
+    assert out["reward/format"] == pytest.approx(0.1)             # only the completions that have it
+    assert out["reward_components"] == {"format": pytest.approx(0.1)}
+    assert out["entropy"] == pytest.approx(5.5 / 6)              # (1+1+2+0.5*3) / 6 tokens
+    assert out["truncated_frac"] == pytest.approx(1 / 3)
+    assert out["batch_crc32"] == zlib.crc32(np.arange(5, 11, dtype=np.int32).tobytes())
+    assert reward_parts([]) == {} and group_stats([], 1) == {}
+
+
+def test_batch_crc32_depends_on_order_and_tokens():
+    a = _g(0, [_c([1, 2], [0.0, 0.0], True, {})])
+    b = _g(0, [_c([2, 1], [0.0, 0.0], True, {})])
+    assert batch_crc32([a]) != batch_crc32([b]) and batch_crc32([a, b]) != batch_crc32([b, a])
