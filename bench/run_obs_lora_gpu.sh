@@ -13,4 +13,4 @@ grep -h "| gpu" "$RUN/learner0.log" | tail -n 3
 grep -h "| gpu" "$RUN/sampler0.log" | tail -n 3
 $PY -c "import json; s = json.load(open('$RUN/summary.json')); print('lora', s['lora']); print('groups', s['groups'])"
 ls "$RUN"/events.out.tfevents.* "$RUN/report.png" "$RUN/lora_adapter/adapter_model.safetensors"
-$PY -m pytest tests/test_obs.py -k cuda -q
+$PY -m pytest tests/obs/test_obs.py -k cuda -q

@@ -220,6 +220,8 @@ class LaunchConfig(CommonConfig):
     """Learner steps before the run stops."""
     ready_timeout_s: float = 600.0
     """How long to wait for the learner to bind its ports."""
+    stage_timeout_s: float = 60.0
+    """A process that has not reached its next startup stage after this long (learner: ports bound, engine ready, version 0 published, first step; sampler: model loaded, the learner's first answer, first group) is named, with what it is doing and its last log lines, and again every as long; the run goes on (0: never)."""
     stop_timeout_s: float = 30.0
     """After a stop, how long each process gets to exit before it is killed."""
     extra: list[str] = field(default_factory=list)

@@ -19,14 +19,18 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True,
 
     rewards: [N] with N = groups * group_size, groups contiguous. A = r - mean(group),
     divided by (std(group) + eps) when `scale` (std is the unbiased one, as torch and TRL use).
-    A group whose rewards are all equal gets zero advantage: it carries no signal.
+    A group whose rewards are all equal gets exactly zero advantage: it carries no signal. That
+    is decided by comparing the rewards themselves (`has_signal`'s rule), not by the arithmetic:
+    in float32 the mean of eight rewards of 1.2 is not 1.2, and scaling by (0 + eps) turned the
+    rounding into an advantage of +1.19e-3 for every member.
     """
-    grouped = rewards.float().view(-1, group_size)                         # [N/G, G]
+    grouped = rewards.double().view(-1, group_size)                        # [N/G, G]
     centred = grouped - grouped.mean(dim=1, keepdim=True)                  # [N/G, G]
     if scale:
         std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(centred[:, :1])
         centred = centred / (std + eps)
-    return centred.reshape(-1)                                             # [N]
+    flat = (grouped == grouped[:, :1]).all(dim=1, keepdim=True)            # [N/G, 1] no signal
+    return centred.masked_fill(flat, 0.0).float().reshape(-1)              # [N]
 
 
 def has_signal(rewards) -> bool:

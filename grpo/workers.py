@@ -57,10 +57,12 @@ def sampler_main(argv: list[str] | None = None) -> int:
         if not 0 <= cfg.sampler_id < cfg.num_samplers:
             raise ValueError(f"--sampler-id {cfg.sampler_id} must be in 0..{cfg.num_samplers - 1} (--num-samplers)")
         from grpo.obs.rundir import make_run_dir, save_config, setup_logging
+        from grpo.obs.stages import mark as mark_stage
 
         run_dir = make_run_dir(cfg.run_dir)
         cfg.run_dir = str(run_dir)
         setup_logging(f"sampler{cfg.sampler_id}", cfg.log_file)
+        mark_stage(run_dir, f"sampler{cfg.sampler_id}", "started")
         seed_all(cfg.seed + cfg.sampler_id)
         save_config(run_dir, f"sampler{cfg.sampler_id}", cfg)
         from grpo.sampler.loop import Sampler
@@ -68,7 +70,12 @@ def sampler_main(argv: list[str] | None = None) -> int:
         sampler = Sampler(cfg)
     except _user_errors() as exc:
         return _fail(prog, exc)
-    result = sampler.run()
+    from grpo.sampler.loop import RunMismatch
+
+    try:
+        result = sampler.run()
+    except RunMismatch as exc:
+        return _fail(prog, exc)
     (run_dir / f"sampler{cfg.sampler_id}_result.json").write_text(json.dumps(result, indent=2, default=str))
     return 0
 
@@ -79,11 +86,13 @@ def learner_main(argv: list[str] | None = None) -> int:
     try:
         _gpu_env(cfg.device, cfg.gpu_id)
         from grpo.obs.rundir import make_run_dir, save_config, setup_logging
+        from grpo.obs.stages import mark as mark_stage
 
         rank = int(os.environ.get("RANK", "0"))
         run_dir = make_run_dir(cfg.run_dir)
         cfg.run_dir = str(run_dir)
         setup_logging(f"learner{rank}", cfg.log_file)
+        mark_stage(run_dir, f"learner{rank}", "started")
         seed_all(cfg.seed)
         if rank == 0:
             save_config(run_dir, "learner", cfg)

@@ -114,8 +114,9 @@ def check_books(acc: dict) -> None:
     """The identity every fault test must keep: sent = trained + dropped (by reason) + queued."""
     assert acc["sent"] == acc["trained"] + sum(acc["dropped"].values()) + acc["queued"], acc
     assert acc["balanced"] is True, acc
-    # What this learner (and a checkpoint it resumed from) received is trained, dropped by the
-    # learner, or still queued; the other reasons count groups no living learner received.
+    # What this learner (and a checkpoint it resumed from) received valid is trained, dropped by
+    # the learner, or still queued; the other reasons count groups no living learner received,
+    # or received malformed ("rejected").
     learner_drops = {k: v for k, v in acc["dropped"].items()
-                     if not k.startswith(("sampler_", "lost_in_flight", "lost_with_learner", "invalid_"))}
+                     if not k.startswith(("sampler_", "lost_in_flight", "lost_with_learner", "rejected"))}
     assert acc["received"] == acc["trained"] + sum(learner_drops.values()) + acc["queued"], acc

@@ -129,6 +129,17 @@ def test_group_advantages_by_hand():
     assert unscaled.tolist() == pytest.approx([0.75, -0.25, -0.25, -0.25])
 
 
+def test_equal_rewards_give_exactly_zero_advantage():
+    # 1.2 = correctness 1 + format 0.2: the float32 mean of eight of them is not 1.2, and
+    # dividing the rounding by (std 0 + eps) used to give every member +1.19e-3.
+    rewards = torch.tensor([1.2] * 8 + [1.2] * 7 + [0.2], dtype=torch.float32)
+    for scale in (True, False):
+        a = group_advantages(rewards, group_size=8, scale=scale)
+        assert a[:8].tolist() == [0.0] * 8                   # exactly, not approximately
+        assert a[8:].abs().min() > 0                          # the other group still has signal
+    assert group_advantages(t([0.1, 0.1, 0.1]), group_size=3).tolist() == [0.0, 0.0, 0.0]
+
+
 def test_kl_estimators_k1_k2_by_hand():
     # d = ref - logp = ln 2: k1 = -ln 2, k2 = (ln 2)^2 / 2
     logp = t([[-1.0]])

@@ -5,19 +5,17 @@ import zlib
 
 import numpy as np
 import pytest
+from builders import make_completion, make_group
 
 from grpo.stats import batch_crc32, group_stats, reward_parts, staleness
-from grpo.wire import messages as M
 
 
 def _c(ids, logps, finished, info):
-    ids = np.asarray(ids, np.int32)
-    return M.Completion(ids, np.asarray(logps, np.float32), np.zeros(len(ids), np.float32), ids, "", 0.0, info,
-                        finished)
+    return make_completion(ids, old_log_probs=logps, reward_info=info, is_finished=finished)
 
 
 def _g(version, comps):
-    return M.Group(0, f"g{version}", version, "", [], np.zeros(1, np.int32), comps, {})
+    return make_group(comps, group_id=f"g{version}", policy_version=version)
 
 
 def test_staleness_is_versions_behind_the_learner_that_trains():

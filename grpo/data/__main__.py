@@ -15,7 +15,8 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m grpo.data validate PATH [--transform module:function]`."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m grpo.data", description="check a dataset file or folder row by row")
+    parser = argparse.ArgumentParser(prog="python -m grpo.data",
+                                     description="check a dataset file or folder row by row")
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("validate", help="check a dataset file or folder row by row")
     check.add_argument("path", help="a .jsonl/.json/.parquet/.csv file, or a folder of them")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from grpo.config import LaunchConfig
 from grpo.launch.plan import ROOT, Instance, ProcSpec
+from grpo.obs import stages
 
 
 class Supervisor:
@@ -30,7 +31,9 @@ class Supervisor:
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
         self.procs: dict[str, tuple[subprocess.Popen, ProcSpec, Path]] = {}
+        self.started: dict[str, float] = {}   # wall-clock start of each process's newest incarnation
         self.stopping = 0   # the signal that asked us to stop, once one has
+        self._noted: dict[str, float] = {}
 
     def catch_signals(self) -> None:
         """Ctrl+C / SIGTERM set `stopping`; the watch loop then stops every child in order."""
@@ -48,10 +51,22 @@ class Supervisor:
                                  stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT,
                                  preexec_fn=_die_with_parent)
         self.procs[spec.name] = (p, spec, log_path)
+        self.started[spec.name] = time.time()
+        self._noted.pop(spec.name, None)
         # Which pid is which process, for whoever operates the run (and the no-orphan test).
         pids = {n: q.pid for n, (q, _, _) in self.procs.items()}
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "pids.json").write_text(json.dumps({"launcher": os.getpid(), **pids}) + "\n")
+
+    def note_late(self, bound_s: float) -> None:
+        """Name every process that has not reached its next startup stage within bound_s (grpo.obs.stages)."""
+        if bound_s <= 0:
+            return
+        live = {n: t for n, t in self.started.items() if self.procs[n][0].poll() is None}
+        for name, last, nxt, doing, waited in stages.overdue(live, stages.read(self.run_dir), time.time(), bound_s,
+                                                             self._noted):
+            print(f"[launcher] {name} has not reached '{nxt}' after {waited:.0f} s (last stage: {last}); it is "
+                  f"{doing}. Last lines of {name}.log:\n{self.tail(name, 5)}", file=sys.stderr, flush=True)
 
     def failed(self) -> tuple[str, int] | None:
         for name, (p, _, _) in self.procs.items():
@@ -144,6 +159,7 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path) -> int:
         ready = run_dir / "learner.ready"
         deadline = time.monotonic() + cfg.ready_timeout_s
         while not ready.exists():
+            sup.note_late(cfg.stage_timeout_s)
             if (bad := sup.failed()) or sup.stopping or time.monotonic() > deadline:
                 if bad:
                     print(f"[launcher] {bad[0]} exited with code {bad[1]} before binding its ports:\n"
@@ -180,6 +196,7 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path) -> int:
             seen, line = _status_line(run_dir, seen)
             if line:
                 print(line, flush=True)
+            sup.note_late(cfg.stage_timeout_s)
             if sup.procs["learner0"][0].poll() == 0:
                 # The learner told the samplers to stop; give everyone time to exit on their own.
                 ok = sup.wait_all([s.name for s in specs], cfg.stop_timeout_s)

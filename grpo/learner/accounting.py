@@ -1,6 +1,15 @@
-"""The learner's group accounting, per sampler process ("incarnation").
+"""The learner's two ledgers: groups per sampler process ("incarnation"), and messages.
 
-The identity every run must close: sent = trained + dropped (by reason) + queued.
+Groups. The identity every run must close: sent = trained + dropped (by reason) + queued.
+A group message that fails validation but whose valid header names a sampler process
+(grpo.wire.messages.Origin) is charged to that process as dropped "rejected"; it was sent
+and it arrived, so it is never also "lost_in_flight". Rejections that name a process the
+learner has not heard from validly are held aside (bounded) until it does; junk that names
+nobody stays out of the group books for good.
+
+Messages. Every rejected message, by channel (data, sync), reason and peer (the sampler id
+when the peer is a known sampler process or sync connection, else "unknown"): port scans,
+corrupted statuses and made-up ids live only here, so they can never unbalance the groups.
 
 A sampler's status says how many groups it has offered to its data socket (groups_sent,
 including those it dropped itself at the high-water mark: stats dropped_full /
@@ -19,7 +28,9 @@ so did what it received after the checkpoint and what was in flight to it: "lost
 """
 from __future__ import annotations
 
+import collections
 import logging
+import threading
 from dataclasses import dataclass, field
 
 from grpo.wire import messages as M
@@ -37,6 +48,7 @@ class Incarnation:
     incarnation: int
     joined_at_version: int  # learner version when we first heard from this process
     received: int = 0
+    rejected: int = 0   # its group messages that failed validation (charged as dropped "rejected")
     first_group_version: int | None = None
     status: M.SamplerStatus | None = None
     order: int = field(default=0)
@@ -49,19 +61,24 @@ class Incarnation:
         stats = self.status.stats if self.status else {}
         return {reason: int(stats.get(key, 0)) for key, reason in SAMPLER_DROPS.items() if stats.get(key, 0)}
 
+    def arrived(self) -> int:
+        """Groups of this process accounted for here: valid, rejected, or dropped at its own socket."""
+        return self.received + self.rejected + sum(self.sampler_dropped().values())
+
     def lost_with_learner(self, carried: bool) -> int:
         if not (carried and self.final):
             return 0
-        return max(0, self.sent() - self.received - sum(self.sampler_dropped().values()))
+        return max(0, self.sent() - self.arrived())
 
     def sent(self) -> int:
         offered = self.status.groups_sent if self.status else 0
         if self.final:
             return offered
-        return max(offered, self.received + sum(self.sampler_dropped().values()))
+        return max(offered, self.arrived())
 
     def lost(self) -> int:
-        return 0 if self.final else self.sent() - self.received - sum(self.sampler_dropped().values())
+        """Sent but never seen: only for a process that ended without its final status; never negative."""
+        return 0 if self.final else self.sent() - self.arrived()
 
 
 class Books:
@@ -71,6 +88,9 @@ class Books:
         self.max_entries = max_entries
         self.entries: dict[tuple[int, int], Incarnation] = {}
         self.carried = False  # restored from a checkpoint of an earlier learner process
+        # Rejected groups naming a process not (yet) known from a valid message: charged to it
+        # when it appears; bounded, so made-up (sampler id, incarnation) pairs cannot grow it.
+        self.pending_rejected: dict[tuple[int, int], int] = {}
 
     def _entry(self, sampler_id: int, incarnation: int, version: int) -> Incarnation:
         key = (sampler_id, incarnation)
@@ -81,6 +101,7 @@ class Books:
                 e = self.entries.get(key)
             if e is None:
                 e = Incarnation(sampler_id, key[1], version, order=len(self.entries))
+                e.rejected = self.pending_rejected.pop((sampler_id, incarnation), 0)
                 self.entries[key] = e
                 if any(o.sampler_id == sampler_id for k, o in self.entries.items() if k != key):
                     log.warning("sampler %d restarted (new process): rejoined at learner version %d",
@@ -92,6 +113,20 @@ class Books:
         e.received += 1
         if e.first_group_version is None:
             e.first_group_version = g.policy_version
+
+    def rejected(self, sampler_id: int, incarnation: int) -> None:
+        """A group message that failed validation, whose valid header names this process."""
+        e = self.entries.get((sampler_id, incarnation))
+        if e is not None:
+            e.rejected += 1
+        else:
+            key = (sampler_id, incarnation)
+            if key in self.pending_rejected or len(self.pending_rejected) < self.max_entries:
+                self.pending_rejected[key] = self.pending_rejected.get(key, 0) + 1
+
+    def known(self, sampler_id: int, incarnation: int) -> bool:
+        """Whether this process has spoken validly (a group or a status)."""
+        return (sampler_id, incarnation) in self.entries
 
     def status(self, s: M.SamplerStatus, version: int) -> bool:
         """Record a status; returns whether that process has now sent its final status."""
@@ -117,7 +152,8 @@ class Books:
             sent += e.sent()
             for reason, n in e.sampler_dropped().items():
                 dropped[reason] = dropped.get(reason, 0) + n
-            for reason, n in (("lost_in_flight", e.lost()), ("lost_with_learner", e.lost_with_learner(self.carried))):
+            for reason, n in (("rejected", e.rejected), ("lost_in_flight", e.lost()),
+                              ("lost_with_learner", e.lost_with_learner(self.carried))):
                 if n:
                     dropped[reason] = dropped.get(reason, 0) + n
         return sent, dropped
@@ -126,17 +162,18 @@ class Books:
     def dump(self) -> list[dict]:
         """JSON-able state for the learner's checkpoint."""
         return [{"sampler_id": e.sampler_id, "incarnation": e.incarnation, "joined_at_version": e.joined_at_version,
-                 "received": e.received, "first_group_version": e.first_group_version,
+                 "received": e.received, "rejected": e.rejected, "first_group_version": e.first_group_version,
                  "status": None if e.status is None else
                  {"policy_version": e.status.policy_version, "groups_sent": e.status.groups_sent,
                   "final": e.status.final, "stats": dict(e.status.stats)}}
                 for e in sorted(self.entries.values(), key=lambda e: e.order)]
 
-    def restore(self, entries: list[dict], groups: dict, counts, rejected) -> int:
+    def restore(self, entries: list[dict], groups: dict, counts) -> int:
         """Take over the books of a checkpoint; returns the groups lost from its queue."""
         for d in entries[: self.max_entries]:
             e = Incarnation(int(d["sampler_id"]), int(d["incarnation"]), int(d["joined_at_version"]),
-                            int(d["received"]), d.get("first_group_version"), order=len(self.entries))
+                            int(d["received"]), int(d.get("rejected", 0)), d.get("first_group_version"),
+                            order=len(self.entries))
             st = d.get("status")
             if st:
                 e.status = M.SamplerStatus(e.sampler_id, int(st["policy_version"]), int(st["groups_sent"]),
@@ -146,11 +183,9 @@ class Books:
         self.carried = True
         counts["received"] += int(groups.get("received", 0))
         counts["trained"] += int(groups.get("trained", 0))
-        derived = set(SAMPLER_DROPS.values()) | {"lost_in_flight", "lost_with_learner"}  # recomputed
+        derived = set(SAMPLER_DROPS.values()) | {"rejected", "lost_in_flight", "lost_with_learner"}  # recomputed
         for reason, n in groups.get("dropped", {}).items():
-            if reason.startswith("invalid_"):
-                rejected[reason[len("invalid_"):]] += int(n)
-            elif reason not in derived:  # those are recomputed from the restored entries
+            if reason not in derived:  # those are recomputed from the restored entries
                 counts["dropped_" + reason] += int(n)
         lost = int(groups.get("queued", 0))  # the killed learner's queue at the checkpoint
         counts["dropped_lost_in_learner_queue"] += lost
@@ -158,7 +193,58 @@ class Books:
 
     def report(self) -> list[dict]:
         return [{"sampler_id": e.sampler_id, "incarnation": e.incarnation, "joined_at_version": e.joined_at_version,
-                 "first_group_version": e.first_group_version, "received": e.received, "sent": e.sent(),
+                 "first_group_version": e.first_group_version, "received": e.received, "rejected": e.rejected,
+                 "sent": e.sent(),
                  "final": e.final, "lost_in_flight": e.lost(), **({"sampler_dropped": e.sampler_dropped()}
                                                                  if e.sampler_dropped() else {})}
                 for e in sorted(self.entries.values(), key=lambda e: e.order)]
+
+
+class MessageLedger:
+    """Every rejected message, by channel, reason and peer; thread-safe (the sync thread writes too).
+
+    A peer is given as a label ("unknown" or a sampler id) or, on the data channel, as the
+    (sampler id, incarnation) a rejected header names: shown as that sampler id only if the
+    process is known to the books by then, else as "unknown". Bounded: beyond `max_keys`
+    distinct keys, new peers are counted as "unknown".
+    """
+
+    def __init__(self, max_keys: int = 4096):
+        self.max_keys = max_keys
+        self.counts: collections.Counter = collections.Counter()   # (channel, reason, peer) -> n
+        self._lock = threading.Lock()
+
+    def reject(self, channel: str, reason: str, peer: str | tuple[int, int] | None = None) -> None:
+        key = (channel, reason, "unknown" if peer is None else peer)
+        with self._lock:
+            if key not in self.counts and len(self.counts) >= self.max_keys:
+                key = (channel, reason, "unknown")
+            self.counts[key] += 1
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(self.counts.values())
+
+    def report(self, books: Books) -> dict:
+        """{channel: {"rejected": n, "by_reason": {reason: n}, "by_peer": {peer: {reason: n}}}}."""
+        with self._lock:
+            items = list(self.counts.items())
+        out: dict[str, dict] = {}
+        for (channel, reason, peer), n in sorted(items, key=lambda kv: str(kv[0])):
+            if isinstance(peer, tuple):
+                peer = str(peer[0]) if books.known(*peer) else "unknown"
+            ch = out.setdefault(channel, {"rejected": 0, "by_reason": {}, "by_peer": {}})
+            ch["rejected"] += n
+            ch["by_reason"][reason] = ch["by_reason"].get(reason, 0) + n
+            by = ch["by_peer"].setdefault(str(peer), {})
+            by[reason] = by.get(reason, 0) + n
+        return out
+
+    def dump(self) -> list:
+        with self._lock:
+            return [[c, r, list(p) if isinstance(p, tuple) else p, n] for (c, r, p), n in self.counts.items()]
+
+    def restore(self, items: list) -> None:
+        for c, r, p, n in items:
+            with self._lock:
+                self.counts[(str(c), str(r), tuple(p) if isinstance(p, list) else str(p))] += int(n)

@@ -7,10 +7,13 @@ learner scales its loss one way for both.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
 import math
+import os
+import time
 from pathlib import Path
 
 import torch
@@ -20,6 +23,69 @@ log = logging.getLogger(__name__)
 
 class ConfigError(ValueError):
     """A DeepSpeed config problem; the message is one line with the fix."""
+
+
+# ----------------------------------------------------------------------------- JIT op build locks
+# DeepSpeed builds some ops the first time a process needs them (on CPU: its shared-memory
+# communication op, when the process group starts) through torch.utils.cpp_extension, which
+# guards each build directory with a "lock" file held open by the builder. A process stopped
+# mid-build leaves that file behind, and every later process then sleeps in torch's FileBaton
+# forever, saying nothing. Before DeepSpeed starts, the learner looks at those files: one that
+# no process holds open is stale and is removed; one held by a live builder is waited for, with
+# a log line naming the builder and the file every `note_every_s`, and at most `timeout_s`.
+
+
+def extension_root() -> Path:
+    """Where torch builds JIT extensions for this Python and torch (TORCH_EXTENSIONS_DIR honoured)."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    return Path(_get_build_directory("deepspeed_shm_comm", verbose=False)).parent
+
+
+def lock_holders(lock: Path) -> list[int]:
+    """Pids of the processes that have `lock` open (Linux /proc; an empty list elsewhere)."""
+    target, pids = str(lock.resolve()), []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if any(os.readlink(fd) == target for fd in (proc / "fd").iterdir()):
+                pids.append(int(proc.name))
+        except OSError:
+            continue   # gone meanwhile, or not ours to look at
+    return pids
+
+
+def clear_build_locks(root: Path | None = None, timeout_s: float = 600.0, note_every_s: float = 10.0) -> list[Path]:
+    """Remove stale build locks under `root` and wait (bounded, logged) for live builds; returns the removed."""
+    root = root or extension_root()
+    removed: list[Path] = []
+    t0 = time.monotonic()
+    next_note = t0
+    while True:
+        live: dict[Path, list[int]] = {}
+        for lock in sorted(root.glob("*/lock")):
+            holders = lock_holders(lock)
+            if holders:
+                live[lock] = holders
+                continue
+            with contextlib.suppress(FileNotFoundError):   # gone meanwhile: its builder finished
+                lock.unlink()
+                removed.append(lock)
+                log.warning("removed a stale build lock %s: no process holds it (a process stopped while "
+                            "building that DeepSpeed op); the op is built or loaded again now", lock)
+        if not live:
+            return removed
+        now = time.monotonic()
+        lock, holders = next(iter(live.items()))
+        if now - t0 > timeout_s:
+            raise ConfigError(f"{lock} is still held after {timeout_s:.0f} s by pid(s) "
+                              f"{', '.join(map(str, holders))} building a DeepSpeed op; if that process is "
+                              f"stuck, stop it (kill {holders[0]}) or remove the file, then start again")
+        if now >= next_note:
+            for lock, holders in live.items():
+                log.info("waiting for pid(s) %s, which hold %s while building a DeepSpeed op (%.0f s so far; "
+                         "at most %.0f s)", ", ".join(map(str, holders)), lock, now - t0, timeout_s)
+            next_note = now + note_every_s
+        time.sleep(0.2)
 
 
 def load_ds_config(path: str) -> dict:

@@ -13,7 +13,7 @@ import logging
 import time
 
 from grpo.config import LearnerConfig
-from grpo.learner.accounting import Books
+from grpo.learner.accounting import Books, MessageLedger
 from grpo.learner.liveness import Liveness
 from grpo.loss import has_signal
 from grpo.stats import staleness
@@ -42,15 +42,27 @@ class Intake:
     """Rank 0's receive side. Every method takes the learner's current policy `version`: the
     books record when things arrived, and staleness is judged against it."""
 
-    def __init__(self, cfg: LearnerConfig, receiver: Receiver, liveness: Liveness, books: Books, fingerprints=None):
+    def __init__(self, cfg: LearnerConfig, receiver: Receiver, liveness: Liveness, books: Books,
+                 messages: MessageLedger, fingerprints=None):
         self.cfg, self.receiver, self.liveness, self.books = cfg, receiver, liveness, books
+        self.messages = messages
         self.fingerprints = fingerprints   # --verify-weight-sync: checks what samplers report
         self.queue: collections.deque[M.Group] = collections.deque()
         self.counts = collections.Counter()   # received, trained, dropped_<reason>
+        receiver.on_reject = self._rejected
+
+    def _rejected(self, exc: M.ProtocolError, _peer: bytes | None) -> None:
+        """A message the codec refused: in the message ledger always; in the group books only
+        when its valid header names a sampler process's group (see grpo.learner.accounting)."""
+        o = exc.origin
+        named = o is not None and self.liveness.valid_id(o.sampler_id)
+        if named and o.kind == "group":
+            self.books.rejected(o.sampler_id, o.incarnation)
+        self.messages.reject("data", exc.reason, (o.sampler_id, o.incarnation) if named else None)
 
     def take(self, msg: M.Message | None, version: int) -> None:
         if isinstance(msg, (M.Group, M.SamplerStatus)) and not self.liveness.valid_id(msg.sampler_id):
-            self.receiver.rejected["bad_sampler_id"] += 1  # beyond --max-samplers: not in anyone's books
+            self.messages.reject("data", "bad_sampler_id")  # beyond --max-samplers: not in anyone's books
         elif isinstance(msg, M.Group):
             self.liveness.seen(msg.sampler_id)
             self.counts["received"] += 1
@@ -70,7 +82,7 @@ class Intake:
             if self.fingerprints is not None:
                 self.fingerprints.check(msg.sampler_id, msg.stats)
         elif msg is not None:
-            self.counts["dropped_unexpected_kind"] += 1
+            self.messages.reject("data", "unexpected_kind")   # valid, but no kind a sampler sends here
 
     def _fresh(self, g: M.Group, version: int) -> bool:
         reason = drop_reason(g, version, self.cfg.max_staleness, self.cfg.filter_zero_signal)
@@ -125,12 +137,13 @@ class Intake:
             self.take(self.receiver.receive(timeout_s=0.2), version)
 
     def accounting(self) -> dict:
-        """Groups sent (by the samplers' own counts) against trained, dropped by reason, queued."""
+        """The group ledger: sent (by the samplers' own counts) against trained, dropped by reason
+        and queued, and whether they balance. Rejected messages are in the message ledger."""
         dropped = {k[len("dropped_"):]: v for k, v in self.counts.items() if k.startswith("dropped_")}
-        for reason, n in self.receiver.rejected.items():
-            dropped["invalid_" + reason] = dropped.get("invalid_" + reason, 0) + n
         sent, by_samplers = self.books.totals()
         for reason, n in by_samplers.items():
             dropped[reason] = dropped.get(reason, 0) + n
+        queued = len(self.queue)
         return {"received": self.counts["received"], "trained": self.counts["trained"],
-                "dropped": dropped, "queued": len(self.queue), "sent": sent}
+                "dropped": dropped, "queued": queued, "sent": sent,
+                "balanced": sent == self.counts["trained"] + sum(dropped.values()) + queued}

@@ -94,6 +94,10 @@ class SyncPeers:
         self.liveness, self.max_peers = liveness, max_peers
         self._ids: collections.OrderedDict[bytes, int] = collections.OrderedDict()
 
+    def bound(self, identity: bytes) -> int | None:
+        """The sampler id this connection first spoke for, if any."""
+        return self._ids.get(identity)
+
     def accept(self, identity: bytes, sampler_id: int) -> str | None:
         """None if the request may be answered, else the reason to refuse it."""
         if not self.liveness.valid_id(sampler_id):

@@ -21,11 +21,11 @@ import torch
 import torch.distributed as dist
 
 from grpo.config import LearnerConfig
-from grpo.learner.accounting import Books
+from grpo.learner.accounting import Books, MessageLedger
 from grpo.learner.batch import (Batch, balanced_split, broadcast_batch, build_batch, length_buckets, micro_batch,
                                 padded_tokens)
 from grpo.learner.checkpoint import Checkpointer, load_checkpoint, resolve_resume
-from grpo.learner.engine import DeepSpeedEngine, TorchEngine, load_ds_config, resolve_ds_config
+from grpo.learner.engine import DeepSpeedEngine, TorchEngine, clear_build_locks, load_ds_config, resolve_ds_config
 from grpo.learner.intake import Intake
 from grpo.learner.liveness import Liveness, SyncPeers
 from grpo.loss import KL_ESTIMATORS, LOSS_TYPES, grpo_token_loss, reduce_loss
@@ -35,6 +35,7 @@ from grpo.obs.gpu import GpuMonitor, format_gpu
 from grpo.obs.metrics import MetricsWriter
 from grpo.obs.progress import Progress
 from grpo.obs.rundir import make_run_dir
+from grpo.obs.stages import mark as mark_stage
 from grpo.obs.tracking import Tracker, parse_report_to
 from grpo.sampler.rollout import resolve_backend
 from grpo.stats import group_stats
@@ -89,6 +90,7 @@ class Learner:
         self.receiver = self.server = None
         self.liveness = Liveness(cfg.heartbeat_timeout_s, cfg.max_samplers)
         self.books = Books(max_entries=4 * cfg.max_samplers)
+        self.messages = MessageLedger(max_keys=16 * cfg.max_samplers)
         if self.rank == 0:
             curve = curve_for(cfg.curve_keys, SERVER)
             bind = cfg.bind_host or cfg.host  # loopback unless a flag says otherwise
@@ -100,6 +102,7 @@ class Learner:
                 {"host": cfg.host, "data_port": cfg.data_port, "sync_port": cfg.sync_port, "pid": os.getpid()}))
             log.info("learner bound data %s:%d and sync %s:%d%s; run dir %s", bind, cfg.data_port,
                      bind, cfg.sync_port, " (CURVE)" if curve else "", self.run_dir)
+            mark_stage(self.run_dir, "learner0", "bound")
 
         if not cfg.no_deepspeed:
             import deepspeed
@@ -109,6 +112,7 @@ class Learner:
             os.environ.setdefault("RANK", "0")
             os.environ.setdefault("WORLD_SIZE", "1")
             os.environ.setdefault("LOCAL_RANK", str(self.device.index or 0))
+            clear_build_locks()   # a build lock left by a stopped process would hang init silently
             deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo",
                                        timeout=timedelta(seconds=cfg.dist_timeout_s))
         self.tok = load_tokenizer(path)
@@ -126,12 +130,20 @@ class Learner:
             self.receiver.limits = M.Limits(group_size=cfg.num_generations, vocab_size=self.vocab_size)
         self.engine = (TorchEngine(model, self.ds_config, self.device) if cfg.no_deepspeed
                        else DeepSpeedEngine(model, self.ds_config))
+        mark_stage(self.run_dir, f"learner{self.rank}", "engine_ready")
         self.autocast = (cfg.no_deepspeed and self.device.type == "cuda")
+        run = M.RunFacts(schema=M.SCHEMA_VERSION, model=cfg.model, vocab_size=self.vocab_size,
+                         dtype=str(compute_dtype(self.device)).removeprefix("torch."),
+                         num_generations=cfg.num_generations, max_new_tokens=cfg.max_new_tokens,
+                         max_prompt_tokens=cfg.max_prompt_tokens, temperature=cfg.temperature,
+                         needs_ref_logprobs=cfg.beta > 0, max_staleness=cfg.max_staleness)
         self.publisher = (make_publisher(cfg.weight_sync, self.server, self.engine.module, self.device,
                                          compute_dtype(self.device), cfg.host, cfg.sync_port,
-                                         cfg.ipc_ack_timeout_s, cfg.nccl_timeout_s) if self.rank == 0 else None)
+                                         cfg.ipc_ack_timeout_s, cfg.nccl_timeout_s, run) if self.rank == 0 else None)
         if self.publisher is not None:
             self.publisher.peers = SyncPeers(self.liveness, max_peers=4 * cfg.max_samplers)
+            self.publisher.on_reject = self._sync_rejected
+            self.server.on_reject = lambda exc, peer: self._sync_rejected(exc.reason, peer)
         self.fingerprints = None
         if cfg.verify_weight_sync and self.rank == 0:
             if cfg.lora_r:  # samplers get merged weights, not the module's: nothing to compare
@@ -149,21 +161,32 @@ class Learner:
             t_load = time.perf_counter()
             self.resumed = load_checkpoint(self.engine, resume_dir, self.rank, self.world)
             self.version = self.checkpointer.last_saved = int(self.resumed["step"])
-            if self.publisher is not None:
-                # Samplers hold the initial (or newer, lost) weights: serve the resumed ones at once.
-                self.publisher.publish(self.version, self.engine.module)
             log.info("resumed from %s in %.2f s: continuing at step %d", resume_dir,
                      time.perf_counter() - t_load, self.version + 1)
-        self.intake = (Intake(cfg, self.receiver, self.liveness, self.books, self.fingerprints)
+        if self.publisher is not None:
+            # The starting version (0, or the resumed one) is published before any step: a client
+            # with no weights (have_version -1) gets them, and resumed samplers get the resumed ones.
+            self.publisher.publish(self.version, self.engine.module)
+            if self.fingerprints is not None:
+                self.fingerprints.record(self.version, self.engine.module, compute_dtype(self.device))
+            mark_stage(self.run_dir, "learner0", "weights_published")
+        self.intake = (Intake(cfg, self.receiver, self.liveness, self.books, self.messages, self.fingerprints)
                        if self.rank == 0 else None)
         if resume_dir is not None and self.rank == 0:
             lost = self.books.restore(self.resumed.get("books", []), self.resumed.get("groups", {}),
-                                      self.intake.counts, self.receiver.rejected)
+                                      self.intake.counts)
+            self.messages.restore(self.resumed.get("messages", []))
             log.info("books carried over from step %d (%d groups queued then are lost with the old learner)",
                      self.version, lost)
+        self.version_at_start = self.version
         log.info("learner rank %d/%d on %s: batch %d completions (%d groups of %d) per step, gas %d",
                  self.rank, self.world, self.device, self.batch_size, self.groups_per_step,
                  cfg.num_generations, self.engine.gas)
+
+    def _sync_rejected(self, reason: str, peer: bytes | None) -> None:
+        """A refused message on the sync port (the publisher's thread): the message ledger only."""
+        sid = self.publisher.peers.bound(peer) if peer is not None and self.publisher.peers else None
+        self.messages.reject("sync", reason, None if sid is None else str(sid))
 
     # ------------------------------------------------------------------ training (all ranks)
     def train_step(self, batch: Batch) -> dict:
@@ -255,6 +278,8 @@ class Learner:
                 stall = self.publisher.publish(self.version, self.engine.module) if self.rank == 0 else 0.0
                 if self.fingerprints is not None:
                     self.fingerprints.record(self.version, self.engine.module, compute_dtype(self.device))
+            if step == self.version_at_start + 1:
+                mark_stage(self.run_dir, f"learner{self.rank}", "first_step")
             if self.rank == 0:
                 self.intake.counts["trained"] += len(groups)
                 trained_samples += batch.size
@@ -349,7 +374,8 @@ class Learner:
         return {"samplers": {i: {"version": e.status.policy_version, "groups_sent": e.status.groups_sent,
                                  "rounds": int(e.status.stats.get("rounds", 0))}
                              for i, e in self.books.latest().items() if e.status is not None},
-                "groups": self.intake.accounting(), "books": self.books.dump(), "seed": self.cfg.seed}
+                "groups": self.intake.accounting(), "books": self.books.dump(), "messages": self.messages.dump(),
+                "seed": self.cfg.seed}
 
     def shutdown(self, elapsed: float, checksums: list[str] | None = None, final_eval: dict | None = None) -> dict:
         """Tell samplers to stop, wait for their final status, and account for every group."""
@@ -362,7 +388,6 @@ class Learner:
         latest = self.books.latest()
         missing = sorted(i for i, e in latest.items() if not e.final)
         dropped_total = sum(acc["dropped"].values())
-        acc["balanced"] = acc["sent"] == acc["trained"] + dropped_total + acc["queued"]
         summary = {"steps": self.version, "elapsed_s": elapsed, "groups": acc,
                    "samplers": {i: {"version": e.status.policy_version, "groups_sent": e.status.groups_sent,
                                     "final": e.final, "stats": e.status.stats}
@@ -370,7 +395,7 @@ class Learner:
                    "incarnations": self.books.report(), "liveness": self.liveness.snapshot(),
                    "samplers_without_final_status": missing,
                    "sync": {"bytes_served": self.publisher.bytes_served, **self.publisher.replies},
-                   "rejected_messages": dict(self.receiver.rejected),
+                   "messages": self.messages.report(self.books),
                    "final_eval": final_eval,
                    "weight_sync_verified": self.fingerprints.report() if self.fingerprints is not None else None,
                    "rank_weight_checksums": checksums or [],

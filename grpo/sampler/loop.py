@@ -25,6 +25,7 @@ from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_devi
                         token_logprobs)
 from grpo.obs.gpu import GpuMonitor, format_gpu
 from grpo.obs.progress import Progress
+from grpo.obs.stages import mark as mark_stage
 from grpo.sampler.heartbeat import ON_FULL, Heartbeat, send_group, wait_send
 from grpo.sampler.rollout import RolloutEngine, hf_generate, resolve_backend
 from grpo.weights import make_receiver
@@ -36,6 +37,24 @@ from grpo.wire.curve import CLIENT, curve_for
 from grpo.wire.transport import DataSender, SyncClient
 
 log = logging.getLogger(__name__)
+
+
+class RunMismatch(ValueError):
+    """This sampler disagrees with the learner on a setting both must share (one line, with the fix)."""
+
+
+def run_mismatches(facts: M.RunFacts, cfg: SamplerConfig, vocab_size: int) -> list[str]:
+    """What this sampler and the learner's run facts disagree on, each as 'flag: here vs learner'."""
+    out = []
+    if facts.vocab_size != vocab_size:
+        out.append(f"vocabulary: {vocab_size} here, {facts.vocab_size} at the learner (--model {cfg.model} "
+                   f"here, {facts.model} there)")
+    for flag, mine, theirs in (("--num-generations", cfg.num_generations, facts.num_generations),
+                               ("--max-new-tokens", cfg.max_new_tokens, facts.max_new_tokens),
+                               ("--temperature", cfg.temperature, facts.temperature)):
+        if mine != theirs:
+            out.append(f"{flag}: {mine} here, {theirs} at the learner")
+    return out
 
 
 class Sampler:
@@ -93,9 +112,25 @@ class Sampler:
                       "verified_version": -1.0, "verified_checksum": 0.0}  # --verify-weight-sync
         self.heartbeat = Heartbeat(DataSender(cfg.host, cfg.data_port, hwm=2, curve=curve),
                                    cfg.heartbeat_interval_s, lambda: self._status(final=False))
+        self.name = f"sampler{cfg.sampler_id}"
+        self.run_facts: M.RunFacts | None = None   # the learner's, from its first answer
         log.info("sampler %d/%d on %s: %d prompts in its shard, model %s, G=%d, %d prompts per round, "
                  "%s generation", cfg.sampler_id, cfg.num_samplers, self.device, len(mine), path,
                  cfg.num_generations, cfg.prompts_per_round, self.backend)
+        mark_stage(cfg.run_dir, self.name, "model_loaded")
+
+    def _check_run(self, facts: M.RunFacts) -> None:
+        """The learner's first answer: its facts must agree with ours, or no group of ours is valid."""
+        if self.run_facts is None:
+            if problems := run_mismatches(facts, self.cfg, self.vocab_size):
+                raise RunMismatch("this sampler disagrees with the learner; " + "; ".join(problems)
+                                  + ": give both the same settings")
+            log.info("learner's run: model %s, vocabulary %d, %s weights, G=%d, up to %d new tokens, temperature "
+                     "%g, %s reference log-probs, staleness <= %d", facts.model, facts.vocab_size, facts.dtype,
+                     facts.num_generations, facts.max_new_tokens, facts.temperature,
+                     "needs" if facts.needs_ref_logprobs else "does not need", facts.max_staleness)
+            mark_stage(self.cfg.run_dir, self.name, "connected")
+        self.run_facts = facts
 
     # ------------------------------------------------------------------ weights
     def sync_weights(self) -> bool:
@@ -113,7 +148,8 @@ class Sampler:
             self._request_id += 1
             method = self.sync_method
             answered, newest, stop = request_weights(self.sync, self.cfg.sampler_id, self.version,
-                                                     self._request_id, self.cfg.sync_timeout_s, method)
+                                                     self._request_id, self.cfg.sync_timeout_s, method,
+                                                     on_run=self._check_run)
             if stop is not None:
                 log.info("learner says stop (%s) at version %d", stop.reason, stop.version)
                 return False
@@ -316,6 +352,8 @@ class Sampler:
                     self.groups_sent += 1  # offered: a group dropped at the HWM is counted too
                     send_group(self.data, group, self.cfg.on_full, self.cfg.send_timeout_s, self.stats,
                                self._where, f"group {self.groups_sent}")
+                    if self.groups_sent == 1:
+                        mark_stage(self.cfg.run_dir, self.name, "first_group")
                 rounds += 1
                 self.stats["rounds"] = rounds
                 bar.update(1, version=self.version)

@@ -25,9 +25,10 @@ log = logging.getLogger(__name__)
 
 
 def make_publisher(requested: str, server, module, device, dtype, host: str, sync_port: int,
-                   ack_timeout_s: float, nccl_timeout_s: float):
+                   ack_timeout_s: float, nccl_timeout_s: float, run=None):
     """Learner rank 0's publisher: tcp on CPU or when asked; otherwise slots on the learner's
-    device (nccl on CPU runs on gloo), or the shared storages."""
+    device (nccl on CPU runs on gloo), or the shared storages. `run`: the run's facts
+    (grpo.wire.messages.RunFacts), which the first answer to each sampler carries."""
     method = learner_method(requested, device)
     if method != requested:
         log.info("weight sync: %s -> %s (%s)", requested, method, "CUDA learner: samplers that see its GPU map the "
@@ -36,15 +37,15 @@ def make_publisher(requested: str, server, module, device, dtype, host: str, syn
     if method == SHARED:
         from grpo.weights.shared import SharedPublisher
 
-        return SharedPublisher(server, module, sync_port)
+        return SharedPublisher(server, module, sync_port, run=run)
     if method in (IPC, NCCL):
         from grpo.weights.slots import SlotPublisher
 
         return SlotPublisher(server, module, dtype, ack_timeout_s=ack_timeout_s, method=method, host=host,
-                             nccl_timeout_s=nccl_timeout_s)
+                             nccl_timeout_s=nccl_timeout_s, run=run)
     from grpo.weights.tcp import TcpPublisher
 
-    return TcpPublisher(server, module, dtype)
+    return TcpPublisher(server, module, dtype, run=run)
 
 
 def make_receiver(method: str, policy, dtype, sync_port: int, timeout_s: float):

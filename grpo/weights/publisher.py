@@ -8,12 +8,14 @@ or stop. How a version is captured and how its bytes travel is each method's own
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -23,6 +25,7 @@ from grpo.wire import messages as M
 from grpo.wire.transport import Server, Transport
 
 log = logging.getLogger(__name__)
+MAX_TOLD = 4096   # sync connections remembered as already given the run's facts
 
 
 def publish_named(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -38,13 +41,15 @@ def publish_named(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
 
 
 def request_weights(client: Transport, sampler_id: int, have_version: int, request_id: int,
-                    timeout_s: float, method: str = "") -> tuple[bool, M.WeightsAnnounce | None, M.Stop | None]:
+                    timeout_s: float, method: str = "", on_run: Callable[[M.RunFacts], None] | None = None
+                    ) -> tuple[bool, M.WeightsAnnounce | None, M.Stop | None]:
     """Sampler side of one sync: ask, then wait up to timeout_s for the answer to *this* request.
 
     Returns (answered, newest weights newer than have_version or None, stop or None).
     Answers to earlier requests (say, made while the learner was still loading) arrive late,
     in order, before ours: their weights are used if newer, but only the answer carrying our
-    request_id ends the wait, so a sampler never settles for an out-of-date answer.
+    request_id ends the wait, so a sampler never settles for an out-of-date answer. The run's
+    facts, which the first answer on a connection carries, go to `on_run`.
     """
     client.send(M.WeightsRequest(sampler_id=sampler_id, have_version=have_version, request_id=request_id,
                                  method=method))
@@ -57,6 +62,8 @@ def request_weights(client: Transport, sampler_id: int, have_version: int, reque
         msg = client.receive(timeout_s=left)
         if msg is None:
             continue
+        if on_run is not None and getattr(msg, "run", None) is not None:
+            on_run(msg.run)
         if isinstance(msg, M.Stop):
             return True, newest, msg
         if isinstance(msg, M.WeightsAnnounce) and msg.version > (newest.version if newest else have_version):
@@ -87,7 +94,7 @@ class Publisher:
     method = ""
 
     def __init__(self, server: Server, model: torch.nn.Module, dtype: torch.dtype | None = None,
-                 start: bool = True):
+                 start: bool = True, run: M.RunFacts | None = None):
         self.server = server
         # Samplers run in `dtype` (bf16 on GPU): publishing fp32 master weights would double
         # the bytes for nothing, since the sampler casts them down anyway.
@@ -103,6 +110,12 @@ class Publisher:
         self.replies = {"weights": 0, "no_update": 0, "stop": 0}
         self.stopped_samplers: set[int] = set()
         self.peers = None  # grpo.learner.liveness.SyncPeers: binds a connection to one sampler id (set by the learner)
+        self.on_reject: Callable[[str, bytes], None] | None = None   # (reason, peer): the learner's message ledger
+        self.run_facts = run   # the run's facts, for the first answer to each connection
+        self._told: collections.OrderedDict[bytes, None] = collections.OrderedDict()   # connections told them
+        # Requests with have_version -1 that came before anything was published: answered with
+        # the first version published (a client with no weights must not be told "no update").
+        self._deferred: dict[bytes, M.WeightsRequest] = {}
         self._thread = threading.Thread(target=self._serve, name="weight-sync", daemon=True)
         if start:   # a subclass starts it once its own state exists
             self._thread.start()
@@ -123,6 +136,10 @@ class Publisher:
     def _serve(self) -> None:
         while not self._closed.is_set():
             got = self.server.receive(timeout_s=0.1)
+            if self._deferred and self._snapshot is not None:   # the first version is out: answer them
+                deferred, self._deferred = self._deferred, {}
+                for identity, msg in deferred.items():
+                    self._answer(identity, msg)
             if got is None:
                 continue
             # Requests that queued up while we were busy (or before this thread existed, while
@@ -134,14 +151,19 @@ class Publisher:
             while got is not None:
                 identity, msg = got
                 if not isinstance(msg, M.WeightsRequest):
-                    self.server.rejected["unexpected_kind"] += 1
+                    self._reject("unexpected_kind", identity)
                 elif self.peers is not None and (why := self.peers.accept(identity, msg.sampler_id)):
-                    self.server.rejected[why] += 1  # a made-up or borrowed sampler id: no answer
+                    self._reject(why, identity)  # a made-up or borrowed sampler id: no answer
                 elif identity not in latest or msg.request_id >= latest[identity].request_id:
                     latest[identity] = msg
                 got = self.server.receive(timeout_s=0)
             for identity, msg in latest.items():
                 self._answer(identity, msg)
+
+    def _reject(self, reason: str, identity: bytes) -> None:
+        self.server.rejected[reason] += 1
+        if self.on_reject is not None:
+            self.on_reject(reason, identity)
 
     def guard(self):
         """Held around a training step and its publish (method shared locks; the others need nothing)."""
@@ -150,24 +172,40 @@ class Publisher:
     def _on_request(self, identity: bytes, msg: M.WeightsRequest) -> None:
         """Hook: every request, before it is answered (ipc counts acknowledgements here)."""
 
-    def _reply_weights(self, identity: bytes, msg: M.WeightsRequest, snap: Snapshot) -> int:
+    def _reply_weights(self, identity: bytes, msg: M.WeightsRequest, snap: Snapshot, run: M.RunFacts | None) -> int:
         # Same buckets (no copy), only the header differs: it echoes the request id.
-        return self.server.reply(identity, dataclasses.replace(snap.announce, request_id=msg.request_id))
+        return self.server.reply(identity, dataclasses.replace(snap.announce, request_id=msg.request_id, run=run))
+
+    def _facts_for(self, identity: bytes, msg: M.WeightsRequest) -> M.RunFacts | None:
+        """The run's facts for the first answer to each connection, and to any have_version -1."""
+        if self.run_facts is None:
+            return None
+        first = identity not in self._told
+        self._told[identity] = None
+        self._told.move_to_end(identity)
+        while len(self._told) > MAX_TOLD:   # bounded: a peer making up connections cannot grow it
+            self._told.popitem(last=False)
+        return self.run_facts if (first or msg.have_version < 0) else None
 
     def _answer(self, identity: bytes, msg: M.WeightsRequest) -> None:
         self.sampler_versions[msg.sampler_id] = msg.have_version
         self._on_request(identity, msg)
         with self._lock:
             snap = self._snapshot
+        if snap is None and msg.have_version < 0 and not self._stopping.is_set():
+            if identity in self._deferred or len(self._deferred) < MAX_TOLD:
+                self._deferred[identity] = msg
+            return
         current = snap.version if snap else 0
+        run = self._facts_for(identity, msg)
         if self._stopping.is_set():
             self.server.reply(identity, M.Stop(version=current, reason="learner finished",
-                                               request_id=msg.request_id))
+                                               request_id=msg.request_id, run=run))
             self.replies["stop"] += 1
             self.stopped_samplers.add(msg.sampler_id)
         elif snap is not None and msg.have_version < snap.version:
-            self.bytes_served += self._reply_weights(identity, msg, snap)
+            self.bytes_served += self._reply_weights(identity, msg, snap, run)
             self.replies["weights"] += 1
         else:
-            self.server.reply(identity, M.NoUpdate(version=current, request_id=msg.request_id))
+            self.server.reply(identity, M.NoUpdate(version=current, request_id=msg.request_id, run=run))
             self.replies["no_update"] += 1

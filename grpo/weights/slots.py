@@ -47,8 +47,8 @@ class SlotPublisher(Publisher):
 
     def __init__(self, server: Server, model: torch.nn.Module, dtype: torch.dtype | None = None,
                  ack_timeout_s: float = 10.0, method: str = M.IPC, host: str = "127.0.0.1",
-                 nccl_timeout_s: float = 60.0):
-        super().__init__(server, model, dtype, start=False)
+                 nccl_timeout_s: float = 60.0, run: M.RunFacts | None = None):
+        super().__init__(server, model, dtype, start=False, run=run)
         self.method = method
         device = next(model.parameters()).device
         self.device = device
@@ -120,7 +120,7 @@ class SlotPublisher(Publisher):
                     self.pending[s].discard(identity)
                     self._cv.notify_all()
 
-    def _reply_weights(self, identity: bytes, msg: M.WeightsRequest, snap: Snapshot) -> int:
+    def _reply_weights(self, identity: bytes, msg: M.WeightsRequest, snap: Snapshot, run: M.RunFacts | None) -> int:
         if self._ready is not None:
             self._ready.synchronize()   # the serve thread, not the learner, waits for the copy to land
         method = serve_method(msg.method, self.method, has_ipc=snap.announce.ipc is not None)
@@ -128,7 +128,7 @@ class SlotPublisher(Publisher):
             with self._cv:
                 self.pending[snap.slot].add(identity)
             # Header first (version, layout, where to meet), then the bytes on the pair group.
-            announce = dataclasses.replace(snap.announce, method=M.NCCL, ipc=None, request_id=msg.request_id,
+            announce = dataclasses.replace(snap.announce, method=M.NCCL, ipc=None, request_id=msg.request_id, run=run,
                                            nccl=self.pairs.rendezvous(identity, snap.slot))
             n = self.server.reply(identity, announce)
             if not self.pairs.send(identity, self.slots[snap.slot][:self.total]):
@@ -148,10 +148,10 @@ class SlotPublisher(Publisher):
                                                          self.bucket_nbytes, bufs))
                 with self._cv:
                     self._tcp_cache = cache
-            return super()._reply_weights(identity, msg, Snapshot(snap.version, cache[1]))
+            return super()._reply_weights(identity, msg, Snapshot(snap.version, cache[1]), run)
         with self._cv:
             self.pending[snap.slot].add(identity)
-        return super()._reply_weights(identity, msg, snap)
+        return super()._reply_weights(identity, msg, snap, run)
 
     def close(self) -> None:
         super().close()

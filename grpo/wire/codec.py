@@ -21,8 +21,8 @@ import numpy as np
 from grpo.wire.messages import (DTYPE_SIZES, GROUP_ARRAYS, I64_MAX, IPC, KINDS, MAX_ID_CHARS, MAX_LOG_PROB,
                                 MAX_MAP_ITEMS, MAX_REASON_CHARS, NCCL, NP_DTYPES, SCHEMA_VERSION, SHARED, TCP,
                                 WEIGHT_METHODS, Completion, Frame, Group, IpcHandle, Limits, Message, NcclRendezvous,
-                                NoUpdate, ProtocolError, SamplerStatus, Stop, TensorSpec, WeightsAnnounce,
-                                WeightsRequest)
+                                NoUpdate, Origin, ProtocolError, RunFacts, SamplerStatus, Stop, TensorSpec,
+                                WeightsAnnounce, WeightsRequest)
 
 # ----------------------------------------------------------------------------- encode
 
@@ -82,6 +82,8 @@ def _encode_weights(w: WeightsAnnounce) -> list[bytes | memoryview]:
         fields["nccl"] = dataclasses.asdict(w.nccl)
     if w.shared is not None:
         fields["shared"] = [dataclasses.asdict(h) for h in w.shared]
+    if w.run is not None:
+        fields["run"] = dataclasses.asdict(w.run)
     frames = [memoryview(b) for b in w.buckets] if w.method == TCP else []
     descs = [{"name": f"bucket_{i}", "dtype": "uint8", "shape": [f.nbytes]} for i, f in enumerate(frames)]
     return [_pack("weights", fields, descs), *frames]
@@ -96,8 +98,9 @@ def encode(msg: Message) -> list[bytes | memoryview]:
         return _encode_group(msg)
     if isinstance(msg, WeightsAnnounce):
         return _encode_weights(msg)
-    if type(msg) in _SIMPLE_KINDS:  # header-only kinds: the fields are the dataclass fields
-        return [_pack(_SIMPLE_KINDS[type(msg)], dataclasses.asdict(msg), [])]
+    if type(msg) in _SIMPLE_KINDS:  # header-only kinds: the fields are the dataclass fields (run: when set)
+        fields = {k: v for k, v in dataclasses.asdict(msg).items() if not (k == "run" and v is None)}
+        return [_pack(_SIMPLE_KINDS[type(msg)], fields, [])]
     raise TypeError(f"cannot encode {type(msg).__name__}")
 
 
@@ -427,7 +430,27 @@ def _decode_weights(h: dict[str, Any], arrays: list[_Array], views: list[memoryv
             if x.storage_nbytes != n:
                 raise _fail("bad_shape", f"weights.shared[{i}]: storage of {x.storage_nbytes} bytes, layout says {n}")
     return WeightsAnnounce(version, method, layout, bucket_dtypes, bucket_nbytes, list(views),
-                           _int(h, "request_id", "weights", lo=-1), ipc, nccl, shared)
+                           _int(h, "request_id", "weights", lo=-1), ipc, nccl, shared, _run_facts(h))
+
+
+def _run_facts(h: dict[str, Any]) -> RunFacts | None:
+    """The optional `run` map of an answer on the sync channel (absent: None)."""
+    if "run" not in h:
+        return None
+    m, w = _map(h["run"], "run"), "run"
+    dtype = _str(m, "dtype", w, MAX_ID_CHARS)
+    if dtype not in DTYPE_SIZES:
+        raise _fail("bad_dtype", f"run.dtype {dtype!r}")
+    temperature = _number(_get(m, "temperature", w), "run.temperature")
+    if temperature <= 0:
+        raise _fail("bad_field", f"run.temperature={temperature} must be > 0")
+    return RunFacts(schema=_int(m, "schema", w), model=_str(m, "model", w, MAX_REASON_CHARS),
+                    vocab_size=_int(m, "vocab_size", w, lo=1), dtype=dtype,
+                    num_generations=_int(m, "num_generations", w, lo=1),
+                    max_new_tokens=_int(m, "max_new_tokens", w, lo=1),
+                    max_prompt_tokens=_int(m, "max_prompt_tokens", w, lo=1), temperature=temperature,
+                    needs_ref_logprobs=_get(m, "needs_ref_logprobs", w, bool),
+                    max_staleness=_int(m, "max_staleness", w))
 
 
 def _port_error() -> int:
@@ -459,9 +482,27 @@ def decode(frames: Sequence[Frame], limits: Limits = Limits()) -> Message:
     """Parse and fully validate one multipart message; raise ProtocolError if it must be dropped.
 
     Arrays are zero-copy views of the frames (read-only when the frames are), so they stay
-    valid as long as the caller keeps the returned object.
+    valid as long as the caller keeps the returned object. A rejected group or status whose
+    header was valid carries the sender it names in ``exc.origin``.
     """
     h, views = _header(frames, limits)
+    try:
+        return _decode_body(h, views, limits)
+    except ProtocolError as exc:
+        exc.origin = _origin(h)
+        raise
+
+
+def _origin(h: dict[str, Any]) -> Origin | None:
+    """The (kind, sampler_id, incarnation) a valid header names, for a group or a status."""
+    sid, inc = h.get("sampler_id"), h.get("incarnation", 0)
+    if h.get("kind") in ("group", "status") and type(sid) is int and type(inc) is int \
+            and 0 <= sid <= I64_MAX and 0 <= inc <= I64_MAX:
+        return Origin(h["kind"], sid, inc)
+    return None
+
+
+def _decode_body(h: dict[str, Any], views: list[memoryview], limits: Limits) -> Message:
     arrays, payload = _arrays(h, limits), views[1:]
     if len(payload) != len(arrays):
         raise _fail("frame_size", f"{len(views)} frames for {len(arrays)} arrays")
@@ -486,6 +527,6 @@ def decode(frames: Sequence[Frame], limits: Limits = Limits()) -> Message:
         return WeightsRequest(_int(h, "sampler_id", kind), _int(h, "have_version", kind, lo=-1),
                               _int(h, "request_id", kind), method)
     if kind == "no_update":
-        return NoUpdate(_int(h, "version", kind), _int(h, "request_id", kind, lo=-1))
+        return NoUpdate(_int(h, "version", kind), _int(h, "request_id", kind, lo=-1), _run_facts(h))
     return Stop(_int(h, "version", kind), _str(h, "reason", kind, MAX_REASON_CHARS),
-                _int(h, "request_id", kind, lo=-1))
+                _int(h, "request_id", kind, lo=-1), _run_facts(h))

@@ -11,7 +11,9 @@ from typing import Any, Union
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+# 2: the first answer on the sync channel carries the run's facts (RunFacts); version 0 is
+#    published, so a weights_request with have_version -1 gets the starting weights.
+SCHEMA_VERSION = 2
 KINDS = ("group", "status", "weights_request", "weights", "no_update", "stop")
 # name -> itemsize. Explicit '<' byte order: the wire is little-endian whatever the host.
 DTYPE_SIZES = {"int32": 4, "int64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "uint8": 1}
@@ -29,13 +31,24 @@ MAX_REASON_CHARS = 4096
 I64_MAX = (1 << 63) - 1
 
 
+@dataclass(frozen=True)
+class Origin:
+    """Who a rejected group or status says it is: read from its header when the header itself
+    was valid, so that a malformed group of a known sampler process can be charged to its books."""
+    kind: str
+    sampler_id: int
+    incarnation: int
+
+
 class ProtocolError(ValueError):
-    """A message that must be dropped. ``reason`` is a short code for counters."""
+    """A message that must be dropped. ``reason`` is a short code for counters; ``origin`` is set
+    when the header parsed and names a sampler process (see Origin)."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+        self.origin: Origin | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +111,24 @@ class WeightsRequest:  # sampler -> learner on the sync socket
 
 
 @dataclass
+class RunFacts:
+    """What a sampler must know, and agree with, to produce groups the learner accepts.
+
+    Sent in the first answer on each sync connection (and to any request with have_version -1).
+    """
+    schema: int               # SCHEMA_VERSION of the learner
+    model: str                # the model the learner trains (a path or hub id; informational)
+    vocab_size: int           # every token id must be in [0, vocab_size)
+    dtype: str                # the dtype weights are published in ("bfloat16" on GPU, "float32" on CPU)
+    num_generations: int      # G: completions per group, exactly
+    max_new_tokens: int       # longest completion the learner trains on
+    max_prompt_tokens: int    # longest prompt the learner trains on
+    temperature: float        # the sampling temperature; the learner scores log-probs at it
+    needs_ref_logprobs: bool  # whether ref_policy_log_probs are used (beta > 0)
+    max_staleness: int        # groups more than this many versions behind the learner are dropped
+
+
+@dataclass
 class TensorSpec:
     name: str
     dtype: str
@@ -118,6 +149,7 @@ class WeightsAnnounce:  # learner -> sampler
     ipc: IpcHandle | None = None  # method "ipc": where the buckets are on the learner's GPU
     nccl: NcclRendezvous | None = None  # method "nccl": where to meet the learner for the bytes
     shared: list[IpcHandle] | None = None  # method "shared": one handle per storage ("bucket") of the parameters
+    run: RunFacts | None = None  # the run's facts: in the first answer to each sync connection
 
 
 @dataclass
@@ -154,6 +186,7 @@ class IpcHandle:
 class NoUpdate:
     version: int
     request_id: int = -1
+    run: RunFacts | None = None
 
 
 @dataclass
@@ -161,6 +194,7 @@ class Stop:
     version: int
     reason: str
     request_id: int = -1
+    run: RunFacts | None = None
 
 
 Message = Union[Group, SamplerStatus, WeightsRequest, WeightsAnnounce, NoUpdate, Stop]

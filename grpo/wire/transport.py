@@ -19,7 +19,7 @@ import socket
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import zmq
 
@@ -109,6 +109,9 @@ class _Receiving:
     def __init__(self, sock: zmq.Socket, limits: M.Limits, what: str):
         self.sock, self.limits, self.what = sock, limits, what
         self.rejected: Counter[str] = Counter()
+        # Called with (error, peer identity or None) for every rejected message, so the owner can
+        # charge it to its ledgers; it runs on the receiving thread and must not raise.
+        self.on_reject: Callable[[M.ProtocolError, bytes | None], None] | None = None
         self.messages = 0
         self.bytes = 0
         self._last_warn = 0.0
@@ -125,13 +128,15 @@ class _Receiving:
     def close(self) -> None:
         self.sock.close(linger=0)
 
-    def _decode(self, frames: list[zmq.Frame]) -> M.Message | None:
+    def _decode(self, frames: list[zmq.Frame], peer: bytes | None = None) -> M.Message | None:
         self.messages += 1
         self.bytes += sum(len(f.buffer) for f in frames)
         try:
             return codec.decode(frames, self.limits)
         except M.ProtocolError as exc:
             self.rejected[exc.reason] += 1
+            if self.on_reject is not None:
+                self.on_reject(exc, peer)
             now = time.monotonic()
             if now - self._last_warn > 5.0:  # a flood of garbage must not flood the log
                 self._last_warn = now
@@ -227,7 +232,7 @@ class SyncServer(_Receiving, Server):
             return None
         frames = self.sock.recv_multipart(copy=False)
         identity, body = frames[0].bytes, frames[1:]
-        msg = self._decode(body)
+        msg = self._decode(body, identity)
         return None if msg is None else (identity, msg)
 
     def reply(self, peer: bytes, msg: M.Message) -> int:

@@ -12,7 +12,7 @@ from grpo.data.formats import Problem
 from grpo.data.gsm8k import RewardResult
 from grpo.data.rewards import RewardError, RewardSet, format_reward, overlong_reward, parse_reward_spec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 Q = Problem(question="What is 6 * 12?", answer="6*12=72\n#### 72")
 

@@ -9,7 +9,7 @@ from grpo.flags import build_parser, field_docs, parse_config, to_flags
 from grpo.launch.plan import LaunchError, parse, plan, split_passthrough
 from grpo.learner.engine import ConfigError, resolve_ds_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_field_has_a_docstring_and_a_flag():

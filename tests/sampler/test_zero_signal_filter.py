@@ -16,7 +16,7 @@ from grpo.sampler.loop import Sampler
 from grpo.wire import messages as M
 from grpo.wire.transport import DataReceiver
 
-GSM8K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
+GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
 
 REWARD = '''
 def first_only(prompts, completions, **kwargs):

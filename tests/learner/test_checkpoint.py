@@ -11,7 +11,7 @@ from grpo.learner.checkpoint import (STATE_FILE, Checkpointer, ResumeError, list
 from grpo.learner.engine import DeepSpeedEngine, TorchEngine, load_ds_config, resolve_ds_config
 from grpo.model import load_causal_lm, load_tokenizer, resolve_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
 
 

@@ -13,7 +13,7 @@ from grpo.model import load_causal_lm, load_tokenizer, resolve_model, right_pad,
 from grpo.sampler.rollout import RolloutEngine, generate, hf_generate, resolve_backend
 
 CPU = torch.device("cpu")
-GSM8K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
+GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
 
 
 
@@ -220,7 +220,7 @@ def test_flags_and_one_line_error_for_a_bad_backend():
     assert (cfg.generation_backend, cfg.cuda_graphs, cfg.compile_decode) == ("hf", False, True)
     default = parse_config(SamplerConfig, [], "s")
     assert (default.generation_backend, default.cuda_graphs, default.compile_decode) == ("auto", True, False)
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     r = subprocess.run([sys.executable, "sampling_worker.py", "--device", "cpu", "--model", "tiny-random",
                         "--dataset", str(GSM8K), "--generation-backend", "turbo"], cwd=root, capture_output=True,
                        text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})

@@ -15,7 +15,7 @@ from grpo.wire import messages as M
 from grpo.wire.curve import CLIENT, SERVER, Curve, KeysMissing, is_loopback, warn_if_exposed
 from grpo.wire.transport import DataReceiver, DataSender, SyncClient, SyncServer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_keys(d: Path, *extra: str) -> subprocess.CompletedProcess:

@@ -11,7 +11,7 @@ from grpo.flags import parse_config
 from grpo.launch.plan import parse, plan
 from grpo.learner.loop import check_loss_options
 
-GSM8K_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
+GSM8K_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
 RUN_TRANSFORM = "bench/gsm8k_curriculum.py:at_most_2_steps"
 
 
@@ -97,7 +97,7 @@ def test_summary_reproduces_the_committed_run_7_result(tmp_path):
     import json
     import shutil
 
-    committed = Path(__file__).resolve().parents[1] / "bench" / "results" / "learning_run_7"
+    committed = Path(__file__).resolve().parents[2] / "bench" / "results" / "learning_run_7"
     run = tmp_path / "run7"
     shutil.copytree(committed, run)
     doc = load_bench("learning_run").summarise(run, "2x NVIDIA H200", tmp_path / "out")

@@ -11,7 +11,7 @@ from grpo.data.formats import Problem
 from grpo.data.prompts import DEFAULT_INSTRUCTION, problem_prompt
 from grpo.data.sources import DatasetUnavailable, load_problems
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 ROWS = [
     {"question": "What is 2+2?", "answer": "#### 4"},

@@ -14,7 +14,7 @@ from grpo.model import load_causal_lm, load_tokenizer, resolve_model, right_pad,
 from grpo.sampler.rollout import RolloutEngine, hf_generate
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-GSM8K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
+GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
 
 
 def _load(dtype):

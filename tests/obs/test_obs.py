@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from builders import make_completion, make_group
 
 from grpo.config import LearnerConfig, SamplerConfig
 from grpo.flags import parse_config
@@ -19,9 +20,8 @@ from grpo.obs.progress import Progress
 from grpo.obs.report import main as report_main
 from grpo.obs.tracking import Tracker, flatten, parse_report_to
 from grpo.stats import group_stats
-from grpo.wire import messages as M
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # --------------------------------------------------------------------------- --config
@@ -122,18 +122,15 @@ def test_wandb_asked_for_but_missing_is_one_warning(tmp_path, caplog):
 
 
 def _completion(n, lp, finished, info):
-    ids = np.arange(n, dtype=np.int32)
-    return M.Completion(generated_token_ids=ids, old_policy_log_probs=np.asarray(lp, np.float32),
-                        ref_policy_log_probs=np.zeros(n, np.float32), whole_token_ids=ids, text="",
-                        reward=0.0, reward_info=info, is_finished=finished)
+    return make_completion(np.arange(n), old_log_probs=lp, reward_info=info, is_finished=finished)
 
 
 def test_step_extras_hand_worked():
-    g1 = M.Group(0, "a", 3, "", [], np.zeros(1, np.int32), [
+    g1 = make_group([
         _completion(2, [-1.0, -2.0], True, {"correct": 1.0, "has_answer": 1.0, "format": 0.5}),
-        _completion(1, [-3.0], False, {"correct": 0.0, "has_answer": 0.0})], {})
-    g2 = M.Group(0, "b", 1, "", [], np.zeros(1, np.int32), [
-        _completion(3, [-0.5, -0.5, -1.0], True, {"has_answer": 1.0, "format": 1.5})], {})
+        _completion(1, [-3.0], False, {"correct": 0.0, "has_answer": 0.0})], group_id="a", policy_version=3)
+    g2 = make_group([
+        _completion(3, [-0.5, -0.5, -1.0], True, {"has_answer": 1.0, "format": 1.5})], group_id="b", policy_version=1)
     out = group_stats([g1, g2], version=4)
     assert out["reward_components"] == {"format": 1.0, "has_answer": 2 / 3}   # 'correct' is accuracy already
     assert out["entropy"] == pytest.approx(8.0 / 6)                         # (1+2+3+0.5+0.5+1) / 6 tokens

@@ -12,7 +12,7 @@ from grpo.data.gsm8k import extract_gsm8k_answer
 from grpo.data.prompts import DEFAULT_INSTRUCTION, PromptStream, build_prompt
 from grpo.data.sources import DatasetUnavailable, _hub_unreachable_reason, load_problems, shard
 
-GSM8K_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
+GSM8K_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
 FIRST_TEST_QUESTION = (
     "Janet\u2019s ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes "
     "muffins for her friends every day with four. She sells the remainder at the farmers' market "

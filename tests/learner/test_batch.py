@@ -1,24 +1,9 @@
 """Batch building, token-balanced splitting and micro-batch alignment."""
-import numpy as np
 import pytest
 import torch
+from builders import make_group
 
 from grpo.learner.batch import balanced_split, build_batch, length_buckets, micro_batch, padded_tokens
-from grpo.wire import messages as M
-
-
-def group(prefix, gens, rewards, version=0):
-    prefix = np.asarray(prefix, dtype=np.int32)
-    comps = []
-    for k, (gen, r) in enumerate(zip(gens, rewards)):
-        gen = np.asarray(gen, dtype=np.int32)
-        comps.append(M.Completion(
-            generated_token_ids=gen, old_policy_log_probs=-(np.arange(len(gen), dtype=np.float32) + 1) / 10,
-            ref_policy_log_probs=-(np.arange(len(gen), dtype=np.float32) + 1) / 100,
-            whole_token_ids=np.concatenate([prefix, gen]), text="", reward=r, reward_info={},
-            is_finished=True))
-    return M.Group(sampler_id=0, group_id="g", policy_version=version, prefix="", prefix_tokens=[],
-                   prefix_token_ids=prefix, completions=comps, meta={})
 
 
 def test_balanced_split_is_deterministic_and_balanced():
@@ -49,7 +34,7 @@ def test_length_buckets_keep_similar_lengths_together_and_pad_less():
 
 
 def test_build_batch_and_micro_batch_alignment():
-    g = group(prefix=[11, 12, 13], gens=[[21, 22], [31]], rewards=[1.0, 0.0], version=3)
+    g = make_group(prefix_ids=[11, 12, 13], completions=[[21, 22], [31]], rewards=[1.0, 0.0], policy_version=3)
     b = build_batch([g], group_size=2, scale_rewards=False)
     assert b.meta.tolist() == [[3, 2, 3, 0, 1], [3, 1, 3, 0, 1]]
     assert b.tokens.tolist() == [11, 12, 13, 21, 22, 11, 12, 13, 31]
@@ -69,18 +54,18 @@ def test_build_batch_and_micro_batch_alignment():
 def test_drop_reasons():
     from grpo.learner.intake import drop_reason
 
-    g = group(prefix=[1], gens=[[2], [3]], rewards=[1.0, 0.0], version=5)
+    g = make_group(prefix_ids=[1], completions=[[2], [3]], rewards=[1.0, 0.0], policy_version=5)
     assert drop_reason(g, version=7, max_staleness=4, filter_zero_signal=True) is None
     assert drop_reason(g, version=9, max_staleness=4, filter_zero_signal=False) is None    # exactly 4 old
     assert drop_reason(g, version=10, max_staleness=4, filter_zero_signal=False) == "stale"
     assert drop_reason(g, version=4, max_staleness=4, filter_zero_signal=False) == "future_version"
-    flat = group(prefix=[1], gens=[[2], [3]], rewards=[1.0, 1.0], version=5)
+    flat = make_group(prefix_ids=[1], completions=[[2], [3]], rewards=[1.0, 1.0], policy_version=5)
     assert drop_reason(flat, version=5, max_staleness=4, filter_zero_signal=False) is None
     assert drop_reason(flat, version=5, max_staleness=4, filter_zero_signal=True) == "zero_signal"
 
 
 def test_truncated_completions_are_flagged_for_masking():
-    g = group(prefix=[11, 12], gens=[[21, 22], [31]], rewards=[1.0, 0.0])
+    g = make_group(prefix_ids=[11, 12], completions=[[21, 22], [31]], rewards=[1.0, 0.0])
     g.completions[1].is_finished = False
     b = build_batch([g], group_size=2, scale_rewards=False)
     mb = micro_batch(b, [0, 1], pad_id=0, device=torch.device("cpu"))

@@ -8,7 +8,7 @@ import pytest
 
 from grpo.data.gsm8k import RewardResult, extract_gsm8k_answer, gsm8k_correct, gsm8k_reward
 
-GSM8K_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
+GSM8K_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
 
 
 @pytest.mark.parametrize(

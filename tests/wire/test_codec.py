@@ -10,53 +10,12 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
+from builders import VOCAB, make_weights, random_group
 
 from grpo.wire import codec
 from grpo.wire import messages as M
 
-VOCAB = 1000
-
-
-# ----------------------------------------------------------------------------- builders
-
-
-def make_group(lengths: tuple[int, ...] = (3, 0, 7, 2), prefix_len: int = 5, seed: int = 0) -> M.Group:
-    rng = np.random.default_rng(seed)
-    prefix = rng.integers(0, VOCAB, prefix_len, dtype=np.int32)
-    completions = []
-    for i, n in enumerate(lengths):
-        gen = rng.integers(0, VOCAB, n, dtype=np.int32)
-        completions.append(M.Completion(
-            generated_token_ids=gen,
-            old_policy_log_probs=-rng.random(n, dtype=np.float32) * 5,
-            ref_policy_log_probs=-rng.random(n, dtype=np.float32) * 5,
-            whole_token_ids=np.concatenate([prefix, gen]),
-            text=f"completion {i} ✓",
-            reward=float(i) - 0.5,
-            reward_info={"correct": float(i % 2), "format": 0.25},
-            is_finished=i % 2 == 0,
-        ))
-    return M.Group(sampler_id=3, group_id="s3-r7-g1", policy_version=12, prefix="What is 8*9?",
-                   prefix_tokens=[f"tok{i}" for i in range(prefix_len)], prefix_token_ids=prefix,
-                   completions=completions, meta={"answer": "72", "idx": 5, "hard": True, "w": 0.5})
-
-
-def make_weights(method: str = "tcp") -> M.WeightsAnnounce:
-    # bucket 0: float32 (two tensors, 16-byte aligned), bucket 1: bfloat16 raw bytes.
-    b0 = np.arange(12, dtype=np.float32)
-    b1 = np.arange(8, dtype=np.uint16)  # stands in for bfloat16 bit patterns
-    layout = [M.TensorSpec("a.weight", "float32", (2, 3), 0, 0),
-              M.TensorSpec("b.bias", "float32", (4,), 0, 32),
-              M.TensorSpec("c.weight", "bfloat16", (2, 4), 1, 0)]
-    buckets = [memoryview(b0).cast("B"), memoryview(b1).cast("B")] if method == "tcp" else []
-    ipc = (M.IpcHandle(gpu_uuid="GPU-0a1b", slot=1, handle=bytes(range(64)), storage_nbytes=128, storage_offset=0,
-                       ref_counter_handle=b"/torch_123_456", ref_counter_offset=3, event_handle=bytes(64),
-                       event_sync_required=True, stamp_offset=64) if method == "ipc" else None)
-    nccl = M.NcclRendezvous("10.0.0.7", 29555, "nccl") if method == "nccl" else None
-    shared = ([M.IpcHandle("GPU-0a1b", i, bytes(range(64)), n, 0, b"/torch_1_2", i, bytes(64), False, 0)
-               for i, n in enumerate((48, 16))] if method == "shared" else None)
-    return M.WeightsAnnounce(version=9, method=method, layout=layout, bucket_dtypes=["float32", "bfloat16"],
-                             bucket_nbytes=[48, 16], buckets=buckets, ipc=ipc, nccl=nccl, shared=shared)
+# ----------------------------------------------------------------------------- helpers
 
 
 def assert_groups_equal(a: M.Group, b: M.Group) -> None:
@@ -95,7 +54,7 @@ def reason(frames: Any, limits: M.Limits = M.Limits()) -> str:
 
 
 def test_group_round_trip() -> None:
-    g = make_group()
+    g = random_group()
     frames = codec.encode(g)
     assert len(frames) == 7 and isinstance(frames[0], bytes)
     out = codec.decode(frames, M.Limits(vocab_size=VOCAB, group_size=4))
@@ -105,16 +64,16 @@ def test_group_round_trip() -> None:
 
 
 def test_group_single_completion_and_empty_prefix() -> None:
-    g = make_group(lengths=(4,), prefix_len=0)
+    g = random_group(lengths=(4,), prefix_len=0)
     g.prefix_tokens = []
     assert_groups_equal(g, codec.decode(codec.encode(g)))
 
 
 def test_group_array_frames_layout() -> None:
-    g = make_group(lengths=(2, 3), prefix_len=4)
+    g = random_group(lengths=(2, 3), prefix_len=4)
     frames = codec.encode(g)
     h = msgpack.unpackb(frames[0], raw=False)
-    assert (h["schema"], h["kind"]) == (1, "group")
+    assert (h["schema"], h["kind"]) == (M.SCHEMA_VERSION, "group")
     assert [(a["name"], a["dtype"], a["shape"]) for a in h["arrays"]] == [
         ("prefix_token_ids", "int32", [4]), ("generated_lengths", "int32", [2]),
         ("generated_token_ids", "int32", [5]), ("old_policy_log_probs", "float32", [5]),
@@ -124,7 +83,7 @@ def test_group_array_frames_layout() -> None:
 
 
 def test_encode_accepts_numpy_scalars_and_lists() -> None:
-    g = make_group(lengths=(2,))
+    g = random_group(lengths=(2,))
     g.sampler_id, g.policy_version = np.int64(3), np.int32(12)
     g.completions[0].reward = np.float32(1.5)
     g.completions[0].generated_token_ids = g.completions[0].generated_token_ids.astype(np.int64).tolist()
@@ -198,7 +157,7 @@ def test_weights_limits() -> None:
 
 
 def test_decode_is_zero_copy_in_process() -> None:
-    g = make_group()
+    g = random_group()
     frames = to_bytes(codec.encode(g))
     out = codec.decode(frames)
     whole = np.frombuffer(frames[6], np.uint8)
@@ -211,7 +170,7 @@ def test_decode_is_zero_copy_in_process() -> None:
 
 
 def test_encode_is_zero_copy_for_contiguous_arrays() -> None:
-    g = make_group(lengths=(3,))
+    g = random_group(lengths=(3,))
     frames = codec.encode(g)
     assert np.shares_memory(np.frombuffer(frames[1], np.uint8), g.prefix_token_ids)
 
@@ -230,7 +189,7 @@ def test_group_over_real_zmq_sockets(zmq_ctx: zmq.Context, pattern: tuple[int, i
     port = rx.bind_to_random_port("tcp://127.0.0.1")
     tx.connect(f"tcp://127.0.0.1:{port}")
     # Big enough that zmq keeps frames out of line (no small-message inlining).
-    g = make_group(lengths=(5000, 17, 20000), prefix_len=300)
+    g = random_group(lengths=(5000, 17, 20000), prefix_len=300)
     tx.send_multipart(codec.encode(g), copy=False)
     assert rx.poll(5000), "nothing received"
     frames = rx.recv_multipart(copy=False)
@@ -266,7 +225,7 @@ def test_weights_over_real_zmq_router_dealer(zmq_ctx: zmq.Context) -> None:
 
 
 def test_not_multipart() -> None:
-    frames = codec.encode(make_group())
+    frames = codec.encode(random_group())
     assert reason(frames[0]) == "not_multipart"  # a single bytes object, not a list of frames
     assert reason([]) == "not_multipart"
     assert reason([frames[0], 12345]) == "not_multipart"  # an element that is no buffer
@@ -295,13 +254,14 @@ def test_bad_header_trailing_bytes_and_ext_types() -> None:
 
 
 def test_bad_schema() -> None:
-    assert reason(rehead(codec.encode(make_group()), lambda h: h.update(schema=2))) == "bad_schema"
-    assert reason(rehead(codec.encode(make_group()), lambda h: h.update(schema=True))) == "bad_schema"
-    assert reason(rehead(codec.encode(make_group()), lambda h: h.pop("schema"))) == "bad_schema"
+    assert reason(rehead(codec.encode(random_group()), lambda h: h.update(schema=1))) == "bad_schema"   # the old one
+    assert reason(rehead(codec.encode(random_group()), lambda h: h.update(schema=3))) == "bad_schema"
+    assert reason(rehead(codec.encode(random_group()), lambda h: h.update(schema=True))) == "bad_schema"
+    assert reason(rehead(codec.encode(random_group()), lambda h: h.pop("schema"))) == "bad_schema"
 
 
 def test_bad_kind() -> None:
-    assert reason(rehead(codec.encode(make_group()), lambda h: h.update(kind="grupo"))) == "bad_kind"
+    assert reason(rehead(codec.encode(random_group()), lambda h: h.update(kind="grupo"))) == "bad_kind"
     assert reason(rehead(codec.encode(M.NoUpdate(1)), lambda h: h.pop("kind"))) == "bad_kind"
 
 
@@ -321,7 +281,7 @@ def test_bad_kind() -> None:
     lambda h: h["arrays"][0].update(name="prefix_ids"),
 ])
 def test_bad_field_group(edit: Callable[[dict[str, Any]], Any]) -> None:
-    assert reason(rehead(codec.encode(make_group()), edit)) == "bad_field"
+    assert reason(rehead(codec.encode(random_group()), edit)) == "bad_field"
 
 
 @pytest.mark.parametrize("msg,edit", [
@@ -342,14 +302,14 @@ def test_bad_field_other_kinds(msg: M.Message, edit: Callable[[dict[str, Any]], 
 
 def test_too_large_declared_shape_2_pow_40() -> None:
     # Frames stay tiny: the 2**40-element declaration must be refused from the header alone.
-    frames = rehead(codec.encode(make_group()), lambda h: h["arrays"][2].update(shape=[2 ** 40]))
+    frames = rehead(codec.encode(random_group()), lambda h: h["arrays"][2].update(shape=[2 ** 40]))
     assert reason(frames) == "too_large"
     assert reason(frames, M.weights_limits(2 ** 50)) == "frame_size"  # allowed size, but the frame is not there
-    assert reason(rehead(codec.encode(make_group()), lambda h: h["arrays"][2].update(shape=[2 ** 20, 2 ** 20]))) == "too_large"
+    assert reason(rehead(codec.encode(random_group()), lambda h: h["arrays"][2].update(shape=[2 ** 20, 2 ** 20]))) == "too_large"
 
 
 def test_too_large_header_frames_and_tokens() -> None:
-    g = make_group()
+    g = random_group()
     assert reason(codec.encode(g), M.Limits(max_header_bytes=64)) == "too_large"
     assert reason(codec.encode(g), M.Limits(max_frames=4)) == "too_large"
     assert reason(codec.encode(g), M.Limits(max_tokens=6)) == "too_large"  # one completion has 7 tokens
@@ -359,7 +319,7 @@ def test_too_large_header_frames_and_tokens() -> None:
 
 
 def test_bad_dtype() -> None:
-    g = make_group()
+    g = random_group()
     assert reason(rehead(codec.encode(g), lambda h: h["arrays"][0].update(dtype="complex64"))) == "bad_dtype"
     # Same byte size, wrong dtype for this name.
     assert reason(rehead(codec.encode(g), lambda h: h["arrays"][0].update(dtype="float32"))) == "bad_dtype"
@@ -369,7 +329,7 @@ def test_bad_dtype() -> None:
 
 
 def test_bad_shape() -> None:
-    g = make_group()
+    g = random_group()
     assert reason(rehead(codec.encode(g), lambda h: h["arrays"][0].update(shape=[-5]))) == "bad_shape"
     assert reason(rehead(codec.encode(g), lambda h: h["arrays"][0].update(shape=[1, 5]))) == "bad_shape"
     assert reason(rehead(codec.encode(g), lambda h: h["arrays"][0].update(shape=5))) == "bad_shape"
@@ -377,26 +337,26 @@ def test_bad_shape() -> None:
 
 
 def test_frame_size_truncated_frame() -> None:
-    frames = to_bytes(codec.encode(make_group()))
+    frames = to_bytes(codec.encode(random_group()))
     frames[3] = frames[3][:-1]
     assert reason(frames) == "frame_size"
 
 
 def test_frame_size_extra_and_missing_frame() -> None:
-    frames = to_bytes(codec.encode(make_group()))
+    frames = to_bytes(codec.encode(random_group()))
     assert reason([*frames, b"\x00" * 4]) == "frame_size"
     assert reason(frames[:-1]) == "frame_size"
     assert reason([*codec.encode(M.NoUpdate(1)), b""]) == "frame_size"
 
 
 def test_length_mismatch_lengths() -> None:
-    g = make_group()
+    g = random_group()
     g.completions[2].old_policy_log_probs = g.completions[2].old_policy_log_probs[:-1]
     assert reason(codec.encode(g)) == "length_mismatch"
 
 
 def test_length_mismatch_generated_lengths_frame() -> None:
-    frames = to_bytes(codec.encode(make_group()))
+    frames = to_bytes(codec.encode(random_group()))
     lengths = np.frombuffer(frames[2], "<i4").copy()
     lengths[0] += 1
     lengths[1] -= 1  # same sum, but now n_1 = -1
@@ -408,16 +368,16 @@ def test_length_mismatch_generated_lengths_frame() -> None:
 
 
 def test_length_mismatch_whole_not_prefix_plus_generated() -> None:
-    g = make_group()
+    g = random_group()
     w = g.completions[2].whole_token_ids.copy()
     w[-1] = (w[-1] + 1) % VOCAB  # still a valid token id, same length
     g.completions[2].whole_token_ids = w
     assert reason(codec.encode(g)) == "length_mismatch"
-    g = make_group()
+    g = random_group()
     g.completions[0].whole_token_ids = g.completions[0].whole_token_ids.copy()
     g.completions[0].whole_token_ids[0] += 1  # prefix part differs
     assert reason(codec.encode(g)) == "length_mismatch"
-    g = make_group()
+    g = random_group()
     g.prefix_tokens = g.prefix_tokens[:-1]
     assert reason(codec.encode(g)) == "length_mismatch"
 
@@ -436,7 +396,7 @@ def test_length_mismatch_weights_bucket_frame() -> None:
     lambda g: g.meta.update(w=math.nan),
 ])
 def test_non_finite(corrupt: Callable[[M.Group], Any]) -> None:
-    g = make_group()
+    g = random_group()
     corrupt(g)
     assert reason(codec.encode(g)) == "non_finite"
 
@@ -446,13 +406,13 @@ def test_non_finite_status_stats() -> None:
 
 
 def test_bad_log_prob_positive() -> None:
-    g = make_group()
+    g = random_group()
     g.completions[2].old_policy_log_probs[3] = 0.5
     assert reason(codec.encode(g)) == "bad_log_prob"
-    g = make_group()
+    g = random_group()
     g.completions[0].ref_policy_log_probs[0] = 0.5
     assert reason(codec.encode(g)) == "bad_log_prob"
-    g = make_group()
+    g = random_group()
     g.completions[0].ref_policy_log_probs[0] = 1e-4  # float noise around 0 is tolerated
     assert isinstance(codec.decode(codec.encode(g)), M.Group)
 
@@ -464,10 +424,10 @@ def _set_token(g: M.Group, value: int) -> None:
 
 
 def test_token_out_of_range_negative() -> None:
-    g = make_group()
+    g = random_group()
     _set_token(g, -1)
     assert reason(codec.encode(g)) == "token_out_of_range"  # rejected even without a vocab_size
-    g = make_group()
+    g = random_group()
     g.prefix_token_ids[0] = -1
     for c in g.completions:
         c.whole_token_ids = np.concatenate([g.prefix_token_ids, c.generated_token_ids])
@@ -475,7 +435,7 @@ def test_token_out_of_range_negative() -> None:
 
 
 def test_token_out_of_range_vocab() -> None:
-    g = make_group()
+    g = random_group()
     _set_token(g, VOCAB)
     assert isinstance(codec.decode(codec.encode(g)), M.Group)  # fine when the vocab is unknown
     assert reason(codec.encode(g), M.Limits(vocab_size=VOCAB)) == "token_out_of_range"
@@ -483,10 +443,10 @@ def test_token_out_of_range_vocab() -> None:
 
 
 def test_bad_group_size() -> None:
-    g = make_group()
+    g = random_group()
     assert reason(codec.encode(g), M.Limits(group_size=8)) == "bad_group_size"
     assert reason(codec.encode(g), M.Limits(max_completions=3)) == "bad_group_size"
-    empty = make_group()
+    empty = random_group()
     empty.completions = []
     assert reason(codec.encode(empty)) == "bad_group_size"
     # A completion dropped from the header but not from generated_lengths.
@@ -526,34 +486,15 @@ def test_every_reason_code_is_tested() -> None:
 
 
 def test_decode_does_not_mutate_or_keep_header_state() -> None:
-    g = make_group()
+    g = random_group()
     frames = codec.encode(g)
     a, b = codec.decode(frames), codec.decode(frames)
     assert_groups_equal(a, b)
     assert copy.deepcopy(a.meta) == g.meta
 
 
-def test_docs_client_example_sends_a_valid_group(zmq_ctx: zmq.Context) -> None:
-    """The example in docs/protocol.md (pyzmq + msgpack + numpy only) must produce a valid group."""
-    import re
-
-    doc = pathlib.Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
-    if not doc.exists():
-        pytest.skip("docs/protocol.md not present")
-    code = re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)[0]
-    rx = zmq_ctx.socket(zmq.PULL)
-    port = rx.bind_to_random_port("tcp://127.0.0.1")
-    namespace: dict[str, Any] = {}
-    exec(compile(code.replace("tcp://127.0.0.1:5555", f"tcp://127.0.0.1:{port}"), str(doc), "exec"), namespace)
-    assert rx.poll(5000)
-    g = codec.decode(rx.recv_multipart(copy=False), M.Limits(vocab_size=VOCAB, group_size=2))
-    assert isinstance(g, M.Group) and g.meta == {"answer": "72"}
-    assert [c.whole_token_ids.tolist() for c in g.completions] == [[1, 2, 3, 10, 11], [1, 2, 3, 12, 13, 14]]
-    rx.close(linger=0)
-
-
 def test_source_has_no_unsafe_deserialization_and_light_imports() -> None:
-    grpo = pathlib.Path(__file__).resolve().parents[1] / "grpo"
+    grpo = pathlib.Path(__file__).resolve().parents[2] / "grpo"
     for name in ("wire/messages.py", "wire/codec.py"):   # types, and the codec (encode + checking decode)
         src = (grpo / name).read_text()
         for bad in ("pickle", "eval(", "exec("):

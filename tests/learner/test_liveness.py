@@ -5,9 +5,10 @@ import msgpack
 import numpy as np
 import pytest
 import torch
+from builders import make_group, make_status
 from netutil import free_ports
 
-from grpo.learner.accounting import Books
+from grpo.learner.accounting import Books, MessageLedger
 from grpo.learner.liveness import Liveness, SyncPeers
 from grpo.sampler.heartbeat import send_group
 from grpo.weights.tcp import TcpPublisher
@@ -46,36 +47,24 @@ def test_silent_sampler_is_gone_then_back_and_final_is_not_waited_for(caplog):
     assert sum("counted as gone" in m for m in msgs) == 3 and sum("is back after" in m for m in msgs) == 2
 
 
-def status(sid, inc, sent, final=False, **stats):
-    return M.SamplerStatus(sampler_id=sid, policy_version=0, groups_sent=sent, final=final,
-                           stats={k: float(v) for k, v in stats.items()}, incarnation=inc)
-
-
-def group(sid, inc, version=0):
-    ids = np.array([1, 2], np.int32)
-    c = M.Completion(ids, np.zeros(2, np.float32), np.zeros(2, np.float32), np.concatenate([ids, ids]),
-                     "", 0.0, {}, True)
-    return M.Group(sid, "g", version, "", ["a", "b"], ids, [c], {}, incarnation=inc)
-
-
 def test_books_per_process_killed_restarted_and_late_heartbeat():
     b = Books()
     # sampler 0: 5 offered, 2 of them dropped at its HWM, 3 received, then final.
     for _ in range(3):
-        b.group(group(0, 11), version=0)
-    assert b.status(status(0, 11, 5, final=True, dropped_full=2), 0) is True
+        b.group(make_group(sampler_id=0, incarnation=11), version=0)
+    assert b.status(make_status(0, 11, 5, final=True, dropped_full=2), 0) is True
     # a heartbeat that overtook the final status (sent on another socket) changes nothing
-    assert b.status(status(0, 11, 4), 1) is True
+    assert b.status(make_status(0, 11, 4), 1) is True
     # sampler 1, first process: heartbeat said 4 sent, 2 arrived, then SIGKILL: 2 lost in flight
-    b.group(group(1, 21), version=1)
-    b.status(status(1, 21, 4), 1)
-    b.status(status(1, 21, 3), 1)                  # an older heartbeat arriving late: ignored
-    b.group(group(1, 21), version=1)
+    b.group(make_group(sampler_id=1, incarnation=21), version=1)
+    b.status(make_status(1, 21, 4), 1)
+    b.status(make_status(1, 21, 3), 1)             # an older heartbeat arriving late: ignored
+    b.group(make_group(sampler_id=1, incarnation=21), version=1)
     # sampler 1 restarted: a new process whose counts start at 0; its first group is at v3
-    b.group(group(1, 22, version=3), version=3)
-    b.status(status(1, 22, 1, final=True), 3)
+    b.group(make_group(sampler_id=1, incarnation=22, policy_version=3), version=3)
+    b.status(make_status(1, 22, 1, final=True), 3)
     # sampler 2 died before any status reached us: sent >= what we received
-    b.group(group(2, 31), version=3)
+    b.group(make_group(sampler_id=2, incarnation=31), version=3)
     sent, dropped = b.totals()
     assert sent == 5 + 4 + 1 + 1
     assert dropped == {"sampler_full": 2, "lost_in_flight": 2}
@@ -90,7 +79,7 @@ def test_books_per_process_killed_restarted_and_late_heartbeat():
 def test_books_are_bounded_against_made_up_incarnations():
     b = Books(max_entries=3)
     for inc in range(10):
-        b.group(group(0, inc), version=0)
+        b.group(make_group(sampler_id=0, incarnation=inc), version=0)
     assert len(b.entries) == 4 and b.entries[(0, -1)].received == 7  # 3 real + one overflow entry
     assert b.totals() == (10, {})
 
@@ -140,7 +129,7 @@ def test_publisher_refuses_borrowed_and_made_up_sampler_ids():
 def test_on_full_drop_counts_and_block_times_out():
     """A PUSH with no learner behind it queues exactly --send-hwm groups; the rest are dropped (and counted)."""
     (port,) = free_ports(1)
-    g = group(0, 1)
+    g = make_group(sampler_id=0, incarnation=1)
     drop = DataSender("127.0.0.1", port, hwm=2)
     stats = {}
     try:
@@ -154,7 +143,7 @@ def test_on_full_drop_counts_and_block_times_out():
 
 
 def test_msgpack_timestamp_ext_is_refused_as_bad_header():
-    h = {"schema": 1, "kind": "no_update", "version": 1, "request_id": 1, "x": [msgpack.Timestamp(1, 0)]}
+    h = {"schema": M.SCHEMA_VERSION, "kind": "no_update", "version": 1, "request_id": 1, "x": [msgpack.Timestamp(1, 0)]}
     with pytest.raises(M.ProtocolError) as e:
         codec.decode([msgpack.packb(h, datetime=False)])
     assert e.value.reason == "bad_header"
@@ -171,19 +160,22 @@ def test_learner_intake_bounds_its_fifo_and_drops_what_it_would_not_train():
     from grpo.learner.intake import Intake
 
     cfg = LearnerConfig(buffer_size=2, max_new_tokens=2, max_prompt_tokens=3, max_samplers=4)
-    # no sockets: the receiver is only asked for its rejection counter here
-    lrn = Intake(cfg, SimpleNamespace(rejected=collections.Counter()), Liveness(30.0, 4), Books())
-    groups = [group(0, 1, version=v) for v in range(4)]          # prompt 2 tokens, completion 2 tokens
-    long_prompt = group(1, 2)
+    # no sockets: these messages are handed to take() directly
+    lrn = Intake(cfg, SimpleNamespace(rejected=collections.Counter()), Liveness(30.0, 4), Books(), MessageLedger())
+    # make_group's default: a prompt of 2 tokens, one completion of 2 tokens
+    groups = [make_group(sampler_id=0, incarnation=1, policy_version=v) for v in range(4)]
+    long_prompt = make_group(sampler_id=1, incarnation=2)
     long_prompt.prefix_token_ids = np.arange(4, dtype=np.int32)  # 4 > --max-prompt-tokens 3
-    long_completion = group(1, 2)
+    long_completion = make_group(sampler_id=1, incarnation=2)
     long_completion.completions[0].generated_token_ids = np.arange(3, dtype=np.int32)  # 3 > --max-new-tokens 2
-    for msg in [*groups, long_prompt, long_completion, group(4, 9), status(4, 9, 1)]:
+    for msg in [*groups, long_prompt, long_completion, make_group(sampler_id=4, incarnation=9), make_status(4, 9, 1)]:
         lrn.take(msg, version=0)
     assert [g.policy_version for g in lrn.queue] == [2, 3]        # the two oldest were pushed out
     assert lrn.counts == {"received": 6, "dropped_buffer_full": 2, "dropped_too_long": 2}
-    assert lrn.receiver.rejected == {"bad_sampler_id": 2}         # sampler id 4 >= --max-samplers 4
+    # sampler id 4 >= --max-samplers 4: in the message ledger only, from no peer we know
+    assert lrn.messages.report(lrn.books) == {"data": {"rejected": 2, "by_reason": {"bad_sampler_id": 2},
+                                                       "by_peer": {"unknown": {"bad_sampler_id": 2}}}}
     assert lrn.books.totals() == (6, {}) and lrn.liveness.last_seen.keys() == {0, 1}
-    # what the end-of-run accounting makes of it (the bad ids' groups never reached the books)
-    assert lrn.accounting() == {"received": 6, "trained": 0, "queued": 2, "sent": 6,
-                                "dropped": {"buffer_full": 2, "too_long": 2, "invalid_bad_sampler_id": 2}}
+    # what the end-of-run accounting makes of it (the bad ids' messages never reached the group books)
+    assert lrn.accounting() == {"received": 6, "trained": 0, "queued": 2, "sent": 6, "balanced": True,
+                                "dropped": {"buffer_full": 2, "too_long": 2}}

@@ -9,7 +9,7 @@ from grpo.data.sources import load_problems
 from grpo.model import load_causal_lm, load_tokenizer, resolve_model
 from grpo.sampler.rollout import RolloutEngine
 
-GSM8K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
+GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
 
 
 def test_signal_stats_hand_worked():

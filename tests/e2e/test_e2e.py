@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from netutil import free_ports
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 PY = sys.executable
 

@@ -19,7 +19,7 @@ from grpo.weights.tcp import TcpPublisher, apply_weights
 from grpo.wire import messages as M
 from grpo.wire.transport import SyncClient, SyncServer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 CPU = torch.device("cpu")
 R, ALPHA = 4, 8.0

@@ -1,0 +1,170 @@
+"""The two ledgers under bad input, with a real learner process and real sockets.
+
+Groups (per sampler process) must balance whatever arrives: a sampler that sends malformed
+groups and then vanishes without its final status, junk from a socket that is no sampler, a
+status corrupted on the wire. Rejected messages are in the message ledger, by reason and peer,
+and never also in the group books.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+from builders import make_group, make_status
+from netutil import free_ports
+
+from grpo.wire import codec
+
+ROOT = Path(__file__).resolve().parents[2]
+SID, INC = 3, 777   # the scripted sampler's id and incarnation
+
+
+def start_learner(tmp_path: Path, steps: int) -> tuple[subprocess.Popen, Path, int]:
+    data, sync = free_ports(2)
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "training_worker.py"), "--device", "cpu", "--model", "tiny-random",
+         "--no-deepspeed", "--num-generations", "2", "--train-batch-size", "2", "--max-steps", str(steps),
+         "--max-new-tokens", "8", "--heartbeat-timeout-s", "3", "--shutdown-timeout-s", "30",
+         "--report-to", "none", "--data-port", str(data), "--sync-port", str(sync), "--run-dir", str(run_dir)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "learner.log", "wb"))
+    stage = run_dir / "stages" / "learner0.json"
+    deadline = time.monotonic() + 180
+    while not (stage.exists() and json.loads(stage.read_text())["stage"] == "weights_published"):
+        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "learner.log").read_text()[-3000:]
+        time.sleep(0.2)
+    return proc, run_dir, data
+
+
+def finish(proc: subprocess.Popen, run_dir: Path, tmp_path: Path) -> dict:
+    rc = proc.wait(timeout=120)
+    assert rc == 0, (tmp_path / "learner.log").read_text()[-3000:]
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def valid(i: int):
+    return make_group([[5, 6], [7]], [1, 2, 3], rewards=[1.0, 0.0], sampler_id=SID, incarnation=INC,
+                      group_id=f"v{i}")
+
+
+def malformed(i: int) -> list[bytes]:
+    """A group of this process whose header is valid but whose first log-prob is +1 (bad_log_prob)."""
+    frames = [bytes(f) for f in codec.encode(valid(100 + i))]
+    lp = bytearray(frames[4])   # old_policy_log_probs
+    lp[0:4] = np.float32(1.0).tobytes()
+    frames[4] = bytes(lp)
+    return frames
+
+
+def push(ctx: zmq.Context, port: int) -> zmq.Socket:
+    s = ctx.socket(zmq.PUSH)
+    s.connect(f"tcp://127.0.0.1:{port}")
+    return s
+
+
+@pytest.mark.slow
+def test_sampler_sends_malformed_groups_then_vanishes(tmp_path):
+    proc, run_dir, port = start_learner(tmp_path, steps=3)
+    ctx = zmq.Context()
+    try:
+        s = push(ctx, port)
+        for i in range(3):
+            s.send_multipart(codec.encode(valid(i)))
+            s.send_multipart(malformed(2 * i))
+            s.send_multipart(malformed(2 * i + 1))
+        for i in range(2):
+            s.send_multipart(malformed(6 + i))
+        s.send_multipart(codec.encode(make_status(SID, INC, groups_sent=11)))   # 3 valid + 8 malformed
+        s.close(linger=5000)   # and gone: no final status
+        summary = finish(proc, run_dir, tmp_path)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        ctx.destroy(linger=0)
+    acc = summary["groups"]
+    assert acc == {"received": 3, "trained": 3, "dropped": {"rejected": 8}, "queued": 0, "sent": 11,
+                   "balanced": True}
+    [row] = summary["incarnations"]
+    assert (row["sent"], row["received"], row["rejected"], row["lost_in_flight"], row["final"]) == (11, 3, 8, 0, False)
+    assert summary["messages"] == {"data": {"rejected": 8, "by_reason": {"bad_log_prob": 8},
+                                            "by_peer": {str(SID): {"bad_log_prob": 8}}}}
+
+
+def junk(r: random.Random) -> list[bytes]:
+    """One message from no sampler: noise, garbage msgpack, or made-up senders with broken content."""
+    kind = r.randrange(5)
+    if kind == 0:
+        return [r.randbytes(r.randrange(1, 200))]
+    if kind == 1:
+        return [msgpack.packb({"schema": 2, "kind": "group", "junk": r.random()}), r.randbytes(8)]
+    if kind == 2:   # a plausible group from a process that never spoke validly
+        frames = [bytes(f) for f in codec.encode(make_group(sampler_id=r.randrange(8), incarnation=r.getrandbits(40)))]
+        return frames[:-1]   # a frame short
+    if kind == 3:   # a status with a NaN
+        h = msgpack.unpackb(bytes(codec.encode(make_status(r.randrange(8), r.getrandbits(40)))[0]))
+        h["stats"] = {"x": float("nan")}
+        return [msgpack.packb(h)]
+    return [msgpack.packb({"schema": 2, "kind": "weights_request", "sampler_id": -1})]
+
+
+@pytest.mark.slow
+def test_junk_from_a_socket_that_is_no_sampler(tmp_path):
+    proc, run_dir, port = start_learner(tmp_path, steps=3)
+    ctx = zmq.Context()
+    r = random.Random(7)
+    try:
+        scan = push(ctx, port)
+        for _ in range(2000):
+            scan.send_multipart(junk(r))
+        scan.close(linger=10_000)
+        time.sleep(3)   # the learner reads all of it while it waits for groups
+        s = push(ctx, port)
+        for i in range(3):
+            s.send_multipart(codec.encode(valid(i)))
+        s.send_multipart(codec.encode(make_status(SID, INC, groups_sent=3, final=True)))
+        s.close(linger=5000)
+        summary = finish(proc, run_dir, tmp_path)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        ctx.destroy(linger=0)
+    assert summary["groups"] == {"received": 3, "trained": 3, "dropped": {}, "queued": 0, "sent": 3,
+                                 "balanced": True}
+    data = summary["messages"]["data"]
+    assert data["rejected"] == 2000 and set(data["by_peer"]) == {"unknown"}
+    assert [row["sampler_id"] for row in summary["incarnations"]] == [SID]   # junk made no book entries
+
+
+@pytest.mark.slow
+def test_final_status_corrupted_on_the_wire(tmp_path):
+    proc, run_dir, port = start_learner(tmp_path, steps=3)
+    ctx = zmq.Context()
+    try:
+        s = push(ctx, port)
+        for i in range(3):
+            s.send_multipart(codec.encode(valid(i)))
+        s.send_multipart(codec.encode(make_status(SID, INC, groups_sent=3)))
+        final = msgpack.unpackb(bytes(codec.encode(make_status(SID, INC, groups_sent=3, final=True))[0]))
+        final["stats"] = {"tokens": float("inf")}   # one bad number: the whole status is refused
+        s.send_multipart([msgpack.packb(final)])
+        s.close(linger=5000)
+        summary = finish(proc, run_dir, tmp_path)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        ctx.destroy(linger=0)
+    assert summary["groups"] == {"received": 3, "trained": 3, "dropped": {}, "queued": 0, "sent": 3,
+                                 "balanced": True}
+    assert summary["samplers_without_final_status"] == [SID]   # gone after --heartbeat-timeout-s
+    assert summary["messages"] == {"data": {"rejected": 1, "by_reason": {"non_finite": 1},
+                                            "by_peer": {str(SID): {"non_finite": 1}}}}
