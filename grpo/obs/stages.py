@@ -35,7 +35,10 @@ def role_of(process: str) -> str:
 
 
 def mark(run_dir: str | Path, process: str, stage: str) -> None:
-    """Record that `process` reached `stage` (best effort: a run never fails on its stage file)."""
+    """Record that `process` reached `stage` (best effort: a run never fails on its stage file).
+    Without a run directory (a sampler or learner built in process, as tests do) nothing is written."""
+    if not run_dir:
+        return
     d = Path(run_dir) / "stages"
     try:
         d.mkdir(parents=True, exist_ok=True)
