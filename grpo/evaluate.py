@@ -24,6 +24,7 @@ from grpo.data.formats import Problem
 from grpo.data.gsm8k import gsm8k_reward
 from grpo.data.prompts import build_prompt
 from grpo.data.sources import load_problems
+from grpo.data.tasks import start_levels
 from grpo.flags import parse_config
 from grpo.model import left_pad
 from grpo.obs.progress import Progress
@@ -55,13 +56,22 @@ def evaluate_module(module, tok, cfg, device: torch.device, autocast: bool = Fal
     decoder = eval_engine(module, tok, cfg.generation_backend, device)
     amp = autocast and decoder is None
     with torch.autocast("cuda", dtype=torch.bfloat16) if amp else contextlib.nullcontext():
-        return greedy_accuracy(module, tok, eval_problems(cfg.eval_dataset, cfg.eval_size), cfg.max_new_tokens,
+        return greedy_accuracy(module, tok, run_eval_problems(cfg), cfg.max_new_tokens,
                                cfg.eval_batch_size, device, engine=decoder)
 
 
-def eval_problems(dataset: str, size: int, seed: int = 0) -> list[Problem]:
-    """The fixed evaluation subset: the first `size` problems of the test split."""
-    return load_problems(dataset, "test", limit=size or None, seed=seed)
+def run_eval_problems(cfg) -> list[Problem]:
+    """A training run's evaluation subset (sampler 0's and the learner's alike): --eval-dataset, else
+    --dataset; with --curriculum at the tasks' starting level, so every evaluation scores the same."""
+    dataset = cfg.eval_dataset or cfg.dataset
+    levels = start_levels(dataset) if cfg.curriculum else None
+    return eval_problems(dataset, cfg.eval_size, levels=levels)
+
+
+def eval_problems(dataset: str, size: int, seed: int = 0, levels: dict[str, int] | None = None) -> list[Problem]:
+    """The fixed evaluation subset: the first `size` problems of the test split (of rg: tasks at
+    curriculum `levels` when given: a curriculum run is measured at its starting levels)."""
+    return load_problems(dataset, "test", limit=size or None, seed=seed, levels=levels)
 
 
 @torch.no_grad()

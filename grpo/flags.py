@@ -81,6 +81,13 @@ def _all_fields() -> dict[str, dataclasses.Field]:
 
 def _coerce(key: str, value, tp, path: str):
     """A YAML value as the field's type; a mismatch is a ConfigFileError naming the key."""
+    if key in ("dataset", "eval_dataset") and isinstance(value, dict):
+        from grpo.data.tasks import TaskSpecError, from_yaml  # reasoning-gym's composite layout
+
+        try:
+            return from_yaml(value, f"--config {path}")
+        except TaskSpecError as exc:
+            raise ConfigFileError(str(exc)) from None
     if tp is bool:
         if isinstance(value, bool):
             return value

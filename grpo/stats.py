@@ -33,7 +33,8 @@ def batch_crc32(groups: list) -> int:
 def group_stats(groups: list, version: int) -> dict:
     """Per-step statistics of the trained groups; `version` is the learner's version after the step.
 
-    accuracy: the fraction of completions with reward_info 'correct'.
+    accuracy: the fraction of completions with reward_info 'correct'; accuracy/<task> the same
+    per task, for groups whose meta names one (reasoning-gym tasks).
     reward_components: the mean of every numeric reward_info key (e.g. has_answer, or one
     entry per reward function), 'correct' excepted since it is already `accuracy`.
     entropy: mean -log p of the generated tokens under the behaviour policy, a Monte Carlo
@@ -54,10 +55,16 @@ def group_stats(groups: list, version: int) -> dict:
     n_tok = sum(len(c.old_policy_log_probs) for c in comps)
     neg_lp = -sum(float(c.old_policy_log_probs.sum()) for c in comps)
     ages = [staleness(version - 1, g.policy_version) for g in groups]
+    by_task: dict[str, list[float]] = {}   # reasoning-gym mixtures: accuracy/<task>
+    for g in groups:
+        if "task" in g.meta:
+            by_task.setdefault(str(g.meta["task"]), []).extend(c.reward_info.get("correct", 0.0)
+                                                              for c in g.completions)
     return {"accuracy": sum(c.reward_info.get("correct", 0.0) for c in comps) / len(comps),
             "reward_components": {k: sums[k] / counts[k] for k in sorted(sums)},
             "entropy": neg_lp / n_tok if n_tok else 0.0,
             "completion_len_min": min(lens), "completion_len_max": max(lens),
             "truncated_frac": sum(1 for c in comps if not c.is_finished) / len(comps),
             "staleness_mean": sum(ages) / len(ages), "staleness_max": max(ages),
-            "batch_crc32": batch_crc32(groups), **reward_parts(groups)}
+            "batch_crc32": batch_crc32(groups), **reward_parts(groups),
+            **{f"accuracy/{t}": sum(v) / len(v) for t, v in sorted(by_task.items()) if v}}

@@ -299,8 +299,10 @@ def reward_set_from_config(cfg: Any) -> RewardSet:
 
 def check_sampler_flags(flags: list[str]) -> str | None:
     """For the launcher: the one-line error a sampler started with `flags` would give for its
-    --reward / --dataset-transform choice (imports and names only), or None if they resolve."""
+    --reward / --dataset-transform choice and its rg: task settings (imports, names and the
+    tasks' config classes only), or None if they resolve."""
     from grpo.config import SamplerConfig
+    from grpo.data import tasks
     from grpo.data.formats import load_transform
     from grpo.flags import parse_config
 
@@ -308,6 +310,10 @@ def check_sampler_flags(flags: list[str]) -> str | None:
     try:
         reward_set_from_config(cfg)
         load_transform(cfg.dataset_transform)
-    except (RewardError, PluginError) as exc:
+        if cfg.dataset.startswith("rg:"):
+            tasks.check(tasks.parse_spec(cfg.dataset[3:]), curriculum=cfg.curriculum)
+        elif cfg.curriculum:
+            tasks.start_levels(cfg.dataset)   # says why a curriculum needs rg: tasks
+    except (RewardError, PluginError, tasks.TaskSpecError) as exc:
         return str(exc)
     return None

@@ -14,7 +14,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from grpo.data import formats
+from grpo.data import formats, tasks
 from grpo.data.formats import Problem
 
 DEFAULT_DATASET = "openai/gsm8k"
@@ -39,11 +39,12 @@ class DatasetUnavailable(Exception):
 
 def load_problems(
     spec: str = DEFAULT_DATASET, split: str = "train", limit: int | None = None, seed: int = 0,
-    transform: str = "",
+    transform: str = "", levels: dict[str, int] | None = None,
 ) -> list[Problem]:
     """Problems from `spec`: a local data file (the train split), a folder of <split>.jsonl (or
-    .json/.parquet/.csv), "rg:<task>", or a hub dataset id. `transform` is a "module:function"
-    applied to every raw row first (see grpo.dataset_formats.load_transform).
+    .json/.parquet/.csv), "rg:<tasks>" (grpo.data.tasks), or a hub dataset id. `transform` is a
+    "module:function" applied to every raw row first (see grpo.data.formats.load_transform);
+    `levels`: curriculum levels of rg: tasks.
 
     Order is the source's own (deterministic); `limit` keeps the first N. Shuffling is the caller's.
     """
@@ -51,7 +52,7 @@ def load_problems(
         raise ValueError(f"limit must be >= 0, got {limit}")
     fn = formats.load_transform(transform)
     if spec.startswith("rg:"):
-        problems = _load_reasoning_gym(spec[3:], split, limit, seed)
+        problems = _load_reasoning_gym(spec[3:], split, limit, seed, levels)
         return problems if fn is None else _transform_problems(problems, fn, spec)
     path = Path(spec).expanduser()
     if path.is_dir():
@@ -111,26 +112,28 @@ def _transform_problems(problems: list[Problem], fn: formats.Transform, spec: st
     return out
 
 
-def _load_reasoning_gym(task: str, split: str, limit: int | None, seed: int) -> list[Problem]:
+def _load_reasoning_gym(text: str, split: str, limit: int | None, seed: int,
+                        levels: dict[str, int] | None = None) -> list[Problem]:
+    """Problems of `rg:<text>` (grpo.data.tasks: one task or a mixture, with their settings),
+    at curriculum `levels` when given."""
     if split not in ("train", "test"):
-        raise DatasetUnavailable(f"'rg:{task}' has splits train and test, not {split!r}.")
+        raise DatasetUnavailable(f"'rg:{text}' has splits train and test, not {split!r}.")
     size = RG_DEFAULT_SIZE if limit is None else limit
     if size == 0:
         return []
-    import reasoning_gym  # lazy: the import alone takes seconds
-
     split_seed = seed if split == "train" else seed + RG_TEST_SEED_OFFSET
     try:
-        dataset = reasoning_gym.create_dataset(task, size=size, seed=split_seed)
-    except Exception as exc:  # noqa: BLE001 - unknown tasks raise ValueError, bad configs others
-        raise DatasetUnavailable(
-            f"reasoning_gym cannot generate task {task!r}: {_one_line(exc)}. Valid task names: "
-            "python -c 'import reasoning_gym.factory as f; print(sorted(f.DATASETS))'"
-        ) from exc
+        specs = tasks.parse_spec(text)
+        tasks.check(specs, curriculum=levels is not None)
+        dataset = tasks.make_dataset(specs, size, split_seed, levels)
+    except tasks.TaskSpecError as exc:
+        raise DatasetUnavailable(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - reasoning_gym's own errors come in several types
+        raise DatasetUnavailable(f"reasoning_gym cannot generate rg:{text}: {_one_line(exc)}") from exc
     # The bare final answer is the reference; the task name and entry let the correctness reward
     # use reasoning_gym's own scorer for answers that are not numbers.
     return [Problem(question=str(it["question"]), answer=str(it["answer"]),
-                    columns={"rg_task": task, "rg_entry": it}) for it in dataset]
+                    columns={"rg_task": tasks.task_of(it, specs), "rg_entry": it}) for it in dataset]
 
 
 @contextlib.contextmanager

@@ -124,7 +124,7 @@ def from_yaml(value: Any, where: str) -> str:
 
 
 def _registry() -> tuple[dict, dict]:
-    import reasoning_gym.factory as factory   # lazy: the import alone takes seconds
+    import reasoning_gym.factory as factory  # lazy: the import alone takes seconds
 
     return factory.DATASETS, factory.CURRICULA
 
@@ -203,6 +203,13 @@ def task_of(entry: dict, specs: list[TaskSpec]) -> str:
 # ----------------------------------------------------------------------------- curriculum
 
 
+def start_levels(dataset: str) -> dict[str, int]:
+    """Level 0 for every task of an rg: --dataset (a curriculum run starts there)."""
+    if not dataset.startswith("rg:"):
+        raise TaskSpecError(f"--curriculum needs reasoning-gym tasks (--dataset rg:<task>...), not {dataset!r}")
+    return {s.name: 0 for s in parse_spec(dataset[3:])}
+
+
 def next_level(level: int, rate: float, groups: int, top: int, low: float = 0.1, high: float = 0.7,
                window: int = 20) -> int:
     """The learner's rule: with a full window of groups at `level`, a success rate above `high`
@@ -242,3 +249,41 @@ class SuccessWindow:
             out[f"curriculum/{task}/groups"] = float(len(q))
             out[f"curriculum/{task}/rate"] = sum(k for k, _ in q) / n if n else 0.0
         return out
+
+
+class Curriculum:
+    """The learner's side: one level per task, moved by `next_level` on what the samplers report.
+
+    Each sampler's status carries, per task, the level its window counts at, how many groups it
+    holds (at most --curriculum-window) and their success rate (SuccessWindow.stats). The learner
+    pools the windows of every sampler at the task's current level (weighted by groups): with one
+    sampler that is exactly its last `window` groups; with k samplers up to k windows.
+    """
+
+    def __init__(self, dataset: str, low: float, high: float, window: int):
+        if not low < high:
+            raise TaskSpecError(f"--curriculum-low {low} must be below --curriculum-high {high}")
+        self.levels = start_levels(dataset)
+        check(parse_spec(dataset[3:]), curriculum=True)
+        self.top = {t: max_level(t) for t in self.levels}
+        self.low, self.high, self.window = low, high, window
+        self.changes: list[dict] = []
+
+    def update(self, reports: list[dict[str, float]], step: int) -> list[dict]:
+        """Apply the rule to the samplers' latest reports after `step`; returns the changes made."""
+        made = []
+        for task, level in self.levels.items():
+            groups = correct = 0.0
+            for st in reports:
+                if st.get(f"curriculum/{task}/level") == level:
+                    n = st.get(f"curriculum/{task}/groups", 0.0)
+                    groups += n
+                    correct += n * st.get(f"curriculum/{task}/rate", 0.0)
+            rate = correct / groups if groups else 0.0
+            new = next_level(level, rate, int(groups), self.top[task], self.low, self.high, self.window)
+            if new != level:
+                self.levels[task] = new
+                made.append({"step": step, "task": task, "from": level, "to": new, "rate": rate,
+                             "groups": int(groups)})
+        self.changes += made
+        return made

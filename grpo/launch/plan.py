@@ -190,10 +190,6 @@ def parse(argv: list[str] | None) -> tuple[LaunchConfig, list[str], list[str]]:
         to_s, to_l = split_passthrough(rest)
     except LaunchError as exc:
         parser.error(str(exc))
-    if cfg.eval_every > 0 and not cfg.eval_dataset:
-        # The learner evaluates its final weights on the samplers' data set.
-        i = to_s.index("--dataset") if "--dataset" in to_s else -1
-        cfg.eval_dataset = to_s[i + 1] if 0 <= i < len(to_s) - 1 else SamplerConfig.dataset
     return cfg, to_s, to_l
 
 

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from grpo.config import LearnerConfig
+from grpo.data.tasks import Curriculum
 from grpo.learner.accounting import Books, MessageLedger
 from grpo.learner.batch import (Batch, balanced_split, broadcast_batch, build_batch, length_buckets, micro_batch,
                                 padded_tokens)
@@ -73,9 +74,8 @@ class Learner:
         self.device = pick_device(cfg.device, cfg.gpu_id if cfg.gpu_id >= 0 else (local if cfg.device != "cpu" else -1))
         check_method(cfg.weight_sync, self.device, bool(cfg.lora_r), not cfg.no_deepspeed)
         resolve_backend(cfg.generation_backend, self.device)   # a bad name fails now, not after training
-        if cfg.eval_every > 0 and not cfg.eval_dataset:
-            raise ValueError("--eval-every on the learner needs --eval-dataset (the data set the samplers use); "
-                             "run_distributed.py passes it for you")
+        self.curriculum = (Curriculum(cfg.dataset, cfg.curriculum_low, cfg.curriculum_high, cfg.curriculum_window)
+                           if cfg.curriculum else None)   # a bad --dataset or threshold fails here, before loading
         self.run_dir = make_run_dir(cfg.run_dir)
         raw_ds = load_ds_config(cfg.deepspeed_config)
         self.ds_config, self.batch_size = resolve_ds_config(
@@ -143,6 +143,8 @@ class Learner:
         if self.publisher is not None:
             self.publisher.peers = SyncPeers(self.liveness, max_peers=4 * cfg.max_samplers)
             self.publisher.on_reject = self._sync_rejected
+            if self.curriculum is not None:
+                self.publisher.levels = dict(self.curriculum.levels)
             self.server.on_reject = lambda exc, peer: self._sync_rejected(exc.reason, peer)
         self.fingerprints = None
         if cfg.verify_weight_sync and self.rank == 0:
@@ -283,6 +285,7 @@ class Learner:
             if self.rank == 0:
                 self.intake.counts["trained"] += len(groups)
                 trained_samples += batch.size
+                self._curriculum_step(step)
                 self._log_step(step, groups, batch, stats, t0, t_data, t_train, stall, trained_samples, t_start)
                 bar.update(1, loss=stats["loss"], reward=float(batch.scalars[:, 1].mean()))
             elif gpu := self.gpu.sample():  # other ranks: their own GPU use, one line per step
@@ -305,6 +308,16 @@ class Learner:
             final_eval = self._final_eval() if self.cfg.eval_every > 0 else None
             return self.shutdown(time.perf_counter() - t_start, checksums, final_eval)
         return {}
+
+    def _curriculum_step(self, step: int) -> None:
+        """--curriculum: move task levels on the samplers' latest reports; tell the samplers."""
+        if self.curriculum is None:
+            return
+        reports = [e.status.stats for e in self.books.latest().values() if e.status is not None]
+        for c in self.curriculum.update(reports, step):
+            log.info("curriculum: %s level %d -> %d after step %d (success rate %.3f over %d groups)",
+                     c["task"], c["from"], c["to"], step, c["rate"], c["groups"])
+        self.publisher.levels = dict(self.curriculum.levels)   # a new map: the sync thread reads it
 
     def _final_eval(self) -> dict:
         """Greedy pass@1 of the final weights, on rank 0 after training (nothing left to stall)."""
@@ -346,6 +359,9 @@ class Learner:
                "samplers_alive": len(self.intake.alive(self.version)), "samplers_gone": len(self.liveness.gone),
                "sync_bytes_served": self.publisher.bytes_served, "data_bytes_received": self.receiver.bytes,
                "time_s": now - t_start, **group_stats(groups, self.version)}
+        if self.curriculum is not None:
+            rec.update({f"curriculum/{t}": lv for t, lv in self.curriculum.levels.items()})
+            rec["curriculum_changes"] = [c for c in self.curriculum.changes if c["step"] == step]
         if gpu := self.gpu.sample():
             rec["gpu"] = gpu
         self.metrics.write(rec)
@@ -397,6 +413,8 @@ class Learner:
                    "sync": {"bytes_served": self.publisher.bytes_served, **self.publisher.replies},
                    "messages": self.messages.report(self.books),
                    "final_eval": final_eval,
+                   "curriculum": ({"levels": dict(self.curriculum.levels), "changes": self.curriculum.changes}
+                                  if self.curriculum is not None else None),
                    "weight_sync_verified": self.fingerprints.report() if self.fingerprints is not None else None,
                    "rank_weight_checksums": checksums or [],
                    "ranks_identical": len(set(checksums or [])) == 1,

@@ -68,15 +68,57 @@ def _series(steps: list[dict], key: str, scale: float) -> tuple[list[float], lis
     return xs, ts, ys
 
 
-def plot(steps: list[dict], out: Path, title: str) -> None:
+def load_evals(run_dir: Path) -> list[dict]:
+    """eval.jsonl: the greedy evaluations of the run (sampler 0's at each --eval-every, the learner's final)."""
+    path = run_dir / "eval.jsonl"
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue   # a half-written last line of a live run
+    return out
+
+
+def eval_summary(evals: list[dict]) -> str | None:
+    """The baseline (version 0) and the last evaluation, and their ratio, as one line."""
+    pts = sorted((e["version"], e.get("by", ""), e) for e in evals if isinstance(e.get("version"), int))
+    base = next((e for v, _, e in pts if v == 0), None)
+    if base is None or len(pts) < 2:
+        return None
+    last = pts[-1][2]
+    ratio = f"{last['accuracy'] / base['accuracy']:.2f}x" if base["accuracy"] else "from zero"
+    return (f"greedy accuracy on the held-out subset (first {base.get('n')} test problems): before "
+            f"{base['accuracy']:.3f} (version 0), after {last['accuracy']:.3f} (version {last['version']}, "
+            f"{last.get('by', '?')}): {ratio}")
+
+
+def _eval_points(steps: list[dict], evals: list[dict]) -> tuple[list[float], list[float], list[float]]:
+    """(step, seconds, accuracy) of each evaluation: version v is the weights after step v."""
+    time_at = {r["step"]: r.get("time_s", 0.0) for r in steps}
+    pts = sorted((e["version"], time_at.get(e["version"], 0.0), e["accuracy"]) for e in evals
+                 if isinstance(e.get("version"), int) and isinstance(e.get("accuracy"), (int, float)))
+    return [p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts]
+
+
+def plot(steps: list[dict], out: Path, title: str, evals: list[dict] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(len(PANELS), 2, figsize=(12, 2.6 * len(PANELS)), squeeze=False)
-    for row, (name, ylabel, series) in enumerate(PANELS):
+    panels = list(PANELS)
+    levels = sorted({k for r in steps for k in r if k.startswith("curriculum/")})
+    if levels:   # --curriculum: each task's level; its changes are the steps where a line moves
+        panels.append(("Curriculum level", "level", [(k, k.split("/", 1)[1], 1.0) for k in levels]))
+    tasks = sorted({k for r in steps for k in r if k.startswith("accuracy/")})
+    if len(tasks) > 1:   # a mixture: each task's own train accuracy
+        panels.insert(2, ("Train accuracy by task", "fraction correct", [(k, k.split("/", 1)[1], 1.0) for k in tasks]))
+    fig, axes = plt.subplots(len(panels), 2, figsize=(12, 2.6 * len(panels)), squeeze=False)
+    for row, (name, ylabel, series) in enumerate(panels):
         for col in range(2):
             ax = axes[row][col]
             for key, label, scale in series:
@@ -91,6 +133,10 @@ def plot(steps: list[dict], out: Path, title: str) -> None:
                         ax.plot(x, [sum(ys[max(0, i - w + 1):i + 1]) / len(ys[max(0, i - w + 1):i + 1])
                                     for i in range(len(ys))], label=f"mean of last {w}")
                         ax.legend(fontsize=8)
+            if name == "Accuracy" and evals:
+                xs, ts, ys = _eval_points(steps, evals)
+                ax.plot(xs if col == 0 else ts, ys, marker="o", color="black", label="greedy, held-out test subset")
+                ax.legend(fontsize=8)
             if col == 0:
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_title(f"{name} vs {'step' if col == 0 else 'wall time'}", fontsize=10)
@@ -177,7 +223,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out) if args.out else run_dir
     out.mkdir(parents=True, exist_ok=True)
-    plot(steps, out / "report.png", f"{run_dir.name}: {len(steps)} steps")
+    evals = load_evals(run_dir)
+    plot(steps, out / "report.png", f"{run_dir.name}: {len(steps)} steps", evals)
+    if line := eval_summary(evals):
+        print(line)
     (out / "report.md").write_text(summarize(run_dir, steps, summary, config))
     print(f"wrote {out / 'report.png'} and {out / 'report.md'}")
     return 0

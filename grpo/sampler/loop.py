@@ -19,7 +19,8 @@ from grpo.config import SamplerConfig
 from grpo.data.prompts import PromptStream, problem_prompt
 from grpo.data.rewards import reward_set_from_config
 from grpo.data.sources import load_problems, shard
-from grpo.evaluate import eval_problems, greedy_accuracy, record_eval
+from grpo.data.tasks import SuccessWindow, start_levels
+from grpo.evaluate import greedy_accuracy, record_eval, run_eval_problems
 from grpo.loss import has_signal
 from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, right_pad,
                         token_logprobs)
@@ -67,14 +68,11 @@ class Sampler:
         self.backend = resolve_backend(cfg.generation_backend, self.device)  # a bad name fails before any loading
         torch.manual_seed(cfg.seed + 1000 * cfg.sampler_id)
         self.rewards = reward_set_from_config(cfg)  # a bad --reward fails here, before any model loads
-        problems = load_problems(cfg.dataset, "train", limit=cfg.dataset_limit or None, seed=cfg.seed,
-                                 transform=cfg.dataset_transform)
-        mine = shard(problems, cfg.sampler_id, cfg.num_samplers)
-        if not mine:
-            raise ValueError(f"sampler {cfg.sampler_id} of {cfg.num_samplers} got no prompts "
-                             f"from {len(problems)} problems; use fewer samplers or more data")
+        # --curriculum: every task starts at level 0; the learner's answers move the levels.
+        self.levels = start_levels(cfg.dataset) if cfg.curriculum else None
+        self.window = SuccessWindow(cfg.curriculum_window)
+        mine = self._load_prompts()
         self.rewards.probe(mine[0])
-        self.prompts = PromptStream(mine, seed=cfg.seed + cfg.sampler_id)
         path = resolve_model(cfg.model)
         self.tok = load_tokenizer(path)
         dtype = compute_dtype(self.device)
@@ -100,8 +98,7 @@ class Sampler:
         total = sum(p.numel() * 4 for p in self.policy.parameters())
         self.sync = SyncClient(cfg.host, cfg.sync_port, M.weights_limits(total + (64 << 20)), curve=curve)
         # Sampler 0 evaluates (greedy pass@1) at version 0 and at every multiple of --eval-every.
-        self.eval_set = (eval_problems(cfg.eval_dataset or cfg.dataset, cfg.eval_size)
-                         if cfg.eval_every > 0 and cfg.sampler_id == 0 else None)
+        self.eval_set = run_eval_problems(cfg) if cfg.eval_every > 0 and cfg.sampler_id == 0 else None
         self._evaluated_at = -1
         self.gpu = GpuMonitor(self.device)
         # A fixed key set: the heartbeat thread reads this dict while the main thread updates it.
@@ -109,15 +106,40 @@ class Sampler:
                       "sync_s": 0.0, "weight_bytes": 0.0, "weight_syncs": 0.0, "apply_s": 0.0, "rounds": 0.0,
                       "dropped_full": 0.0, "dropped_send_timeout": 0.0, "dropped_zero_signal": 0.0,
                       "peak_mem_gb": 0.0, "eval_version": -1.0, "eval_accuracy": 0.0, "eval_seconds": 0.0,
-                      "verified_version": -1.0, "verified_checksum": 0.0}  # --verify-weight-sync
+                      "verified_version": -1.0, "verified_checksum": 0.0,  # --verify-weight-sync
+                      **self.window.stats()}   # --curriculum: per task, level, groups and rate
         self.heartbeat = Heartbeat(DataSender(cfg.host, cfg.data_port, hwm=2, curve=curve),
                                    cfg.heartbeat_interval_s, lambda: self._status(final=False))
         self.name = f"sampler{cfg.sampler_id}"
+        self._sent_one = False   # (groups_sent counts filtered groups too, so it cannot tell)
         self.run_facts: M.RunFacts | None = None   # the learner's, from its first answer
         log.info("sampler %d/%d on %s: %d prompts in its shard, model %s, G=%d, %d prompts per round, "
                  "%s generation", cfg.sampler_id, cfg.num_samplers, self.device, len(mine), path,
                  cfg.num_generations, cfg.prompts_per_round, self.backend)
         mark_stage(cfg.run_dir, self.name, "model_loaded")
+
+    def _load_prompts(self) -> list:
+        """This sampler's shard of the train split (at the curriculum's levels), as its prompt stream."""
+        cfg = self.cfg
+        problems = load_problems(cfg.dataset, "train", limit=cfg.dataset_limit or None, seed=cfg.seed,
+                                 transform=cfg.dataset_transform, levels=self.levels)
+        mine = shard(problems, cfg.sampler_id, cfg.num_samplers)
+        if not mine:
+            raise ValueError(f"sampler {cfg.sampler_id} of {cfg.num_samplers} got no prompts "
+                             f"from {len(problems)} problems; use fewer samplers or more data")
+        for task, level in (self.levels or {}).items():
+            self.window.set_level(task, level)
+        self.prompts = PromptStream(mine, seed=cfg.seed + cfg.sampler_id)
+        return mine
+
+    def _set_levels(self, levels: dict[str, int]) -> None:
+        """The learner moved the curriculum: from the next round, prompts come from the new levels."""
+        if self.levels is None or levels == self.levels:
+            return
+        moved = ", ".join(f"{t} {self.levels.get(t)} -> {lv}" for t, lv in levels.items() if self.levels.get(t) != lv)
+        self.levels = {t: int(levels.get(t, lv)) for t, lv in self.levels.items()}
+        self._load_prompts()
+        log.info("curriculum: %s (prompts regenerated at the new levels)", moved)
 
     def _check_run(self, facts: M.RunFacts) -> None:
         """The learner's first answer: its facts must agree with ours, or no group of ours is valid."""
@@ -149,7 +171,7 @@ class Sampler:
             method = self.sync_method
             answered, newest, stop = request_weights(self.sync, self.cfg.sampler_id, self.version,
                                                      self._request_id, self.cfg.sync_timeout_s, method,
-                                                     on_run=self._check_run)
+                                                     on_run=self._check_run, on_levels=self._set_levels)
             if stop is not None:
                 log.info("learner says stop (%s) at version %d", stop.reason, stop.version)
                 return False
@@ -248,6 +270,11 @@ class Sampler:
         texts = [tok.decode(c, skip_special_tokens=True) for c, _ in completions]
         scores = self.rewards.score([problems[k // G] for k in range(len(completions))], texts,
                                     [c for c, _ in completions])
+        if self.levels is not None:   # every group counts for its task, before any filter
+            for gi, problem in enumerate(problems):
+                self.window.add(problem.columns.get("rg_task", ""),
+                                sum(sc.info.get("correct", 0.0) for sc in scores[gi * G:(gi + 1) * G]), G)
+            self.stats.update(self.window.stats())
         # Scored before the log-prob passes, so that with --filter-zero-signal a group whose
         # rewards are all equal (zero advantage: the learner would drop it) costs no passes and
         # is not sent; it still counts as offered, and the learner's books see it as dropped.
@@ -277,7 +304,9 @@ class Sampler:
                 sampler_id=cfg.sampler_id, group_id=f"s{cfg.sampler_id}-r{round_idx}-g{gi}",
                 policy_version=self.version, prefix=prompt,
                 prefix_tokens=tok.convert_ids_to_tokens(pids), prefix_token_ids=np.asarray(pids, dtype=np.int32),
-                completions=comps, meta={"answer": problem.answer.split("####")[-1].strip()[:64]},
+                completions=comps, meta={"answer": problem.answer.split("####")[-1].strip()[:64],
+                                         **({"task": problem.columns["rg_task"]} if "rg_task" in problem.columns
+                                            else {})},
                 incarnation=self.incarnation))
         n_tokens = sum(len(c) for c, _ in completions)
         self.stats["samples"] += len(completions)
@@ -352,7 +381,8 @@ class Sampler:
                     self.groups_sent += 1  # offered: a group dropped at the HWM is counted too
                     send_group(self.data, group, self.cfg.on_full, self.cfg.send_timeout_s, self.stats,
                                self._where, f"group {self.groups_sent}")
-                    if self.groups_sent == 1:
+                    if not self._sent_one:
+                        self._sent_one = True
                         mark_stage(self.cfg.run_dir, self.name, "first_group")
                 rounds += 1
                 self.stats["rounds"] = rounds

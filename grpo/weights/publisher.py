@@ -41,7 +41,8 @@ def publish_named(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
 
 
 def request_weights(client: Transport, sampler_id: int, have_version: int, request_id: int,
-                    timeout_s: float, method: str = "", on_run: Callable[[M.RunFacts], None] | None = None
+                    timeout_s: float, method: str = "", on_run: Callable[[M.RunFacts], None] | None = None,
+                    on_levels: Callable[[dict[str, int]], None] | None = None
                     ) -> tuple[bool, M.WeightsAnnounce | None, M.Stop | None]:
     """Sampler side of one sync: ask, then wait up to timeout_s for the answer to *this* request.
 
@@ -64,6 +65,8 @@ def request_weights(client: Transport, sampler_id: int, have_version: int, reque
             continue
         if on_run is not None and getattr(msg, "run", None) is not None:
             on_run(msg.run)
+        if on_levels is not None and getattr(msg, "levels", None) is not None:
+            on_levels(msg.levels)
         if isinstance(msg, M.Stop):
             return True, newest, msg
         if isinstance(msg, M.WeightsAnnounce) and msg.version > (newest.version if newest else have_version):
@@ -112,6 +115,9 @@ class Publisher:
         self.peers = None  # grpo.learner.liveness.SyncPeers: binds a connection to one sampler id (set by the learner)
         self.on_reject: Callable[[str, bytes], None] | None = None   # (reason, peer): the learner's message ledger
         self.run_facts = run   # the run's facts, for the first answer to each connection
+        # --curriculum: the tasks' levels, for every answer; replaced whole (never mutated) by the
+        # learner's thread, so this thread reads one consistent map.
+        self.levels: dict[str, int] | None = None
         self._told: collections.OrderedDict[bytes, None] = collections.OrderedDict()   # connections told them
         # Requests with have_version -1 that came before anything was published: answered with
         # the first version published (a client with no weights must not be told "no update").
@@ -174,7 +180,8 @@ class Publisher:
 
     def _reply_weights(self, identity: bytes, msg: M.WeightsRequest, snap: Snapshot, run: M.RunFacts | None) -> int:
         # Same buckets (no copy), only the header differs: it echoes the request id.
-        return self.server.reply(identity, dataclasses.replace(snap.announce, request_id=msg.request_id, run=run))
+        return self.server.reply(identity, dataclasses.replace(snap.announce, request_id=msg.request_id, run=run,
+                                                               levels=self.levels))
 
     def _facts_for(self, identity: bytes, msg: M.WeightsRequest) -> M.RunFacts | None:
         """The run's facts for the first answer to each connection, and to any have_version -1."""
@@ -200,12 +207,13 @@ class Publisher:
         run = self._facts_for(identity, msg)
         if self._stopping.is_set():
             self.server.reply(identity, M.Stop(version=current, reason="learner finished",
-                                               request_id=msg.request_id, run=run))
+                                               request_id=msg.request_id, run=run, levels=self.levels))
             self.replies["stop"] += 1
             self.stopped_samplers.add(msg.sampler_id)
         elif snap is not None and msg.have_version < snap.version:
             self.bytes_served += self._reply_weights(identity, msg, snap, run)
             self.replies["weights"] += 1
         else:
-            self.server.reply(identity, M.NoUpdate(version=current, request_id=msg.request_id, run=run))
+            self.server.reply(identity, M.NoUpdate(version=current, request_id=msg.request_id, run=run,
+                                                   levels=self.levels))
             self.replies["no_update"] += 1

@@ -129,6 +129,7 @@ class SlotPublisher(Publisher):
                 self.pending[snap.slot].add(identity)
             # Header first (version, layout, where to meet), then the bytes on the pair group.
             announce = dataclasses.replace(snap.announce, method=M.NCCL, ipc=None, request_id=msg.request_id, run=run,
+                                           levels=self.levels,
                                            nccl=self.pairs.rendezvous(identity, snap.slot))
             n = self.server.reply(identity, announce)
             if not self.pairs.send(identity, self.slots[snap.slot][:self.total]):

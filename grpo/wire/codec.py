@@ -84,6 +84,8 @@ def _encode_weights(w: WeightsAnnounce) -> list[bytes | memoryview]:
         fields["shared"] = [dataclasses.asdict(h) for h in w.shared]
     if w.run is not None:
         fields["run"] = dataclasses.asdict(w.run)
+    if w.levels is not None:
+        fields["levels"] = dict(w.levels)
     frames = [memoryview(b) for b in w.buckets] if w.method == TCP else []
     descs = [{"name": f"bucket_{i}", "dtype": "uint8", "shape": [f.nbytes]} for i, f in enumerate(frames)]
     return [_pack("weights", fields, descs), *frames]
@@ -99,7 +101,7 @@ def encode(msg: Message) -> list[bytes | memoryview]:
     if isinstance(msg, WeightsAnnounce):
         return _encode_weights(msg)
     if type(msg) in _SIMPLE_KINDS:  # header-only kinds: the fields are the dataclass fields (run: when set)
-        fields = {k: v for k, v in dataclasses.asdict(msg).items() if not (k == "run" and v is None)}
+        fields = {k: v for k, v in dataclasses.asdict(msg).items() if not (k in ("run", "levels") and v is None)}
         return [_pack(_SIMPLE_KINDS[type(msg)], fields, [])]
     raise TypeError(f"cannot encode {type(msg).__name__}")
 
@@ -430,7 +432,14 @@ def _decode_weights(h: dict[str, Any], arrays: list[_Array], views: list[memoryv
             if x.storage_nbytes != n:
                 raise _fail("bad_shape", f"weights.shared[{i}]: storage of {x.storage_nbytes} bytes, layout says {n}")
     return WeightsAnnounce(version, method, layout, bucket_dtypes, bucket_nbytes, list(views),
-                           _int(h, "request_id", "weights", lo=-1), ipc, nccl, shared, _run_facts(h))
+                           _int(h, "request_id", "weights", lo=-1), ipc, nccl, shared, _run_facts(h), _levels(h))
+
+
+def _levels(h: dict[str, Any]) -> dict[str, int] | None:
+    """The optional `levels` map of an answer: task name -> curriculum level (absent: None)."""
+    if "levels" not in h:
+        return None
+    return {k: _as_int(v, f"levels.{k}") for k, v in _map(h["levels"], "levels").items()}
 
 
 def _run_facts(h: dict[str, Any]) -> RunFacts | None:
@@ -527,6 +536,6 @@ def _decode_body(h: dict[str, Any], views: list[memoryview], limits: Limits) -> 
         return WeightsRequest(_int(h, "sampler_id", kind), _int(h, "have_version", kind, lo=-1),
                               _int(h, "request_id", kind), method)
     if kind == "no_update":
-        return NoUpdate(_int(h, "version", kind), _int(h, "request_id", kind, lo=-1), _run_facts(h))
+        return NoUpdate(_int(h, "version", kind), _int(h, "request_id", kind, lo=-1), _run_facts(h), _levels(h))
     return Stop(_int(h, "version", kind), _str(h, "reason", kind, MAX_REASON_CHARS),
-                _int(h, "request_id", kind, lo=-1), _run_facts(h))
+                _int(h, "request_id", kind, lo=-1), _run_facts(h), _levels(h))

@@ -150,6 +150,7 @@ class WeightsAnnounce:  # learner -> sampler
     nccl: NcclRendezvous | None = None  # method "nccl": where to meet the learner for the bytes
     shared: list[IpcHandle] | None = None  # method "shared": one handle per storage ("bucket") of the parameters
     run: RunFacts | None = None  # the run's facts: in the first answer to each sync connection
+    levels: dict[str, int] | None = None  # --curriculum: every task's current level, in every answer
 
 
 @dataclass
@@ -187,6 +188,7 @@ class NoUpdate:
     version: int
     request_id: int = -1
     run: RunFacts | None = None
+    levels: dict[str, int] | None = None
 
 
 @dataclass
@@ -195,6 +197,7 @@ class Stop:
     reason: str
     request_id: int = -1
     run: RunFacts | None = None
+    levels: dict[str, int] | None = None
 
 
 Message = Union[Group, SamplerStatus, WeightsRequest, WeightsAnnounce, NoUpdate, Stop]

@@ -112,11 +112,13 @@ def test_plan_two_samplers_and_shared_gpu():
 
 def test_plan_cpu_and_errors():
     specs = _plan(["--device", "cpu", "--training-ranks", "2", "--num-samplers", "2", "--max-steps", "3",
-                   "--beta", "0.1", "--dataset", "x"], cuda_count=0)
+                   "--beta", "0.1", "--prompts-per-round", "7", "--dataset", "x"], cuda_count=0)
     assert [s.name for s in specs] == ["learner0", "learner1", "sampler0", "sampler1"]
     assert all(s.env["CUDA_VISIBLE_DEVICES"] == "" for s in specs)
     assert "--beta" in specs[0].argv and "--beta" not in specs[2].argv      # learner-only flag
-    assert "--dataset" in specs[2].argv and "--dataset" not in specs[0].argv  # sampler-only flag
+    assert "--prompts-per-round" in specs[2].argv and "--prompts-per-round" not in specs[0].argv  # sampler-only
+    # --dataset is common: the learner reads it for --curriculum and its evaluation
+    assert all(s.argv[s.argv.index("--dataset") + 1] == "x" for s in specs)
     with pytest.raises(LaunchError, match="GPU 5 does not exist"):
         _plan(["--sampling-gpu", "0", "--training-gpus", "5"], cuda_count=2)
     with pytest.raises(LaunchError, match="CUDA is not available"):
@@ -144,7 +146,8 @@ def test_launcher_help_lists_the_options_it_passes_on(capsys):
     at = [out.index(h + ":") for h in heads]
     assert at == sorted(at) and out.index("--sampling-gpus") < at[0]     # the launcher's own first
     sampler, learner, both = out[at[0]:at[1]], out[at[1]:at[2]], out[at[2]:]
-    assert "--reward " in sampler and "--dataset " in sampler and "--learning-rate" not in sampler
+    assert "--reward " in sampler and "--prompts-per-round" in sampler and "--learning-rate" not in sampler
+    assert out.index("--dataset DATASET") < at[0]                       # common: the launcher's own
     assert "--learning-rate" in learner and "--lora-r" in learner and "--reward " not in learner
     assert "--filter-zero-signal" in both
     assert "--sampler-id" not in out and "--gpu-id" not in out        # the launcher sets those itself
