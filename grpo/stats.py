@@ -16,6 +16,22 @@ def staleness(learner_version: int, group_version: int) -> int:
     return learner_version - group_version
 
 
+def generation_budget(version: int, sampler_version: int, queued: int, groups_per_step: int, max_staleness: int,
+                      samplers: int = 1) -> int:
+    """How many groups one sampler may generate now with none of them certain to be dropped as stale.
+
+    A group made from `sampler_version` joins the learner's queue behind `queued` groups; the
+    learner, at `version`, trains `groups_per_step` per step, so the group at queue position p
+    (0-based) is trained at version + p // groups_per_step and is stale once that is more than
+    sampler_version + max_staleness. Positions p < (max_staleness - lag + 1) * groups_per_step are
+    safe (lag = version - sampler_version): AReaL's bound of (staleness + 1) x batch rollouts in
+    flight, less what is queued. Samplers on one port share it evenly.
+    """
+    lag = max(0, version - sampler_version)
+    room = (max_staleness - lag + 1) * groups_per_step - queued
+    return max(0, room) // max(1, samplers)
+
+
 def reward_parts(groups: list) -> dict[str, float]:
     """The mean of each reward part (reward_info key) over every completion that has it, as reward/<name>."""
     parts: dict[str, list[float]] = {}

@@ -40,7 +40,9 @@ def build_batch(groups: list[M.Group], group_size: int, scale_rewards: bool) -> 
             rows.append((P_len, len(c.generated_token_ids), g.policy_version, gi, int(c.is_finished)))
             toks.append(c.whole_token_ids)
             old.append(c.old_policy_log_probs)
-            ref.append(c.ref_policy_log_probs)
+            # Empty: the sampler computed none (the run needs none, beta 0); zeros stand in, unused.
+            ref.append(c.ref_policy_log_probs if len(c.ref_policy_log_probs) else
+                       np.zeros(len(c.generated_token_ids), np.float32))
             rewards.append(c.reward)
     r = torch.tensor(rewards, dtype=torch.float32)
     adv = group_advantages(r, group_size, scale=scale_rewards)

@@ -23,7 +23,8 @@ from grpo.wire.transport import Receiver
 log = logging.getLogger(__name__)
 
 
-def drop_reason(g: M.Group, version: int, max_staleness: int, filter_zero_signal: bool) -> str | None:
+def drop_reason(g: M.Group, version: int, max_staleness: int, filter_zero_signal: bool,
+                needs_ref: bool = False) -> str | None:
     """Why a received group must not be trained on at learner `version` (None: train on it)."""
     if g.policy_version > version:
         return "future_version"
@@ -31,6 +32,8 @@ def drop_reason(g: M.Group, version: int, max_staleness: int, filter_zero_signal
         return "stale"
     if len(g.prefix_token_ids) == 0:
         return "empty_prompt"
+    if needs_ref and any(len(c.ref_policy_log_probs) != len(c.generated_token_ids) for c in g.completions):
+        return "missing_ref"   # the KL term needs them (beta > 0) and the sampler sent none
     if filter_zero_signal and not has_signal([c.reward for c in g.completions]):
         # Every advantage is 0 and the group only adds KL; the next group from the queue
         # takes its place.
@@ -49,6 +52,8 @@ class Intake:
         self.fingerprints = fingerprints   # --verify-weight-sync: checks what samplers report
         self.queue: collections.deque[M.Group] = collections.deque()
         self.counts = collections.Counter()   # received, trained, dropped_<reason>
+        # Groups that reached us per sampler id (valid or rejected): the publisher's budget reads it.
+        self.received_by: collections.Counter[int] = collections.Counter()
         receiver.on_reject = self._rejected
 
     def _rejected(self, exc: M.ProtocolError, _peer: bytes | None) -> None:
@@ -58,6 +63,7 @@ class Intake:
         named = o is not None and self.liveness.valid_id(o.sampler_id)
         if named and o.kind == "group":
             self.books.rejected(o.sampler_id, o.incarnation)
+            self.received_by[o.sampler_id] += 1
         self.messages.reject("data", exc.reason, (o.sampler_id, o.incarnation) if named else None)
 
     def take(self, msg: M.Message | None, version: int) -> None:
@@ -66,6 +72,7 @@ class Intake:
         elif isinstance(msg, M.Group):
             self.liveness.seen(msg.sampler_id)
             self.counts["received"] += 1
+            self.received_by[msg.sampler_id] += 1
             self.books.group(msg, version)
             if (len(msg.prefix_token_ids) > self.cfg.max_prompt_tokens
                     or max(len(c.generated_token_ids) for c in msg.completions) > self.cfg.max_new_tokens):
@@ -85,7 +92,7 @@ class Intake:
             self.messages.reject("data", "unexpected_kind")   # valid, but no kind a sampler sends here
 
     def _fresh(self, g: M.Group, version: int) -> bool:
-        reason = drop_reason(g, version, self.cfg.max_staleness, self.cfg.filter_zero_signal)
+        reason = drop_reason(g, version, self.cfg.max_staleness, self.cfg.filter_zero_signal, self.cfg.beta > 0)
         if reason:
             self.counts["dropped_" + reason] += 1
         return reason is None

@@ -73,6 +73,11 @@ class Liveness:
         with self._lock:
             return set(self.last_seen) - self.gone - self.finished
 
+    def count_alive(self) -> int:
+        """Samplers heard from and not gone or finished, without judging silence now (any thread)."""
+        with self._lock:
+            return len(set(self.last_seen) - self.gone - self.finished)
+
     def snapshot(self) -> dict:
         now = self.clock()
         with self._lock:

@@ -42,6 +42,7 @@ from grpo.sampler.rollout import resolve_backend
 from grpo.stats import group_stats
 from grpo.weights import make_publisher
 from grpo.weights.methods import check_method
+from grpo.weights.publisher import QueueView
 from grpo.wire import messages as M
 from grpo.wire.curve import SERVER, curve_for, warn_if_exposed
 from grpo.wire.transport import DataReceiver, SyncServer, free_port
@@ -136,7 +137,8 @@ class Learner:
                          dtype=str(compute_dtype(self.device)).removeprefix("torch."),
                          num_generations=cfg.num_generations, max_new_tokens=cfg.max_new_tokens,
                          max_prompt_tokens=cfg.max_prompt_tokens, temperature=cfg.temperature,
-                         needs_ref_logprobs=cfg.beta > 0, max_staleness=cfg.max_staleness)
+                         needs_ref_logprobs=cfg.beta > 0, max_staleness=cfg.max_staleness,
+                         groups_per_step=self.groups_per_step)
         self.publisher = (make_publisher(cfg.weight_sync, self.server, self.engine.module, self.device,
                                          compute_dtype(self.device), cfg.host, cfg.sync_port,
                                          cfg.ipc_ack_timeout_s, cfg.nccl_timeout_s, run) if self.rank == 0 else None)
@@ -174,6 +176,12 @@ class Learner:
             mark_stage(self.run_dir, "learner0", "weights_published")
         self.intake = (Intake(cfg, self.receiver, self.liveness, self.books, self.messages, self.fingerprints)
                        if self.rank == 0 else None)
+        if self.publisher is not None:   # each answer tells its sampler how much it may generate
+            self.publisher.queue_view = QueueView(queued=lambda: len(self.intake.queue),
+                                                  received=lambda sid: self.intake.received_by.get(sid, 0),
+                                                  samplers=lambda: max(1, self.liveness.count_alive()),
+                                                  training=lambda: self.in_step)
+        self.in_step = 0   # groups of the step being trained now (rank 0; the publisher's budget reads it)
         if resume_dir is not None and self.rank == 0:
             lost = self.books.restore(self.resumed.get("books", []), self.resumed.get("groups", {}),
                                       self.intake.counts)
@@ -269,6 +277,7 @@ class Learner:
             batch = groups = None
             if self.rank == 0:
                 groups = self.intake.collect(self.groups_per_step, self.version)
+                self.in_step = len(groups)
                 batch = build_batch(groups, self.cfg.num_generations, self.cfg.scale_rewards)
             t_data = time.perf_counter()
             batch, _ = broadcast_batch(batch, False, self.device)
@@ -283,6 +292,7 @@ class Learner:
             if step == self.version_at_start + 1:
                 mark_stage(self.run_dir, f"learner{self.rank}", "first_step")
             if self.rank == 0:
+                self.in_step = 0
                 self.intake.counts["trained"] += len(groups)
                 trained_samples += batch.size
                 self._curriculum_step(step)

@@ -77,7 +77,9 @@ class Sampler:
         self.tok = load_tokenizer(path)
         dtype = compute_dtype(self.device)
         self.policy = load_causal_lm(path, self.device, dtype).eval()
-        self.ref = load_causal_lm(path, self.device, dtype).eval()  # frozen: never receives weights
+        # The frozen reference model is loaded only once the learner says the run needs its
+        # log-probs (beta > 0; RunFacts.needs_ref_logprobs), or if it never says.
+        self._model_path, self.ref = path, None
         self.vocab_size = self.policy.get_input_embeddings().weight.shape[0]
         # ipc/nccl: the policy's parameters move into flat buckets so that a version is one copy.
         self.receiver, self.sync_method = None, M.TCP
@@ -107,11 +109,14 @@ class Sampler:
                       "dropped_full": 0.0, "dropped_send_timeout": 0.0, "dropped_zero_signal": 0.0,
                       "peak_mem_gb": 0.0, "eval_version": -1.0, "eval_accuracy": 0.0, "eval_seconds": 0.0,
                       "verified_version": -1.0, "verified_checksum": 0.0,  # --verify-weight-sync
+                      "budget_wait_s": 0.0,   # waiting for the learner's queue to have room
                       **self.window.stats()}   # --curriculum: per task, level, groups and rate
         self.heartbeat = Heartbeat(DataSender(cfg.host, cfg.data_port, hwm=2, curve=curve),
                                    cfg.heartbeat_interval_s, lambda: self._status(final=False))
         self.name = f"sampler{cfg.sampler_id}"
-        self._sent_one = False   # (groups_sent counts filtered groups too, so it cannot tell)
+        self.budget = -1   # groups the learner's last answer let us generate (-1: no limit said)
+        self._sent_one = False
+        self._last_wait_note = 0.0   # (groups_sent counts filtered groups too, so it cannot tell)
         self.run_facts: M.RunFacts | None = None   # the learner's, from its first answer
         log.info("sampler %d/%d on %s: %d prompts in its shard, model %s, G=%d, %d prompts per round, "
                  "%s generation", cfg.sampler_id, cfg.num_samplers, self.device, len(mine), path,
@@ -141,6 +146,26 @@ class Sampler:
         self._load_prompts()
         log.info("curriculum: %s (prompts regenerated at the new levels)", moved)
 
+    def _on_answer(self, msg: M.Message) -> None:
+        """Every answer on the sync channel: the run's facts (first), curriculum levels, the budget."""
+        if getattr(msg, "run", None) is not None:
+            self._check_run(msg.run)
+        if getattr(msg, "levels", None) is not None:
+            self._set_levels(msg.levels)
+        if isinstance(msg, (M.WeightsAnnounce, M.NoUpdate)):
+            self.budget = msg.budget   # -1: the learner set no limit
+
+    def _handed(self) -> int:
+        """Groups this process has handed to its data socket (made, minus those it dropped itself)."""
+        st = self.stats
+        return self.groups_sent - int(st["dropped_zero_signal"] + st["dropped_full"] + st["dropped_send_timeout"])
+
+    def _round_prompts(self) -> int:
+        """Prompts for the next round: --prompts-per-round, or fewer when the learner's queue is so
+        long that more groups would reach it too stale to train on (the budget in its answer)."""
+        n = self.cfg.prompts_per_round
+        return n if self.budget < 0 else min(n, self.budget)
+
     def _check_run(self, facts: M.RunFacts) -> None:
         """The learner's first answer: its facts must agree with ours, or no group of ours is valid."""
         if self.run_facts is None:
@@ -152,6 +177,9 @@ class Sampler:
                      facts.num_generations, facts.max_new_tokens, facts.temperature,
                      "needs" if facts.needs_ref_logprobs else "does not need", facts.max_staleness)
             mark_stage(self.cfg.run_dir, self.name, "connected")
+            if not facts.needs_ref_logprobs:
+                log.info("reference log-probs: not used by this run (the learner's beta is 0): no reference model, "
+                         "no reference pass; groups carry none")
         self.run_facts = facts
 
     # ------------------------------------------------------------------ weights
@@ -171,7 +199,7 @@ class Sampler:
             method = self.sync_method
             answered, newest, stop = request_weights(self.sync, self.cfg.sampler_id, self.version,
                                                      self._request_id, self.cfg.sync_timeout_s, method,
-                                                     on_run=self._check_run, on_levels=self._set_levels)
+                                                     on_answer=self._on_answer, sent=self._handed())
             if stop is not None:
                 log.info("learner says stop (%s) at version %d", stop.reason, stop.version)
                 return False
@@ -249,9 +277,9 @@ class Sampler:
 
     # ------------------------------------------------------------------ one round
     @torch.no_grad()
-    def generate_round(self, round_idx: int) -> list[M.Group]:
+    def generate_round(self, round_idx: int, n_prompts: int | None = None) -> list[M.Group]:
         cfg, tok = self.cfg, self.tok
-        problems = self.prompts.next_batch(cfg.prompts_per_round)
+        problems = self.prompts.next_batch(cfg.prompts_per_round if n_prompts is None else n_prompts)
         prompts = [problem_prompt(tok, p) for p in problems]
         prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
         G = cfg.num_generations
@@ -285,7 +313,12 @@ class Sampler:
         kept_whole = [whole[k] for k in rows_kept]
         kept_plens = [len(prompt_ids[k // G]) for k in rows_kept]
         old_lp = dict(zip(rows_kept, self._logprobs(self.policy, kept_whole, kept_plens)))
-        ref_lp = dict(zip(rows_kept, self._logprobs(self.ref, kept_whole, kept_plens)))
+        if self.run_facts is None or self.run_facts.needs_ref_logprobs:
+            if self.ref is None:
+                self.ref = load_causal_lm(self._model_path, self.device, compute_dtype(self.device)).eval()
+            ref_lp = dict(zip(rows_kept, self._logprobs(self.ref, kept_whole, kept_plens)))
+        else:   # not needed: the reference pass is skipped and the group carries none
+            ref_lp = {k: np.zeros(0, np.float32) for k in rows_kept}
         reward_s, logprob_s = t2 - t1, time.perf_counter() - t2   # (_logprobs ends in .cpu(): done by now)
         self.stats["dropped_zero_signal"] += len(problems) - len(keep)
         groups = []
@@ -355,6 +388,18 @@ class Sampler:
         else:  # like a heartbeat: if the queue is full now, the next one says the same, newer
             self.data.send(self._status(False), timeout_s=0)
 
+    def _wait_for_room(self) -> None:
+        """The learner has as many groups queued as it can train before they go stale: wait a
+        moment before asking again (a word every 10 s; the learner's answer bounds the wait)."""
+        t0 = time.perf_counter()
+        time.sleep(0.2)
+        self.stats["budget_wait_s"] += time.perf_counter() - t0
+        if time.monotonic() - self._last_wait_note > 10.0:
+            self._last_wait_note = time.monotonic()
+            log.info("waiting: the learner's queue is full for version %d (budget 0: anything generated now would "
+                     "be too stale when trained); asking again every 0.2 s (%.0f s waited so far)", self.version,
+                     self.stats["budget_wait_s"])
+
     @property
     def _where(self) -> str:
         return f"{self.cfg.host}:{self.cfg.data_port}"
@@ -371,9 +416,14 @@ class Sampler:
                 with self._round_guard():
                     if not self.sync_weights() or (self.cfg.max_rounds and rounds >= self.cfg.max_rounds):
                         break
-                    self.maybe_evaluate()
-                    filtered = self.stats["dropped_zero_signal"]
-                    groups = self.generate_round(rounds)
+                    n = self._round_prompts()
+                    if n:
+                        self.maybe_evaluate()
+                        filtered = self.stats["dropped_zero_signal"]
+                        groups = self.generate_round(rounds, n)
+                if not n:   # outside the round guard: with shared weights the learner must go on
+                    self._wait_for_room()
+                    continue
                 # Groups filtered out as zero-signal were offered too: the learner's books count them
                 # as sent and dropped (sampler_zero_signal), so sent = trained + dropped + queued holds.
                 self.groups_sent += int(self.stats["dropped_zero_signal"] - filtered)

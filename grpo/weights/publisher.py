@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from grpo.stats import generation_budget
 from grpo.weights.layout import plan_layout
 from grpo.weights.pack import Coalescer
 from grpo.wire import messages as M
@@ -41,19 +42,19 @@ def publish_named(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
 
 
 def request_weights(client: Transport, sampler_id: int, have_version: int, request_id: int,
-                    timeout_s: float, method: str = "", on_run: Callable[[M.RunFacts], None] | None = None,
-                    on_levels: Callable[[dict[str, int]], None] | None = None
-                    ) -> tuple[bool, M.WeightsAnnounce | None, M.Stop | None]:
+                    timeout_s: float, method: str = "", on_answer: Callable[[M.Message], None] | None = None,
+                    sent: int = -1) -> tuple[bool, M.WeightsAnnounce | None, M.Stop | None]:
     """Sampler side of one sync: ask, then wait up to timeout_s for the answer to *this* request.
 
     Returns (answered, newest weights newer than have_version or None, stop or None).
     Answers to earlier requests (say, made while the learner was still loading) arrive late,
     in order, before ours: their weights are used if newer, but only the answer carrying our
-    request_id ends the wait, so a sampler never settles for an out-of-date answer. The run's
-    facts, which the first answer on a connection carries, go to `on_run`.
+    request_id ends the wait, so a sampler never settles for an out-of-date answer. Every answer
+    also goes to `on_answer` (the run's facts, curriculum levels, the generation budget); `sent`:
+    the groups this process has handed to its data socket, for the budget.
     """
     client.send(M.WeightsRequest(sampler_id=sampler_id, have_version=have_version, request_id=request_id,
-                                 method=method))
+                                 method=method, sent=sent))
     newest: M.WeightsAnnounce | None = None
     deadline = time.monotonic() + timeout_s
     while True:
@@ -63,16 +64,23 @@ def request_weights(client: Transport, sampler_id: int, have_version: int, reque
         msg = client.receive(timeout_s=left)
         if msg is None:
             continue
-        if on_run is not None and getattr(msg, "run", None) is not None:
-            on_run(msg.run)
-        if on_levels is not None and getattr(msg, "levels", None) is not None:
-            on_levels(msg.levels)
+        if on_answer is not None:
+            on_answer(msg)
         if isinstance(msg, M.Stop):
             return True, newest, msg
         if isinstance(msg, M.WeightsAnnounce) and msg.version > (newest.version if newest else have_version):
             newest = msg
         if getattr(msg, "request_id", -1) == request_id:
             return True, newest, None
+
+
+@dataclass
+class QueueView:
+    """What the publisher may read of the learner's intake, from its own thread."""
+    queued: Callable[[], int]           # groups waiting to be trained
+    received: Callable[[int], int]      # groups received from a sampler id (valid or rejected)
+    samplers: Callable[[], int]         # samplers alive (at least 1)
+    training: Callable[[], int] = lambda: 0   # groups in the step now being trained (0: none)
 
 
 @dataclass
@@ -118,6 +126,9 @@ class Publisher:
         # --curriculum: the tasks' levels, for every answer; replaced whole (never mutated) by the
         # learner's thread, so this thread reads one consistent map.
         self.levels: dict[str, int] | None = None
+        # The learner's queue, for each answer's generation budget (grpo.stats.generation_budget):
+        # set by the learner; called on this thread, so they only read (a length, a dict lookup).
+        self.queue_view: QueueView | None = None
         self._told: collections.OrderedDict[bytes, None] = collections.OrderedDict()   # connections told them
         # Requests with have_version -1 that came before anything was published: answered with
         # the first version published (a client with no weights must not be told "no update").
@@ -178,10 +189,26 @@ class Publisher:
     def _on_request(self, identity: bytes, msg: M.WeightsRequest) -> None:
         """Hook: every request, before it is answered (ipc counts acknowledgements here)."""
 
-    def _reply_weights(self, identity: bytes, msg: M.WeightsRequest, snap: Snapshot, run: M.RunFacts | None) -> int:
+    def _budget(self, msg: M.WeightsRequest, sampler_version: int, version: int) -> tuple[int, int]:
+        """(queued, budget) for this answer; (-1, -1) when the learner did not give its queue."""
+        view, run = self.queue_view, self.run_facts
+        if view is None or run is None or not run.groups_per_step:
+            return -1, -1
+        queued = view.queued()
+        # Groups this sampler sent that have not reached the learner's queue yet are ahead of its
+        # next round too (sent -1: it did not say).
+        in_flight = max(0, msg.sent - view.received(msg.sampler_id)) if msg.sent >= 0 else 0
+        # A step in progress makes version+1 before any queued group is trained: count its groups
+        # as ahead in the queue too.
+        ahead = queued + in_flight + view.training()
+        return queued, generation_budget(version, sampler_version, ahead, run.groups_per_step, run.max_staleness,
+                                         view.samplers())
+
+    def _reply_weights(self, identity: bytes, msg: M.WeightsRequest, snap: Snapshot, run: M.RunFacts | None,
+                       queued: int = -1, budget: int = -1) -> int:
         # Same buckets (no copy), only the header differs: it echoes the request id.
         return self.server.reply(identity, dataclasses.replace(snap.announce, request_id=msg.request_id, run=run,
-                                                               levels=self.levels))
+                                                               levels=self.levels, queued=queued, budget=budget))
 
     def _facts_for(self, identity: bytes, msg: M.WeightsRequest) -> M.RunFacts | None:
         """The run's facts for the first answer to each connection, and to any have_version -1."""
@@ -205,15 +232,17 @@ class Publisher:
             return
         current = snap.version if snap else 0
         run = self._facts_for(identity, msg)
+        fresh = snap is not None and msg.have_version < snap.version   # the answer carries weights
+        queued, budget = self._budget(msg, current if fresh else msg.have_version, current)
         if self._stopping.is_set():
             self.server.reply(identity, M.Stop(version=current, reason="learner finished",
                                                request_id=msg.request_id, run=run, levels=self.levels))
             self.replies["stop"] += 1
             self.stopped_samplers.add(msg.sampler_id)
-        elif snap is not None and msg.have_version < snap.version:
-            self.bytes_served += self._reply_weights(identity, msg, snap, run)
+        elif fresh:
+            self.bytes_served += self._reply_weights(identity, msg, snap, run, queued, budget)
             self.replies["weights"] += 1
         else:
             self.server.reply(identity, M.NoUpdate(version=current, request_id=msg.request_id, run=run,
-                                                   levels=self.levels))
+                                                   levels=self.levels, queued=queued, budget=budget))
             self.replies["no_update"] += 1

@@ -120,7 +120,8 @@ class SlotPublisher(Publisher):
                     self.pending[s].discard(identity)
                     self._cv.notify_all()
 
-    def _reply_weights(self, identity: bytes, msg: M.WeightsRequest, snap: Snapshot, run: M.RunFacts | None) -> int:
+    def _reply_weights(self, identity: bytes, msg: M.WeightsRequest, snap: Snapshot, run: M.RunFacts | None,
+                       queued: int = -1, budget: int = -1) -> int:
         if self._ready is not None:
             self._ready.synchronize()   # the serve thread, not the learner, waits for the copy to land
         method = serve_method(msg.method, self.method, has_ipc=snap.announce.ipc is not None)
@@ -129,7 +130,7 @@ class SlotPublisher(Publisher):
                 self.pending[snap.slot].add(identity)
             # Header first (version, layout, where to meet), then the bytes on the pair group.
             announce = dataclasses.replace(snap.announce, method=M.NCCL, ipc=None, request_id=msg.request_id, run=run,
-                                           levels=self.levels,
+                                           levels=self.levels, queued=queued, budget=budget,
                                            nccl=self.pairs.rendezvous(identity, snap.slot))
             n = self.server.reply(identity, announce)
             if not self.pairs.send(identity, self.slots[snap.slot][:self.total]):
@@ -149,10 +150,10 @@ class SlotPublisher(Publisher):
                                                          self.bucket_nbytes, bufs))
                 with self._cv:
                     self._tcp_cache = cache
-            return super()._reply_weights(identity, msg, Snapshot(snap.version, cache[1]), run)
+            return super()._reply_weights(identity, msg, Snapshot(snap.version, cache[1]), run, queued, budget)
         with self._cv:
             self.pending[snap.slot].add(identity)
-        return super()._reply_weights(identity, msg, snap, run)
+        return super()._reply_weights(identity, msg, snap, run, queued, budget)
 
     def close(self) -> None:
         super().close()

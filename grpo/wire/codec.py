@@ -86,6 +86,7 @@ def _encode_weights(w: WeightsAnnounce) -> list[bytes | memoryview]:
         fields["run"] = dataclasses.asdict(w.run)
     if w.levels is not None:
         fields["levels"] = dict(w.levels)
+    fields.update({k: getattr(w, k) for k in ("queued", "budget") if getattr(w, k) >= 0})
     frames = [memoryview(b) for b in w.buckets] if w.method == TCP else []
     descs = [{"name": f"bucket_{i}", "dtype": "uint8", "shape": [f.nbytes]} for i, f in enumerate(frames)]
     return [_pack("weights", fields, descs), *frames]
@@ -101,7 +102,9 @@ def encode(msg: Message) -> list[bytes | memoryview]:
     if isinstance(msg, WeightsAnnounce):
         return _encode_weights(msg)
     if type(msg) in _SIMPLE_KINDS:  # header-only kinds: the fields are the dataclass fields (run: when set)
-        fields = {k: v for k, v in dataclasses.asdict(msg).items() if not (k in ("run", "levels") and v is None)}
+        # Optional fields are left out when unset (None, or -1 for the counts).
+        fields = {k: v for k, v in dataclasses.asdict(msg).items()
+                  if not (k in ("run", "levels") and v is None) and not (k in ("queued", "budget", "sent") and v == -1)}
         return [_pack(_SIMPLE_KINDS[type(msg)], fields, [])]
     raise TypeError(f"cannot encode {type(msg).__name__}")
 
@@ -315,7 +318,8 @@ def _decode_group(h: dict[str, Any], arrays: list[_Array], views: list[memoryvie
     if int(lengths.min()) < 0:
         raise _fail("length_mismatch", "negative generated length")
     total = int(lengths.sum(dtype=np.int64))
-    if not len(gen) == len(old_lp) == len(ref_lp) == total or len(whole) != G * P + total:
+    # ref_policy_log_probs may be empty for the whole group: the run needs none (RunFacts).
+    if not len(gen) == len(old_lp) == total or len(ref_lp) not in (0, total) or len(whole) != G * P + total:
         raise _fail("length_mismatch", f"sum(lengths)={total}, generated/old/ref/whole = "
                     f"{len(gen)}/{len(old_lp)}/{len(ref_lp)}/{len(whole)}, P={P}, G={G}")
     # Range-check the token ids once; whole is checked for equality against them below.
@@ -340,7 +344,7 @@ def _decode_group(h: dict[str, Any], arrays: list[_Array], views: list[memoryvie
         is_finished = _get(c, "is_finished", where, bool)
         w = whole[w0 : w0 + P + n]
         g = gen[g0 : g0 + n]
-        completions.append(Completion(g, old_lp[g0 : g0 + n], ref_lp[g0 : g0 + n], w,
+        completions.append(Completion(g, old_lp[g0 : g0 + n], ref_lp[g0 : g0 + n] if len(ref_lp) else ref_lp, w,
                                       text, reward, reward_info, is_finished))
         g0, w0 = g0 + n, w0 + P + n
     # One comparison for all completions: whole == prefix ++ generated_i, for every i. Its size
@@ -432,7 +436,13 @@ def _decode_weights(h: dict[str, Any], arrays: list[_Array], views: list[memoryv
             if x.storage_nbytes != n:
                 raise _fail("bad_shape", f"weights.shared[{i}]: storage of {x.storage_nbytes} bytes, layout says {n}")
     return WeightsAnnounce(version, method, layout, bucket_dtypes, bucket_nbytes, list(views),
-                           _int(h, "request_id", "weights", lo=-1), ipc, nccl, shared, _run_facts(h), _levels(h))
+                           _int(h, "request_id", "weights", lo=-1), ipc, nccl, shared, _run_facts(h), _levels(h),
+                           *_counts(h))
+
+
+def _counts(h: dict[str, Any]) -> tuple[int, int]:
+    """An answer's optional (queued, budget): -1 when absent."""
+    return tuple(_as_int(h[k], k, lo=-1) if k in h else -1 for k in ("queued", "budget"))  # type: ignore[return-value]
 
 
 def _levels(h: dict[str, Any]) -> dict[str, int] | None:
@@ -459,7 +469,8 @@ def _run_facts(h: dict[str, Any]) -> RunFacts | None:
                     max_new_tokens=_int(m, "max_new_tokens", w, lo=1),
                     max_prompt_tokens=_int(m, "max_prompt_tokens", w, lo=1), temperature=temperature,
                     needs_ref_logprobs=_get(m, "needs_ref_logprobs", w, bool),
-                    max_staleness=_int(m, "max_staleness", w))
+                    max_staleness=_int(m, "max_staleness", w),
+                    groups_per_step=_int(m, "groups_per_step", w) if "groups_per_step" in m else 0)
 
 
 def _port_error() -> int:
@@ -534,8 +545,9 @@ def _decode_body(h: dict[str, Any], views: list[memoryview], limits: Limits) -> 
         if method != "" and method not in WEIGHT_METHODS:
             raise _fail("bad_field", f"weights_request.method: unknown method {method!r}")
         return WeightsRequest(_int(h, "sampler_id", kind), _int(h, "have_version", kind, lo=-1),
-                              _int(h, "request_id", kind), method)
+                              _int(h, "request_id", kind), method, _int(h, "sent", kind, lo=-1) if "sent" in h else -1)
     if kind == "no_update":
-        return NoUpdate(_int(h, "version", kind), _int(h, "request_id", kind, lo=-1), _run_facts(h), _levels(h))
+        return NoUpdate(_int(h, "version", kind), _int(h, "request_id", kind, lo=-1), _run_facts(h), _levels(h),
+                        *_counts(h))
     return Stop(_int(h, "version", kind), _str(h, "reason", kind, MAX_REASON_CHARS),
                 _int(h, "request_id", kind, lo=-1), _run_facts(h), _levels(h))

@@ -108,6 +108,7 @@ class WeightsRequest:  # sampler -> learner on the sync socket
     have_version: int  # -1: no weights yet
     request_id: int = 0  # echoed in the answer, so a late answer is never taken for the current one
     method: str = ""  # the weight-sync method this sampler can use ("": whatever the learner offers)
+    sent: int = -1  # groups this process has handed to its data socket so far (-1: not said)
 
 
 @dataclass
@@ -126,6 +127,7 @@ class RunFacts:
     temperature: float        # the sampling temperature; the learner scores log-probs at it
     needs_ref_logprobs: bool  # whether ref_policy_log_probs are used (beta > 0)
     max_staleness: int        # groups more than this many versions behind the learner are dropped
+    groups_per_step: int = 0  # groups the learner trains per step (train batch / G)
 
 
 @dataclass
@@ -151,6 +153,8 @@ class WeightsAnnounce:  # learner -> sampler
     shared: list[IpcHandle] | None = None  # method "shared": one handle per storage ("bucket") of the parameters
     run: RunFacts | None = None  # the run's facts: in the first answer to each sync connection
     levels: dict[str, int] | None = None  # --curriculum: every task's current level, in every answer
+    queued: int = -1  # groups waiting at the learner to be trained (-1: not said)
+    budget: int = -1  # groups this sampler may generate now, none certain to be stale (-1: no limit said)
 
 
 @dataclass
@@ -189,6 +193,8 @@ class NoUpdate:
     request_id: int = -1
     run: RunFacts | None = None
     levels: dict[str, int] | None = None
+    queued: int = -1
+    budget: int = -1
 
 
 @dataclass

@@ -1,4 +1,5 @@
 """Batch building, token-balanced splitting and micro-batch alignment."""
+import numpy as np
 import pytest
 import torch
 from builders import make_group
@@ -72,3 +73,15 @@ def test_truncated_completions_are_flagged_for_masking():
     assert mb.finished.tolist() == [1.0, 0.0]
     masked = mb.gen_mask * mb.finished.unsqueeze(1)   # what the learner does with --mask-truncated
     assert masked.tolist() == [[0, 1, 1], [0, 0, 0]]
+
+
+def test_groups_without_reference_log_probs():
+    from grpo.learner.intake import drop_reason
+
+    g = make_group([[5, 6], [7]], rewards=[1.0, 0.0])
+    for c in g.completions:
+        c.ref_policy_log_probs = np.zeros(0, np.float32)
+    batch = build_batch([g], group_size=2, scale_rewards=True)
+    assert batch.floats.tolist()[3:] == [0.0, 0.0, 0.0]           # zeros stand in for the missing refs
+    assert drop_reason(g, 0, 4, False, needs_ref=False) is None
+    assert drop_reason(g, 0, 4, False, needs_ref=True) == "missing_ref"

@@ -505,3 +505,13 @@ def test_source_has_no_unsafe_deserialization_and_light_imports() -> None:
         assert {m.split(".")[0] for m in imports} <= {"__future__", "dataclasses", "math", "typing", "msgpack",
                                                        "numpy", "grpo"}, (name, imports)
         assert {m for m in imports if m.startswith("grpo")} <= {"grpo.wire.messages", "grpo.wire.codec"}, name
+
+
+def test_reference_log_probs_may_be_left_out_for_the_whole_group() -> None:
+    g = random_group()
+    for c in g.completions:
+        c.ref_policy_log_probs = np.zeros(0, np.float32)
+    back = codec.decode(codec.encode(g), M.Limits(vocab_size=VOCAB))
+    assert all(len(c.ref_policy_log_probs) == 0 for c in back.completions)
+    g.completions[0].ref_policy_log_probs = np.zeros(1, np.float32)   # some but not all: refused
+    assert reason(codec.encode(g)) == "length_mismatch"

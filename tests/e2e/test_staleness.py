@@ -1,0 +1,41 @@
+"""Staleness-aware generation and the reference pass only where needed, end to end on CPU: with rounds of 8 prompts, one group a step and
+--max-staleness 1, a sampler that generated full rounds would send groups certain to be dropped;
+with the learner's budget in every answer it generates only what can still be trained."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from netutil import free_ports
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_no_group_is_generated_that_is_certain_to_be_dropped(tmp_path):
+    data, sync = free_ports(2)
+    run_dir = tmp_path / "run"
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "run_distributed.py"), "--device", "cpu", "--model", "tiny-random",
+         "--no-deepspeed", "--dataset", "rg:basic_arithmetic", "--num-generations", "2", "--prompts-per-round", "8",
+         "--train-batch-size", "2", "--max-new-tokens", "8", "--max-steps", "8", "--max-staleness", "1", "--beta", "0",
+         "--report-to", "none", "--data-port", str(data), "--sync-port", str(sync), "--run-dir", str(run_dir)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    groups = json.loads((run_dir / "summary.json").read_text())["groups"]
+    assert groups["balanced"] and groups["trained"] == 8
+    assert groups["dropped"].get("stale", 0) == 0, groups
+    log = (run_dir / "sampler0.log").read_text()
+    sizes = [int(n) // 2 for n in re.findall(r"round \d+ \(v\d+\): (\d+) completions", log)]
+    assert sizes and max(sizes) <= 2 < 8, sizes       # (1 + 1) x 1 group a step, never the full 8
+    assert "waiting: the learner's queue is full" in log
+    # beta 0: the run needs no reference log-probs, so the sampler loads no reference model
+    assert "reference log-probs: not used by this run" in log
+    stats = json.loads((run_dir / "summary.json").read_text())["samplers"]["0"]["stats"]
+    assert stats["logprob_s"] > 0 and stats["budget_wait_s"] > 0

@@ -1,0 +1,46 @@
+"""Each answer on the sync channel tells the sampler how many groups it may generate (real sockets)."""
+from __future__ import annotations
+
+import torch
+from netutil import free_ports
+
+from grpo.weights.publisher import QueueView, request_weights
+from grpo.weights.tcp import TcpPublisher
+from grpo.wire import messages as M
+from grpo.wire.transport import SyncClient, SyncServer
+
+FACTS = M.RunFacts(schema=2, model="m", vocab_size=10, dtype="float32", num_generations=2, max_new_tokens=4,
+                   max_prompt_tokens=8, temperature=1.0, needs_ref_logprobs=False, max_staleness=1,
+                   groups_per_step=2)
+
+
+def test_answers_carry_the_queue_and_the_budget():
+    port = free_ports(1)[0]
+    state = {"queued": 1, "received": 3, "training": 0}
+    pub = TcpPublisher(SyncServer("127.0.0.1", port), torch.nn.Linear(2, 2), run=FACTS)
+    pub.queue_view = QueueView(queued=lambda: state["queued"], received=lambda sid: state["received"],
+                               samplers=lambda: 1, training=lambda: state["training"])
+    client = SyncClient("127.0.0.1", port, M.weights_limits(1 << 20))
+    answers: list = []
+    try:
+        pub.publish(0, torch.nn.Linear(2, 2))
+
+        def ask(rid, have, sent):
+            ok, _, _ = request_weights(client, 0, have, rid, 5.0, on_answer=answers.append, sent=sent)
+            assert ok
+            return answers[-1]
+
+        # (1 + 1) * 2 = 4 safe positions, 1 queued, and sent 3 = received 3: nothing in flight
+        a = ask(1, 0, 3)
+        assert isinstance(a, M.NoUpdate) and (a.queued, a.budget) == (1, 3) and a.run == FACTS   # first answer
+        assert ask(2, 0, 5).budget == 1                 # 2 of its groups have not reached the queue yet
+        state["training"] = 2                           # a step in progress will make version 1 first
+        assert ask(3, 0, 3).budget == 1 and answers[-1].run is None
+        pub.publish(1, torch.nn.Linear(2, 2))
+        w = ask(4, 0, 3)                                # it gets version 1: no lag once applied
+        assert isinstance(w, M.WeightsAnnounce) and (w.version, w.queued, w.budget) == (1, 1, 1)
+        pub.queue_view = None                           # a learner that gives no queue sets no limit
+        assert ask(5, 1, 3).budget == -1
+    finally:
+        client.close()
+        pub.close()
