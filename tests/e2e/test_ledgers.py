@@ -7,6 +7,7 @@ and never also in the group books.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -28,28 +29,40 @@ ROOT = Path(__file__).resolve().parents[2]
 SID, INC = 3, 777   # the scripted sampler's id and incarnation
 
 
-def start_learner(tmp_path: Path, steps: int) -> tuple[subprocess.Popen, Path, int]:
+@contextlib.contextmanager
+def learner_run(tmp_path: Path, steps: int = 3):
+    """A CPU learner (tiny model) ready for groups, and a way to open PUSH sockets to it; yields
+    (connect, result) where result["summary"] is its summary.json once it has finished."""
     data, sync = free_ports(2)
-    run_dir = tmp_path / "run"
+    run_dir, log = tmp_path / "run", tmp_path / "learner.log"
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "training_worker.py"), "--device", "cpu", "--model", "tiny-random",
          "--no-deepspeed", "--num-generations", "2", "--train-batch-size", "2", "--max-steps", str(steps),
          "--max-new-tokens", "8", "--heartbeat-timeout-s", "3", "--shutdown-timeout-s", "30",
          "--report-to", "none", "--data-port", str(data), "--sync-port", str(sync), "--run-dir", str(run_dir)],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "learner.log", "wb"))
-    stage = run_dir / "stages" / "learner0.json"
-    deadline = time.monotonic() + 180
-    while not (stage.exists() and json.loads(stage.read_text())["stage"] == "weights_published"):
-        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "learner.log").read_text()[-3000:]
-        time.sleep(0.2)
-    return proc, run_dir, data
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
+    ctx = zmq.Context()
+    result: dict = {}
 
+    def connect() -> zmq.Socket:
+        s = ctx.socket(zmq.PUSH)
+        s.connect(f"tcp://127.0.0.1:{data}")
+        return s
 
-def finish(proc: subprocess.Popen, run_dir: Path, tmp_path: Path) -> dict:
-    rc = proc.wait(timeout=120)
-    assert rc == 0, (tmp_path / "learner.log").read_text()[-3000:]
-    return json.loads((run_dir / "summary.json").read_text())
+    try:
+        stage = run_dir / "stages" / "learner0.json"
+        deadline = time.monotonic() + 180
+        while not (stage.exists() and json.loads(stage.read_text())["stage"] == "weights_published"):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        yield connect, result
+        assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+        result["summary"] = json.loads((run_dir / "summary.json").read_text())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        ctx.destroy(linger=0)
 
 
 def valid(i: int):
@@ -66,18 +79,10 @@ def malformed(i: int) -> list[bytes]:
     return frames
 
 
-def push(ctx: zmq.Context, port: int) -> zmq.Socket:
-    s = ctx.socket(zmq.PUSH)
-    s.connect(f"tcp://127.0.0.1:{port}")
-    return s
-
-
 @pytest.mark.slow
 def test_sampler_sends_malformed_groups_then_vanishes(tmp_path):
-    proc, run_dir, port = start_learner(tmp_path, steps=3)
-    ctx = zmq.Context()
-    try:
-        s = push(ctx, port)
+    with learner_run(tmp_path) as (connect, result):
+        s = connect()
         for i in range(3):
             s.send_multipart(codec.encode(valid(i)))
             s.send_multipart(malformed(2 * i))
@@ -86,11 +91,7 @@ def test_sampler_sends_malformed_groups_then_vanishes(tmp_path):
             s.send_multipart(malformed(6 + i))
         s.send_multipart(codec.encode(make_status(SID, INC, groups_sent=11)))   # 3 valid + 8 malformed
         s.close(linger=5000)   # and gone: no final status
-        summary = finish(proc, run_dir, tmp_path)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        ctx.destroy(linger=0)
+    summary = result["summary"]
     acc = summary["groups"]
     assert acc == {"received": 3, "trained": 3, "dropped": {"rejected": 8}, "queued": 0, "sent": 11,
                    "balanced": True}
@@ -119,25 +120,19 @@ def junk(r: random.Random) -> list[bytes]:
 
 @pytest.mark.slow
 def test_junk_from_a_socket_that_is_no_sampler(tmp_path):
-    proc, run_dir, port = start_learner(tmp_path, steps=3)
-    ctx = zmq.Context()
     r = random.Random(7)
-    try:
-        scan = push(ctx, port)
+    with learner_run(tmp_path) as (connect, result):
+        scan = connect()
         for _ in range(2000):
             scan.send_multipart(junk(r))
         scan.close(linger=10_000)
         time.sleep(3)   # the learner reads all of it while it waits for groups
-        s = push(ctx, port)
+        s = connect()
         for i in range(3):
             s.send_multipart(codec.encode(valid(i)))
         s.send_multipart(codec.encode(make_status(SID, INC, groups_sent=3, final=True)))
         s.close(linger=5000)
-        summary = finish(proc, run_dir, tmp_path)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        ctx.destroy(linger=0)
+    summary = result["summary"]
     assert summary["groups"] == {"received": 3, "trained": 3, "dropped": {}, "queued": 0, "sent": 3,
                                  "balanced": True}
     data = summary["messages"]["data"]
@@ -147,10 +142,8 @@ def test_junk_from_a_socket_that_is_no_sampler(tmp_path):
 
 @pytest.mark.slow
 def test_final_status_corrupted_on_the_wire(tmp_path):
-    proc, run_dir, port = start_learner(tmp_path, steps=3)
-    ctx = zmq.Context()
-    try:
-        s = push(ctx, port)
+    with learner_run(tmp_path) as (connect, result):
+        s = connect()
         for i in range(3):
             s.send_multipart(codec.encode(valid(i)))
         s.send_multipart(codec.encode(make_status(SID, INC, groups_sent=3)))
@@ -158,11 +151,7 @@ def test_final_status_corrupted_on_the_wire(tmp_path):
         final["stats"] = {"tokens": float("inf")}   # one bad number: the whole status is refused
         s.send_multipart([msgpack.packb(final)])
         s.close(linger=5000)
-        summary = finish(proc, run_dir, tmp_path)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        ctx.destroy(linger=0)
+    summary = result["summary"]
     assert summary["groups"] == {"received": 3, "trained": 3, "dropped": {}, "queued": 0, "sent": 3,
                                  "balanced": True}
     assert summary["samplers_without_final_status"] == [SID]   # gone after --heartbeat-timeout-s

@@ -482,6 +482,8 @@ def gc_logprob_length(r, nrng, base):
         arrays[key] = i32(ids[:delta] if delta < 0 else np.concatenate([ids, rand_ids(nrng, delta)]))
     else:
         lp = np.frombuffer(arrays[key], "<f4")
+        if key == "ref_policy_log_probs" and len(lp) + delta == 0:
+            delta = -4   # no reference log-probs at all is valid (schema 2): cut to a wrong length instead
         arrays[key] = f32(lp[:delta] if delta < 0 else np.concatenate([lp, -nrng.random(delta)]))
     return with_arrays(base, arrays)
 
