@@ -17,6 +17,14 @@ if str(ROOT) not in sys.path:  # run as `python bench/X.py` from anywhere: impor
 PEAK_BF16_FLOPS = 989e12
 
 
+def read_run_file(run: Path, name: str) -> str:
+    """A run directory's file as text, as written or gzipped to commit it (name + '.gz')."""
+    import gzip
+
+    plain, packed = run / name, run / (name + ".gz")
+    return plain.read_text() if plain.is_file() else gzip.decompress(packed.read_bytes()).decode()
+
+
 def versions(extra: tuple[str, ...] = ()) -> dict:
     out = {"python": platform.python_version()}
     for mod in ("torch", "transformers", "deepspeed", *extra):

@@ -10,27 +10,21 @@ config_launch.json). WALL_S: the whole command's wall seconds, measured outside 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchutil import ROOT  # noqa: E402
-
-
-def _read(run: Path, name: str) -> str:
-    plain, packed = run / name, run / (name + ".gz")
-    return plain.read_text() if plain.is_file() else gzip.decompress(packed.read_bytes()).decode()
+from benchutil import ROOT, read_run_file  # noqa: E402
 
 
 def summarise(run: Path, wall_s: float | None) -> dict:
     evals = sorted((json.loads(x) for x in (run / "eval.jsonl").read_text().splitlines()), key=lambda e: e["version"])
-    recs = [json.loads(x) for x in _read(run, "metrics.jsonl").splitlines()]
+    recs = [json.loads(x) for x in read_run_file(run, "metrics.jsonl").splitlines()]
     steps = [r for r in recs if not r.get("final")]
     final = next((r for r in recs if r.get("final")), {})
     try:
-        summary = json.loads(_read(run, "summary.json"))
+        summary = json.loads(read_run_file(run, "summary.json"))
     except FileNotFoundError:
         summary = final
     launch = json.loads((run / "config_launch.json").read_text())

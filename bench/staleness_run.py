@@ -13,13 +13,14 @@ per second from the first step to the last (>= 1.5x the run before the changes).
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchutil import ROOT, read_run_file  # noqa: E402
+
 FLAGS = ["--sampling-gpu", "0", "--training-gpus", "0", "--share-gpus", "--dataset", "rg:letter_counting",
          "--max-time-s", "240", "--max-steps", "100000", "--eval-every", "15", "--eval-size", "200",
          "--num-generations", "16", "--prompts-per-round", "64", "--train-batch-size", "128",
@@ -27,14 +28,9 @@ FLAGS = ["--sampling-gpu", "0", "--training-gpus", "0", "--share-gpus", "--datas
          "--max-new-tokens", "256", "--max-staleness", "8", "--generation-backend", "fast"]
 
 
-def _read(run: Path, name: str) -> str:
-    plain, packed = run / name, run / (name + ".gz")
-    return plain.read_text() if plain.is_file() else gzip.decompress(packed.read_bytes()).decode()
-
-
 def figures(run: Path) -> dict:
     """The issue's three figures, and what they are made of, from a run directory."""
-    recs = [json.loads(x) for x in _read(run, "metrics.jsonl").splitlines()]
+    recs = [json.loads(x) for x in read_run_file(run, "metrics.jsonl").splitlines()]
     steps = [r for r in recs if not r.get("final")]
     groups = next((r for r in recs if r.get("final")), steps[-1])["groups"]
     trained = sum(r["sequences"] for r in steps)

@@ -204,11 +204,9 @@ class Publisher:
         return queued, generation_budget(version, sampler_version, ahead, run.groups_per_step, run.max_staleness,
                                          view.samplers())
 
-    def _reply_weights(self, identity: bytes, msg: M.WeightsRequest, snap: Snapshot, run: M.RunFacts | None,
-                       queued: int = -1, budget: int = -1) -> int:
-        # Same buckets (no copy), only the header differs: it echoes the request id.
-        return self.server.reply(identity, dataclasses.replace(snap.announce, request_id=msg.request_id, run=run,
-                                                               levels=self.levels, queued=queued, budget=budget))
+    def _reply_weights(self, identity: bytes, msg: M.WeightsRequest, snap: Snapshot, extra: dict) -> int:
+        # Same buckets (no copy), only the header differs: the request id, facts, levels, budget.
+        return self.server.reply(identity, dataclasses.replace(snap.announce, **extra))
 
     def _facts_for(self, identity: bytes, msg: M.WeightsRequest) -> M.RunFacts | None:
         """The run's facts for the first answer to each connection, and to any have_version -1."""
@@ -233,16 +231,17 @@ class Publisher:
         current = snap.version if snap else 0
         run = self._facts_for(identity, msg)
         fresh = snap is not None and msg.have_version < snap.version   # the answer carries weights
-        queued, budget = self._budget(msg, current if fresh else msg.have_version, current)
+        # What every answer carries besides its kind's own fields (a stop: the first two only).
+        extra = {"request_id": msg.request_id, "run": run, "levels": self.levels}
         if self._stopping.is_set():
-            self.server.reply(identity, M.Stop(version=current, reason="learner finished",
-                                               request_id=msg.request_id, run=run, levels=self.levels))
+            self.server.reply(identity, M.Stop(version=current, reason="learner finished", **extra))
             self.replies["stop"] += 1
             self.stopped_samplers.add(msg.sampler_id)
-        elif fresh:
-            self.bytes_served += self._reply_weights(identity, msg, snap, run, queued, budget)
+            return
+        extra["queued"], extra["budget"] = self._budget(msg, current if fresh else msg.have_version, current)
+        if fresh:
+            self.bytes_served += self._reply_weights(identity, msg, snap, extra)
             self.replies["weights"] += 1
         else:
-            self.server.reply(identity, M.NoUpdate(version=current, request_id=msg.request_id, run=run,
-                                                   levels=self.levels, queued=queued, budget=budget))
+            self.server.reply(identity, M.NoUpdate(version=current, **extra))
             self.replies["no_update"] += 1

@@ -120,8 +120,7 @@ class SlotPublisher(Publisher):
                     self.pending[s].discard(identity)
                     self._cv.notify_all()
 
-    def _reply_weights(self, identity: bytes, msg: M.WeightsRequest, snap: Snapshot, run: M.RunFacts | None,
-                       queued: int = -1, budget: int = -1) -> int:
+    def _reply_weights(self, identity: bytes, msg: M.WeightsRequest, snap: Snapshot, extra: dict) -> int:
         if self._ready is not None:
             self._ready.synchronize()   # the serve thread, not the learner, waits for the copy to land
         method = serve_method(msg.method, self.method, has_ipc=snap.announce.ipc is not None)
@@ -129,9 +128,8 @@ class SlotPublisher(Publisher):
             with self._cv:
                 self.pending[snap.slot].add(identity)
             # Header first (version, layout, where to meet), then the bytes on the pair group.
-            announce = dataclasses.replace(snap.announce, method=M.NCCL, ipc=None, request_id=msg.request_id, run=run,
-                                           levels=self.levels, queued=queued, budget=budget,
-                                           nccl=self.pairs.rendezvous(identity, snap.slot))
+            announce = dataclasses.replace(snap.announce, method=M.NCCL, ipc=None,
+                                           nccl=self.pairs.rendezvous(identity, snap.slot), **extra)
             n = self.server.reply(identity, announce)
             if not self.pairs.send(identity, self.slots[snap.slot][:self.total]):
                 with self._cv:   # the sampler is gone: it reads nothing more from this slot
@@ -150,10 +148,10 @@ class SlotPublisher(Publisher):
                                                          self.bucket_nbytes, bufs))
                 with self._cv:
                     self._tcp_cache = cache
-            return super()._reply_weights(identity, msg, Snapshot(snap.version, cache[1]), run, queued, budget)
+            return super()._reply_weights(identity, msg, Snapshot(snap.version, cache[1]), extra)
         with self._cv:
             self.pending[snap.slot].add(identity)
-        return super()._reply_weights(identity, msg, snap, run, queued, budget)
+        return super()._reply_weights(identity, msg, snap, extra)
 
     def close(self) -> None:
         super().close()
