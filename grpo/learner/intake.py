@@ -54,6 +54,9 @@ class Intake:
         self.counts = collections.Counter()   # received, trained, dropped_<reason>
         # Groups that reached us per sampler id (valid or rejected): the publisher's budget reads it.
         self.received_by: collections.Counter[int] = collections.Counter()
+        # Groups taken off the queue for the step being collected or trained (the learner sets it
+        # back to 0 once that step is done): ahead of anything queued, for the budget.
+        self.taken = 0
         receiver.on_reject = self._rejected
 
     def _rejected(self, exc: M.ProtocolError, _peer: bytes | None) -> None:
@@ -105,9 +108,12 @@ class Intake:
         next_note = waited_since + self.cfg.data_timeout_s
         while len(groups) < n:
             while self.queue and len(groups) < n:
+                self.taken += 1   # before it leaves the queue: the publisher's budget never misses it
                 g = self.queue.popleft()
                 if self._fresh(g, version):
                     groups.append(g)
+                else:
+                    self.taken -= 1
             if len(groups) >= n:
                 break
             self.take(self.receiver.receive(timeout_s=0.5), version)

@@ -180,8 +180,7 @@ class Learner:
             self.publisher.queue_view = QueueView(queued=lambda: len(self.intake.queue),
                                                   received=lambda sid: self.intake.received_by.get(sid, 0),
                                                   samplers=lambda: max(1, self.liveness.count_alive()),
-                                                  training=lambda: self.in_step)
-        self.in_step = 0   # groups of the step being trained now (rank 0; the publisher's budget reads it)
+                                                  training=lambda: self.intake.taken)
         if resume_dir is not None and self.rank == 0:
             lost = self.books.restore(self.resumed.get("books", []), self.resumed.get("groups", {}),
                                       self.intake.counts)
@@ -277,7 +276,6 @@ class Learner:
             batch = groups = None
             if self.rank == 0:
                 groups = self.intake.collect(self.groups_per_step, self.version)
-                self.in_step = len(groups)
                 batch = build_batch(groups, self.cfg.num_generations, self.cfg.scale_rewards)
             t_data = time.perf_counter()
             batch, _ = broadcast_batch(batch, False, self.device)
@@ -292,7 +290,7 @@ class Learner:
             if step == self.version_at_start + 1:
                 mark_stage(self.run_dir, f"learner{self.rank}", "first_step")
             if self.rank == 0:
-                self.in_step = 0
+                self.intake.taken = 0   # the step is trained and its version published
                 self.intake.counts["trained"] += len(groups)
                 trained_samples += batch.size
                 self._curriculum_step(step)

@@ -80,7 +80,7 @@ class QueueView:
     queued: Callable[[], int]           # groups waiting to be trained
     received: Callable[[int], int]      # groups received from a sampler id (valid or rejected)
     samplers: Callable[[], int]         # samplers alive (at least 1)
-    training: Callable[[], int] = lambda: 0   # groups in the step now being trained (0: none)
+    training: Callable[[], int] = lambda: 0   # groups taken for the step being collected or trained
 
 
 @dataclass
@@ -198,8 +198,8 @@ class Publisher:
         # Groups this sampler sent that have not reached the learner's queue yet are ahead of its
         # next round too (sent -1: it did not say).
         in_flight = max(0, msg.sent - view.received(msg.sampler_id)) if msg.sent >= 0 else 0
-        # A step in progress makes version+1 before any queued group is trained: count its groups
-        # as ahead in the queue too.
+        # Groups already taken for the current step (while it collects or trains) fill its batch
+        # before any queued group: they are ahead too.
         ahead = queued + in_flight + view.training()
         return queued, generation_budget(version, sampler_version, ahead, run.groups_per_step, run.max_staleness,
                                          view.samplers())
