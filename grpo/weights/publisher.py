@@ -129,6 +129,7 @@ class Publisher:
         # The learner's queue, for each answer's generation budget (grpo.stats.generation_budget):
         # set by the learner; called on this thread, so they only read (a length, a dict lookup).
         self.queue_view: QueueView | None = None
+        self._gap_floor: collections.OrderedDict[bytes, int] = collections.OrderedDict()   # per connection
         self._told: collections.OrderedDict[bytes, None] = collections.OrderedDict()   # connections told them
         # Requests with have_version -1 that came before anything was published: answered with
         # the first version published (a client with no weights must not be told "no update").
@@ -189,15 +190,26 @@ class Publisher:
     def _on_request(self, identity: bytes, msg: M.WeightsRequest) -> None:
         """Hook: every request, before it is answered (ipc counts acknowledgements here)."""
 
-    def _budget(self, msg: M.WeightsRequest, sampler_version: int, version: int) -> tuple[int, int]:
+    def _budget(self, identity: bytes, msg: M.WeightsRequest, sampler_version: int, version: int) -> tuple[int, int]:
         """(queued, budget) for this answer; (-1, -1) when the learner did not give its queue."""
         view, run = self.queue_view, self.run_facts
         if view is None or run is None or not run.groups_per_step:
             return -1, -1
         queued = view.queued()
-        # Groups this sampler sent that have not reached the learner's queue yet are ahead of its
-        # next round too (sent -1: it did not say).
-        in_flight = max(0, msg.sent - view.received(msg.sampler_id)) if msg.sent >= 0 else 0
+        # Groups this sampler sent that have not reached the learner yet are ahead of its next
+        # round too (sent -1: it did not say). sent - received also holds groups that will never
+        # arrive (lost with an earlier learner process, whose counts this one never had): that
+        # part does not shrink, so the smallest gap this connection has shown is taken as lost
+        # and only the excess over it as in flight.
+        in_flight = 0
+        if msg.sent >= 0:
+            gap = msg.sent - view.received(msg.sampler_id)
+            floor = min(self._gap_floor.get(identity, gap), gap)
+            self._gap_floor[identity] = floor
+            self._gap_floor.move_to_end(identity)
+            while len(self._gap_floor) > MAX_TOLD:
+                self._gap_floor.popitem(last=False)
+            in_flight = gap - floor
         # Groups already taken for the current step (while it collects or trains) fill its batch
         # before any queued group: they are ahead too.
         ahead = queued + in_flight + view.training()
@@ -238,7 +250,8 @@ class Publisher:
             self.replies["stop"] += 1
             self.stopped_samplers.add(msg.sampler_id)
             return
-        extra["queued"], extra["budget"] = self._budget(msg, current if fresh else msg.have_version, current)
+        extra["queued"], extra["budget"] = self._budget(identity, msg, current if fresh else msg.have_version,
+                                                        current)
         if fresh:
             self.bytes_served += self._reply_weights(identity, msg, snap, extra)
             self.replies["weights"] += 1

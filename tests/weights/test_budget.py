@@ -44,3 +44,21 @@ def test_answers_carry_the_queue_and_the_budget():
     finally:
         client.close()
         pub.close()
+
+
+def test_groups_lost_with_an_earlier_learner_do_not_shrink_the_budget_for_ever():
+    """A resumed learner never received what died with the old one: the sampler's sent - received
+    gap stays; only its excess over the smallest gap seen on the connection counts as in flight."""
+    port = free_ports(1)[0]
+    pub = TcpPublisher(SyncServer("127.0.0.1", port), torch.nn.Linear(2, 2), run=FACTS)
+    pub.queue_view = QueueView(queued=lambda: 0, received=lambda sid: 10, samplers=lambda: 1)
+    client = SyncClient("127.0.0.1", port, M.weights_limits(1 << 20))
+    answers: list = []
+    try:
+        pub.publish(0, torch.nn.Linear(2, 2))
+        for rid, sent, budget in ((1, 40, 4), (2, 42, 2), (3, 40, 4)):   # 30 lost; 2 more in flight once
+            assert request_weights(client, 0, 0, rid, 5.0, on_answer=answers.append, sent=sent)[0]
+            assert answers[-1].budget == budget, (rid, answers[-1])
+    finally:
+        client.close()
+        pub.close()
