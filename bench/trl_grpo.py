@@ -52,8 +52,18 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--learning-rate", type=float, default=1e-6)
     ap.add_argument("--beta", type=float, default=0.0)
+    ap.add_argument("--loss-type", default="grpo", choices=["grpo", "dapo", "dr_grpo", "bnpo"],
+                    help="TRL's loss_type; ours has the same names (grpo.loss.reduce_loss)")
     ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--seconds", type=float, default=150.0, help="stop after the step that ends past this")
+    ap.add_argument("--seconds", type=float, default=150.0,
+                    help="stop after the step that ends past this (seconds of training, or since --launch-time)")
+    ap.add_argument("--launch-time", type=float, default=0.0,
+                    help="Unix time the command was launched (bench/time_to_accuracy.py): --seconds and "
+                         "--save-every-s then count from it, not from the start of training")
+    ap.add_argument("--save-every-s", type=float, default=0.0,
+                    help="save the policy (bf16, as ours samples) to --save-dir/step_N/ every this many seconds of "
+                         "wall time and after the last step, with weights.json {step, wall_time, seconds}; 0: off")
+    ap.add_argument("--save-dir", default="", help="where --save-every-s writes")
     ap.add_argument("--max-steps", type=int, default=100000)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
                     help="weights; bfloat16: TRL's fastest plain setting (no per-matmul cast in generate); "
@@ -64,24 +74,63 @@ def parse(argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def build_dataset(tok, spec: str, limit: int):
+def build_dataset(tok, spec: str, limit: int, seed: int):
+    """The train problems as TRL rows, and our correctness reward in TRL's calling convention. The rows
+    carry the problem's index, not its reasoning-gym entry (a nested dict of task-specific fields
+    that Arrow would force into one schema); the reward looks the entry up, as our sampler passes it."""
     from datasets import Dataset
 
-    problems = load_problems(spec, "train", limit=limit or None)
+    problems = load_problems(spec, "train", limit=limit or None, seed=seed)
     # The exact text our sampler feeds the model (chat template applied, '####' instruction);
     # TRL tokenises a plain-string prompt as is, so we check it adds no special tokens either.
-    rows = [{"prompt": problem_prompt(tok, p), "answer": p.answer} for p in problems]
+    rows = [{"prompt": problem_prompt(tok, p), "answer": p.answer, "idx": i} for i, p in enumerate(problems)]
     probe = rows[0]["prompt"]
     if tok(probe)["input_ids"] != tok(probe, add_special_tokens=False)["input_ids"]:
         raise SystemExit("trl_grpo: the tokenizer adds special tokens to a prompt; TRL's prompts would differ from ours")
-    return Dataset.from_list(rows)
+
+    def correctness(prompts, completions, answer, idx, **kwargs):
+        cols = [problems[i].columns for i in idx]
+        return correctness_reward(prompts, completions, answer, rg_task=[c.get("rg_task") for c in cols],
+                                  rg_entry=[c.get("rg_entry") for c in cols])
+
+    return Dataset.from_list(rows), correctness
+
+
+class TimedSaves(TrainerCallback):
+    """--save-every-s: the policy every N seconds of wall time since `t0` and after the last step, in
+    the layout of our learner's --save-weights-every-s (grpo/learner/checkpoint.py TimedWeights), cast
+    to bf16 (the dtype our samplers and the evaluator decode in) so both systems' files are alike."""
+
+    def __init__(self, every_s: float, dest: Path, t0: float, tok):
+        self.every_s, self.dest, self.t0, self.tok = every_s, dest, t0, tok
+        self.next_s = every_s
+
+    def _save(self, model, step: int) -> None:
+        out = self.dest / f"step_{step}"
+        if (out / "weights.json").is_file():
+            return
+        model.save_pretrained(out, state_dict={k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()},
+                              safe_serialization=True)
+        self.tok.save_pretrained(out)
+        now = time.time()
+        (out / "weights.json").write_text(json.dumps({"step": step, "wall_time": now, "seconds": now - self.t0}) + "\n")
+        while self.next_s <= now - self.t0:
+            self.next_s += self.every_s
+
+    def on_step_end(self, args, state, control, model=None, **kw):
+        if state.is_world_process_zero and (time.time() - self.t0 >= self.next_s or control.should_training_stop):
+            self._save(model, state.global_step)
+
+    def on_train_end(self, args, state, control, model=None, **kw):
+        if state.is_world_process_zero:
+            self._save(model, state.global_step)
 
 
 class Clock(TrainerCallback):
     """Records each step's end; stops every rank together once `seconds` of training have passed."""
 
-    def __init__(self, seconds: float, batch: int, cuda: bool):
-        self.seconds, self.batch, self.cuda = seconds, batch, cuda
+    def __init__(self, seconds: float, batch: int, cuda: bool, launch_time: float = 0.0):
+        self.seconds, self.batch, self.cuda, self.launch_time = seconds, batch, cuda, launch_time
         self.t0 = 0.0
         self.steps: list[dict] = []
         self.logs: dict[int, dict] = {}
@@ -96,9 +145,10 @@ class Clock(TrainerCallback):
             torch.cuda.synchronize()
         t = time.perf_counter() - self.t0
         self.steps.append({"step": state.global_step, "time_s": t, "completions": self.batch})
+        elapsed = time.time() - self.launch_time if self.launch_time else t
         # Each rank reads its own clock; rank 0 decides for all, or one rank could stop while
         # the others wait for it in the next all-reduce.
-        if _agree(t >= self.seconds, self.cuda):
+        if _agree(elapsed >= self.seconds, self.cuda):
             control.should_training_stop = True
 
     def on_log(self, args, state, control, logs=None, **kw):
@@ -117,6 +167,7 @@ def _agree(flag: bool, cuda: bool) -> bool:
 def main(argv=None) -> int:
     args = parse(argv)
     t_start = time.perf_counter()
+    launch = args.launch_time or time.time()
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     world = int(os.environ.get("WORLD_SIZE", "1"))
     B, G = args.train_batch_size, args.num_generations
@@ -128,7 +179,7 @@ def main(argv=None) -> int:
 
     model_path = resolve_model(args.model)
     tok = AutoTokenizer.from_pretrained(model_path, padding_side="left")
-    dataset = build_dataset(tok, args.dataset, args.dataset_limit)
+    dataset, reward = build_dataset(tok, args.dataset, args.dataset_limit, args.seed)
     out_dir = Path(args.out).resolve().parent
     cfg = GRPOConfig(
         output_dir=str(out_dir / "trl_output"), report_to=[], logging_steps=1, save_strategy="no",
@@ -141,15 +192,20 @@ def main(argv=None) -> int:
         max_completion_length=args.max_new_tokens, temperature=args.temperature, top_p=1.0, top_k=0,
         use_vllm=False, learning_rate=args.learning_rate, lr_scheduler_type="constant", warmup_steps=0,
         adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0,
-        beta=args.beta, epsilon=0.2, loss_type="grpo", scale_rewards="group",
+        beta=args.beta, epsilon=0.2, loss_type=args.loss_type, scale_rewards="group",
         max_steps=args.max_steps, log_completions=False, dataloader_num_workers=0,
         # Every parameter gets a gradient; left unset, DDP got find_unused_parameters=True (seen in the
         # CPU smoke run), an extra autograd traversal every step.
         ddp_find_unused_parameters=False,
     )
-    clock = Clock(args.seconds, B, cuda)
-    trainer = GRPOTrainer(model=model_path, reward_funcs=[correctness_reward], args=cfg,
-                          train_dataset=dataset, processing_class=tok, callbacks=[clock])
+    clock = Clock(args.seconds, B, cuda, args.launch_time)
+    callbacks = [clock]
+    if args.save_every_s > 0:   # after the clock: a step that ends the run is saved as the last one
+        if not args.save_dir:
+            raise SystemExit("trl_grpo: --save-every-s needs --save-dir")
+        callbacks.append(TimedSaves(args.save_every_s, Path(args.save_dir), launch, tok))
+    trainer = GRPOTrainer(model=model_path, reward_funcs=[reward], args=cfg,
+                          train_dataset=dataset, processing_class=tok, callbacks=callbacks)
     setup_s = time.perf_counter() - t_start
     trainer.train()
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
@@ -159,14 +215,15 @@ def main(argv=None) -> int:
             log = clock.logs.get(s["step"], {})
             mean_len = log.get("completions/mean_length")
             steps.append({**s, "tokens": None if mean_len is None else mean_len * s["completions"],
-                          "completion_len_mean": mean_len, "reward_mean": log.get("reward")})
+                          "completion_len_mean": mean_len, "reward_mean": log.get("reward"),
+                          "frac_reward_zero_std": log.get("frac_reward_zero_std")})
         doc = {"trl": trl.__version__, "versions": {**versions(), "trl": trl.__version__},
                "world_size": world, "per_device_batch": B // world, "model": model_path,
                "problems": len(dataset), "setup_s": setup_s, "total_s": time.perf_counter() - t_start,
                "config": {k: getattr(cfg, k) for k in (
                    "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
                    "generation_batch_size", "num_iterations", "num_generations", "max_completion_length",
-                   "temperature", "top_p", "top_k", "learning_rate", "beta", "loss_type", "bf16",
+                   "temperature", "top_p", "top_k", "learning_rate", "beta", "loss_type", "epsilon", "bf16",
                    "gradient_checkpointing", "use_vllm", "model_init_kwargs")},
                "steps": steps}
         Path(args.out).write_text(json.dumps(doc, indent=2, default=str) + "\n")

@@ -204,6 +204,8 @@ class LearnerConfig(CommonConfig):
     # --- checkpoints and resume (grpo/learner/checkpoint.py)
     save_every: int = 1000
     """Save a checkpoint (DeepSpeed or PyTorch state, Hugging Face policy, RNG, step) every N steps and at the end (0: only at the end)."""
+    save_weights_every_s: float = 0.0
+    """Also save the policy's Hugging Face weights alone (no optimizer state) to <run_dir>/weights/step_N/ every this many seconds of wall time since the learner started, and after the last step (0: off); bench/time_to_accuracy.py scores every one."""
     keep_checkpoints: int = 3
     """Keep only the newest K checkpoints under <run_dir>/checkpoints (0: keep all)."""
     resume: str = ""

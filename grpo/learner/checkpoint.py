@@ -210,6 +210,37 @@ def _save_hf(module: torch.nn.Module, tokenizer, dest: Path) -> None:
             cfg.grpo_random_init = random_init
 
 
+class TimedWeights:
+    """--save-weights-every-s: the policy's weights alone, every N seconds of wall time, for curves of
+    accuracy against time (bench/time_to_accuracy.py scores each one afterwards, so no evaluation
+    runs inside the timed run). `<run_dir>/weights/step_N/` holds save_pretrained's files and
+    weights.json {step, wall_time (time.time() when the save ended), seconds (since `t0`)}.
+    Rank 0 saves alone: under ZeRO-2 every rank holds the whole module. A save takes the time of
+    writing the module (about 0.3 s for 135M bf16 parameters); the other ranks wait for it at the
+    next step's collectives, and the time counts in the run's clock as it would for a user."""
+
+    def __init__(self, run_dir: Path, every_s: float, t0: float):
+        self.root, self.every_s, self.t0 = Path(run_dir) / "weights", every_s, t0
+        self.next_s = every_s
+        self.saved: list[dict] = []
+
+    def due(self, now: float, last: bool) -> bool:
+        return self.every_s > 0 and (last or now - self.t0 >= self.next_s)
+
+    def save(self, module: torch.nn.Module, tokenizer, step: int) -> dict:
+        dest = self.root / f"step_{step}"
+        _save_hf(module, tokenizer, dest)
+        now = time.time()
+        rec = {"step": step, "wall_time": now, "seconds": now - self.t0}
+        (dest / "weights.json").write_text(json.dumps(rec) + "\n")   # last: its presence marks a whole save
+        # The next mark is the first multiple of every_s still ahead: a save that overran a mark
+        # (a slow step) does not queue catch-up saves.
+        while self.next_s <= now - self.t0:
+            self.next_s += self.every_s
+        self.saved.append(rec)
+        return rec
+
+
 def load_checkpoint(engine, step_dir: Path, rank: int, world: int) -> dict:
     """Restore weights, optimizer state and this rank's RNG; returns trainer_state.json."""
     step_dir = Path(step_dir)

@@ -25,7 +25,7 @@ from grpo.data.tasks import Curriculum
 from grpo.learner.accounting import Books, MessageLedger
 from grpo.learner.batch import (Batch, balanced_split, broadcast_batch, build_batch, length_buckets, micro_batch,
                                 padded_tokens)
-from grpo.learner.checkpoint import Checkpointer, load_checkpoint, resolve_resume
+from grpo.learner.checkpoint import Checkpointer, TimedWeights, load_checkpoint, resolve_resume
 from grpo.learner.engine import DeepSpeedEngine, TorchEngine, clear_build_locks, load_ds_config, resolve_ds_config
 from grpo.learner.intake import Intake
 from grpo.learner.liveness import Liveness, SyncPeers
@@ -65,8 +65,12 @@ def check_loss_options(cfg: LearnerConfig) -> None:
 
 class Learner:
     def __init__(self, cfg: LearnerConfig):
+        self.t_created = time.time()   # --save-weights-every-s counts from here
         self.cfg = cfg
         check_loss_options(cfg)
+        if cfg.save_weights_every_s < 0 or (cfg.save_weights_every_s and cfg.lora_r):
+            raise ValueError(f"--save-weights-every-s {cfg.save_weights_every_s}: must be >= 0 and needs full "
+                             f"fine-tuning (with --lora-r the adapter is saved at the end); drop one of them")
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         if cfg.no_deepspeed and self.world > 1:
@@ -161,6 +165,7 @@ class Learner:
         self.gpu = GpuMonitor(self.device)
         self.version = 0
         self.checkpointer = Checkpointer(self.run_dir, cfg.save_every, cfg.keep_checkpoints, self.rank, self.world)
+        self.timed_weights = TimedWeights(self.run_dir, cfg.save_weights_every_s, self.t_created)
         if resume_dir is not None:
             t_load = time.perf_counter()
             self.resumed = load_checkpoint(self.engine, resume_dir, self.rank, self.world)
@@ -301,6 +306,8 @@ class Learner:
             time_up = bool(self.cfg.max_time_s) and self._time_up(t_start)
             if self.checkpointer.due(step, last=step == self.cfg.max_steps or time_up):
                 self.checkpointer.save(self.engine, self.tok, step, self._checkpoint_extra())
+            if self.rank == 0 and self.timed_weights.due(time.time(), last=step == self.cfg.max_steps or time_up):
+                self.timed_weights.save(self.engine.module, self.tok, step)
             if time_up:
                 break
         if bar is not None:

@@ -13,7 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from netutil import free_ports
+
+from grpo.model import load_causal_lm, weights_checksum
 
 ROOT = Path(__file__).resolve().parents[2]
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
@@ -50,6 +53,7 @@ def test_run_distributed_cpu_two_ranks_two_samplers(tmp_path):
              "--max-steps", "3", "--model", "tiny-random", "--dataset", str(GSM8K), "--num-generations", "4",
              "--prompts-per-round", "1", "--train-batch-size", "8", "--max-new-tokens", "16",
              "--eval-every", "2", "--eval-size", "3", "--weight-sync", "nccl", "--verify-weight-sync",
+             "--save-weights-every-s", "0.001",
              "--data-port", str(d), "--sync-port", str(s), "--run-dir", str(run_dir)], timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr + _logs(run_dir)
     steps, summary = steps_of(run_dir)
@@ -86,6 +90,13 @@ def test_run_distributed_cpu_two_ranks_two_samplers(tmp_path):
     assert {e["decoder"] for e in evals} == {"hf"}
     assert summary["final_eval"]["version"] == 3
     assert any(x["eval"] and x["eval"]["version"] == 0 for x in steps)
+    # --save-weights-every-s: rank 0 saved the policy after every step (each took longer than 1 ms),
+    # stamped in order, and the last save is the final weights every rank holds
+    saves = [json.loads((run_dir / "weights" / f"step_{k}" / "weights.json").read_text()) for k in (1, 2, 3)]
+    assert [w["step"] for w in saves] == [1, 2, 3] and saves[0]["wall_time"] < saves[1]["wall_time"] < saves[2]["wall_time"]
+    assert sorted(p.name for p in (run_dir / "weights").iterdir()) == ["step_1", "step_2", "step_3"]
+    model = load_causal_lm(str(run_dir / "weights" / "step_3"), torch.device("cpu"), torch.float32)
+    assert weights_checksum(model) == summary["rank_weight_checksums"][0]
 
 
 @pytest.mark.slow

@@ -1,0 +1,384 @@
+"""Time to accuracy against TRL on one GPU: greedy held-out accuracy against wall seconds from launch.
+
+Ours (run_distributed.py, sampler and learner sharing the GPU) and TRL's GRPOTrainer
+(bench/trl_grpo.py: its own Hugging Face generation) run one after the other with the same model,
+task, G, max new tokens, reward, learning rate, beta, loss type and completions per step. Both save
+their weights every --save-every-s seconds of wall time (ours: the learner's --save-weights-every-s;
+TRL: a callback), and nothing is evaluated while they run. Afterwards one evaluator (grpo.evaluate's
+greedy decoder with the rollout engine, bf16, the same for every version of both) scores every
+saved version, and the base model, on the first --eval-size test problems of the task at its
+starting settings. A point is (seconds from the command's launch to the end of that save, accuracy).
+
+    python bench/time_to_accuracy.py all --work-dir runs/tta --task rg:letter_counting --budget-s 1450
+    python bench/time_to_accuracy.py summarise --work-dir runs/tta     # the JSON and PNG (also here)
+
+`all` runs ours with each --seeds, scores them, runs TRL for 5x the slower seed's time to 2x its
+baseline (or for what is left of --budget-s, whichever is shorter; the JSON says which bound it),
+scores TRL and summarises. The steps one by one: `ours --seed S`, `trl --seconds T`, `score`.
+Writes bench/results/time_to_accuracy_<device>.json (one entry per task, other tasks kept) and
+time_to_accuracy_<device>_<task>.png. Needs trl (bench/trl_grpo.py says how to carry it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchutil import ROOT, read_run_file, versions  # noqa: E402
+
+# The training settings both systems share: the demo's (Makefile DEMO_FLAGS, chosen on train
+# problems by bench/task_probe.py). completions per step = --train-batch-size for both.
+SHARED = {"num_generations": 16, "train_batch_size": 128, "max_new_tokens": 256, "learning_rate": 2e-5,
+          "beta": 0.0, "loss_type": "dapo", "temperature": 1.0}
+# Ours only: how the sampler feeds the learner. TRL has no counterpart: it generates each step's
+# batch itself and trains on every group, zero-signal ones included (their advantage is 0).
+OURS_ONLY = ["--sampling-gpu", "0", "--training-gpus", "0", "--share-gpus", "--generation-backend", "fast",
+             "--prompts-per-round", "64", "--filter-zero-signal", "--max-staleness", "8", "--reward", "correctness"]
+GOAL_RATIO = 2.0     # the goal: 2x the baseline accuracy
+TRL_FACTOR = 5.0     # TRL runs until 5x ours' time to 2x (or the budget ends)
+
+
+# ----------------------------------------------------------------------------- pure rules
+def wilson(correct: int, n: int, z: float = 1.96) -> list[float]:
+    """The 95% Wilson score interval of a binomial proportion (sound near 0, unlike p +- 2se)."""
+    if n == 0:
+        return [0.0, 1.0]
+    p = correct / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]
+
+
+def seconds_to(points: list[dict], target: float) -> float | None:
+    """The first point's seconds whose accuracy is at least `target` (> 0); None if none is."""
+    if target <= 0:
+        return None
+    return next((p["seconds"] for p in sorted(points, key=lambda p: p["seconds"]) if p["accuracy"] >= target), None)
+
+
+def accuracy_at(points: list[dict], seconds: float) -> float | None:
+    """The accuracy of the newest weights saved by `seconds` (a run that ended before: its last)."""
+    done = [p for p in points if p["seconds"] <= seconds]
+    return max(done, key=lambda p: p["seconds"])["accuracy"] if done else None
+
+
+def trl_seconds(ours_to_goal: list[float | None], left_s: float) -> tuple[float, str]:
+    """How long TRL runs: TRL_FACTOR x the slower seed's time to the goal, within what is left of
+    the budget; and which of the two bounds it ('5x ours' or 'budget')."""
+    if ours_to_goal and all(s is not None for s in ours_to_goal):
+        want = TRL_FACTOR * max(ours_to_goal)
+        if want <= left_s:
+            return want, f"{TRL_FACTOR:g}x ours"
+    return max(left_s, 0.0), "budget"
+
+
+# ----------------------------------------------------------------------------- running
+def _launch(cmd: list[str], run_dir: Path, system: str, extra: dict) -> dict:
+    """Run one system's command with its output in run_dir/command.log; record the launch time
+    (every point's clock starts here) in run_dir/launch.json."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    launch = time.time()
+    cmd = [c.replace("{launch}", f"{launch:.3f}") for c in cmd]
+    print(f"time_to_accuracy: {system}: {' '.join(cmd)}", flush=True)
+    with open(run_dir / "command.log", "w") as log:
+        code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    rec = {"system": system, "launch_time": launch, "wall_s": time.time() - launch, "exit_code": code,
+           "command": cmd, **extra}
+    (run_dir / "launch.json").write_text(json.dumps(rec, indent=2) + "\n")
+    print(f"time_to_accuracy: {system} exited {code} after {rec['wall_s']:.0f} s", flush=True)
+    return rec
+
+
+def ours_command(args, seed: int, run_dir: Path) -> list[str]:
+    shared = [f"--{k.replace('_', '-')}={v}" for k, v in SHARED.items()]
+    return [sys.executable, str(ROOT / "run_distributed.py"), "--model", args.model, "--dataset", args.task, *shared,
+            *OURS_ONLY, "--max-time-s", str(args.ours_seconds), "--max-steps", "100000", "--eval-every", "0",
+            "--save-weights-every-s", str(args.save_every_s), "--seed", str(seed), "--run-dir", str(run_dir)]
+
+
+def trl_command(args, seconds: float, run_dir: Path) -> list[str]:
+    shared = [f"--{k.replace('_', '-')}={v}" for k, v in SHARED.items()]
+    # float32 weights under bf16 autocast: TRL's default. Its pure-bf16 setting (bench/e2e.py's, for
+    # speed) rounds away AdamW updates far below a weight's bf16 step at this learning rate.
+    return [sys.executable, str(ROOT / "bench" / "trl_grpo.py"), "--model", args.model, "--dataset", args.task,
+            *shared, "--dtype", "float32", "--seconds", f"{seconds:.0f}", "--launch-time", "{launch}",
+            "--save-every-s", str(args.save_every_s), "--save-dir", str(run_dir / "weights"),
+            "--seed", str(args.seeds[0]), "--out", str(run_dir / "steps.json")]
+
+
+# ----------------------------------------------------------------------------- scoring
+def load_into(model, folder: Path) -> None:
+    """Copy a saved version's tensors into `model`'s parameters in place (the engine's captured
+    graphs read that memory), cast to its dtype. Every parameter must be there; a tied head
+    (SmolLM2's lm_head is the embedding) is one parameter."""
+    import torch
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    with torch.no_grad():
+        missing = []
+        for name, p in model.named_parameters():
+            if name in tensors:
+                p.copy_(tensors[name].to(p.dtype))
+            else:
+                missing.append(name)
+    if missing:
+        raise SystemExit(f"time_to_accuracy: {folder} lacks {len(missing)} parameters, e.g. {missing[0]}")
+
+
+def score(args) -> None:
+    """Score the base model once and every saved version not yet scored (<run>/scores.jsonl)."""
+    import torch
+
+    from grpo.evaluate import eval_engine, eval_problems, greedy_accuracy
+    from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model
+
+    work = Path(args.work_dir)
+    runs = sorted(p.parent for p in work.glob("*/launch.json"))
+    todo = []
+    for run in runs:
+        done = {json.loads(x)["step"] for x in _lines(run / "scores.jsonl")}
+        launch = json.loads((run / "launch.json").read_text())["launch_time"]
+        for meta in sorted((run / "weights").glob("step_*/weights.json")):
+            rec = json.loads(meta.read_text())
+            if rec["step"] not in done:
+                todo.append((run, meta.parent, rec, launch))
+    base_file = work / "base_score.json"
+    if not todo and base_file.is_file():
+        return
+    device = pick_device(args.device, -1 if args.device == "cpu" else 0)
+    path = resolve_model(args.model)
+    tok = load_tokenizer(path)
+    model = load_causal_lm(path, device, compute_dtype(device))
+    engine = eval_engine(model, tok, "auto", device)
+    problems = eval_problems(args.task, args.eval_size)
+
+    def one() -> dict:
+        r = greedy_accuracy(model, tok, problems, SHARED["max_new_tokens"], args.eval_batch_size, device, engine)
+        return {k: r[k] for k in ("accuracy", "correct", "n", "truncated_frac", "mean_completion_len", "decoder")}
+
+    if not base_file.is_file():
+        base = one()
+        base_file.write_text(json.dumps({"task": args.task, "model": args.model, **base}) + "\n")
+        print(f"time_to_accuracy: base model {base['accuracy']:.3f} ({base['correct']}/{base['n']})", flush=True)
+    for run, folder, rec, launch in todo:
+        load_into(model, folder)
+        r = one()
+        line = {"step": rec["step"], "seconds": round(rec["wall_time"] - launch, 2), **r}
+        with open(run / "scores.jsonl", "a") as fh:
+            fh.write(json.dumps(line) + "\n")
+        print(f"time_to_accuracy: {run.name} step {rec['step']} at {line['seconds']:.0f} s: {r['accuracy']:.3f}",
+              flush=True)
+    del engine, model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.is_file() else []
+
+
+# ----------------------------------------------------------------------------- the result
+def run_points(run: Path, base: dict) -> list[dict]:
+    """The run's curve: the base model at 0 s (the weights every run launches with), then each save."""
+    pts = [{"seconds": 0.0, "step": 0, "accuracy": base["accuracy"], "ci95": wilson(base["correct"], base["n"])}]
+    for x in _lines(run / "scores.jsonl"):
+        s = json.loads(x)
+        pts.append({"seconds": s["seconds"], "step": s["step"], "accuracy": s["accuracy"],
+                    "ci95": wilson(s["correct"], s["n"])})
+    return sorted(pts, key=lambda p: p["seconds"])
+
+
+def ours_books(run: Path) -> dict:
+    """The learner's accounting (summary.json), and the stale and zero-signal shares of groups sent."""
+    try:
+        summary = json.loads(read_run_file(run, "summary.json"))
+    except FileNotFoundError:
+        return {"groups": None, "stale_fraction": None, "zero_signal_fraction": None}
+    g = summary["groups"]
+    sent = max(g.get("sent") or 0, 1)
+    return {"groups": g, "steps": summary.get("steps"), "stale_fraction": round(g["dropped"].get("stale", 0) / sent, 4),
+            "zero_signal_fraction": round(g["dropped"].get("sampler_zero_signal", 0) / sent, 4)}
+
+
+def trl_books(run: Path) -> dict:
+    """TRL trains every group it generates, on-policy: nothing is stale; its zero-signal share is the
+    mean of its own frac_reward_zero_std over steps (those groups cost generation and add nothing)."""
+    doc = json.loads((run / "steps.json").read_text()) if (run / "steps.json").is_file() else {"steps": []}
+    zs = [s["frac_reward_zero_std"] for s in doc["steps"] if s.get("frac_reward_zero_std") is not None]
+    return {"steps": len(doc["steps"]), "completions_trained": sum(s["completions"] for s in doc["steps"]),
+            "stale_fraction": 0.0, "zero_signal_fraction": round(sum(zs) / len(zs), 4) if zs else None,
+            "trl_version": doc.get("trl"), "config": doc.get("config")}
+
+
+def summarise_task(work: Path) -> dict:
+    base = json.loads((work / "base_score.json").read_text())
+    if base["accuracy"] < 0.1:   # 2x of next to nothing is noise: the issue asks for tasks at 0.1 or more
+        print(f"time_to_accuracy: warning: the baseline {base['accuracy']:.3f} is below 0.1", flush=True)
+    target = GOAL_RATIO * base["accuracy"]
+    out = {"task": base["task"], "eval": f"first {base['n']} test problems at the task's starting settings, "
+           f"greedy, {base['decoder']} decoder, bf16", "baseline_accuracy": base["accuracy"],
+           "baseline_ci95": wilson(base["correct"], base["n"]), "target_accuracy": round(target, 4)}
+    systems: dict[str, dict] = {}
+    for launch_file in sorted(work.glob("*/launch.json")):
+        run, launch = launch_file.parent, json.loads(launch_file.read_text())
+        pts = run_points(run, base)
+        rec = {"run": run.name, "seed": launch.get("seed"), "exit_code": launch["exit_code"],
+               "wall_s": round(launch["wall_s"], 1), "points": pts, "baseline_accuracy": base["accuracy"],
+               "seconds_to_2x_baseline": seconds_to(pts, target), "accuracy_at_600s": accuracy_at(pts, 600.0),
+               "last_save_s": pts[-1]["seconds"], "bound": launch.get("bound"), "command": launch["command"]}
+        rec.update(ours_books(run) if launch["system"] == "ours" else trl_books(run))
+        systems.setdefault(launch["system"], {"runs": []})["runs"].append(rec)
+    for name, sys_ in systems.items():
+        # Several seeds: the slower one counts (None if any seed never got there).
+        times = [r["seconds_to_2x_baseline"] for r in sys_["runs"]]
+        sys_["seconds_to_2x_baseline"] = None if None in times else max(times)
+        sys_["accuracy_at_600s"] = min((r["accuracy_at_600s"] for r in sys_["runs"]
+                                        if r["accuracy_at_600s"] is not None), default=None)
+        sys_["best_accuracy"] = max(p["accuracy"] for r in sys_["runs"] for p in r["points"])
+        sys_["longest_run_s"] = max(r["last_save_s"] for r in sys_["runs"])
+    out["systems"] = systems
+    ours, trl = systems.get("ours", {}), systems.get("trl", {})
+    if ours.get("seconds_to_2x_baseline") and trl:
+        t_ours, t_trl = ours["seconds_to_2x_baseline"], trl.get("seconds_to_2x_baseline")
+        out["speedup_to_2x"] = round(t_trl / t_ours, 2) if t_trl else None
+        out["speedup_at_least"] = None if t_trl else round(trl["longest_run_s"] / t_ours, 2)
+        out["goal_5x_met"] = (t_trl / t_ours >= TRL_FACTOR) if t_trl else (trl["longest_run_s"] / t_ours >= TRL_FACTOR)
+    return out
+
+
+def plot(task: dict, out: Path, device: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    colours = {"ours": "tab:blue", "trl": "tab:orange"}
+    for name, sys_ in task["systems"].items():
+        for r in sys_["runs"]:
+            xs = [p["seconds"] for p in r["points"]]
+            ys = [p["accuracy"] for p in r["points"]]
+            lo = [p["ci95"][0] for p in r["points"]]
+            hi = [p["ci95"][1] for p in r["points"]]
+            label = f"{'ours' if name == 'ours' else 'TRL GRPOTrainer'}" + (f" seed {r['seed']}" if name == "ours" else "")
+            ax.plot(xs, ys, marker="o", ms=3, color=colours.get(name), alpha=0.9 if r is sys_["runs"][0] else 0.55,
+                    label=label)
+            ax.fill_between(xs, lo, hi, color=colours.get(name), alpha=0.08)
+    ax.axhline(task["baseline_accuracy"], color="gray", ls=":", label=f"baseline {task['baseline_accuracy']:.3f}")
+    ax.axhline(task["target_accuracy"], color="gray", ls="--", label="2x baseline")
+    ax.set_xlabel("seconds from launch (one GPU; evaluation not counted)")
+    ax.set_ylabel("greedy accuracy (95% interval)")
+    ax.set_title(f"SmolLM2-135M on {task['task']}: time to accuracy, {device}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def summarise(args) -> Path:
+    work = Path(args.work_dir)
+    meta = json.loads((work / "device.json").read_text()) if (work / "device.json").is_file() else {}
+    device = args.device_name or meta.get("device") or "cpu"
+    slug = device.replace(" ", "_").replace("/", "_")
+    out = Path(args.results_dir) / f"time_to_accuracy_{slug}.json"
+    doc = json.loads(out.read_text()) if out.is_file() else {"tasks": {}}
+    task = summarise_task(work)
+    doc.update({"device": device, "versions": meta.get("versions", doc.get("versions")),
+                "settings": {"shared": SHARED, "ours_only": OURS_ONLY, "save_every_s": meta.get("save_every_s"),
+                             "trl": "bench/trl_grpo.py: Hugging Face generate (no vLLM), float32 weights under "
+                                    "bf16 autocast, epsilon 0.2, AdamW (0.9, 0.99), grad clip 1, constant LR"},
+                "goals": {"ours_2x_within_s": 300, "trl_factor": TRL_FACTOR}})
+    doc["tasks"][task["task"]] = task
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    png = out.with_name(f"{out.stem}_{task['task'].replace('rg:', '').replace(':', '_')}.png")
+    plot(task, png, device)
+    for name, s in task["systems"].items():
+        print(f"{name}: baseline {task['baseline_accuracy']:.3f}, 2x at {s['seconds_to_2x_baseline']} s, "
+              f"at 600 s {s['accuracy_at_600s']}, best {s['best_accuracy']:.3f} (runs up to {s['longest_run_s']:.0f} s)")
+    print("wrote", out, "and", png)
+    return out
+
+
+def record_device(args) -> None:
+    """work/device.json: the GPU's name and the versions, written on the machine that ran."""
+    import torch
+
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    extra = ("trl",) if _has("trl") else ()
+    (work / "device.json").write_text(json.dumps({"device": name, "versions": versions(extra),
+                                                  "save_every_s": args.save_every_s}, indent=2) + "\n")
+
+
+def _has(mod: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(mod) is not None
+
+
+def best_of_ours(work: Path) -> list[float | None]:
+    base = json.loads((work / "base_score.json").read_text())
+    target = GOAL_RATIO * base["accuracy"]
+    return [seconds_to(run_points(p.parent, base), target) for p in sorted(work.glob("ours_seed*/launch.json"))]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("step", choices=["all", "ours", "trl", "score", "summarise"])
+    ap.add_argument("--work-dir", default="runs/tta")
+    ap.add_argument("--task", default="rg:letter_counting")
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[42, 1], help="ours: one run per seed")
+    ap.add_argument("--seed", type=int, default=0, help="`ours`: this seed (default: the first of --seeds)")
+    ap.add_argument("--ours-seconds", type=float, default=240.0, help="ours: --max-time-s (seconds of training)")
+    ap.add_argument("--seconds", type=float, default=600.0, help="`trl`: seconds from launch")
+    ap.add_argument("--save-every-s", type=float, default=30.0)
+    ap.add_argument("--budget-s", type=float, default=1450.0,
+                    help="`all`: everything (runs, scoring) within this many seconds; bounds TRL's run")
+    ap.add_argument("--reserve-s", type=float, default=150.0, help="`all`: kept back from TRL to score its saves")
+    ap.add_argument("--eval-size", type=int, default=500)
+    ap.add_argument("--eval-batch-size", type=int, default=64, help="Hugging Face generate's batch (CPU)")
+    ap.add_argument("--device", default="auto", help="the evaluator's device")
+    ap.add_argument("--device-name", default="", help="summarise: the device label (default: device.json)")
+    ap.add_argument("--results-dir", default=str(ROOT / "bench" / "results"))
+    args = ap.parse_args(argv)
+    work = Path(args.work_dir)
+    t0 = time.time()
+    if args.step == "summarise":
+        summarise(args)
+        return 0
+    record_device(args)
+    if args.step == "ours":
+        seed = args.seed or args.seeds[0]
+        _launch(ours_command(args, seed, work / f"ours_seed{seed}"), work / f"ours_seed{seed}", "ours", {"seed": seed})
+    elif args.step == "trl":
+        _launch(trl_command(args, args.seconds, work / "trl"), work / "trl", "trl", {"seed": args.seeds[0]})
+    elif args.step == "score":
+        score(args)
+    else:
+        for seed in args.seeds:
+            _launch(ours_command(args, seed, work / f"ours_seed{seed}"), work / f"ours_seed{seed}", "ours",
+                    {"seed": seed})
+        score(args)
+        left = args.budget_s - (time.time() - t0) - args.reserve_s
+        seconds, bound = trl_seconds(best_of_ours(work), left)
+        print(f"time_to_accuracy: TRL for {seconds:.0f} s (bound: {bound})", flush=True)
+        _launch(trl_command(args, seconds, work / "trl"), work / "trl", "trl", {"seed": args.seeds[0], "bound": bound})
+        score(args)
+        summarise(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
