@@ -233,6 +233,7 @@ def summarise_task(work: Path) -> dict:
         rec = {"run": run.name, "seed": launch.get("seed"), "exit_code": launch["exit_code"],
                "wall_s": round(launch["wall_s"], 1), "points": pts, "baseline_accuracy": base["accuracy"],
                "seconds_to_2x_baseline": seconds_to(pts, target), "accuracy_at_600s": accuracy_at(pts, 600.0),
+               "step_at_2x_baseline": next((p["step"] for p in pts if p["accuracy"] >= target > 0), None),
                "last_save_s": pts[-1]["seconds"], "bound": launch.get("bound"), "command": launch["command"]}
         rec.update(ours_books(run) if launch["system"] == "ours" else trl_books(run))
         systems.setdefault(launch["system"], {"runs": []})["runs"].append(rec)

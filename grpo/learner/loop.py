@@ -263,7 +263,8 @@ class Learner:
             ranks = [mine_stats.tolist()]
         loss, kl, clipped, toks, ratio, seqs = sums.tolist()
         real, padded = sum(r[0] for r in ranks), sum(r[3] for r in ranks)
-        return {"loss": loss, "kl": kl / max(toks, 1), "clip_frac": clipped / max(toks, 1),
+        # beta 0: samplers send no reference log-probs (zeros stand in), so there is no KL to report.
+        return {"loss": loss, "kl": kl / max(toks, 1) if cfg.beta > 0 else None, "clip_frac": clipped / max(toks, 1),
                 "ratio_mean": ratio / max(toks, 1), "tokens": int(toks), "sequences": int(seqs),
                 "grad_norm": self.engine.grad_norm(),
                 "pad_frac": 1.0 - real / padded if padded else 0.0,   # padding share of the model's input
@@ -381,10 +382,11 @@ class Learner:
             rec["gpu"] = gpu
         self.metrics.write(rec)
         self.tracker.log(rec, step)
-        log.info("step %d v%d: loss %.4f reward %.3f acc %.3f kl %.4f clip %.3f | %d tok, %.2f s "
+        log.info("step %d v%d: loss %.4f reward %.3f acc %.3f kl %s clip %.3f | %d tok, %.2f s "
                  "(wait %.2f, train %.2f, publish %.3f) | %.1f samples/s | samplers at %s | groups %s | "
                  "%d msgs / %.1f MB in, %.1f MB weights out%s",
-                 step, self.version, stats["loss"], rec["reward_mean"], rec["accuracy"], stats["kl"],
+                 step, self.version, stats["loss"], rec["reward_mean"], rec["accuracy"],
+                 "-" if stats["kl"] is None else f"{stats['kl']:.4f}",
                  stats["clip_frac"], stats["tokens"], rec["step_time_s"], rec["data_wait_s"], rec["train_s"],
                  stall, rec["samples_per_s"], rec["sampler_versions"], rec["groups"], self.receiver.messages,
                  self.receiver.bytes / 1e6, self.publisher.bytes_served / 1e6, format_gpu(gpu))

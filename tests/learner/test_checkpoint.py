@@ -169,3 +169,20 @@ def test_engine_mismatch_is_one_line(tmp_path, tiny):
     state_file.write_text(json.dumps(dict(state, engine="deepspeed")))
     with pytest.raises(ResumeError, match="drop --no-deepspeed"):
         load_checkpoint(eng, tmp_path / "checkpoints" / "step_1", rank=0, world=1)
+
+
+def test_timed_weights_save_on_the_marks_without_catching_up(tiny, tmp_path, monkeypatch):
+    """--save-weights-every-s 30 from t0 = 1000: nothing before 1030; a save at 1065 (a slow step ran
+    past the 60 s mark) moves the next mark to 1090, not 1060; the last step always saves."""
+    import grpo.learner.checkpoint as ck
+
+    path, tok = tiny
+    model = load_causal_lm(path, torch.device("cpu"), torch.float32)
+    tw = ck.TimedWeights(tmp_path, 30.0, 1000.0)
+    assert not tw.due(1029.9, last=False) and tw.due(1030.0, last=False) and tw.due(1000.0, last=True)
+    monkeypatch.setattr(ck.time, "time", lambda: 1065.0)
+    rec = tw.save(model, tok, 12)
+    assert rec == {"step": 12, "wall_time": 1065.0, "seconds": 65.0}
+    assert json.loads((tmp_path / "weights" / "step_12" / "weights.json").read_text()) == rec
+    assert not tw.due(1089.0, last=False) and tw.due(1090.0, last=False)
+    assert not ck.TimedWeights(tmp_path, 0.0, 1000.0).due(5000.0, last=True)   # 0: off
