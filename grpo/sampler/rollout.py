@@ -122,6 +122,48 @@ class Rollout:
     stats: dict = field(default_factory=dict)
 
 
+@dataclass
+class FinishedGroup:
+    """One group out of `RolloutEngine.stream`: its rows all ended (EOS or max_new_tokens)."""
+    key: object                  # what the caller's source returned with the prompt
+    token_ids: list[list[int]]   # per row, cut after the first EOS (kept)
+    finished: list[bool]         # ended with EOS
+    logprobs: list[np.ndarray]   # per generated token, under the sampling distribution
+    decode_steps: int            # steps the group was in flight (its refill to its last row's end)
+
+
+class _Ring:
+    """In-flight decoding state (`RolloutEngine.stream`): `rows` rows, each a group's row or free,
+    over one static cache whose `length` = width + max_new slots are used as a ring.
+
+    Every decode step writes every row's key at the same slot t (HF's StaticCache writes one
+    column for the whole batch), then t advances modulo `length`. A row refilled at slot t gets
+    its prompt at slots [t - P, t) and its tokens from t on; it needs P + max_new <= length slots,
+    so by the time the ring comes round to a slot, the sequence that wrote it has ended. Attention
+    does not care where a key sits (RoPE was applied with the row's own positions before the key
+    was stored), so each row attends to exactly the slots marked in its `key_valid` row."""
+
+    def __init__(self, model, rows: int, width: int, max_new: int, pad_id: int, device: torch.device):
+        from transformers import StaticCache
+
+        self.rows, self.width, self.max_new, self.length = rows, width, max_new, width + max_new
+        self.cache = StaticCache(config=model.config, max_cache_len=self.length)
+        kw = dict(device=device)
+        self.key_valid = torch.zeros((rows, self.length), dtype=torch.bool, **kw)   # slots of the row's sequence
+        self.tok = torch.full((rows, 1), pad_id, dtype=torch.long, **kw)
+        self.pos = torch.zeros((rows, 1), dtype=torch.long, **kw)                  # each row's own position id
+        self.t = torch.zeros((1,), dtype=torch.long, **kw)                         # the slot this step writes
+        # Each row's next output column; max_new (a spare column) once the row has ended, so
+        # ended rows write their padding where nothing is read.
+        self.col = torch.full((rows, 1), max_new, dtype=torch.long, **kw)
+        self.finished = torch.ones((rows,), dtype=torch.bool, **kw)                 # free rows count as ended
+        self.inv_t = torch.ones((), dtype=torch.float32, **kw)
+        self.out = torch.full((rows, max_new + 1), pad_id, dtype=torch.long, **kw)
+        self.out_lp = torch.zeros((rows, max_new + 1), dtype=torch.float32, **kw)
+        self.graphs: dict[bool, torch.cuda.CUDAGraph | None] = {}
+        self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
+
+
 class _Slot:
     """Everything one (batch rows, prompt width, max_new_tokens) shape needs: static cache,
     static input/output buffers and the captured decode graphs (one greedy, one sampling)."""
@@ -189,6 +231,7 @@ class RolloutEngine:
         self.check_every = max(1, check_every)
         self.max_slots = max(1, max_slots)
         self.slots: collections.OrderedDict[tuple[int, int, int], _Slot] = collections.OrderedDict()
+        self._rings: dict[tuple[int, int, int], _Ring] = {}   # stream()'s; one at a time
         self._ptrs = self._param_ptrs()
         self.graph_failures = 0
         self.graph_failure_reasons: list[str] = []
@@ -236,13 +279,179 @@ class RolloutEngine:
             stats["graph_failures"] = list(self.graph_failure_reasons)
         return Rollout(ids, finished, logprobs, stats)
 
+    @torch.no_grad()
+    def stream(self, next_prompt, group_size: int, max_new_tokens: int, temperature: float = 1.0,
+               greedy: bool = False, rows: int | None = None):
+        """In-flight batching: yield each group as soon as all its rows have ended, and refill its
+        rows with the next prompt while the other rows keep decoding.
+
+        next_prompt() -> (key, prompt token ids) | None is asked for a prompt whenever `group_size`
+        rows are free; None means none for now (the caller's budget, or no more prompts): the rows
+        stay free and it is asked again at the next check. The stream ends when no row is in
+        flight and next_prompt() has nothing. Rows: `rows` (a multiple of group_size; default the
+        largest bucket's), on one ring of cache slots (_Ring) of prompt width rounded up to
+        prompt_multiple; a longer prompt waits until every row is free, then a wider ring is made.
+
+        Weights must not change while the stream runs (the caller stops asking for prompts,
+        drains, then applies a new version): every token of a group is sampled by one version."""
+        G = int(group_size)
+        if G < 1 or max_new_tokens < 1:
+            raise ValueError(f"stream needs group_size >= 1 and max_new_tokens >= 1, got {G} and {max_new_tokens}")
+        greedy = greedy or temperature == 0
+        rows = rows or max(G, (self.buckets[-1] if self.buckets else 8 * G) // G * G)
+        if rows % G:
+            raise ValueError(f"rows {rows} must be a multiple of group_size {G}")
+        if self._param_ptrs() != self._ptrs:
+            self.clear()
+            self._ptrs = self._param_ptrs()
+        inv_t = 1.0 if greedy else 1.0 / temperature
+        ring: _Ring | None = None
+        active: dict[int, tuple[object, int]] = {}     # first row of a block -> (key, step it was refilled)
+        pending = None                                  # a prompt too wide for the ring in use
+        steps = 0
+        while True:
+            want: list[tuple[int, object, list[int]]] = []
+            for b in range(0, rows, G):
+                if b in active:
+                    continue
+                item, pending = pending or next_prompt(), None
+                if item is None:
+                    break          # nothing for now: asked again at the next check
+                if not item[1]:
+                    raise ValueError("stream: an empty prompt")
+                if ring is not None and len(item[1]) > ring.width:
+                    pending = item  # waits until every row is free, for a wider ring
+                    break
+                want.append((b, item[0], list(item[1])))
+            if ring is None or (pending is not None and not active):
+                if not want and pending is None:
+                    return
+                width = max([len(w[2]) for w in want] + ([len(pending[1])] if pending else []))
+                ring = self._ring(rows, -(-width // self.prompt_multiple) * self.prompt_multiple, max_new_tokens,
+                                  inv_t, greedy)
+            if want:
+                self._refill(ring, want, G, greedy)
+                active.update((b, (key, steps)) for b, key, _ in want)
+            if not active:
+                if pending is None:
+                    return
+                continue
+            graph = ring.graphs.get(greedy)
+            for _ in range(self.check_every):
+                graph.replay() if graph is not None else self._ring_step(ring, greedy)
+            steps += self.check_every
+            ended = ring.finished.view(-1, G).all(-1).cpu().tolist()                 # the only host sync
+            done = [b for b in sorted(active) if ended[b // G]]
+            if done:
+                out, lp = ring.out[:, :max_new_tokens].cpu(), ring.out_lp[:, :max_new_tokens].cpu()
+                for b in done:
+                    key, since = active.pop(b)
+                    ids, fin, lps = self._cut(out[b:b + G], lp[b:b + G])
+                    yield FinishedGroup(key, ids, fin, lps, steps - since)
+
     def clear(self) -> None:
         """Free every cache and graph (they are rebuilt on the next call)."""
         self.slots.clear()
+        self._rings = {}
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
     # ------------------------------------------------------------------ internals
+    def _cut(self, out: torch.Tensor, lp: torch.Tensor) -> tuple[list[list[int]], list[bool], list[np.ndarray]]:
+        """Rows of generated ids (and log-probs) cut after their first EOS, which is kept."""
+        hit = (out.unsqueeze(-1) == self.eos.cpu()).any(-1)                          # [n, max_new]
+        finished = hit.any(-1)
+        cuts = torch.where(finished, hit.int().argmax(-1) + 1, out.shape[1]).tolist()
+        lp = lp.numpy()
+        return ([row[:c] for row, c in zip(out.tolist(), cuts)], finished.tolist(),
+                [lp[i, :c].astype(np.float32) for i, c in enumerate(cuts)])
+
+    def _ring(self, rows: int, width: int, max_new: int, inv_t: float, greedy: bool) -> _Ring:
+        """A ring for this shape (kept between streams, like the slots), its cache initialised by
+        one step over free rows, and its decode step captured."""
+        # As with slots: a ring a little wider than needed serves, rather than a capture per width.
+        ring = next((r for k, r in self._rings.items()
+                     if k[0] == rows and k[2] == max_new and width <= k[1] <= width * 3 // 2), None)
+        if ring is None:
+            self.slots.clear()   # the round-based caches are not needed while streaming: free them first
+            self._rings.clear()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            ring = self._rings[(rows, width, max_new)] = _Ring(self.model, rows, width, max_new, self.pad_id,
+                                                               self.device)
+            self._ring_step(ring, greedy)   # HF allocates the cache on its first write
+        ring.inv_t.fill_(inv_t)
+        if self.cuda_graphs and greedy not in ring.graphs:
+            ring.graphs[greedy] = self._capture(ring, greedy, step=self._ring_step)
+        return ring
+
+    def _refill(self, r: _Ring, want: list[tuple[int, object, list[int]]], G: int, greedy: bool) -> None:
+        """Prefill the new prompts (one row each, left-padded together), copy each one's keys and
+        values into its block of G rows at the ring slots just before t, and draw each row's first
+        token from the prompt's last logits."""
+        from transformers import StaticCache
+
+        prompts = [ids for _, _, ids in want]
+        n, P = len(prompts), max(len(p) for p in prompts)
+        ids, mask = left_pad(prompts, self.pad_id, self.device, width=P)
+        valid = mask.bool()
+        q = torch.arange(P, device=self.device)
+        allowed = (q.view(1, P, 1) >= q.view(1, 1, P)) & (valid.unsqueeze(1) | (q.view(1, P, 1) == q.view(1, 1, P)))
+        pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
+        tmp = StaticCache(config=self.model.config, max_cache_len=P)
+        with self._attention():
+            logits = self.model(input_ids=ids, position_ids=pos, attention_mask=self._mask(allowed.unsqueeze(1)),
+                                past_key_values=tmp, use_cache=True, logits_to_keep=1).logits[:, -1]   # [n, V]
+        t = int(r.t.item())
+        for i, (b, _, p) in enumerate(want):
+            rows = slice(b, b + G)
+            slots = (torch.arange(t - len(p), t, device=self.device) % r.length)
+            for src, dst in zip(tmp.layers, r.cache.layers):
+                k = src.keys[i:i + 1, :, P - len(p):].expand(G, -1, -1, -1)
+                v = src.values[i:i + 1, :, P - len(p):].expand(G, -1, -1, -1)
+                dst.keys[rows].index_copy_(2, slots, k.contiguous())
+                dst.values[rows].index_copy_(2, slots, v.contiguous())
+            r.key_valid[rows] = False
+            r.key_valid[rows, slots] = True
+            r.pos[rows] = len(p)
+            r.out[rows] = self.pad_id
+            r.out_lp[rows] = 0.0
+            r.col[rows] = 0
+            r.finished[rows] = False
+            self._ring_emit(r, logits[i:i + 1].expand(G, -1), greedy, rows)
+
+    def _ring_step(self, r: _Ring, greedy: bool) -> None:
+        """One token for every row of the ring (what its graph captures)."""
+        r.key_valid.index_fill_(1, r.t, True)   # this step's key is written at slot t in every row
+        with self._attention():
+            logits = self.model(input_ids=r.tok, position_ids=r.pos,
+                                attention_mask=self._mask(r.key_valid.view(r.rows, 1, 1, -1)),
+                                past_key_values=r.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        for layer in r.cache.layers:            # HF advanced its write index by one: wrap it with ours
+            layer.cumulative_length.remainder_(r.length)
+        r.t.add_(1).remainder_(r.length)
+        r.pos.add_(1)
+        self._ring_emit(r, logits, greedy, slice(None))
+
+    def _ring_emit(self, r: _Ring, logits: torch.Tensor, greedy: bool, rows: slice) -> None:
+        scaled = logits.float() * r.inv_t                                             # [n, V]
+        if greedy:
+            nxt = scaled.argmax(-1)
+        else:
+            noise = torch.empty_like(scaled).exponential_(generator=self.gen)
+            nxt = (scaled - noise.log()).argmax(-1)
+        lp = scaled.gather(-1, nxt.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, -1)
+        done = r.finished[rows]
+        nxt = torch.where(done, self.pad_id, nxt)
+        lp = torch.where(done, 0.0, lp)
+        col = r.col[rows]
+        r.out[rows] = r.out[rows].scatter(1, col, nxt.unsqueeze(1))
+        r.out_lp[rows] = r.out_lp[rows].scatter(1, col, lp.unsqueeze(1))
+        ended = done | (nxt.unsqueeze(-1) == self.eos).any(-1) | (col.squeeze(1) + 1 >= r.max_new)
+        r.finished[rows] = ended
+        r.col[rows] = torch.where(ended.unsqueeze(1), r.max_new, col + 1)
+        r.tok[rows] = nxt.unsqueeze(1)
+
     @property
     def _eos_set(self) -> set[int]:
         return set(self.eos.tolist())
@@ -365,13 +574,14 @@ class RolloutEngine:
         gen.manual_seed(int(torch.randint(0, 2**62, (1,)).item()))  # CPU draw: follows torch.manual_seed
         return gen
 
-    def _capture(self, s: _Slot, greedy: bool):
+    def _capture(self, s, greedy: bool, step=None):
         """Capture one decode step; None (eager decoding) if capture fails.
 
         The warm-up runs with torch's sync debug mode set to "error": an operation that would
         synchronise with the host (and so cannot be captured) raises there, in eager mode, with
         its name, instead of invalidating a capture half-way (the error a failed capture reports
         is only "operation not permitted when stream is capturing")."""
+        step = step or self._step
         stage = "warm-up"
         try:
             stream = torch.cuda.Stream()
@@ -379,14 +589,14 @@ class RolloutEngine:
             if self.compile_decode:  # compile first: compiling may synchronise; the result may not
                 stage = "compile"
                 with torch.cuda.stream(stream):
-                    self._step(s, greedy)
+                    step(s, greedy)
                 stage = "warm-up"
             prev = torch.cuda.get_sync_debug_mode()
             torch.cuda.set_sync_debug_mode("error")
             try:
                 with torch.cuda.stream(stream):  # warm-up outside capture (cuBLAS workspaces, lazy inits)
                     for _ in range(min(2, s.max_new - 1)):
-                        self._step(s, greedy)
+                        step(s, greedy)
             finally:
                 torch.cuda.set_sync_debug_mode(prev)
             torch.cuda.current_stream().wait_stream(stream)
@@ -397,7 +607,7 @@ class RolloutEngine:
             # thread_local: a CUDA call from another thread of the sampler (heartbeats, weight
             # receiver) cannot invalidate this capture; only this thread's calls are checked.
             with torch.cuda.graph(graph, pool=s.pool, capture_error_mode="thread_local"):
-                self._step(s, greedy)
+                step(s, greedy)
             torch.cuda.synchronize()
             log.info("captured the decode step for %d rows x %d cache slots (greedy=%s)",
                      s.rows, s.width + s.max_new, greedy)

@@ -275,3 +275,82 @@ def test_compiled_decode_step_gives_the_same_tokens(tiny):
     assert got.token_ids == want.token_ids
     for a, b in zip(got.logprobs, want.logprobs):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- in-flight batching (stream)
+def source(items, gaps=()):
+    """next_prompt for stream(): (key, ids) in order; None once at each index in `gaps` (a budget
+    that runs dry for a moment), then None for good at the end."""
+    state = {"i": 0, "gapped": set()}
+
+    def next_prompt():
+        i = state["i"]
+        if i in gaps and i not in state["gapped"]:
+            state["gapped"].add(i)
+            return None
+        if i >= len(items):
+            return None
+        state["i"] += 1
+        return items[i]
+    return next_prompt
+
+
+def test_stream_greedy_equals_generate_through_refills_and_ring_wraps(tiny):
+    """7 prompts, 2 blocks of G=2 rows: 5 refills into rows still decoding beside them, the ring
+    of (width + 12) slots wrapping several times; every group once, each row what generate gives."""
+    ps = prompts((5, 9, 3, 12, 1, 7, 4), seed=2)
+    ref = RolloutEngine(tiny, 2, 2).generate(ps, 12, greedy=True).token_ids
+    eng = RolloutEngine(tiny, 2, 2, check_every=3)
+    got = list(eng.stream(source([(k, p) for k, p in enumerate(ps)], gaps=(3,)), 2, 12, greedy=True, rows=4))
+    assert sorted(g.key for g in got) == list(range(7))
+    for g in got:
+        assert g.token_ids == [ref[g.key]] * 2 and g.finished == [False, False]
+        assert [len(lp) for lp in g.logprobs] == [12, 12] and g.decode_steps >= 11
+    ring = next(iter(eng._rings.values()))
+    assert int(ring.t) != 0 and ring.length == 12 + 12
+
+
+def test_stream_eos_frees_rows_early_and_cuts_like_generate(tiny):
+    ps = prompts((4, 7, 6, 5, 8), seed=4)
+    free = RolloutEngine(tiny, 2, 2).generate(ps, 10, greedy=True).token_ids
+    eos, pad = free[0][0], 7          # prompt 0's row ends at its first token (the refill draws it)
+    ref = RolloutEngine(tiny, eos, pad).generate(ps, 10, greedy=True)
+    got = {g.key: g for g in RolloutEngine(tiny, eos, pad, check_every=1).stream(
+        source(list(enumerate(ps))), 1, 10, greedy=True, rows=2)}
+    assert [got[k].token_ids[0] for k in range(5)] == ref.token_ids
+    assert [got[k].finished[0] for k in range(5)] == ref.finished and ref.finished[0]
+    assert got[0].token_ids == [[eos]] and got[0].logprobs[0].shape == (1,)
+    assert got[0].decode_steps == 1     # its block is free again at the first check, after one step
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_stream_sampled_logprobs_match_teacher_forced_pass(tiny, temperature):
+    """Every token's log-prob equals a teacher-forced pass over the finished sequence: the keys a
+    row attends to (its prompt copied into ring slots at a refill, then its own tokens, wrapping
+    round the ring) are exactly its sequence's. 5 prompts through 2 blocks of G=2 rows: refills."""
+    torch.manual_seed(6)
+    ps = prompts((6, 3, 10, 4, 8), seed=5)
+    got = list(RolloutEngine(tiny, 2, 2, check_every=3).stream(source(list(enumerate(ps))), 2, 16,
+                                                              temperature=temperature, rows=4))
+    assert sorted(g.key for g in got) == [0, 1, 2, 3, 4]
+    for g in got:
+        p = ps[g.key]
+        assert len({tuple(r) for r in g.token_ids}) > 1      # G independent draws, not one copied
+        whole = [p + r for r in g.token_ids]
+        ids, mask = right_pad(whole, 2, CPU)
+        with torch.no_grad():
+            tf = token_logprobs(tiny, ids, mask, temperature)
+        for i, r in enumerate(g.token_ids):
+            np.testing.assert_allclose(g.logprobs[i], tf[i, len(p) - 1:len(p) - 1 + len(r)].numpy(), rtol=0, atol=1e-4)
+
+
+def test_stream_makes_a_wider_ring_for_a_longer_prompt(tiny):
+    ps = prompts((3, 4, 20, 2), seed=8)
+    ref = RolloutEngine(tiny, 2, 2).generate(ps, 8, greedy=True).token_ids
+    eng = RolloutEngine(tiny, 2, 2)
+    got = {g.key: g.token_ids[0] for g in eng.stream(source(list(enumerate(ps))), 1, 8, greedy=True, rows=2)}
+    assert got == dict(enumerate(ref))
+    assert [k[1] for k in eng._rings] == [20]          # the 20-token prompt waited for a ring of its width
+    with pytest.raises(ValueError, match="multiple of group_size"):
+        next(eng.stream(source([(0, [5])]), 2, 4, rows=3))
+    assert list(eng.stream(source([]), 2, 4, rows=4)) == []
