@@ -42,13 +42,15 @@ GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 def plan(quick: bool, cuda: bool):
     """(fast configs, hf configs, eos configs, agreement prompts, agreement tokens) per model."""
     if not cuda:  # smoke check: tiny everything
-        return {"batches": [4], "new": [8], "hf": [(4, 8)], "eos": [(4, 8)], "agree": (4, 8), "qwen": []}
+        return {"batches": [4], "new": [8], "hf": [(4, 8)], "eos": [(4, 8)], "agree": (4, 8), "qwen": [],
+                "workload": (4, 2, 4, 8)}
+    workload = (128, 8, 512, 256)   # prompts, G, rows, new tokens: the rollouts issue's EOS workload
     if quick:
         return {"batches": [64, 512], "new": [128, 256], "hf": [(64, 128), (512, 256)], "eos": [(512, 256)],
-                "agree": (16, 128), "qwen": [(256, 128)]}
+                "agree": (16, 128), "qwen": [(256, 128)], "workload": workload}
     return {"batches": [64, 256, 512, 1024], "new": [128, 256, 512],
             "hf": [(64, 128), (256, 128), (512, 128), (1024, 128), (512, 256)], "eos": [(512, 256)],
-            "agree": (64, 256), "qwen": [(256, 128), (256, 256)]}
+            "agree": (64, 256), "qwen": [(256, 128), (256, 256)], "workload": workload}
 
 
 def gsm8k_prompts(tok, split: str, n: int) -> list[list[int]]:
@@ -140,6 +142,46 @@ def throughput(name: str, model, tok, device, p: dict, configs_fast, configs_hf,
     return rows_out
 
 
+def eos_workload(model, tok, device, n_prompts: int, G: int, rows: int, new: int) -> dict:
+    """The rollouts issue's workload: n_prompts GSM8K train prompts x G samples with EOS allowed,
+    up to `new` tokens, through `rows` rows, timed to the last completion; useful tokens = tokens
+    kept (up to and including EOS). Three ways: the engine's in-flight batching (`stream`: a group
+    leaves when its rows end and the next prompt takes them), the same engine in fixed batches of
+    `rows` (`generate`), and Hugging Face `generate` in batches of `rows`. Each engine runs the
+    workload once untimed first (graph capture), then timed."""
+    prompts = gsm8k_prompts(tok, "train", n_prompts)
+    flat = [p for p in prompts for _ in range(G)]
+    out = {"prompts": n_prompts, "G": G, "rows": rows, "max_new_tokens": new}
+
+    def streamed(engine):
+        it = iter(enumerate(prompts))
+        return sum(len(r) for g in engine.stream(lambda: next(it, None), G, new, temperature=1.0, rows=rows)
+                   for r in g.token_ids)
+
+    stream_engine = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id)
+    streamed(stream_engine)
+    with Timer(device) as t:
+        tokens = streamed(stream_engine)
+    out.update(eos_stream_tok_s=tokens / t.s, eos_stream_tokens=tokens, eos_stream_s=t.s)
+    stream_engine.clear()
+    fixed = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id,
+                          buckets=(rows,) if device.type == "cuda" else None)
+    fixed.generate(flat[:rows], new, temperature=1.0)
+    with Timer(device) as t:
+        res = fixed.generate(flat, new, temperature=1.0)   # in batches of `rows` (its largest bucket)
+    tokens = sum(len(r) for r in res.token_ids)
+    out.update(eos_fast_tok_s=tokens / t.s, eos_fast_tokens=tokens, eos_fast_s=t.s)
+    fixed.clear()
+    hf_tokens, hf_s = 0, 0.0
+    for s in range(0, len(flat), rows):
+        h = run_hf(model, flat[s:s + rows], new, device, tok.pad_token_id, tok.eos_token_id)
+        hf_tokens, hf_s = hf_tokens + h["tokens"], hf_s + h["s"]
+    out.update(eos_hf_tok_s=hf_tokens / hf_s, eos_hf_tokens=hf_tokens, eos_hf_s=hf_s,
+               stream_vs_hf=out["eos_stream_tok_s"] * hf_s / hf_tokens,
+               fixed_vs_hf=out["eos_fast_tok_s"] * hf_s / hf_tokens)
+    return out
+
+
 def agreement(model, tok, device, n: int, new: int) -> dict:
     prompts = gsm8k_prompts(tok, "test", n)
     eos, pad = tok.eos_token_id, tok.pad_token_id
@@ -196,6 +238,11 @@ def main() -> int:
     fast_cfgs = [(b, n) for b in p["batches"] for n in p["new"]]
     rows = throughput(args.model, model, tok, device, p, fast_cfgs, p["hf"], p["eos"],
                       compile_decode=not (args.quick or args.no_compile))
+    work = eos_workload(model, tok, device, *p["workload"])
+    fixed_rate = next((r["fast_tok_s"] for r in rows if (r["rows"], r["new"]) == (work["rows"], work["max_new_tokens"])),
+                      None)
+    work["stream_vs_fixed_length"] = work["eos_stream_tok_s"] / fixed_rate if fixed_rate else None
+    print(table([work], list(work)), flush=True)
     agree = agreement(model, tok, device, *p["agree"])
     del model
     # fp32 too: there the two paths' different summation orders stay ~1e-6 apart, so greedy
@@ -225,7 +272,7 @@ def main() -> int:
                      "eos": "ignored in throughput rows (every row generates exactly `new` tokens); eos_* columns stop at EOS and count kept tokens",
                      "fast_configs": fast_cfgs, "hf_configs": p["hf"] + [("random:qwen2.5-3b",) + c for c in p["qwen"][:1]],
                      "hf_note": "HF generate runs only where affordable within the time budget"},
-        "rows": all_rows, "agreement": agree, "agreement_fp32": agree32})
+        "rows": all_rows, "eos_workload": work, "agreement": agree, "agreement_fp32": agree32})
     print(f"wrote {out}")
     return 0
 
