@@ -66,6 +66,9 @@ class Sampler:
         curve = curve_for(cfg.curve_keys, CLIENT)  # bad keys fail here, before the model loads
         self.device = pick_device(cfg.device, cfg.gpu_id)
         self.backend = resolve_backend(cfg.generation_backend, self.device)  # a bad name fails before any loading
+        if cfg.in_flight_rows and (self.backend != "fast" or cfg.in_flight_rows % cfg.num_generations):
+            raise ValueError(f"--in-flight-rows {cfg.in_flight_rows}: needs --generation-backend fast and a multiple "
+                             f"of --num-generations {cfg.num_generations}; or 0 for fixed rounds")
         torch.manual_seed(cfg.seed + 1000 * cfg.sampler_id)
         self.rewards = reward_set_from_config(cfg)  # a bad --reward fails here, before any model loads
         # --curriculum: every task starts at level 0; the learner's answers move the levels.
@@ -119,8 +122,9 @@ class Sampler:
         self._last_wait_note = 0.0   # (groups_sent counts filtered groups too, so it cannot tell)
         self.run_facts: M.RunFacts | None = None   # the learner's, from its first answer
         log.info("sampler %d/%d on %s: %d prompts in its shard, model %s, G=%d, %d prompts per round, "
-                 "%s generation", cfg.sampler_id, cfg.num_samplers, self.device, len(mine), path,
-                 cfg.num_generations, cfg.prompts_per_round, self.backend)
+                 "%s generation%s", cfg.sampler_id, cfg.num_samplers, self.device, len(mine), path,
+                 cfg.num_generations, cfg.prompts_per_round, self.backend,
+                 f", in flight on {cfg.in_flight_rows} rows" if cfg.in_flight_rows else "")
         mark_stage(cfg.run_dir, self.name, "model_loaded")
 
     def _load_prompts(self) -> list:
@@ -278,10 +282,9 @@ class Sampler:
     # ------------------------------------------------------------------ one round
     @torch.no_grad()
     def generate_round(self, round_idx: int, n_prompts: int | None = None) -> list[M.Group]:
+        """One round as one fixed batch: every prompt's G rows decode until the longest ends."""
         cfg, tok = self.cfg, self.tok
-        problems = self.prompts.next_batch(cfg.prompts_per_round if n_prompts is None else n_prompts)
-        prompts = [problem_prompt(tok, p) for p in problems]
-        prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        problems, prompts, prompt_ids = self._round_problems(n_prompts)
         G = cfg.num_generations
         t0 = time.perf_counter()
         rows = [p for p in prompt_ids for _ in range(G)]
@@ -291,27 +294,64 @@ class Sampler:
         else:
             completions = list(zip(*hf_generate(self.policy, rows, cfg.max_new_tokens, cfg.temperature, False,
                                                 tok.eos_token_id, tok.pad_token_id)))
-        gen_s = time.perf_counter() - t0
+        return self._finish(round_idx, problems, prompts, prompt_ids, list(range(len(problems))), completions,
+                            time.perf_counter() - t0)
 
-        whole = [prompt_ids[i // G] + c for i, (c, _) in enumerate(completions)]
+    @torch.no_grad()
+    def stream_round(self, round_idx: int, n_prompts: int):
+        """One round through in-flight batching (--in-flight-rows): yields lists of finished groups,
+        scored and with their log-probs, as soon as a learner step's worth has ended (or the round
+        has), while the engine refills the rows they freed with the round's next prompts. Weights do
+        not change during a round, so every token of every group is sampled by self.version."""
+        cfg = self.cfg
+        problems, prompts, prompt_ids = self._round_problems(n_prompts)
+        G = cfg.num_generations
+        chunk = max(1, self.run_facts.groups_per_step if self.run_facts is not None else cfg.prompts_per_round)
+        queue = iter(enumerate(prompt_ids))
+        done: list[tuple[int, list]] = []
+        t0 = time.perf_counter()
+        for fg in self.engine.stream(lambda: next(queue, None), G, cfg.max_new_tokens, cfg.temperature,
+                                     rows=cfg.in_flight_rows):
+            done.append((fg.key, list(zip(fg.token_ids, fg.finished))))
+            if len(done) >= chunk:
+                gen_s = time.perf_counter() - t0
+                yield self._finish(round_idx, problems, prompts, prompt_ids, [gi for gi, _ in done],
+                                   [c for _, comps in done for c in comps], gen_s)
+                done, t0 = [], time.perf_counter()
+        if done:
+            yield self._finish(round_idx, problems, prompts, prompt_ids, [gi for gi, _ in done],
+                               [c for _, comps in done for c in comps], time.perf_counter() - t0)
+
+    def _round_problems(self, n_prompts: int | None):
+        problems = self.prompts.next_batch(self.cfg.prompts_per_round if n_prompts is None else n_prompts)
+        prompts = [problem_prompt(self.tok, p) for p in problems]
+        return problems, prompts, [self.tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+
+    def _finish(self, round_idx: int, problems: list, prompts: list[str], prompt_ids: list[list[int]],
+                gis: list[int], completions: list[tuple[list[int], bool]], gen_s: float) -> list[M.Group]:
+        """Groups gis of the round (G rows each, in `completions`): score, count for the curriculum,
+        drop zero-signal ones (--filter-zero-signal), compute old (and reference) log-probs, build."""
+        cfg, tok = self.cfg, self.tok
+        G = cfg.num_generations
+        whole = [prompt_ids[gis[k // G]] + c for k, (c, _) in enumerate(completions)]
         t1 = time.perf_counter()
         texts = [tok.decode(c, skip_special_tokens=True) for c, _ in completions]
-        scores = self.rewards.score([problems[k // G] for k in range(len(completions))], texts,
+        scores = self.rewards.score([problems[gis[k // G]] for k in range(len(completions))], texts,
                                     [c for c, _ in completions])
         if self.levels is not None:   # every group counts for its task, before any filter
-            for gi, problem in enumerate(problems):
-                self.window.add(problem.columns.get("rg_task", ""),
-                                sum(sc.info.get("correct", 0.0) for sc in scores[gi * G:(gi + 1) * G]), G)
+            for j, gi in enumerate(gis):
+                self.window.add(problems[gi].columns.get("rg_task", ""),
+                                sum(sc.info.get("correct", 0.0) for sc in scores[j * G:(j + 1) * G]), G)
             self.stats.update(self.window.stats())
         # Scored before the log-prob passes, so that with --filter-zero-signal a group whose
         # rewards are all equal (zero advantage: the learner would drop it) costs no passes and
         # is not sent; it still counts as offered, and the learner's books see it as dropped.
-        keep = [gi for gi in range(len(problems))
-                if not cfg.filter_zero_signal or has_signal([sc.reward for sc in scores[gi * G:(gi + 1) * G]])]
-        rows_kept = [k for gi in keep for k in range(gi * G, (gi + 1) * G)]
+        keep = [j for j in range(len(gis))
+                if not cfg.filter_zero_signal or has_signal([sc.reward for sc in scores[j * G:(j + 1) * G]])]
+        rows_kept = [k for j in keep for k in range(j * G, (j + 1) * G)]
         t2 = time.perf_counter()
         kept_whole = [whole[k] for k in rows_kept]
-        kept_plens = [len(prompt_ids[k // G]) for k in rows_kept]
+        kept_plens = [len(prompt_ids[gis[k // G]]) for k in rows_kept]
         old_lp = dict(zip(rows_kept, self._logprobs(self.policy, kept_whole, kept_plens)))
         if self.run_facts is None or self.run_facts.needs_ref_logprobs:
             if self.ref is None:
@@ -320,12 +360,13 @@ class Sampler:
         else:   # not needed: the reference pass is skipped and the group carries none
             ref_lp = {k: np.zeros(0, np.float32) for k in rows_kept}
         reward_s, logprob_s = t2 - t1, time.perf_counter() - t2   # (_logprobs ends in .cpu(): done by now)
-        self.stats["dropped_zero_signal"] += len(problems) - len(keep)
+        self.stats["dropped_zero_signal"] += len(gis) - len(keep)
         groups = []
-        for gi in keep:
+        for j in keep:
+            gi = gis[j]
             problem, prompt, pids = problems[gi], prompts[gi], prompt_ids[gi]
             comps = []
-            for k in range(gi * G, (gi + 1) * G):
+            for k in range(j * G, (j + 1) * G):
                 gen_ids, finished = completions[k]
                 text, scored = texts[k], scores[k]
                 comps.append(M.Completion(
@@ -350,7 +391,7 @@ class Sampler:
         if self.device.type == "cuda":
             self.stats["peak_mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         rewards = [sc.reward for sc in scores]   # every completion, filtered or not: the train reward
-        dropped = (f", {len(problems) - len(keep)} of {len(problems)} groups zero-signal"
+        dropped = (f", {len(gis) - len(keep)} of {len(gis)} groups zero-signal"
                    if cfg.filter_zero_signal else "")
         log.info("round %d (v%d): %d completions, %d tokens in %.2f s (%.0f tok/s); log-probs %.2f s, "
                  "rewards %.2f s; reward mean %.3f%s%s", round_idx, self.version, len(completions), n_tokens, gen_s,
@@ -381,6 +422,18 @@ class Sampler:
                                groups_sent=self.groups_sent, final=final,
                                stats={k: float(v) for k, v in list(self.stats.items())},
                                incarnation=self.incarnation)
+
+    def _send(self, groups: list[M.Group], filtered_before: float) -> None:
+        # Groups filtered out as zero-signal were offered too: the learner's books count them
+        # as sent and dropped (sampler_zero_signal), so sent = trained + dropped + queued holds.
+        self.groups_sent += int(self.stats["dropped_zero_signal"] - filtered_before)
+        for group in groups:
+            self.groups_sent += 1  # offered: a group dropped at the HWM is counted too
+            send_group(self.data, group, self.cfg.on_full, self.cfg.send_timeout_s, self.stats,
+                       self._where, f"group {self.groups_sent}")
+            if not self._sent_one:
+                self._sent_one = True
+                mark_stage(self.cfg.run_dir, self.name, "first_group")
 
     def send_status(self, final: bool) -> None:
         if final:  # the learner's books need this one: wait for room, but not forever
@@ -417,23 +470,23 @@ class Sampler:
                     if not self.sync_weights() or (self.cfg.max_rounds and rounds >= self.cfg.max_rounds):
                         break
                     n = self._round_prompts()
+                    groups = []
                     if n:
                         self.maybe_evaluate()
                         filtered = self.stats["dropped_zero_signal"]
-                        groups = self.generate_round(rounds, n)
+                        if self.cfg.in_flight_rows:
+                            # Each chunk leaves as soon as it is complete, inside the guard (with
+                            # shared weights the learner waits for the round either way).
+                            for chunk in self.stream_round(rounds, n):
+                                self._send(chunk, filtered)
+                                filtered = self.stats["dropped_zero_signal"]
+                        else:
+                            groups = self.generate_round(rounds, n)
                 if not n:   # outside the round guard: with shared weights the learner must go on
                     self._wait_for_room()
                     continue
-                # Groups filtered out as zero-signal were offered too: the learner's books count them
-                # as sent and dropped (sampler_zero_signal), so sent = trained + dropped + queued holds.
-                self.groups_sent += int(self.stats["dropped_zero_signal"] - filtered)
-                for group in groups:
-                    self.groups_sent += 1  # offered: a group dropped at the HWM is counted too
-                    send_group(self.data, group, self.cfg.on_full, self.cfg.send_timeout_s, self.stats,
-                               self._where, f"group {self.groups_sent}")
-                    if not self._sent_one:
-                        self._sent_one = True
-                        mark_stage(self.cfg.run_dir, self.name, "first_group")
+                if groups:
+                    self._send(groups, filtered)
                 rounds += 1
                 self.stats["rounds"] = rounds
                 bar.update(1, version=self.version)

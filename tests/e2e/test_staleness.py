@@ -17,14 +17,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_no_group_is_generated_that_is_certain_to_be_dropped(tmp_path):
+@pytest.mark.parametrize("engine", [[], ["--generation-backend", "fast", "--in-flight-rows", "2"]],
+                         ids=["rounds", "in-flight"])
+def test_no_group_is_generated_that_is_certain_to_be_dropped(tmp_path, engine):
+    """Also through in-flight batching (one block of G=2 rows: a round's second prompt is a refill,
+    and each group is sent as soon as it has ended, one step's worth)."""
     data, sync = free_ports(2)
     run_dir = tmp_path / "run"
     r = subprocess.run(
         [sys.executable, str(ROOT / "run_distributed.py"), "--device", "cpu", "--model", "tiny-random",
          "--no-deepspeed", "--dataset", "rg:basic_arithmetic", "--num-generations", "2", "--prompts-per-round", "8",
          "--train-batch-size", "2", "--max-new-tokens", "8", "--max-steps", "8", "--max-staleness", "1", "--beta", "0",
-         "--report-to", "none", "--data-port", str(data), "--sync-port", str(sync), "--run-dir", str(run_dir)],
+         "--report-to", "none", "--data-port", str(data), "--sync-port", str(sync), "--run-dir", str(run_dir), *engine],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
         env=dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1"))
     assert r.returncode == 0, r.stderr[-3000:]
@@ -35,6 +39,7 @@ def test_no_group_is_generated_that_is_certain_to_be_dropped(tmp_path):
     sizes = [int(n) // 2 for n in re.findall(r"round \d+ \(v\d+\): (\d+) completions", log)]
     assert sizes and max(sizes) <= 2 < 8, sizes       # (1 + 1) x 1 group a step, never the full 8
     assert "waiting: the learner's queue is full" in log
+    assert ("fast generation, in flight on 2 rows" in log) == bool(engine)
     # beta 0: the run needs no reference log-probs, so the sampler loads no reference model
     assert "reference log-probs: not used by this run" in log
     stats = json.loads((run_dir / "summary.json").read_text())["samplers"]["0"]["stats"]
