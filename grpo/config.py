@@ -83,7 +83,7 @@ class SamplerConfig(CommonConfig):
     prompts_per_round: int = 4
     """Prompts generated together in one round; weights are swapped only between rounds."""
     in_flight_rows: int = 0
-    """In-flight batching (--generation-backend fast): decode each round on this many rows, send groups as soon as a learner step's worth has ended, and give the rows they free to the round's next prompts (a multiple of --num-generations; 0: each round is one batch that runs until its longest completion ends)."""
+    """In-flight batching (--generation-backend fast): decode each round on this many rows, a row taking the round's next sample as soon as its own ends, and send groups as soon as a learner step's worth has ended (0: each round is one batch that runs until its longest completion ends)."""
     logprob_batch_size: int = 64
     """Sequences per teacher-forced forward pass when computing old and reference log-probs (the LM head runs in row chunks, so memory grows with this times length, not times vocabulary)."""
     max_rounds: int = 0

@@ -66,9 +66,9 @@ class Sampler:
         curve = curve_for(cfg.curve_keys, CLIENT)  # bad keys fail here, before the model loads
         self.device = pick_device(cfg.device, cfg.gpu_id)
         self.backend = resolve_backend(cfg.generation_backend, self.device)  # a bad name fails before any loading
-        if cfg.in_flight_rows and (self.backend != "fast" or cfg.in_flight_rows % cfg.num_generations):
-            raise ValueError(f"--in-flight-rows {cfg.in_flight_rows}: needs --generation-backend fast and a multiple "
-                             f"of --num-generations {cfg.num_generations}; or 0 for fixed rounds")
+        if cfg.in_flight_rows < 0 or (cfg.in_flight_rows and self.backend != "fast"):
+            raise ValueError(f"--in-flight-rows {cfg.in_flight_rows}: needs --generation-backend fast (and a count "
+                             f">= 1); or 0 for fixed rounds")
         torch.manual_seed(cfg.seed + 1000 * cfg.sampler_id)
         self.rewards = reward_set_from_config(cfg)  # a bad --reward fails here, before any model loads
         # --curriculum: every task starts at level 0; the learner's answers move the levels.
@@ -301,8 +301,8 @@ class Sampler:
     def stream_round(self, round_idx: int, n_prompts: int):
         """One round through in-flight batching (--in-flight-rows): yields lists of finished groups,
         scored and with their log-probs, as soon as a learner step's worth has ended (or the round
-        has), while the engine refills the rows they freed with the round's next prompts. Weights do
-        not change during a round, so every token of every group is sampled by self.version."""
+        has), while the engine gives the rows their samples freed to the round's next samples.
+        Weights do not change during a round, so every token of every group is sampled by self.version."""
         cfg = self.cfg
         problems, prompts, prompt_ids = self._round_problems(n_prompts)
         G = cfg.num_generations

@@ -133,8 +133,8 @@ class FinishedGroup:
 
 
 class _Ring:
-    """In-flight decoding state (`RolloutEngine.stream`): `rows` rows, each a group's row or free,
-    over one static cache whose `length` = width + max_new slots are used as a ring.
+    """In-flight decoding state (`RolloutEngine.stream`): `rows` rows, each busy with one sample of
+    a group or free, over one static cache whose `length` = width + max_new slots are used as a ring.
 
     Every decode step writes every row's key at the same slot t (HF's StaticCache writes one
     column for the whole batch), then t advances modulo `length`. A row refilled at slot t gets
@@ -282,15 +282,17 @@ class RolloutEngine:
     @torch.no_grad()
     def stream(self, next_prompt, group_size: int, max_new_tokens: int, temperature: float = 1.0,
                greedy: bool = False, rows: int | None = None):
-        """In-flight batching: yield each group as soon as all its rows have ended, and refill its
-        rows with the next prompt while the other rows keep decoding.
+        """In-flight batching: yield each group as soon as all its samples have ended; a row whose
+        sample ends takes the next waiting sample at the next check, while the other rows keep
+        decoding.
 
-        next_prompt() -> (key, prompt token ids) | None is asked for a prompt whenever `group_size`
-        rows are free; None means none for now (the caller's budget, or no more prompts): the rows
-        stay free and it is asked again at the next check. The stream ends when no row is in
-        flight and next_prompt() has nothing. Rows: `rows` (a multiple of group_size; default the
-        largest bucket's), on one ring of cache slots (_Ring) of prompt width rounded up to
-        prompt_multiple; a longer prompt waits until every row is free, then a wider ring is made.
+        next_prompt() -> (key, prompt token ids) | None is asked for a prompt whenever a row is free
+        and no sample is waiting; each prompt is prefilled once and becomes `group_size` waiting
+        samples (each draws its own tokens). None means none for now (the caller's budget, or no more
+        prompts): asked again at the next check. The stream ends when no row is busy and nothing
+        waits. Rows: `rows` (default the largest bucket's), on one ring of cache slots (_Ring) of
+        the first prompts' width rounded up to prompt_multiple; a longer prompt waits until every
+        row is free, then a wider ring is made.
 
         Weights must not change while the stream runs (the caller stops asking for prompts,
         drains, then applies a new version): every token of a group is sampled by one version."""
@@ -298,56 +300,71 @@ class RolloutEngine:
         if G < 1 or max_new_tokens < 1:
             raise ValueError(f"stream needs group_size >= 1 and max_new_tokens >= 1, got {G} and {max_new_tokens}")
         greedy = greedy or temperature == 0
-        rows = rows or max(G, (self.buckets[-1] if self.buckets else 8 * G) // G * G)
-        if rows % G:
-            raise ValueError(f"rows {rows} must be a multiple of group_size {G}")
+        rows = int(rows or (self.buckets[-1] if self.buckets else 8 * G))
         if self._param_ptrs() != self._ptrs:
             self.clear()
             self._ptrs = self._param_ptrs()
         inv_t = 1.0 if greedy else 1.0 / temperature
         ring: _Ring | None = None
-        active: dict[int, tuple[object, int]] = {}     # first row of a block -> (key, step it was refilled)
-        pending = None                                  # a prompt too wide for the ring in use
+        waiting: collections.deque = collections.deque()   # (prompt record, sample index) without a row
+        busy: dict[int, tuple[dict, int]] = {}             # row -> (prompt record, sample index)
+        pending = None                                      # a prompt too wide for the ring in use
         steps = 0
         while True:
-            want: list[tuple[int, object, list[int]]] = []
-            for b in range(0, rows, G):
-                if b in active:
-                    continue
-                item, pending = pending or next_prompt(), None
+            # Free rows take waiting samples; new prompts are asked for only when none waits.
+            free = [i for i in range(rows) if i not in busy] if ring is not None else list(range(rows))
+            fresh: list[dict] = []
+            while len(waiting) < len(free) and pending is None:
+                item = next_prompt()
                 if item is None:
                     break          # nothing for now: asked again at the next check
                 if not item[1]:
                     raise ValueError("stream: an empty prompt")
-                if ring is not None and len(item[1]) > ring.width:
-                    pending = item  # waits until every row is free, for a wider ring
+                rec = {"key": item[0], "ids": list(item[1]), "out": [None] * G, "left": G, "since": steps}
+                if ring is not None and len(rec["ids"]) > ring.width:
+                    pending = rec  # waits until every row is free, for a wider ring
                     break
-                want.append((b, item[0], list(item[1])))
-            if ring is None or (pending is not None and not active):
-                if not want and pending is None:
+                fresh.append(rec)
+                waiting.extend((rec, j) for j in range(G))
+            if ring is None or (pending is not None and not busy):
+                if not fresh and pending is None:
                     return
-                width = max([len(w[2]) for w in want] + ([len(pending[1])] if pending else []))
+                if pending is not None:
+                    fresh.append(pending)
+                    waiting.extend((pending, j) for j in range(G))
+                    pending = None
+                width = max(len(rec["ids"]) for rec in fresh)
                 ring = self._ring(rows, -(-width // self.prompt_multiple) * self.prompt_multiple, max_new_tokens,
                                   inv_t, greedy)
-            if want:
-                self._refill(ring, want, G, greedy)
-                active.update((b, (key, steps)) for b, key, _ in want)
-            if not active:
-                if pending is None:
+                free = list(range(rows))
+            if fresh:
+                self._prefill_prompts(fresh)
+            take = [(free[n], *waiting.popleft()) for n in range(min(len(free), len(waiting)))]
+            if take:
+                self._refill(ring, take, greedy)
+                busy.update((row, (rec, j)) for row, rec, j in take)
+            if not busy:
+                if pending is None and not waiting:
                     return
                 continue
             graph = ring.graphs.get(greedy)
             for _ in range(self.check_every):
                 graph.replay() if graph is not None else self._ring_step(ring, greedy)
             steps += self.check_every
-            ended = ring.finished.view(-1, G).all(-1).cpu().tolist()                 # the only host sync
-            done = [b for b in sorted(active) if ended[b // G]]
-            if done:
-                out, lp = ring.out[:, :max_new_tokens].cpu(), ring.out_lp[:, :max_new_tokens].cpu()
-                for b in done:
-                    key, since = active.pop(b)
-                    ids, fin, lps = self._cut(out[b:b + G], lp[b:b + G])
-                    yield FinishedGroup(key, ids, fin, lps, steps - since)
+            ended = ring.finished.cpu()                                             # the only host sync
+            done_rows = [i for i in sorted(busy) if ended[i]]
+            if not done_rows:
+                continue
+            idx = torch.tensor(done_rows, device=self.device)
+            ids, fin, lps = self._cut(ring.out[idx, :max_new_tokens].cpu(), ring.out_lp[idx, :max_new_tokens].cpu())
+            for n, row in enumerate(done_rows):
+                rec, j = busy.pop(row)
+                rec["out"][j] = (ids[n], fin[n], lps[n])
+                rec["left"] -= 1
+                if rec["left"] == 0:
+                    rec.pop("kv", None)
+                    yield FinishedGroup(rec["key"], [o[0] for o in rec["out"]], [o[1] for o in rec["out"]],
+                                        [o[2] for o in rec["out"]], steps - rec["since"])
 
     def clear(self) -> None:
         """Free every cache and graph (they are rebuilt on the next call)."""
@@ -385,14 +402,14 @@ class RolloutEngine:
             ring.graphs[greedy] = self._capture(ring, greedy, step=self._ring_step)
         return ring
 
-    def _refill(self, r: _Ring, want: list[tuple[int, object, list[int]]], G: int, greedy: bool) -> None:
-        """Prefill the new prompts (one row each, left-padded together), copy each one's keys and
-        values into its block of G rows at the ring slots just before t, and draw each row's first
-        token from the prompt's last logits."""
+    def _prefill_prompts(self, recs: list[dict]) -> None:
+        """One forward over the new prompts (left-padded together): each record keeps its keys and
+        values per layer ([1, H, P, D], its own length) and its last logits, until every sample of
+        it has a row (a prompt is prefilled once however many rows its samples take)."""
         from transformers import StaticCache
 
-        prompts = [ids for _, _, ids in want]
-        n, P = len(prompts), max(len(p) for p in prompts)
+        prompts = [rec["ids"] for rec in recs]
+        P = max(len(p) for p in prompts)
         ids, mask = left_pad(prompts, self.pad_id, self.device, width=P)
         valid = mask.bool()
         q = torch.arange(P, device=self.device)
@@ -402,23 +419,37 @@ class RolloutEngine:
         with self._attention():
             logits = self.model(input_ids=ids, position_ids=pos, attention_mask=self._mask(allowed.unsqueeze(1)),
                                 past_key_values=tmp, use_cache=True, logits_to_keep=1).logits[:, -1]   # [n, V]
+        for i, rec in enumerate(recs):
+            n = len(rec["ids"])
+            rec["kv"] = [(layer.keys[i:i + 1, :, P - n:], layer.values[i:i + 1, :, P - n:]) for layer in tmp.layers]
+            rec["logits"] = logits[i:i + 1]
+
+    def _refill(self, r: _Ring, take: list[tuple[int, dict, int]], greedy: bool) -> None:
+        """Give each of `take`'s rows its sample: the prompt's keys and values copied into the ring
+        slots just before t, the row's state reset, and its first token drawn from the prompt's last
+        logits (each row its own draw)."""
         t = int(r.t.item())
-        for i, (b, _, p) in enumerate(want):
-            rows = slice(b, b + G)
-            slots = (torch.arange(t - len(p), t, device=self.device) % r.length)
-            for src, dst in zip(tmp.layers, r.cache.layers):
-                k = src.keys[i:i + 1, :, P - len(p):].expand(G, -1, -1, -1)
-                v = src.values[i:i + 1, :, P - len(p):].expand(G, -1, -1, -1)
-                dst.keys[rows].index_copy_(2, slots, k.contiguous())
-                dst.values[rows].index_copy_(2, slots, v.contiguous())
-            r.key_valid[rows] = False
-            r.key_valid[rows, slots] = True
-            r.pos[rows] = len(p)
-            r.out[rows] = self.pad_id
-            r.out_lp[rows] = 0.0
-            r.col[rows] = 0
-            r.finished[rows] = False
-            self._ring_emit(r, logits[i:i + 1].expand(G, -1), greedy, rows)
+        by_prompt: dict[int, list[int]] = {}
+        for row, rec, _ in take:
+            by_prompt.setdefault(id(rec), []).append(row)
+        recs = {id(rec): rec for _, rec, _ in take}
+        for key, rows_of in by_prompt.items():
+            rec = recs[key]
+            n = len(rec["ids"])
+            rows_t = torch.tensor(rows_of, device=self.device)
+            slots = torch.arange(t - n, t, device=self.device) % r.length
+            for (k, v), dst in zip(rec["kv"], r.cache.layers):
+                # [rows, H, P, D] at (row, slot): advanced indices on dims 0 and 2 put [rows, P] first
+                dst.keys[rows_t.view(-1, 1), :, slots.view(1, -1)] = k[0].permute(1, 0, 2).unsqueeze(0)
+                dst.values[rows_t.view(-1, 1), :, slots.view(1, -1)] = v[0].permute(1, 0, 2).unsqueeze(0)
+            r.key_valid[rows_t] = False
+            r.key_valid[rows_t.view(-1, 1), slots.view(1, -1)] = True
+            r.pos[rows_t] = n
+            r.out[rows_t] = self.pad_id
+            r.out_lp[rows_t] = 0.0
+            r.col[rows_t] = 0
+            r.finished[rows_t] = False
+            self._ring_emit(r, rec["logits"].expand(len(rows_of), -1), greedy, rows_t)
 
     def _ring_step(self, r: _Ring, greedy: bool) -> None:
         """One token for every row of the ring (what its graph captures)."""

@@ -17,11 +17,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", [[], ["--generation-backend", "fast", "--in-flight-rows", "2"]],
+@pytest.mark.parametrize("engine", [[], ["--generation-backend", "fast", "--in-flight-rows", "3"]],
                          ids=["rounds", "in-flight"])
 def test_no_group_is_generated_that_is_certain_to_be_dropped(tmp_path, engine):
-    """Also through in-flight batching (one block of G=2 rows: a round's second prompt is a refill,
-    and each group is sent as soon as it has ended, one step's worth)."""
+    """Also through in-flight batching (3 rows for groups of G=2: a group's samples share rows with
+    the next prompt's, and each group is sent as soon as it has ended, one step's worth)."""
     data, sync = free_ports(2)
     run_dir = tmp_path / "run"
     r = subprocess.run(
@@ -39,7 +39,7 @@ def test_no_group_is_generated_that_is_certain_to_be_dropped(tmp_path, engine):
     sizes = [int(n) // 2 for n in re.findall(r"round \d+ \(v\d+\): (\d+) completions", log)]
     assert sizes and max(sizes) <= 2 < 8, sizes       # (1 + 1) x 1 group a step, never the full 8
     assert "waiting: the learner's queue is full" in log
-    assert ("fast generation, in flight on 2 rows" in log) == bool(engine)
+    assert ("fast generation, in flight on 3 rows" in log) == bool(engine)
     # beta 0: the run needs no reference log-probs, so the sampler loads no reference model
     assert "reference log-probs: not used by this run" in log
     stats = json.loads((run_dir / "summary.json").read_text())["samplers"]["0"]["stats"]

@@ -296,8 +296,8 @@ def source(items, gaps=()):
 
 
 def test_stream_greedy_equals_generate_through_refills_and_ring_wraps(tiny):
-    """7 prompts, 2 blocks of G=2 rows: 5 refills into rows still decoding beside them, the ring
-    of (width + 12) slots wrapping several times; every group once, each row what generate gives."""
+    """7 prompts, G=2 on 4 rows: rows refilled while others still decode, the ring of (width + 12)
+    slots wrapping several times; every group once, each row what generate gives."""
     ps = prompts((5, 9, 3, 12, 1, 7, 4), seed=2)
     ref = RolloutEngine(tiny, 2, 2).generate(ps, 12, greedy=True).token_ids
     eng = RolloutEngine(tiny, 2, 2, check_every=3)
@@ -320,14 +320,14 @@ def test_stream_eos_frees_rows_early_and_cuts_like_generate(tiny):
     assert [got[k].token_ids[0] for k in range(5)] == ref.token_ids
     assert [got[k].finished[0] for k in range(5)] == ref.finished and ref.finished[0]
     assert got[0].token_ids == [[eos]] and got[0].logprobs[0].shape == (1,)
-    assert got[0].decode_steps == 1     # its block is free again at the first check, after one step
+    assert got[0].decode_steps == 1     # its row is free again at the first check, after one step
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_stream_sampled_logprobs_match_teacher_forced_pass(tiny, temperature):
     """Every token's log-prob equals a teacher-forced pass over the finished sequence: the keys a
     row attends to (its prompt copied into ring slots at a refill, then its own tokens, wrapping
-    round the ring) are exactly its sequence's. 5 prompts through 2 blocks of G=2 rows: refills."""
+    round the ring) are exactly its sequence's. 5 prompts, G=2 on 4 rows: refills."""
     torch.manual_seed(6)
     ps = prompts((6, 3, 10, 4, 8), seed=5)
     got = list(RolloutEngine(tiny, 2, 2, check_every=3).stream(source(list(enumerate(ps))), 2, 16,
@@ -351,6 +351,15 @@ def test_stream_makes_a_wider_ring_for_a_longer_prompt(tiny):
     got = {g.key: g.token_ids[0] for g in eng.stream(source(list(enumerate(ps))), 1, 8, greedy=True, rows=2)}
     assert got == dict(enumerate(ref))
     assert [k[1] for k in eng._rings] == [20]          # the 20-token prompt waited for a ring of its width
-    with pytest.raises(ValueError, match="multiple of group_size"):
-        next(eng.stream(source([(0, [5])]), 2, 4, rows=3))
     assert list(eng.stream(source([]), 2, 4, rows=4)) == []
+
+
+def test_stream_spreads_a_group_over_whichever_rows_are_free(tiny):
+    """Rows are handed out one sample at a time: 3 rows for groups of 2, so a group's samples sit in
+    rows freed at different times, and a prompt's second sample may wait for a row."""
+    ps = prompts((5, 3, 8, 6), seed=9)
+    ref = RolloutEngine(tiny, 2, 2).generate(ps, 10, greedy=True).token_ids
+    got = list(RolloutEngine(tiny, 2, 2, check_every=2).stream(source(list(enumerate(ps))), 2, 10, greedy=True,
+                                                              rows=3))
+    assert sorted(g.key for g in got) == [0, 1, 2, 3]
+    assert all(g.token_ids == [ref[g.key]] * 2 for g in got)
