@@ -223,6 +223,9 @@ def main() -> int:
     ap.add_argument("--dataset", default=str(GSM8K), help="GSM8K folder with train.jsonl/test.jsonl (default ../shared/data/gsm8k)")
     ap.add_argument("--no-qwen", action="store_true", help="skip the random:qwen2.5-3b rows")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd engine row (full run, CUDA)")
+    ap.add_argument("--workload-only", action="store_true",
+                    help="only the EOS workload (in-flight, fixed batches, HF generate) and the fixed-length rate "
+                         "at its rows x new tokens; writes rollout_workload_<device>.json")
     args = ap.parse_args()
     GSM8K = Path(args.dataset)
     if not (GSM8K / "train.jsonl").is_file():
@@ -236,6 +239,15 @@ def main() -> int:
     tok = load_tokenizer(path)
     model = load_causal_lm(path, device, dtype).eval()
     fast_cfgs = [(b, n) for b in p["batches"] for n in p["new"]]
+    if args.workload_only:
+        _, _, rows_n, new_n = p["workload"]
+        fixed = throughput(args.model, model, tok, device, p, [(rows_n, new_n)], [], [])
+        work = eos_workload(model, tok, device, *p["workload"])
+        work["fixed_length_tok_s"] = fixed[0]["fast_tok_s"]
+        work["stream_vs_fixed_length"] = work["eos_stream_tok_s"] / fixed[0]["fast_tok_s"]
+        print(table([work], list(work)), flush=True)
+        print(f"wrote {write_result('rollout_workload', device, {'settings': {'model': args.model, 'dtype': str(dtype)}, 'eos_workload': work})}")
+        return 0
     rows = throughput(args.model, model, tok, device, p, fast_cfgs, p["hf"], p["eos"],
                       compile_decode=not (args.quick or args.no_compile))
     work = eos_workload(model, tok, device, *p["workload"])
