@@ -85,3 +85,30 @@ def test_groups_without_reference_log_probs():
     assert batch.floats.tolist()[3:] == [0.0, 0.0, 0.0]           # zeros stand in for the missing refs
     assert drop_reason(g, 0, 4, False, needs_ref=False) is None
     assert drop_reason(g, 0, 4, False, needs_ref=True) == "missing_ref"
+
+
+def test_importance_ratio_uses_the_behaviour_log_probs_the_group_carries():
+    """Hand-built: a group sampled at version 3 carries the behaviour log-probs log 0.5 and log 0.25
+    for its two tokens; the learner, at a later version, has its own log-probs from a real forward.
+    Through build_batch, micro_batch and the loss, each token's ratio is exp(learner - carried), at
+    that token's position: what the sampler sent, not the learner's own old policy."""
+    from grpo.loss import grpo_token_loss
+    from grpo.model import load_causal_lm, resolve_model, token_logprobs
+
+    model = load_causal_lm(resolve_model("tiny-random"), torch.device("cpu"), torch.float32).eval()
+    behav = np.log([0.5, 0.25]).astype(np.float32)
+    g = make_group(prefix_ids=[11, 12, 13], completions=[[21, 22], [31, 32]], rewards=[1.0, 0.0], policy_version=3)
+    for c in g.completions:
+        c.old_policy_log_probs = behav
+    mb = micro_batch(build_batch([g], group_size=2, scale_rewards=False), [0, 1], pad_id=0,
+                     device=torch.device("cpu"))
+    with torch.no_grad():
+        logp = token_logprobs(model, mb.input_ids, mb.attention, 1.0)                   # [2, 4]
+    tl = grpo_token_loss(logp, mb.old_logp, mb.ref_logp, mb.advantages, mb.gen_mask)
+    # generated tokens are the targets at positions 2 and 3 of each row
+    for row in range(2):
+        want = torch.exp(logp[row, 2:4] - torch.tensor(behav))
+        torch.testing.assert_close(tl.ratio[row, 2:4], want)
+        assert tl.loss[row, :2].tolist() == [0.0, 0.0]                                  # prompt positions
+    # with random weights the learner's probabilities are ~1/vocab: every ratio far below 1
+    assert bool((tl.ratio[:, 2:4] < 1e-2).all())
