@@ -265,14 +265,8 @@ class RolloutEngine:
             out, lp, fin, n = self._run(prompts[s:s + top], max_new_tokens, temperature, greedy)
             toks.append(out), lps.append(lp), fins.append(fin)
             steps += n
-        out, lp = torch.cat(toks), torch.cat(lps).numpy()
         # A row's first EOS ends it (kept: the policy must learn to stop); after it, padding.
-        hit = (out.unsqueeze(-1) == self.eos.cpu()).any(-1)                          # [n, max_new]
-        finished = hit.any(-1)
-        cuts = torch.where(finished, hit.int().argmax(-1) + 1, out.shape[1]).tolist()
-        ids = [row[:c] for row, c in zip(out.tolist(), cuts)]
-        logprobs = [lp[i, :c].astype(np.float32) for i, c in enumerate(cuts)]
-        finished = finished.tolist()
+        ids, finished, logprobs = self._cut(torch.cat(toks), torch.cat(lps))
         stats = {"gen_s": time.perf_counter() - t0, "decode_steps": steps,
                  "tokens": sum(len(x) for x in ids), "cuda_graphs": self.cuda_graphs and not self.graph_failures}
         if self.graph_failure_reasons:
