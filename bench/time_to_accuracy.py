@@ -176,7 +176,7 @@ def score(args) -> None:
             fh.write(json.dumps(line) + "\n")
         print(f"time_to_accuracy: {run.name} step {rec['step']} at {line['seconds']:.0f} s: {r['accuracy']:.3f}",
               flush=True)
-    del engine, model
+    model = engine = None   # the next run (TRL) gets this process's GPU memory back
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
