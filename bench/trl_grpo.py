@@ -97,33 +97,22 @@ def build_dataset(tok, spec: str, limit: int, seed: int):
 
 
 class TimedSaves(TrainerCallback):
-    """--save-every-s: the policy every N seconds of wall time since `t0` and after the last step, in
-    the layout of our learner's --save-weights-every-s (grpo/learner/checkpoint.py TimedWeights), cast
-    to bf16 (the dtype our samplers and the evaluator decode in) so both systems' files are alike."""
+    """--save-every-s: the policy every N seconds of wall time since `t0` and after the last step,
+    by our learner's own saver (grpo/learner/checkpoint.py TimedWeights: same rule, same layout),
+    cast to bf16 (the dtype our samplers and the evaluator decode in) so both systems' files are alike."""
 
     def __init__(self, every_s: float, dest: Path, t0: float, tok):
-        self.every_s, self.dest, self.t0, self.tok = every_s, dest, t0, tok
-        self.next_s = every_s
+        from grpo.learner.checkpoint import TimedWeights
 
-    def _save(self, model, step: int) -> None:
-        out = self.dest / f"step_{step}"
-        if (out / "weights.json").is_file():
-            return
-        model.save_pretrained(out, state_dict={k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()},
-                              safe_serialization=True)
-        self.tok.save_pretrained(out)
-        now = time.time()
-        (out / "weights.json").write_text(json.dumps({"step": step, "wall_time": now, "seconds": now - self.t0}) + "\n")
-        while self.next_s <= now - self.t0:
-            self.next_s += self.every_s
+        self.saver, self.tok = TimedWeights(dest, every_s, t0), tok
 
     def on_step_end(self, args, state, control, model=None, **kw):
-        if state.is_world_process_zero and (time.time() - self.t0 >= self.next_s or control.should_training_stop):
-            self._save(model, state.global_step)
+        if state.is_world_process_zero and self.saver.due(time.time(), last=control.should_training_stop):
+            self.saver.save(model, self.tok, state.global_step, torch.bfloat16)
 
     def on_train_end(self, args, state, control, model=None, **kw):
         if state.is_world_process_zero:
-            self._save(model, state.global_step)
+            self.saver.save(model, self.tok, state.global_step, torch.bfloat16)
 
 
 class Clock(TrainerCallback):

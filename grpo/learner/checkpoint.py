@@ -194,14 +194,14 @@ def save_checkpoint(engine, tokenizer, step_dir: Path, state: dict, rank: int) -
     return out
 
 
-def _save_hf(module: torch.nn.Module, tokenizer, dest: Path) -> None:
+def _save_hf(module: torch.nn.Module, tokenizer, dest: Path, state_dict: dict | None = None) -> None:
     cfg = module.config
     use_cache, random_init = cfg.use_cache, getattr(cfg, "grpo_random_init", None)
     cfg.use_cache = True   # the learner turns the KV cache off for training; inference wants it
     if random_init is not None:
         del cfg.grpo_random_init   # these are trained weights now: load them, do not redraw
     try:
-        module.save_pretrained(dest, safe_serialization=True)
+        module.save_pretrained(dest, state_dict=state_dict, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(dest)
     finally:
@@ -213,23 +213,29 @@ def _save_hf(module: torch.nn.Module, tokenizer, dest: Path) -> None:
 class TimedWeights:
     """--save-weights-every-s: the policy's weights alone, every N seconds of wall time, for curves of
     accuracy against time (bench/time_to_accuracy.py scores each one afterwards, so no evaluation
-    runs inside the timed run). `<run_dir>/weights/step_N/` holds save_pretrained's files and
-    weights.json {step, wall_time (time.time() when the save ended), seconds (since `t0`)}.
+    runs inside the timed run). `root/step_N/` (the learner's root: <run_dir>/weights) holds
+    save_pretrained's files and weights.json {step, wall_time (time.time() when the save ended),
+    seconds (since `t0`)}. bench/trl_grpo.py saves TRL's policy through this class too.
     Rank 0 saves alone: under ZeRO-2 every rank holds the whole module. A save takes the time of
     writing the module (about 0.3 s for 135M bf16 parameters); the other ranks wait for it at the
     next step's collectives, and the time counts in the run's clock as it would for a user."""
 
-    def __init__(self, run_dir: Path, every_s: float, t0: float):
-        self.root, self.every_s, self.t0 = Path(run_dir) / "weights", every_s, t0
+    def __init__(self, root: Path, every_s: float, t0: float):
+        self.root, self.every_s, self.t0 = Path(root), every_s, t0
         self.next_s = every_s
         self.saved: list[dict] = []
 
     def due(self, now: float, last: bool) -> bool:
         return self.every_s > 0 and (last or now - self.t0 >= self.next_s)
 
-    def save(self, module: torch.nn.Module, tokenizer, step: int) -> dict:
+    def save(self, module: torch.nn.Module, tokenizer, step: int, dtype: torch.dtype | None = None) -> dict:
+        """Save unless this step already is (a run's last step can be due twice); `dtype`: cast the
+        tensors on the way (TRL's fp32 policy is saved in bf16, as ours)."""
+        if self.saved and self.saved[-1]["step"] == step:
+            return self.saved[-1]
         dest = self.root / f"step_{step}"
-        _save_hf(module, tokenizer, dest)
+        state = {k: v.detach().to(dtype) for k, v in module.state_dict().items()} if dtype else None
+        _save_hf(module, tokenizer, dest, state)
         now = time.time()
         rec = {"step": step, "wall_time": now, "seconds": now - self.t0}
         (dest / "weights.json").write_text(json.dumps(rec) + "\n")   # last: its presence marks a whole save

@@ -165,7 +165,7 @@ class Learner:
         self.gpu = GpuMonitor(self.device)
         self.version = 0
         self.checkpointer = Checkpointer(self.run_dir, cfg.save_every, cfg.keep_checkpoints, self.rank, self.world)
-        self.timed_weights = TimedWeights(self.run_dir, cfg.save_weights_every_s, self.t_created)
+        self.timed_weights = TimedWeights(self.run_dir / "weights", cfg.save_weights_every_s, self.t_created)
         if resume_dir is not None:
             t_load = time.perf_counter()
             self.resumed = load_checkpoint(self.engine, resume_dir, self.rank, self.world)

@@ -178,11 +178,11 @@ def test_timed_weights_save_on_the_marks_without_catching_up(tiny, tmp_path, mon
 
     path, tok = tiny
     model = load_causal_lm(path, torch.device("cpu"), torch.float32)
-    tw = ck.TimedWeights(tmp_path, 30.0, 1000.0)
+    tw = ck.TimedWeights(tmp_path / "weights", 30.0, 1000.0)
     assert not tw.due(1029.9, last=False) and tw.due(1030.0, last=False) and tw.due(1000.0, last=True)
     monkeypatch.setattr(ck.time, "time", lambda: 1065.0)
     rec = tw.save(model, tok, 12)
     assert rec == {"step": 12, "wall_time": 1065.0, "seconds": 65.0}
     assert json.loads((tmp_path / "weights" / "step_12" / "weights.json").read_text()) == rec
     assert not tw.due(1089.0, last=False) and tw.due(1090.0, last=False)
-    assert not ck.TimedWeights(tmp_path, 0.0, 1000.0).due(5000.0, last=True)   # 0: off
+    assert not ck.TimedWeights(tmp_path / "weights", 0.0, 1000.0).due(5000.0, last=True)   # 0: off
