@@ -7,6 +7,7 @@ of a round was sampled by one policy version, which is the version the groups ca
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import secrets
 import time
@@ -308,19 +309,18 @@ class Sampler:
         G = cfg.num_generations
         chunk = max(1, self.run_facts.groups_per_step if self.run_facts is not None else cfg.prompts_per_round)
         queue = iter(enumerate(prompt_ids))
-        done: list[tuple[int, list]] = []
+        gis: list[int] = []
+        completions: list[tuple[list[int], bool]] = []
         t0 = time.perf_counter()
-        for fg in self.engine.stream(lambda: next(queue, None), G, cfg.max_new_tokens, cfg.temperature,
-                                     rows=cfg.in_flight_rows):
-            done.append((fg.key, list(zip(fg.token_ids, fg.finished))))
-            if len(done) >= chunk:
-                gen_s = time.perf_counter() - t0
-                yield self._finish(round_idx, problems, prompts, prompt_ids, [gi for gi, _ in done],
-                                   [c for _, comps in done for c in comps], gen_s)
-                done, t0 = [], time.perf_counter()
-        if done:
-            yield self._finish(round_idx, problems, prompts, prompt_ids, [gi for gi, _ in done],
-                               [c for _, comps in done for c in comps], time.perf_counter() - t0)
+        stream = self.engine.stream(lambda: next(queue, None), G, cfg.max_new_tokens, cfg.temperature,
+                                    rows=cfg.in_flight_rows)
+        for fg in itertools.chain(stream, [None]):   # None: the round has ended, send what is left
+            if fg is not None:
+                gis.append(fg.key)
+                completions.extend(zip(fg.token_ids, fg.finished))
+            if gis and (fg is None or len(gis) >= chunk):
+                yield self._finish(round_idx, problems, prompts, prompt_ids, gis, completions, time.perf_counter() - t0)
+                gis, completions, t0 = [], [], time.perf_counter()
 
     def _round_problems(self, n_prompts: int | None):
         problems = self.prompts.next_batch(self.cfg.prompts_per_round if n_prompts is None else n_prompts)
