@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import subprocess
 import sys
 import time
@@ -44,6 +45,12 @@ TRL_FACTOR = 5.0     # TRL runs until 5x ours' time to 2x (or the budget ends)
 
 
 # ----------------------------------------------------------------------------- pure rules
+def task_slug(task: str) -> str:
+    """A task spec as a file name: 'rg:basic_arithmetic:min_terms=2,max_digits=1' ->
+    'basic_arithmetic_min_terms_2_max_digits_1' (the device's file transfer refuses '=' and ',')."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", task.removeprefix("rg:")).strip("_")
+
+
 def wilson(correct: int, n: int, z: float = 1.96) -> list[float]:
     """The 95% Wilson score interval of a binomial proportion (sound near 0, unlike p +- 2se)."""
     if n == 0:
@@ -301,7 +308,7 @@ def summarise(args) -> Path:
     doc["tasks"][task["task"]] = task
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
-    png = out.with_name(f"{out.stem}_{task['task'].replace('rg:', '').replace(':', '_')}.png")
+    png = out.with_name(f"{out.stem}_{task_slug(task['task'])}.png")
     plot(task, png, device)
     for name, s in task["systems"].items():
         print(f"{name}: baseline {task['baseline_accuracy']:.3f}, 2x at {s['seconds_to_2x_baseline']} s, "

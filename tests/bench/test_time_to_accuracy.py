@@ -27,6 +27,12 @@ POINTS = [{"seconds": 0.0, "accuracy": 0.15}, {"seconds": 40.0, "accuracy": 0.31
           {"seconds": 70.0, "accuracy": 0.29}, {"seconds": 100.0, "accuracy": 0.30}]
 
 
+def test_task_slug_is_a_plain_file_name():
+    assert tta.task_slug("rg:letter_counting") == "letter_counting"
+    assert tta.task_slug("rg:basic_arithmetic:min_terms=2,max_terms=2,max_digits=1") == \
+        "basic_arithmetic_min_terms_2_max_terms_2_max_digits_1"
+
+
 def test_seconds_to_and_accuracy_at_hand_worked():
     assert tta.seconds_to(POINTS, 0.30) == 40.0          # the first point at or above, not the last
     assert tta.seconds_to(POINTS, 0.305) == 40.0
@@ -91,7 +97,7 @@ def test_score_puts_each_save_at_its_seconds_from_launch(tiny, tmp_path):
 def test_the_committed_result_is_what_its_run_files_say(tmp_path):
     committed = json.loads((RESULTS / "time_to_accuracy_NVIDIA_H200.json").read_text())
     for name in committed["tasks"]:
-        work = RESULTS / "time_to_accuracy" / name.removeprefix("rg:")
+        work = RESULTS / "time_to_accuracy" / tta.task_slug(name)
         out = tta.main(["summarise", "--work-dir", str(work), "--results-dir", str(tmp_path)])
         assert out == 0
         again = json.loads((tmp_path / "time_to_accuracy_NVIDIA_H200.json").read_text())
