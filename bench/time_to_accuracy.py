@@ -21,6 +21,7 @@ time_to_accuracy_<device>_<task>.png. Needs trl (bench/trl_grpo.py says how to c
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import math
 import re
@@ -215,14 +216,49 @@ def ours_books(run: Path) -> dict:
             "zero_signal_fraction": round(g["dropped"].get("sampler_zero_signal", 0) / sent, 4)}
 
 
-def trl_books(run: Path) -> dict:
+def logged_steps(text: str, batch: int) -> list[dict]:
+    """The per-step records of a TRL run that died before writing steps.json, from the dicts the
+    Trainer printed to its log (logging_steps=1; plain literals, read with ast.literal_eval)."""
+    steps = []
+    for line in text.splitlines():
+        if line.startswith("{'loss'"):
+            log = {k: float(v) for k, v in ast.literal_eval(line).items()}
+            steps.append({"step": len(steps) + 1, "completions": batch, "reward_mean": log.get("reward"),
+                          "frac_reward_zero_std": log.get("frac_reward_zero_std"),
+                          "grad_norm": log.get("grad_norm"), "entropy": log.get("entropy")})
+    return steps
+
+
+def last_error(text: str) -> str | None:
+    """The exception a command died of: the last 'SomeError: message' line of its log."""
+    found = re.findall(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception): .*)$", text, flags=re.M)
+    return found[-1][:200] if found else None
+
+
+def trl_books(run: Path, launch: dict) -> dict:
     """TRL trains every group it generates, on-policy: nothing is stale; its zero-signal share is the
-    mean of its own frac_reward_zero_std over steps (those groups cost generation and add nothing)."""
-    doc = json.loads((run / "steps.json").read_text()) if (run / "steps.json").is_file() else {"steps": []}
-    zs = [s["frac_reward_zero_std"] for s in doc["steps"] if s.get("frac_reward_zero_std") is not None]
-    return {"steps": len(doc["steps"]), "completions_trained": sum(s["completions"] for s in doc["steps"]),
+    mean of its own frac_reward_zero_std over steps (those groups cost generation and add nothing).
+    A run that failed (exit code not 0) gets its error, and its steps from the log if it wrote none."""
+    log = read_run_file(run, "command.log") if launch["exit_code"] else ""
+    if (run / "steps.json").is_file():
+        doc, source = json.loads((run / "steps.json").read_text()), "steps.json"
+    else:
+        doc = {"steps": logged_steps(log, SHARED["train_batch_size"])}
+        source = "command.log (the run wrote no steps.json)"
+    steps = doc["steps"]
+    zs = [s["frac_reward_zero_std"] for s in steps if s.get("frac_reward_zero_std") is not None]
+    bad = [s["step"] for s in steps if s.get("grad_norm") is not None and not math.isfinite(float(s["grad_norm"]))]
+    return {"steps": len(steps), "completions_trained": sum(s["completions"] for s in steps),
             "stale_fraction": 0.0, "zero_signal_fraction": round(sum(zs) / len(zs), 4) if zs else None,
-            "trl_version": doc.get("trl"), "config": doc.get("config")}
+            "nonfinite_grad_steps": bad, "books_from": source,
+            "error": doc.get("error") or (last_error(log) if launch["exit_code"] else None),
+            "trl_version": doc.get("trl") or _device(run.parent).get("versions", {}).get("trl"),
+            "config": doc.get("config")}
+
+
+def _device(work: Path) -> dict:
+    """work/device.json (record_device): the GPU's name and the versions; {} if absent."""
+    return json.loads((work / "device.json").read_text()) if (work / "device.json").is_file() else {}
 
 
 def summarise_task(work: Path) -> dict:
@@ -242,7 +278,7 @@ def summarise_task(work: Path) -> dict:
                "seconds_to_2x_baseline": seconds_to(pts, target), "accuracy_at_600s": accuracy_at(pts, 600.0),
                "step_at_2x_baseline": next((p["step"] for p in pts if p["accuracy"] >= target > 0), None),
                "last_save_s": pts[-1]["seconds"], "bound": launch.get("bound"), "command": launch["command"]}
-        rec.update(ours_books(run) if launch["system"] == "ours" else trl_books(run))
+        rec.update(ours_books(run) if launch["system"] == "ours" else trl_books(run, launch))
         systems.setdefault(launch["system"], {"runs": []})["runs"].append(rec)
     for name, sys_ in systems.items():
         # Several seeds: the slower one counts (None if any seed never got there).
@@ -268,7 +304,7 @@ def plot(task: dict, out: Path, device: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    fig, ax = plt.subplots(figsize=(7.5, 4.0))
     colours = {"ours": "tab:blue", "trl": "tab:orange"}
     for name, sys_ in task["systems"].items():
         for r in sys_["runs"]:
@@ -277,6 +313,8 @@ def plot(task: dict, out: Path, device: str) -> None:
             lo = [p["ci95"][0] for p in r["points"]]
             hi = [p["ci95"][1] for p in r["points"]]
             label = f"{'ours' if name == 'ours' else 'TRL GRPOTrainer'}" + (f" seed {r['seed']}" if name == "ours" else "")
+            if r["exit_code"]:
+                label += f" (failed: exit {r['exit_code']})"
             ax.plot(xs, ys, marker="o", ms=3, color=colours.get(name), alpha=0.9 if r is sys_["runs"][0] else 0.55,
                     label=label)
             ax.fill_between(xs, lo, hi, color=colours.get(name), alpha=0.08)
@@ -284,7 +322,7 @@ def plot(task: dict, out: Path, device: str) -> None:
     ax.axhline(task["target_accuracy"], color="gray", ls="--", label="2x baseline")
     ax.set_xlabel("seconds from launch (one GPU; evaluation not counted)")
     ax.set_ylabel("greedy accuracy (95% interval)")
-    ax.set_title(f"SmolLM2-135M on {task['task']}: time to accuracy, {device}", fontsize=10)
+    ax.set_title(f"SmolLM2-135M on {task['task']}\ntime to accuracy, {device}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -294,7 +332,7 @@ def plot(task: dict, out: Path, device: str) -> None:
 
 def summarise(args) -> Path:
     work = Path(args.work_dir)
-    meta = json.loads((work / "device.json").read_text()) if (work / "device.json").is_file() else {}
+    meta = _device(work)
     device = args.device_name or meta.get("device") or "cpu"
     slug = device.replace(" ", "_").replace("/", "_")
     out = Path(args.results_dir) / f"time_to_accuracy_{slug}.json"

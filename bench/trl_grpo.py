@@ -196,7 +196,19 @@ def main(argv=None) -> int:
     trainer = GRPOTrainer(model=model_path, reward_funcs=[reward], args=cfg,
                           train_dataset=dataset, processing_class=tok, callbacks=callbacks)
     setup_s = time.perf_counter() - t_start
-    trainer.train()
+    error = None
+    try:
+        trainer.train()
+    except Exception as e:   # the steps so far still go to --out (with the error), then it re-raises
+        error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        raise
+    finally:
+        _write_steps(args, clock, cfg, trl.__version__, world, model_path, len(dataset), setup_s, t_start, error)
+    return 0
+
+
+def _write_steps(args, clock, cfg, trl_version, world, model_path, problems, setup_s, t_start, error) -> None:
+    B = args.train_batch_size
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     if rank == 0:
         steps = []
@@ -205,10 +217,11 @@ def main(argv=None) -> int:
             mean_len = log.get("completions/mean_length")
             steps.append({**s, "tokens": None if mean_len is None else mean_len * s["completions"],
                           "completion_len_mean": mean_len, "reward_mean": log.get("reward"),
-                          "frac_reward_zero_std": log.get("frac_reward_zero_std")})
-        doc = {"trl": trl.__version__, "versions": {**versions(), "trl": trl.__version__},
+                          "frac_reward_zero_std": log.get("frac_reward_zero_std"), "grad_norm": log.get("grad_norm"),
+                          "entropy": log.get("entropy")})
+        doc = {"trl": trl_version, "versions": {**versions(), "trl": trl_version},
                "world_size": world, "per_device_batch": B // world, "model": model_path,
-               "problems": len(dataset), "setup_s": setup_s, "total_s": time.perf_counter() - t_start,
+               "problems": problems, "setup_s": setup_s, "total_s": time.perf_counter() - t_start, "error": error,
                "config": {k: getattr(cfg, k) for k in (
                    "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
                    "generation_batch_size", "num_iterations", "num_generations", "max_completion_length",
@@ -217,8 +230,7 @@ def main(argv=None) -> int:
                "steps": steps}
         Path(args.out).write_text(json.dumps(doc, indent=2, default=str) + "\n")
         print(f"trl_grpo: {len(steps)} steps in {steps[-1]['time_s'] if steps else 0:.1f} s of training; "
-              f"wrote {args.out}", flush=True)
-    return 0
+              f"wrote {args.out}" + (f" (training failed: {error})" if error else ""), flush=True)
 
 
 if __name__ == "__main__":

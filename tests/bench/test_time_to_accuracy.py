@@ -105,3 +105,30 @@ def test_the_committed_result_is_what_its_run_files_say(tmp_path):
     lc = committed["tasks"]["rg:letter_counting"]
     assert lc["baseline_accuracy"] >= 0.1 and lc["baseline_ci95"][0] < lc["baseline_accuracy"] < lc["baseline_ci95"][1]
     assert lc["systems"]["trl"]["runs"][0]["trl_version"] == "1.16.0"
+    assert len(committed["tasks"]) >= 2                                # the issue asks for two tasks
+    for task in committed["tasks"].values():
+        assert task["baseline_accuracy"] >= 0.1
+        assert [r["seed"] for r in task["systems"]["ours"]["runs"]] == [1, 42]   # two seeds, the slower counts
+        times = [r["seconds_to_2x_baseline"] for r in task["systems"]["ours"]["runs"]]
+        assert task["systems"]["ours"]["seconds_to_2x_baseline"] == (None if None in times else max(times))
+
+
+def test_a_failed_trl_run_gets_its_steps_and_error_from_its_log(tmp_path):
+    """TRL died before writing steps.json (as on the H200, a NaN gradient then a sampling assert):
+    its books come from the dicts the Trainer printed, and the error from the log's last line of one."""
+    run = tmp_path / "trl"
+    run.mkdir()
+    (run / "command.log").write_text(
+        "Loading weights: 100%\n"
+        "{'loss': '0.1', 'grad_norm': '0.5', 'reward': '0.25', 'frac_reward_zero_std': '0.5', 'entropy': '2'}\n"
+        "{'loss': '0', 'grad_norm': 'nan', 'reward': '0.5', 'frac_reward_zero_std': '0.25', 'entropy': '1'}\n"
+        "Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n"
+        "torch.AcceleratorError: CUDA error: device-side assert triggered\n"
+        "Search for `cudaErrorAssert' in the CUDA docs.\n")
+    books = tta.trl_books(run, {"exit_code": 1})
+    assert books["steps"] == 2 and books["completions_trained"] == 2 * tta.SHARED["train_batch_size"]
+    assert books["zero_signal_fraction"] == 0.375                      # (0.5 + 0.25) / 2
+    assert books["nonfinite_grad_steps"] == [2]
+    assert books["error"] == "AcceleratorError: CUDA error: device-side assert triggered"
+    assert books["books_from"].startswith("command.log")
+    assert tta.last_error("all fine\n") is None
