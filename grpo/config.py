@@ -84,6 +84,8 @@ class SamplerConfig(CommonConfig):
     """Prompts generated together in one round; weights are swapped only between rounds."""
     in_flight_rows: int = 0
     """In-flight batching (--generation-backend fast): decode each round on this many rows, a row taking the round's next sample as soon as its own ends, and send groups as soon as a learner step's worth has ended (0: each round is one batch that runs until its longest completion ends)."""
+    old_logprobs: str = "auto"
+    """Where the behaviour (old) log-probs come from: 'sampling' (each token's log-prob as the fast engine drew it: no extra pass), 'pass' (one batched teacher-forced pass after generation), or 'auto': 'sampling' where that is exact (the fast engine in float32), else 'pass'. In bf16 the two differ by 0.04 nats a token on average (H200, docs/benchmarks.md), enough to move the clip."""
     logprob_batch_size: int = 64
     """Sequences per teacher-forced forward pass when computing old and reference log-probs (the LM head runs in row chunks, so memory grows with this times length, not times vocabulary)."""
     max_rounds: int = 0

@@ -29,7 +29,7 @@ from grpo.obs.gpu import GpuMonitor, format_gpu
 from grpo.obs.progress import Progress
 from grpo.obs.stages import mark as mark_stage
 from grpo.sampler.heartbeat import ON_FULL, Heartbeat, send_group, wait_send
-from grpo.sampler.rollout import RolloutEngine, hf_generate, resolve_backend
+from grpo.sampler.rollout import RolloutEngine, hf_generate, old_logprob_source, resolve_backend
 from grpo.weights import make_receiver
 from grpo.weights.methods import fallback, sampler_method
 from grpo.weights.publisher import request_weights
@@ -70,6 +70,8 @@ class Sampler:
         if cfg.in_flight_rows < 0 or (cfg.in_flight_rows and self.backend != "fast"):
             raise ValueError(f"--in-flight-rows {cfg.in_flight_rows}: needs --generation-backend fast (and a count "
                              f">= 1); or 0 for fixed rounds")
+        # a bad choice fails before any loading too
+        self.old_source = old_logprob_source(cfg.old_logprobs, self.backend, compute_dtype(self.device))
         torch.manual_seed(cfg.seed + 1000 * cfg.sampler_id)
         self.rewards = reward_set_from_config(cfg)  # a bad --reward fails here, before any model loads
         # --curriculum: every task starts at level 0; the learner's answers move the levels.
@@ -123,9 +125,10 @@ class Sampler:
         self._last_wait_note = 0.0   # (groups_sent counts filtered groups too, so it cannot tell)
         self.run_facts: M.RunFacts | None = None   # the learner's, from its first answer
         log.info("sampler %d/%d on %s: %d prompts in its shard, model %s, G=%d, %d prompts per round, "
-                 "%s generation%s", cfg.sampler_id, cfg.num_samplers, self.device, len(mine), path,
-                 cfg.num_generations, cfg.prompts_per_round, self.backend,
-                 f", in flight on {cfg.in_flight_rows} rows" if cfg.in_flight_rows else "")
+                 "%s generation%s, old log-probs from %s", cfg.sampler_id, cfg.num_samplers, self.device, len(mine),
+                 path, cfg.num_generations, cfg.prompts_per_round, self.backend,
+                 f", in flight on {cfg.in_flight_rows} rows" if cfg.in_flight_rows else "",
+                 "the sampling pass" if self.old_source == "sampling" else "a teacher-forced pass")
         mark_stage(cfg.run_dir, self.name, "model_loaded")
 
     def _load_prompts(self) -> list:
@@ -289,14 +292,15 @@ class Sampler:
         G = cfg.num_generations
         t0 = time.perf_counter()
         rows = [p for p in prompt_ids for _ in range(G)]
+        sampled_lp = None
         if self.engine is not None:
             out = self.engine.generate(rows, cfg.max_new_tokens, cfg.temperature)
-            completions = list(zip(out.token_ids, out.finished))
+            completions, sampled_lp = list(zip(out.token_ids, out.finished)), out.logprobs
         else:
             completions = list(zip(*hf_generate(self.policy, rows, cfg.max_new_tokens, cfg.temperature, False,
                                                 tok.eos_token_id, tok.pad_token_id)))
         return self._finish(round_idx, problems, prompts, prompt_ids, list(range(len(problems))), completions,
-                            time.perf_counter() - t0)
+                            time.perf_counter() - t0, sampled_lp)
 
     @torch.no_grad()
     def stream_round(self, round_idx: int, n_prompts: int):
@@ -311,6 +315,7 @@ class Sampler:
         queue = iter(enumerate(prompt_ids))
         gis: list[int] = []
         completions: list[tuple[list[int], bool]] = []
+        sampled_lp: list[np.ndarray] = []
         t0 = time.perf_counter()
         stream = self.engine.stream(lambda: next(queue, None), G, cfg.max_new_tokens, cfg.temperature,
                                     rows=cfg.in_flight_rows)
@@ -318,9 +323,11 @@ class Sampler:
             if fg is not None:
                 gis.append(fg.key)
                 completions.extend(zip(fg.token_ids, fg.finished))
+                sampled_lp.extend(fg.logprobs)
             if gis and (fg is None or len(gis) >= chunk):
-                yield self._finish(round_idx, problems, prompts, prompt_ids, gis, completions, time.perf_counter() - t0)
-                gis, completions, t0 = [], [], time.perf_counter()
+                yield self._finish(round_idx, problems, prompts, prompt_ids, gis, completions, time.perf_counter() - t0,
+                                   sampled_lp)
+                gis, completions, sampled_lp, t0 = [], [], [], time.perf_counter()
 
     def _round_problems(self, n_prompts: int | None):
         problems = self.prompts.next_batch(self.cfg.prompts_per_round if n_prompts is None else n_prompts)
@@ -328,9 +335,11 @@ class Sampler:
         return problems, prompts, [self.tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
 
     def _finish(self, round_idx: int, problems: list, prompts: list[str], prompt_ids: list[list[int]],
-                gis: list[int], completions: list[tuple[list[int], bool]], gen_s: float) -> list[M.Group]:
+                gis: list[int], completions: list[tuple[list[int], bool]], gen_s: float,
+                sampled_lp: list[np.ndarray] | None = None) -> list[M.Group]:
         """Groups gis of the round (G rows each, in `completions`): score, count for the curriculum,
-        drop zero-signal ones (--filter-zero-signal), compute old (and reference) log-probs, build."""
+        drop zero-signal ones (--filter-zero-signal), take or compute old (and compute reference)
+        log-probs, build. sampled_lp: the engine's log-prob of each sampled token, per completion."""
         cfg, tok = self.cfg, self.tok
         G = cfg.num_generations
         whole = [prompt_ids[gis[k // G]] + c for k, (c, _) in enumerate(completions)]
@@ -352,7 +361,10 @@ class Sampler:
         t2 = time.perf_counter()
         kept_whole = [whole[k] for k in rows_kept]
         kept_plens = [len(prompt_ids[gis[k // G]]) for k in rows_kept]
-        old_lp = dict(zip(rows_kept, self._logprobs(self.policy, kept_whole, kept_plens)))
+        if self.old_source == "sampling" and sampled_lp is not None:   # --old-logprobs: exact, or asked for
+            old_lp = {k: sampled_lp[k] for k in rows_kept}
+        else:
+            old_lp = dict(zip(rows_kept, self._logprobs(self.policy, kept_whole, kept_plens)))
         if self.run_facts is None or self.run_facts.needs_ref_logprobs:
             if self.ref is None:
                 self.ref = load_causal_lm(self._model_path, self.device, compute_dtype(self.device)).eval()

@@ -60,6 +60,26 @@ def resolve_backend(name: str, device: torch.device) -> str:
     return name
 
 
+OLD_LOGPROBS = ("auto", "sampling", "pass")
+
+
+def old_logprob_source(choice: str, backend: str, dtype: torch.dtype) -> str:
+    """--old-logprobs to 'sampling' or 'pass'. The fast engine returns each sampled token's
+    log-prob under the distribution it drew from (pure sampling at the temperature, the same
+    distribution the learner scores), so in float32 it is the teacher-forced value (the tests check
+    it to 1e-5) and the pass is redundant. In bf16 the decode step and a full forward sum in other
+    orders and differ (mean 0.04 nats a token on H200), so auto keeps the pass there; 'sampling'
+    takes the engine's values anyway. Hugging Face generate returns no log-probs: always a pass."""
+    if choice not in OLD_LOGPROBS:
+        raise ValueError(f"--old-logprobs {choice}: choose one of {', '.join(OLD_LOGPROBS)}")
+    if choice == "sampling" and backend != "fast":
+        raise ValueError("--old-logprobs sampling needs --generation-backend fast (Hugging Face generate returns no "
+                         "log-probs); use --old-logprobs pass or auto")
+    if choice == "auto":
+        return "sampling" if backend == "fast" and dtype == torch.float32 else "pass"
+    return choice
+
+
 def hf_generate(model, prompts: list[list[int]], max_new_tokens: int, temperature: float, greedy: bool,
                 eos_id: int, pad_id: int) -> tuple[list[list[int]], list[bool]]:
     """The Hugging Face `generate` path (the fallback backend), with the same output."""

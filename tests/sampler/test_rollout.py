@@ -10,7 +10,7 @@ import torch
 from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 
 from grpo.model import load_causal_lm, load_tokenizer, resolve_model, right_pad, token_logprobs
-from grpo.sampler.rollout import RolloutEngine, generate, hf_generate, resolve_backend
+from grpo.sampler.rollout import RolloutEngine, generate, hf_generate, old_logprob_source, resolve_backend
 
 CPU = torch.device("cpu")
 GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
@@ -118,6 +118,19 @@ def test_backend_choice_and_bad_inputs(tiny):
         RolloutEngine(tiny, 2, 2).generate([[5], []], 4)
 
 
+def test_old_logprob_source_rule():
+    f32, bf16 = torch.float32, torch.bfloat16
+    assert old_logprob_source("auto", "fast", f32) == "sampling"     # exact: the pass would repeat it
+    assert old_logprob_source("auto", "fast", bf16) == "pass"        # not exact in bf16
+    assert old_logprob_source("auto", "hf", f32) == "pass"           # generate returns no log-probs
+    assert old_logprob_source("sampling", "fast", bf16) == "sampling"
+    assert old_logprob_source("pass", "fast", f32) == "pass"
+    with pytest.raises(ValueError, match="needs --generation-backend fast"):
+        old_logprob_source("sampling", "hf", f32)
+    with pytest.raises(ValueError, match="choose one of auto, sampling, pass"):
+        old_logprob_source("engine", "fast", f32)
+
+
 @pytest.mark.slow
 def test_greedy_matches_hf_generate_on_smollm2_gsm8k_prompts():
     from grpo.data.prompts import build_prompt
@@ -133,9 +146,10 @@ def test_greedy_matches_hf_generate_on_smollm2_gsm8k_prompts():
     assert len({len(p) for p in ps}) > 1  # prompts of different lengths: left padding exercised
 
 
-def test_sampler_round_with_fast_backend():
-    """The sampler's round on the fast engine: groups carry the engine's completions, and the
-    teacher-forced old log-probs line up with them token for token."""
+def test_sampler_round_with_fast_backend(monkeypatch):
+    """The sampler's round on the fast engine: groups carry the engine's completions, and their old
+    log-probs, taken from the sampling pass in float32 (no pass of their own), equal a teacher-forced
+    pass token for token, in a fixed round and in an in-flight one."""
     from netutil import free_ports
 
     from grpo.config import SamplerConfig
@@ -147,8 +161,16 @@ def test_sampler_round_with_fast_backend():
                         data_port=d, sync_port=s)
     sampler = Sampler(cfg)
     try:
-        assert sampler.backend == "fast" and sampler.engine is not None
+        assert sampler.backend == "fast" and sampler.engine is not None and sampler.old_source == "sampling"
+        passes = []
+        real = sampler._logprobs
+        monkeypatch.setattr(sampler, "_logprobs", lambda model, whole, plens: passes.append(
+            "ref" if model is sampler.ref else "policy") or real(model, whole, plens))
         groups = sampler.generate_round(0)
+        sampler.cfg.in_flight_rows = 4
+        groups += [g for chunk in sampler.stream_round(1, 2) for g in chunk]
+        assert passes == ["ref", "ref"]   # the reference pass only (no learner said beta is 0)
+        monkeypatch.undo()
         # The log-prob pass sorts by length into micro-batches; results come back in input
         # order and equal one sequence at a time (no padding at all).
         whole = prompts((9, 4, 12, 6, 5))
@@ -164,7 +186,7 @@ def test_sampler_round_with_fast_backend():
     finally:
         sampler.data.close()
         sampler.sync.close()
-    assert len(groups) == 2 and all(len(g.completions) == 3 for g in groups)
+    assert len(groups) == 4 and all(len(g.completions) == 3 for g in groups)
     for g in groups:
         for c in g.completions:
             n = len(c.generated_token_ids)
@@ -172,7 +194,8 @@ def test_sampler_round_with_fast_backend():
             assert list(c.whole_token_ids) == list(g.prefix_token_ids) + list(c.generated_token_ids)
             assert c.old_policy_log_probs.shape == c.ref_policy_log_probs.shape == (n,)
             assert np.all(c.old_policy_log_probs < 0)
-            # policy and reference are the same weights before any update
+            # policy and reference are the same weights before any update: the engine's log-probs
+            # (old) equal the reference's teacher-forced pass
             np.testing.assert_allclose(c.old_policy_log_probs, c.ref_policy_log_probs, atol=1e-5)
     with pytest.raises(ValueError, match="--generation-backend"):
         Sampler(SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,

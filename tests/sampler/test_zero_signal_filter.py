@@ -36,7 +36,8 @@ def reward(tmp_path, monkeypatch):
 def sampler(reward: str, filt: bool, data_port: int, sync_port: int, **kw) -> Sampler:
     return Sampler(SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
                                  prompts_per_round=3, num_generations=2, max_new_tokens=4,
-                                 generation_backend="fast", reward=reward, filter_zero_signal=filt,
+                                 generation_backend="fast", old_logprobs="pass",   # both passes, to count them
+                                 reward=reward, filter_zero_signal=filt,
                                  data_port=data_port, sync_port=sync_port, **kw))
 
 
