@@ -14,7 +14,10 @@ attention are the model's own), but drives it the way throughput engines do:
 * finished rows keep running (fixed shapes) but emit padding after their EOS; the host
   looks at the "all finished" flag only every `check_every` steps, the one sync point;
 * batch buckets (64, 128, 256, 512, 1024 rows; prompt width rounded up to 64) so one
-  captured graph serves every round of a run; unused rows are padding rows that start finished.
+  captured graph serves every round of a run; unused rows are padding rows that start finished;
+* attention over the filled part of the cache only: decode step k reads the prompt's slots and
+  the next multiple of 64 generated ones (`attend_limit`), one captured graph per such length
+  (4 for 256 new tokens), instead of every slot at every step.
 
 On CPU (tests) the same code runs without graph capture. Weights may be updated between
 calls in place (`param.copy_`, as weight sync does): the graph reads the parameters'
@@ -101,6 +104,17 @@ def hf_generate(model, prompts: list[list[int]], max_new_tokens: int, temperatur
 
 # ----------------------------------------------------------------------------- attention
 ATTENTION = "grpo_rollout"
+# How many cache slots a decode step reads (None: all). Set by the engine around a step of its
+# fixed-batch path (RolloutEngine._attention), read when the step is traced: a captured graph
+# keeps the slice it was captured with, which is why there is one graph per limit.
+_ATTEND: dict[str, int | None] = {"limit": None}
+
+
+def attend_limit(width: int, length: int, k: int, chunk: int) -> int:
+    """The cache slots decode step k reads (k >= 1; after a prefill of `width` slots, step k
+    writes slot width + k - 1, so it needs width + k): rounded up to a multiple of `chunk` past
+    the prompt, so that one captured graph serves `chunk` steps; at most `length`."""
+    return min(length, width + chunk * -(-k // chunk))
 
 
 def rollout_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
@@ -109,12 +123,18 @@ def rollout_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     (GQA: SmolLM2 3 KV heads for 9, Qwen2.5-3B 2 for 16) attends the cache without copying it:
     the G query heads that share a KV head become G "query rows" of that head. Hugging Face's
     SDPA path instead repeats the whole cache G times per layer and step (`repeat_kv`, a
-    copy), which on a 3B model at 256 rows took half the decode step. Prefill (many query
-    tokens, once per round) goes through Hugging Face's SDPA function unchanged."""
+    copy), which on a 3B model at 256 rows took half the decode step. A decode step of the
+    fixed-batch path reads only the filled part of the static cache (_ATTEND's limit): the slots
+    past it are masked out anyway, so this changes which zeros are summed, not the result.
+    Prefill (many query tokens, once per round) goes through Hugging Face's SDPA function unchanged."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     b, heads, q_len, dim = query.shape
     kv_heads = key.shape[1]
+    limit = _ATTEND["limit"]
+    if q_len == 1 and limit is not None and limit < key.shape[2]:
+        key, value = key[:, :, :limit], value[:, :, :limit]                                   # [B, H_kv, limit, D]
+        attention_mask = None if attention_mask is None else attention_mask[..., :limit]     # [B, 1, 1, limit]
     if q_len != 1 or heads == kv_heads:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
@@ -186,7 +206,8 @@ class _Ring:
 
 class _Slot:
     """Everything one (batch rows, prompt width, max_new_tokens) shape needs: static cache,
-    static input/output buffers and the captured decode graphs (one greedy, one sampling)."""
+    static input/output buffers and the captured decode graphs, one per (greedy, attention
+    length): greedy or sampling, and how many cache slots the step reads (attend_limit)."""
 
     def __init__(self, model, rows: int, width: int, max_new: int, pad_id: int, device: torch.device):
         from transformers import StaticCache
@@ -205,8 +226,8 @@ class _Slot:
         self.inv_t = torch.ones((), dtype=torch.float32, **kw)                  # 1 / temperature
         self.out = torch.full((rows, max_new), pad_id, dtype=torch.long, **kw)
         self.out_lp = torch.zeros((rows, max_new), dtype=torch.float32, **kw)
-        self.graphs: dict[bool, torch.cuda.CUDAGraph | None] = {}
-        # The slot's graphs (greedy, sampling) share one memory pool, which lives as long as they
+        self.graphs: dict[tuple[bool, int | None], torch.cuda.CUDAGraph | None] = {}
+        # The slot's graphs (greedy, sampling; each attention length) share one memory pool, which lives as long as they
         # do. One pool handle for the whole engine broke once every graph of a freed slot was
         # gone: PyTorch releases a pool with its last graph, and capturing into the stale
         # handle then fails an allocator assertion (seen on H100, torch 2.11).
@@ -221,13 +242,17 @@ class _Slot:
 class RolloutEngine:
     def __init__(self, model, eos_ids: int | list[int], pad_id: int, cuda_graphs: bool | None = None,
                  buckets: tuple[int, ...] | None = None, prompt_multiple: int | None = None,
-                 check_every: int = 16, max_slots: int = 2, compile_decode: bool = False):
+                 check_every: int = 16, max_slots: int = 2, compile_decode: bool = False,
+                 attend_chunk: int | None = 64):
         """cuda_graphs: capture the decode step (default: on CUDA). compile_decode: run the
         decode step through torch.compile first (fuses the many small kernels of a small
         model; compiled in the graph warm-up, then captured as usual). buckets / prompt_multiple:
         batch rows and prompt width are rounded up to these so graphs are reused (default:
         DEFAULT_BUCKETS and 64 with graphs, exact sizes without). max_slots: how many
-        shapes keep their cache and graphs (least recently used ones are freed)."""
+        shapes keep their cache and graphs (least recently used ones are freed). attend_chunk: a
+        decode step of generate() reads the cache only up to the next multiple of this many slots
+        past the prompt (attend_limit), one captured graph per such length; None: the whole cache
+        at every step (and always with compile_decode, which would compile once per length)."""
         self.model = model
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -249,6 +274,7 @@ class RolloutEngine:
         self.buckets = tuple(sorted(buckets)) if buckets else (DEFAULT_BUCKETS if cuda_graphs else ())
         self.prompt_multiple = prompt_multiple or (64 if cuda_graphs else 1)
         self.check_every = max(1, check_every)
+        self.attend_chunk = None if compile_decode or not attend_chunk else int(attend_chunk)
         self.max_slots = max(1, max_slots)
         self.slots: collections.OrderedDict[tuple[int, int, int], _Slot] = collections.OrderedDict()
         self._rings: dict[tuple[int, int, int], _Ring] = {}   # stream()'s; one at a time
@@ -530,33 +556,41 @@ class RolloutEngine:
         ids, mask = left_pad(prompts, self.pad_id, self.device, width=width, rows=rows)
         valid = mask.bool()
         inv_t = 1.0 if greedy else 1.0 / temperature
-        if self.cuda_graphs and max_new > 1 and greedy not in slot.graphs:
-            self._prefill(slot, ids, valid, inv_t, greedy)  # initialises the cache; state is reset below
-            slot.graphs[greedy] = self._capture(slot, greedy)
+        length = width + max_new
+        limit = (lambda k: attend_limit(width, length, k, self.attend_chunk)) if self.attend_chunk else (lambda k: None)
+        if self.cuda_graphs and max_new > 1:
+            for lim in sorted({limit(k) for k in range(1, max_new)}, key=lambda x: x or 0):
+                if (greedy, lim) not in slot.graphs:
+                    self._prefill(slot, ids, valid, inv_t, greedy)  # initialises the cache; state is reset below
+                    slot.graphs[(greedy, lim)] = self._capture(
+                        slot, greedy, step=lambda s_, g_, lim=lim: self._step(s_, g_, lim), limit=lim)
         self._prefill(slot, ids, valid, inv_t, greedy)
-        graph = slot.graphs.get(greedy)
         steps = 0
         for steps in range(1, max_new):
+            lim = limit(steps)
+            graph = slot.graphs.get((greedy, lim))
             if graph is not None:
                 graph.replay()
             else:
-                self._step(slot, greedy)
+                self._step(slot, greedy, lim)
             if steps % self.check_every == 0 and bool(slot.finished.all()):  # the only host sync
                 break
         return slot.out[:n].cpu(), slot.out_lp[:n].cpu(), slot.finished[:n].cpu(), steps
 
     @contextlib.contextmanager
-    def _attention(self):
+    def _attention(self, limit: int | None = None):
         """Run the model's layers with grpo.sampler.rollout's decode attention (the model's own setting is restored
         after, so evaluation and log-prob passes keep theirs). A captured graph keeps the
         kernels chosen here: only eager calls need the switch."""
         cfg = self.model.config
         before = cfg._attn_implementation
         cfg._attn_implementation = ATTENTION
+        _ATTEND["limit"] = limit
         try:
             yield
         finally:
             cfg._attn_implementation = before
+            _ATTEND["limit"] = None
 
     def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
         zero = torch.zeros((), dtype=self.dtype, device=allowed.device)
@@ -586,10 +620,11 @@ class RolloutEngine:
         s.inv_t.fill_(inv_t)
         self._emit(s, logits, greedy)
 
-    def _decode(self, s: _Slot, greedy: bool) -> None:
-        """One token for every row; only device tensors change (this is what the graph captures)."""
+    def _decode(self, s: _Slot, greedy: bool, limit: int | None = None) -> None:
+        """One token for every row; only device tensors change (this is what the graph captures).
+        limit: the cache slots attention reads (attend_limit; None: all)."""
         allowed = s.key_valid & (s.key_index <= s.t)                                 # [B, L]
-        with self._attention():
+        with self._attention(limit):
             logits = self.model(input_ids=s.tok, position_ids=s.pos,
                                 attention_mask=self._mask(allowed.view(s.rows, 1, 1, -1)),
                                 past_key_values=s.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
@@ -619,7 +654,7 @@ class RolloutEngine:
         gen.manual_seed(int(torch.randint(0, 2**62, (1,)).item()))  # CPU draw: follows torch.manual_seed
         return gen
 
-    def _capture(self, s, greedy: bool, step=None):
+    def _capture(self, s, greedy: bool, step=None, limit: int | None = None):
         """Capture one decode step; None (eager decoding) if capture fails.
 
         The warm-up runs with torch's sync debug mode set to "error": an operation that would
@@ -654,8 +689,8 @@ class RolloutEngine:
             with torch.cuda.graph(graph, pool=s.pool, capture_error_mode="thread_local"):
                 step(s, greedy)
             torch.cuda.synchronize()
-            log.info("captured the decode step for %d rows x %d cache slots (greedy=%s)",
-                     s.rows, s.width + s.max_new, greedy)
+            log.info("captured the decode step for %d rows x %d cache slots, attending to %d (greedy=%s)",
+                     s.rows, s.width + s.max_new, limit or s.width + s.max_new, greedy)
             return graph
         except RuntimeError as exc:
             self.graph_failures += 1

@@ -10,7 +10,8 @@ import torch
 from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 
 from grpo.model import load_causal_lm, load_tokenizer, resolve_model, right_pad, token_logprobs
-from grpo.sampler.rollout import RolloutEngine, generate, hf_generate, old_logprob_source, resolve_backend
+from grpo.sampler.rollout import (RolloutEngine, attend_limit, generate, hf_generate, old_logprob_source,
+                                  resolve_backend)
 
 CPU = torch.device("cpu")
 GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
@@ -116,6 +117,33 @@ def test_backend_choice_and_bad_inputs(tiny):
         RolloutEngine(tiny, 2, 2, cuda_graphs=True)
     with pytest.raises(ValueError, match="no prompt may be empty"):
         RolloutEngine(tiny, 2, 2).generate([[5], []], 4)
+
+
+def test_attend_limit_hand_worked():
+    # a 10-slot prompt, 256 new tokens, chunks of 64: step k writes slot 9 + k and needs 10 + k slots
+    assert attend_limit(10, 266, 1, 64) == 74       # steps 1-64 share one length
+    assert attend_limit(10, 266, 64, 64) == 74
+    assert attend_limit(10, 266, 65, 64) == 138
+    assert attend_limit(10, 266, 255, 64) == 266
+    assert attend_limit(10, 100, 70, 64) == 100     # never past the cache: 10 + 128 capped at 100
+    assert attend_limit(4, 12, 3, 1) == 7           # chunk 1: exactly the filled slots
+
+
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_filled_cache_attention_equals_the_whole_cache(tiny, chunk):
+    """Reading only the filled slots (attend_chunk) gives the tokens and log-probs of attending
+    to the whole static cache, greedy and sampled (the same noise), with left padding."""
+    ps = prompts((5, 9, 3, 7))
+    out = {}
+    for c in (None, chunk):
+        torch.manual_seed(11)
+        eng = RolloutEngine(tiny, 2, 2, attend_chunk=c)
+        out[c] = (eng.generate(ps, 12, greedy=True), eng.generate(ps, 12, temperature=0.8))
+    for a, b in zip(out[None], out[chunk]):
+        assert a.token_ids == b.token_ids and a.finished == b.finished
+        for x, y in zip(a.logprobs, b.logprobs):
+            np.testing.assert_allclose(x, y, atol=1e-6)
+    assert out[None][0].stats["decode_steps"] > 1   # decode steps ran (not only the prefill's token)
 
 
 def test_old_logprob_source_rule():

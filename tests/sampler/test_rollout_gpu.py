@@ -53,7 +53,26 @@ def test_graph_replay_equals_eager_decode(smol):
     assert a.token_ids == b.token_ids and a.finished == b.finished
     # A different count in the same bucket reuses the captured graph.
     graphed.generate(prompts[:50], 48, greedy=True)
-    assert len(graphed.slots) == 1 and list(next(iter(graphed.slots.values())).graphs) == [True]
+    slot = next(iter(graphed.slots.values()))
+    assert len(graphed.slots) == 1 and list(slot.graphs) == [(True, slot.width + 48)]   # 48 new tokens: one chunk
+
+
+def test_filled_cache_attention_with_graphs_equals_the_whole_cache_in_fp32(smol32):
+    """One graph per attention length (chunks of 16 slots past the prompt: 4 graphs for 64 new
+    tokens) gives the tokens of whole-cache attention, greedy and sampled (same noise)."""
+    model, tok, prompts = smol32
+    out = {}
+    for chunk in (None, 16):
+        torch.manual_seed(3)
+        eng = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id, attend_chunk=chunk)
+        out[chunk] = (eng.generate(prompts[:48], 64, greedy=True), eng.generate(prompts[:48], 64, temperature=1.0))
+        assert eng.graph_failures == 0
+        slot = next(iter(eng.slots.values()))
+        assert len(slot.graphs) == (2 if chunk is None else 8)
+    for a, b in zip(out[None], out[16]):
+        assert a.token_ids == b.token_ids and a.finished == b.finished
+        for x, y in zip(a.logprobs, b.logprobs):
+            np.testing.assert_allclose(x, y, atol=1e-4)
 
 
 def test_greedy_agrees_with_hf_generate_on_95_percent(smol32):
