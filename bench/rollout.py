@@ -37,6 +37,7 @@ from grpo.sampler.rollout import (
 )
 
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
+ENGINE_KW: dict = {}   # --attend-chunk: passed to every RolloutEngine this script makes
 
 
 def plan(quick: bool, cuda: bool):
@@ -102,8 +103,8 @@ def run_hf(model, rows, new: int, device, pad_id: int, eos_id: int | None) -> di
 def throughput(name: str, model, tok, device, p: dict, configs_fast, configs_hf, eos_cfgs,
                compile_decode: bool = False) -> list[dict]:
     prompts = gsm8k_prompts(tok, "train", 64)
-    no_eos = RolloutEngine(model, [], tok.pad_token_id)
-    with_eos = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id)
+    no_eos = RolloutEngine(model, [], tok.pad_token_id, **ENGINE_KW)
+    with_eos = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id, **ENGINE_KW)
     rows_out = []
     for batch, new in configs_fast:
         rows = rows_for(prompts, batch)
@@ -125,12 +126,12 @@ def throughput(name: str, model, tok, device, p: dict, configs_fast, configs_hf,
             r.update({"eos_fast_tok_s": fe["tok_s"], "eos_fast_tokens": fe["tokens"], "eos_hf_tok_s": he["tok_s"],
                       "eos_hf_tokens": he["tokens"], "eos_speedup": fe["tok_s"] / he["tok_s"]})
             if device.type == "cuda":  # what the graph buys: the same engine decoding eagerly
-                eager = RolloutEngine(model, [], tok.pad_token_id, cuda_graphs=False, buckets=(batch,))
+                eager = RolloutEngine(model, [], tok.pad_token_id, cuda_graphs=False, buckets=(batch,), **ENGINE_KW)
                 r["fast_eager_tok_s"] = run_fast(eager, rows, new, device, eos_on=False)["tok_s"]
                 eager.clear()
                 if compile_decode:  # opt-in engine switch: torch.compile the step, then capture it
                     try:
-                        comp = RolloutEngine(model, [], tok.pad_token_id, compile_decode=True)
+                        comp = RolloutEngine(model, [], tok.pad_token_id, compile_decode=True, **ENGINE_KW)
                         c = run_fast(comp, rows, new, device, eos_on=False)
                         r.update({"fast_compiled_tok_s": c["tok_s"], "fast_compiled_first_call_s": c["first_call_s"],
                                   "fast_compiled_cuda_graphs": c["cuda_graphs"]})
@@ -142,7 +143,7 @@ def throughput(name: str, model, tok, device, p: dict, configs_fast, configs_hf,
     return rows_out
 
 
-def eos_workload(model, tok, device, n_prompts: int, G: int, rows: int, new: int) -> dict:
+def eos_workload(model, tok, device, n_prompts: int, G: int, rows: int, new: int, hf: bool = True) -> dict:
     """The rollouts issue's workload: n_prompts GSM8K train prompts x G samples with EOS allowed,
     up to `new` tokens, through `rows` rows, timed to the last completion; useful tokens = tokens
     kept (up to and including EOS). Three ways: the engine's in-flight batching (`stream`: a group
@@ -158,20 +159,22 @@ def eos_workload(model, tok, device, n_prompts: int, G: int, rows: int, new: int
         return sum(len(r) for g in engine.stream(lambda: next(it, None), G, new, temperature=1.0, rows=rows)
                    for r in g.token_ids)
 
-    stream_engine = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id)
+    stream_engine = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id, **ENGINE_KW)
     streamed(stream_engine)
     with Timer(device) as t:
         tokens = streamed(stream_engine)
     out.update(eos_stream_tok_s=tokens / t.s, eos_stream_tokens=tokens, eos_stream_s=t.s)
     stream_engine.clear()
     fixed = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id,
-                          buckets=(rows,) if device.type == "cuda" else None)
+                          buckets=(rows,) if device.type == "cuda" else None, **ENGINE_KW)
     fixed.generate(flat[:rows], new, temperature=1.0)
     with Timer(device) as t:
         res = fixed.generate(flat, new, temperature=1.0)   # in batches of `rows` (its largest bucket)
     tokens = sum(len(r) for r in res.token_ids)
     out.update(eos_fast_tok_s=tokens / t.s, eos_fast_tokens=tokens, eos_fast_s=t.s)
     fixed.clear()
+    if not hf:
+        return out
     hf_tokens, hf_s = 0, 0.0
     for s in range(0, len(flat), rows):
         h = run_hf(model, flat[s:s + rows], new, device, tok.pad_token_id, tok.eos_token_id)
@@ -185,7 +188,7 @@ def eos_workload(model, tok, device, n_prompts: int, G: int, rows: int, new: int
 def agreement(model, tok, device, n: int, new: int) -> dict:
     prompts = gsm8k_prompts(tok, "test", n)
     eos, pad = tok.eos_token_id, tok.pad_token_id
-    engine = RolloutEngine(model, eos, pad)
+    engine = RolloutEngine(model, eos, pad, **ENGINE_KW)
     fast = engine.generate(prompts, new, greedy=True).token_ids
     ref, _ = hf_generate(model, prompts, new, 1.0, True, eos, pad)
     diverge = []
@@ -223,10 +226,17 @@ def main() -> int:
     ap.add_argument("--dataset", default=str(GSM8K), help="GSM8K folder with train.jsonl/test.jsonl (default ../shared/data/gsm8k)")
     ap.add_argument("--no-qwen", action="store_true", help="skip the random:qwen2.5-3b rows")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd engine row (full run, CUDA)")
+    ap.add_argument("--attend-chunk", type=int, default=0,
+                    help="every engine attends only to the filled cache in chunks of this many slots (0: whole "
+                         "cache); the result files get an _attendN suffix")
     ap.add_argument("--workload-only", action="store_true",
                     help="only the EOS workload (in-flight, fixed batches, HF generate) and the fixed-length rate "
                          "at its rows x new tokens; writes rollout_workload_<device>.json")
+    ap.add_argument("--skip-hf", action="store_true", help="--workload-only: leave out Hugging Face generate")
     args = ap.parse_args()
+    suffix = f"_attend{args.attend_chunk}" if args.attend_chunk else ""
+    if args.attend_chunk:
+        ENGINE_KW["attend_chunk"] = args.attend_chunk
     GSM8K = Path(args.dataset)
     if not (GSM8K / "train.jsonl").is_file():
         print(f"bench/rollout.py: error: no train.jsonl in {GSM8K}; pass --dataset PATH_TO_GSM8K", file=sys.stderr)
@@ -242,11 +252,12 @@ def main() -> int:
     if args.workload_only:
         _, _, rows_n, new_n = p["workload"]
         fixed = throughput(args.model, model, tok, device, p, [(rows_n, new_n)], [], [])
-        work = eos_workload(model, tok, device, *p["workload"])
+        work = eos_workload(model, tok, device, *p["workload"], hf=not args.skip_hf)
         work["fixed_length_tok_s"] = fixed[0]["fast_tok_s"]
         work["stream_vs_fixed_length"] = work["eos_stream_tok_s"] / fixed[0]["fast_tok_s"]
         print(table([work], list(work)), flush=True)
-        print(f"wrote {write_result('rollout_workload', device, {'settings': {'model': args.model, 'dtype': str(dtype)}, 'eos_workload': work})}")
+        settings = {"model": args.model, "dtype": str(dtype), "attend_chunk": args.attend_chunk or None}
+        print(f"wrote {write_result('rollout_workload' + suffix, device, {'settings': settings, 'eos_workload': work})}")
         return 0
     rows = throughput(args.model, model, tok, device, p, fast_cfgs, p["hf"], p["eos"],
                       compile_decode=not (args.quick or args.no_compile))
@@ -278,7 +289,7 @@ def main() -> int:
     cols = ["model", "rows", "new", "fast_tok_s", "hf_tok_s", "speedup", "fast_peak_gib", "hf_peak_gib",
             "fast_first_call_s", "cuda_graphs"]
     print("\n" + table(all_rows, cols))
-    out = write_result("rollout", device, {
+    out = write_result("rollout" + suffix, device, {
         "settings": {"quick": args.quick, "model": args.model, "dtype": str(dtype), "temperature": 1.0,
                      "top_k": 0, "top_p": 1.0, "prompts": "GSM8K train, first 64, chat template, each repeated rows/64 times",
                      "eos": "ignored in throughput rows (every row generates exactly `new` tokens); eos_* columns stop at EOS and count kept tokens",

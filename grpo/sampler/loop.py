@@ -93,7 +93,7 @@ class Sampler:
             self._use(method, dtype)
         self.engine = (RolloutEngine(self.policy, self.tok.eos_token_id, self.tok.pad_token_id,
                                      cuda_graphs=cfg.cuda_graphs and self.device.type == "cuda",
-                                     compile_decode=cfg.compile_decode)
+                                     compile_decode=cfg.compile_decode, attend_chunk=cfg.attend_chunk or None)
                        if self.backend == "fast" else None)
         self.version = 0
         self._request_id = 0

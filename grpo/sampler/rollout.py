@@ -15,9 +15,10 @@ attention are the model's own), but drives it the way throughput engines do:
   looks at the "all finished" flag only every `check_every` steps, the one sync point;
 * batch buckets (64, 128, 256, 512, 1024 rows; prompt width rounded up to 64) so one
   captured graph serves every round of a run; unused rows are padding rows that start finished;
-* attention over the filled part of the cache only: decode step k reads the prompt's slots and
-  the next multiple of 64 generated ones (`attend_limit`), one captured graph per such length
-  (4 for 256 new tokens), instead of every slot at every step.
+* with `attend_chunk` (off until it is measured on a GPU), attention over the filled part of the
+  cache only: decode step k reads the prompt's slots and the next multiple of attend_chunk
+  generated ones (`attend_limit`), one captured graph per such length (4 for 256 new tokens at
+  64), instead of every slot at every step.
 
 On CPU (tests) the same code runs without graph capture. Weights may be updated between
 calls in place (`param.copy_`, as weight sync does): the graph reads the parameters'
@@ -243,7 +244,7 @@ class RolloutEngine:
     def __init__(self, model, eos_ids: int | list[int], pad_id: int, cuda_graphs: bool | None = None,
                  buckets: tuple[int, ...] | None = None, prompt_multiple: int | None = None,
                  check_every: int = 16, max_slots: int = 2, compile_decode: bool = False,
-                 attend_chunk: int | None = 64):
+                 attend_chunk: int | None = None):
         """cuda_graphs: capture the decode step (default: on CUDA). compile_decode: run the
         decode step through torch.compile first (fuses the many small kernels of a small
         model; compiled in the graph warm-up, then captured as usual). buckets / prompt_multiple:
