@@ -15,7 +15,8 @@ starting settings. A point is (seconds from the command's launch to the end of t
 `all` runs ours with each --seeds, scores them, runs TRL for 5x the slower seed's time to 2x its
 baseline (or for what is left of --budget-s, whichever is shorter; the JSON says which bound it),
 scores TRL and summarises. The steps one by one: `ours --seed S`, `trl --seconds T`, `score`.
-Writes bench/results/time_to_accuracy_<device>.json (one entry per task, other tasks kept) and
+Writes bench/results/time_to_accuracy_<device>.json (one entry per task, other tasks kept; with
+--label, 'TASK (LABEL)', so a rerun keeps the first run's entry) and
 time_to_accuracy_<device>_<task>.png. Needs trl (bench/trl_grpo.py says how to carry it).
 """
 from __future__ import annotations
@@ -322,7 +323,8 @@ def plot(task: dict, out: Path, device: str) -> None:
     ax.axhline(task["target_accuracy"], color="gray", ls="--", label="2x baseline")
     ax.set_xlabel("seconds from launch (one GPU; evaluation not counted)")
     ax.set_ylabel("greedy accuracy (95% interval)")
-    ax.set_title(f"SmolLM2-135M on {task['task']}\ntime to accuracy, {device}", fontsize=10)
+    run = f" ({task['label']})" if task.get("label") else ""
+    ax.set_title(f"SmolLM2-135M on {task['task']}{run}\ntime to accuracy, {device}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -338,15 +340,21 @@ def summarise(args) -> Path:
     out = Path(args.results_dir) / f"time_to_accuracy_{slug}.json"
     doc = json.loads(out.read_text()) if out.is_file() else {"tasks": {}}
     task = summarise_task(work)
+    # --label (kept in device.json): a second run of a task (after the rollouts issue's changes,
+    # say) gets an entry and a PNG of its own beside the first instead of replacing it.
+    label = args.label or meta.get("label") or ""
+    key = f"{task['task']} ({label})" if label else task["task"]
+    if label:
+        task["label"] = label
     doc.update({"device": device, "versions": meta.get("versions", doc.get("versions")),
                 "settings": {"shared": SHARED, "ours_only": OURS_ONLY, "save_every_s": meta.get("save_every_s"),
                              "trl": "bench/trl_grpo.py: Hugging Face generate (no vLLM), float32 weights under "
                                     "bf16 autocast, epsilon 0.2, AdamW (0.9, 0.99), grad clip 1, constant LR"},
                 "goals": {"ours_2x_within_s": 300, "trl_factor": TRL_FACTOR}})
-    doc["tasks"][task["task"]] = task
+    doc["tasks"][key] = task
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
-    png = out.with_name(f"{out.stem}_{task_slug(task['task'])}.png")
+    png = out.with_name(f"{out.stem}_{task_slug(key)}.png")
     plot(task, png, device)
     for name, s in task["systems"].items():
         print(f"{name}: baseline {task['baseline_accuracy']:.3f}, 2x at {s['seconds_to_2x_baseline']} s, "
@@ -364,7 +372,8 @@ def record_device(args) -> None:
     name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     extra = ("trl",) if _has("trl") else ()
     (work / "device.json").write_text(json.dumps({"device": name, "versions": versions(extra),
-                                                  "save_every_s": args.save_every_s}, indent=2) + "\n")
+                                                  "save_every_s": args.save_every_s,
+                                                  **({"label": args.label} if args.label else {})}, indent=2) + "\n")
 
 
 def _has(mod: str) -> bool:
@@ -397,6 +406,8 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-batch-size", type=int, default=64, help="Hugging Face generate's batch (CPU)")
     ap.add_argument("--device", default="auto", help="the evaluator's device")
     ap.add_argument("--device-name", default="", help="summarise: the device label (default: device.json)")
+    ap.add_argument("--label", default="", help="a name for this run of the task, kept beside earlier runs of it in "
+                                                "the JSON as 'TASK (LABEL)' (default: device.json's, else none)")
     ap.add_argument("--results-dir", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
     work = Path(args.work_dir)

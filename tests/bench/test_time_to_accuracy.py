@@ -132,3 +132,25 @@ def test_a_failed_trl_run_gets_its_steps_and_error_from_its_log(tmp_path):
     assert books["error"] == "AcceleratorError: CUDA error: device-side assert triggered"
     assert books["books_from"].startswith("command.log")
     assert tta.last_error("all fine\n") is None
+
+
+def test_a_labelled_rerun_keeps_the_first_run_of_the_task(tmp_path):
+    """--label (kept in the run's device.json): the rerun gets 'TASK (LABEL)' and its own PNG; the
+    task's first entry stays as it was."""
+    import shutil
+
+    committed = RESULTS / "time_to_accuracy_NVIDIA_H200.json"
+    shutil.copy(committed, tmp_path / committed.name)
+    work = tmp_path / "rerun"
+    shutil.copytree(RESULTS / "time_to_accuracy" / "letter_counting", work)
+    meta = json.loads((work / "device.json").read_text())
+    (work / "device.json").write_text(json.dumps({**meta, "label": "after rollouts"}))
+    assert tta.main(["summarise", "--work-dir", str(work), "--results-dir", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / committed.name).read_text())
+    before = json.loads(committed.read_text())["tasks"]
+    assert set(doc["tasks"]) == set(before) | {"rg:letter_counting (after rollouts)"}
+    assert doc["tasks"]["rg:letter_counting"] == before["rg:letter_counting"]
+    rerun = doc["tasks"]["rg:letter_counting (after rollouts)"]
+    assert rerun["label"] == "after rollouts" and rerun["task"] == "rg:letter_counting"
+    assert (tmp_path / "time_to_accuracy_NVIDIA_H200_letter_counting_after_rollouts.png").is_file()
+    assert tta.task_slug("rg:letter_counting (after rollouts)") == "letter_counting_after_rollouts"
