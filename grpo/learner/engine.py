@@ -207,15 +207,24 @@ class TorchEngine:
                                      betas=tuple(params.get("betas", (0.9, 0.999))),
                                      eps=params.get("eps", 1e-8), weight_decay=params.get("weight_decay", 0.0))
         self._norm = float("nan")
+        self.skipped_steps = 0
         log.info("plain PyTorch engine (--no-deepspeed): AdamW lr %g, gas %d", params["lr"], self.gas)
 
     def backward(self, loss: torch.Tensor) -> None:
         (loss / self.gas).backward()
 
     def step(self) -> None:
-        if self.clip > 0:
-            self._norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clip))
-        self.opt.step()
+        # The norm is taken even without clipping (max_norm inf scales by 1): a non-finite one
+        # skips the step, as DeepSpeed's bf16 optimizer does (bf16.check_grad_overflow), instead of
+        # writing NaN into every weight and, through weight sync, into every sampler.
+        self._norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(),
+                                                          self.clip if self.clip > 0 else math.inf))
+        if math.isfinite(self._norm):
+            self.opt.step()
+        else:
+            self.skipped_steps += 1
+            log.warning("optimizer step skipped: the gradient norm is %s (%d skipped so far); the weights are "
+                        "unchanged", self._norm, self.skipped_steps)
         self.opt.zero_grad(set_to_none=True)
 
     def grad_norm(self) -> float:

@@ -1,5 +1,6 @@
 """Checkpoints: exact optimizer/model/RNG round trip for both engines, HF export, pruning, --resume."""
 import json
+import math
 import os
 from pathlib import Path
 
@@ -186,3 +187,21 @@ def test_timed_weights_save_on_the_marks_without_catching_up(tiny, tmp_path, mon
     assert json.loads((tmp_path / "weights" / "step_12" / "weights.json").read_text()) == rec
     assert not tw.due(1089.0, last=False) and tw.due(1090.0, last=False)
     assert not ck.TimedWeights(tmp_path / "weights", 0.0, 1000.0).due(5000.0, last=True)   # 0: off
+
+
+def test_torch_engine_skips_a_step_whose_gradient_is_not_finite(tiny):
+    """--no-deepspeed: a NaN gradient leaves the weights and the optimizer as they were (DeepSpeed's
+    bf16 optimizer does the same); the next finite step trains as usual."""
+    path, _ = tiny
+    eng = _engine("torch", path)
+    before = [p.detach().clone() for p in eng.module.parameters()]
+    ids = torch.tensor([[5, 6, 7, 8]])
+    eng.backward(eng.module(input_ids=ids).logits.float().mean() * float("nan"))
+    eng.step()
+    assert math.isnan(eng.grad_norm()) and eng.skipped_steps == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, eng.module.parameters()))
+    assert not eng.opt.state                      # AdamW never stepped: no moments, no step count
+    eng.backward(eng.module(input_ids=ids).logits.float().mean())
+    eng.step()
+    assert math.isfinite(eng.grad_norm()) and eng.skipped_steps == 1
+    assert any(not torch.equal(a, b) for a, b in zip(before, eng.module.parameters()))
