@@ -105,10 +105,6 @@ def hf_generate(model, prompts: list[list[int]], max_new_tokens: int, temperatur
 
 # ----------------------------------------------------------------------------- attention
 ATTENTION = "grpo_rollout"
-# How many cache slots a decode step reads (None: all). Set by the engine around a step of its
-# fixed-batch path (RolloutEngine._attention), read when the step is traced: a captured graph
-# keeps the slice it was captured with, which is why there is one graph per limit.
-_ATTEND: dict[str, int | None] = {"limit": None}
 
 
 def attend_limit(width: int, length: int, k: int, chunk: int) -> int:
@@ -124,18 +120,17 @@ def rollout_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     (GQA: SmolLM2 3 KV heads for 9, Qwen2.5-3B 2 for 16) attends the cache without copying it:
     the G query heads that share a KV head become G "query rows" of that head. Hugging Face's
     SDPA path instead repeats the whole cache G times per layer and step (`repeat_kv`, a
-    copy), which on a 3B model at 256 rows took half the decode step. A decode step of the
-    fixed-batch path reads only the filled part of the static cache (_ATTEND's limit): the slots
-    past it are masked out anyway, so this changes which zeros are summed, not the result.
+    copy), which on a 3B model at 256 rows took half the decode step. A decode mask shorter than
+    the cache (the engine's attend_chunk) says how many slots the step reads: only those are read
+    (the slots past it are empty, so this changes which zeros are summed, not the result).
     Prefill (many query tokens, once per round) goes through Hugging Face's SDPA function unchanged."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     b, heads, q_len, dim = query.shape
     kv_heads = key.shape[1]
-    limit = _ATTEND["limit"]
-    if q_len == 1 and limit is not None and limit < key.shape[2]:
-        key, value = key[:, :, :limit], value[:, :, :limit]                                   # [B, H_kv, limit, D]
-        attention_mask = None if attention_mask is None else attention_mask[..., :limit]     # [B, 1, 1, limit]
+    if q_len == 1 and attention_mask is not None and attention_mask.shape[-1] < key.shape[2]:
+        n = attention_mask.shape[-1]
+        key, value = key[:, :, :n], value[:, :, :n]                                           # [B, H_kv, n, D]
     if q_len != 1 or heads == kv_heads:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
@@ -560,7 +555,7 @@ class RolloutEngine:
         length = width + max_new
         limit = (lambda k: attend_limit(width, length, k, self.attend_chunk)) if self.attend_chunk else (lambda k: None)
         if self.cuda_graphs and max_new > 1:
-            for lim in sorted({limit(k) for k in range(1, max_new)}, key=lambda x: x or 0):
+            for lim in dict.fromkeys(limit(k) for k in range(1, max_new)):   # each length once, in order
                 if (greedy, lim) not in slot.graphs:
                     self._prefill(slot, ids, valid, inv_t, greedy)  # initialises the cache; state is reset below
                     slot.graphs[(greedy, lim)] = self._capture(
@@ -579,19 +574,17 @@ class RolloutEngine:
         return slot.out[:n].cpu(), slot.out_lp[:n].cpu(), slot.finished[:n].cpu(), steps
 
     @contextlib.contextmanager
-    def _attention(self, limit: int | None = None):
+    def _attention(self):
         """Run the model's layers with grpo.sampler.rollout's decode attention (the model's own setting is restored
         after, so evaluation and log-prob passes keep theirs). A captured graph keeps the
         kernels chosen here: only eager calls need the switch."""
         cfg = self.model.config
         before = cfg._attn_implementation
         cfg._attn_implementation = ATTENTION
-        _ATTEND["limit"] = limit
         try:
             yield
         finally:
             cfg._attn_implementation = before
-            _ATTEND["limit"] = None
 
     def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
         zero = torch.zeros((), dtype=self.dtype, device=allowed.device)
@@ -623,9 +616,10 @@ class RolloutEngine:
 
     def _decode(self, s: _Slot, greedy: bool, limit: int | None = None) -> None:
         """One token for every row; only device tensors change (this is what the graph captures).
-        limit: the cache slots attention reads (attend_limit; None: all)."""
-        allowed = s.key_valid & (s.key_index <= s.t)                                 # [B, L]
-        with self._attention(limit):
+        limit: the cache slots attention reads (attend_limit; None: all): the mask is cut to it,
+        and the mask's width is what rollout_attention reads."""
+        allowed = s.key_valid[:, :limit] & (s.key_index[:limit] <= s.t)              # [B, limit or L]
+        with self._attention():
             logits = self.model(input_ids=s.tok, position_ids=s.pos,
                                 attention_mask=self._mask(allowed.view(s.rows, 1, 1, -1)),
                                 past_key_values=s.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
