@@ -131,7 +131,7 @@ def throughput(name: str, model, tok, device, p: dict, configs_fast, configs_hf,
                 eager.clear()
                 if compile_decode:  # opt-in engine switch: torch.compile the step, then capture it
                     try:
-                        comp = RolloutEngine(model, [], tok.pad_token_id, compile_decode=True, **ENGINE_KW)
+                        comp = RolloutEngine(model, [], tok.pad_token_id, **{**ENGINE_KW, "compile_decode": True})
                         c = run_fast(comp, rows, new, device, eos_on=False)
                         r.update({"fast_compiled_tok_s": c["tok_s"], "fast_compiled_first_call_s": c["first_call_s"],
                                   "fast_compiled_cuda_graphs": c["cuda_graphs"]})
@@ -160,14 +160,18 @@ def eos_workload(model, tok, device, n_prompts: int, G: int, rows: int, new: int
                    for r in g.token_ids)
 
     stream_engine = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id, **ENGINE_KW)
-    streamed(stream_engine)
+    with Timer(device) as first:   # captures (and with compile_decode compiles) the ring's step
+        streamed(stream_engine)
+    out["eos_stream_first_call_s"] = first.s
     with Timer(device) as t:
         tokens = streamed(stream_engine)
     out.update(eos_stream_tok_s=tokens / t.s, eos_stream_tokens=tokens, eos_stream_s=t.s)
     stream_engine.clear()
     fixed = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id,
                           buckets=(rows,) if device.type == "cuda" else None, **ENGINE_KW)
-    fixed.generate(flat[:rows], new, temperature=1.0)
+    with Timer(device) as first:
+        fixed.generate(flat[:rows], new, temperature=1.0)
+    out["eos_fast_first_call_s"] = first.s
     with Timer(device) as t:
         res = fixed.generate(flat, new, temperature=1.0)   # in batches of `rows` (its largest bucket)
     tokens = sum(len(r) for r in res.token_ids)
@@ -229,14 +233,19 @@ def main() -> int:
     ap.add_argument("--attend-chunk", type=int, default=0,
                     help="every engine attends only to the filled cache in chunks of this many slots (0: whole "
                          "cache); the result files get an _attendN suffix")
+    ap.add_argument("--compile-decode", action="store_true",
+                    help="every engine runs its decode step through torch.compile before capture (the sampler's "
+                         "--compile-decode); the result files get a _compiled suffix")
     ap.add_argument("--workload-only", action="store_true",
                     help="only the EOS workload (in-flight, fixed batches, HF generate) and the fixed-length rate "
                          "at its rows x new tokens; writes rollout_workload_<device>.json")
     ap.add_argument("--skip-hf", action="store_true", help="--workload-only: leave out Hugging Face generate")
     args = ap.parse_args()
-    suffix = f"_attend{args.attend_chunk}" if args.attend_chunk else ""
+    suffix = (f"_attend{args.attend_chunk}" if args.attend_chunk else "") + ("_compiled" if args.compile_decode else "")
     if args.attend_chunk:
         ENGINE_KW["attend_chunk"] = args.attend_chunk
+    if args.compile_decode:
+        ENGINE_KW["compile_decode"] = True
     GSM8K = Path(args.dataset)
     if not (GSM8K / "train.jsonl").is_file():
         print(f"bench/rollout.py: error: no train.jsonl in {GSM8K}; pass --dataset PATH_TO_GSM8K", file=sys.stderr)
@@ -256,7 +265,8 @@ def main() -> int:
         work["fixed_length_tok_s"] = fixed[0]["fast_tok_s"]
         work["stream_vs_fixed_length"] = work["eos_stream_tok_s"] / fixed[0]["fast_tok_s"]
         print(table([work], list(work)), flush=True)
-        settings = {"model": args.model, "dtype": str(dtype), "attend_chunk": args.attend_chunk or None}
+        settings = {"model": args.model, "dtype": str(dtype), "attend_chunk": args.attend_chunk or None,
+                    "compile_decode": args.compile_decode}
         print(f"wrote {write_result('rollout_workload' + suffix, device, {'settings': settings, 'eos_workload': work})}")
         return 0
     rows = throughput(args.model, model, tok, device, p, fast_cfgs, p["hf"], p["eos"],

@@ -18,7 +18,9 @@ attention are the model's own), but drives it the way throughput engines do:
 * with `attend_chunk` (off until it is measured on a GPU), attention over the filled part of the
   cache only: decode step k reads the prompt's slots and the next multiple of attend_chunk
   generated ones (`attend_limit`), one captured graph per such length (4 for 256 new tokens at
-  64), instead of every slot at every step.
+  64), instead of every slot at every step;
+* with `compile_decode`, the decode step (and the in-flight ring's) goes through torch.compile
+  before it is captured: one compilation per (shape, greedy, attention length).
 
 On CPU (tests) the same code runs without graph capture. Weights may be updated between
 calls in place (`param.copy_`, as weight sync does): the graph reads the parameters'
@@ -247,8 +249,8 @@ class RolloutEngine:
         DEFAULT_BUCKETS and 64 with graphs, exact sizes without). max_slots: how many
         shapes keep their cache and graphs (least recently used ones are freed). attend_chunk: a
         decode step of generate() reads the cache only up to the next multiple of this many slots
-        past the prompt (attend_limit), one captured graph per such length; None: the whole cache
-        at every step (and always with compile_decode, which would compile once per length)."""
+        past the prompt (attend_limit), one captured graph per such length (with compile_decode, one
+        compilation each too); None: the whole cache at every step."""
         self.model = model
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -270,7 +272,7 @@ class RolloutEngine:
         self.buckets = tuple(sorted(buckets)) if buckets else (DEFAULT_BUCKETS if cuda_graphs else ())
         self.prompt_multiple = prompt_multiple or (64 if cuda_graphs else 1)
         self.check_every = max(1, check_every)
-        self.attend_chunk = None if compile_decode or not attend_chunk else int(attend_chunk)
+        self.attend_chunk = int(attend_chunk) if attend_chunk else None
         self.max_slots = max(1, max_slots)
         self.slots: collections.OrderedDict[tuple[int, int, int], _Slot] = collections.OrderedDict()
         self._rings: dict[tuple[int, int, int], _Ring] = {}   # stream()'s; one at a time
@@ -282,9 +284,14 @@ class RolloutEngine:
         # graph; if a capture fails half-way it is replaced, so a failure can never leave the
         # generator that eager decoding draws from stuck in "capturing" state.
         self.gen = self._new_generator()
-        # torch.compile specialises on shapes (dynamic=False): one compilation per bucket shape.
+        # torch.compile specialises on shapes (dynamic=False): one compilation per bucket shape,
+        # greedy flag and attention length. Past dynamo's recompile limit (8 per function) it would
+        # silently run the step uncompiled, so the limit is raised to what the slots can ask for.
         self.compile_decode = compile_decode
+        if compile_decode:
+            allow_recompiles(2 * (self.max_slots + 1) * (len(self.buckets) or 1) * 16)
         self._step = torch.compile(self._decode, dynamic=False) if compile_decode else self._decode
+        self._ring_step_fn = torch.compile(self._ring_step, dynamic=False) if compile_decode else self._ring_step
 
     # ------------------------------------------------------------------ public
     @torch.no_grad()
@@ -435,7 +442,7 @@ class RolloutEngine:
             self._ring_step(ring, greedy)   # HF allocates the cache on its first write
         ring.inv_t.fill_(inv_t)
         if self.cuda_graphs and greedy not in ring.graphs:
-            ring.graphs[greedy] = self._capture(ring, greedy, step=self._ring_step)
+            ring.graphs[greedy] = self._capture(ring, greedy, step=self._ring_step_fn)
         return ring
 
     def _prefill_prompts(self, recs: list[dict]) -> None:
@@ -716,6 +723,20 @@ class RolloutEngine:
                     pass
         except RuntimeError as exc:
             log.warning("could not reset the CUDA RNG after the failed capture (%s)", _describe(exc))
+
+
+def allow_recompiles(n: int) -> None:
+    """Let torch.compile keep at least n compiled versions of one function (the engine's decode
+    step has one per shape, greedy flag and attention length) instead of falling back to eager."""
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):   # the name changed in torch 2.6
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), n))
+            break
+    if hasattr(cfg, "accumulated_recompile_limit"):
+        cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4 * n)
 
 
 def _describe(exc: BaseException) -> str:
