@@ -231,8 +231,9 @@ def main() -> int:
     ap.add_argument("--no-qwen", action="store_true", help="skip the random:qwen2.5-3b rows")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd engine row (full run, CUDA)")
     ap.add_argument("--attend-chunk", type=int, default=0,
-                    help="every engine attends only to the filled cache in chunks of this many slots (0: whole "
-                         "cache); the result files get an _attendN suffix")
+                    help="every engine attends only to the filled cache in chunks of this many slots (default 0: the "
+                         "whole cache, as the earlier result files; the sampler's default is 64); the result files "
+                         "get an _attendN suffix")
     ap.add_argument("--compile-decode", action="store_true",
                     help="every engine runs its decode step through torch.compile before capture (the sampler's "
                          "--compile-decode); the result files get a _compiled suffix")
@@ -242,8 +243,7 @@ def main() -> int:
     ap.add_argument("--skip-hf", action="store_true", help="--workload-only: leave out Hugging Face generate")
     args = ap.parse_args()
     suffix = (f"_attend{args.attend_chunk}" if args.attend_chunk else "") + ("_compiled" if args.compile_decode else "")
-    if args.attend_chunk:
-        ENGINE_KW["attend_chunk"] = args.attend_chunk
+    ENGINE_KW["attend_chunk"] = args.attend_chunk or None   # 0: the whole cache (the engine's default is 64)
     if args.compile_decode:
         ENGINE_KW["compile_decode"] = True
     GSM8K = Path(args.dataset)
