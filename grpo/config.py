@@ -119,7 +119,7 @@ class SamplerConfig(CommonConfig):
     compile_decode: bool = False
     """With the fast backend, compile the decode step with torch.compile before capturing it (fewer, fused kernels; slower start)."""
     attend_chunk: int = 64
-    """With the fast backend, a decode step attends only to the filled part of the cache: the prompt and the next multiple of this many generated slots, one captured graph per length (0: the whole cache at every step; 64 made fixed-length decoding 11% faster on an H200, docs/benchmarks.md). With --compile-decode, one compilation per length too."""
+    """With the fast backend, a decode step attends only to the filled part of the cache: the prompt and the next multiple of this many generated slots, one captured graph per length (0: the whole cache at every step; 64 made fixed-length decoding 11 percent faster on an H200, docs/benchmarks.md). With --compile-decode, one compilation per length too."""
     # --- faults and security (issue 6)
     heartbeat_interval_s: float = 2.0
     """Send a status (heartbeat) to the learner this often, from a thread of its own (0: off)."""
