@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from grpo.config import SamplerConfig
 from grpo.model import left_pad
 
 log = logging.getLogger(__name__)
@@ -152,10 +153,13 @@ def register_attention() -> None:
 
 # ----------------------------------------------------------------------------- the engine
 DEFAULT_BUCKETS = (64, 128, 256, 512, 1024)
-# Filled-cache attention in chunks of 64 slots: on one H200 (SmolLM2, 512 rows x 256 new tokens,
-# bench/results/rollout_workload_attend64_NVIDIA_H200.json) 68,999 tok/s at fixed length against
-# 61,929 for the whole cache, for 4 captured graphs instead of 1.
-DEFAULT_ATTEND_CHUNK = 64
+# The sampler's default (one place: grpo.config), so that the evaluator and the probes, which build
+# engines without a config, decode as the sampler does.
+DEFAULT_ATTEND_CHUNK = SamplerConfig.attend_chunk
+# Compiled versions of the decode step torch.compile may keep (dynamo's default is 8): one per
+# (rows, prompt width, max new tokens) shape, greedy flag and attention length. 5 buckets x a few
+# widths x 2 x up to 16 lengths stays under it; past it dynamo would run the step uncompiled.
+COMPILED_VERSIONS = 512
 @dataclass
 class Rollout:
     token_ids: list[list[int]]   # generated ids per prompt, cut after the first EOS (kept)
@@ -289,11 +293,10 @@ class RolloutEngine:
         # generator that eager decoding draws from stuck in "capturing" state.
         self.gen = self._new_generator()
         # torch.compile specialises on shapes (dynamic=False): one compilation per bucket shape,
-        # greedy flag and attention length. Past dynamo's recompile limit (8 per function) it would
-        # silently run the step uncompiled, so the limit is raised to what the slots can ask for.
+        # greedy flag and attention length (COMPILED_VERSIONS).
         self.compile_decode = compile_decode
         if compile_decode:
-            allow_recompiles(2 * (self.max_slots + 1) * (len(self.buckets) or 1) * 16)
+            allow_recompiles(COMPILED_VERSIONS)
         self._step = torch.compile(self._decode, dynamic=False) if compile_decode else self._decode
         self._ring_step_fn = torch.compile(self._ring_step, dynamic=False) if compile_decode else self._ring_step
 
