@@ -156,7 +156,13 @@ class LearnerConfig(CommonConfig):
     dual_clip: float = 0.0
     """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens at -c * A (0: off)."""
     tis_cap: float = 0.0
-    """Off-policy correction: ratio against the learner's own pre-update log-probs, weighted by min(pi_learner / pi_behaviour, cap) (0: off; the ratio uses the behaviour log-probs)."""
+    """Off-policy correction (decoupled objective): the clip is around the learner's own log-probs before the step's first update, and each token is weighted by min(pi_learner / pi_behaviour, cap) (0: off; the clip is around the behaviour log-probs)."""
+    is_mask_low: float = 0.0
+    """With --is-mask-high: tokens whose importance weight pi_learner / pi_behaviour is below this leave the loss (prime-rl's masked importance sampling)."""
+    is_mask_high: float = 0.0
+    """Off-policy correction (decoupled objective, like --tis-cap): tokens whose importance weight pi_learner / pi_behaviour is above this leave the loss, the rest keep their weight (0: off; AReaL's cap is --is-mask-high C alone)."""
+    ppo_minibatches: int = 1
+    """Optimizer updates per learner step: the step's groups are cut into this many minibatches of whole groups, one update each (PPO's minibatches; the clip around the proximal policy acts from the second). A policy version is one learner step."""
     scale_rewards: bool = True
     """Divide group advantages by the group's reward std (off: Dr. GRPO)."""
     filter_zero_signal: bool = False

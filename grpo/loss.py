@@ -42,10 +42,12 @@ def has_signal(rewards) -> bool:
 
 @dataclass
 class TokenLoss:
-    loss: torch.Tensor     # [B, T] per-token loss (zero where mask is 0)
-    kl: torch.Tensor       # [B, T] k3 estimate of KL(policy || reference)
-    ratio: torch.Tensor    # [B, T] pi / pi_old
-    clipped: torch.Tensor  # [B, T] bool: the clipped branch was taken (no gradient through it)
+    loss: torch.Tensor       # [B, T] per-token loss (zero where mask is 0)
+    kl: torch.Tensor         # [B, T] k3 estimate of KL(policy || reference)
+    ratio: torch.Tensor      # [B, T] pi / pi_base (base: the proximal policy, or the behaviour one)
+    clipped: torch.Tensor    # [B, T] bool: the clipped branch was taken (no gradient through it)
+    is_weight: torch.Tensor  # [B, T] behaviour importance weight pi_prox / pi_behav before any cap (1 without one)
+    is_limited: torch.Tensor  # [B, T] bool: that weight was capped (tis_cap) or the token masked (is_mask)
 
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -71,7 +73,8 @@ def grpo_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.
                     advantages: torch.Tensor, mask: torch.Tensor, epsilon: float = 0.2,
                     epsilon_high: float | None = None, beta: float = 0.0, kl_estimator: str = "k3",
                     dual_clip: float | None = None, prox_logp: torch.Tensor | None = None,
-                    tis_cap: float | None = None) -> TokenLoss:
+                    tis_cap: float | None = None,
+                    is_mask: tuple[float, float] | None = None) -> TokenLoss:
     """Per-token clipped surrogate plus a KL penalty.
 
     logp      [B, T] log pi_theta(token) under the learner's current weights (has grad)
@@ -80,14 +83,20 @@ def grpo_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.
     advantages [B]  one advantage per sequence, broadcast over its tokens
     mask      [B, T] 1 for generated tokens, 0 for padding
 
-    loss_t = -min(r_t A, clip(r_t, 1 - eps, 1 + eps_high) A) + beta * kl_t,  r_t = exp(logp_t - old_logp_t).
+    Without prox_logp (PPO around the behaviour policy, TRL's GRPO):
+      loss_t = -min(r_t A, clip(r_t, 1 - eps, 1 + eps_high) A) + beta * kl_t,  r_t = exp(logp_t - behav_t).
     dual_clip c (> 1): for A < 0 the surrogate is also bounded below by c * A (dual-clip PPO), so
       one token with a huge ratio cannot dominate a negative-advantage update.
-    tis_cap C with prox_logp [B, T] (the learner's own log-probs before this update, no grad):
-      decoupled off-policy correction. The ratio is taken against the proximal policy,
-      r_t = exp(logp_t - prox_t), and the per-token objective is weighted by the truncated
-      importance weight w_t = min(exp(prox_t - behav_t), C), so stale samples count for what
-      they are worth under the current policy, never more than C.
+    With prox_logp [B, T] (the learner's own log-probs before this batch's first update, no
+    grad), the decoupled objective (AReaL; Hilton et al.'s "batch size-invariance for policy
+    optimization"): the trust region is around the proximal policy, r_t = exp(logp_t - prox_t),
+    and the surrogate is weighted by the behaviour importance weight w_t = exp(prox_t - behav_t),
+    which corrects for the samples being a few versions old. Then one of:
+      tis_cap C: w_t is truncated at C (truncated importance sampling);
+      is_mask (lo, hi): tokens with w_t outside [lo, hi] leave the surrogate term (prime-rl's
+        masked importance sampling; AReaL's cap is (0, cap)), the rest keep their w_t.
+    The clip acts only when the learner makes more than one update per batch
+    (--ppo-minibatches): before the first update r_t is exactly 1.
     """
     eps_high = epsilon if not epsilon_high else epsilon_high
     m = mask.bool()
@@ -97,13 +106,22 @@ def grpo_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.
     behav = torch.where(m, old_logp.float(), zero)                          # [B, T]
     ref = torch.where(m, ref_logp.float(), zero)                            # [B, T]
     adv = advantages.float().unsqueeze(1)                                  # [B, 1]
-    weight = torch.ones_like(logp)                                         # [B, T]
-    base = behav
-    if tis_cap is not None:
-        if prox_logp is None:
-            raise ValueError("tis_cap needs prox_logp, the learner's log-probs before the update")
+    if (tis_cap is not None or is_mask is not None) and prox_logp is None:
+        raise ValueError("tis_cap and is_mask need prox_logp, the learner's log-probs before the update")
+    if prox_logp is None:
+        base = behav
+        w_raw = torch.ones_like(logp)                                      # [B, T]
+    else:
         base = torch.where(m, prox_logp.detach().float(), zero)            # [B, T]
-        weight = torch.clamp(torch.exp(base - behav), max=tis_cap)         # [B, T], no grad
+        w_raw = torch.exp(base - behav)                                    # [B, T], no grad
+    weight, limited = w_raw, torch.zeros_like(m)                           # [B, T]
+    if tis_cap is not None:
+        limited = w_raw > tis_cap
+        weight = torch.clamp(w_raw, max=tis_cap)
+    if is_mask is not None:
+        lo, hi = is_mask
+        limited = (w_raw < lo) | (w_raw > hi)
+        weight = w_raw.masked_fill(limited, 0.0)
 
     ratio = torch.exp(logp - base)                                         # [B, T]
     unclipped = ratio * adv                                                # [B, T]
@@ -116,7 +134,7 @@ def grpo_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.
     loss = -surrogate * weight + beta * kl                                 # [B, T]
     mf = m.float()
     return TokenLoss(loss=loss * mf, kl=kl * mf, ratio=ratio * mf,
-                     clipped=(clipped < unclipped) & m)
+                     clipped=(clipped < unclipped) & m, is_weight=w_raw * mf, is_limited=limited & m)
 
 
 def reduce_loss(token_loss: torch.Tensor, mask: torch.Tensor, loss_type: str,

@@ -187,3 +187,55 @@ def test_bnpo_is_a_token_mean_per_micro_batch():
     mask = t([[1.0, 0, 0], [1.0, 1.0, 1.0]])
     # 1 over the 4 tokens of this micro-batch, averaged over 2 micro-batches in the step
     assert reduce_loss(loss, mask, "bnpo", 2, 99, 4, num_micro_batches=2).item() == pytest.approx(0.125)
+
+
+def test_masked_importance_sampling_drops_tokens_outside_the_band():
+    # Behaviour log-probs -2, -1, -3; proximal (= current, one update) -1 everywhere:
+    # w = e^1 = 2.718, e^0 = 1, e^2 = 7.389. Band [0.5, 4]: the third token leaves the surrogate.
+    logp = t([[-1.0, -1.0, -1.0]]).requires_grad_()
+    out = grpo_token_loss(logp, t([[-2.0, -1.0, -3.0]]), t([[-1.0] * 3]), t([1.0]), torch.ones(1, 3),
+                          prox_logp=logp.detach(), is_mask=(0.5, 4.0))
+    assert out.is_weight[0].tolist() == pytest.approx([math.e, 1.0, math.e ** 2])
+    assert out.is_limited[0].tolist() == [False, False, True]
+    # ratio against the proximal policy is 1: loss -w * A = -e, -1, and 0 for the masked token
+    assert out.loss[0].tolist() == pytest.approx([-math.e, -1.0, 0.0])
+    out.loss.sum().backward()
+    # d(-w r A)/d logp = -w r A = -w: the gradient of a policy gradient weighted by w
+    assert logp.grad[0].tolist() == pytest.approx([-math.e, -1.0, 0.0])
+
+
+def test_truncation_marks_capped_tokens_and_keeps_the_raw_weight():
+    logp = t([[-1.0, -1.0]])
+    out = grpo_token_loss(logp, t([[-3.0, -1.5]]), t([[-1.0, -1.0]]), t([-1.0]), torch.ones(1, 2),
+                          prox_logp=logp, tis_cap=2.0)
+    # w = e^2 = 7.39 (capped at 2), e^0.5 = 1.65; A = -1: loss = +w_capped
+    assert out.is_weight[0].tolist() == pytest.approx([math.e ** 2, math.exp(0.5)])
+    assert out.is_limited[0].tolist() == [True, False]
+    assert out.loss[0].tolist() == pytest.approx([2.0, math.exp(0.5)])
+
+
+def test_second_update_clips_around_the_proximal_policy_not_the_behaviour():
+    # After one update the current log-prob moved from the proximal -1.0 to -0.5: r = e^0.5 = 1.649,
+    # above 1 + 0.2, so with A = 1 the clipped branch is taken: loss = -1.2 * w, w = e^(-1 - -1.5) = e^0.5.
+    # Around the behaviour policy (-1.5) the ratio would be e^1 and the same clip would bind at 1.2,
+    # but the weight would be 1: the decoupled loss is -1.2 * 1.649 = -1.978.
+    logp = t([[-0.5]]).requires_grad_()
+    out = grpo_token_loss(logp, t([[-1.5]]), t([[-0.5]]), t([1.0]), torch.ones(1, 1),
+                          prox_logp=t([[-1.0]]), tis_cap=2.0)
+    assert out.ratio.item() == pytest.approx(math.exp(0.5))
+    assert out.clipped.item() is True
+    assert out.loss.item() == pytest.approx(-1.2 * math.exp(0.5))
+    out.loss.sum().backward()
+    assert logp.grad.item() == 0.0
+    # Within the trust region (current -0.9: r = e^0.1 = 1.105) the gradient is -w r A.
+    logp = t([[-0.9]]).requires_grad_()
+    out = grpo_token_loss(logp, t([[-1.5]]), t([[-0.9]]), t([1.0]), torch.ones(1, 1),
+                          prox_logp=t([[-1.0]]), is_mask=(0.0, 8.0))
+    assert out.clipped.item() is False
+    out.loss.sum().backward()
+    assert logp.grad.item() == pytest.approx(-math.exp(0.5) * math.exp(0.1))
+
+
+def test_is_mask_needs_the_proximal_policy():
+    with pytest.raises(ValueError, match="prox_logp"):
+        grpo_token_loss(t([[-1.0]]), t([[-2.0]]), t([[-1.0]]), t([1.0]), torch.ones(1, 1), is_mask=(0.1, 8.0))

@@ -92,6 +92,16 @@ def balanced_split(lengths: list[int], parts: int) -> list[list[int]]:
     return [sorted(ix) for ix in out]
 
 
+def minibatches(groups: int, group_size: int, parts: int) -> list[list[int]]:
+    """Sequence indices of a batch of `groups` whole groups cut into `parts` optimizer updates
+    (--ppo-minibatches): consecutive runs of whole groups, as even as possible (the later runs
+    get the extra group), so each update's advantages keep their group. Deterministic."""
+    if not 1 <= parts <= groups:
+        raise ValueError(f"--ppo-minibatches {parts}: must be between 1 and the groups per step ({groups})")
+    cuts = [(k * groups) // parts for k in range(parts + 1)]
+    return [list(range(cuts[k] * group_size, cuts[k + 1] * group_size)) for k in range(parts)]
+
+
 def length_buckets(lengths: list[int], parts: int) -> list[list[int]]:
     """Indices cut into `parts` micro-batches of neighbouring lengths: sorted by length, then
     consecutive runs of near-equal size (the later runs get the extra one). Each micro-batch

@@ -189,6 +189,11 @@ class DeepSpeedEngine:
         # DeepSpeed already stepped inside the last micro-batch's backward(); nothing left to do.
         return None
 
+    @property
+    def updates(self) -> int:
+        """Optimizer updates so far (DeepSpeed counts skipped overflow steps too)."""
+        return int(self._engine.global_steps)
+
     def grad_norm(self) -> float:
         norm = self._engine.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")
@@ -208,6 +213,7 @@ class TorchEngine:
                                      eps=params.get("eps", 1e-8), weight_decay=params.get("weight_decay", 0.0))
         self._norm = float("nan")
         self.skipped_steps = 0
+        self.updates = 0   # optimizer updates so far, skipped ones included (as DeepSpeed counts)
         log.info("plain PyTorch engine (--no-deepspeed): AdamW lr %g, gas %d", params["lr"], self.gas)
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -219,6 +225,7 @@ class TorchEngine:
         # writing NaN into every weight and, through weight sync, into every sampler.
         self._norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(),
                                                           self.clip if self.clip > 0 else math.inf))
+        self.updates += 1
         if math.isfinite(self._norm):
             self.opt.step()
         else:

@@ -24,7 +24,7 @@ from grpo.config import LearnerConfig
 from grpo.data.tasks import Curriculum
 from grpo.learner.accounting import Books, MessageLedger
 from grpo.learner.batch import (Batch, balanced_split, broadcast_batch, build_batch, length_buckets, micro_batch,
-                                padded_tokens)
+                                minibatches, padded_tokens)
 from grpo.learner.checkpoint import Checkpointer, TimedWeights, load_checkpoint, resolve_resume
 from grpo.learner.engine import DeepSpeedEngine, TorchEngine, clear_build_locks, load_ds_config, resolve_ds_config
 from grpo.learner.intake import Intake
@@ -60,6 +60,17 @@ def check_loss_options(cfg: LearnerConfig) -> None:
         raise ValueError(f"--dual-clip {cfg.dual_clip}: must be > 1 (typically 3), or 0 to turn it off")
     if cfg.tis_cap < 0:
         raise ValueError(f"--tis-cap {cfg.tis_cap}: must be > 0 (typically 2), or 0 to turn it off")
+    if cfg.is_mask_high and not 0 <= cfg.is_mask_low < 1 < cfg.is_mask_high:
+        raise ValueError(f"--is-mask-low {cfg.is_mask_low} --is-mask-high {cfg.is_mask_high}: need "
+                         f"0 <= low < 1 < high (prime-rl uses 0.125 and 8), or --is-mask-high 0 to turn it off")
+    if cfg.is_mask_low and not cfg.is_mask_high:
+        raise ValueError(f"--is-mask-low {cfg.is_mask_low} needs --is-mask-high (e.g. 8)")
+    if cfg.is_mask_high and cfg.tis_cap:
+        raise ValueError("--tis-cap and --is-mask-high are two off-policy corrections; choose one")
+    if cfg.ppo_minibatches < 1 or cfg.ppo_minibatches > cfg.train_batch_size // max(cfg.num_generations, 1):
+        raise ValueError(f"--ppo-minibatches {cfg.ppo_minibatches}: must be between 1 and the groups per step "
+                         f"(--train-batch-size / --num-generations = "
+                         f"{cfg.train_batch_size // max(cfg.num_generations, 1)})")
     parse_report_to(cfg.report_to)
 
 
@@ -204,72 +215,118 @@ class Learner:
 
     # ------------------------------------------------------------------ training (all ranks)
     def train_step(self, batch: Batch) -> dict:
+        """One learner step (one policy version): --ppo-minibatches optimizer updates on the batch.
+
+        With an off-policy correction (--tis-cap, --is-mask-*) every token's proximal log-prob is
+        its log-prob under the weights before the step's first update. For the first minibatch
+        that is the forward pass it trains with; the later ones get a no-grad pass first, before
+        any update, so their trust region is around the same policy."""
         cfg, module = self.cfg, self.engine.module
         t_start = time.perf_counter()
         module.train()
         lens = batch.whole_lens()
-        gen_lens = batch.meta[:, 1].tolist()
-        mine = balanced_split(lens, self.world)[self.rank]        # ranks: equal token loads
-        mine_lens = [lens[i] for i in mine]
-        micro = length_buckets(mine_lens, self.engine.gas)          # micro-steps: similar lengths
-        total_tokens = int(sum(gen_lens))
-        scale = self.world * self.engine.gas   # undo DeepSpeed's mean over ranks and micro-steps
-        sums = torch.zeros(6, dtype=torch.float64)  # loss, kl, clipped, tokens, ratio, sequences
-        amp = torch.autocast("cuda", dtype=torch.bfloat16) if self.autocast else contextlib.nullcontext()
-        for part in micro:
-            if not part:
-                # This rank has fewer sequences than micro-steps. ZeRO-2 reduces gradients at
-                # every micro-step on every rank, so it still runs one: a zero-weight forward.
-                ids = torch.full((1, 2), self.tok.pad_token_id, dtype=torch.long, device=self.device)
-                with amp:
-                    out = module(input_ids=ids, use_cache=False).logits
-                self.engine.backward(out.float().sum() * 0.0)
-                continue
-            mb = micro_batch(batch, [mine[i] for i in part], self.tok.pad_token_id, self.device)
-            if cfg.mask_truncated:
-                # Completions cut at --max-new-tokens: no answer yet, so no reliable reward;
-                # masked out, they still count in the normalisers (as in TRL).
-                mb.gen_mask = mb.gen_mask * mb.finished.unsqueeze(1)
-            with amp:
-                logp = token_logprobs(module, mb.input_ids, mb.attention, cfg.temperature)   # [b, L-1]
-            # One optimizer step per batch: the log-probs before this update *are* the
-            # learner's proximal policy, so no extra forward pass is needed for tis_cap.
-            tl = grpo_token_loss(logp, mb.old_logp, mb.ref_logp, mb.advantages, mb.gen_mask,
-                                 cfg.epsilon, cfg.epsilon_high, cfg.beta, kl_estimator=cfg.kl_estimator,
-                                 dual_clip=cfg.dual_clip or None, prox_logp=logp.detach(),
-                                 tis_cap=cfg.tis_cap or None)
-            share = reduce_loss(tl.loss, mb.gen_mask, cfg.loss_type, batch.size, total_tokens,
-                                cfg.max_new_tokens, num_micro_batches=scale)
-            self.engine.backward(share * scale)
+        parts = minibatches(batch.size // cfg.num_generations, cfg.num_generations, cfg.ppo_minibatches)
+        plans = [self._plan(lens, part) for part in parts]
+        decoupled = bool(cfg.tis_cap or cfg.is_mask_high)
+        prox: dict[tuple[int, int], torch.Tensor] = {}
+        if decoupled and len(plans) > 1:
             with torch.no_grad():
-                sums += torch.tensor([share.item(), tl.kl.sum().item(), tl.clipped.sum().item(),
-                                      mb.gen_mask.sum().item(), tl.ratio.sum().item(), len(part)],
-                                     dtype=torch.float64)
-        self.engine.step()
+                for k, (mine, micro) in enumerate(plans[1:], start=1):
+                    for j, piece in enumerate(micro):
+                        if piece:
+                            mb = micro_batch(batch, [mine[i] for i in piece], self.tok.pad_token_id, self.device)
+                            with self._amp():
+                                prox[k, j] = token_logprobs(module, mb.input_ids, mb.attention, cfg.temperature)
+        # loss, kl, clipped, tokens, ratio, sequences, is_weight sum, is_weight max, is limited
+        sums = torch.zeros(9, dtype=torch.float64)
+        for k, ((mine, micro), part) in enumerate(zip(plans, parts)):
+            self._update(batch, k, part, mine, micro, prox, decoupled, sums)
+        mine_lens = [lens[i] for mine, _ in plans for i in mine]
         # Per rank: tokens through the model (prompt + completion) over this step's train time,
         # peak device memory and padded token slots, gathered so rank 0 can log every rank's figures.
         mine_stats = torch.tensor([float(sum(mine_lens)), time.perf_counter() - t_start,
                                    torch.cuda.max_memory_allocated(self.device) / 2**30
                                    if self.device.type == "cuda" else 0.0,
-                                   float(padded_tokens(mine_lens, micro))], dtype=torch.float64)
+                                   float(sum(padded_tokens(lens, [[mine[i] for i in p] for p in micro])
+                                             for mine, micro in plans))], dtype=torch.float64)
         if dist.is_initialized() and self.world > 1:
             s = torch.cat([sums, mine_stats]).to(self.device)
-            parts = [torch.empty_like(s) for _ in range(self.world)]
-            dist.all_gather(parts, s)
-            per_rank = [p.cpu() for p in parts]
-            sums = sum(p[:6] for p in per_rank)
-            ranks = [p[6:].tolist() for p in per_rank]
+            gathered = [torch.empty_like(s) for _ in range(self.world)]
+            dist.all_gather(gathered, s)
+            per_rank = [p.cpu() for p in gathered]
+            w_max = max(float(p[7]) for p in per_rank)
+            sums = sum(p[:9] for p in per_rank)
+            sums[7] = w_max
+            ranks = [p[9:].tolist() for p in per_rank]
         else:
             ranks = [mine_stats.tolist()]
-        loss, kl, clipped, toks, ratio, seqs = sums.tolist()
+        loss, kl, clipped, toks, ratio, seqs, w_sum, w_max, limited = sums.tolist()
         real, padded = sum(r[0] for r in ranks), sum(r[3] for r in ranks)
         # beta 0: samplers send no reference log-probs (zeros stand in), so there is no KL to report.
-        return {"loss": loss, "kl": kl / max(toks, 1) if cfg.beta > 0 else None, "clip_frac": clipped / max(toks, 1),
-                "ratio_mean": ratio / max(toks, 1), "tokens": int(toks), "sequences": int(seqs),
+        return {"loss": loss / len(parts), "kl": kl / max(toks, 1) if cfg.beta > 0 else None,
+                "clip_frac": clipped / max(toks, 1), "ratio_mean": ratio / max(toks, 1),
+                "is_weight_mean": w_sum / max(toks, 1), "is_weight_max": w_max,
+                "is_limited_frac": limited / max(toks, 1), "updates": len(parts),
+                "tokens": int(toks), "sequences": int(seqs),
                 "grad_norm": self.engine.grad_norm(),
                 "pad_frac": 1.0 - real / padded if padded else 0.0,   # padding share of the model's input
                 "rank_tokens_per_s": [t / max(dt, 1e-9) for t, dt, _, _ in ranks],
                 "rank_peak_mem_gb": [m for _, _, m, _ in ranks]}
+
+    def _plan(self, lens: list[int], part: list[int]) -> tuple[list[int], list[list[int]]]:
+        """This rank's share of one minibatch (ranks: equal token loads) and its gas micro-steps
+        (similar lengths together); every rank computes every rank's plan alike."""
+        shares = balanced_split([lens[i] for i in part], self.world)
+        mine = [part[i] for i in shares[self.rank]]
+        return mine, length_buckets([lens[i] for i in mine], self.engine.gas)
+
+    def _amp(self):
+        return torch.autocast("cuda", dtype=torch.bfloat16) if self.autocast else contextlib.nullcontext()
+
+    def _update(self, batch: Batch, k: int, part: list[int], mine: list[int], micro: list[list[int]],
+                prox: dict, decoupled: bool, sums: torch.Tensor) -> None:
+        """Update k of the step, on one minibatch: gas micro-steps of forward, loss and backward.
+        prox holds the proximal log-probs of updates 1.. by (k, micro-step)."""
+        cfg, module = self.cfg, self.engine.module
+        gen_lens = batch.meta[:, 1].tolist()
+        total_tokens = int(sum(gen_lens[i] for i in part))
+        scale = self.world * self.engine.gas   # undo DeepSpeed's mean over ranks and micro-steps
+        for j, piece in enumerate(micro):
+            if not piece:
+                # This rank has fewer sequences than micro-steps. ZeRO-2 reduces gradients at
+                # every micro-step on every rank, so it still runs one: a zero-weight forward.
+                ids = torch.full((1, 2), self.tok.pad_token_id, dtype=torch.long, device=self.device)
+                with self._amp():
+                    out = module(input_ids=ids, use_cache=False).logits
+                self.engine.backward(out.float().sum() * 0.0)
+                continue
+            mb = micro_batch(batch, [mine[i] for i in piece], self.tok.pad_token_id, self.device)
+            if cfg.mask_truncated:
+                # Completions cut at --max-new-tokens: no answer yet, so no reliable reward;
+                # masked out, they still count in the normalisers (as in TRL).
+                mb.gen_mask = mb.gen_mask * mb.finished.unsqueeze(1)
+            with self._amp():
+                logp = token_logprobs(module, mb.input_ids, mb.attention, cfg.temperature)   # [b, L-1]
+            # The first update's own forward pass runs on the weights before any update: it is the
+            # proximal policy. Later minibatches use the pass made before the first update.
+            base = None
+            if decoupled:
+                base = logp.detach() if k == 0 else prox.pop((k, j))
+            tl = grpo_token_loss(logp, mb.old_logp, mb.ref_logp, mb.advantages, mb.gen_mask,
+                                 cfg.epsilon, cfg.epsilon_high, cfg.beta, kl_estimator=cfg.kl_estimator,
+                                 dual_clip=cfg.dual_clip or None, prox_logp=base,
+                                 tis_cap=cfg.tis_cap or None,
+                                 is_mask=(cfg.is_mask_low, cfg.is_mask_high) if cfg.is_mask_high else None)
+            share = reduce_loss(tl.loss, mb.gen_mask, cfg.loss_type, len(part), total_tokens,
+                                cfg.max_new_tokens, num_micro_batches=scale)
+            self.engine.backward(share * scale)
+            with torch.no_grad():
+                sums[:7] += torch.tensor([share.item(), tl.kl.sum().item(), tl.clipped.sum().item(),
+                                          mb.gen_mask.sum().item(), tl.ratio.sum().item(), len(piece),
+                                          tl.is_weight.sum().item()], dtype=torch.float64)
+                sums[7] = max(float(sums[7]), float(tl.is_weight.max()))
+                sums[8] += float(tl.is_limited.sum())
+        self.engine.step()
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> dict:
@@ -421,7 +478,8 @@ class Learner:
         latest = self.books.latest()
         missing = sorted(i for i, e in latest.items() if not e.final)
         dropped_total = sum(acc["dropped"].values())
-        summary = {"steps": self.version, "elapsed_s": elapsed, "groups": acc,
+        summary = {"steps": self.version, "optimizer_updates": self.engine.updates, "elapsed_s": elapsed,
+                   "groups": acc,
                    "samplers": {i: {"version": e.status.policy_version, "groups_sent": e.status.groups_sent,
                                     "final": e.final, "stats": e.status.stats}
                                 for i, e in sorted(latest.items()) if e.status is not None},

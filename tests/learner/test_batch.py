@@ -112,3 +112,14 @@ def test_importance_ratio_uses_the_behaviour_log_probs_the_group_carries():
         assert tl.loss[row, :2].tolist() == [0.0, 0.0]                                  # prompt positions
     # with random weights the learner's probabilities are ~1/vocab: every ratio far below 1
     assert bool((tl.ratio[:, 2:4] < 1e-2).all())
+
+
+def test_minibatches_cut_whole_groups_in_order():
+    from grpo.learner.batch import minibatches
+
+    # 5 groups of 2 in 2 updates: groups 0-1, then 2-4 (the later run gets the extra group)
+    assert minibatches(5, 2, 2) == [[0, 1, 2, 3], [4, 5, 6, 7, 8, 9]]
+    assert minibatches(3, 4, 1) == [list(range(12))]
+    assert minibatches(3, 1, 3) == [[0], [1], [2]]
+    with pytest.raises(ValueError, match="--ppo-minibatches 4"):
+        minibatches(3, 2, 4)
