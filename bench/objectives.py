@@ -1,0 +1,152 @@
+"""Which off-policy objective learns most per step at the staleness the pipeline runs at?
+
+Compared by the sampled (train) reward per policy version, never by held-out accuracy: each
+variant runs ours' time-to-accuracy command (bench/time_to_accuracy.py's SHARED and OURS_ONLY
+settings) for --seconds of training with no evaluation, and the sampler's round lines give the
+mean reward of every completion it generated (before the zero-signal filter) at the version
+that generated it.
+
+Run on a GPU machine (variants run one after another; about 40 s of start-up each):
+  python bench/objectives.py run --work-dir runs/obj --seconds 150 --variants default,tis2,mask,decoupled2
+Summarise finished runs (here or there) into bench/results/objectives_<device>.json:
+  python bench/objectives.py summarise --device "NVIDIA H100" --work-dir runs/obj
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchutil import ROOT, read_run_file, versions  # noqa: E402
+from time_to_accuracy import OURS_ONLY, SHARED  # noqa: E402
+
+# name -> the flags appended to the fixed command (a later flag wins in argparse).
+VARIANTS = {
+    "default": "",                                           # PPO clip around the behaviour policy
+    "tis2": "--tis-cap 2",                                   # truncated IS weight, one update a step
+    "mask": "--is-mask-low 0.125 --is-mask-high 8",          # prime-rl's masked IS, one update a step
+    "decoupled2": "--tis-cap 2 --ppo-minibatches 2",         # AReaL-style: clip around the proximal policy
+    "decoupled4": "--tis-cap 2 --ppo-minibatches 4",
+    "mask_decoupled2": "--is-mask-low 0.125 --is-mask-high 8 --ppo-minibatches 2",
+    "fresh": "--max-staleness 0 --prompts-per-round 8",      # on-policy reference: no lag to correct
+}
+ROUND = re.compile(r"round (\d+) \(v(\d+)\): (\d+) completions.*?reward mean ([-\d.]+)")
+BUCKET = 10   # versions per row of the reward-by-version table
+
+
+def command(task: str, seconds: float, seed: int, run_dir: Path, extra: str) -> list[str]:
+    shared = [f"--{k.replace('_', '-')}={v}" for k, v in SHARED.items()]
+    return [sys.executable, str(ROOT / "run_distributed.py"), "--dataset", task, *shared, *OURS_ONLY,
+            "--max-time-s", str(seconds), "--max-steps", "100000", "--eval-every", "0", "--seed", str(seed),
+            "--run-dir", str(run_dir), *shlex.split(extra)]
+
+
+def rounds_of(log_text: str) -> list[dict]:
+    """The sampler's round lines: version that generated the round, completions, their mean reward."""
+    return [{"round": int(r), "version": int(v), "n": int(n), "reward_mean": float(m)}
+            for r, v, n, m in ROUND.findall(log_text)]
+
+
+def reward_by_version(rounds: list[dict], bucket: int = BUCKET) -> list[dict]:
+    """Completion-weighted mean sampled reward per bucket of generating versions [k*bucket, (k+1)*bucket)."""
+    out: dict[int, list[float]] = {}
+    for r in rounds:
+        acc = out.setdefault(r["version"] // bucket, [0.0, 0])
+        acc[0] += r["reward_mean"] * r["n"]
+        acc[1] += r["n"]
+    return [{"versions": f"{k * bucket}-{(k + 1) * bucket - 1}", "reward_mean": s / n, "completions": n}
+            for k, (s, n) in sorted(out.items())]
+
+
+def summarise_run(run_dir: Path) -> dict:
+    steps = [json.loads(x) for x in read_run_file(run_dir, "metrics.jsonl").splitlines() if x.strip()]
+    steps = [s for s in steps if not s.get("final") and "step" in s]
+    rounds = rounds_of(read_run_file(run_dir, "sampler0.log"))
+    launch = json.loads((run_dir / "objective_launch.json").read_text())
+    mean = (lambda key: statistics.fmean(s[key] for s in steps if s.get(key) is not None)
+            if any(s.get(key) is not None for s in steps) else None)
+    summary = {}
+    if (run_dir / "summary.json").exists():
+        summary = json.loads((run_dir / "summary.json").read_text())
+    return {"flags": launch["flags"], "command": launch["command"], "exit_code": launch["exit_code"],
+            "wall_s": launch["wall_s"], "steps": len(steps),
+            "step_time_median_s": statistics.median(s["step_time_s"] for s in steps) if steps else None,
+            "first_step_s": summary.get("first_step_s"),
+            "train_s": steps[-1]["time_s"] if steps else None,
+            "clip_frac_mean": mean("clip_frac"), "is_weight_mean": mean("is_weight_mean"),
+            "is_weight_max": max((s.get("is_weight_max", 0.0) for s in steps), default=None),
+            "is_limited_frac_mean": mean("is_limited_frac"), "staleness_mean": mean("staleness_mean"),
+            "completion_len_mean": mean("completion_len_mean"),
+            "reward_by_version": reward_by_version(rounds),
+            "last_rounds_reward": (statistics.fmean(r["reward_mean"] for r in rounds[-5:]) if rounds else None),
+            "groups": summary.get("groups")}
+
+
+def git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None   # a copy of the tree without .git (the GPU machine): pass --commit
+
+
+def run(args) -> None:
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    for name in args.variants.split(","):
+        run_dir = work / name
+        cmd = command(args.task, args.seconds, args.seed, run_dir, VARIANTS[name] + " " + args.extra)
+        print(f"objectives: {name}: {shlex.join(cmd)}", flush=True)
+        t0 = time.time()
+        with open(work / f"{name}.out", "w") as out:
+            code = subprocess.call(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                   timeout=args.seconds + 300)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "objective_launch.json").write_text(json.dumps(
+            {"flags": VARIANTS[name] + " " + args.extra, "command": cmd, "exit_code": code,
+             "wall_s": time.time() - t0, "seed": args.seed}, indent=2))
+        s = summarise_run(run_dir)
+        print(f"objectives: {name} exit {code}: {s['steps']} steps, reward by version "
+              f"{[round(b['reward_mean'], 3) for b in s['reward_by_version']]}, clip {s['clip_frac_mean']}, "
+              f"limited {s['is_limited_frac_mean']}", flush=True)
+
+
+def summarise(args) -> None:
+    work = Path(args.work_dir)
+    runs = {p.name: summarise_run(p) for p in sorted(work.iterdir()) if (p / "objective_launch.json").exists()}
+    rec = {"device": args.device, "task": args.task, "seconds": args.seconds, "seed": args.seed,
+           "command_line": shlex.join(sys.argv), "commit": args.commit or git_commit(), "versions": versions(), "variants": VARIANTS, "runs": runs,
+           "note": args.note}
+    out = ROOT / "bench" / "results" / f"objectives_{args.device.replace(' ', '_')}.json"
+    out.write_text(json.dumps(rec, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=("run", "summarise"))
+    ap.add_argument("--work-dir", default="runs/objectives")
+    ap.add_argument("--task", default="rg:basic_arithmetic:min_terms=2,max_terms=2,max_digits=1")
+    ap.add_argument("--seconds", type=float, default=150.0, help="training seconds per variant")
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--variants", default="default,tis2,mask,decoupled2")
+    ap.add_argument("--extra", default="", help="flags appended to every variant")
+    ap.add_argument("--device", default="")
+    ap.add_argument("--note", default="")
+    ap.add_argument("--commit", default="", help="the commit the runs were made at, where the tree has no .git")
+    args = ap.parse_args(argv)
+    unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
+    if unknown:
+        ap.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
+    run(args) if args.what == "run" else summarise(args)
+
+
+if __name__ == "__main__":
+    main()
