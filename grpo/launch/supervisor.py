@@ -202,16 +202,22 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path) -> int:
                 ok = sup.wait_all([s.name for s in specs], cfg.stop_timeout_s)
                 summary = run_dir / "summary.json"
                 if summary.exists():
-                    acc = json.loads(summary.read_text())["groups"]
-                    print(f"[launcher] done: {json.dumps(acc)}", flush=True)
+                    done = json.loads(summary.read_text())
+                    note = done.get("balance", {}).get("text")
+                    print(f"[launcher] done: {json.dumps(done['groups'])}" + (f" ({note})" if note else ""),
+                          flush=True)
                 bad = sup.failed()
                 if bad:
                     print(f"[launcher] {bad[0]} exited with code {bad[1]}:\n{sup.tail(bad[0])}",
                           file=sys.stderr, flush=True)
                     return 1
                 if not ok:
-                    print("[launcher] some processes did not exit after the learner finished", flush=True)
-                return 0 if ok else 1
+                    # The run's work is done (the learner wrote its summary and exited 0): the
+                    # stragglers are stopped by the finally below, and the run still succeeded.
+                    late = [n for n, (p, _, _) in sup.procs.items() if p.poll() is None]
+                    print(f"[launcher] {', '.join(late)} did not exit within {cfg.stop_timeout_s:.0f} s of the "
+                          f"learner finishing; stopping them (the run itself completed)", flush=True)
+                return 0
             time.sleep(0.5)
     finally:
         sup.stop(cfg.stop_timeout_s)

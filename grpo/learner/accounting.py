@@ -200,6 +200,53 @@ class Books:
                 for e in sorted(self.entries.values(), key=lambda e: e.order)]
 
 
+def balance(acc: dict, books: Books, messages: "MessageLedger") -> dict:
+    """Why the group ledger `acc` (Intake.accounting) does or does not balance, by name.
+
+    A final status is the sampler's own count, so a group it sent that the learner could not tie
+    to it (a message refused before its header named a sampler process, e.g. bad_schema, lives
+    only in the message ledger as "unknown") leaves that process one short. Returns
+    {"text", "gap" (sent - trained - dropped - queued), "by_process": [{"sampler_id", "incarnation",
+    "sent", "accounted", "gap"}] for every process whose count differs, "learner_gap" (groups
+    received but neither trained, dropped nor queued), "unattributable" {reason: n} (data messages
+    tied to no known process), "explained" (every missing group can be one of those)}.
+    """
+    accounted = acc["trained"] + sum(acc["dropped"].values()) + acc["queued"]
+    gap = acc["sent"] - accounted
+    rows = []
+    for e in sorted(books.entries.values(), key=lambda e: e.order):
+        got = e.arrived() + e.lost() + e.lost_with_learner(books.carried)
+        if e.sent() != got:
+            rows.append({"sampler_id": e.sampler_id, "incarnation": e.incarnation, "sent": e.sent(),
+                         "accounted": got, "gap": e.sent() - got})
+    learner_gap = gap - sum(r["gap"] for r in rows)
+    unknown = messages.report(books).get("data", {}).get("by_peer", {}).get("unknown", {})
+    missing = sum(r["gap"] for r in rows)
+    explained = (gap == 0 and not rows) or (learner_gap == 0 and all(r["gap"] > 0 for r in rows)
+                                            and missing <= sum(unknown.values()))
+    if gap == 0 and not rows:
+        text = "balanced"
+    else:
+        per = {}
+        for r in rows:
+            per[r["sampler_id"]] = per.get(r["sampler_id"], 0) + r["gap"]
+        who = " and ".join(f"{n} group{'s' * (n != 1)} sent by sampler {sid}" for sid, n in per.items() if n > 0)
+        reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(unknown.items()))
+        if explained:
+            what = "an unattributable message" if missing == 1 else "unattributable messages"
+            text = f"balanced except {who} that arrived as {what}: {reasons}"
+        else:
+            parts = [f"sampler {r['sampler_id']} (process {r['incarnation']}) says it sent {r['sent']}, "
+                     f"{r['accounted']} are accounted for" for r in rows]
+            if learner_gap:
+                parts.append(f"{learner_gap} received group(s) are neither trained, dropped nor queued")
+            if unknown:
+                parts.append(f"unattributable data messages: {reasons}")
+            text = f"NOT balanced (sent {acc['sent']}, accounted {accounted}): " + "; ".join(parts)
+    return {"text": text, "gap": gap, "by_process": rows, "learner_gap": learner_gap,
+            "unattributable": dict(sorted(unknown.items())), "explained": explained}
+
+
 class MessageLedger:
     """Every rejected message, by channel, reason and peer; thread-safe (the sync thread writes too).
 

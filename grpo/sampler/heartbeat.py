@@ -9,9 +9,13 @@ send_group: what a sampler does when the data socket is at its high-water mark
 'drop' drops it at once. Either way a dropped group is counted (stats dropped_full /
 dropped_send_timeout) and still counts as offered (groups_sent), so the learner's books
 include it. Memory stays bounded: at most send_hwm groups wait in the socket.
+
+SyncInbox: the sampler's sync socket, so that the learner's stop reaches a sampler in the
+middle of a round (see SyncInbox).
 """
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -49,6 +53,55 @@ class Heartbeat:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         self.sender.close(linger_s=0)
+
+
+class SyncInbox:
+    """The sampler's sync socket, used from the main thread only (a ZeroMQ socket is not thread-safe).
+
+    Weight requests send and receive through it (it has the client's send/receive). When the
+    learner finishes it sends `stop` unprompted (request_id -1) to every sampler it has answered;
+    `stopped()`, called between decode chunks, reads what has arrived without waiting (at most
+    every `every_s`), so a sampler in the middle of a long round learns of the stop at once.
+    Answers it reads on the way are kept, in order, for the next receive (at most `keep`: the
+    protocol lets answers be lost, and a sampler asks again next round).
+    """
+
+    def __init__(self, client, every_s: float = 0.1, keep: int = 8):
+        self.client, self.every_s = client, every_s
+        self.stop: M.Stop | None = None
+        self._kept: collections.deque[M.Message] = collections.deque(maxlen=keep)
+        self._next = 0.0
+
+    def send(self, msg: M.Message, timeout_s: float | None = None) -> bool:
+        return self.client.send(msg, timeout_s)
+
+    def receive(self, timeout_s: float) -> M.Message | None:
+        if self._kept:
+            return self._kept.popleft()
+        return self.client.receive(timeout_s)
+
+    def stopped(self) -> bool:
+        """Whether the learner has said stop (reads the socket without waiting, rate-limited)."""
+        if self.stop is not None:
+            return True
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        self._next = now + self.every_s
+        for _ in range(64):   # bounded: a flood of answers cannot hold up generation
+            if not self.client.poll(0):
+                break
+            msg = self.client.receive(0)
+            if msg is None:
+                continue   # refused by the codec (counted and logged there)
+            self._kept.append(msg)   # request_weights still sees every answer, the stop included
+            if isinstance(msg, M.Stop):
+                self.stop = msg
+                return True
+        return False
+
+    def close(self) -> None:
+        self.client.close()
 
 
 def send_group(sender: Sender, msg: M.Message, on_full: str, timeout_s: float, stats: dict,

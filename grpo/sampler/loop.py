@@ -28,7 +28,7 @@ from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_devi
 from grpo.obs.gpu import GpuMonitor, format_gpu
 from grpo.obs.progress import Progress
 from grpo.obs.stages import mark as mark_stage
-from grpo.sampler.heartbeat import ON_FULL, Heartbeat, send_group, wait_send
+from grpo.sampler.heartbeat import ON_FULL, Heartbeat, SyncInbox, send_group, wait_send
 from grpo.sampler.rollout import RolloutEngine, hf_generate, old_logprob_source, resolve_backend
 from grpo.weights import make_receiver
 from grpo.weights.methods import fallback, sampler_method
@@ -60,6 +60,8 @@ def run_mismatches(facts: M.RunFacts, cfg: SamplerConfig, vocab_size: int) -> li
 
 
 class Sampler:
+    _inbox: SyncInbox | None = None   # made on first use around self.sync (see inbox)
+
     def __init__(self, cfg: SamplerConfig):
         self.cfg = cfg
         if cfg.on_full not in ON_FULL:
@@ -205,7 +207,7 @@ class Sampler:
         for _attempt in range(3):
             self._request_id += 1
             method = self.sync_method
-            answered, newest, stop = request_weights(self.sync, self.cfg.sampler_id, self.version,
+            answered, newest, stop = request_weights(self.inbox, self.cfg.sampler_id, self.version,
                                                      self._request_id, self.cfg.sync_timeout_s, method,
                                                      on_answer=self._on_answer, sent=self._handed())
             if stop is not None:
@@ -218,6 +220,17 @@ class Sampler:
                 break
         self.stats["sync_s"] += time.perf_counter() - t0
         return True
+
+    @property
+    def inbox(self) -> SyncInbox:
+        """The sync socket as the main thread reads it: answers, and the learner's stop mid-round."""
+        if self._inbox is None:
+            self._inbox = SyncInbox(self.sync)
+        return self._inbox
+
+    def _stop_said(self) -> bool:
+        """Between decode chunks: has the learner said stop? (then the round is abandoned)"""
+        return self.inbox.stopped()
 
     def _apply(self, newest: M.WeightsAnnounce) -> bool:
         """Apply one announced version; True if a follow-up request should be sent (ipc)."""
@@ -294,11 +307,13 @@ class Sampler:
         rows = [p for p in prompt_ids for _ in range(G)]
         sampled_lp = None
         if self.engine is not None:
-            out = self.engine.generate(rows, cfg.max_new_tokens, cfg.temperature)
+            out = self.engine.generate(rows, cfg.max_new_tokens, cfg.temperature, should_stop=self._stop_said)
             completions, sampled_lp = list(zip(out.token_ids, out.finished)), out.logprobs
         else:
             completions = list(zip(*hf_generate(self.policy, rows, cfg.max_new_tokens, cfg.temperature, False,
-                                                tok.eos_token_id, tok.pad_token_id)))
+                                                tok.eos_token_id, tok.pad_token_id, should_stop=self._stop_said)))
+        if self.inbox.stop is not None:   # cut short: nothing of this round is scored, counted or sent
+            return []
         return self._finish(round_idx, problems, prompts, prompt_ids, list(range(len(problems))), completions,
                             time.perf_counter() - t0, sampled_lp)
 
@@ -318,8 +333,10 @@ class Sampler:
         sampled_lp: list[np.ndarray] = []
         t0 = time.perf_counter()
         stream = self.engine.stream(lambda: next(queue, None), G, cfg.max_new_tokens, cfg.temperature,
-                                    rows=cfg.in_flight_rows)
+                                    rows=cfg.in_flight_rows, should_stop=self._stop_said)
         for fg in itertools.chain(stream, [None]):   # None: the round has ended, send what is left
+            if fg is None and self.inbox.stop is not None:
+                return   # cut short: the groups not yet sent are not scored, counted or sent
             if fg is not None:
                 gis.append(fg.key)
                 completions.extend(zip(fg.token_ids, fg.finished))
@@ -372,6 +389,10 @@ class Sampler:
         else:   # not needed: the reference pass is skipped and the group carries none
             ref_lp = {k: np.zeros(0, np.float32) for k in rows_kept}
         reward_s, logprob_s = t2 - t1, time.perf_counter() - t2   # (_logprobs ends in .cpu(): done by now)
+        # A filtered group was offered and dropped here: both counts move together, so every status
+        # (a heartbeat may read them at any moment) has sent >= what it says it dropped, and a round
+        # filtered whole is counted although nothing of it reaches _send.
+        self.groups_sent += len(gis) - len(keep)
         self.stats["dropped_zero_signal"] += len(gis) - len(keep)
         groups = []
         for j in keep:
@@ -435,17 +456,15 @@ class Sampler:
                                stats={k: float(v) for k, v in list(self.stats.items())},
                                incarnation=self.incarnation)
 
-    def _send(self, groups: list[M.Group], filtered_before: float) -> None:
-        # Groups filtered out as zero-signal were offered too: the learner's books count them
-        # as sent and dropped (sampler_zero_signal), so sent = trained + dropped + queued holds.
-        self.groups_sent += int(self.stats["dropped_zero_signal"] - filtered_before)
+    def _send(self, groups: list[M.Group]) -> None:
+        # Groups filtered out as zero-signal were counted as offered by _finish already.
         for group in groups:
             self.groups_sent += 1  # offered: a group dropped at the HWM is counted too
             send_group(self.data, group, self.cfg.on_full, self.cfg.send_timeout_s, self.stats,
                        self._where, f"group {self.groups_sent}")
-            if not self._sent_one:
-                self._sent_one = True
-                mark_stage(self.cfg.run_dir, self.name, "first_group")
+        if self.groups_sent and not self._sent_one:   # its first round is out (sent, or filtered whole)
+            self._sent_one = True
+            mark_stage(self.cfg.run_dir, self.name, "first_group")
 
     def send_status(self, final: bool) -> None:
         if final:  # the learner's books need this one: wait for room, but not forever
@@ -485,20 +504,21 @@ class Sampler:
                     groups = []
                     if n:
                         self.maybe_evaluate()
-                        filtered = self.stats["dropped_zero_signal"]
                         if self.cfg.in_flight_rows:
                             # Each chunk leaves as soon as it is complete, inside the guard (with
                             # shared weights the learner waits for the round either way).
                             for chunk in self.stream_round(rounds, n):
-                                self._send(chunk, filtered)
-                                filtered = self.stats["dropped_zero_signal"]
+                                self._send(chunk)
                         else:
                             groups = self.generate_round(rounds, n)
+                if (stop := self.inbox.stop) is not None:
+                    log.info("learner says stop (%s) at version %d, in the middle of round %d: the round is "
+                             "abandoned (what of it was not sent is not counted)", stop.reason, stop.version, rounds)
+                    break
                 if not n:   # outside the round guard: with shared weights the learner must go on
                     self._wait_for_room()
                     continue
-                if groups:
-                    self._send(groups, filtered)
+                self._send(groups)
                 rounds += 1
                 self.stats["rounds"] = rounds
                 bar.update(1, version=self.version)

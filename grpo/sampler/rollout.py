@@ -42,6 +42,7 @@ import logging
 import time
 import weakref
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -88,13 +89,19 @@ def old_logprob_source(choice: str, backend: str, dtype: torch.dtype) -> str:
 
 
 def hf_generate(model, prompts: list[list[int]], max_new_tokens: int, temperature: float, greedy: bool,
-                eos_id: int, pad_id: int) -> tuple[list[list[int]], list[bool]]:
-    """The Hugging Face `generate` path (the fallback backend), with the same output."""
+                eos_id: int, pad_id: int, should_stop: Callable[[], bool] | None = None
+                ) -> tuple[list[list[int]], list[bool]]:
+    """The Hugging Face `generate` path (the fallback backend), with the same output.
+
+    should_stop: asked after every decoded token; once it says True, generation ends there and the
+    rows come back cut where they were (the caller discards them)."""
     device = next(model.parameters()).device
     ids, attn = left_pad(prompts, pad_id, device)
     width = ids.shape[1]
     sample = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if not (greedy or temperature == 0) \
         else dict(do_sample=False, temperature=None, top_k=None, top_p=None)
+    if should_stop is not None:
+        sample["stopping_criteria"] = _stopping_criteria(should_stop)
     out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens,
                          pad_token_id=pad_id, eos_token_id=eos_id, **sample)
     completions, finished = [], []
@@ -104,6 +111,17 @@ def hf_generate(model, prompts: list[list[int]], max_new_tokens: int, temperatur
         completions.append(row)
         finished.append(bool(row) and row[-1] == eos_id)
     return completions, finished
+
+
+def _stopping_criteria(should_stop: Callable[[], bool]):
+    """A transformers StoppingCriteriaList that ends every row once should_stop() says so."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class _StopWhen(StoppingCriteria):
+        def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+            return torch.full((input_ids.shape[0],), bool(should_stop()), dtype=torch.bool, device=input_ids.device)
+
+    return StoppingCriteriaList([_StopWhen()])
 
 
 # ----------------------------------------------------------------------------- attention
@@ -303,8 +321,13 @@ class RolloutEngine:
     # ------------------------------------------------------------------ public
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
-                 greedy: bool = False) -> Rollout:
-        """Complete every prompt (token ids, unpadded). temperature 0 means greedy."""
+                 greedy: bool = False, should_stop: Callable[[], bool] | None = None) -> Rollout:
+        """Complete every prompt (token ids, unpadded). temperature 0 means greedy.
+
+        should_stop: asked after every decode step (a Python call, no device sync: a slow model's
+        step may take a second, so waiting for the next `check_every` could take many); once it says
+        True, decoding ends there, `stats["stopped"]` is True and the rows are cut where they were
+        (the caller discards them)."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("generate needs at least one prompt, and no prompt may be empty")
         if max_new_tokens < 1:
@@ -316,14 +339,20 @@ class RolloutEngine:
             self._ptrs = self._param_ptrs()
         t0 = time.perf_counter()
         top = self.buckets[-1] if self.buckets else len(prompts)
-        toks, lps, fins, steps = [], [], [], 0
+        toks, lps, fins, steps, stopped = [], [], [], 0, False
         for s in range(0, len(prompts), top):
-            out, lp, fin, n = self._run(prompts[s:s + top], max_new_tokens, temperature, greedy)
+            if stopped:   # the rest of the prompts get no decoding at all: padding rows
+                rest = len(prompts) - s
+                toks.append(torch.full((rest, max_new_tokens), self.pad_id, dtype=torch.long))
+                lps.append(torch.zeros(rest, max_new_tokens))
+                continue
+            out, lp, fin, n, stopped = self._run(prompts[s:s + top], max_new_tokens, temperature, greedy,
+                                                 should_stop)
             toks.append(out), lps.append(lp), fins.append(fin)
             steps += n
         # A row's first EOS ends it (kept: the policy must learn to stop); after it, padding.
         ids, finished, logprobs = self._cut(torch.cat(toks), torch.cat(lps))
-        stats = {"gen_s": time.perf_counter() - t0, "decode_steps": steps,
+        stats = {"gen_s": time.perf_counter() - t0, "decode_steps": steps, "stopped": stopped,
                  "tokens": sum(len(x) for x in ids), "cuda_graphs": self.cuda_graphs and not self.graph_failures}
         if self.graph_failure_reasons:
             stats["graph_failures"] = list(self.graph_failure_reasons)
@@ -331,7 +360,7 @@ class RolloutEngine:
 
     @torch.no_grad()
     def stream(self, next_prompt, group_size: int, max_new_tokens: int, temperature: float = 1.0,
-               greedy: bool = False, rows: int | None = None):
+               greedy: bool = False, rows: int | None = None, should_stop: Callable[[], bool] | None = None):
         """In-flight batching: yield each group as soon as all its samples have ended; a row whose
         sample ends takes the next waiting sample at the next check, while the other rows keep
         decoding.
@@ -345,7 +374,10 @@ class RolloutEngine:
         row is free, then a wider ring is made.
 
         Weights must not change while the stream runs (the caller stops asking for prompts,
-        drains, then applies a new version): every token of a group is sampled by one version."""
+        drains, then applies a new version): every token of a group is sampled by one version.
+
+        should_stop: asked after every decode step (as in generate); once it says True the stream
+        ends there, and the groups still in flight are not yielded."""
         G = int(group_size)
         if G < 1 or max_new_tokens < 1:
             raise ValueError(f"stream needs group_size >= 1 and max_new_tokens >= 1, got {G} and {max_new_tokens}")
@@ -400,6 +432,8 @@ class RolloutEngine:
             graph = ring.graphs.get(greedy)
             for _ in range(self.check_every):
                 graph.replay() if graph is not None else self._ring_step(ring, greedy)
+                if should_stop is not None and should_stop():
+                    return
             steps += self.check_every
             ended = ring.finished.cpu()                                             # the only host sync
             done_rows = [i for i in sorted(busy) if ended[i]]
@@ -557,7 +591,7 @@ class RolloutEngine:
         self.slots[key] = slot
         return slot
 
-    def _run(self, prompts, max_new, temperature, greedy):
+    def _run(self, prompts, max_new, temperature, greedy, should_stop=None):
         n = len(prompts)
         rows = next((b for b in self.buckets if b >= n), n)
         width = max(len(p) for p in prompts)
@@ -575,7 +609,7 @@ class RolloutEngine:
                     slot.graphs[(greedy, lim)] = self._capture(
                         slot, greedy, step=lambda s_, g_, lim=lim: self._step(s_, g_, lim), limit=lim)
         self._prefill(slot, ids, valid, inv_t, greedy)
-        steps = 0
+        steps, stopped = 0, False
         for steps in range(1, max_new):
             lim = limit(steps)
             graph = slot.graphs.get((greedy, lim))
@@ -583,9 +617,12 @@ class RolloutEngine:
                 graph.replay()
             else:
                 self._step(slot, greedy, lim)
+            if should_stop is not None and should_stop():
+                stopped = True
+                break
             if steps % self.check_every == 0 and bool(slot.finished.all()):  # the only host sync
                 break
-        return slot.out[:n].cpu(), slot.out_lp[:n].cpu(), slot.finished[:n].cpu(), steps
+        return slot.out[:n].cpu(), slot.out_lp[:n].cpu(), slot.finished[:n].cpu(), steps, stopped
 
     @contextlib.contextmanager
     def _attention(self):

@@ -130,7 +130,8 @@ class Publisher:
         # set by the learner; called on this thread, so they only read (a length, a dict lookup).
         self.queue_view: QueueView | None = None
         self._gap_floor: collections.OrderedDict[bytes, int] = collections.OrderedDict()   # per connection
-        self._told: collections.OrderedDict[bytes, None] = collections.OrderedDict()   # connections told them
+        # Connections answered (so told the run's facts, if any): the newest MAX_TOLD; told stop at the end.
+        self._told: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         # Requests with have_version -1 that came before anything was published: answered with
         # the first version published (a client with no weights must not be told "no update").
         self._deferred: dict[bytes, M.WeightsRequest] = {}
@@ -143,7 +144,9 @@ class Publisher:
         raise NotImplementedError
 
     def stop_samplers(self) -> None:
-        """From now on every request is answered with stop."""
+        """From now on every request is answered with stop; every connection answered so far is
+        also sent one stop unprompted (by the serving thread, which owns the socket), so a sampler
+        in the middle of a long round hears it between decode chunks instead of after the round."""
         self._stopping.set()
 
     def close(self) -> None:
@@ -152,7 +155,11 @@ class Publisher:
         self.server.close()
 
     def _serve(self) -> None:
+        told_stop = False
         while not self._closed.is_set():
+            if self._stopping.is_set() and not told_stop:
+                told_stop = True
+                self._tell_stop()
             got = self.server.receive(timeout_s=0.1)
             if self._deferred and self._snapshot is not None:   # the first version is out: answer them
                 deferred, self._deferred = self._deferred, {}
@@ -177,6 +184,18 @@ class Publisher:
                 got = self.server.receive(timeout_s=0)
             for identity, msg in latest.items():
                 self._answer(identity, msg)
+
+    def _tell_stop(self) -> None:
+        """One unsolicited stop (request_id -1) to every connection answered so far (at most MAX_TOLD).
+        Never blocks: the ROUTER drops it for a peer gone or with a full queue, and that sampler
+        gets stop as the answer to its next request instead."""
+        with self._lock:
+            version = self._snapshot.version if self._snapshot else 0
+        for identity in list(self._told):
+            self.server.reply(identity, M.Stop(version=version, reason="learner finished", request_id=-1,
+                                               levels=self.levels))
+        if self._told:
+            log.info("told %d sampler connection(s) to stop", len(self._told))
 
     def _reject(self, reason: str, identity: bytes) -> None:
         self.server.rejected[reason] += 1
@@ -222,13 +241,13 @@ class Publisher:
 
     def _facts_for(self, identity: bytes, msg: M.WeightsRequest) -> M.RunFacts | None:
         """The run's facts for the first answer to each connection, and to any have_version -1."""
-        if self.run_facts is None:
-            return None
         first = identity not in self._told
         self._told[identity] = None
         self._told.move_to_end(identity)
         while len(self._told) > MAX_TOLD:   # bounded: a peer making up connections cannot grow it
             self._told.popitem(last=False)
+        if self.run_facts is None:
+            return None
         return self.run_facts if (first or msg.have_version < 0) else None
 
     def _answer(self, identity: bytes, msg: M.WeightsRequest) -> None:

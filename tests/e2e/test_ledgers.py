@@ -157,3 +157,38 @@ def test_final_status_corrupted_on_the_wire(tmp_path):
     assert summary["samplers_without_final_status"] == [SID]   # gone after --heartbeat-timeout-s
     assert summary["messages"] == {"data": {"rejected": 1, "by_reason": {"non_finite": 1},
                                             "by_peer": {str(SID): {"non_finite": 1}}}}
+
+
+def wrong_schema(i: int) -> list[bytes]:
+    """A valid group of this process, but its header says another schema: refused before the
+    learner reads who sent it, so the message ledger books it under "unknown"."""
+    frames = [bytes(f) for f in codec.encode(valid(200 + i))]
+    h = msgpack.unpackb(frames[0])
+    h["schema"] = 99
+    return [msgpack.packb(h), *frames[1:]]
+
+
+@pytest.mark.slow
+def test_a_group_that_arrives_unattributable_is_named_in_the_summary(tmp_path):
+    """3 valid groups and 1 with a wrong schema, then a final status saying 4 sent: the books are
+    honestly not balanced (sent 4, accounted 3), and the summary and the learner's last log line
+    say which sampler's group it was and what the learner made of it."""
+    with learner_run(tmp_path) as (connect, result):
+        s = connect()
+        for i in range(3):
+            s.send_multipart(codec.encode(valid(i)))
+        s.send_multipart(wrong_schema(0))
+        s.send_multipart(codec.encode(make_status(SID, INC, groups_sent=4, final=True)))
+        s.close(linger=5000)
+    summary = result["summary"]
+    assert summary["groups"] == {"received": 3, "trained": 3, "dropped": {}, "queued": 0, "sent": 4,
+                                 "balanced": False}
+    assert summary["messages"] == {"data": {"rejected": 1, "by_reason": {"bad_schema": 1},
+                                            "by_peer": {"unknown": {"bad_schema": 1}}}}
+    text = f"balanced except 1 group sent by sampler {SID} that arrived as an unattributable message: bad_schema 1"
+    assert summary["balance"] == {"text": text, "gap": 1, "learner_gap": 0, "explained": True,
+                                  "unattributable": {"bad_schema": 1},
+                                  "by_process": [{"sampler_id": SID, "incarnation": INC, "sent": 4, "accounted": 3,
+                                                  "gap": 1}]}
+    last = [line for line in (tmp_path / "learner.log").read_text().splitlines() if "accounting: sent" in line]
+    assert len(last) == 1 and last[0].endswith("-> " + text), last

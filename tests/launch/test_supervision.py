@@ -5,6 +5,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -119,3 +120,93 @@ def test_sigterm_stops_every_process_and_frees_the_ports(tmp_path):
     assert "SIGTERM: stopping every process" in out
     assert took < 60, took
     assert_clean(children, ports)
+
+
+def exited(pid):
+    """Gone, or a zombie its parent (the launcher) has not reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.slow
+def test_a_learner_that_finishes_mid_round_ends_the_run_cleanly(tmp_path):
+    """1 step; the sampler's rounds (6 rows x 1500 new tokens) take many seconds on CPU, so the
+    learner finishes while the sampler is in its second round. The sampler stops within 5 s of the
+    learner's stop, abandoning that round; the launcher exits 0; the books balance; the summary
+    carries every process's stage history and the seconds to the first step."""
+    ports, run_dir = free_ports(2), tmp_path / "run"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(
+        [sys.executable, "run_distributed.py", "--device", "cpu", "--model", "tiny-random", "--no-deepspeed",
+         "--dataset", str(GSM8K), "--num-generations", "2", "--prompts-per-round", "3", "--train-batch-size", "2",
+         "--max-new-tokens", "1500", "--max-staleness", "10",   # room for a whole second round
+         "--max-steps", "1", "--stop-timeout-s", "5", "--data-port", str(ports[0]),
+         "--sync-port", str(ports[1]), "--run-dir", str(run_dir)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out_lines: list[str] = []
+    reader = threading.Thread(target=lambda: out_lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    t_stop = t_exit = None
+    deadline = time.monotonic() + 300
+    try:
+        while proc.poll() is None:
+            assert time.monotonic() < deadline, "the run did not end within 300 s:\n" + "".join(out_lines)
+            log = run_dir / "learner0.log"
+            if t_stop is None and log.exists() and "stopping samplers" in log.read_text(errors="replace"):
+                t_stop = time.monotonic()
+            if t_stop is not None and t_exit is None and exited(pids(run_dir)["sampler0"]):
+                t_exit = time.monotonic()
+            time.sleep(0.1)
+        reader.join(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(out_lines)
+    assert proc.returncode == 0, out
+    assert t_stop is not None and t_exit is not None and t_exit - t_stop < 5.0, (t_stop, t_exit, out)
+    assert "did not exit" not in out
+    assert "in the middle of round 1: the round is abandoned" in (run_dir / "sampler0.log").read_text()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["groups"]["balanced"] and summary["balance"]["text"] == "balanced", summary["groups"]
+    assert summary["samplers_without_final_status"] == []
+    assert "(balanced)" in out.split("[launcher] done:")[1].splitlines()[0]
+    hist = summary["stages"]
+    assert set(hist) == {"learner0", "sampler0"}
+    assert [e["stage"] for e in hist["learner0"]] == ["started", "bound", "engine_ready", "weights_published",
+                                                      "first_step"]
+    assert sorted(e["stage"] for e in hist["sampler0"]) == ["connected", "first_group", "model_loaded", "started"]
+    t0 = min(e["time"] for entries in hist.values() for e in entries if e["stage"] == "started")
+    assert summary["first_step_s"] == pytest.approx(hist["learner0"][-1]["time"] - t0)
+    assert 0 < summary["first_step_s"] < 300
+
+
+def test_a_process_that_outlives_a_finished_learner_is_stopped_and_the_run_succeeds(tmp_path):
+    """The supervisor with stand-in processes: a 'learner' that writes its ready file and summary
+    and exits 0, and a 'sampler' that never exits. The launcher names it, stops it, exits 0."""
+    run_dir = tmp_path / "run"
+    learner = ("import json, pathlib, sys, time; d = pathlib.Path(sys.argv[1]); "
+               "(d / 'learner.ready').write_text('{}'); time.sleep(1.0); "
+               "(d / 'summary.json').write_text(json.dumps({'groups': {'sent': 0}, 'balance': {'text': 'balanced'}}))")
+    script = f"""
+import os, sys
+from pathlib import Path
+from grpo.config import LaunchConfig
+from grpo.launch.plan import ProcSpec
+from grpo.launch.supervisor import run
+run_dir = Path({str(run_dir)!r})
+env = dict(os.environ)
+specs = [ProcSpec("learner0", [sys.executable, "-c", {learner!r}, str(run_dir)], env, "learner"),
+         ProcSpec("sampler0", [sys.executable, "-c", "import time; time.sleep(120)"], env, "sampler")]
+sys.exit(run(LaunchConfig(stop_timeout_s=1.0, stage_timeout_s=0), specs, run_dir))
+"""
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert ("[launcher] sampler0 did not exit within 1 s of the learner finishing; stopping them (the run itself "
+            "completed)") in out
+    assert '[launcher] done: {"sent": 0} (balanced)' in out
+    assert time.monotonic() - t0 < 30
+    assert not alive(json.loads((run_dir / "pids.json").read_text())["sampler0"])

@@ -3,6 +3,7 @@ import importlib.util
 import io
 import json
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -218,3 +219,51 @@ def test_report_on_a_missing_run_dir_is_one_line(tmp_path):
                                              "pass runs/<run_id> (see ls runs/)"]
     (tmp_path / "empty").mkdir()
     assert report_main([str(tmp_path / "empty")]) == 2
+
+
+# --------------------------------------------------------------------------- startup stages
+def test_stage_files_keep_every_mark_and_the_launcher_reads_the_furthest(tmp_path):
+    from grpo.obs.stages import history, mark, overdue, read
+
+    # A sampler whose first weights request timed out: it sent its first round before the
+    # learner's first answer arrived, so 'connected' is marked after 'first_group'.
+    for stage, t in (("started", 100.0), ("model_loaded", 110.0), ("first_group", 130.0), ("connected", 131.0)):
+        mark(tmp_path, "sampler0", stage, now=t)
+    pid = os.getpid()
+    assert history(tmp_path) == {"sampler0": [{"stage": s, "time": t, "pid": pid} for s, t in
+                                              (("started", 100.0), ("model_loaded", 110.0), ("first_group", 130.0),
+                                               ("connected", 131.0))]}
+    top = json.loads((tmp_path / "stages" / "sampler0.json").read_text())
+    assert (top["stage"], top["time"], top["pid"]) == ("connected", 131.0, pid)   # the newest mark, as before
+    assert read(tmp_path) == {"sampler0": ("first_group", 130.0)}
+    assert overdue({"sampler0": 99.0}, read(tmp_path), now=1e6, bound_s=60, noted={}) == []   # past its last stage
+    # A restarted learner: only its new process's marks say where it is (not the old first_step).
+    old = [{"stage": s, "time": t, "pid": 1} for s, t in (("started", 10.0), ("first_step", 40.0))]
+    (tmp_path / "stages" / "learner0.json").write_text(json.dumps({**old[-1], "history": old}))
+    mark(tmp_path, "learner0", "started", now=200.0)
+    mark(tmp_path, "learner0", "bound", now=201.0)
+    assert read(tmp_path)["learner0"] == ("bound", 201.0)
+    assert [e["stage"] for e in history(tmp_path)["learner0"]] == ["started", "first_step", "started", "bound"]
+    # A stage file from before histories ({"stage", "time", "pid"} only) reads as its one mark.
+    (tmp_path / "stages" / "sampler1.json").write_text(json.dumps({"stage": "connected", "time": 5.0, "pid": 9}))
+    assert read(tmp_path)["sampler1"] == ("connected", 5.0)
+    assert history(tmp_path)["sampler1"] == [{"stage": "connected", "time": 5.0, "pid": 9}]
+
+
+def test_first_step_s_counts_from_the_earliest_start_of_this_launch():
+    from grpo.obs.stages import first_step_s
+
+    def marks(pid, *stages):
+        return [{"stage": s, "time": t, "pid": pid} for s, t in stages]
+
+    # An earlier launch (pids 1-4) left its marks; this launch is pids 5-7, learner0 is pid 5.
+    hist = {"learner0": marks(1, ("started", 10.0), ("first_step", 40.0)) + marks(5, ("started", 100.0),
+                                                                                   ("bound", 101.0), ("first_step", 130.0)),
+            "learner1": marks(2, ("started", 12.0)) + marks(6, ("started", 99.5), ("engine_ready", 110.0)),
+            "sampler0": marks(3, ("started", 15.0), ("first_group", 30.0)) + marks(7, ("started", 103.0)),
+            "sampler1": marks(4, ("started", 20.0))}   # not in this launch: it marked nothing since
+    assert first_step_s(hist, 5) == 130.0 - 99.5     # learner1 started half a second before learner0
+    assert first_step_s(hist) == 130.0 - 99.5        # learner0's newest process by default
+    assert first_step_s(hist, 1) == 40.0 - 10.0      # the earlier launch's own figure
+    hist["learner0"] = hist["learner0"][:-1]         # no first step yet in this launch
+    assert first_step_s(hist, 5) is None

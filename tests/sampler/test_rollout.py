@@ -414,3 +414,50 @@ def test_stream_spreads_a_group_over_whichever_rows_are_free(tiny):
                                                               rows=3))
     assert sorted(g.key for g in got) == [0, 1, 2, 3]
     assert all(g.token_ids == [ref[g.key]] * 2 for g in got)
+
+
+class StopAfter:
+    """A stop condition that says True from its n-th question on; counts the questions."""
+
+    def __init__(self, n: int):
+        self.n, self.asked = n, 0
+
+    def __call__(self) -> bool:
+        self.asked += 1
+        return self.asked >= self.n
+
+
+def test_generate_stops_between_decode_chunks_when_asked(tiny):
+    ps = prompts((5, 9, 3), seed=5)
+    eng = RolloutEngine(tiny, 2, 2, check_every=4)
+    full = eng.generate(ps, 40, greedy=True)
+    assert full.stats["decode_steps"] == 39 and full.stats["stopped"] is False   # random weights: no EOS
+    stop = StopAfter(6)
+    got = eng.generate(ps, 40, greedy=True, should_stop=stop)
+    # asked after every step (not only every check_every), stopped at the sixth question
+    assert stop.asked == 6 and got.stats["decode_steps"] == 6 and got.stats["stopped"] is True
+    assert len(got.token_ids) == 3
+    # with buckets smaller than the batch: the rows of the next chunks are not decoded at all
+    eng = RolloutEngine(tiny, 2, 7, check_every=4, buckets=(2,))
+    got = eng.generate(ps, 40, greedy=True, should_stop=StopAfter(1))
+    assert got.stats["decode_steps"] == 1 and got.stats["stopped"] is True and len(got.token_ids) == 3
+    assert got.token_ids[2] == [7] * 40 and got.finished[2] is False   # padding only
+
+
+def test_stream_stops_between_decode_chunks_when_asked(tiny):
+    ps = prompts((5, 9, 3, 12), seed=6)
+    eng = RolloutEngine(tiny, 2, 2, check_every=3)
+    stop = StopAfter(5)
+    got = list(eng.stream(source([(k, p) for k, p in enumerate(ps)]), 2, 30, greedy=True, rows=4,
+                          should_stop=stop))
+    assert got == [] and stop.asked == 5   # after every step; no group had ended (30 tokens each)
+
+
+def test_hf_generate_stops_when_asked(tiny):
+    ps = prompts((5, 9), seed=7)
+    full, _ = hf_generate(tiny, ps, 30, 1.0, True, eos_id=2, pad_id=2)
+    assert [len(r) for r in full] == [30, 30]
+    stop = StopAfter(3)
+    cut, fin = hf_generate(tiny, ps, 30, 1.0, True, eos_id=2, pad_id=2, should_stop=stop)
+    assert stop.asked == 3 and [len(r) for r in cut] == [3, 3] and fin == [False, False]
+    assert [r[:3] for r in full] == cut   # greedy: the same tokens up to the stop

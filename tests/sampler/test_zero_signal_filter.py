@@ -95,3 +95,50 @@ def test_filtered_groups_count_as_offered_and_the_books_balance(reward):
     sent, dropped = books.totals()
     # The learner's identity: sent (6) = trained + dropped (4 at the sampler) + queued (the 2 received)
     assert sent == 6 and dropped == {"sampler_zero_signal": 4}
+
+
+FLAT_ROUND = '''
+rounds = [0]
+
+def flat_second_round(prompts, completions, **kwargs):
+    # Per round (3 prompts x G=2 = 6 completions; the start-up probe scores 2 and is not a round):
+    # rounds 0 and 2 have one right completion (group 0 has signal, groups 1 and 2 none), round 1
+    # has none at all, so every group of it is filtered and nothing of it is sent.
+    if len(completions) == 6:
+        rounds[0] += 1
+    flat = rounds[0] == 2
+    return [1.0 if i == 0 and not flat else 0.0 for i in range(len(completions))]
+'''
+
+
+def test_a_round_filtered_whole_still_counts_as_offered(tmp_path, monkeypatch):
+    """Three real rounds over a real socket, the second one all zero-signal: 9 groups offered
+    (2 delivered, 7 filtered), and the final status says so; the learner's books balance with
+    the final status alone (sent is the sampler's own count once it is final)."""
+    (tmp_path / "flat_round_reward.py").write_text(FLAT_ROUND)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data_port, sync_port = free_ports(2)
+    receiver = DataReceiver("127.0.0.1", data_port, M.Limits(), 1 << 26)
+    s = sampler("flat_round_reward:flat_second_round", True, data_port, sync_port, max_rounds=3,
+                sync_timeout_s=0.2, heartbeat_interval_s=0)
+    result = s.run()
+    groups, final = [], None
+    deadline = time.monotonic() + 30
+    while final is None and time.monotonic() < deadline:
+        m = receiver.receive(timeout_s=0.5)
+        if isinstance(m, M.SamplerStatus) and m.final:
+            final = m
+        elif isinstance(m, M.Group):
+            groups.append(m)
+    receiver.close()
+    assert final is not None, "no final status within 30 s"
+    assert [g.group_id for g in groups] == ["s0-r0-g0", "s0-r2-g0"]
+    assert final.stats["dropped_zero_signal"] == 7
+    assert result["groups_sent"] == final.groups_sent == 9
+    books = Books()
+    for g in groups:
+        books.group(g, version=0)
+    books.status(final, 0)
+    assert books.totals() == (9, {"sampler_zero_signal": 7})
+    [e] = books.entries.values()
+    assert e.sent() == e.arrived() == 9

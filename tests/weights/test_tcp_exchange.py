@@ -5,8 +5,10 @@ import pytest
 import torch
 from netutil import free_ports
 
+from grpo.sampler.heartbeat import SyncInbox
 from grpo.weights.layout import plan_layout, unpack_views
 from grpo.weights.pack import pack
+from grpo.weights.publisher import request_weights
 from grpo.weights.tcp import TcpPublisher, apply_weights
 from grpo.wire import codec
 from grpo.wire import messages as M
@@ -90,6 +92,35 @@ def test_tcp_publisher_serves_newest_version_and_stop():
         assert isinstance(client.receive(5.0), M.Stop)
     finally:
         client.close()
+        pub.close()
+
+
+def test_stop_reaches_a_sampler_that_is_not_asking():
+    """When the learner finishes, every connection it has answered gets a stop unprompted (request_id
+    -1): a sampler in the middle of a round reads it between decode chunks (SyncInbox.stopped, which
+    sends nothing), and keeps any answer it reads on the way for its next weights request."""
+    learner = Mixed()
+    port = free_ports(1)[0]
+    pub = TcpPublisher(SyncServer("127.0.0.1", port), learner)
+    inbox = SyncInbox(SyncClient("127.0.0.1", port, M.weights_limits(1 << 20)), every_s=0.0)
+    try:
+        inbox.send(M.WeightsRequest(sampler_id=3, have_version=0, request_id=1))
+        deadline = time.monotonic() + 5
+        while not inbox._kept and time.monotonic() < deadline:   # the answer, read on the way
+            assert not inbox.stopped()
+            time.sleep(0.01)
+        assert [type(m) for m in inbox._kept] == [M.NoUpdate] and inbox.stop is None
+        t0 = time.monotonic()
+        pub.stop_samplers()
+        while not inbox.stopped():
+            assert time.monotonic() - t0 < 2.0, "no stop within 2 s of stop_samplers()"
+            time.sleep(0.01)
+        assert inbox.stop.request_id == -1 and inbox.stop.reason == "learner finished"
+        # A weights request now: the kept answer to request 1 first, then the stop ends it.
+        answered, newest, stop = request_weights(inbox, 3, 0, 2, 5.0)
+        assert stop is not None and newest is None and not inbox._kept
+    finally:
+        inbox.close()
         pub.close()
 
 
