@@ -7,7 +7,7 @@ mean reward of every completion it generated (before the zero-signal filter) at 
 that generated it.
 
 Run on a GPU machine (variants run one after another; about 40 s of start-up each):
-  python bench/objectives.py run --work-dir runs/obj --seconds 150 --variants default,tis2,mask,decoupled2
+  python bench/objectives.py run --work-dir runs/obj --seconds 150 --variants ppo,tis2,mask,decoupled2
 Summarise finished runs (here or there) into bench/results/objectives_<device>.json:
   python bench/objectives.py summarise --device "NVIDIA H100" --work-dir runs/obj
 """
@@ -29,8 +29,8 @@ from time_to_accuracy import OURS_ONLY, SHARED  # noqa: E402
 
 # name -> the flags appended to the fixed command (a later flag wins in argparse).
 VARIANTS = {
-    "default": "",                                           # PPO clip around the behaviour policy
-    "tis2": "--tis-cap 2",                                   # truncated IS weight, one update a step
+    "ppo": "--tis-cap 0",                                    # PPO clip around the behaviour policy (TRL's)
+    "tis2": "--tis-cap 2",                                   # truncated IS weight, one update a step (default)
     "mask": "--is-mask-low 0.125 --is-mask-high 8",          # prime-rl's masked IS, one update a step
     "decoupled2": "--tis-cap 2 --ppo-minibatches 2",         # AReaL-style: clip around the proximal policy
     "decoupled4": "--tis-cap 2 --ppo-minibatches 4",
@@ -76,6 +76,7 @@ def summarise_run(run_dir: Path) -> dict:
     if (run_dir / "summary.json").exists():
         summary = json.loads((run_dir / "summary.json").read_text())
     return {"flags": launch["flags"], "command": launch["command"], "exit_code": launch["exit_code"],
+            "commit": launch.get("commit"), "seed": launch.get("seed"), "note": launch.get("note"),
             "wall_s": launch["wall_s"], "steps": len(steps),
             "step_time_median_s": statistics.median(s["step_time_s"] for s in steps) if steps else None,
             "first_step_s": summary.get("first_step_s"),
@@ -111,7 +112,7 @@ def run(args) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "objective_launch.json").write_text(json.dumps(
             {"flags": VARIANTS[name] + " " + args.extra, "command": cmd, "exit_code": code,
-             "wall_s": time.time() - t0, "seed": args.seed}, indent=2))
+             "wall_s": time.time() - t0, "seed": args.seed, "commit": args.commit or git_commit()}, indent=2))
         s = summarise_run(run_dir)
         print(f"objectives: {name} exit {code}: {s['steps']} steps, reward by version "
               f"{[round(b['reward_mean'], 3) for b in s['reward_by_version']]}, clip {s['clip_frac_mean']}, "
@@ -136,7 +137,7 @@ def main(argv=None) -> None:
     ap.add_argument("--task", default="rg:basic_arithmetic:min_terms=2,max_terms=2,max_digits=1")
     ap.add_argument("--seconds", type=float, default=150.0, help="training seconds per variant")
     ap.add_argument("--seed", type=int, default=42)
-    ap.add_argument("--variants", default="default,tis2,mask,decoupled2")
+    ap.add_argument("--variants", default="ppo,tis2,mask,decoupled2")
     ap.add_argument("--extra", default="", help="flags appended to every variant")
     ap.add_argument("--device", default="")
     ap.add_argument("--note", default="")

@@ -3,11 +3,15 @@
 Ours (run_distributed.py, sampler and learner sharing the GPU) and TRL's GRPOTrainer
 (bench/trl_grpo.py: its own Hugging Face generation) run one after the other with the same model,
 task, G, max new tokens, reward, learning rate, beta, loss type and completions per step. Both save
-their weights every --save-every-s seconds of wall time (ours: the learner's --save-weights-every-s;
-TRL: a callback), and nothing is evaluated while they run. Afterwards one evaluator (grpo.evaluate's
-greedy decoder with the rollout engine, bf16, the same for every version of both) scores every
-saved version, and the base model, on the first --eval-size test problems of the task at its
-starting settings. A point is (seconds from the command's launch to the end of that save, accuracy).
+their weights on the --save-schedule of wall time (bench/save_schedule.py; by default every 15 s for
+the first two minutes, then every 30 s; ours: the learner's --save-weights-every-s, and
+--save-weights-schedule when the period changes; TRL: a callback), and nothing is evaluated while
+they run. Afterwards one evaluator (grpo.evaluate's greedy decoder with the rollout engine, bf16,
+the same for every version of both) scores every saved version, and the base model, on the first
+--eval-size test problems of the task at its starting settings. A point is (seconds from the
+command's launch to the end of that save, accuracy).
+--ours-flags "--max-staleness 0 --prompts-per-round 8" appends flags to ours' fixed command line
+(the later occurrence of a flag wins), for a variant of ours against the same baseline.
 
     python bench/time_to_accuracy.py all --work-dir runs/tta --task rg:letter_counting --budget-s 1450
     python bench/time_to_accuracy.py summarise --work-dir runs/tta     # the JSON and PNG (also here)
@@ -18,6 +22,9 @@ scores TRL and summarises. The steps one by one: `ours --seed S`, `trl --seconds
 Writes bench/results/time_to_accuracy_<device>.json (one entry per task, other tasks kept; with
 --label, 'TASK (LABEL)', so a rerun keeps the first run's entry) and
 time_to_accuracy_<device>_<task>.png. Needs trl (bench/trl_grpo.py says how to carry it).
+Each run's entry records its command, seed, git commit (--git-commit where the tree has no .git,
+as on the device machine), --ours-flags, save schedule, seconds from launch to its first optimizer
+step, accuracy at 60, 120, 300 and 600 s, and the seconds and step at which it first reached 2x.
 """
 from __future__ import annotations
 
@@ -26,12 +33,14 @@ import ast
 import json
 import math
 import re
+import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import save_schedule  # noqa: E402
 from benchutil import ROOT, read_run_file, versions  # noqa: E402
 
 # The training settings both systems share: the demo's (Makefile DEMO_FLAGS, chosen on train
@@ -44,6 +53,8 @@ OURS_ONLY = ["--sampling-gpu", "0", "--training-gpus", "0", "--share-gpus", "--g
              "--prompts-per-round", "64", "--filter-zero-signal", "--max-staleness", "8", "--reward", "correctness"]
 GOAL_RATIO = 2.0     # the goal: 2x the baseline accuracy
 TRL_FACTOR = 5.0     # TRL runs until 5x ours' time to 2x (or the budget ends)
+SAVE_SCHEDULE = "15x8,30"   # every 15 s for the first 2 minutes (the goal to a few steps), then every 30 s
+MARKS_S = (60, 120, 300, 600)   # accuracy_at_s: the newest save by each of these seconds from launch
 
 
 # ----------------------------------------------------------------------------- pure rules
@@ -76,6 +87,96 @@ def accuracy_at(points: list[dict], seconds: float) -> float | None:
     return max(done, key=lambda p: p["seconds"])["accuracy"] if done else None
 
 
+def accuracy_at_marks(saves: list[dict], marks=MARKS_S) -> dict[str, float | None]:
+    """{'60': accuracy, ...}: at each mark, the accuracy of the newest save at or before it (a run
+    that ended earlier: its last); None where the run had saved nothing yet. `saves` are the
+    scored saves alone: the base model's point at 0 s is no save of the run."""
+    return {str(m): accuracy_at(saves, float(m)) for m in marks}
+
+
+def ours_save_flags(spec: str) -> list[str]:
+    """The learner's flags for a save schedule: a constant one is --save-weights-every-s alone (what
+    every learner has); a changing one also passes itself as --save-weights-schedule, and
+    --save-weights-every-s its first period (that flag turns the saves on)."""
+    sched = save_schedule.parse(spec)
+    every = ["--save-weights-every-s", f"{sched[0][0]:g}"]
+    return every if save_schedule.is_constant(sched) else every + ["--save-weights-schedule", spec]
+
+
+def ours_extra_flags(text: str) -> list[str]:
+    """--ours-flags, split as a shell would ('--a 1 --b "x y"' -> ['--a', '1', '--b', 'x y']). The
+    seed and the run directory name the run (--seeds, --work-dir): not here."""
+    flags = shlex.split(text)
+    named = [f for f in flags if f.startswith(("--seed", "--run-dir"))]
+    if named:
+        raise SystemExit(f"time_to_accuracy: --ours-flags may not set {named[0].split('=')[0]}: "
+                         f"use --seeds / --seed and --work-dir, which name the run's folder")
+    return flags
+
+
+def first_step_ours(run: Path, launch_time: float) -> tuple[float | None, str | None]:
+    """Seconds from the command's launch to the learner's first optimizer step, and where from. The
+    learner's 'first_step' stage mark is a Unix time on this clock: the first one at or after the
+    launch (a run dir may keep an earlier launch's marks), from stages/learner0.json (its newest mark
+    {"stage", "time"}, and all of them under "history") or else summary.json's "stages" (every
+    process's marks). Else summary.json's first_step_s, which counts from the first 'started' mark
+    of the launch's processes, so it leaves out the launcher's own start (a few seconds short of
+    launch). (None, None) when none of them says."""
+    try:
+        summary = json.loads(read_run_file(run, "summary.json"))
+    except FileNotFoundError:
+        summary = {}
+    sources = []
+    path = run / "stages" / "learner0.json"
+    if path.is_file():
+        rec = json.loads(path.read_text())
+        sources.append(("stages/learner0.json", rec.get("history") or [rec]))
+    sources.append(("summary.json stages", (summary.get("stages") or {}).get("learner0") or []))
+    for source, marks in sources:
+        t = min((float(m["time"]) for m in marks if m.get("stage") == "first_step"
+                 and float(m["time"]) >= launch_time), default=None)
+        if t is not None:
+            return round(t - launch_time, 2), source
+    if summary.get("first_step_s") is not None:
+        return round(float(summary["first_step_s"]), 2), "summary.json first_step_s (from the first process's start)"
+    return None, None
+
+
+def first_step_loop_s(run: Path) -> float | None:
+    """metrics.jsonl's first step record's time_s: seconds from the start of the learner's loop
+    (after its model, engine and ports are up) to the end of its first step; not from launch."""
+    try:
+        lines = read_run_file(run, "metrics.jsonl").splitlines()
+    except FileNotFoundError:
+        return None
+    rec = next((r for r in map(json.loads, filter(None, lines)) if "step" in r and "time_s" in r), None)
+    return None if rec is None else round(float(rec["time_s"]), 2)
+
+
+def first_step_trl(doc: dict, launch_time: float) -> tuple[float | None, str | None]:
+    """TRL: the first step's end from launch, where steps.json stamps its steps with Unix times
+    ("wall_time"); its "time_s" counts from the start of training, not from launch."""
+    steps = doc.get("steps") or []
+    if steps and steps[0].get("wall_time") is not None:
+        return round(float(steps[0]["wall_time"]) - launch_time, 2), "steps.json"
+    return None, None
+
+
+def git_commit(root: Path) -> tuple[str | None, bool | None]:
+    """The tree's commit and whether tracked files differ from it; (None, None) without git or a .git
+    (the device machine's copy of the tree). Reads only: no index refresh (--no-optional-locks)."""
+    def git(*a: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "--no-optional-locks", "-C", str(root), *a], capture_output=True, text=True)
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode:
+            return None, None
+        status = git("status", "--porcelain", "--untracked-files=no")
+    except OSError:
+        return None, None
+    return head.stdout.strip(), (bool(status.stdout.strip()) if status.returncode == 0 else None)
+
+
 def trl_seconds(ours_to_goal: list[float | None], left_s: float) -> tuple[float, str]:
     """How long TRL runs: TRL_FACTOR x the slower seed's time to the goal, within what is left of
     the budget; and which of the two bounds it ('5x ours' or 'budget')."""
@@ -89,7 +190,8 @@ def trl_seconds(ours_to_goal: list[float | None], left_s: float) -> tuple[float,
 # ----------------------------------------------------------------------------- running
 def _launch(cmd: list[str], run_dir: Path, system: str, extra: dict) -> dict:
     """Run one system's command with its output in run_dir/command.log; record the launch time
-    (every point's clock starts here) in run_dir/launch.json."""
+    (every point's clock starts here), the command as run and `extra` (seed, git commit, ...) in
+    run_dir/launch.json."""
     run_dir.mkdir(parents=True, exist_ok=True)
     launch = time.time()
     cmd = [c.replace("{launch}", f"{launch:.3f}") for c in cmd]
@@ -104,10 +206,40 @@ def _launch(cmd: list[str], run_dir: Path, system: str, extra: dict) -> dict:
 
 
 def ours_command(args, seed: int, run_dir: Path) -> list[str]:
+    """The fixed command line, then --ours-flags: argparse keeps a flag's last value, so they win."""
     shared = [f"--{k.replace('_', '-')}={v}" for k, v in SHARED.items()]
     return [sys.executable, str(ROOT / "run_distributed.py"), "--model", args.model, "--dataset", args.task, *shared,
             *OURS_ONLY, "--max-time-s", str(args.ours_seconds), "--max-steps", "100000", "--eval-every", "0",
-            "--save-weights-every-s", str(args.save_every_s), "--seed", str(seed), "--run-dir", str(run_dir)]
+            *ours_save_flags(args.save_schedule), "--seed", str(seed), "--run-dir", str(run_dir),
+            *ours_extra_flags(args.ours_flags)]
+
+
+def check_ours(cmd: list[str]) -> None:
+    """Parse ours' command as the launcher will (grpo.launch.plan.parse; nothing starts), so that a
+    flag it does not know (a typo in --ours-flags, or --save-weights-schedule on a learner without
+    it) stops this script before any run instead of failing each run in turn."""
+    from grpo.launch.plan import parse
+
+    try:
+        parse(cmd[2:])
+    except SystemExit as e:
+        if e.code:
+            hint = ("; a learner without --save-weights-schedule takes a constant --save-schedule, e.g. 30"
+                    if "--save-weights-schedule" in cmd else "")
+            raise SystemExit(f"time_to_accuracy: run_distributed.py refuses ours' command (its message is above); "
+                             f"nothing was run{hint}: {' '.join(cmd[2:])}") from None
+
+
+def _run_extra(args, seed: int, **more) -> dict:
+    """What launch.json records beside the command: the seed, the commit, the save schedule."""
+    commit, dirty = (args.git_commit, None) if args.git_commit else git_commit(ROOT)
+    return {"seed": seed, "git_commit": commit, "git_dirty": dirty, "save_schedule": args.save_schedule, **more}
+
+
+def launch_ours(args, seed: int) -> dict:
+    run_dir = Path(args.work_dir) / f"ours_seed{seed}"
+    return _launch(ours_command(args, seed, run_dir), run_dir, "ours",
+                   _run_extra(args, seed, ours_flags=ours_extra_flags(args.ours_flags)))
 
 
 def trl_command(args, seconds: float, run_dir: Path) -> list[str]:
@@ -116,7 +248,7 @@ def trl_command(args, seconds: float, run_dir: Path) -> list[str]:
     # speed) rounds away AdamW updates far below a weight's bf16 step at this learning rate.
     return [sys.executable, str(ROOT / "bench" / "trl_grpo.py"), "--model", args.model, "--dataset", args.task,
             *shared, "--dtype", "float32", "--seconds", f"{seconds:.0f}", "--launch-time", "{launch}",
-            "--save-every-s", str(args.save_every_s), "--save-dir", str(run_dir / "weights"),
+            "--save-schedule", args.save_schedule, "--save-dir", str(run_dir / "weights"),
             "--seed", str(args.seeds[0]), "--out", str(run_dir / "steps.json")]
 
 
@@ -239,7 +371,8 @@ def last_error(text: str) -> str | None:
 def trl_books(run: Path, launch: dict) -> dict:
     """TRL trains every group it generates, on-policy: nothing is stale; its zero-signal share is the
     mean of its own frac_reward_zero_std over steps (those groups cost generation and add nothing).
-    A run that failed (exit code not 0) gets its error, and its steps from the log if it wrote none."""
+    A run that failed (exit code not 0) gets its error, and its steps from the log if it wrote none.
+    first_step_s: from steps.json's Unix stamps where it has them (first_step_trl)."""
     log = read_run_file(run, "command.log") if launch["exit_code"] else ""
     if (run / "steps.json").is_file():
         doc, source = json.loads((run / "steps.json").read_text()), "steps.json"
@@ -247,11 +380,12 @@ def trl_books(run: Path, launch: dict) -> dict:
         doc = {"steps": logged_steps(log, SHARED["train_batch_size"])}
         source = "command.log (the run wrote no steps.json)"
     steps = doc["steps"]
+    first, first_from = first_step_trl(doc, launch["launch_time"]) if "launch_time" in launch else (None, None)
     zs = [s["frac_reward_zero_std"] for s in steps if s.get("frac_reward_zero_std") is not None]
     bad = [s["step"] for s in steps if s.get("grad_norm") is not None and not math.isfinite(float(s["grad_norm"]))]
     return {"steps": len(steps), "completions_trained": sum(s["completions"] for s in steps),
             "stale_fraction": 0.0, "zero_signal_fraction": round(sum(zs) / len(zs), 4) if zs else None,
-            "nonfinite_grad_steps": bad, "books_from": source,
+            "nonfinite_grad_steps": bad, "books_from": source, "first_step_s": first, "first_step_from": first_from,
             "error": doc.get("error") or (last_error(log) if launch["exit_code"] else None),
             "trl_version": doc.get("trl") or _device(run.parent).get("versions", {}).get("trl"),
             "config": doc.get("config")}
@@ -271,14 +405,24 @@ def summarise_task(work: Path) -> dict:
            f"greedy, {base['decoder']} decoder, bf16", "baseline_accuracy": base["accuracy"],
            "baseline_ci95": wilson(base["correct"], base["n"]), "target_accuracy": round(target, 4)}
     systems: dict[str, dict] = {}
+    meta = _device(work)
+    # Runs from before --save-schedule saved every device.json's save_every_s seconds.
+    legacy_schedule = f"{meta['save_every_s']:g}" if meta.get("save_every_s") else None
     for launch_file in sorted(work.glob("*/launch.json")):
         run, launch = launch_file.parent, json.loads(launch_file.read_text())
         pts = run_points(run, base)
         rec = {"run": run.name, "seed": launch.get("seed"), "exit_code": launch["exit_code"],
                "wall_s": round(launch["wall_s"], 1), "points": pts, "baseline_accuracy": base["accuracy"],
                "seconds_to_2x_baseline": seconds_to(pts, target), "accuracy_at_600s": accuracy_at(pts, 600.0),
+               "accuracy_at_s": accuracy_at_marks(pts[1:]),
                "step_at_2x_baseline": next((p["step"] for p in pts if p["accuracy"] >= target > 0), None),
-               "last_save_s": pts[-1]["seconds"], "bound": launch.get("bound"), "command": launch["command"]}
+               "last_save_s": pts[-1]["seconds"], "bound": launch.get("bound"), "command": launch["command"],
+               "git_commit": launch.get("git_commit"), "git_dirty": launch.get("git_dirty"),
+               "save_schedule": launch.get("save_schedule", legacy_schedule)}
+        if launch["system"] == "ours":
+            first, first_from = first_step_ours(run, launch["launch_time"])
+            rec.update({"ours_flags": launch.get("ours_flags", []), "first_step_s": first,
+                        "first_step_from": first_from, "first_step_after_loop_start_s": first_step_loop_s(run)})
         rec.update(ours_books(run) if launch["system"] == "ours" else trl_books(run, launch))
         systems.setdefault(launch["system"], {"runs": []})["runs"].append(rec)
     for name, sys_ in systems.items():
@@ -347,7 +491,8 @@ def summarise(args) -> Path:
     if label:
         task["label"] = label
     doc.update({"device": device, "versions": meta.get("versions", doc.get("versions")),
-                "settings": {"shared": SHARED, "ours_only": OURS_ONLY, "save_every_s": meta.get("save_every_s"),
+                "settings": {"shared": SHARED, "ours_only": OURS_ONLY, "save_schedule": meta.get("save_schedule")
+                             or (f"{meta['save_every_s']:g}" if meta.get("save_every_s") else None),
                              "trl": "bench/trl_grpo.py: Hugging Face generate (no vLLM), float32 weights under "
                                     "bf16 autocast, epsilon 0.2, AdamW (0.9, 0.99), grad clip 1, constant LR"},
                 "goals": {"ours_2x_within_s": 300, "trl_factor": TRL_FACTOR}})
@@ -372,7 +517,7 @@ def record_device(args) -> None:
     name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     extra = ("trl",) if _has("trl") else ()
     (work / "device.json").write_text(json.dumps({"device": name, "versions": versions(extra),
-                                                  "save_every_s": args.save_every_s,
+                                                  "save_schedule": args.save_schedule,
                                                   **({"label": args.label} if args.label else {})}, indent=2) + "\n")
 
 
@@ -398,7 +543,16 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="`ours`: this seed (default: the first of --seeds)")
     ap.add_argument("--ours-seconds", type=float, default=240.0, help="ours: --max-time-s (seconds of training)")
     ap.add_argument("--seconds", type=float, default=600.0, help="`trl`: seconds from launch")
-    ap.add_argument("--save-every-s", type=float, default=30.0)
+    ap.add_argument("--save-schedule", default=SAVE_SCHEDULE,
+                    help="when both systems save their weights, in seconds: 'PxN,...,P' is every P seconds N times, "
+                         "..., then every P to the end (bench/save_schedule.py); '30': every 30 s")
+    ap.add_argument("--ours-flags", default="",
+                    help="flags appended to ours' fixed command line (split as a shell would; a flag's last value "
+                         "wins), e.g. \"--max-staleness 0 --prompts-per-round 8\" (one flag alone: "
+                         "--ours-flags=--no-X); recorded in each run's entry")
+    ap.add_argument("--git-commit", default="",
+                    help="the commit to record for each run where the tree has no .git (the device machine's copy): "
+                         "pass $(git rev-parse HEAD) of the checkout; default: asked of git")
     ap.add_argument("--budget-s", type=float, default=1450.0,
                     help="`all`: everything (runs, scoring) within this many seconds; bounds TRL's run")
     ap.add_argument("--reserve-s", type=float, default=150.0, help="`all`: kept back from TRL to score its saves")
@@ -410,28 +564,34 @@ def main(argv=None) -> int:
                                                 "the JSON as 'TASK (LABEL)' (default: device.json's, else none)")
     ap.add_argument("--results-dir", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
+    try:
+        save_schedule.parse(args.save_schedule)
+    except ValueError as e:
+        ap.error(str(e))
     work = Path(args.work_dir)
     t0 = time.time()
     if args.step == "summarise":
         summarise(args)
         return 0
+    if args.step in ("ours", "all"):
+        seed = args.seed or args.seeds[0]
+        check_ours(ours_command(args, seed, work / f"ours_seed{seed}"))
     record_device(args)
     if args.step == "ours":
-        seed = args.seed or args.seeds[0]
-        _launch(ours_command(args, seed, work / f"ours_seed{seed}"), work / f"ours_seed{seed}", "ours", {"seed": seed})
+        launch_ours(args, args.seed or args.seeds[0])
     elif args.step == "trl":
-        _launch(trl_command(args, args.seconds, work / "trl"), work / "trl", "trl", {"seed": args.seeds[0]})
+        _launch(trl_command(args, args.seconds, work / "trl"), work / "trl", "trl", _run_extra(args, args.seeds[0]))
     elif args.step == "score":
         score(args)
     else:
         for seed in args.seeds:
-            _launch(ours_command(args, seed, work / f"ours_seed{seed}"), work / f"ours_seed{seed}", "ours",
-                    {"seed": seed})
+            launch_ours(args, seed)
         score(args)
         left = args.budget_s - (time.time() - t0) - args.reserve_s
         seconds, bound = trl_seconds(best_of_ours(work), left)
         print(f"time_to_accuracy: TRL for {seconds:.0f} s (bound: {bound})", flush=True)
-        _launch(trl_command(args, seconds, work / "trl"), work / "trl", "trl", {"seed": args.seeds[0], "bound": bound})
+        _launch(trl_command(args, seconds, work / "trl"), work / "trl", "trl",
+                _run_extra(args, args.seeds[0], bound=bound))
         score(args)
         summarise(args)
     return 0

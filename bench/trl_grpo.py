@@ -34,6 +34,7 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import save_schedule  # noqa: E402
 from benchutil import versions  # noqa: E402  (also puts the repo root on sys.path)
 
 from grpo.data.prompts import problem_prompt  # noqa: E402
@@ -63,7 +64,10 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--save-every-s", type=float, default=0.0,
                     help="save the policy (bf16, as ours samples) to --save-dir/step_N/ every this many seconds of "
                          "wall time and after the last step, with weights.json {step, wall_time, seconds}; 0: off")
-    ap.add_argument("--save-dir", default="", help="where --save-every-s writes")
+    ap.add_argument("--save-schedule", default="",
+                    help="instead of --save-every-s: saves on a schedule of periods 'PxN,...,P', every P seconds N "
+                         "times, ..., then every P (bench/save_schedule.py), e.g. '15x8,30'")
+    ap.add_argument("--save-dir", default="", help="where --save-every-s or --save-schedule writes")
     ap.add_argument("--max-steps", type=int, default=100000)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
                     help="weights; bfloat16: TRL's fastest plain setting (no per-matmul cast in generate); "
@@ -71,7 +75,14 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--out", required=True, help="JSON file for the per-step records (rank 0)")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    try:
+        # [(period, times)] (bench/save_schedule.py); None: no saves
+        args.schedule = (save_schedule.parse(args.save_schedule) if args.save_schedule
+                         else [(args.save_every_s, None)] if args.save_every_s > 0 else None)
+    except ValueError as e:
+        ap.error(str(e))
+    return args
 
 
 def build_dataset(tok, spec: str, limit: int, seed: int):
@@ -97,18 +108,26 @@ def build_dataset(tok, spec: str, limit: int, seed: int):
 
 
 class TimedSaves(TrainerCallback):
-    """--save-every-s: the policy every N seconds of wall time since `t0` and after the last step,
-    by our learner's own saver (grpo/learner/checkpoint.py TimedWeights: same rule, same layout),
-    cast to bf16 (the dtype our samplers and the evaluator decode in) so both systems' files are alike."""
+    """--save-every-s / --save-schedule: the policy at each mark of `schedule` (bench/save_schedule.py:
+    [(period s, times or None)], seconds of wall time since `t0`) and after the last step, by our
+    learner's own saver (grpo/learner/checkpoint.py TimedWeights: same layout; for a constant period
+    the same rule), cast to bf16 (the dtype our samplers and the evaluator decode in) so both systems'
+    files are alike. After a save the next mark is the first one ahead: no catch-up saves."""
 
-    def __init__(self, every_s: float, dest: Path, t0: float, tok):
+    def __init__(self, schedule: save_schedule.Schedule, dest: Path, t0: float, tok):
         from grpo.learner.checkpoint import TimedWeights
 
-        self.saver, self.tok = TimedWeights(dest, every_s, t0), tok
+        self.saver, self.tok, self.t0 = TimedWeights(dest, schedule[0][0], t0), tok, t0
+        self.schedule = schedule
+        self.next_s = save_schedule.next_mark(schedule, 0.0)
+
+    def due(self, now: float, last: bool) -> bool:
+        return last or now - self.t0 >= self.next_s
 
     def on_step_end(self, args, state, control, model=None, **kw):
-        if state.is_world_process_zero and self.saver.due(time.time(), last=control.should_training_stop):
-            self.saver.save(model, self.tok, state.global_step, torch.bfloat16)
+        if state.is_world_process_zero and self.due(time.time(), last=control.should_training_stop):
+            rec = self.saver.save(model, self.tok, state.global_step, torch.bfloat16)
+            self.next_s = save_schedule.next_mark(self.schedule, rec["seconds"])
 
     def on_train_end(self, args, state, control, model=None, **kw):
         if state.is_world_process_zero:
@@ -189,10 +208,10 @@ def main(argv=None) -> int:
     )
     clock = Clock(args.seconds, B, cuda, args.launch_time)
     callbacks = [clock]
-    if args.save_every_s > 0:   # after the clock: a step that ends the run is saved as the last one
+    if args.schedule:   # after the clock: a step that ends the run is saved as the last one
         if not args.save_dir:
-            raise SystemExit("trl_grpo: --save-every-s needs --save-dir")
-        callbacks.append(TimedSaves(args.save_every_s, Path(args.save_dir), launch, tok))
+            raise SystemExit("trl_grpo: --save-every-s and --save-schedule need --save-dir")
+        callbacks.append(TimedSaves(args.schedule, Path(args.save_dir), launch, tok))
     trainer = GRPOTrainer(model=model_path, reward_funcs=[reward], args=cfg,
                           train_dataset=dataset, processing_class=tok, callbacks=callbacks)
     setup_s = time.perf_counter() - t_start

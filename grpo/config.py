@@ -155,12 +155,12 @@ class LearnerConfig(CommonConfig):
     """Estimator of KL(policy || reference) per token: k1, k2 or k3."""
     dual_clip: float = 0.0
     """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens at -c * A (0: off)."""
-    tis_cap: float = 0.0
-    """Off-policy correction (decoupled objective): the clip is around the learner's own log-probs before the step's first update, and each token is weighted by min(pi_learner / pi_behaviour, cap) (0: off; the clip is around the behaviour log-probs)."""
+    tis_cap: float = 2.0
+    """Off-policy correction (decoupled objective): the clip is around the learner's own log-probs before the step's first update, and each token is weighted by min(pi_learner / pi_behaviour, cap) (0: off, PPO's clip around the behaviour log-probs, as TRL does). 2 learned about twice as much per version as 0 at the pipeline's staleness (bench/results/objectives_*.json)."""
     is_mask_low: float = 0.0
     """With --is-mask-high: tokens whose importance weight pi_learner / pi_behaviour is below this leave the loss (prime-rl's masked importance sampling)."""
     is_mask_high: float = 0.0
-    """Off-policy correction (decoupled objective, like --tis-cap): tokens whose importance weight pi_learner / pi_behaviour is above this leave the loss, the rest keep their weight (0: off; AReaL's cap is --is-mask-high C alone)."""
+    """Off-policy correction (decoupled objective, like --tis-cap): tokens whose importance weight pi_learner / pi_behaviour is above this leave the loss, the rest keep their weight (0: off; AReaL's cap is --is-mask-high C alone). It replaces --tis-cap."""
     ppo_minibatches: int = 1
     """Optimizer updates per learner step: the step's groups are cut into this many minibatches of whole groups, one update each (PPO's minibatches; the clip around the proximal policy acts from the second). A policy version is one learner step."""
     scale_rewards: bool = True
@@ -218,6 +218,8 @@ class LearnerConfig(CommonConfig):
     """Save a checkpoint (DeepSpeed or PyTorch state, Hugging Face policy, RNG, step) every N steps and at the end (0: only at the end)."""
     save_weights_every_s: float = 0.0
     """Also save the policy's Hugging Face weights alone (no optimizer state) to <run_dir>/weights/step_N/ every this many seconds of wall time since the learner started, and after the last step (0: off); bench/time_to_accuracy.py scores every one."""
+    save_weights_schedule: str = ""
+    """With --save-weights-every-s: save on a schedule of periods instead, 'PxN,...,P' (every P seconds N times, ..., then every P to the end), e.g. '15x8,30': every 15 s for the first 2 minutes, then every 30 s. Empty: every --save-weights-every-s seconds."""
     keep_checkpoints: int = 3
     """Keep only the newest K checkpoints under <run_dir>/checkpoints (0: keep all)."""
     resume: str = ""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import re
 import shutil
@@ -210,6 +211,41 @@ def _save_hf(module: torch.nn.Module, tokenizer, dest: Path, state_dict: dict | 
             cfg.grpo_random_init = random_init
 
 
+def parse_save_schedule(spec: str) -> list[tuple[float, int | None]]:
+    """--save-weights-schedule '15x8,30' -> [(15.0, 8), (30.0, None)]: (period in seconds, how many
+    times; None: to the end). Every item but the last has a count and the last has none."""
+    items = [s.strip() for s in spec.split(",")]
+    out: list[tuple[float, int | None]] = []
+    for i, item in enumerate(items):
+        period, sep, count = item.partition("x")
+        try:
+            p, n = float(period), (int(count) if sep else None)
+        except ValueError:
+            raise ValueError(f"--save-weights-schedule {spec!r}: {item!r} is neither P nor PxN "
+                             f"(every P seconds, N times), e.g. '15x8,30'") from None
+        if not (math.isfinite(p) and p > 0) or (n is not None and n < 1):
+            raise ValueError(f"--save-weights-schedule {spec!r}: {item!r} needs a period > 0 and a count >= 1")
+        if (n is None) != (i == len(items) - 1):
+            raise ValueError(f"--save-weights-schedule {spec!r}: every item but the last needs its count (PxN) and "
+                             f"the last has none (it repeats to the end of the run), e.g. '15x8,30'")
+        out.append((p, n))
+    return out
+
+
+def next_save_mark(schedule: list[tuple[float, int | None]], elapsed: float) -> float:
+    """The schedule's first mark strictly after `elapsed` seconds (its first mark for 0)."""
+    start = 0.0
+    for period, count in schedule:
+        end = math.inf if count is None else start + count * period
+        if elapsed < end:
+            k = max(math.floor((elapsed - start) / period) + 1, 1)
+            while start + k * period <= elapsed:   # float rounding of the division, never by more than one
+                k += 1
+            return start + k * period
+        start = end
+    raise AssertionError("a parsed schedule ends with an item repeated to the end of the run")
+
+
 class TimedWeights:
     """--save-weights-every-s: the policy's weights alone, every N seconds of wall time, for curves of
     accuracy against time (bench/time_to_accuracy.py scores each one afterwards, so no evaluation
@@ -218,11 +254,14 @@ class TimedWeights:
     seconds (since `t0`)}. bench/trl_grpo.py saves TRL's policy through this class too.
     Rank 0 saves alone: under ZeRO-2 every rank holds the whole module. A save takes the time of
     writing the module (about 0.3 s for 135M bf16 parameters); the other ranks wait for it at the
-    next step's collectives, and the time counts in the run's clock as it would for a user."""
+    next step's collectives, and the time counts in the run's clock as it would for a user.
+    `schedule` (--save-weights-schedule, e.g. '15x8,30'): the marks follow its periods instead of
+    every_s alone; every_s > 0 still turns the saves on."""
 
-    def __init__(self, root: Path, every_s: float, t0: float):
+    def __init__(self, root: Path, every_s: float, t0: float, schedule: str = ""):
         self.root, self.every_s, self.t0 = Path(root), every_s, t0
-        self.next_s = every_s
+        self.schedule = parse_save_schedule(schedule) if schedule else [(every_s, None)]
+        self.next_s = next_save_mark(self.schedule, 0.0) if every_s > 0 else math.inf
         self.saved: list[dict] = []
 
     def due(self, now: float, last: bool) -> bool:
@@ -239,10 +278,10 @@ class TimedWeights:
         now = time.time()
         rec = {"step": step, "wall_time": now, "seconds": now - self.t0}
         (dest / "weights.json").write_text(json.dumps(rec) + "\n")   # last: its presence marks a whole save
-        # The next mark is the first multiple of every_s still ahead: a save that overran a mark
-        # (a slow step) does not queue catch-up saves.
-        while self.next_s <= now - self.t0:
-            self.next_s += self.every_s
+        # The next mark is the first one still ahead: a save that overran a mark (a slow step)
+        # does not queue catch-up saves.
+        if self.every_s > 0:
+            self.next_s = next_save_mark(self.schedule, now - self.t0)
         self.saved.append(rec)
         return rec
 

@@ -22,10 +22,11 @@ import torch.distributed as dist
 
 from grpo.config import LearnerConfig
 from grpo.data.tasks import Curriculum
-from grpo.learner.accounting import Books, MessageLedger
+from grpo.learner.accounting import Books, MessageLedger, balance
 from grpo.learner.batch import (Batch, balanced_split, broadcast_batch, build_batch, length_buckets, micro_batch,
                                 minibatches, padded_tokens)
-from grpo.learner.checkpoint import Checkpointer, TimedWeights, load_checkpoint, resolve_resume
+from grpo.learner.checkpoint import (Checkpointer, TimedWeights, load_checkpoint, parse_save_schedule,
+                                    resolve_resume)
 from grpo.learner.engine import DeepSpeedEngine, TorchEngine, clear_build_locks, load_ds_config, resolve_ds_config
 from grpo.learner.intake import Intake
 from grpo.learner.liveness import Liveness, SyncPeers
@@ -36,7 +37,7 @@ from grpo.obs.gpu import GpuMonitor, format_gpu
 from grpo.obs.metrics import MetricsWriter
 from grpo.obs.progress import Progress
 from grpo.obs.rundir import make_run_dir
-from grpo.obs.stages import mark as mark_stage
+from grpo.obs.stages import first_step_s, history as stage_history, mark as mark_stage
 from grpo.obs.tracking import Tracker, parse_report_to
 from grpo.sampler.rollout import resolve_backend
 from grpo.stats import group_stats
@@ -65,8 +66,6 @@ def check_loss_options(cfg: LearnerConfig) -> None:
                          f"0 <= low < 1 < high (prime-rl uses 0.125 and 8), or --is-mask-high 0 to turn it off")
     if cfg.is_mask_low and not cfg.is_mask_high:
         raise ValueError(f"--is-mask-low {cfg.is_mask_low} needs --is-mask-high (e.g. 8)")
-    if cfg.is_mask_high and cfg.tis_cap:
-        raise ValueError("--tis-cap and --is-mask-high are two off-policy corrections; choose one")
     if cfg.ppo_minibatches < 1 or cfg.ppo_minibatches > cfg.train_batch_size // max(cfg.num_generations, 1):
         raise ValueError(f"--ppo-minibatches {cfg.ppo_minibatches}: must be between 1 and the groups per step "
                          f"(--train-batch-size / --num-generations = "
@@ -82,6 +81,10 @@ class Learner:
         if cfg.save_weights_every_s < 0 or (cfg.save_weights_every_s and cfg.lora_r):
             raise ValueError(f"--save-weights-every-s {cfg.save_weights_every_s}: must be >= 0 and needs full "
                              f"fine-tuning (with --lora-r the adapter is saved at the end); drop one of them")
+        if cfg.save_weights_schedule:
+            if not cfg.save_weights_every_s:
+                raise ValueError("--save-weights-schedule needs --save-weights-every-s > 0 (which turns the saves on)")
+            parse_save_schedule(cfg.save_weights_schedule)   # a bad spec fails here, before the model loads
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         if cfg.no_deepspeed and self.world > 1:
@@ -176,7 +179,8 @@ class Learner:
         self.gpu = GpuMonitor(self.device)
         self.version = 0
         self.checkpointer = Checkpointer(self.run_dir, cfg.save_every, cfg.keep_checkpoints, self.rank, self.world)
-        self.timed_weights = TimedWeights(self.run_dir / "weights", cfg.save_weights_every_s, self.t_created)
+        self.timed_weights = TimedWeights(self.run_dir / "weights", cfg.save_weights_every_s, self.t_created,
+                                          cfg.save_weights_schedule)
         if resume_dir is not None:
             t_load = time.perf_counter()
             self.resumed = load_checkpoint(self.engine, resume_dir, self.rank, self.world)
@@ -315,7 +319,7 @@ class Learner:
             tl = grpo_token_loss(logp, mb.old_logp, mb.ref_logp, mb.advantages, mb.gen_mask,
                                  cfg.epsilon, cfg.epsilon_high, cfg.beta, kl_estimator=cfg.kl_estimator,
                                  dual_clip=cfg.dual_clip or None, prox_logp=base,
-                                 tis_cap=cfg.tis_cap or None,
+                                 tis_cap=None if cfg.is_mask_high else (cfg.tis_cap or None),
                                  is_mask=(cfg.is_mask_low, cfg.is_mask_high) if cfg.is_mask_high else None)
             share = reduce_loss(tl.loss, mb.gen_mask, cfg.loss_type, len(part), total_tokens,
                                 cfg.max_new_tokens, num_micro_batches=scale)
@@ -475,11 +479,14 @@ class Learner:
                  self.cfg.shutdown_timeout_s)
         self.intake.wait_for_finals(self.cfg.shutdown_timeout_s, self.version)
         acc = self.intake.accounting()
+        books_say = balance(acc, self.books, self.messages)   # names what a gap is, if there is one
+        stages = stage_history(self.run_dir)
         latest = self.books.latest()
         missing = sorted(i for i, e in latest.items() if not e.final)
         dropped_total = sum(acc["dropped"].values())
         summary = {"steps": self.version, "optimizer_updates": self.engine.updates, "elapsed_s": elapsed,
-                   "groups": acc,
+                   "groups": acc, "balance": books_say,
+                   "stages": stages, "first_step_s": first_step_s(stages, os.getpid()),
                    "samplers": {i: {"version": e.status.policy_version, "groups_sent": e.status.groups_sent,
                                     "final": e.final, "stats": e.status.stats}
                                 for i, e in sorted(latest.items()) if e.status is not None},
@@ -502,8 +509,7 @@ class Learner:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         self.metrics.write({"final": True, **summary})
         log.info("accounting: sent %d = trained %d + dropped %d %s + queued %d -> %s%s", acc["sent"],
-                 acc["trained"], dropped_total, acc["dropped"], acc["queued"],
-                 "balanced" if acc["balanced"] else "NOT balanced",
+                 acc["trained"], dropped_total, acc["dropped"], acc["queued"], books_say["text"],
                  f" (no final status from samplers {missing})" if missing else "")
         self.publisher.close()
         self.receiver.close()

@@ -189,6 +189,26 @@ def test_timed_weights_save_on_the_marks_without_catching_up(tiny, tmp_path, mon
     assert not ck.TimedWeights(tmp_path / "weights", 0.0, 1000.0).due(5000.0, last=True)   # 0: off
 
 
+def test_timed_weights_on_a_schedule_hand_worked(tiny, tmp_path, monkeypatch):
+    """--save-weights-schedule 10x2,30 from t0 = 1000: marks 1010, 1020, then every 30 s: 1050, 1080;
+    a save at 1026 (past 1020) moves the next mark to 1050."""
+    import grpo.learner.checkpoint as ck
+
+    assert ck.parse_save_schedule("15x8,30") == [(15.0, 8), (30.0, None)]
+    for bad in ("15x8", "15,30", "0", "15x0,30", "abc"):
+        with pytest.raises(ValueError, match="--save-weights-schedule"):
+            ck.parse_save_schedule(bad)
+    s = ck.parse_save_schedule("15x8,30")
+    assert [ck.next_save_mark(s, e) for e in (0.0, 15.0, 119.9, 120.0, 1000.0)] == [15.0, 30.0, 120.0, 150.0, 1020.0]
+    path, tok = tiny
+    model = load_causal_lm(path, torch.device("cpu"), torch.float32)
+    tw = ck.TimedWeights(tmp_path / "weights", 10.0, 1000.0, "10x2,30")
+    assert not tw.due(1009.9, last=False) and tw.due(1010.0, last=False)
+    monkeypatch.setattr(ck.time, "time", lambda: 1026.0)
+    tw.save(model, tok, 4)
+    assert not tw.due(1049.9, last=False) and tw.due(1050.0, last=False)
+
+
 def test_torch_engine_skips_a_step_whose_gradient_is_not_finite(tiny):
     """--no-deepspeed: a NaN gradient leaves the weights and the optimizer as they were (DeepSpeed's
     bf16 optimizer does the same); the next finite step trains as usual."""

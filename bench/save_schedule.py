@@ -1,0 +1,12 @@
+"""The save schedule both systems use in bench/time_to_accuracy.py ('15x8,30': every 15 s eight
+times, then every 30 s): the learner's own rule (grpo.learner.checkpoint, --save-weights-schedule),
+so ours and TRL's saves fall on the same marks."""
+from __future__ import annotations
+
+from grpo.learner.checkpoint import next_save_mark as next_mark  # noqa: F401
+from grpo.learner.checkpoint import parse_save_schedule as parse  # noqa: F401
+
+
+def is_constant(schedule: list[tuple[float, int | None]]) -> bool:
+    """One period to the end: the learner's --save-weights-every-s alone says it."""
+    return len(schedule) == 1
