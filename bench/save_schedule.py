@@ -3,6 +3,10 @@ times, then every 30 s): the learner's own rule (grpo.learner.checkpoint, --save
 so ours and TRL's saves fall on the same marks."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run as a script: the repo's grpo
 from grpo.learner.checkpoint import next_save_mark as next_mark  # noqa: F401
 from grpo.learner.checkpoint import parse_save_schedule as parse  # noqa: F401
 
