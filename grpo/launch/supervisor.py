@@ -1,7 +1,7 @@
 """Starting, watching and stopping processes: one supervisor for a single run and for seeded instances.
 
-A single run (`run`): the learner ranks first; the samplers once learner rank 0 has bound its
-ports (the `learner.ready` file); then a watch loop that prints each new step's status line,
+A single run (`run`): the learner ranks and the samplers together, a wait (bounded) until learner
+rank 0 has bound its ports (the `learner.ready` file); then a watch loop that prints each new step's status line,
 restarts a dead sampler when --restart-samplers allows, and ends the run when any process
 fails or the learner finishes. Seeded instances (`run_instances`): one child launcher per
 instance (grpo.launch.plan.plan_instances says which GPUs, ports and run directory); a failed
@@ -154,27 +154,36 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path) -> int:
           f"logs: {', '.join(s.name + '.log' for s in specs)}", flush=True)
     sup.catch_signals()
     try:
-        for s in learners:
+        # Every process starts now: a sampler's imports, prompts and model load (about 20 s on a
+        # GPU machine) overlap the learner's, and ZeroMQ connects whenever the learner binds. The
+        # ports were checked free before this, so a learner that cannot bind is rare; if it fails,
+        # the loop below stops the samplers with it.
+        for s in learners + samplers:
             sup.start(s)
         ready = run_dir / "learner.ready"
         deadline = time.monotonic() + cfg.ready_timeout_s
+        restarts = {s.name: 0 for s in samplers}
         while not ready.exists():
             sup.note_late(cfg.stage_timeout_s)
-            if (bad := sup.failed()) or sup.stopping or time.monotonic() > deadline:
+            bad = sup.failed()
+            if bad and bad[0].startswith("sampler") and restarts[bad[0]] < cfg.restart_samplers:
+                restarts[bad[0]] += 1
+                print(f"[launcher] {bad[0]} {describe_exit(bad[1])} before the learner bound its ports; restarting "
+                      f"it ({restarts[bad[0]]} of {cfg.restart_samplers}). Last lines of {bad[0]}.log:\n"
+                      f"{sup.tail(bad[0])}", file=sys.stderr, flush=True)
+                sup.start(sup.procs[bad[0]][1])
+                continue
+            if bad or sup.stopping or time.monotonic() > deadline:
                 if bad:
-                    print(f"[launcher] {bad[0]} exited with code {bad[1]} before binding its ports:\n"
+                    print(f"[launcher] {bad[0]} exited with code {bad[1]} before the learner bound its ports:\n"
                           f"{sup.tail(bad[0])}", file=sys.stderr, flush=True)
                 elif not sup.stopping:
                     print(f"[launcher] the learner did not bind its ports within {cfg.ready_timeout_s:.0f} s; "
                           f"see {run_dir}/learner0.log", file=sys.stderr, flush=True)
                 return 1
             time.sleep(0.2)
-        print(f"[launcher] learner ready on {cfg.host}:{cfg.data_port}/{cfg.sync_port}; starting samplers",
-              flush=True)
-        for s in samplers:
-            sup.start(s)
+        print(f"[launcher] learner ready on {cfg.host}:{cfg.data_port}/{cfg.sync_port}", flush=True)
         seen = 0
-        restarts = {s.name: 0 for s in samplers}
         while True:
             if sup.stopping:
                 name = signal.Signals(sup.stopping).name

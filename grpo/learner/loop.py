@@ -123,6 +123,7 @@ class Learner:
                      bind, cfg.sync_port, " (CURVE)" if curve else "", self.run_dir)
             mark_stage(self.run_dir, "learner0", "bound")
 
+        t_dist = time.perf_counter()
         if not cfg.no_deepspeed:
             import deepspeed
 
@@ -134,6 +135,7 @@ class Learner:
             clear_build_locks()   # a build lock left by a stopped process would hang init silently
             deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo",
                                        timeout=timedelta(seconds=cfg.dist_timeout_s))
+        t_model = time.perf_counter()
         self.tok = load_tokenizer(path)
         # DeepSpeed bf16 keeps fp32 master weights in its optimizer, so the module can be bf16;
         # plain AdamW needs fp32 weights, and gets bf16 compute through autocast instead.
@@ -147,8 +149,11 @@ class Learner:
         self.vocab_size = model.get_input_embeddings().weight.shape[0]
         if self.receiver is not None:
             self.receiver.limits = M.Limits(group_size=cfg.num_generations, vocab_size=self.vocab_size)
+        t_engine = time.perf_counter()
         self.engine = (TorchEngine(model, self.ds_config, self.device) if cfg.no_deepspeed
                        else DeepSpeedEngine(model, self.ds_config))
+        log.info("start-up: DeepSpeed import and process group %.1f s, model %.1f s, optimizer engine %.1f s",
+                 t_model - t_dist, t_engine - t_model, time.perf_counter() - t_engine)
         mark_stage(self.run_dir, f"learner{self.rank}", "engine_ready")
         self.autocast = (cfg.no_deepspeed and self.device.type == "cuda")
         run = M.RunFacts(schema=M.SCHEMA_VERSION, model=cfg.model, vocab_size=self.vocab_size,

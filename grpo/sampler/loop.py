@@ -79,12 +79,15 @@ class Sampler:
         # --curriculum: every task starts at level 0; the learner's answers move the levels.
         self.levels = start_levels(cfg.dataset) if cfg.curriculum else None
         self.window = SuccessWindow(cfg.curriculum_window)
+        t0 = time.perf_counter()
         mine = self._load_prompts()
         self.rewards.probe(mine[0])
+        t_prompts = time.perf_counter()
         path = resolve_model(cfg.model)
         self.tok = load_tokenizer(path)
         dtype = compute_dtype(self.device)
         self.policy = load_causal_lm(path, self.device, dtype).eval()
+        t_model = time.perf_counter()
         # The frozen reference model is loaded only once the learner says the run needs its
         # log-probs (beta > 0; RunFacts.needs_ref_logprobs), or if it never says.
         self._model_path, self.ref = path, None
@@ -97,6 +100,8 @@ class Sampler:
                                      cuda_graphs=cfg.cuda_graphs and self.device.type == "cuda",
                                      compile_decode=cfg.compile_decode, attend_chunk=cfg.attend_chunk or None)
                        if self.backend == "fast" else None)
+        log.info("start-up: prompts %.1f s, model %.1f s, weight receiver and engine %.1f s",
+                 t_prompts - t0, t_model - t_prompts, time.perf_counter() - t_model)
         self.version = 0
         self._request_id = 0
         self.groups_sent = 0  # groups offered to the data socket, including those dropped at the HWM
