@@ -8,10 +8,8 @@ traceback.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
-import time
 
 from grpo.config import LearnerConfig, SamplerConfig
 from grpo.flags import parse_config
@@ -67,10 +65,7 @@ def sampler_main(argv: list[str] | None = None) -> int:
         mark_stage(run_dir, f"sampler{cfg.sampler_id}", "started")
         seed_all(cfg.seed + cfg.sampler_id)
         save_config(run_dir, f"sampler{cfg.sampler_id}", cfg)
-        t_import = time.perf_counter()
         from grpo.sampler.loop import Sampler
-
-        logging.getLogger("grpo.sampler").info("start-up: imports %.1f s", time.perf_counter() - t_import)
 
         sampler = Sampler(cfg)
     except _user_errors() as exc:
@@ -101,10 +96,7 @@ def learner_main(argv: list[str] | None = None) -> int:
         seed_all(cfg.seed)
         if rank == 0:
             save_config(run_dir, "learner", cfg)
-        t_import = time.perf_counter()
         from grpo.learner.loop import Learner
-
-        logging.getLogger("grpo.learner").info("start-up: imports %.1f s", time.perf_counter() - t_import)
 
         learner = Learner(cfg)
     except _user_errors() as exc:
