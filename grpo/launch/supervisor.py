@@ -1,7 +1,8 @@
 """Starting, watching and stopping processes: one supervisor for a single run and for seeded instances.
 
-A single run (`run`): the learner ranks and the samplers together, a wait (bounded) until learner
-rank 0 has bound its ports (the `learner.ready` file); then a watch loop that prints each new step's status line,
+A single run (`run`): the learner ranks and the samplers start together; a bounded wait until
+learner rank 0 has bound its ports (the `learner.ready` file); then a watch loop that prints each
+new step's status line,
 restarts a dead sampler when --restart-samplers allows, and ends the run when any process
 fails or the learner finishes. Seeded instances (`run_instances`): one child launcher per
 instance (grpo.launch.plan.plan_instances says which GPUs, ports and run directory); a failed
@@ -145,6 +146,17 @@ def _status_line(run_dir: Path, seen: int) -> tuple[int, str | None]:
                         f"samplers at {rec['sampler_versions']} groups {rec['groups']}")
 
 
+def _restarted(sup: Supervisor, bad: tuple[str, int] | None, restarts: dict[str, int], allowed: int) -> bool:
+    """--restart-samplers: start a dead sampler again while it has restarts left (said with its log's tail)."""
+    if not (bad and bad[0] in restarts and restarts[bad[0]] < allowed):
+        return False
+    restarts[bad[0]] += 1
+    print(f"[launcher] {bad[0]} {describe_exit(bad[1])}; restarting it ({restarts[bad[0]]} of {allowed}). "
+          f"Last lines of {bad[0]}.log:\n{sup.tail(bad[0])}", file=sys.stderr, flush=True)
+    sup.start(sup.procs[bad[0]][1])
+    return True
+
+
 def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path) -> int:
     """One run: start the learner group, then the samplers, and watch them to the end."""
     sup = Supervisor(run_dir)
@@ -166,12 +178,7 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path) -> int:
         while not ready.exists():
             sup.note_late(cfg.stage_timeout_s)
             bad = sup.failed()
-            if bad and bad[0].startswith("sampler") and restarts[bad[0]] < cfg.restart_samplers:
-                restarts[bad[0]] += 1
-                print(f"[launcher] {bad[0]} {describe_exit(bad[1])} before the learner bound its ports; restarting "
-                      f"it ({restarts[bad[0]]} of {cfg.restart_samplers}). Last lines of {bad[0]}.log:\n"
-                      f"{sup.tail(bad[0])}", file=sys.stderr, flush=True)
-                sup.start(sup.procs[bad[0]][1])
+            if _restarted(sup, bad, restarts, cfg.restart_samplers):
                 continue
             if bad or sup.stopping or time.monotonic() > deadline:
                 if bad:
@@ -191,12 +198,7 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path) -> int:
                       f"then killed)", flush=True)
                 return 128 + sup.stopping
             bad = sup.failed()
-            if bad and bad[0].startswith("sampler") and restarts[bad[0]] < cfg.restart_samplers:
-                restarts[bad[0]] += 1
-                print(f"[launcher] {bad[0]} {describe_exit(bad[1])}; restarting it ({restarts[bad[0]]} of "
-                      f"{cfg.restart_samplers}). Last lines of {bad[0]}.log:\n{sup.tail(bad[0])}",
-                      file=sys.stderr, flush=True)
-                sup.start(sup.procs[bad[0]][1])
+            if _restarted(sup, bad, restarts, cfg.restart_samplers):
                 continue
             if bad:
                 print(f"[launcher] {bad[0]} {describe_exit(bad[1])}; stopping the run. "

@@ -103,7 +103,7 @@ def first_step_s(hist: dict[str, list[dict]], learner_pid: int | None = None) ->
 
     A run directory can hold the marks of earlier launches (a resumed run): a process belongs to
     this launch if it marked anything at or after learner0's own 'started' (the other learner
-    ranks start beside it and reach 'engine_ready' with it; samplers start once it has bound)."""
+    ranks and the samplers start beside it and mark stages after it)."""
     mine = [e for e in hist.get("learner0", []) if learner_pid is None or e["pid"] == learner_pid]
     if learner_pid is None and mine:
         mine = [e for e in mine if e["pid"] == mine[-1]["pid"]]
