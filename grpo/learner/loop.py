@@ -329,12 +329,13 @@ class Learner:
             share = reduce_loss(tl.loss, mb.gen_mask, cfg.loss_type, len(part), total_tokens,
                                 cfg.max_new_tokens, num_micro_batches=scale)
             self.engine.backward(share * scale)
-            with torch.no_grad():
-                sums[:7] += torch.tensor([share.item(), tl.kl.sum().item(), tl.clipped.sum().item(),
-                                          mb.gen_mask.sum().item(), tl.ratio.sum().item(), len(piece),
-                                          tl.is_weight.sum().item()], dtype=torch.float64)
-                sums[7] = max(float(sums[7]), float(tl.is_weight.max()))
-                sums[8] += float(tl.is_limited.sum())
+            with torch.no_grad():   # one host sync per micro-step for every figure it logs
+                loss_, kl_, clip_, toks_, ratio_, w_sum, limited, w_max = torch.stack([
+                    share.detach().float(), tl.kl.sum(), tl.clipped.sum().float(), mb.gen_mask.sum(),
+                    tl.ratio.sum(), tl.is_weight.sum(), tl.is_limited.sum().float(), tl.is_weight.max()]).tolist()
+            sums[:7] += torch.tensor([loss_, kl_, clip_, toks_, ratio_, len(piece), w_sum], dtype=torch.float64)
+            sums[7] = max(float(sums[7]), w_max)
+            sums[8] += limited
         self.engine.step()
 
     # ------------------------------------------------------------------ main loop
