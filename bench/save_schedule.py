@@ -11,6 +11,9 @@ from grpo.learner.checkpoint import next_save_mark as next_mark  # noqa: F401
 from grpo.learner.checkpoint import parse_save_schedule as parse  # noqa: F401
 
 
-def is_constant(schedule: list[tuple[float, int | None]]) -> bool:
+Schedule = list[tuple[float, int | None]]   # [(period s, times or None: to the end)]
+
+
+def is_constant(schedule: Schedule) -> bool:
     """One period to the end: the learner's --save-weights-every-s alone says it."""
     return len(schedule) == 1

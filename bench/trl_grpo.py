@@ -110,24 +110,17 @@ def build_dataset(tok, spec: str, limit: int, seed: int):
 class TimedSaves(TrainerCallback):
     """--save-every-s / --save-schedule: the policy at each mark of `schedule` (bench/save_schedule.py:
     [(period s, times or None)], seconds of wall time since `t0`) and after the last step, by our
-    learner's own saver (grpo/learner/checkpoint.py TimedWeights: same layout; for a constant period
-    the same rule), cast to bf16 (the dtype our samplers and the evaluator decode in) so both systems'
-    files are alike. After a save the next mark is the first one ahead: no catch-up saves."""
+    learner's own saver (grpo/learner/checkpoint.py TimedWeights: the same marks, the same layout),
+    cast to bf16 (the dtype our samplers and the evaluator decode in) so both systems' files are alike."""
 
     def __init__(self, schedule: save_schedule.Schedule, dest: Path, t0: float, tok):
         from grpo.learner.checkpoint import TimedWeights
 
-        self.saver, self.tok, self.t0 = TimedWeights(dest, schedule[0][0], t0), tok, t0
-        self.schedule = schedule
-        self.next_s = save_schedule.next_mark(schedule, 0.0)
-
-    def due(self, now: float, last: bool) -> bool:
-        return last or now - self.t0 >= self.next_s
+        self.saver, self.tok = TimedWeights(dest, schedule[0][0], t0, schedule), tok
 
     def on_step_end(self, args, state, control, model=None, **kw):
-        if state.is_world_process_zero and self.due(time.time(), last=control.should_training_stop):
-            rec = self.saver.save(model, self.tok, state.global_step, torch.bfloat16)
-            self.next_s = save_schedule.next_mark(self.schedule, rec["seconds"])
+        if state.is_world_process_zero and self.saver.due(time.time(), last=control.should_training_stop):
+            self.saver.save(model, self.tok, state.global_step, torch.bfloat16)
 
     def on_train_end(self, args, state, control, model=None, **kw):
         if state.is_world_process_zero:

@@ -258,9 +258,12 @@ class TimedWeights:
     `schedule` (--save-weights-schedule, e.g. '15x8,30'): the marks follow its periods instead of
     every_s alone; every_s > 0 still turns the saves on."""
 
-    def __init__(self, root: Path, every_s: float, t0: float, schedule: str = ""):
+    def __init__(self, root: Path, every_s: float, t0: float,
+                 schedule: str | list[tuple[float, int | None]] = ""):
         self.root, self.every_s, self.t0 = Path(root), every_s, t0
-        self.schedule = parse_save_schedule(schedule) if schedule else [(every_s, None)]
+        # a spec ('15x8,30') or one parse_save_schedule made already (bench/trl_grpo.py parses its flag)
+        self.schedule = (parse_save_schedule(schedule) if isinstance(schedule, str) else list(schedule)) \
+            if schedule else [(every_s, None)]
         self.next_s = next_save_mark(self.schedule, 0.0) if every_s > 0 else math.inf
         self.saved: list[dict] = []
 
