@@ -36,8 +36,20 @@ VARIANTS = {
     "decoupled4": "--tis-cap 2 --ppo-minibatches 4",
     "mask_decoupled2": "--is-mask-low 0.125 --is-mask-high 8 --ppo-minibatches 2",
     "fresh": "--max-staleness 0 --prompts-per-round 8",      # on-policy reference: no lag to correct
+    # The staleness table (with the default objective): --max-staleness S, rounds of R prompts.
+    # tis2 is S8/R64 (the benchmark's settings) and fresh is S0/R8.
+    "s1r16": "--max-staleness 1 --prompts-per-round 16",
+    "s2r16": "--max-staleness 2 --prompts-per-round 16",
+    "s2r32": "--max-staleness 2 --prompts-per-round 32",
+    "s4r32": "--max-staleness 4 --prompts-per-round 32",
+    "s4r64": "--max-staleness 4 --prompts-per-round 64",
+    "s8r64_inflight": "--in-flight-rows 512",                # S8/R64, groups leave as they finish
+    "s2r16_inflight": "--max-staleness 2 --prompts-per-round 16 --in-flight-rows 256",
+    # After the peak: raise the tasks' difficulty as groups turn all-correct.
+    "curriculum": "--curriculum",
 }
-ROUND = re.compile(r"round (\d+) \(v(\d+)\): (\d+) completions.*?reward mean ([-\d.]+)")
+ROUND = re.compile(r"^(?:(\d\d):(\d\d):(\d\d) )?.*?round (\d+) \(v(\d+)\): (\d+) completions.*?reward mean ([-\d.]+)",
+                   re.M)
 BUCKET = 10   # versions per row of the reward-by-version table
 
 
@@ -50,8 +62,30 @@ def command(task: str, seconds: float, seed: int, run_dir: Path, extra: str) -> 
 
 def rounds_of(log_text: str) -> list[dict]:
     """The sampler's round lines: version that generated the round, completions, their mean reward."""
-    return [{"round": int(r), "version": int(v), "n": int(n), "reward_mean": float(m)}
-            for r, v, n, m in ROUND.findall(log_text)]
+    return [{"round": int(r), "version": int(v), "n": int(n), "reward_mean": float(m),
+             **({"clock_s": int(hh) * 3600 + int(mm) * 60 + int(ss)} if hh else {})}
+            for hh, mm, ss, r, v, n, m in ROUND.findall(log_text)]
+
+
+def clock_of(epoch: float) -> int:
+    """Seconds since local midnight, as the log lines' HH:MM:SS count them."""
+    t = time.localtime(epoch)
+    return t.tm_hour * 3600 + t.tm_min * 60 + t.tm_sec
+
+
+def reward_by_time(rounds: list[dict], start_clock: int, bucket_s: int = 30) -> list[dict]:
+    """Completion-weighted mean sampled reward per window of wall time since launch, a round
+    counted in the window in which its line was logged: learning per second, start-up included."""
+    out: dict[int, list[float]] = {}
+    for r in rounds:
+        if "clock_s" not in r:
+            continue
+        k = ((r["clock_s"] - start_clock) % 86400) // bucket_s   # a run may pass midnight
+        acc = out.setdefault(k, [0.0, 0])
+        acc[0] += r["reward_mean"] * r["n"]
+        acc[1] += r["n"]
+    return [{"seconds": f"{k * bucket_s}-{(k + 1) * bucket_s}", "reward_mean": s / n, "completions": n}
+            for k, (s, n) in sorted(out.items())]
 
 
 def reward_by_version(rounds: list[dict], bucket: int = BUCKET) -> list[dict]:
@@ -86,6 +120,9 @@ def summarise_run(run_dir: Path) -> dict:
             "is_limited_frac_mean": mean("is_limited_frac"), "staleness_mean": mean("staleness_mean"),
             "completion_len_mean": mean("completion_len_mean"),
             "reward_by_version": reward_by_version(rounds),
+            # runs launched before started_at was recorded have no clock to count from
+            **({"reward_by_time": reward_by_time(rounds, clock_of(launch["started_at"]))}
+               if "started_at" in launch else {}),
             "last_rounds_reward": (statistics.fmean(r["reward_mean"] for r in rounds[-5:]) if rounds else None),
             "groups": summary.get("groups")}
 
@@ -104,7 +141,7 @@ def run(args) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "objective_launch.json").write_text(json.dumps(
             {"flags": VARIANTS[name] + " " + args.extra, "command": cmd, "exit_code": code,
-             "wall_s": time.time() - t0, "seed": args.seed, "commit": args.commit or git_commit(ROOT)[0]}, indent=2))
+             "wall_s": time.time() - t0, "started_at": t0, "seed": args.seed, "commit": args.commit or git_commit(ROOT)[0]}, indent=2))
         s = summarise_run(run_dir)
         print(f"objectives: {name} exit {code}: {s['steps']} steps, reward by version "
               f"{[round(b['reward_mean'], 3) for b in s['reward_by_version']]}, clip {s['clip_frac_mean']}, "

@@ -28,6 +28,22 @@ def test_round_lines_and_reward_by_version_by_hand():
         {"versions": "10-19", "reward_mean": 0.5, "completions": 256}]
 
 
+def test_reward_by_wall_time_by_hand():
+    log = ("23:59:50 sampler0 INFO round 0 (v0): 100 completions, 9 tokens in 1.0 s (9 tok/s); log-probs 0.1 s, "
+           "rewards 0.1 s; reward mean 0.100\n"
+           "23:59:59 sampler0 INFO round 1 (v1): 300 completions, 9 tokens in 1.0 s (9 tok/s); log-probs 0.1 s, "
+           "rewards 0.1 s; reward mean 0.300\n"
+           "00:00:20 sampler0 INFO round 2 (v2): 50 completions, 9 tokens in 1.0 s (9 tok/s); log-probs 0.1 s, "
+           "rewards 0.1 s; reward mean 0.900\n")
+    rounds = ob.rounds_of(log)
+    assert [r["clock_s"] for r in rounds] == [86390, 86399, 20]
+    start = 23 * 3600 + 59 * 60 + 40   # launched at 23:59:40: rounds at 10 s, 19 s, and 40 s past midnight's wrap
+    # 0-30 s: (100 * 0.1 + 300 * 0.3) / 400 = 0.25; 30-60 s: 0.9
+    assert ob.reward_by_time(rounds, start) == [
+        {"seconds": "0-30", "reward_mean": pytest.approx(0.25), "completions": 400},
+        {"seconds": "30-60", "reward_mean": 0.9, "completions": 50}]
+
+
 def test_variant_flags_parse_with_the_learner_and_sampler():
     from grpo.launch.plan import parse
 
