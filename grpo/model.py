@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -213,9 +214,30 @@ def load_tokenizer(path: str):
     return tok
 
 
-def load_causal_lm(path: str, device: torch.device, dtype: torch.dtype):
+def start_runtime(device: torch.device, times: dict[str, float]) -> None:
+    """Import transformers and make the first CUDA call on `device` (its context) now, each timed
+    into `times`, so that a start-up log tells them apart from loading the model: either can
+    take seconds on a GPU machine, where a 135M model's weights load in a tenth of one."""
+    t = time.perf_counter()
+    # The package, its auto classes and its model machinery (modeling_utils brings accelerate and
+    # torch's compiler stack with sympy): the first tokenizer load would import them all.
+    import transformers.modeling_utils  # noqa: F401
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+    times["transformers import"] = time.perf_counter() - t
+    if device.type == "cuda":
+        t = time.perf_counter()
+        torch.empty(1, device=device)
+        torch.cuda.synchronize(device)
+        times["CUDA init"] = time.perf_counter() - t
+
+
+def load_causal_lm(path: str, device: torch.device, dtype: torch.dtype, times: dict[str, float] | None = None):
+    """The model at `path` on `device` in `dtype`. `times`, when given, gets the seconds of
+    'from_pretrained' (config, reading and building the model) and 'to device' (the copy)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    t = time.perf_counter()
     try:
         cfg = AutoConfig.from_pretrained(path)
         if getattr(cfg, "grpo_random_init", False):
@@ -225,11 +247,17 @@ def load_causal_lm(path: str, device: torch.device, dtype: torch.dtype):
             if device.type == "cuda":
                 torch.cuda.manual_seed(RANDOM_INIT_SEED)
             with device:
-                return AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+                model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except (OSError, ValueError) as exc:
         raise ModelUnavailable(f"cannot load --model {path}: {str(exc).splitlines()[0]}") from None
-    return model.to(device)
+    t_built = time.perf_counter()
+    model = model.to(device)   # (a no-op for random weights, drawn on the device)
+    if times is not None:
+        times["from_pretrained"] = t_built - t
+        times["to device"] = time.perf_counter() - t_built
+    return model
 
 
 def pick_device(device: str, gpu_id: int) -> torch.device:

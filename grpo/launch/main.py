@@ -1,14 +1,45 @@
 """run_distributed.py: parse the launcher's flags, check what can be checked before anything starts
 (GPUs, ports, --reward, --resume), plan the processes and hand them to the supervisor.
+
+Up to the start of the workers nothing here imports torch, transformers, numpy or zmq: every
+second the launcher spends importing comes before the first worker starts, and the workers import
+them anyway. (An rg: --dataset is checked with reasoning-gym's task registry, whose import takes
+about a second.)
 """
 from __future__ import annotations
 
+import ctypes
 import socket
 import sys
 from pathlib import Path
 
 from grpo.config import LaunchConfig
 from grpo.launch.plan import LaunchError, instance_argv, parse, passthrough_flags, plan, plan_instances
+
+
+def cuda_device_count() -> int:
+    """The GPUs the CUDA driver sees (it honours CUDA_VISIBLE_DEVICES, as torch does); 0 when there
+    is no driver or no GPU, as torch.cuda.is_available() False gave before. Asked of the driver
+    library itself: importing torch for torch.cuda.device_count() took seconds on a GPU machine,
+    all of them before any worker could start."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")   # the driver's library (Linux); absent without a driver
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    # CUresult 0 is CUDA_SUCCESS; anything else (100 CUDA_ERROR_NO_DEVICE, 999 unknown, a driver
+    # older than the kernel module, ...) means CUDA cannot be used here.
+    if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port the OS says is free now, for the learner ranks' rendezvous (as
+    grpo.wire.transport.free_port, whose module would bring numpy and zmq in)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def check_port(host: str, port: int, flag: str) -> None:
@@ -43,17 +74,10 @@ def check_resume(cfg: LaunchConfig, learner_flags: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     cfg, to_s, to_l = parse(argv)
     try:
-        if cfg.device == "cpu":
-            cuda_count = 0
-        else:
-            import torch  # after parsing: --help and flag mistakes stay instant
-
-            cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        cuda_count = 0 if cfg.device == "cpu" else cuda_device_count()
         if cfg.instances != 1 or cfg.seeds:
             instances = plan_instances(cfg, cuda_count)
         else:
-            from grpo.wire.transport import free_port
-
             specs = plan(cfg, cuda_count, to_s, to_l, free_port())
             from grpo.data.rewards import check_sampler_flags  # a bad --reward fails before any model loads
 

@@ -31,8 +31,8 @@ from grpo.learner.engine import DeepSpeedEngine, TorchEngine, clear_build_locks,
 from grpo.learner.intake import Intake
 from grpo.learner.liveness import Liveness, SyncPeers
 from grpo.loss import KL_ESTIMATORS, LOSS_TYPES, grpo_token_loss, reduce_loss
-from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, token_logprobs,
-                        weights_checksum)
+from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, start_runtime,
+                        token_logprobs, weights_checksum)
 from grpo.obs.gpu import GpuMonitor, format_gpu
 from grpo.obs.metrics import MetricsWriter
 from grpo.obs.progress import Progress
@@ -90,7 +90,9 @@ class Learner:
         if cfg.no_deepspeed and self.world > 1:
             raise ValueError("--no-deepspeed runs one process; drop it or start a single rank")
         local = int(os.environ.get("LOCAL_RANK", "0"))
+        t_device = time.perf_counter()   # on CUDA: torch's CUDA initialisation
         self.device = pick_device(cfg.device, cfg.gpu_id if cfg.gpu_id >= 0 else (local if cfg.device != "cpu" else -1))
+        t_device = time.perf_counter() - t_device
         check_method(cfg.weight_sync, self.device, bool(cfg.lora_r), not cfg.no_deepspeed)
         resolve_backend(cfg.generation_backend, self.device)   # a bad name fails now, not after training
         self.curriculum = (Curriculum(cfg.dataset, cfg.curriculum_low, cfg.curriculum_high, cfg.curriculum_window)
@@ -136,11 +138,15 @@ class Learner:
             deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo",
                                        timeout=timedelta(seconds=cfg.dist_timeout_s))
         t_model = time.perf_counter()
+        load_times: dict[str, float] = {}   # the parts of 'model' in the start-up line
+        start_runtime(self.device, load_times)
+        t_tok = time.perf_counter()
         self.tok = load_tokenizer(path)
+        load_times["tokenizer"] = time.perf_counter() - t_tok
         # DeepSpeed bf16 keeps fp32 master weights in its optimizer, so the module can be bf16;
         # plain AdamW needs fp32 weights, and gets bf16 compute through autocast instead.
         dtype = compute_dtype(self.device) if not cfg.no_deepspeed else torch.float32
-        model = load_causal_lm(path, self.device, dtype)
+        model = load_causal_lm(path, self.device, dtype, times=load_times)
         model.config.use_cache = False
         if cfg.lora_r:
             from grpo.learner.lora import wrap_lora  # peft is imported only in LoRA mode
@@ -152,8 +158,9 @@ class Learner:
         t_engine = time.perf_counter()
         self.engine = (TorchEngine(model, self.ds_config, self.device) if cfg.no_deepspeed
                        else DeepSpeedEngine(model, self.ds_config))
-        log.info("start-up: DeepSpeed import and process group %.1f s, model %.1f s, optimizer engine %.1f s",
-                 t_model - t_dist, t_engine - t_model, time.perf_counter() - t_engine)
+        log.info("start-up: device %.1f s, DeepSpeed import and process group %.1f s, model %.1f s (%s), optimizer "
+                 "engine %.1f s", t_device, t_model - t_dist, t_engine - t_model,
+                 ", ".join(f"{k} {v:.1f} s" for k, v in load_times.items()), time.perf_counter() - t_engine)
         mark_stage(self.run_dir, f"learner{self.rank}", "engine_ready")
         self.autocast = (cfg.no_deepspeed and self.device.type == "cuda")
         run = M.RunFacts(schema=M.SCHEMA_VERSION, model=cfg.model, vocab_size=self.vocab_size,
