@@ -94,6 +94,8 @@ class SamplerConfig(CommonConfig):
     """Drop groups whose rewards are all equal before their log-prob passes (the learner's flag of the same name, applied at the source); counted as sampler_zero_signal."""
     sync_timeout_s: float = 5.0
     """How long to wait for the learner's answer to a weights request before generating with the current weights."""
+    first_answer_timeout_s: float = 600.0
+    """The learner's first answer carries the run's facts, which a sampler checks before it sends anything: it generates its first round while the answer is on its way, then waits for it (logging every --sync-timeout-s) and gives up with an error after this long."""
     send_hwm: int = 16
     """High-water mark of the data socket in groups: beyond it a send blocks (backpressure) instead of growing memory."""
     # --- rewards and data

@@ -1,5 +1,5 @@
 """tests/ mirrors the package (tests/wire, tests/weights, ...); the helpers beside this file
-(builders, netutil, faultutil, benchload) are importable from every folder."""
+(builders, netutil, faultutil, benchload, scripted) are importable from every folder."""
 import sys
 from pathlib import Path
 

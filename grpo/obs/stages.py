@@ -7,9 +7,11 @@ MAX_HISTORY; a restarted process adds to it under its own pid). It is replaced a
 mark, so a reader never sees half a file. STAGES lists each role's stages in order, with what the
 process is doing until it reaches each one: what the launcher says.
 
-Stages need not be marked in order: a sampler whose first weights request times out generates
-and sends its first round before the learner's first answer arrives ('first_group', then
-'connected'). A process is where the furthest stage its newest process has marked puts it (`read`).
+A sampler generates its first round while it waits for the learner's first answer (the learner
+may still be loading) and sends it only after that answer, whose run facts it must check first:
+so 'connected' always comes before 'first_group'. Stages need not be marked in order all the
+same (stage files of older runs have a sampler's 'first_group' before 'connected'): a process is
+where the furthest stage its newest process has marked puts it (`read`).
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ STAGES: dict[str, list[tuple[str, str]]] = {
                 ("first_step", "its first step (rank 0 gathers the batch)")],
     "sampler": [("started", "starting Python and parsing its options"),
                 ("model_loaded", "loading its data and the model"),
-                ("connected", "the learner's first answer on the sync port"),
+                ("connected", "the learner's first answer on the sync port (generating its first round meanwhile)"),
                 ("first_group", "generating and scoring its first round")],
 }
 

@@ -100,6 +100,12 @@ class SyncInbox:
                 return True
         return False
 
+    def peek(self) -> list[M.Message]:
+        """The answers read so far and kept for the next receive, oldest first (reads what has
+        arrived, as `stopped()` does and rate-limited like it; takes nothing away)."""
+        self.stopped()
+        return list(self._kept)
+
     def close(self) -> None:
         self.client.close()
 

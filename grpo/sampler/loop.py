@@ -3,6 +3,11 @@ reference log-probs with a teacher-forced pass, and send whole groups to the lea
 
 Weights are swapped only between rounds (never while a round generates), so every token
 of a round was sampled by one policy version, which is the version the groups carry.
+
+The first round does not wait for the learner (which may still be loading): the sampler loaded
+the run's checkpoint itself, so its own weights are version 0. It sends its first weights
+request and generates round 0 at once; the learner's answer, which carries the run's facts, is
+waited for before anything of the round is scored or sent (see Sampler._first_answer).
 """
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ from grpo.data.tasks import SuccessWindow, start_levels
 from grpo.evaluate import greedy_accuracy, record_eval, run_eval_problems
 from grpo.loss import has_signal
 from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, right_pad,
-                        token_logprobs)
+                        start_runtime, token_logprobs)
 from grpo.obs.gpu import GpuMonitor, format_gpu
 from grpo.obs.progress import Progress
 from grpo.obs.stages import mark as mark_stage
@@ -32,7 +37,7 @@ from grpo.sampler.heartbeat import ON_FULL, Heartbeat, SyncInbox, send_group, wa
 from grpo.sampler.rollout import RolloutEngine, hf_generate, old_logprob_source, resolve_backend
 from grpo.weights import make_receiver
 from grpo.weights.methods import fallback, sampler_method
-from grpo.weights.publisher import request_weights
+from grpo.weights.publisher import ask, await_answer
 from grpo.weights.tcp import apply_weights
 from grpo.wire import messages as M
 from grpo.wire.curve import CLIENT, curve_for
@@ -41,8 +46,18 @@ from grpo.wire.transport import DataSender, SyncClient
 log = logging.getLogger(__name__)
 
 
+# The first weights request of a sampler with weights of its own waits this long for its answer
+# (the answer of a learner that is up comes in milliseconds: a sampler restarted mid-run then
+# starts at the learner's version, as before) before round 0 is generated without it.
+FIRST_GRACE_S = 0.25
+
+
 class RunMismatch(ValueError):
     """This sampler disagrees with the learner on a setting both must share (one line, with the fix)."""
+
+
+class NoFirstAnswer(RuntimeError):
+    """The learner never answered the first weights request within --first-answer-timeout-s (one line)."""
 
 
 def run_mismatches(facts: M.RunFacts, cfg: SamplerConfig, vocab_size: int) -> list[str]:
@@ -61,13 +76,20 @@ def run_mismatches(facts: M.RunFacts, cfg: SamplerConfig, vocab_size: int) -> li
 
 class Sampler:
     _inbox: SyncInbox | None = None   # made on first use around self.sync (see inbox)
+    # Round 0 goes out before the learner's first answer (sync_weights, _first_answer):
+    _heard = False                    # any answer from the learner yet
+    _first_request: int | None = None   # the first request's id while its answer is awaited
+    _first_asked = 0.0                # when it was sent (time.monotonic())
+    _held: M.WeightsAnnounce | None = None   # newer weights in that answer, applied by the next sync_weights
 
     def __init__(self, cfg: SamplerConfig):
         self.cfg = cfg
         if cfg.on_full not in ON_FULL:
             raise ValueError(f"--on-full {cfg.on_full}: choose one of {', '.join(ON_FULL)}")
         curve = curve_for(cfg.curve_keys, CLIENT)  # bad keys fail here, before the model loads
-        self.device = pick_device(cfg.device, cfg.gpu_id)
+        t_device = time.perf_counter()
+        self.device = pick_device(cfg.device, cfg.gpu_id)   # on CUDA: torch's CUDA initialisation
+        t_device = time.perf_counter() - t_device
         self.backend = resolve_backend(cfg.generation_backend, self.device)  # a bad name fails before any loading
         if cfg.in_flight_rows < 0 or (cfg.in_flight_rows and self.backend != "fast"):
             raise ValueError(f"--in-flight-rows {cfg.in_flight_rows}: needs --generation-backend fast (and a count "
@@ -81,12 +103,17 @@ class Sampler:
         self.window = SuccessWindow(cfg.curriculum_window)
         t0 = time.perf_counter()
         mine = self._load_prompts()
+        t_problems = time.perf_counter()
         self.rewards.probe(mine[0])
         t_prompts = time.perf_counter()
         path = resolve_model(cfg.model)
+        load_times: dict[str, float] = {}   # the parts of 'model' in the start-up line
+        start_runtime(self.device, load_times)
+        t_tok = time.perf_counter()
         self.tok = load_tokenizer(path)
+        load_times["tokenizer"] = time.perf_counter() - t_tok
         dtype = compute_dtype(self.device)
-        self.policy = load_causal_lm(path, self.device, dtype).eval()
+        self.policy = load_causal_lm(path, self.device, dtype, times=load_times).eval()
         t_model = time.perf_counter()
         # The frozen reference model is loaded only once the learner says the run needs its
         # log-probs (beta > 0; RunFacts.needs_ref_logprobs), or if it never says.
@@ -100,8 +127,9 @@ class Sampler:
                                      cuda_graphs=cfg.cuda_graphs and self.device.type == "cuda",
                                      compile_decode=cfg.compile_decode, attend_chunk=cfg.attend_chunk or None)
                        if self.backend == "fast" else None)
-        log.info("start-up: prompts %.1f s, model %.1f s, weight receiver and engine %.1f s",
-                 t_prompts - t0, t_model - t_prompts, time.perf_counter() - t_model)
+        log.info("start-up: device %.1f s, problems %.1f s, reward probe %.1f s, model %.1f s (%s), weight receiver "
+                 "and engine %.1f s", t_device, t_problems - t0, t_prompts - t_problems, t_model - t_prompts,
+                 ", ".join(f"{k} {v:.1f} s" for k, v in load_times.items()), time.perf_counter() - t_model)
         self.version = 0
         self._request_id = 0
         self.groups_sent = 0  # groups offered to the data socket, including those dropped at the HWM
@@ -163,6 +191,7 @@ class Sampler:
 
     def _on_answer(self, msg: M.Message) -> None:
         """Every answer on the sync channel: the run's facts (first), curriculum levels, the budget."""
+        self._heard = True
         if getattr(msg, "run", None) is not None:
             self._check_run(msg.run)
         if getattr(msg, "levels", None) is not None:
@@ -204,20 +233,41 @@ class Sampler:
         Waits (up to sync_timeout_s) for the answer to *this* request, recognised by its
         request id; answers to earlier requests that arrive meanwhile are used too if they
         carry newer weights, but never mistaken for this one.
+
+        The first request, before the learner has ever answered, waits only FIRST_GRACE_S when
+        this sampler has weights of its own (every method but shared, whose sampler uses the
+        learner's): unanswered by then, round 0 is generated with version 0, the checkpoint this
+        sampler loaded, while the answer is on its way, and _first_answer waits for it before
+        anything of the round is scored or sent. A shared sampler waits sync_timeout_s first, and
+        then does the same. Either way nothing is sent before the learner's facts are checked.
         """
         t0 = time.perf_counter()
+        if (held := self._held) is not None:   # the first answer's newer weights (see _first_answer)
+            self._held = None
+            self._apply(held)   # the request below acknowledges them (ipc, nccl) and asks for anything newer
         # ipc: after applying, ask once more at once. That request acknowledges the version
         # (the learner may then reuse its slot) and picks up anything newer; a copy spoiled
         # by a slot rewrite (stamp changed) is retried the same way.
         for _attempt in range(3):
+            first = not self._heard
             self._request_id += 1
-            method = self.sync_method
-            answered, newest, stop = request_weights(self.inbox, self.cfg.sampler_id, self.version,
-                                                     self._request_id, self.cfg.sync_timeout_s, method,
-                                                     on_answer=self._on_answer, sent=self._handed())
+            ask(self.inbox, self.cfg.sampler_id, self.version, self._request_id, self.sync_method,
+                sent=self._handed())
+            asked = time.monotonic()
+            wait = self.cfg.sync_timeout_s
+            if first and self.sync_method != M.SHARED:
+                wait = min(wait, FIRST_GRACE_S)
+            answered, newest, stop = await_answer(self.inbox, self.version, self._request_id, wait,
+                                                  on_answer=self._on_answer)
             if stop is not None:
                 log.info("learner says stop (%s) at version %d", stop.reason, stop.version)
                 return False
+            if not answered and first:
+                self._first_request, self._first_asked = self._request_id, asked
+                log.info("no answer from the learner at %s:%d within %.2f s: generating round 0 with version %d (the "
+                         "weights loaded here) while its first answer is on its way; nothing is sent before it comes",
+                         self.cfg.host, self.cfg.sync_port, wait, self.version)
+                break
             if not answered:
                 log.info("no answer from the learner at %s:%d within %.1f s; generating with version %d",
                          self.cfg.host, self.cfg.sync_port, self.cfg.sync_timeout_s, self.version)
@@ -225,6 +275,66 @@ class Sampler:
                 break
         self.stats["sync_s"] += time.perf_counter() - t0
         return True
+
+    def _first_answer(self) -> bool:
+        """Round 0 was generated while the learner's first answer was on its way (sync_weights):
+        wait for that answer before anything of the round is scored or sent. It carries the run's
+        facts, checked as it arrives (_on_answer: a RunMismatch ends the sampler with nothing
+        sent). The wait is logged every --sync-timeout-s and ends, after --first-answer-timeout-s
+        from the request, in NoFirstAnswer.
+
+        True: finish and send the round (at once when nothing is awaited). False: abandon it,
+        nothing of it counted or sent, when the learner said stop (then inbox.stop is set, as for
+        a stop in the middle of a round), or when its answer carries weights newer than version 0
+        (a resumed learner, or this sampler restarted in the middle of a run). Those weights are
+        not applied to a round that version 0 generated (its old log-probs must come from the
+        weights that sampled it), and its groups are not sent either, since the learner would
+        drop them as too stale: the next sync_weights applies them (they must be taken: an nccl
+        learner's sync thread waits for this sampler to receive them) and round 0 is generated
+        again with them.
+        """
+        rid = self._first_request
+        if rid is None:
+            return True
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        newest: M.WeightsAnnounce | None = None
+        while True:
+            waited = time.monotonic() - self._first_asked
+            if waited >= cfg.first_answer_timeout_s:
+                raise NoFirstAnswer(f"no answer from the learner at {cfg.host}:{cfg.sync_port} within "
+                                    f"{cfg.first_answer_timeout_s:g} s of this sampler's first weights request "
+                                    f"(--first-answer-timeout-s); nothing was sent. Is the learner running, on "
+                                    f"this --host and --sync-port?")
+            window = min(max(cfg.sync_timeout_s, 0.1), cfg.first_answer_timeout_s - waited)
+            answered, got, stop = await_answer(self.inbox, self.version, rid, window, on_answer=self._on_answer)
+            if got is not None and (newest is None or got.version > newest.version):
+                newest = got
+            if answered:
+                break
+            log.info("no answer from the learner at %s:%d yet (%.0f s); round 0 is generated and waits for the run's "
+                     "facts before anything is sent", cfg.host, cfg.sync_port, time.monotonic() - self._first_asked)
+        self._first_request = None
+        self.stats["sync_s"] += time.perf_counter() - t0
+        if stop is not None:
+            self.inbox.stop = stop   # run() abandons the round and ends
+            return False
+        if newest is not None:
+            self._held = newest
+            log.info("the learner's first answer: it is at version %d, past the version %d this sampler loaded; round "
+                     "0 is abandoned (nothing of it sent) and generated again with version %d", newest.version,
+                     self.version, newest.version)
+            return False
+        return True
+
+    def _ends_round_0(self, msg: M.Message) -> bool:
+        """Whether the learner's first answer, read during round 0, makes _first_answer abandon the
+        round or end the sampler anyway (newer weights, facts we disagree with): then generation
+        stops at once instead of finishing the round first."""
+        if isinstance(msg, M.WeightsAnnounce) and msg.version > self.version:
+            return True
+        run = getattr(msg, "run", None)
+        return run is not None and bool(run_mismatches(run, self.cfg, self.vocab_size))
 
     @property
     def inbox(self) -> SyncInbox:
@@ -234,8 +344,11 @@ class Sampler:
         return self._inbox
 
     def _stop_said(self) -> bool:
-        """Between decode chunks: has the learner said stop? (then the round is abandoned)"""
-        return self.inbox.stopped()
+        """Between decode chunks: has the learner said stop? (then the round is abandoned) Or, in
+        round 0 before the learner's first answer, has that answer come and ends the round?"""
+        if self.inbox.stopped():
+            return True
+        return self._first_request is not None and any(self._ends_round_0(m) for m in self.inbox.peek())
 
     def _apply(self, newest: M.WeightsAnnounce) -> bool:
         """Apply one announced version; True if a follow-up request should be sent (ipc)."""
@@ -317,10 +430,12 @@ class Sampler:
         else:
             completions = list(zip(*hf_generate(self.policy, rows, cfg.max_new_tokens, cfg.temperature, False,
                                                 tok.eos_token_id, tok.pad_token_id, should_stop=self._stop_said)))
-        if self.inbox.stop is not None:   # cut short: nothing of this round is scored, counted or sent
-            return []
+        gen_s = time.perf_counter() - t0
+        # Round 0 before the learner's first answer: the answer (the run's facts) before anything is scored or sent.
+        if not self._first_answer() or self.inbox.stop is not None:
+            return []   # cut short or abandoned: nothing of this round is scored, counted or sent
         return self._finish(round_idx, problems, prompts, prompt_ids, list(range(len(problems))), completions,
-                            time.perf_counter() - t0, sampled_lp)
+                            gen_s, sampled_lp)
 
     @torch.no_grad()
     def stream_round(self, round_idx: int, n_prompts: int):
@@ -331,7 +446,8 @@ class Sampler:
         cfg = self.cfg
         problems, prompts, prompt_ids = self._round_problems(n_prompts)
         G = cfg.num_generations
-        chunk = max(1, self.run_facts.groups_per_step if self.run_facts is not None else cfg.prompts_per_round)
+        def chunk() -> int:   # (round 0 may learn the run's facts, and so the step's size, as it goes)
+            return max(1, self.run_facts.groups_per_step if self.run_facts is not None else cfg.prompts_per_round)
         queue = iter(enumerate(prompt_ids))
         gis: list[int] = []
         completions: list[tuple[list[int], bool]] = []
@@ -340,13 +456,21 @@ class Sampler:
         stream = self.engine.stream(lambda: next(queue, None), G, cfg.max_new_tokens, cfg.temperature,
                                     rows=cfg.in_flight_rows, should_stop=self._stop_said)
         for fg in itertools.chain(stream, [None]):   # None: the round has ended, send what is left
-            if fg is None and self.inbox.stop is not None:
-                return   # cut short: the groups not yet sent are not scored, counted or sent
             if fg is not None:
                 gis.append(fg.key)
                 completions.extend(zip(fg.token_ids, fg.finished))
                 sampled_lp.extend(fg.logprobs)
-            if gis and (fg is None or len(gis) >= chunk):
+            # Round 0 before the learner's first answer: the answer is taken as soon as it has come,
+            # and waited for before anything is finished (scored, sent) and at the round's end.
+            if self._first_request is not None and (
+                    fg is None or len(gis) >= chunk() or self.inbox.peek()):
+                t_wait = time.perf_counter()
+                if not self._first_answer():
+                    return   # abandoned: nothing of this round was or is sent
+                t0 += time.perf_counter() - t_wait   # (waiting is not generating)
+            if fg is None and self.inbox.stop is not None:
+                return   # cut short: the groups not yet sent are not scored, counted or sent
+            if gis and (fg is None or len(gis) >= chunk()):
                 yield self._finish(round_idx, problems, prompts, prompt_ids, gis, completions, time.perf_counter() - t0,
                                    sampled_lp)
                 gis, completions, sampled_lp, t0 = [], [], [], time.perf_counter()
@@ -505,10 +629,15 @@ class Sampler:
                 with self._round_guard():
                     if not self.sync_weights() or (self.cfg.max_rounds and rounds >= self.cfg.max_rounds):
                         break
+                    # Round 0 generated before the learner's first answer (sync_weights): version 0's
+                    # evaluation waits until the round is out, for only then is it known that the
+                    # learner is at version 0 (a resumed one is not: round 0 is then generated again).
+                    early = self._first_request is not None
                     n = self._round_prompts()
                     groups = []
                     if n:
-                        self.maybe_evaluate()
+                        if not early:
+                            self.maybe_evaluate()
                         if self.cfg.in_flight_rows:
                             # Each chunk leaves as soon as it is complete, inside the guard (with
                             # shared weights the learner waits for the round either way).
@@ -520,10 +649,15 @@ class Sampler:
                     log.info("learner says stop (%s) at version %d, in the middle of round %d: the round is "
                              "abandoned (what of it was not sent is not counted)", stop.reason, stop.version, rounds)
                     break
+                if self._held is not None:   # round 0 abandoned: the learner is past version 0 (_first_answer)
+                    continue
                 if not n:   # outside the round guard: with shared weights the learner must go on
                     self._wait_for_room()
                     continue
                 self._send(groups)
+                if early:   # version 0's evaluation, put off above (the weights have not changed since)
+                    with self._round_guard():
+                        self.maybe_evaluate()
                 rounds += 1
                 self.stats["rounds"] = rounds
                 bar.update(1, version=self.version)

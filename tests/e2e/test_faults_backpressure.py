@@ -1,6 +1,8 @@
 """A learner that is absent, then slow: bounded queues on both sides, and every group in the books.
 
-Real processes. Two samplers start before the learner exists, with --send-hwm 2:
+Real processes. Two samplers start before the learner exists, with --send-hwm 2. A sampler sends
+nothing before it has the run's facts from the learner's first answer, so a stand-in for the
+learner's sync side (in this process) gives them those, and leaves before the learner starts:
   sampler 0 --on-full drop: queues exactly 2 groups, drops the rest (counted), peak memory flat;
   sampler 1 --on-full block: queues 2 groups and waits on the third (logged), generating nothing more.
 Then the learner starts with --buffer-size 2: the backlog arrives while it loads its model, so its
@@ -11,7 +13,12 @@ import json
 import re
 
 import pytest
+import torch
 from faultutil import Cluster, check_books, peak_rss_kb
+from scripted import ScriptedLearner
+
+from grpo.model import load_causal_lm, resolve_model
+from grpo.wire import messages as M
 
 HWM = 2
 
@@ -22,6 +29,12 @@ def test_absent_then_slow_learner_bounded_queues_and_books(tmp_path):
     opts = ["--prompts-per-round", "4", "--send-hwm", str(HWM), "--sync-timeout-s", "1",
             "--heartbeat-interval-s", "1"]
     samplers = ("sampler0", "sampler1")
+    vocab = load_causal_lm(resolve_model("tiny-random"), torch.device("cpu"), torch.float32).get_input_embeddings()
+    facts = M.RunFacts(schema=M.SCHEMA_VERSION, model="tiny-random", vocab_size=vocab.weight.shape[0],
+                       dtype="float32", num_generations=4, max_new_tokens=8, max_prompt_tokens=4096, temperature=1.0,
+                       needs_ref_logprobs=True, max_staleness=4)
+    stand_in = ScriptedLearner(c.sync_port, facts)   # answers no_update, with the facts first
+    stand_in.start()
     try:
         c.sampler(0, *opts, "--on-full", "drop")
         c.sampler(1, *opts, "--on-full", "block")
@@ -39,12 +52,15 @@ def test_absent_then_slow_learner_bounded_queues_and_books(tmp_path):
         assert not re.search(rf"waiting to send group (?!{HWM + 1}\b)\d+", blocked_log), blocked_log[-2000:]
         assert len(re.findall(r"round \d+ \(v0\)", blocked_log)) == 1  # 4 groups per round: blocked in round 0
 
+        stand_in.done.set()   # the sync port is the learner's from now on
+        stand_in.join(timeout=10)
         c.learner("--max-steps", "3", "--train-batch-size", "4", "--buffer-size", "2",
                   "--heartbeat-timeout-s", "60", "--shutdown-timeout-s", "60")
         assert c.procs["learner"].wait(timeout=400) == 0, c.logs()
         for n in samplers:
             assert c.procs[n].wait(timeout=120) == 0, c.logs()
     finally:
+        stand_in.done.set()
         c.close()
 
     growth_mb = (max(rss) - rss[0]) / 1024

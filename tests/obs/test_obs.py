@@ -225,8 +225,8 @@ def test_report_on_a_missing_run_dir_is_one_line(tmp_path):
 def test_stage_files_keep_every_mark_and_the_launcher_reads_the_furthest(tmp_path):
     from grpo.obs.stages import history, mark, overdue, read
 
-    # A sampler whose first weights request timed out: it sent its first round before the
-    # learner's first answer arrived, so 'connected' is marked after 'first_group'.
+    # Marks out of order, as a sampler made them before it waited for the learner's first answer
+    # to send its first round ('connected' after 'first_group'): the furthest stage counts.
     for stage, t in (("started", 100.0), ("model_loaded", 110.0), ("first_group", 130.0), ("connected", 131.0)):
         mark(tmp_path, "sampler0", stage, now=t)
     pid = os.getpid()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from netutil import free_ports, one_thread  # noqa: F401 - module-wide fixture (autouse)
+from scripted import ScriptedLearner, facts
 
 from grpo.config import SamplerConfig
 from grpo.learner.accounting import Books
@@ -41,6 +42,17 @@ def sampler(reward: str, filt: bool, data_port: int, sync_port: int, **kw) -> Sa
                                  data_port=data_port, sync_port=sync_port, **kw))
 
 
+def run_against(s: Sampler) -> dict:
+    """s.run() against a scripted learner that answers every request with no update."""
+    learner = ScriptedLearner(s.cfg.sync_port, facts(s, needs_ref_logprobs=True))
+    learner.start()
+    try:
+        return s.run()
+    finally:
+        learner.done.set()
+        learner.join(timeout=10)
+
+
 @pytest.mark.parametrize("filt", [True, False])
 def test_zero_signal_groups_cost_no_logprob_passes_and_are_not_sent(reward, monkeypatch, filt):
     s = sampler(reward, filt, *free_ports(2))
@@ -69,12 +81,12 @@ def test_zero_signal_groups_cost_no_logprob_passes_and_are_not_sent(reward, monk
 
 
 def test_filtered_groups_count_as_offered_and_the_books_balance(reward):
-    """Two real rounds over a real socket, no learner (the sampler generates with its start
-    weights after the weights request times out): 6 groups offered, 2 delivered, 4 filtered."""
+    """Two real rounds over a real socket, a scripted learner that answers with no update (the
+    sampler generates with its start weights): 6 groups offered, 2 delivered, 4 filtered."""
     data_port, sync_port = free_ports(2)
     receiver = DataReceiver("127.0.0.1", data_port, M.Limits(), 1 << 26)
     s = sampler(reward, True, data_port, sync_port, max_rounds=2, sync_timeout_s=0.2, heartbeat_interval_s=0)
-    result = s.run()
+    result = run_against(s)
     msgs, final = [], None
     deadline = time.monotonic() + 30
     while final is None and time.monotonic() < deadline:
@@ -121,7 +133,7 @@ def test_a_round_filtered_whole_still_counts_as_offered(tmp_path, monkeypatch):
     receiver = DataReceiver("127.0.0.1", data_port, M.Limits(), 1 << 26)
     s = sampler("flat_round_reward:flat_second_round", True, data_port, sync_port, max_rounds=3,
                 sync_timeout_s=0.2, heartbeat_interval_s=0)
-    result = s.run()
+    result = run_against(s)
     groups, final = [], None
     deadline = time.monotonic() + 30
     while final is None and time.monotonic() < deadline:

@@ -1,0 +1,72 @@
+"""A scripted learner's sync side, for tests that run a real sampler (grpo.sampler.loop.Sampler)
+over real ZeroMQ sockets: ``from scripted import ScriptedLearner, facts``."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from grpo.wire import messages as M
+from grpo.wire.transport import SyncServer
+
+
+class ScriptedLearner(threading.Thread):
+    """The learner's sync side: answers requests with no_update (the first answer to each
+    connection carrying the run's facts, as the learner's does), except the first `ignore`
+    requests; `stop_after_s` after its first answer it sends a stop unprompted, as a finishing
+    learner does, and answers stop from then on.
+
+    `gate`, if given, runs (on this thread) before the first answer: it holds that answer back,
+    as a learner still loading does. `first`, if given, makes the first answer from its request id
+    (say, facts that disagree, newer weights, or stop) instead of no_update with `facts`.
+    `answered_at`: time.monotonic() of the first answer."""
+
+    def __init__(self, port: int, facts: M.RunFacts, ignore: int = 0, stop_after_s: float | None = None,
+                 gate: Callable[[], None] | None = None, first: Callable[[int], M.Message] | None = None):
+        super().__init__(daemon=True)
+        self.server = SyncServer("127.0.0.1", port)
+        self.facts, self.ignore, self.stop_after_s = facts, ignore, stop_after_s
+        self.gate, self.first = gate, first
+        self.answered_at = self.stopped_at = None
+        self.requests: list[M.WeightsRequest] = []
+        self.told: set[bytes] = set()   # connections given the facts
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        peer = None
+        while not self.done.is_set():
+            got = self.server.receive(timeout_s=0.02)
+            if got is not None:
+                peer, req = got
+                self.requests.append(req)
+                run = None if peer in self.told else self.facts
+                if self.ignore > 0:
+                    self.ignore -= 1
+                    continue
+                if self.stopped_at is not None:
+                    self.server.reply(peer, M.Stop(version=0, reason="learner finished", request_id=req.request_id,
+                                                   run=run))
+                elif self.answered_at is None:
+                    if self.gate is not None:
+                        self.gate()
+                    self.answered_at = time.monotonic()
+                    self.server.reply(peer, self.first(req.request_id) if self.first is not None else
+                                      M.NoUpdate(version=0, request_id=req.request_id, run=run))
+                else:
+                    version = max(req.have_version, 0)
+                    self.server.reply(peer, M.NoUpdate(version=version, request_id=req.request_id, run=run))
+                self.told.add(peer)
+            if (self.stop_after_s is not None and self.stopped_at is None and self.answered_at is not None
+                    and time.monotonic() - self.answered_at >= self.stop_after_s):
+                self.server.reply(peer, M.Stop(version=0, reason="learner finished", request_id=-1))
+                self.stopped_at = time.monotonic()
+        self.server.close()
+
+
+def facts(s, **changes) -> M.RunFacts:
+    """The run's facts that agree with sampler `s` (beta 0: no reference log-probs), with `changes`."""
+    cfg = s.cfg
+    return M.RunFacts(**{"schema": M.SCHEMA_VERSION, "model": cfg.model, "vocab_size": s.vocab_size, "dtype": "float32",
+                         "num_generations": cfg.num_generations, "max_new_tokens": cfg.max_new_tokens,
+                         "max_prompt_tokens": 4096, "temperature": cfg.temperature, "needs_ref_logprobs": False,
+                         "max_staleness": 4, "groups_per_step": 1, **changes})
