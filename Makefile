@@ -31,10 +31,10 @@ PYTHON := $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 DEMO_RUN ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 DEMO_TASK := rg:letter_counting
 DEMO_COMMON := --dataset $(DEMO_TASK) --reward correctness --beta 0.0 --loss-type dapo --filter-zero-signal \
-	--max-staleness 8 --max-steps 100000 --run-dir $(DEMO_RUN)
+	--max-steps 100000 --run-dir $(DEMO_RUN)
 ifeq ($(HAS_GPU),1)
 DEMO_FLAGS := --sampling-gpu 0 --training-gpus 0 --share-gpus --generation-backend fast --max-time-s 240 \
-	--num-generations 16 --prompts-per-round 64 --train-batch-size 128 --learning-rate 2e-5 \
+	--num-generations 16 --train-batch-size 128 --learning-rate 2e-5 \
 	--max-new-tokens 256 --eval-every 30 --eval-size 200
 else
 DEMO_FLAGS := --device cpu --max-time-s 60 --num-generations 4 --prompts-per-round 2 --train-batch-size 8 \

@@ -49,8 +49,10 @@ SHARED = {"num_generations": 16, "train_batch_size": 128, "max_new_tokens": 256,
           "beta": 0.0, "loss_type": "dapo", "temperature": 1.0}
 # Ours only: how the sampler feeds the learner. TRL has no counterpart: it generates each step's
 # batch itself and trains on every group, zero-signal ones included (their advantage is 0).
+# Staleness and round size are grpo/config.py's defaults (--max-staleness 2, rounds sized to a
+# step's worth of groups with signal), chosen by the staleness table in docs/benchmarks.md.
 OURS_ONLY = ["--sampling-gpu", "0", "--training-gpus", "0", "--share-gpus", "--generation-backend", "fast",
-             "--prompts-per-round", "64", "--filter-zero-signal", "--max-staleness", "8", "--reward", "correctness"]
+             "--filter-zero-signal", "--reward", "correctness"]
 GOAL_RATIO = 2.0     # the goal: 2x the baseline accuracy
 TRL_FACTOR = 5.0     # TRL runs until 5x ours' time to 2x (or the budget ends)
 SAVE_SCHEDULE = "15x8,30"   # every 15 s for the first 2 minutes (the goal to a few steps), then every 30 s

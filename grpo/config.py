@@ -80,8 +80,10 @@ class SamplerConfig(CommonConfig):
     """How many samplers share the data set (prompts are sharded i %% num_samplers)."""
     dataset_limit: int = 0
     """Use only the first N problems (0: all)."""
-    prompts_per_round: int = 4
-    """Prompts generated together in one round; weights are swapped only between rounds."""
+    prompts_per_round: int = 0
+    """Prompts generated together in one round; weights are swapped only between rounds. 0: sized each round so that the groups with signal it yields fill one learner step (its train batch over --num-generations, divided by the share of the last rounds' groups that had signal under --filter-zero-signal), at most --max-prompts-per-round; round 0, before the learner's first answer, has 16."""
+    max_prompts_per_round: int = 64
+    """--prompts-per-round 0: the most prompts a round may have (bounds the rows generated at once, so memory, when nearly every group has zero signal)."""
     in_flight_rows: int = 0
     """In-flight batching (--generation-backend fast): decode each round on this many rows, a row taking the round's next sample as soon as its own ends, and send groups as soon as a learner step's worth has ended (0: each round is one batch that runs until its longest completion ends)."""
     old_logprobs: str = "auto"
@@ -175,7 +177,7 @@ class LearnerConfig(CommonConfig):
     """--curriculum: lower a task's level when its success rate is below this."""
     curriculum_high: float = 0.7
     """--curriculum: raise a task's level when its success rate is above this."""
-    max_staleness: int = 4
+    max_staleness: int = 2
     """Train only on groups generated at most this many versions ago; older ones are dropped and counted."""
     max_steps: int = 100
     """Optimizer steps to run before stopping the samplers and exiting."""

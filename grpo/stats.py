@@ -32,6 +32,24 @@ def generation_budget(version: int, sampler_version: int, queued: int, groups_pe
     return max(0, room) // max(1, samplers)
 
 
+def round_prompts(groups_per_step: int, signal_share: float, budget: int = -1, cap: int = 64,
+                  min_share: float = 1 / 16) -> int:
+    """Prompts for a sampler's next round (--prompts-per-round 0): enough that the groups with
+    signal it yields fill one learner step, whatever the zero-signal share.
+
+    signal_share: the share of recent groups that had signal (1.0 without --filter-zero-signal,
+    where every group is sent), floored at min_share so a round that found none cannot ask for
+    unboundedly many. budget: groups the learner can still queue before they go stale (-1: no
+    limit); it counts groups that reach its queue, so it allows budget / share prompts. At least
+    1 (a budget of 0 is the caller's to handle: it waits), at most cap.
+    """
+    share = min(1.0, max(signal_share, min_share))
+    want = math.ceil(groups_per_step / share - 1e-9)
+    if budget >= 0:
+        want = min(want, math.ceil(budget / share - 1e-9))
+    return max(1, min(cap, want))
+
+
 def reward_parts(groups: list) -> dict[str, float]:
     """The mean of each reward part (reward_info key) over every completion that has it, as reward/<name>."""
     parts: dict[str, list[float]] = {}

@@ -61,3 +61,25 @@ def test_generation_budget_by_hand():
     assert generation_budget(7, 7, 0, 2, 4, samplers=3) == 3   # 10 shared by three samplers
     # staleness 0: only the next step's batch, and a step in progress (2 ahead) leaves no room
     assert generation_budget(0, 0, 0, 2, 0) == 2 and generation_budget(0, 0, 2, 2, 0) == 0
+
+
+def test_round_prompts_by_hand():
+    from grpo.stats import round_prompts
+
+    # 8 groups a step, every group has signal: 8 prompts fill a step
+    assert round_prompts(8, 1.0) == 8
+    # half the groups have signal: 16 prompts yield 8 with signal
+    assert round_prompts(8, 0.5) == 16
+    # 3 of 10 with signal: ceil(8 / 0.3) = ceil(26.67) = 27
+    assert round_prompts(8, 0.3) == 27
+    # no signal at all: floored at 1/16, so 8 * 16 = 128, then the cap of 64
+    assert round_prompts(8, 0.0) == 64
+    assert round_prompts(8, 0.0, cap=200) == 128
+    # a budget of 6 queued groups at share 0.5 allows ceil(6 / 0.5) = 12 prompts (fewer than 16)
+    assert round_prompts(8, 0.5, budget=6) == 12
+    # a budget larger than a step's worth does not raise the round past one step
+    assert round_prompts(8, 0.5, budget=40) == 16
+    # never fewer than 1
+    assert round_prompts(8, 1.0, budget=0) == 1
+    # exact divisions do not round up by floating-point error: 6 / 0.75 = 8
+    assert round_prompts(6, 0.75) == 8

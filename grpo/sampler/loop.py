@@ -11,6 +11,7 @@ waited for before anything of the round is scored or sent (see Sampler._first_an
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import logging
@@ -28,6 +29,7 @@ from grpo.data.sources import load_problems, shard
 from grpo.data.tasks import SuccessWindow, start_levels
 from grpo.evaluate import greedy_accuracy, record_eval, run_eval_problems
 from grpo.loss import has_signal
+from grpo.stats import round_prompts
 from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, right_pad,
                         start_runtime, token_logprobs)
 from grpo.obs.gpu import GpuMonitor, format_gpu
@@ -50,6 +52,11 @@ log = logging.getLogger(__name__)
 # (the answer of a learner that is up comes in milliseconds: a sampler restarted mid-run then
 # starts at the learner's version, as before) before round 0 is generated without it.
 FIRST_GRACE_S = 0.25
+# --prompts-per-round 0: round 0's prompts (before the learner's answer says a step's size), and the
+# share of groups with signal assumed until a round has been scored.
+FIRST_ROUND_PROMPTS = 16
+FIRST_SIGNAL_SHARE = 0.5
+SIGNAL_ROUNDS = 4   # the rounds whose groups give the share of groups with signal
 
 
 class RunMismatch(ValueError):
@@ -131,6 +138,7 @@ class Sampler:
                  "and engine %.1f s", t_device, t_problems - t0, t_prompts - t_problems, t_model - t_prompts,
                  ", ".join(f"{k} {v:.1f} s" for k, v in load_times.items()), time.perf_counter() - t_model)
         self.version = 0
+        self._signal: collections.deque[tuple[int, int]] = collections.deque(maxlen=SIGNAL_ROUNDS)  # (kept, groups)
         self._request_id = 0
         self.groups_sent = 0  # groups offered to the data socket, including those dropped at the HWM
         # A restart under the same --sampler-id is a new process with fresh counts: the
@@ -159,9 +167,11 @@ class Sampler:
         self._sent_one = False
         self._last_wait_note = 0.0   # (groups_sent counts filtered groups too, so it cannot tell)
         self.run_facts: M.RunFacts | None = None   # the learner's, from its first answer
-        log.info("sampler %d/%d on %s: %d prompts in its shard, model %s, G=%d, %d prompts per round, "
+        log.info("sampler %d/%d on %s: %d prompts in its shard, model %s, G=%d, %s prompts per round, "
                  "%s generation%s, old log-probs from %s", cfg.sampler_id, cfg.num_samplers, self.device, len(mine),
-                 path, cfg.num_generations, cfg.prompts_per_round, self.backend,
+                 path, cfg.num_generations,
+                 cfg.prompts_per_round or f"a step's worth of groups with signal (at most {cfg.max_prompts_per_round})",
+                 self.backend,
                  f", in flight on {cfg.in_flight_rows} rows" if cfg.in_flight_rows else "",
                  "the sampling pass" if self.old_source == "sampling" else "a teacher-forced pass")
         mark_stage(cfg.run_dir, self.name, "model_loaded")
@@ -206,9 +216,26 @@ class Sampler:
 
     def _round_prompts(self) -> int:
         """Prompts for the next round: --prompts-per-round, or fewer when the learner's queue is so
-        long that more groups would reach it too stale to train on (the budget in its answer)."""
-        n = self.cfg.prompts_per_round
-        return n if self.budget < 0 else min(n, self.budget)
+        long that more groups would reach it too stale to train on (the budget in its answer).
+        --prompts-per-round 0: enough that the groups with signal fill one learner step
+        (grpo.stats.round_prompts), within the budget."""
+        cfg, facts = self.cfg, self.run_facts
+        if cfg.prompts_per_round > 0:
+            n = cfg.prompts_per_round
+            return n if self.budget < 0 else min(n, self.budget)
+        if self.budget == 0:
+            return 0
+        if facts is None or not facts.groups_per_step:
+            return min(cfg.max_prompts_per_round, FIRST_ROUND_PROMPTS)
+        return round_prompts(facts.groups_per_step, self._signal_share(), self.budget, cfg.max_prompts_per_round)
+
+    def _signal_share(self) -> float:
+        """The share of the last SIGNAL_ROUNDS rounds' groups that had signal (1.0 without the filter:
+        every group is sent; FIRST_SIGNAL_SHARE before any round is scored)."""
+        if not self.cfg.filter_zero_signal:
+            return 1.0
+        total = sum(n for _, n in self._signal)
+        return sum(k for k, _ in self._signal) / total if total else FIRST_SIGNAL_SHARE
 
     def _check_run(self, facts: M.RunFacts) -> None:
         """The learner's first answer: its facts must agree with ours, or no group of ours is valid."""
@@ -447,7 +474,8 @@ class Sampler:
         problems, prompts, prompt_ids = self._round_problems(n_prompts)
         G = cfg.num_generations
         def chunk() -> int:   # (round 0 may learn the run's facts, and so the step's size, as it goes)
-            return max(1, self.run_facts.groups_per_step if self.run_facts is not None else cfg.prompts_per_round)
+            return max(1, self.run_facts.groups_per_step if self.run_facts is not None
+                       else cfg.prompts_per_round or FIRST_ROUND_PROMPTS)
         queue = iter(enumerate(prompt_ids))
         gis: list[int] = []
         completions: list[tuple[list[int], bool]] = []
@@ -476,7 +504,9 @@ class Sampler:
                 gis, completions, sampled_lp, t0 = [], [], [], time.perf_counter()
 
     def _round_problems(self, n_prompts: int | None):
-        problems = self.prompts.next_batch(self.cfg.prompts_per_round if n_prompts is None else n_prompts)
+        if n_prompts is None:
+            n_prompts = self.cfg.prompts_per_round or FIRST_ROUND_PROMPTS
+        problems = self.prompts.next_batch(n_prompts)
         prompts = [problem_prompt(self.tok, p) for p in problems]
         return problems, prompts, [self.tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
 
@@ -523,6 +553,7 @@ class Sampler:
         # filtered whole is counted although nothing of it reaches _send.
         self.groups_sent += len(gis) - len(keep)
         self.stats["dropped_zero_signal"] += len(gis) - len(keep)
+        self._signal.append((len(keep), len(gis)))
         groups = []
         for j in keep:
             gi = gis[j]

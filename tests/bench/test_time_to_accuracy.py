@@ -231,18 +231,21 @@ def _args(**kw):
 
 def test_ours_flags_come_after_the_fixed_ones_and_win():
     """--ours-flags lands at the end of ours' command; the launcher hands both occurrences on in order
-    and the worker's argparse keeps the last: --max-staleness 0 and --prompts-per-round 8 are what run."""
+    and the worker's argparse keeps the last: --reward format (the fixed line says correctness),
+    --max-staleness 0 and --prompts-per-round 8 are what run."""
     from grpo.config import LearnerConfig, SamplerConfig
     from grpo.flags import build_parser
     from grpo.launch.plan import parse
 
-    cmd = tta.ours_command(_args(ours_flags="--max-staleness 0 --prompts-per-round 8"), 42, Path("/r/ours_seed42"))
-    assert cmd[-4:] == ["--max-staleness", "0", "--prompts-per-round", "8"]
-    fixed = cmd.index("--max-staleness")
-    assert cmd[fixed + 1] == "8" and fixed < len(cmd) - 4 and cmd[cmd.index("--run-dir") + 1] == "/r/ours_seed42"
+    extra = "--reward format --max-staleness 0 --prompts-per-round 8"
+    cmd = tta.ours_command(_args(ours_flags=extra), 42, Path("/r/ours_seed42"))
+    assert cmd[-6:] == extra.split()
+    fixed = cmd.index("--reward")
+    assert cmd[fixed + 1] == "correctness" and fixed < len(cmd) - 6 and cmd[cmd.index("--run-dir") + 1] == "/r/ours_seed42"
     _, to_sampler, to_learner = parse(cmd[2:])
     assert build_parser(LearnerConfig, "l").parse_known_args(to_learner)[0].max_staleness == 0
-    assert build_parser(SamplerConfig, "s").parse_known_args(to_sampler)[0].prompts_per_round == 8
+    sampler = build_parser(SamplerConfig, "s").parse_known_args(to_sampler)[0]
+    assert (sampler.reward, sampler.prompts_per_round) == ("format", 8)
     assert tta.ours_command(_args(), 42, Path("/r"))[-2:] == ["--run-dir", "/r"]      # none: the fixed line
     assert tta.ours_extra_flags('--a 1 --b "x y"') == ["--a", "1", "--b", "x y"]    # split as a shell would
     for named in ("--seed 3", "--seed=3", "--seeds 1,2", "--run-dir /x"):
