@@ -150,6 +150,19 @@ def run(args) -> None:
               f"limited {s['is_limited_frac_mean']}", flush=True)
 
 
+PRINTED_CMD = re.compile(r"objectives: (\S+): (/\S+python \S+run_distributed\.py .*)")
+PRINTED_END = re.compile(r"objectives: (\S+) exit 0: (\d+) steps, reward by version \[([^\]]*)\]")
+
+
+def runs_from_printed(text: str, task: str, seconds: float) -> list[dict]:
+    """The runs of one `run` as its printed lines give them (each variant's command, steps and reward
+    by version): what is left of a run whose directories did not come back from the GPU machine."""
+    cmds = dict(PRINTED_CMD.findall(text))
+    return [{"variant": name, "task": task, "training_s": seconds, "steps": int(steps),
+             "reward_by_version": [float(x) for x in rbv.split(",")], "command": cmds.get(name)}
+            for name, steps, rbv in PRINTED_END.findall(text)]
+
+
 def summarise(args) -> None:
     work = Path(args.work_dir)
     runs = {p.name: summarise_run(p) for p in sorted(work.iterdir()) if (p / "objective_launch.json").exists()}

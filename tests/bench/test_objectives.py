@@ -61,3 +61,23 @@ def test_the_committed_result_is_what_its_run_files_say():
     # behaviour policy in every bucket from versions 20 on, the claim the default rests on.
     tis, ppo = (committed["runs"][k]["reward_by_version"] for k in ("tis2", "ppo"))
     assert all(t["reward_mean"] > p["reward_mean"] for t, p in zip(tis[2:], ppo[2:]))
+
+
+def test_the_staleness_table_is_what_the_printed_lines_say():
+    """bench/results/staleness_table_*.json: its runs are runs_from_printed of the two kept printouts,
+    then the objectives comparison's tis2 and fresh runs (S8/R64 and S0/R8) as they were committed."""
+    table = json.loads((RESULTS / "staleness_table_NVIDIA_H100_80GB_HBM3.json").read_text())
+    ba = "rg:basic_arithmetic:min_terms=2,max_terms=2,max_digits=1"
+    printed = (ob.runs_from_printed((RESULTS / "staleness_table" / "basic_arithmetic.out").read_text(), ba, 150)
+               + ob.runs_from_printed((RESULTS / "staleness_table" / "letter_counting.out").read_text(),
+                                      "rg:letter_counting", 240))
+    assert table["runs"][:len(printed)] == printed
+    assert [r["variant"] for r in printed] == ["s1r16", "s2r16", "s4r32", "s8r64_inflight", "tis2", "curriculum"]
+    objectives = json.loads((RESULTS / "objectives_NVIDIA_H100_80GB_HBM3.json").read_text())["runs"]
+    for run, name in zip(table["runs"][len(printed):], ("tis2", "fresh")):
+        assert run["steps"] == objectives[name]["steps"]
+        assert run["reward_by_version"] == [round(b["reward_mean"], 3) for b in objectives[name]["reward_by_version"]]
+    assert table["commit"] and table["seed"] == 42 and table["versions"]["torch"]
+    # the choice: S2/R16 made the most steps of the fixed-batch cells and ended with the highest reward
+    by = {r["variant"]: r for r in table["runs"] if r["task"] == ba}
+    assert max(by, key=lambda v: by[v]["reward_by_version"][-1]) == "s2r16"
