@@ -35,7 +35,7 @@ from signal_probe import sample  # noqa: E402 - the same sampling loop, with gre
 
 from grpo.data.gsm8k import _numbers, extract_gsm8k_answer  # noqa: E402
 from grpo.data.sources import load_problems  # noqa: E402
-from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
+from grpo.model import compute_dtype, eos_ids, load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
 from grpo.sampler.rollout import RolloutEngine  # noqa: E402
 
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
@@ -129,7 +129,7 @@ def main() -> int:
     path = resolve_model(args.model)
     tok = load_tokenizer(path)
     model = load_causal_lm(path, device, compute_dtype(device)).eval()
-    engine = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id)
+    engine = RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id)
     torch.manual_seed(args.seed)
     train = random.Random(args.seed).sample(train_all, args.prompts)
     sampled = probe(engine, tok, train, args.G, args.temperature, args.max_new_tokens, args.rows)

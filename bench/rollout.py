@@ -28,9 +28,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import ROOT, Timer, pick, table, write_result  # noqa: E402
 
-from grpo.data.prompts import build_prompt
+from grpo.data.prompts import problem_prompt
 from grpo.data.sources import load_problems  # noqa: E402
-from grpo.model import compute_dtype, left_pad, load_causal_lm, load_tokenizer, resolve_model, right_pad, token_logprobs  # noqa: E402
+from grpo.model import compute_dtype, eos_ids, left_pad, load_causal_lm, load_tokenizer, resolve_model, right_pad, token_logprobs  # noqa: E402
 from grpo.sampler.rollout import (
     RolloutEngine,  # noqa: E402
     hf_generate,  # noqa: E402
@@ -56,7 +56,7 @@ def plan(quick: bool, cuda: bool):
 
 def gsm8k_prompts(tok, split: str, n: int) -> list[list[int]]:
     problems = load_problems(str(GSM8K), split, limit=n)  # GSM8K: set from --dataset in main()
-    return [tok(build_prompt(tok, p.question), add_special_tokens=False)["input_ids"] for p in problems]
+    return [tok(problem_prompt(tok, p), add_special_tokens=False)["input_ids"] for p in problems]
 
 
 def rows_for(prompts: list[list[int]], batch: int) -> list[list[int]]:
@@ -80,21 +80,21 @@ def run_fast(engine: RolloutEngine, rows, new: int, device, eos_on: bool) -> dic
             "graph_failures": out.stats.get("graph_failures", [])}
 
 
-def run_hf(model, rows, new: int, device, pad_id: int, eos_id: int | None) -> dict:
+def run_hf(model, rows, new: int, device, pad_id: int, eos_id: list[int] | None) -> dict:
     ids, attn = left_pad(rows, pad_id, device)
     width = ids.shape[1]
     gc = copy.deepcopy(model.generation_config)
-    gc.eos_token_id = eos_id  # None: no stopping, exactly `new` tokens per row
+    gc.eos_token_id = eos_id or None  # None: no stopping, exactly `new` tokens per row
     gc.update(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=pad_id, max_new_tokens=4)
     model.generate(input_ids=ids[:2], attention_mask=attn[:2], generation_config=gc)  # warm-up
     gc.max_new_tokens = new
     with Timer(device) as t:
         out = model.generate(input_ids=ids, attention_mask=attn, generation_config=gc)
     gen = out[:, width:]
-    if eos_id is None:
+    if not eos_id:
         tokens = gen.numel()
     else:  # kept tokens: up to and including the first EOS
-        hit = (gen == eos_id)
+        hit = torch.isin(gen, torch.tensor(eos_id, device=gen.device))
         first = torch.where(hit.any(1), hit.float().argmax(1) + 1, torch.full_like(hit[:, 0], gen.shape[1], dtype=torch.long))
         tokens = int(first.sum())
     return {"tok_s": tokens / t.s, "s": t.s, "tokens": tokens, "peak_gib": t.peak_gib}
@@ -104,7 +104,7 @@ def throughput(name: str, model, tok, device, p: dict, configs_fast, configs_hf,
                compile_decode: bool = False) -> list[dict]:
     prompts = gsm8k_prompts(tok, "train", 64)
     no_eos = RolloutEngine(model, [], tok.pad_token_id, **ENGINE_KW)
-    with_eos = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id, **ENGINE_KW)
+    with_eos = RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id, **ENGINE_KW)
     rows_out = []
     for batch, new in configs_fast:
         rows = rows_for(prompts, batch)
@@ -122,7 +122,7 @@ def throughput(name: str, model, tok, device, p: dict, configs_fast, configs_hf,
         if (batch, new) in eos_cfgs:  # the sampler's real setting: stop at EOS, count kept tokens
             fe = run_fast(with_eos, rows, new, device, eos_on=True)
             with_eos.clear()
-            he = run_hf(model, rows, new, device, tok.pad_token_id, tok.eos_token_id)
+            he = run_hf(model, rows, new, device, tok.pad_token_id, eos_ids(tok, model))
             r.update({"eos_fast_tok_s": fe["tok_s"], "eos_fast_tokens": fe["tokens"], "eos_hf_tok_s": he["tok_s"],
                       "eos_hf_tokens": he["tokens"], "eos_speedup": fe["tok_s"] / he["tok_s"]})
             if device.type == "cuda":  # what the graph buys: the same engine decoding eagerly
@@ -159,7 +159,7 @@ def eos_workload(model, tok, device, n_prompts: int, G: int, rows: int, new: int
         return sum(len(r) for g in engine.stream(lambda: next(it, None), G, new, temperature=1.0, rows=rows)
                    for r in g.token_ids)
 
-    stream_engine = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id, **ENGINE_KW)
+    stream_engine = RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id, **ENGINE_KW)
     with Timer(device) as first:   # captures (and with compile_decode compiles) the ring's step
         streamed(stream_engine)
     out["eos_stream_first_call_s"] = first.s
@@ -167,7 +167,7 @@ def eos_workload(model, tok, device, n_prompts: int, G: int, rows: int, new: int
         tokens = streamed(stream_engine)
     out.update(eos_stream_tok_s=tokens / t.s, eos_stream_tokens=tokens, eos_stream_s=t.s)
     stream_engine.clear()
-    fixed = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id,
+    fixed = RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id,
                           buckets=(rows,) if device.type == "cuda" else None, **ENGINE_KW)
     with Timer(device) as first:
         fixed.generate(flat[:rows], new, temperature=1.0)
@@ -181,7 +181,7 @@ def eos_workload(model, tok, device, n_prompts: int, G: int, rows: int, new: int
         return out
     hf_tokens, hf_s = 0, 0.0
     for s in range(0, len(flat), rows):
-        h = run_hf(model, flat[s:s + rows], new, device, tok.pad_token_id, tok.eos_token_id)
+        h = run_hf(model, flat[s:s + rows], new, device, tok.pad_token_id, eos_ids(tok, model))
         hf_tokens, hf_s = hf_tokens + h["tokens"], hf_s + h["s"]
     out.update(eos_hf_tok_s=hf_tokens / hf_s, eos_hf_tokens=hf_tokens, eos_hf_s=hf_s,
                stream_vs_hf=out["eos_stream_tok_s"] * hf_s / hf_tokens,
@@ -191,7 +191,7 @@ def eos_workload(model, tok, device, n_prompts: int, G: int, rows: int, new: int
 
 def agreement(model, tok, device, n: int, new: int) -> dict:
     prompts = gsm8k_prompts(tok, "test", n)
-    eos, pad = tok.eos_token_id, tok.pad_token_id
+    eos, pad = eos_ids(tok, model), tok.pad_token_id
     engine = RolloutEngine(model, eos, pad, **ENGINE_KW)
     fast = engine.generate(prompts, new, greedy=True).token_ids
     ref, _ = hf_generate(model, prompts, new, 1.0, True, eos, pad)

@@ -25,11 +25,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import ROOT, write_result  # noqa: E402
 
-from grpo.data.gsm8k import gsm8k_reward  # noqa: E402
 from grpo.data.prompts import problem_prompt  # noqa: E402
+from grpo.data.rewards import score_correctness  # noqa: E402
 from grpo.data.sources import load_problems
 from grpo.loss import has_signal  # noqa: E402
-from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
+from grpo.model import compute_dtype, eos_ids, load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
 from grpo.sampler.rollout import RolloutEngine  # noqa: E402
 
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
@@ -52,8 +52,8 @@ def sample(engine: RolloutEngine, tok, problems, G: int, temperature: float, max
 
 def probe(engine: RolloutEngine, tok, problems, G: int, temperature: float, max_new: int, rows: int) -> dict:
     tokens, finished, gen_s = sample(engine, tok, problems, G, temperature, max_new, rows)
-    rewards = [gsm8k_reward(tok.decode(t, skip_special_tokens=True), problems[k // G].answer).reward
-               for k, t in enumerate(tokens)]
+    rewards = [sc.reward for sc in score_correctness([problems[k // G] for k in range(len(tokens))],
+                                                     [tok.decode(t, skip_special_tokens=True) for t in tokens])]
     return {"temperature": temperature, **signal_stats(rewards, G, [len(t) for t in tokens], finished),
             "gen_s": round(gen_s, 2)}
 
@@ -86,7 +86,7 @@ def main() -> int:
     tok = load_tokenizer(path)
     model = load_causal_lm(path, device, compute_dtype(device)).eval()
     problems = random.Random(args.seed).sample(load_problems(args.dataset, "train"), args.prompts)
-    engine = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id)
+    engine = RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id)
     rows = []
     for t in (float(x) for x in args.temperatures.split(",")):
         torch.manual_seed(args.seed)

@@ -28,7 +28,7 @@ from signal_probe import sample, signal_stats  # noqa: E402
 
 from grpo.data.rewards import correctness_reward  # noqa: E402
 from grpo.data.sources import load_problems  # noqa: E402
-from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
+from grpo.model import compute_dtype, eos_ids, load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
 from grpo.sampler.rollout import RolloutEngine  # noqa: E402
 
 SPECS = ("rg:letter_counting;"
@@ -63,7 +63,7 @@ def main() -> int:
     path = resolve_model(args.model)
     tok = load_tokenizer(path)
     model = load_causal_lm(path, device, compute_dtype(device)).eval()
-    engine = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id, cuda_graphs=device.type == "cuda")
+    engine = RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id, cuda_graphs=device.type == "cuda")
     rows = []
     for spec in [s.strip() for s in args.specs.split(";") if s.strip()]:
         t0 = time.perf_counter()

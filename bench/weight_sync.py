@@ -175,7 +175,7 @@ def sampler(args) -> None:
 
     from grpo.model import weights_checksum
     from grpo.weights.ipc import IpcReceiver
-    from grpo.weights.publisher import request_weights
+    from grpo.sync.client import request_weights
     from grpo.weights.tcp import apply_weights
     from grpo.wire import messages as M
     from grpo.wire.transport import SyncClient

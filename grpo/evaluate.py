@@ -21,12 +21,12 @@ import torch
 
 from grpo.config import EvalConfig
 from grpo.data.formats import Problem
-from grpo.data.gsm8k import gsm8k_reward
-from grpo.data.prompts import build_prompt
+from grpo.data.prompts import problem_prompt
+from grpo.data.rewards import score_correctness
 from grpo.data.sources import load_problems
 from grpo.data.tasks import start_levels
 from grpo.flags import parse_config
-from grpo.model import left_pad
+from grpo.model import eos_ids, left_pad
 from grpo.obs.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ def eval_engine(model, tok, backend: str, device: torch.device):
         return None
     from grpo.sampler.rollout import RolloutEngine
 
-    return RolloutEngine(model, tok.eos_token_id, tok.pad_token_id, cuda_graphs=device.type == "cuda")
+    return RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id, cuda_graphs=device.type == "cuda")
 
 
 def evaluate_module(module, tok, cfg, device: torch.device, autocast: bool = False) -> dict:
@@ -79,6 +79,11 @@ def greedy_accuracy(model, tok, problems: list[Problem], max_new_tokens: int, ba
                     device: torch.device, engine=None) -> dict:
     """Greedy decoding of every problem; the share whose final answer is correct.
 
+    Prompts and correctness are training's: the sampler's prompt rule (problem_prompt) and the
+    reward set's 'correct' (score_correctness: reasoning-gym's own scorer for rg: answers that are
+    not numbers, the GSM8K final-number rule otherwise), so held-out accuracy measures what the
+    reward trains.
+
     Prompts are sorted by length before batching (less left padding); greedy decoding does
     not depend on the batch it runs in beyond float rounding, so the order does not change
     which problems are solved in any systematic way.
@@ -86,11 +91,10 @@ def greedy_accuracy(model, tok, problems: list[Problem], max_new_tokens: int, ba
     was_training = model.training
     model.eval()
     t0 = time.perf_counter()
-    prompts = [build_prompt(tok, p.question, None) for p in problems]
+    prompts = [problem_prompt(tok, p) for p in problems]
     ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    correct = [0.0] * len(ids)
-    has_answer = [0.0] * len(ids)
+    texts = [""] * len(ids)
     lengths = [0] * len(ids)
     truncated = 0
     if engine is not None:   # the sampler's rollout engine (grpo.sampler.rollout): same greedy tokens, faster
@@ -99,31 +103,32 @@ def greedy_accuracy(model, tok, problems: list[Problem], max_new_tokens: int, ba
             row = row[:-1] if fin else row    # drop the EOS the engine keeps
             truncated += not fin
             lengths[i] = len(row)
-            scored = gsm8k_reward(tok.decode(row, skip_special_tokens=True), problems[i].answer)
-            correct[i], has_answer[i] = scored.info["correct"], scored.info["has_answer"]
+            texts[i] = tok.decode(row, skip_special_tokens=True)
         order = []
     bar = Progress("eval problems", total=len(problems), unit="problem")
     bar.update(len(problems) - len(order))   # the engine path did them all at once
+    stop = eos_ids(tok, model)   # every EOS id: the tokenizer's and the generation config's
     for s in range(0, len(order), batch_size):
         rows = order[s:s + batch_size]
         x, attn = left_pad([ids[i] for i in rows], tok.pad_token_id, device)
         width = x.shape[1]
         out = model.generate(input_ids=x, attention_mask=attn, do_sample=False,
                              max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
-                             eos_token_id=tok.eos_token_id, top_k=None, top_p=None, temperature=None)
+                             eos_token_id=stop, top_k=None, top_p=None, temperature=None)
         for j, row in enumerate(out[:, width:].cpu().tolist()):
             i = rows[j]
-            if tok.eos_token_id in row:
-                row = row[:row.index(tok.eos_token_id)]
+            cut = next((n for n, t in enumerate(row) if t in stop), None)
+            if cut is not None:
+                row = row[:cut]
             else:
                 truncated += 1
             lengths[i] = len(row)
-            text = tok.decode(row, skip_special_tokens=True)
-            scored = gsm8k_reward(text, problems[i].answer)
-            correct[i] = scored.info["correct"]
-            has_answer[i] = scored.info["has_answer"]
+            texts[i] = tok.decode(row, skip_special_tokens=True)
         bar.update(len(rows))
     bar.close()
+    scored = score_correctness(problems, texts)
+    correct = [sc.info["correct"] for sc in scored]
+    has_answer = [sc.info["has_answer"] for sc in scored]
     if was_training:
         model.train()
     n = max(len(problems), 1)

@@ -87,6 +87,36 @@ def set_chat_eos(tok, model=None) -> None:
                 cfg.pad_token_id = eos_id
 
 
+def eos_ids(tokenizer, model_or_generation_config=None) -> list[int]:
+    """Every id that ends a completion: the tokenizer's EOS and the generation config's
+    eos_token_id (an int or a list: Llama 3 and Qwen2.5 list several, e.g. <|im_end|> and
+    <|endoftext|>), sorted, each once. model_or_generation_config: a model (its
+    generation_config, else its config) or a GenerationConfig / PretrainedConfig; None: the
+    tokenizer's only."""
+    ids: set[int] = set()
+
+    def add(value) -> None:
+        if value is None:
+            return
+        if isinstance(value, (list, tuple, set)):
+            for v in value:
+                add(v)
+        elif isinstance(value, torch.Tensor):
+            add(value.tolist())
+        else:
+            ids.add(int(value))
+
+    add(getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None)
+    src = model_or_generation_config
+    if src is not None:
+        gen = getattr(src, "generation_config", None)
+        cfg = getattr(src, "config", None)
+        add(getattr(gen if gen is not None else src, "eos_token_id", None))
+        if gen is None and cfg is not None:   # a model without a generation config: its config's
+            add(getattr(cfg, "eos_token_id", None))
+    return sorted(ids)
+
+
 def write_build_stamp(folder: Path) -> None:
     (folder / BUILD_STAMP).write_text(json.dumps({"build_version": BUILD_VERSION}) + "\n")
 

@@ -16,22 +16,6 @@ def staleness(learner_version: int, group_version: int) -> int:
     return learner_version - group_version
 
 
-def generation_budget(version: int, sampler_version: int, queued: int, groups_per_step: int, max_staleness: int,
-                      samplers: int = 1) -> int:
-    """How many groups one sampler may generate now with none of them certain to be dropped as stale.
-
-    A group made from `sampler_version` joins the learner's queue behind `queued` groups; the
-    learner, at `version`, trains `groups_per_step` per step, so the group at queue position p
-    (0-based) is trained at version + p // groups_per_step and is stale once that is more than
-    sampler_version + max_staleness. Positions p < (max_staleness - lag + 1) * groups_per_step are
-    safe (lag = version - sampler_version): AReaL's bound of (staleness + 1) x batch rollouts in
-    flight, less what is queued. Samplers on one port share it evenly.
-    """
-    lag = max(0, version - sampler_version)
-    room = (max_staleness - lag + 1) * groups_per_step - queued
-    return max(0, room) // max(1, samplers)
-
-
 def round_prompts(groups_per_step: int, signal_share: float, budget: int = -1, cap: int = 64,
                   min_share: float = 1 / 16) -> int:
     """Prompts for a sampler's next round (--prompts-per-round 0): enough that the groups with

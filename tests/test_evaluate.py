@@ -3,6 +3,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -57,6 +58,73 @@ def test_batched_left_padded_eval_scores_like_one_at_a_time():
     res2 = greedy_accuracy(model, tok, problems, 20, batch_size=4, device=torch.device("cpu"), engine=eng)
     assert (res2["correct"], res2["mean_completion_len"], res2["truncated_frac"]) == \
         (res["correct"], res["mean_completion_len"], res["truncated_frac"])
+
+
+class _ScriptedEngine:
+    """A stand-in rollout engine: answers each prompt with the completion scripted for it (text
+    keyed by the prompt's ids), EOS-terminated, and records the prompts it was given."""
+
+    def __init__(self, tok, script):
+        self.tok, self.script, self.prompts = tok, script, []
+
+    def generate(self, prompts, max_new_tokens, *args, **kwargs):
+        self.prompts += [list(p) for p in prompts]
+        rows = [self.tok(self.script.get(tuple(p), ""), add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+                for p in prompts]
+        return SimpleNamespace(token_ids=rows, finished=[True] * len(rows))
+
+
+def test_eval_scores_rg_answers_by_the_tasks_own_scorer():
+    """Held-out accuracy on rg: tasks whose answers are not numbers is training's correctness
+    (reasoning-gym's score_answer), not the GSM8K final-number parser: completions right by the
+    task's scorer and wrong by the parser count, and the reverse do not."""
+    import reasoning_gym
+
+    from grpo.data.gsm8k import gsm8k_correct
+    from grpo.data.prompts import problem_prompt
+
+    tok = load_tokenizer(resolve_model("smollm2"))
+    words = eval_problems("rg:spell_backward", 3)        # answers are words
+    lists = eval_problems("rg:number_sorting", 3)        # answers are lists of numbers
+    cases = [(p, f"I reversed it.\n#### {p.answer}") for p in words]   # right; the parser finds no number
+    cases += [(p, f"Sorted:\n#### {p.answer}") for p in lists[:2]]    # right; the parser reads the first number
+    last = extract_gsm8k_answer(lists[2].answer)
+    cases += [(lists[2], f"#### {last}")]                               # wrong; the parser says right (last number)
+
+    def task_score(p, text):
+        return reasoning_gym.get_score_answer_fn(p.columns["rg_task"])(text.split("#### ")[-1], p.columns["rg_entry"])
+
+    expected = [float(task_score(p, t) == 1.0) for p, t in cases]
+    assert expected == [1.0] * 5 + [0.0]
+    # Every case is one the number parser gets wrong: the old scoring (gsm8k_reward) would fail here.
+    assert all(float(gsm8k_correct(t, p.answer)) != e for (p, t), e in zip(cases, expected))
+    problems = [p for p, _ in cases]
+    script = {tuple(tok(problem_prompt(tok, p), add_special_tokens=False)["input_ids"]): t for p, t in cases}
+    res = greedy_accuracy(torch.nn.Module(), tok, problems, 32, batch_size=4, device=torch.device("cpu"),
+                          engine=_ScriptedEngine(tok, script))
+    assert (res["correct"], res["n"]) == (5, 6) and abs(res["accuracy"] - 5 / 6) < 1e-12
+    assert res["has_answer"] == 1.0   # every completion marks an answer after '####'
+
+
+def test_eval_prompts_are_the_samplers_training_prompts():
+    """For the same problems, evaluation feeds the decoder exactly the prompts a sampler's round
+    trains on (Sampler._round_problems): GSM8K style, verbatim ('plain') and chat messages."""
+    from grpo.data.prompts import PromptStream
+    from grpo.sampler.loop import Sampler
+
+    tok = load_tokenizer(resolve_model("smollm2"))
+    problems = [Problem("What is 2+2?", "#### 4"),
+                Problem("Answer with one word: the capital of France?", "Paris", style="plain"),
+                Problem("2*3?", "6", messages=[{"role": "system", "content": "Be brief."},
+                                               {"role": "user", "content": "2*3?"}], style="plain"),
+                *eval_problems("rg:spell_backward", 1)]
+    stub = SimpleNamespace(cfg=SimpleNamespace(prompts_per_round=len(problems)), tok=tok,
+                           prompts=PromptStream(problems, seed=0))
+    round_problems, _, train_ids = Sampler._round_problems(stub, len(problems))
+    assert sorted(p.question for p in round_problems) == sorted(p.question for p in problems)
+    engine = _ScriptedEngine(tok, {tuple(ids): "#### 0" for ids in train_ids})
+    greedy_accuracy(torch.nn.Module(), tok, problems, 8, batch_size=4, device=torch.device("cpu"), engine=engine)
+    assert sorted(engine.prompts) == sorted(train_ids)
 
 
 def test_final_evaluation_decodes_like_the_samplers():

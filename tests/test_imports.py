@@ -74,7 +74,7 @@ def test_no_import_cycles():
 
 
 def test_layout_has_one_folder_per_role():
-    for folder in ("wire", "weights", "sampler", "learner", "data", "obs", "launch"):
+    for folder in ("wire", "weights", "sync", "sampler", "learner", "data", "obs", "launch"):
         assert (PKG / folder / "__init__.py").is_file(), folder
     top = sorted(p.name for p in PKG.glob("*.py"))
     assert top == ["__init__.py", "config.py", "evaluate.py", "flags.py", "loss.py", "model.py", "stats.py",

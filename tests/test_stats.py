@@ -47,22 +47,6 @@ def test_batch_crc32_depends_on_order_and_tokens():
     assert batch_crc32([a]) != batch_crc32([b]) and batch_crc32([a, b]) != batch_crc32([b, a])
 
 
-def test_generation_budget_by_hand():
-    from grpo.stats import generation_budget
-
-    # staleness 4, 2 groups a step, nothing queued, sampler current: (4 + 1) * 2 = 10 groups
-    assert generation_budget(version=7, sampler_version=7, queued=0, groups_per_step=2, max_staleness=4) == 10
-    # 6 queued ahead: positions 6..9 are still trained by version 7 + 4 = 11
-    assert generation_budget(7, 7, 6, 2, 4) == 4
-    # the sampler's weights are 3 versions old: only (4 - 3 + 1) * 2 - 0 = 4 positions are safe
-    assert generation_budget(7, 4, 0, 2, 4) == 4
-    assert generation_budget(7, 2, 0, 2, 4) == 0          # 5 behind: nothing it makes now can be trained
-    assert generation_budget(7, 7, 11, 2, 4) == 0         # more queued than it can ever train in time
-    assert generation_budget(7, 7, 0, 2, 4, samplers=3) == 3   # 10 shared by three samplers
-    # staleness 0: only the next step's batch, and a step in progress (2 ahead) leaves no room
-    assert generation_budget(0, 0, 0, 2, 0) == 2 and generation_budget(0, 0, 2, 2, 0) == 0
-
-
 def test_round_prompts_by_hand():
     from grpo.stats import round_prompts
 

@@ -15,7 +15,6 @@ __all__ = [
     "RewardResult",
     "extract_gsm8k_answer",
     "gsm8k_correct",
-    "gsm8k_reward",
     "normalize_number",
 ]
 
@@ -121,13 +120,3 @@ class RewardResult:
 
     reward: float
     info: dict[str, float] = field(default_factory=dict)
-
-
-def gsm8k_reward(completion: str, reference_answer: str) -> RewardResult:
-    """1.0 for a correct final answer, else 0.0; info has 'correct' and 'has_answer' (0/1)."""
-    correct = gsm8k_correct(completion, reference_answer)
-    has_answer = extract_gsm8k_answer(completion) is not None
-    return RewardResult(
-        reward=1.0 if correct else 0.0,
-        info={"correct": float(correct), "has_answer": float(has_answer)},
-    )

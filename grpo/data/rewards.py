@@ -12,8 +12,10 @@ None means "does not apply to this sample": it adds nothing to the total (TRL's 
 The total reward is sum(weight * value); Completion.reward_info carries each part by name.
 
 Built-ins (short names):
-  correctness  1.0 when the final number equals the reference (GSM8K, math-verify), else 0.0; also
-               fills reward_info 'correct' and 'has_answer', which the learner's accuracy reads.
+  correctness  1.0 when the final number equals the reference (GSM8K, math-verify), else 0.0; for
+               rg: answers that are not numbers, the task's own score_answer on the text after
+               '####'. Also fills reward_info 'correct' and 'has_answer', which the learner's
+               accuracy, the curriculum and held-out evaluation (score_correctness) read.
   format       1.0 when the answer has the expected form, else 0.0. The form is per dataset
                (--format-style auto): question/answer data and rg: tasks ask for GSM8K's
                '#### <number>' on the last line; other layouts for '<think>...</think>' followed by
@@ -38,7 +40,7 @@ from grpo.data.plugins import PluginError, load_callable
 from grpo.data.sandbox import SandboxLimits, code_reward
 
 __all__ = ["BUILTINS", "RewardError", "RewardSet", "correctness_reward", "format_reward",
-           "overlong_reward"]
+           "overlong_reward", "score_correctness"]
 
 
 class RewardError(ValueError):
@@ -70,6 +72,12 @@ def _marked_answer(text: str) -> str | None:
     return line or None
 
 
+def _rg_judged(answer: str, task: Any, entry: Any) -> bool:
+    """Whether reasoning-gym's own scorer judges this row: a reasoning-gym row (rg_task/rg_entry
+    columns) whose reference answer is not a number; numbers go by the GSM8K rules."""
+    return bool(task) and entry is not None and not _NUMBER.fullmatch(answer)
+
+
 def correctness_reward(prompts: list, completions: list, answer: list[str], **kwargs: Any) -> list[float]:
     """1.0 when the completion's final answer equals the reference answer (GSM8K rules). For
     reasoning-gym rows (rg_task/rg_entry columns) whose answer is not a number, the task's own
@@ -79,7 +87,7 @@ def correctness_reward(prompts: list, completions: list, answer: list[str], **kw
     out = []
     for c, a, task, entry in zip(completions, answer, tasks, entries):
         text = _text(c)
-        if task and entry is not None and not _NUMBER.fullmatch(a):
+        if _rg_judged(a, task, entry):
             out.append(float(_rg_scorer(task)(_marked_answer(text), entry)))
         else:
             out.append(float(gsm8k_correct(text, a)))
@@ -255,9 +263,10 @@ class RewardSet:
                 results[i].info[part.name] = value
         if "correctness" in self.builtins:  # the learner's accuracy and the eval read these
             name = next(p.name for p in self.parts if p.builtin == "correctness")
-            for r, t in zip(results, texts):
+            for r, t, p in zip(results, texts, problems):
                 r.info["correct"] = float(r.info[name] == 1.0)
-                r.info["has_answer"] = float(extract_gsm8k_answer(t) is not None)
+                marked = _rg_judged(p.answer, p.columns.get("rg_task"), p.columns.get("rg_entry"))
+                r.info["has_answer"] = float((_marked_answer(t) if marked else extract_gsm8k_answer(t)) is not None)
         return results
 
     @staticmethod
@@ -285,6 +294,18 @@ class RewardSet:
         self.score([problem, problem], ["", "#### 0"], [[], [0]])
 
 
+_CORRECTNESS = RewardSet("correctness")   # score_correctness's: the correctness part on its own
+
+
+def score_correctness(problems: Sequence[Any], texts: Sequence[str]) -> list[RewardResult]:
+    """The correctness part of every reward set, alone: info 'correct' (1.0 when the correctness
+    reward is exactly 1.0) and 'has_answer', as RewardSet.score fills them for the curriculum and
+    the learner's accuracy. Held-out evaluation (grpo.evaluate) scores with this, so a task is
+    measured by the rule it trains on: reasoning-gym's score_answer for rg: answers that are not
+    numbers, the GSM8K final-number rule otherwise."""
+    return _CORRECTNESS.score(problems, texts, [[] for _ in texts])
+
+
 def reward_set_from_config(cfg: Any) -> RewardSet:
     """The RewardSet a SamplerConfig asks for."""
     limits = SandboxLimits(timeout_s=cfg.code_timeout_s, memory_mb=cfg.code_memory_mb,
@@ -296,24 +317,3 @@ def reward_set_from_config(cfg: Any) -> RewardSet:
                      overlong_buffer=cfg.overlong_buffer, format_style=cfg.format_style,
                      code_limits=limits)
 
-
-def check_sampler_flags(flags: list[str]) -> str | None:
-    """For the launcher: the one-line error a sampler started with `flags` would give for its
-    --reward / --dataset-transform choice and its rg: task settings (imports, names and the
-    tasks' config classes only), or None if they resolve."""
-    from grpo.config import SamplerConfig
-    from grpo.data import tasks
-    from grpo.data.formats import load_transform
-    from grpo.flags import parse_config
-
-    cfg = parse_config(SamplerConfig, flags, "sampling_worker.py")
-    try:
-        reward_set_from_config(cfg)
-        load_transform(cfg.dataset_transform)
-        if cfg.dataset.startswith("rg:"):
-            tasks.check(tasks.parse_spec(cfg.dataset[3:]), curriculum=cfg.curriculum)
-        elif cfg.curriculum:
-            tasks.start_levels(cfg.dataset)   # says why a curriculum needs rg: tasks
-    except (RewardError, PluginError, tasks.TaskSpecError) as exc:
-        return str(exc)
-    return None

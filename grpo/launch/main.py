@@ -71,6 +71,30 @@ def check_resume(cfg: LaunchConfig, learner_flags: list[str]) -> None:
         raise LaunchError(str(exc)) from None
 
 
+def check_sampler_flags(flags: list[str]) -> str | None:
+    """For the launcher: the one-line error a sampler started with `flags` would give for its
+    --reward / --dataset-transform choice and its rg: task settings (imports, names and the
+    tasks' config classes only), or None if they resolve."""
+    from grpo.config import SamplerConfig
+    from grpo.data import tasks
+    from grpo.data.formats import load_transform
+    from grpo.data.plugins import PluginError
+    from grpo.data.rewards import RewardError, reward_set_from_config
+    from grpo.flags import parse_config
+
+    cfg = parse_config(SamplerConfig, flags, "sampling_worker.py")
+    try:
+        reward_set_from_config(cfg)
+        load_transform(cfg.dataset_transform)
+        if cfg.dataset.startswith("rg:"):
+            tasks.check(tasks.parse_spec(cfg.dataset[3:]), curriculum=cfg.curriculum)
+        elif cfg.curriculum:
+            tasks.start_levels(cfg.dataset)   # says why a curriculum needs rg: tasks
+    except (RewardError, PluginError, tasks.TaskSpecError) as exc:
+        return str(exc)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg, to_s, to_l = parse(argv)
     try:
@@ -79,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             instances = plan_instances(cfg, cuda_count)
         else:
             specs = plan(cfg, cuda_count, to_s, to_l, free_port())
-            from grpo.data.rewards import check_sampler_flags  # a bad --reward fails before any model loads
+            # a bad --reward fails before any model loads
 
             if samplers_argv := [s.argv[2:] for s in specs if s.role == "sampler"]:
                 if problem := check_sampler_flags(samplers_argv[0]):

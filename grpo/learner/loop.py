@@ -41,9 +41,9 @@ from grpo.obs.stages import first_step_s, history as stage_history, mark as mark
 from grpo.obs.tracking import Tracker, parse_report_to
 from grpo.sampler.rollout import resolve_backend
 from grpo.stats import group_stats
+from grpo.sync.answer import QueueView, SyncAnswer
 from grpo.weights import make_publisher
 from grpo.weights.methods import check_method
-from grpo.weights.publisher import QueueView
 from grpo.wire import messages as M
 from grpo.wire.curve import SERVER, curve_for, warn_if_exposed
 from grpo.wire.transport import DataReceiver, SyncServer, free_port
@@ -169,14 +169,17 @@ class Learner:
                          max_prompt_tokens=cfg.max_prompt_tokens, temperature=cfg.temperature,
                          needs_ref_logprobs=cfg.beta > 0, max_staleness=cfg.max_staleness,
                          groups_per_step=self.groups_per_step)
+        # The control fields of every answer on the sync port (facts, levels, budget): rank 0's publisher asks it.
+        self.answers = SyncAnswer(run)
         self.publisher = (make_publisher(cfg.weight_sync, self.server, self.engine.module, self.device,
                                          compute_dtype(self.device), cfg.host, cfg.sync_port,
-                                         cfg.ipc_ack_timeout_s, cfg.nccl_timeout_s, run) if self.rank == 0 else None)
+                                         cfg.ipc_ack_timeout_s, cfg.nccl_timeout_s, self.answers)
+                          if self.rank == 0 else None)
         if self.publisher is not None:
             self.publisher.peers = SyncPeers(self.liveness, max_peers=4 * cfg.max_samplers)
             self.publisher.on_reject = self._sync_rejected
             if self.curriculum is not None:
-                self.publisher.levels = dict(self.curriculum.levels)
+                self.answers.levels = dict(self.curriculum.levels)
             self.server.on_reject = lambda exc, peer: self._sync_rejected(exc.reason, peer)
         self.fingerprints = None
         if cfg.verify_weight_sync and self.rank == 0:
@@ -209,10 +212,10 @@ class Learner:
         self.intake = (Intake(cfg, self.receiver, self.liveness, self.books, self.messages, self.fingerprints)
                        if self.rank == 0 else None)
         if self.publisher is not None:   # each answer tells its sampler how much it may generate
-            self.publisher.queue_view = QueueView(queued=lambda: len(self.intake.queue),
-                                                  received=lambda sid: self.intake.received_by.get(sid, 0),
-                                                  samplers=lambda: max(1, self.liveness.count_alive()),
-                                                  training=lambda: self.intake.taken)
+            self.answers.queue_view = QueueView(queued=lambda: len(self.intake.queue),
+                                                received=lambda sid: self.intake.received_by.get(sid, 0),
+                                                samplers=lambda: max(1, self.liveness.count_alive()),
+                                                training=lambda: self.intake.taken)
         if resume_dir is not None and self.rank == 0:
             lost = self.books.restore(self.resumed.get("books", []), self.resumed.get("groups", {}),
                                       self.intake.counts)
@@ -407,7 +410,7 @@ class Learner:
         for c in self.curriculum.update(reports, step):
             log.info("curriculum: %s level %d -> %d after step %d (success rate %.3f over %d groups)",
                      c["task"], c["from"], c["to"], step, c["rate"], c["groups"])
-        self.publisher.levels = dict(self.curriculum.levels)   # a new map: the sync thread reads it
+        self.answers.levels = dict(self.curriculum.levels)   # a new map: the sync thread reads it
 
     def _final_eval(self) -> dict:
         """Greedy pass@1 of the final weights, on rank 0 after training (nothing left to stall)."""

@@ -30,16 +30,16 @@ from grpo.data.tasks import SuccessWindow, start_levels
 from grpo.evaluate import greedy_accuracy, record_eval, run_eval_problems
 from grpo.loss import has_signal
 from grpo.stats import round_prompts
-from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, right_pad,
+from grpo.model import (compute_dtype, eos_ids, load_causal_lm, load_tokenizer, pick_device, resolve_model, right_pad,
                         start_runtime, token_logprobs)
 from grpo.obs.gpu import GpuMonitor, format_gpu
 from grpo.obs.progress import Progress
 from grpo.obs.stages import mark as mark_stage
 from grpo.sampler.heartbeat import ON_FULL, Heartbeat, SyncInbox, send_group, wait_send
 from grpo.sampler.rollout import RolloutEngine, hf_generate, old_logprob_source, resolve_backend
+from grpo.sync.client import ask, await_answer
 from grpo.weights import make_receiver
-from grpo.weights.methods import fallback, sampler_method
-from grpo.weights.publisher import ask, await_answer
+from grpo.weights.methods import acknowledges, fallback, sampler_method
 from grpo.weights.tcp import apply_weights
 from grpo.wire import messages as M
 from grpo.wire.curve import CLIENT, curve_for
@@ -130,10 +130,21 @@ class Sampler:
         self.receiver, self.sync_method = None, M.TCP
         if (method := sampler_method(cfg.weight_sync, self.device)) != M.TCP:
             self._use(method, dtype)
-        self.engine = (RolloutEngine(self.policy, self.tok.eos_token_id, self.tok.pad_token_id,
+        # Every id that ends a completion: the tokenizer's EOS and the generation config's (Llama 3 and
+        # Qwen2.5 list several).
+        self.eos_ids = eos_ids(self.tok, self.policy)
+        self.engine = (RolloutEngine(self.policy, self.eos_ids, self.tok.pad_token_id,
                                      cuda_graphs=cfg.cuda_graphs and self.device.type == "cuda",
                                      compile_decode=cfg.compile_decode, attend_chunk=cfg.attend_chunk or None)
                        if self.backend == "fast" else None)
+        if self.engine is not None and self.engine.fallback is not None:
+            # An architecture the engine cannot serve (its warning said why): Hugging Face generate,
+            # old log-probs from a pass. In flight, the engine stays: it streams fixed batches through
+            # generate.
+            self.backend = "hf"
+            self.old_source = "pass"
+            if not cfg.in_flight_rows:
+                self.engine = None
         log.info("start-up: device %.1f s, problems %.1f s, reward probe %.1f s, model %.1f s (%s), weight receiver "
                  "and engine %.1f s", t_device, t_problems - t0, t_prompts - t_problems, t_model - t_prompts,
                  ", ".join(f"{k} {v:.1f} s" for k, v in load_times.items()), time.perf_counter() - t_model)
@@ -406,7 +417,7 @@ class Sampler:
             self.stats["verified_version"] = float(self.version)
         log.info("now running policy version %d (%.1f MB by %s applied in %.4f s)", self.version,
                  sum(newest.bucket_nbytes) / 1e6, newest.method, dt)
-        return newest.method in (M.IPC, M.NCCL)   # the follow-up request acknowledges the version
+        return acknowledges(newest.method)   # the follow-up request acknowledges the version
 
     def _round_guard(self):
         return self.receiver.guard() if self.sync_method == M.SHARED else contextlib.nullcontext()
@@ -456,7 +467,7 @@ class Sampler:
             completions, sampled_lp = list(zip(out.token_ids, out.finished)), out.logprobs
         else:
             completions = list(zip(*hf_generate(self.policy, rows, cfg.max_new_tokens, cfg.temperature, False,
-                                                tok.eos_token_id, tok.pad_token_id, should_stop=self._stop_said)))
+                                                self.eos_ids, tok.pad_token_id, should_stop=self._stop_said)))
         gen_s = time.perf_counter() - t0
         # Round 0 before the learner's first answer: the answer (the run's facts) before anything is scored or sent.
         if not self._first_answer() or self.inbox.stop is not None:

@@ -22,6 +22,14 @@ attention are the model's own), but drives it the way throughput engines do:
 * with `compile_decode`, the decode step (and the in-flight ring's) goes through torch.compile
   before it is captured: one compilation per (shape, greedy, attention length).
 
+Architectures: any decoder whose layers are full or sliding-window attention (Llama, Qwen2/3,
+Mistral, Phi-3, Gemma2/3, OLMo2 are tested: tests/sampler/test_architectures.py). Every layer's
+cache holds the whole sequence (slot = position, sliding layers included), and sliding layers get
+their own mask (a key at most window - 1 positions back); Gemma2's attention soft-capping runs in
+an explicit attention path. A model the engine cannot serve (layer_plan: chunked or linear
+attention, attention sinks, ...) is said in one line when the engine is built, which then decodes
+with Hugging Face generate (`RolloutEngine.fallback`).
+
 On CPU (tests) the same code runs without graph capture. Weights may be updated between
 calls in place (`param.copy_`, as weight sync does): the graph reads the parameters'
 memory. If a parameter's storage changes, captured graphs are dropped and recaptured.
@@ -89,28 +97,48 @@ def old_logprob_source(choice: str, backend: str, dtype: torch.dtype) -> str:
 
 
 def hf_generate(model, prompts: list[list[int]], max_new_tokens: int, temperature: float, greedy: bool,
-                eos_id: int, pad_id: int, should_stop: Callable[[], bool] | None = None
+                eos_id: int | list[int], pad_id: int, should_stop: Callable[[], bool] | None = None
                 ) -> tuple[list[list[int]], list[bool]]:
     """The Hugging Face `generate` path (the fallback backend), with the same output.
 
-    should_stop: asked after every decoded token; once it says True, generation ends there and the
-    rows come back cut where they were (the caller discards them)."""
+    eos_id: one id or several (grpo.model.eos_ids: the tokenizer's and the generation config's); a
+    row ends at the first of any. should_stop: asked after every decoded token; once it says True,
+    generation ends there and the rows come back cut where they were (the caller discards them)."""
+    eos = _eos_list(eos_id)
     device = next(model.parameters()).device
     ids, attn = left_pad(prompts, pad_id, device)
     width = ids.shape[1]
     sample = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if not (greedy or temperature == 0) \
         else dict(do_sample=False, temperature=None, top_k=None, top_p=None)
-    if should_stop is not None:
-        sample["stopping_criteria"] = _stopping_criteria(should_stop)
-    out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens,
-                         pad_token_id=pad_id, eos_token_id=eos_id, **sample)
+    stopping = {"stopping_criteria": _stopping_criteria(should_stop)} if should_stop is not None else {}
+    if eos:
+        out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens,
+                             pad_token_id=pad_id, eos_token_id=eos, **sample, **stopping)
+    else:   # no EOS at all: exactly max_new_tokens (eos_token_id=None would mean the model's own)
+        import copy
+
+        gc = copy.deepcopy(model.generation_config)
+        gc.update(max_new_tokens=max_new_tokens, pad_token_id=pad_id, **sample)
+        gc.eos_token_id = None
+        out = model.generate(input_ids=ids, attention_mask=attn, generation_config=gc, **stopping)
     completions, finished = [], []
+    stop = set(eos)
     for row in out[:, width:].cpu().tolist():
-        if eos_id in row:  # keep the EOS: the policy must learn to stop
-            row = row[:row.index(eos_id) + 1]
+        cut = next((i for i, t in enumerate(row) if t in stop), None)
+        if cut is not None:  # keep the EOS: the policy must learn to stop
+            row = row[:cut + 1]
         completions.append(row)
-        finished.append(bool(row) and row[-1] == eos_id)
+        finished.append(cut is not None)
     return completions, finished
+
+
+def _eos_list(eos_ids) -> list[int]:
+    """One EOS id, several, or none ([] / None) as a sorted list of distinct ints."""
+    if eos_ids is None:
+        return []
+    if isinstance(eos_ids, (int, np.integer)):
+        return [int(eos_ids)]
+    return sorted({int(e) for e in eos_ids})
 
 
 def _stopping_criteria(should_stop: Callable[[], bool]):
@@ -144,7 +172,10 @@ def rollout_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     copy), which on a 3B model at 256 rows took half the decode step. A decode mask shorter than
     the cache (the engine's attend_chunk) says how many slots the step reads: only those are read
     (the slots past it are empty, so this changes which zeros are summed, not the result).
-    Prefill (many query tokens, once per round) goes through Hugging Face's SDPA function unchanged."""
+    Prefill (many query tokens, once per round) goes through Hugging Face's SDPA function unchanged.
+    With `softcap` (Gemma2's attn_logit_softcapping: scores become tanh(scores / cap) * cap before the
+    mask and softmax), which SDPA has no argument for, both go through an explicit path instead
+    (_softcapped_attention), as Hugging Face's eager attention computes it."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     b, heads, q_len, dim = query.shape
@@ -152,6 +183,9 @@ def rollout_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     if q_len == 1 and attention_mask is not None and attention_mask.shape[-1] < key.shape[2]:
         n = attention_mask.shape[-1]
         key, value = key[:, :, :n], value[:, :, :n]                                           # [B, H_kv, n, D]
+    softcap = kwargs.pop("softcap", None)
+    if softcap is not None:
+        return _softcapped_attention(query, key, value, attention_mask, scaling, softcap), None
     if q_len != 1 or heads == kv_heads:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
@@ -160,6 +194,100 @@ def rollout_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask,  # [B, 1, 1, L]
                                                            scale=scaling)
     return out.reshape(b, heads, 1, dim).transpose(1, 2).contiguous(), None                # [B, 1, H, D]
+
+
+def _softcapped_attention(query, key, value, attention_mask, scaling, softcap: float) -> torch.Tensor:
+    """softmax(tanh(q k^T * scaling / cap) * cap + mask) v, in the order of Hugging Face's eager
+    Gemma2 attention (softmax in float32), with grouped KV heads broadcast rather than repeated.
+    query [B, H, Q, D], key/value [B, H_kv, L, D], mask [B, 1, Q, L] (additive) or None;
+    returns [B, Q, H, D]."""
+    b, heads, q_len, dim = query.shape
+    kv_heads = key.shape[1]
+    q = query.view(b, kv_heads, heads // kv_heads, q_len, dim)                               # [B, H_kv, G, Q, D]
+    scale = dim ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(q, key.unsqueeze(2).transpose(-1, -2)) * scale                     # [B, H_kv, G, Q, L]
+    scores = torch.tanh(scores / softcap) * softcap
+    if attention_mask is not None:
+        scores = scores + attention_mask[:, :, None, :, : key.shape[2]]                      # [B, 1, 1, Q, L]
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    out = torch.matmul(probs, value.unsqueeze(2))                                            # [B, H_kv, G, Q, D]
+    return out.reshape(b, heads, q_len, dim).transpose(1, 2).contiguous()
+
+
+# ----------------------------------------------------------------------------- architectures
+# Attention layer kinds the engine serves: full causal attention and sliding-window attention (a
+# key at most window - 1 positions back, as transformers' masking_utils.sliding_window_overlay:
+# kv_idx > q_idx - window). Everything else (chunked attention, linear attention, shared KV...)
+# decodes with Hugging Face generate.
+LAYER_KINDS = ("full_attention", "sliding_attention")
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    kinds: tuple[str, ...]      # per decoder layer: one of LAYER_KINDS
+    window: int | None          # the sliding layers' window (None: no sliding layer)
+
+    @property
+    def mixed(self) -> bool:
+        """Both kinds: the model is given a dict of masks keyed by kind (transformers picks each
+        layer's by config.layer_types); one kind: one mask tensor."""
+        return len(set(self.kinds)) > 1
+
+
+def layer_plan(model) -> LayerPlan:
+    """The model's decoder layers as the engine serves them; ValueError naming what it cannot serve."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    cfg = model.config
+    if getattr(cfg, "is_encoder_decoder", False):
+        raise ValueError(f"{cfg.model_type} is an encoder-decoder model")
+    text = cfg.get_text_config(decoder=True)
+    if text is not cfg:
+        raise ValueError(f"{cfg.model_type} is a composite (multimodal) model")
+    if getattr(text, "attention_chunk_size", None):
+        raise ValueError(f"{cfg.model_type} uses chunked attention")
+    if any(isinstance(getattr(m, "sinks", None), torch.Tensor) for m in model.modules()):
+        raise ValueError(f"{cfg.model_type} uses attention sinks")
+    try:
+        kinds, kwargs = get_layer_types_and_kwargs(text)
+    except Exception as exc:   # noqa: BLE001 - an unusual config: say so and fall back
+        raise ValueError(f"{cfg.model_type}: cannot read its layer types ({_describe(exc)})") from None
+    kinds = tuple(kinds)
+    if (other := sorted(set(kinds) - set(LAYER_KINDS))):
+        raise ValueError(f"{cfg.model_type} has {', '.join(other)} layers")
+    windows = {int(kw["sliding_window"]) for k, kw in zip(kinds, kwargs) if k == "sliding_attention"}
+    if len(windows) > 1:
+        raise ValueError(f"{cfg.model_type} has sliding layers of different windows {sorted(windows)}")
+    return LayerPlan(kinds, windows.pop() if windows else None)
+
+
+def static_cache(model, length: int, plan: LayerPlan | None = None):
+    """A StaticCache of `length` slots in every layer, sliding ones included (transformers' own gives
+    those a StaticSlidingWindowLayer of `window` slots, which rolls its keys and keeps a Python-side
+    counter): slot i holds position i in every layer, and the sliding layers' window is in the mask."""
+    from transformers import StaticCache
+    from transformers.cache_utils import Cache, StaticLayer
+
+    plan = plan or layer_plan(model)
+    cache = StaticCache.__new__(StaticCache)
+    Cache.__init__(cache, layers=[StaticLayer(max_cache_len=length) for _ in plan.kinds])
+    return cache
+
+
+def reset_cache(cache) -> None:
+    """Every layer back to an empty cache (the slots are overwritten, not zeroed): the tensor write
+    index, and the Python-side counters some layers keep (a StaticSlidingWindowLayer's
+    cumulative_length_int, which transformers' reset only clears with the keys)."""
+    for layer in cache.layers:
+        if not getattr(layer, "is_initialized", False):
+            continue
+        length = getattr(layer, "cumulative_length", None)
+        if isinstance(length, torch.Tensor):
+            length.zero_()
+        elif length is not None:
+            layer.cumulative_length = 0
+        if hasattr(layer, "cumulative_length_int"):
+            layer.cumulative_length_int = 0
 
 
 def register_attention() -> None:
@@ -207,13 +335,13 @@ class _Ring:
     does not care where a key sits (RoPE was applied with the row's own positions before the key
     was stored), so each row attends to exactly the slots marked in its `key_valid` row."""
 
-    def __init__(self, model, rows: int, width: int, max_new: int, pad_id: int, device: torch.device):
-        from transformers import StaticCache
-
+    def __init__(self, model, rows: int, width: int, max_new: int, pad_id: int, device: torch.device,
+                 plan: LayerPlan | None = None):
         self.rows, self.width, self.max_new, self.length = rows, width, max_new, width + max_new
-        self.cache = StaticCache(config=model.config, max_cache_len=self.length)
+        self.cache = static_cache(model, self.length, plan)
         kw = dict(device=device)
         self.key_valid = torch.zeros((rows, self.length), dtype=torch.bool, **kw)   # slots of the row's sequence
+        self.key_index = torch.arange(self.length, **kw)                            # [L]
         self.tok = torch.full((rows, 1), pad_id, dtype=torch.long, **kw)
         self.pos = torch.zeros((rows, 1), dtype=torch.long, **kw)                  # each row's own position id
         self.t = torch.zeros((1,), dtype=torch.long, **kw)                         # the slot this step writes
@@ -233,12 +361,11 @@ class _Slot:
     static input/output buffers and the captured decode graphs, one per (greedy, attention
     length): greedy or sampling, and how many cache slots the step reads (attend_limit)."""
 
-    def __init__(self, model, rows: int, width: int, max_new: int, pad_id: int, device: torch.device):
-        from transformers import StaticCache
-
+    def __init__(self, model, rows: int, width: int, max_new: int, pad_id: int, device: torch.device,
+                 plan: LayerPlan | None = None):
         self.rows, self.width, self.max_new = rows, width, max_new
         length = width + max_new
-        self.cache = StaticCache(config=model.config, max_cache_len=length)
+        self.cache = static_cache(model, length, plan)
         kw = dict(device=device)
         self.key_valid = torch.zeros((rows, length), dtype=torch.bool, **kw)    # real prompt tokens + all generated slots
         self.key_index = torch.arange(length, **kw)                             # [L]
@@ -258,9 +385,7 @@ class _Slot:
         self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
 
     def reset_cache(self) -> None:
-        for layer in self.cache.layers:
-            if getattr(layer, "is_initialized", False):
-                layer.cumulative_length.zero_()
+        reset_cache(self.cache)
 
 
 class RolloutEngine:
@@ -276,7 +401,12 @@ class RolloutEngine:
         shapes keep their cache and graphs (least recently used ones are freed). attend_chunk: a
         decode step of generate() reads the cache only up to the next multiple of this many slots
         past the prompt (attend_limit), one captured graph per such length (with compile_decode, one
-        compilation each too); None or 0: the whole cache at every step."""
+        compilation each too); None or 0: the whole cache at every step.
+
+        A model the engine cannot serve (layer_plan's reasons: chunked or linear attention, sinks,
+        an encoder-decoder...; or a first tiny decode that raises) is said in one warning here, and
+        the engine then decodes with Hugging Face generate (`fallback` holds the reason), its
+        log-probs from a teacher-forced pass: callers keep working, never crash mid-run."""
         self.model = model
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -292,8 +422,7 @@ class RolloutEngine:
                              f"load the model with attn_implementation='sdpa' or use --generation-backend hf")
         # An additive mask (0 / dtype min) in the model dtype: eager attention needs one, and SDPA
         # would otherwise convert a boolean mask in every layer of every step.
-        self.eos = torch.tensor(sorted({eos_ids} if isinstance(eos_ids, int) else set(eos_ids)),
-                                dtype=torch.long, device=self.device)
+        self.eos = torch.tensor(_eos_list(eos_ids), dtype=torch.long, device=self.device)
         self.pad_id = int(pad_id)
         self.buckets = tuple(sorted(buckets)) if buckets else (DEFAULT_BUCKETS if cuda_graphs else ())
         self.prompt_multiple = prompt_multiple or (64 if cuda_graphs else 1)
@@ -317,6 +446,32 @@ class RolloutEngine:
             allow_recompiles(COMPILED_VERSIONS)
         self._step = torch.compile(self._decode, dynamic=False) if compile_decode else self._decode
         self._ring_step_fn = torch.compile(self._ring_step, dynamic=False) if compile_decode else self._ring_step
+        self.plan: LayerPlan | None = None
+        self.fallback: str | None = None
+        try:
+            self.plan = layer_plan(model)
+        except ValueError as exc:
+            self.fallback = str(exc)
+        if self.fallback is None:
+            self.fallback = self._probe()
+        if self.fallback is not None:
+            log.warning("the fast generation backend cannot serve this model (%s): decoding with Hugging Face "
+                        "generate instead", self.fallback)
+
+    def _probe(self) -> str | None:
+        """One prefill and one decode step of 2 rows (one with left padding) on a throwaway slot,
+        eagerly: None, or why it failed (the reason to fall back, found at start-up)."""
+        try:
+            with torch.no_grad():
+                slot = _Slot(self.model, 2, 3, 2, self.pad_id, self.device, self.plan)
+                ids, mask = left_pad([[self.pad_id] * 3, [self.pad_id] * 2], self.pad_id, self.device, width=3)
+                self._prefill(slot, ids, mask.bool(), 1.0, True)
+                self._decode(slot, True, None)
+                if not bool(torch.isfinite(slot.out_lp).all()):
+                    return "a test decode gave non-finite log-probs"
+        except Exception as exc:   # noqa: BLE001 - any failure means: do not use the engine on this model
+            return f"a test decode failed: {_describe(exc)}"
+        return None
 
     # ------------------------------------------------------------------ public
     @torch.no_grad()
@@ -333,6 +488,8 @@ class RolloutEngine:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens {max_new_tokens}: must be >= 1")
         greedy = greedy or temperature == 0
+        if self.fallback is not None:
+            return self._hf_rollout(prompts, max_new_tokens, temperature, greedy, should_stop)
         if self._param_ptrs() != self._ptrs:  # weights were replaced, not copied into: graphs are stale
             log.info("model parameters moved since the graphs were captured; recapturing")
             self.clear()
@@ -383,6 +540,9 @@ class RolloutEngine:
             raise ValueError(f"stream needs group_size >= 1 and max_new_tokens >= 1, got {G} and {max_new_tokens}")
         greedy = greedy or temperature == 0
         rows = int(rows or (self.buckets[-1] if self.buckets else 8 * G))
+        if self.fallback is not None:
+            yield from self._hf_stream(next_prompt, G, max_new_tokens, temperature, greedy, rows, should_stop)
+            return
         if self._param_ptrs() != self._ptrs:
             self.clear()
             self._ptrs = self._param_ptrs()
@@ -457,6 +617,53 @@ class RolloutEngine:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
+    # ------------------------------------------------------------------ fallback (Hugging Face generate)
+    def _hf_rollout(self, prompts, max_new, temperature, greedy, should_stop) -> Rollout:
+        """generate() for a model the engine cannot serve: Hugging Face generate, then each token's
+        log-prob under the sampling distribution from one teacher-forced pass."""
+        from grpo.model import right_pad, token_logprobs
+
+        t0 = time.perf_counter()
+        stopped = [False]
+
+        def stop() -> bool:
+            stopped[0] = stopped[0] or bool(should_stop())
+            return stopped[0]
+
+        ids, finished = hf_generate(self.model, prompts, max_new, temperature, greedy, self.eos.tolist(),
+                                    self.pad_id, should_stop=stop if should_stop is not None else None)
+        whole = [list(p) + list(g) for p, g in zip(prompts, ids)]
+        x, mask = right_pad(whole, self.pad_id, self.device)
+        tf = token_logprobs(self.model, x, mask, 1.0 if greedy else temperature).float().cpu().numpy()
+        logprobs = [tf[i, len(p) - 1:len(p) - 1 + len(g)].astype(np.float32)
+                    for i, (p, g) in enumerate(zip(prompts, ids))]
+        stats = {"gen_s": time.perf_counter() - t0, "decode_steps": max(len(g) for g in ids), "stopped": stopped[0],
+                 "tokens": sum(len(g) for g in ids), "cuda_graphs": False, "fallback": self.fallback}
+        return Rollout(ids, finished, logprobs, stats)
+
+    def _hf_stream(self, next_prompt, G, max_new, temperature, greedy, rows, should_stop):
+        """stream() for a model the engine cannot serve: the waiting prompts (up to `rows` samples)
+        as one fixed batch at a time, each group yielded once its batch is done."""
+        while True:
+            batch = []
+            while (len(batch) + 1) * G <= max(rows, G):
+                item = next_prompt()
+                if item is None:
+                    break
+                if not item[1]:
+                    raise ValueError("stream: an empty prompt")
+                batch.append((item[0], list(item[1])))
+            if not batch:
+                return
+            rows_of = [p for _, p in batch for _ in range(G)]
+            out = self._hf_rollout(rows_of, max_new, temperature, greedy, should_stop)
+            if out.stats["stopped"]:
+                return
+            for n, (key, _) in enumerate(batch):
+                sl = slice(n * G, (n + 1) * G)
+                yield FinishedGroup(key, out.token_ids[sl], out.finished[sl], out.logprobs[sl],
+                                    out.stats["decode_steps"])
+
     # ------------------------------------------------------------------ internals
     def _cut(self, out: torch.Tensor, lp: torch.Tensor) -> tuple[list[list[int]], list[bool], list[np.ndarray]]:
         """Rows of generated ids (and log-probs) cut after their first EOS, which is kept."""
@@ -479,7 +686,7 @@ class RolloutEngine:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             ring = self._rings[(rows, width, max_new)] = _Ring(self.model, rows, width, max_new, self.pad_id,
-                                                               self.device)
+                                                               self.device, self.plan)
             self._ring_step(ring, greedy)   # HF allocates the cache on its first write
         ring.inv_t.fill_(inv_t)
         if self.cuda_graphs and greedy not in ring.graphs:
@@ -490,8 +697,6 @@ class RolloutEngine:
         """One forward over the new prompts (left-padded together): each record keeps its keys and
         values per layer ([1, H, P, D], its own length) and its last logits, until every sample of
         it has a row (a prompt is prefilled once however many rows its samples take)."""
-        from transformers import StaticCache
-
         prompts = [rec["ids"] for rec in recs]
         P = max(len(p) for p in prompts)
         ids, mask = left_pad(prompts, self.pad_id, self.device, width=P)
@@ -499,9 +704,11 @@ class RolloutEngine:
         q = torch.arange(P, device=self.device)
         allowed = (q.view(1, P, 1) >= q.view(1, 1, P)) & (valid.unsqueeze(1) | (q.view(1, P, 1) == q.view(1, 1, P)))
         pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
-        tmp = StaticCache(config=self.model.config, max_cache_len=P)
+        tmp = static_cache(self.model, P, self.plan)
         with self._attention():
-            logits = self.model(input_ids=ids, position_ids=pos, attention_mask=self._mask(allowed.unsqueeze(1)),
+            logits = self.model(input_ids=ids, position_ids=pos,
+                                attention_mask=self._masks(allowed.unsqueeze(1),
+                                                           (q.view(1, 1, P, 1) - q.view(1, 1, 1, P))),
                                 past_key_values=tmp, use_cache=True, logits_to_keep=1).logits[:, -1]   # [n, V]
         for i, rec in enumerate(recs):
             n = len(rec["ids"])
@@ -538,9 +745,11 @@ class RolloutEngine:
     def _ring_step(self, r: _Ring, greedy: bool) -> None:
         """One token for every row of the ring (what its graph captures)."""
         r.key_valid.index_fill_(1, r.t, True)   # this step's key is written at slot t in every row
+        # A row's sequence is contiguous around the ring, so its key at slot i is (t - i) mod length back.
+        distance = (r.t - r.key_index).remainder(r.length)                            # [L]
         with self._attention():
             logits = self.model(input_ids=r.tok, position_ids=r.pos,
-                                attention_mask=self._mask(r.key_valid.view(r.rows, 1, 1, -1)),
+                                attention_mask=self._masks(r.key_valid.view(r.rows, 1, 1, -1), distance),
                                 past_key_values=r.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
         for layer in r.cache.layers:            # HF advanced its write index by one: wrap it with ours
             layer.cumulative_length.remainder_(r.length)
@@ -587,7 +796,7 @@ class RolloutEngine:
             self.slots.popitem(last=False)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-        slot = _Slot(self.model, rows, width, max_new, self.pad_id, self.device)
+        slot = _Slot(self.model, rows, width, max_new, self.pad_id, self.device, self.plan)
         self.slots[key] = slot
         return slot
 
@@ -641,6 +850,20 @@ class RolloutEngine:
         zero = torch.zeros((), dtype=self.dtype, device=allowed.device)
         return torch.where(allowed, zero, torch.finfo(self.dtype).min)
 
+    def _masks(self, allowed: torch.Tensor, distance: torch.Tensor):
+        """The attention mask(s) the model is given: `allowed` [B, 1, Q, L] (causal, real keys) for
+        full-attention layers; for sliding layers also `distance` (query position - key position,
+        broadcastable to allowed) < window, as transformers' sliding_window_overlay (a query sees
+        itself and the window - 1 keys before it). One kind of layer: one tensor; both: a dict by
+        layer kind, from which transformers gives each layer its own (config.layer_types)."""
+        plan = self.plan
+        if plan.window is None:
+            return self._mask(allowed)
+        sliding = self._mask(allowed & (distance < plan.window))
+        if not plan.mixed:
+            return sliding
+        return {"full_attention": self._mask(allowed), "sliding_attention": sliding}
+
     def _prefill(self, s: _Slot, ids: torch.Tensor, valid: torch.Tensor, inv_t: float, greedy: bool) -> None:
         """Run the prompts through the model, filling the cache, and emit the first token."""
         P = s.width
@@ -653,8 +876,11 @@ class RolloutEngine:
         # masked (that would give NaN hidden states, and NaN * 0 still leaks through attention).
         allowed = (k <= q) & (s.key_valid.unsqueeze(1) | (k == q))                  # [B, P, L]
         pos = (valid.long().cumsum(-1) - 1).clamp(min=0)                              # [B, P]
+        # Slot i holds position i - (the row's padding) in every layer, and a row's real tokens are
+        # contiguous: slot distance is position distance.
         with self._attention():
-            logits = self.model(input_ids=ids, position_ids=pos, attention_mask=self._mask(allowed.unsqueeze(1)),
+            logits = self.model(input_ids=ids, position_ids=pos,
+                                attention_mask=self._masks(allowed.unsqueeze(1), (q - k).unsqueeze(1)),
                                 past_key_values=s.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
         s.t.fill_(P)
         s.pos.copy_(valid.sum(-1, keepdim=True))
@@ -670,9 +896,10 @@ class RolloutEngine:
         limit: the cache slots attention reads (attend_limit; None: all): the mask is cut to it,
         and the mask's width is what rollout_attention reads."""
         allowed = s.key_valid[:, :limit] & (s.key_index[:limit] <= s.t)              # [B, limit or L]
+        distance = s.t - s.key_index[:limit]                                          # [limit or L]
         with self._attention():
             logits = self.model(input_ids=s.tok, position_ids=s.pos,
-                                attention_mask=self._mask(allowed.view(s.rows, 1, 1, -1)),
+                                attention_mask=self._masks(allowed.view(s.rows, 1, 1, -1), distance),
                                 past_key_values=s.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
         s.t.add_(1)
         s.pos.add_(1)
@@ -806,7 +1033,7 @@ def generate(model, prompts_token_ids: list[list[int]], max_new_tokens: int, tem
     (no top-k / top-p). Keeps one engine (caches, graphs) per model between calls.
     """
     engine = _ENGINES.get(model)
-    if engine is None or engine.pad_id != pad_id or engine._eos_set != ({eos_id} if isinstance(eos_id, int) else set(eos_id)):
+    if engine is None or engine.pad_id != pad_id or engine._eos_set != set(_eos_list(eos_id)):
         engine = _ENGINES[model] = RolloutEngine(model, eos_id, pad_id, cuda_graphs=cuda_graphs)
     res = engine.generate(prompts_token_ids, max_new_tokens, temperature, greedy)
     return res.token_ids, res.finished

@@ -2,7 +2,8 @@
 
   layout     flat per-dtype buckets and where each tensor sits (shared by every method)
   pack       filling buckets with as few copies as the parameters' memory allows
-  publisher  the request/answer exchange on the sync port (learner side and sampler side)
+  publisher  the learner's side of the exchange on the sync port: serves each version's bytes
+             (what else an answer carries, and the sampler's side, are grpo.sync's)
   tcp        bytes over ZeroMQ (CPU, and the fallback)
   slots      two slots on the learner's device, served as ipc, nccl or tcp
   ipc        CUDA IPC handles; the sampler's peer-to-peer copy
@@ -25,10 +26,10 @@ log = logging.getLogger(__name__)
 
 
 def make_publisher(requested: str, server, module, device, dtype, host: str, sync_port: int,
-                   ack_timeout_s: float, nccl_timeout_s: float, run=None):
+                   ack_timeout_s: float, nccl_timeout_s: float, answers=None):
     """Learner rank 0's publisher: tcp on CPU or when asked; otherwise slots on the learner's
-    device (nccl on CPU runs on gloo), or the shared storages. `run`: the run's facts
-    (grpo.wire.messages.RunFacts), which the first answer to each sampler carries."""
+    device (nccl on CPU runs on gloo), or the shared storages. `answers`: the control fields of
+    every answer (grpo.sync.answer.SyncAnswer: the run's facts, curriculum levels, the budget)."""
     method = learner_method(requested, device)
     if method != requested:
         log.info("weight sync: %s -> %s (%s)", requested, method, "CUDA learner: samplers that see its GPU map the "
@@ -37,15 +38,15 @@ def make_publisher(requested: str, server, module, device, dtype, host: str, syn
     if method == SHARED:
         from grpo.weights.shared import SharedPublisher
 
-        return SharedPublisher(server, module, sync_port, run=run)
+        return SharedPublisher(server, module, sync_port, answers=answers)
     if method in (IPC, NCCL):
         from grpo.weights.slots import SlotPublisher
 
         return SlotPublisher(server, module, dtype, ack_timeout_s=ack_timeout_s, method=method, host=host,
-                             nccl_timeout_s=nccl_timeout_s, run=run)
+                             nccl_timeout_s=nccl_timeout_s, answers=answers)
     from grpo.weights.tcp import TcpPublisher
 
-    return TcpPublisher(server, module, dtype, run=run)
+    return TcpPublisher(server, module, dtype, answers=answers)
 
 
 def make_receiver(method: str, policy, dtype, sync_port: int, timeout_s: float):

@@ -4,7 +4,8 @@
 (`learner_method`); a CUDA learner's slots serve ipc, nccl and tcp requests alike, so each
 sampler asks for the method it can use (`sampler_method`) and the publisher serves what was
 asked (`serve_method`). When a method proves impossible (the learner's GPU is not visible, a
-CPU learner has no IPC handles), both sides step down by the same rule (`fallback`).
+CPU learner has no IPC handles), both sides step down by the same rule (`fallback`). Whether a
+sampler acknowledges a version it applied is each method's too (`acknowledges`).
 """
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from grpo.wire.messages import IPC, NCCL, SHARED, TCP
 
 AUTO = "auto"
 METHODS = (AUTO, IPC, NCCL, SHARED, TCP)
+# The methods whose receiver reads the learner's slot (grpo.weights.slots): the learner may write
+# that slot again only once every reader has acknowledged the version it holds.
+ACKNOWLEDGED = frozenset({IPC, NCCL})
 
 
 def check_method(method: str, device, lora: bool, deepspeed: bool) -> None:
@@ -57,3 +61,11 @@ def serve_method(asked: str, offered: str, has_ipc: bool) -> str:
     if method == IPC and not has_ipc:
         return fallback(IPC, IPC)
     return method
+
+
+def acknowledges(method: str) -> bool:
+    """Whether a sampler that applied a version sent by `method` acknowledges it at once: a
+    follow-up weights_request reporting the new version, after which the learner may rewrite the
+    slot it was read from (ipc, nccl). shared needs none (one copy, taken in turns under a lock),
+    nor does tcp (the bytes came with the answer)."""
+    return method in ACKNOWLEDGED

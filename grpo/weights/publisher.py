@@ -1,10 +1,13 @@
-"""Weight publication: learner rank 0 serves versions on the sync port, samplers ask for them.
+"""Weight publication: learner rank 0 serves versions on the sync port.
 
 The exchange is the same for every method (docs/weight-sync.md): a sampler sends a
 weights_request naming the version it has; the publisher's thread answers at once with the
 newest version's announcement (version, method, layout, and for tcp the bytes), no_update,
 or stop. How a version is captured and how its bytes travel is each method's own
 (grpo.weights.tcp, .slots for ipc and nccl, .shared); `Publisher` is the common part.
+What else an answer carries (the run's facts, curriculum levels, the generation budget) is the
+control channel's, grpo.sync.answer, given to the publisher as `answers`; the sampler's side
+of the exchange is grpo.sync.client.
 """
 from __future__ import annotations
 
@@ -15,18 +18,17 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
-from grpo.stats import generation_budget
 from grpo.weights.layout import plan_layout
 from grpo.weights.pack import Coalescer
 from grpo.wire import messages as M
-from grpo.wire.transport import Server, Transport
+from grpo.wire.transport import Server
 
 log = logging.getLogger(__name__)
-MAX_TOLD = 4096   # sync connections remembered as already given the run's facts
+MAX_TOLD = 4096   # sync connections remembered as answered (told the run's facts; told stop at the end)
 
 
 def publish_named(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -39,63 +41,6 @@ def publish_named(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
 
         return publish_named_tensors(model)
     return list(model.named_parameters())
-
-
-def ask(client: Transport, sampler_id: int, have_version: int, request_id: int, method: str = "",
-        sent: int = -1) -> bool:
-    """Sampler side, the first half of a sync: send one weights_request (never blocks; False when
-    the socket could not take it now, as when it has never connected: the next request goes again).
-    `sent`: the groups this process has handed to its data socket, for the budget."""
-    return client.send(M.WeightsRequest(sampler_id=sampler_id, have_version=have_version, request_id=request_id,
-                                        method=method, sent=sent))
-
-
-def await_answer(client: Transport, have_version: int, request_id: int, timeout_s: float,
-                 on_answer: Callable[[M.Message], None] | None = None
-                 ) -> tuple[bool, M.WeightsAnnounce | None, M.Stop | None]:
-    """Sampler side, the second half: wait up to timeout_s for the answer to request `request_id`.
-
-    Returns (answered, newest weights newer than have_version or None, stop or None).
-    Answers to earlier requests (say, made while the learner was still loading) arrive late,
-    in order, before ours: their weights are used if newer, but only the answer carrying our
-    request_id ends the wait, so a sampler never settles for an out-of-date answer. Every answer
-    also goes to `on_answer` (the run's facts, curriculum levels, the generation budget).
-    """
-    newest: M.WeightsAnnounce | None = None
-    deadline = time.monotonic() + timeout_s
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False, newest, None
-        msg = client.receive(timeout_s=left)
-        if msg is None:
-            continue
-        if on_answer is not None:
-            on_answer(msg)
-        if isinstance(msg, M.Stop):
-            return True, newest, msg
-        if isinstance(msg, M.WeightsAnnounce) and msg.version > (newest.version if newest else have_version):
-            newest = msg
-        if getattr(msg, "request_id", -1) == request_id:
-            return True, newest, None
-
-
-def request_weights(client: Transport, sampler_id: int, have_version: int, request_id: int,
-                    timeout_s: float, method: str = "", on_answer: Callable[[M.Message], None] | None = None,
-                    sent: int = -1) -> tuple[bool, M.WeightsAnnounce | None, M.Stop | None]:
-    """Sampler side of one sync: ask, then wait up to timeout_s for the answer to *this* request
-    (`ask`, then `await_answer`, which says what comes back)."""
-    ask(client, sampler_id, have_version, request_id, method, sent)
-    return await_answer(client, have_version, request_id, timeout_s, on_answer)
-
-
-@dataclass
-class QueueView:
-    """What the publisher may read of the learner's intake, from its own thread."""
-    queued: Callable[[], int]           # groups waiting to be trained
-    received: Callable[[int], int]      # groups received from a sampler id (valid or rejected)
-    samplers: Callable[[], int]         # samplers alive (at least 1)
-    training: Callable[[], int] = lambda: 0   # groups taken for the step being collected or trained
 
 
 @dataclass
@@ -115,12 +60,16 @@ class Publisher:
     sampler, the version that sampler last reported, so the metrics show who runs what.
     A method's publisher (tcp, slots, shared) says how a version is captured (`publish`) and
     how its bytes travel (`_reply_weights`); the request/answer rules are the same for all.
+
+    `answers` (grpo.sync.answer.SyncAnswer, or None for answers with no control fields) gives
+    the control fields of every answer: `answers.fields(identity, request, first, version, fresh,
+    stopping)` and, for the unprompted stop at the end, `answers.unsolicited_stop()`.
     """
 
     method = ""
 
     def __init__(self, server: Server, model: torch.nn.Module, dtype: torch.dtype | None = None,
-                 start: bool = True, run: M.RunFacts | None = None):
+                 start: bool = True, answers: Any = None):
         self.server = server
         # Samplers run in `dtype` (bf16 on GPU): publishing fp32 master weights would double
         # the bytes for nothing, since the sampler casts them down anyway.
@@ -137,14 +86,7 @@ class Publisher:
         self.stopped_samplers: set[int] = set()
         self.peers = None  # grpo.learner.liveness.SyncPeers: binds a connection to one sampler id (set by the learner)
         self.on_reject: Callable[[str, bytes], None] | None = None   # (reason, peer): the learner's message ledger
-        self.run_facts = run   # the run's facts, for the first answer to each connection
-        # --curriculum: the tasks' levels, for every answer; replaced whole (never mutated) by the
-        # learner's thread, so this thread reads one consistent map.
-        self.levels: dict[str, int] | None = None
-        # The learner's queue, for each answer's generation budget (grpo.stats.generation_budget):
-        # set by the learner; called on this thread, so they only read (a length, a dict lookup).
-        self.queue_view: QueueView | None = None
-        self._gap_floor: collections.OrderedDict[bytes, int] = collections.OrderedDict()   # per connection
+        self.answers = answers   # the control fields of each answer (grpo.sync.answer)
         # Connections answered (so told the run's facts, if any): the newest MAX_TOLD; told stop at the end.
         self._told: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         # Requests with have_version -1 that came before anything was published: answered with
@@ -208,7 +150,7 @@ class Publisher:
             version = self._snapshot.version if self._snapshot else 0
         for identity in list(self._told):
             self.server.reply(identity, M.Stop(version=version, reason="learner finished", request_id=-1,
-                                               levels=self.levels))
+                                               **(self.answers.unsolicited_stop() if self.answers else {})))
         if self._told:
             log.info("told %d sampler connection(s) to stop", len(self._told))
 
@@ -224,46 +166,18 @@ class Publisher:
     def _on_request(self, identity: bytes, msg: M.WeightsRequest) -> None:
         """Hook: every request, before it is answered (ipc counts acknowledgements here)."""
 
-    def _budget(self, identity: bytes, msg: M.WeightsRequest, sampler_version: int, version: int) -> tuple[int, int]:
-        """(queued, budget) for this answer; (-1, -1) when the learner did not give its queue."""
-        view, run = self.queue_view, self.run_facts
-        if view is None or run is None or not run.groups_per_step:
-            return -1, -1
-        queued = view.queued()
-        # Groups this sampler sent that have not reached the learner yet are ahead of its next
-        # round too (sent -1: it did not say). sent - received also holds groups that will never
-        # arrive (lost with an earlier learner process, whose counts this one never had): that
-        # part does not shrink, so the smallest gap this connection has shown is taken as lost
-        # and only the excess over it as in flight.
-        in_flight = 0
-        if msg.sent >= 0:
-            gap = msg.sent - view.received(msg.sampler_id)
-            floor = min(self._gap_floor.get(identity, gap), gap)
-            self._gap_floor[identity] = floor
-            self._gap_floor.move_to_end(identity)
-            while len(self._gap_floor) > MAX_TOLD:
-                self._gap_floor.popitem(last=False)
-            in_flight = gap - floor
-        # Groups already taken for the current step (while it collects or trains) fill its batch
-        # before any queued group: they are ahead too.
-        ahead = queued + in_flight + view.training()
-        return queued, generation_budget(version, sampler_version, ahead, run.groups_per_step, run.max_staleness,
-                                         view.samplers())
-
     def _reply_weights(self, identity: bytes, msg: M.WeightsRequest, snap: Snapshot, extra: dict) -> int:
-        # Same buckets (no copy), only the header differs: the request id, facts, levels, budget.
+        # Same buckets (no copy), only the header differs: the request id and the control fields.
         return self.server.reply(identity, dataclasses.replace(snap.announce, **extra))
 
-    def _facts_for(self, identity: bytes, msg: M.WeightsRequest) -> M.RunFacts | None:
-        """The run's facts for the first answer to each connection, and to any have_version -1."""
+    def _first_answer_to(self, identity: bytes) -> bool:
+        """Whether `identity` was never answered before; it counts as answered from now on."""
         first = identity not in self._told
         self._told[identity] = None
         self._told.move_to_end(identity)
         while len(self._told) > MAX_TOLD:   # bounded: a peer making up connections cannot grow it
             self._told.popitem(last=False)
-        if self.run_facts is None:
-            return None
-        return self.run_facts if (first or msg.have_version < 0) else None
+        return first
 
     def _answer(self, identity: bytes, msg: M.WeightsRequest) -> None:
         self.sampler_versions[msg.sampler_id] = msg.have_version
@@ -275,17 +189,17 @@ class Publisher:
                 self._deferred[identity] = msg
             return
         current = snap.version if snap else 0
-        run = self._facts_for(identity, msg)
+        first = self._first_answer_to(identity)
         fresh = snap is not None and msg.have_version < snap.version   # the answer carries weights
-        # What every answer carries besides its kind's own fields (a stop: the first two only).
-        extra = {"request_id": msg.request_id, "run": run, "levels": self.levels}
-        if self._stopping.is_set():
+        stopping = self._stopping.is_set()
+        # What every answer carries besides its kind's own fields: the request id and the control fields.
+        extra = {"request_id": msg.request_id,
+                 **(self.answers.fields(identity, msg, first, current, fresh, stopping) if self.answers else {})}
+        if stopping:
             self.server.reply(identity, M.Stop(version=current, reason="learner finished", **extra))
             self.replies["stop"] += 1
             self.stopped_samplers.add(msg.sampler_id)
             return
-        extra["queued"], extra["budget"] = self._budget(identity, msg, current if fresh else msg.have_version,
-                                                        current)
         if fresh:
             self.bytes_served += self._reply_weights(identity, msg, snap, extra)
             self.replies["weights"] += 1

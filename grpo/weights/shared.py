@@ -54,8 +54,8 @@ class SharedPublisher(Publisher):
 
     method = M.SHARED
 
-    def __init__(self, server: Server, model: torch.nn.Module, sync_port: int, run: M.RunFacts | None = None):
-        super().__init__(server, model, None, start=False, run=run)
+    def __init__(self, server: Server, model: torch.nn.Module, sync_port: int, answers=None):
+        super().__init__(server, model, None, start=False, answers=answers)
         named = list(model.named_parameters())
         device = named[0][1].device
         storages: dict[int, int] = {}

@@ -47,8 +47,8 @@ class SlotPublisher(Publisher):
 
     def __init__(self, server: Server, model: torch.nn.Module, dtype: torch.dtype | None = None,
                  ack_timeout_s: float = 10.0, method: str = M.IPC, host: str = "127.0.0.1",
-                 nccl_timeout_s: float = 60.0, run: M.RunFacts | None = None):
-        super().__init__(server, model, dtype, start=False, run=run)
+                 nccl_timeout_s: float = 60.0, answers=None):
+        super().__init__(server, model, dtype, start=False, answers=answers)
         self.method = method
         device = next(model.parameters()).device
         self.device = device

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo.data.gsm8k import RewardResult, extract_gsm8k_answer, gsm8k_correct, gsm8k_reward
+from grpo.data.formats import Problem
+from grpo.data.gsm8k import RewardResult, extract_gsm8k_answer, gsm8k_correct
+from grpo.data.rewards import score_correctness
 
 GSM8K_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
 
@@ -88,9 +90,11 @@ def test_correct_works_off_the_main_thread():
 
 
 def test_reward():
-    assert gsm8k_reward("#### 72", "72") == RewardResult(1.0, {"correct": 1.0, "has_answer": 1.0})
-    assert gsm8k_reward("#### 7", "72") == RewardResult(0.0, {"correct": 0.0, "has_answer": 1.0})
-    assert gsm8k_reward("no idea", "72") == RewardResult(0.0, {"correct": 0.0, "has_answer": 0.0})
+    """GSM8K rows are scored by the final-number rule (what evaluation and training both read)."""
+    got = score_correctness([Problem("q", "72")] * 3, ["#### 72", "#### 7", "no idea"])
+    assert got == [RewardResult(1.0, {"correctness": 1.0, "correct": 1.0, "has_answer": 1.0}),
+                   RewardResult(0.0, {"correctness": 0.0, "correct": 0.0, "has_answer": 1.0}),
+                   RewardResult(0.0, {"correctness": 0.0, "correct": 0.0, "has_answer": 0.0})]
 
 
 # Issue #3's reward-parsing list (commas, dollars, negatives, decimals, percent, missing answers),

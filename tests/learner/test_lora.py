@@ -14,7 +14,7 @@ from netutil import free_ports
 from grpo.learner.engine import TorchEngine
 from grpo.learner.lora import lora_stats, publish_named_tensors, save_adapter, wrap_lora
 from grpo.model import load_causal_lm, resolve_model
-from grpo.weights.publisher import request_weights
+from grpo.sync.client import request_weights
 from grpo.weights.tcp import TcpPublisher, apply_weights
 from grpo.wire import messages as M
 from grpo.wire.transport import SyncClient, SyncServer

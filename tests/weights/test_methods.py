@@ -38,3 +38,14 @@ def test_a_sampler_steps_down_until_bytes():
         seen.append(method)
         method = fallback(method, "auto")
     assert seen == ["ipc", "nccl"]
+
+
+def test_which_methods_acknowledge_a_version():
+    """ipc and nccl samplers read the learner's slot, so they acknowledge each version (their follow-up
+    request) before the learner may rewrite it; shared (one copy, in turns) and tcp (the bytes came with
+    the answer) do not."""
+    from grpo.weights.methods import acknowledges
+    from grpo.wire.messages import IPC, NCCL, SHARED, TCP
+
+    assert acknowledges(IPC) and acknowledges(NCCL)
+    assert not acknowledges(SHARED) and not acknowledges(TCP) and not acknowledges("")

@@ -9,7 +9,7 @@ from netutil import free_ports
 
 from grpo.model import weights_checksum
 from grpo.weights.nccl import NcclReceiver
-from grpo.weights.publisher import request_weights
+from grpo.sync.client import request_weights
 from grpo.weights.slots import SlotPublisher
 from grpo.weights.tcp import apply_weights
 from grpo.wire import messages as M

@@ -8,7 +8,7 @@ from netutil import free_ports
 from grpo.sampler.heartbeat import SyncInbox
 from grpo.weights.layout import plan_layout, unpack_views
 from grpo.weights.pack import pack
-from grpo.weights.publisher import request_weights
+from grpo.sync.client import request_weights
 from grpo.weights.tcp import TcpPublisher, apply_weights
 from grpo.wire import codec
 from grpo.wire import messages as M
@@ -178,7 +178,7 @@ def test_a_late_answer_is_not_taken_for_the_current_one():
     t = threading.Thread(target=learner)
     t.start()
     try:
-        from grpo.weights.publisher import request_weights
+        from grpo.sync.client import request_weights
 
         answered, newest, stop = request_weights(client, 0, 0, request_id=1, timeout_s=0.1)
         assert (answered, newest, stop) == (False, None, None)   # nothing came back in time

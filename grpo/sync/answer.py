@@ -1,0 +1,89 @@
+"""Learner side of the control channel: what every answer on the sync port carries besides its
+kind's own fields (the weights, no_update, stop).
+
+  run      the run's facts (grpo.wire.messages.RunFacts), in the first answer to each connection
+           and in any answer to have_version -1, so a sampler checks it agrees before it sends
+  levels   --curriculum: every task's current level, in every answer (a stop included)
+  queued, budget
+           the learner's queue and how many groups this sampler may generate now (grpo.sync.flow),
+           in every answer but a stop; -1 each when the learner gave no queue view
+
+The publisher's serving thread (grpo.weights.publisher) owns the socket and calls `fields` for
+every answer; this object holds the learner's side of the state those rules need.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import Callable
+
+from grpo.sync.flow import gap_floor, generation_budget, groups_ahead
+from grpo.wire import messages as M
+
+MAX_CONNECTIONS = 4096   # per-connection state (the gap floor) kept for the newest this many connections
+
+
+@dataclass
+class QueueView:
+    """What the publisher may read of the learner's intake, from its own thread."""
+    queued: Callable[[], int]           # groups waiting to be trained
+    received: Callable[[int], int]      # groups received from a sampler id (valid or rejected)
+    samplers: Callable[[], int]         # samplers alive (at least 1)
+    training: Callable[[], int] = lambda: 0   # groups taken for the step being collected or trained
+
+
+class SyncAnswer:
+    """The control fields of the learner's answers (see the module's docstring).
+
+    Set by the learner, read on the publisher's thread: `levels` is replaced whole (never
+    mutated) by the learner's thread, so that thread reads one consistent map; `queue_view`'s
+    callables only read (a length, a dict lookup).
+    """
+
+    def __init__(self, run: M.RunFacts | None = None):
+        self.run_facts = run
+        self.levels: dict[str, int] | None = None
+        self.queue_view: QueueView | None = None
+        self._gap_floor: collections.OrderedDict[bytes, int] = collections.OrderedDict()   # per connection
+
+    def fields(self, identity: bytes, msg: M.WeightsRequest, first: bool, version: int, fresh: bool,
+               stopping: bool) -> dict:
+        """The control fields of the answer to `msg` on connection `identity`.
+
+        first: this connection was never answered before; version: the newest published (0 when
+        none); fresh: the answer carries that version's weights; stopping: the answer is a stop
+        (which carries the facts and levels only)."""
+        out = {"run": self.facts_for(first, msg), "levels": self.levels}
+        if not stopping:
+            out["queued"], out["budget"] = self.budget(identity, msg, version if fresh else msg.have_version,
+                                                       version)
+        return out
+
+    def unsolicited_stop(self) -> dict:
+        """The control fields of the stop the publisher sends unprompted at the end."""
+        return {"levels": self.levels}
+
+    def facts_for(self, first: bool, msg: M.WeightsRequest) -> M.RunFacts | None:
+        """The run's facts for the first answer to each connection, and to any have_version -1."""
+        if self.run_facts is None:
+            return None
+        return self.run_facts if (first or msg.have_version < 0) else None
+
+    def budget(self, identity: bytes, msg: M.WeightsRequest, sampler_version: int, version: int) -> tuple[int, int]:
+        """(queued, budget) for this answer; (-1, -1) when the learner did not give its queue.
+
+        sampler_version: the version the sampler will run once it has this answer."""
+        view, run = self.queue_view, self.run_facts
+        if view is None or run is None or not run.groups_per_step:
+            return -1, -1
+        queued = view.queued()
+        in_flight = 0
+        if msg.sent >= 0:
+            in_flight, floor = gap_floor(self._gap_floor.get(identity), msg.sent, view.received(msg.sampler_id))
+            self._gap_floor[identity] = floor
+            self._gap_floor.move_to_end(identity)
+            while len(self._gap_floor) > MAX_CONNECTIONS:   # bounded: made-up connections cannot grow it
+                self._gap_floor.popitem(last=False)
+        ahead = groups_ahead(queued, in_flight, view.training())
+        return queued, generation_budget(version, sampler_version, ahead, run.groups_per_step, run.max_staleness,
+                                         view.samplers())

@@ -1,0 +1,100 @@
+"""Each answer on the sync channel carries the run's facts, the queue and how many groups the sampler
+may generate (grpo.sync.answer): by hand without sockets, then through a real publisher and client."""
+from __future__ import annotations
+
+import torch
+from netutil import free_ports
+
+from grpo.sync.answer import QueueView, SyncAnswer
+from grpo.sync.client import request_weights
+from grpo.weights.tcp import TcpPublisher
+from grpo.wire import messages as M
+from grpo.wire.transport import SyncClient, SyncServer
+
+FACTS = M.RunFacts(schema=2, model="m", vocab_size=10, dtype="float32", num_generations=2, max_new_tokens=4,
+                   max_prompt_tokens=8, temperature=1.0, needs_ref_logprobs=False, max_staleness=1,
+                   groups_per_step=2)
+
+
+def test_sync_answer_fields_by_hand():
+    """FACTS: max_staleness 1, 2 groups a step, so (1 + 1) * 2 = 4 queue positions are safe for a current sampler."""
+    state = {"queued": 1, "received": 3, "training": 0, "samplers": 1}
+    a = SyncAnswer(FACTS)
+
+    def fields(have, sent, first=False, version=0, fresh=False, stopping=False):
+        req = M.WeightsRequest(sampler_id=0, have_version=have, request_id=1, sent=sent)
+        return a.fields(b"conn", req, first, version, fresh, stopping)
+
+    # no queue view yet: the facts (first answer), no budget said
+    assert fields(0, 3, first=True) == {"run": FACTS, "levels": None, "queued": -1, "budget": -1}
+    a.queue_view = QueueView(queued=lambda: state["queued"], received=lambda sid: state["received"],
+                             samplers=lambda: state["samplers"], training=lambda: state["training"])
+    # sent 3 = received 3 (floor 0): 4 - 1 queued = 3; not the first answer: no facts
+    assert fields(0, 3) == {"run": None, "levels": None, "queued": 1, "budget": 3}
+    # sent 5: 2 in flight over the floor 0, so 4 - 1 - 2 = 1
+    assert fields(0, 5)["budget"] == 1
+    # have_version -1 gets the facts again; the answer carries version 2, so no lag once applied;
+    # 2 groups taken for the step in progress: 4 - (1 + 0 + 2) = 1
+    state["training"] = 2
+    assert fields(-1, 3, version=2, fresh=True) == {"run": FACTS, "levels": None, "queued": 1, "budget": 1}
+    # no update for a sampler at 0 while the learner is at 2: lag 2 > staleness 1, (1 - 2 + 1) * 2 - 3 < 0: 0
+    assert fields(0, 3, version=2)["budget"] == 0
+    # nothing queued nor training, two samplers alive: 4 shared, 2 each
+    state.update(queued=0, training=0, samplers=2)
+    assert fields(0, 3)["budget"] == 2
+    # levels in every answer; a stop carries the facts and levels only
+    a.levels = {"t": 1}
+    assert fields(0, 3, first=True, stopping=True) == {"run": FACTS, "levels": {"t": 1}}
+    assert a.unsolicited_stop() == {"levels": {"t": 1}}
+    assert SyncAnswer(None).fields(b"x", M.WeightsRequest(0, -1, 1), True, 0, False, False) == \
+        {"run": None, "levels": None, "queued": -1, "budget": -1}   # no facts: neither facts nor budget
+
+
+def test_answers_carry_the_queue_and_the_budget():
+    port = free_ports(1)[0]
+    state = {"queued": 1, "received": 3, "training": 0}
+    pub = TcpPublisher(SyncServer("127.0.0.1", port), torch.nn.Linear(2, 2), answers=SyncAnswer(FACTS))
+    pub.answers.queue_view = QueueView(queued=lambda: state["queued"], received=lambda sid: state["received"],
+                               samplers=lambda: 1, training=lambda: state["training"])
+    client = SyncClient("127.0.0.1", port, M.weights_limits(1 << 20))
+    answers: list = []
+    try:
+        pub.publish(0, torch.nn.Linear(2, 2))
+
+        def ask(rid, have, sent):
+            ok, _, _ = request_weights(client, 0, have, rid, 5.0, on_answer=answers.append, sent=sent)
+            assert ok
+            return answers[-1]
+
+        # (1 + 1) * 2 = 4 safe positions, 1 queued, and sent 3 = received 3: nothing in flight
+        a = ask(1, 0, 3)
+        assert isinstance(a, M.NoUpdate) and (a.queued, a.budget) == (1, 3) and a.run == FACTS   # first answer
+        assert ask(2, 0, 5).budget == 1                 # 2 of its groups have not reached the queue yet
+        state["training"] = 2                           # a step in progress will make version 1 first
+        assert ask(3, 0, 3).budget == 1 and answers[-1].run is None
+        pub.publish(1, torch.nn.Linear(2, 2))
+        w = ask(4, 0, 3)                                # it gets version 1: no lag once applied
+        assert isinstance(w, M.WeightsAnnounce) and (w.version, w.queued, w.budget) == (1, 1, 1)
+        pub.answers.queue_view = None                   # a learner that gives no queue sets no limit
+        assert ask(5, 1, 3).budget == -1
+    finally:
+        client.close()
+        pub.close()
+
+
+def test_groups_lost_with_an_earlier_learner_do_not_shrink_the_budget_for_ever():
+    """A resumed learner never received what died with the old one: the sampler's sent - received
+    gap stays; only its excess over the smallest gap seen on the connection counts as in flight."""
+    port = free_ports(1)[0]
+    pub = TcpPublisher(SyncServer("127.0.0.1", port), torch.nn.Linear(2, 2), answers=SyncAnswer(FACTS))
+    pub.answers.queue_view = QueueView(queued=lambda: 0, received=lambda sid: 10, samplers=lambda: 1)
+    client = SyncClient("127.0.0.1", port, M.weights_limits(1 << 20))
+    answers: list = []
+    try:
+        pub.publish(0, torch.nn.Linear(2, 2))
+        for rid, sent, budget in ((1, 40, 4), (2, 42, 2), (3, 40, 4)):   # 30 lost; 2 more in flight once
+            assert request_weights(client, 0, 0, rid, 5.0, on_answer=answers.append, sent=sent)[0]
+            assert answers[-1].budget == budget, (rid, answers[-1])
+    finally:
+        client.close()
+        pub.close()
