@@ -36,7 +36,7 @@ from signal_probe import sample  # noqa: E402 - the same sampling loop, with gre
 from grpo.data.gsm8k import _numbers, extract_gsm8k_answer  # noqa: E402
 from grpo.data.sources import load_problems  # noqa: E402
 from grpo.model import compute_dtype, eos_ids, load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
-from grpo.sampler.rollout import RolloutEngine  # noqa: E402
+from grpo.generate.engine import RolloutEngine  # noqa: E402
 
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import write_result  # noqa: E402
 
 from grpo.model import compute_dtype, left_pad, load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
-from grpo.sampler.rollout import RolloutEngine  # noqa: E402
+from grpo.generate.engine import RolloutEngine  # noqa: E402
 
 
 @torch.no_grad()

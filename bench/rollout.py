@@ -1,4 +1,4 @@
-"""Rollout throughput: the fast engine (grpo/sampler/rollout.py) against Hugging Face `generate`, side by side.
+"""Rollout throughput: the fast engine (grpo/generate/engine.py) against Hugging Face `generate`, side by side.
 
 Usage (GPU machine, repo root):   python bench/rollout.py            (full, < 6 min on one H100)
                                   python bench/rollout.py --quick    (a minute)
@@ -30,11 +30,9 @@ from benchutil import ROOT, Timer, pick, table, write_result  # noqa: E402
 
 from grpo.data.prompts import problem_prompt
 from grpo.data.sources import load_problems  # noqa: E402
+from grpo.generate.backend import hf_generate  # noqa: E402
+from grpo.generate.engine import RolloutEngine  # noqa: E402
 from grpo.model import compute_dtype, eos_ids, left_pad, load_causal_lm, load_tokenizer, resolve_model, right_pad, token_logprobs  # noqa: E402
-from grpo.sampler.rollout import (
-    RolloutEngine,  # noqa: E402
-    hf_generate,  # noqa: E402
-)
 
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 ENGINE_KW: dict = {}   # --attend-chunk: passed to every RolloutEngine this script makes

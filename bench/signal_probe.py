@@ -30,7 +30,7 @@ from grpo.data.rewards import score_correctness  # noqa: E402
 from grpo.data.sources import load_problems
 from grpo.loss import has_signal  # noqa: E402
 from grpo.model import compute_dtype, eos_ids, load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
-from grpo.sampler.rollout import RolloutEngine  # noqa: E402
+from grpo.generate.engine import RolloutEngine  # noqa: E402
 
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 

@@ -29,7 +29,7 @@ from signal_probe import sample, signal_stats  # noqa: E402
 from grpo.data.rewards import correctness_reward  # noqa: E402
 from grpo.data.sources import load_problems  # noqa: E402
 from grpo.model import compute_dtype, eos_ids, load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
-from grpo.sampler.rollout import RolloutEngine  # noqa: E402
+from grpo.generate.engine import RolloutEngine  # noqa: E402
 
 SPECS = ("rg:letter_counting;"
          "rg:basic_arithmetic:min_terms=2,max_terms=2,max_digits=1,operators=[+,-],allow_parentheses=false;"

@@ -59,7 +59,7 @@ class CommonConfig:
     eval_batch_size: int = 256
     """Sequences decoded together during evaluation."""
     generation_backend: str = "auto"
-    """'fast' (grpo/sampler/rollout.py: static KV cache, CUDA-graph decode, sampling on the GPU), 'hf' (Hugging Face generate), or 'auto' (fast on CUDA, hf on CPU). Samplers generate with it; every greedy evaluation (sampler 0's and the learner's final one) decodes with it, so the baseline and the final accuracy come from the same decoder."""
+    """'fast' (grpo/generate/engine.py: static KV cache, CUDA-graph decode, sampling on the GPU), 'hf' (Hugging Face generate), or 'auto' (fast on CUDA, hf on CPU). Samplers generate with it; every greedy evaluation (sampler 0's and the learner's final one) decodes with it, so the baseline and the final accuracy come from the same decoder."""
     # --- config file (issue 7)
     config: str = ""
     """YAML file of options (keys are these field names, dashes or underscores); flags given on the command line override it."""
@@ -288,4 +288,4 @@ class EvalConfig:
     out: str = ""
     """Also write the result as JSON to this file."""
     generation_backend: str = "auto"
-    """Greedy decoding with 'fast' (grpo/sampler/rollout.py), 'hf' (Hugging Face generate) or 'auto' (fast on CUDA, hf on CPU): the decoder the training run's evaluations use."""
+    """Greedy decoding with 'fast' (grpo/generate/engine.py), 'hf' (Hugging Face generate) or 'auto' (fast on CUDA, hf on CPU): the decoder the training run's evaluations use."""

@@ -38,11 +38,11 @@ def eval_engine(model, tok, backend: str, device: torch.device):
     the learner (the final weights) and this module's command all decide by this one rule, so a
     run's accuracies before and after come from the same decoder: in learning run 7 the two
     decoders, on the same bf16 weights, differed by 2 of 500 problems."""
-    from grpo.sampler.rollout import resolve_backend
+    from grpo.generate.backend import resolve_backend
 
     if resolve_backend(backend, device) != "fast":
         return None
-    from grpo.sampler.rollout import RolloutEngine
+    from grpo.generate.engine import RolloutEngine
 
     return RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id, cuda_graphs=device.type == "cuda")
 
@@ -97,7 +97,7 @@ def greedy_accuracy(model, tok, problems: list[Problem], max_new_tokens: int, ba
     texts = [""] * len(ids)
     lengths = [0] * len(ids)
     truncated = 0
-    if engine is not None:   # the sampler's rollout engine (grpo.sampler.rollout): same greedy tokens, faster
+    if engine is not None:   # the sampler's rollout engine (grpo.generate.engine): same greedy tokens, faster
         out = engine.generate([ids[i] for i in order], max_new_tokens, greedy=True)
         for i, row, fin in zip(order, out.token_ids, out.finished):
             row = row[:-1] if fin else row    # drop the EOS the engine keeps

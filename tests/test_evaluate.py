@@ -52,7 +52,7 @@ def test_batched_left_padded_eval_scores_like_one_at_a_time():
     assert abs(res["accuracy"] - expect_correct / 6) < 1e-12
     assert abs(res["mean_completion_len"] - sum(lengths) / 6) < 1e-12
     # The sampler's rollout engine (CPU here, no graphs) scores exactly the same way.
-    from grpo.sampler.rollout import RolloutEngine
+    from grpo.generate.engine import RolloutEngine
 
     eng = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id, cuda_graphs=False)
     res2 = greedy_accuracy(model, tok, problems, 20, batch_size=4, device=torch.device("cpu"), engine=eng)

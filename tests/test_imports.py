@@ -74,7 +74,7 @@ def test_no_import_cycles():
 
 
 def test_layout_has_one_folder_per_role():
-    for folder in ("wire", "weights", "sync", "sampler", "learner", "data", "obs", "launch"):
+    for folder in ("wire", "weights", "sync", "generate", "sampler", "learner", "data", "obs", "launch"):
         assert (PKG / folder / "__init__.py").is_file(), folder
     top = sorted(p.name for p in PKG.glob("*.py"))
     assert top == ["__init__.py", "config.py", "evaluate.py", "flags.py", "loss.py", "model.py", "stats.py",
@@ -90,3 +90,14 @@ def test_wire_needs_no_torch():
             for name in names:
                 assert name.split(".")[0] != "torch", (path.name, name)
                 assert not name.startswith("grpo.") or name.startswith(("grpo.wire", "grpo.config")), (path.name, name)
+
+
+def test_generate_sits_below_the_roles():
+    """grpo.generate is the layer every role uses: it imports none of them (nor evaluation)."""
+    above = ("grpo.sampler", "grpo.learner", "grpo.launch", "grpo.evaluate", "grpo.workers")
+    graph = import_graph()
+    mods = [m for m in graph if m == "grpo.generate" or m.startswith("grpo.generate.")]
+    assert len(mods) >= 6, mods
+    for m in mods:
+        bad = sorted(d for d in graph[m] if d.startswith(above))
+        assert not bad, (m, bad)

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from grpo.config import LearnerConfig
 from grpo.data.tasks import Curriculum
+from grpo.generate.backend import resolve_backend
 from grpo.learner.accounting import Books, MessageLedger, balance
 from grpo.learner.batch import (Batch, balanced_split, broadcast_batch, build_batch, length_buckets, micro_batch,
                                 minibatches, padded_tokens)
@@ -39,7 +40,6 @@ from grpo.obs.progress import Progress
 from grpo.obs.rundir import make_run_dir
 from grpo.obs.stages import first_step_s, history as stage_history, mark as mark_stage
 from grpo.obs.tracking import Tracker, parse_report_to
-from grpo.sampler.rollout import resolve_backend
 from grpo.stats import group_stats
 from grpo.sync.answer import QueueView, SyncAnswer
 from grpo.weights import make_publisher

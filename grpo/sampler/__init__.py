@@ -1,2 +1,2 @@
-"""The sampler role: the loop (generate, score, log-probs, send whole groups), the rollout engine,
+"""The sampler role: the loop (generate with grpo.generate, score, log-probs, send whole groups),
 and the heartbeat and backpressure of its data socket."""

@@ -28,6 +28,8 @@ from grpo.data.rewards import reward_set_from_config
 from grpo.data.sources import load_problems, shard
 from grpo.data.tasks import SuccessWindow, start_levels
 from grpo.evaluate import greedy_accuracy, record_eval, run_eval_problems
+from grpo.generate.backend import hf_generate, old_logprob_source, resolve_backend
+from grpo.generate.engine import RolloutEngine
 from grpo.loss import has_signal
 from grpo.stats import round_prompts
 from grpo.model import (compute_dtype, eos_ids, load_causal_lm, load_tokenizer, pick_device, resolve_model, right_pad,
@@ -36,7 +38,6 @@ from grpo.obs.gpu import GpuMonitor, format_gpu
 from grpo.obs.progress import Progress
 from grpo.obs.stages import mark as mark_stage
 from grpo.sampler.heartbeat import ON_FULL, Heartbeat, SyncInbox, send_group, wait_send
-from grpo.sampler.rollout import RolloutEngine, hf_generate, old_logprob_source, resolve_backend
 from grpo.sync.client import ask, await_answer
 from grpo.weights import make_receiver
 from grpo.weights.methods import acknowledges, fallback, sampler_method

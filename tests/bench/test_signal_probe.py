@@ -7,7 +7,7 @@ from benchload import load_bench
 
 from grpo.data.sources import load_problems
 from grpo.model import load_causal_lm, load_tokenizer, resolve_model
-from grpo.sampler.rollout import RolloutEngine
+from grpo.generate.engine import RolloutEngine
 
 GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
 

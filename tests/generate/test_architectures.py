@@ -1,4 +1,4 @@
-"""The rollout engine (grpo/sampler/rollout.py) on tiny random float32 models of several
+"""The rollout engine (grpo/generate/) on tiny random float32 models of several
 architectures, built from configs (no downloads): greedy tokens equal Hugging Face generate's,
 sampled log-probs equal a teacher-forced pass, one engine serves many rounds of different prompt
 lengths, in fixed batches and in flight. Sliding-window layers (Mistral, Phi-3, Gemma2, Gemma3;
@@ -13,8 +13,10 @@ import pytest
 import torch
 from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 
+from grpo.generate.attention import layer_plan, rollout_attention
+from grpo.generate.backend import hf_generate
+from grpo.generate.engine import RolloutEngine
 from grpo.model import eos_ids, right_pad, token_logprobs
-from grpo.sampler.rollout import RolloutEngine, hf_generate, layer_plan, rollout_attention
 
 CPU = torch.device("cpu")
 VOCAB, EOS, PAD = 96, 1, 0
@@ -221,7 +223,7 @@ def test_unservable_model_falls_back_to_hf_generate(caplog, monkeypatch):
     ref, ref_fin = hf_generate(model, ps, NEW, 1.0, True, [EOS], PAD)
     model.config.attention_chunk_size = 4        # as Llama 4's chunked attention layers
     try:
-        with caplog.at_level(logging.WARNING, logger="grpo.sampler.rollout"):
+        with caplog.at_level(logging.WARNING, logger="grpo.generate.engine"):
             engine = RolloutEngine(model, EOS, PAD)
     finally:
         del model.config.attention_chunk_size
@@ -240,33 +242,3 @@ def test_unservable_model_falls_back_to_hf_generate(caplog, monkeypatch):
     # A first decode that fails (here: the prefill raises) is a fallback too, found at start-up.
     monkeypatch.setattr(RolloutEngine, "_prefill", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     assert RolloutEngine(model, EOS, PAD).fallback == "a test decode failed: RuntimeError: boom"
-
-
-def test_sampler_falls_back_at_start_up(monkeypatch):
-    """--generation-backend fast on a model the engine cannot serve: the sampler decodes with Hugging
-    Face generate from the start (old log-probs from a pass), and its rounds run."""
-    from pathlib import Path
-
-    from netutil import free_ports
-
-    import grpo.sampler.rollout as rollout
-    from grpo.config import SamplerConfig
-    from grpo.sampler.loop import Sampler
-
-    def unservable(model):
-        raise ValueError("test: not servable")
-
-    monkeypatch.setattr(rollout, "layer_plan", unservable)
-    gsm8k = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
-    d, s = free_ports(2)
-    sampler = Sampler(SamplerConfig(model="tiny-random", device="cpu", dataset=str(gsm8k), dataset_limit=8,
-                                    prompts_per_round=2, num_generations=2, max_new_tokens=4,
-                                    generation_backend="fast", data_port=d, sync_port=s))
-    try:
-        assert (sampler.backend, sampler.engine, sampler.old_source) == ("hf", None, "pass")
-        assert sampler.eos_ids == [sampler.tok.eos_token_id]
-        groups = sampler.generate_round(0)
-    finally:
-        sampler.data.close()
-        sampler.sync.close()
-    assert len(groups) == 2 and all(len(g.completions) == 2 for g in groups)

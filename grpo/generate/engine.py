@@ -8,9 +8,9 @@ attention are the model's own), but drives it the way throughput engines do:
   every decode step has the same shapes and tensor addresses;
 * our own 4-D additive attention mask (HF passes a prepared 4-D mask through untouched),
   kept in a static buffer and updated on the device, so mask building never syncs;
-* sampling on the GPU: Gumbel-max (argmax of logits/T - log E, E ~ Exp(1)) is an exact
-  draw from softmax(logits/T) without `multinomial`; greedy is argmax; the sampled
-  token's log-prob is computed on the way (one logsumexp over the row);
+* sampling on the GPU, one step for both paths (grpo.generate.sampling): Gumbel-max is an exact
+  draw from softmax(logits/T) without `multinomial`; greedy is argmax; the sampled token's
+  log-prob is computed on the way;
 * finished rows keep running (fixed shapes) but emit padding after their EOS; the host
   looks at the "all finished" flag only every `check_every` steps, the one sync point;
 * batch buckets (64, 128, 256, 512, 1024 rows; prompt width rounded up to 64) so one
@@ -22,13 +22,16 @@ attention are the model's own), but drives it the way throughput engines do:
 * with `compile_decode`, the decode step (and the in-flight ring's) goes through torch.compile
   before it is captured: one compilation per (shape, greedy, attention length).
 
+Two paths over one engine: `generate` decodes fixed batches (a Slot per shape), `stream` keeps
+rows in flight (a Ring of cache slots: a row whose sample ends takes the next one); the
+ring's bookkeeping (_ring, _prefill_prompts, _refill, _ring_step) sits beside it in the class.
+
 Architectures: any decoder whose layers are full or sliding-window attention (Llama, Qwen2/3,
-Mistral, Phi-3, Gemma2/3, OLMo2 are tested: tests/sampler/test_architectures.py). Every layer's
-cache holds the whole sequence (slot = position, sliding layers included), and sliding layers get
-their own mask (a key at most window - 1 positions back); Gemma2's attention soft-capping runs in
-an explicit attention path. A model the engine cannot serve (layer_plan: chunked or linear
-attention, attention sinks, ...) is said in one line when the engine is built, which then decodes
-with Hugging Face generate (`RolloutEngine.fallback`).
+Mistral, Phi-3, Gemma2/3, OLMo2 are tested: tests/generate/test_architectures.py); the attention,
+the layer plan and the masks are grpo.generate.attention's. A model the engine cannot serve
+(layer_plan: chunked or linear attention, attention sinks, ...) is said in one line when the
+engine is built, which then decodes with Hugging Face generate (grpo.generate.backend's
+hf_generate; `RolloutEngine.fallback` holds the reason).
 
 On CPU (tests) the same code runs without graph capture. Weights may be updated between
 calls in place (`param.copy_`, as weight sync does): the graph reads the parameters'
@@ -38,14 +41,12 @@ Use `RolloutEngine(model, eos_ids, pad_id).generate(prompts, max_new_tokens, ...
 module function `generate(model, prompts_token_ids, max_new_tokens, temperature, greedy,
 eos_id, pad_id)`, which keeps one engine per model.
 
---generation-backend picks this engine ('fast') or the model's own `generate` ('hf',
-`hf_generate`, kept as the fallback and for CPU); both return the same thing: generated ids
-per prompt, cut after the first EOS (which is kept), and whether each row finished.
+--generation-backend picks this engine ('fast') or the model's own `generate` ('hf'): the rule
+is grpo.generate.backend's.
 """
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import time
 import weakref
@@ -56,256 +57,23 @@ import numpy as np
 import torch
 
 from grpo.config import SamplerConfig
+from grpo.generate.attention import (LayerPlan, attend_limit, layer_masks, layer_plan, register_attention,
+                                     rollout_attention_on)
+from grpo.generate.backend import describe, eos_list, hf_generate
+from grpo.generate.cache import Ring, Slot, static_cache
+from grpo.generate.capture import (COMPILED_VERSIONS, CaptureFailed, allow_recompiles, capture_decode,
+                                   reset_default_generator_after_failed_capture)
+from grpo.generate.sampling import new_generator, sample_step
 from grpo.model import left_pad
 
 log = logging.getLogger(__name__)
 
-# ----------------------------------------------------------------------------- backends
-BACKENDS = ("auto", "fast", "hf")
-
-
-def resolve_backend(name: str, device: torch.device) -> str:
-    """--generation-backend to 'fast' or 'hf'. auto: the fast engine on CUDA (its GPU tests
-    pass on H200: graph replay equals eager decoding, greedy identical to `generate` in fp32,
-    a failed capture falls back to eager decoding), `generate` on CPU, where the engine has
-    no graphs to replay and buys little."""
-    if name not in BACKENDS:
-        raise ValueError(f"--generation-backend {name}: choose one of {', '.join(BACKENDS)}")
-    if name == "auto":
-        return "fast" if device.type == "cuda" else "hf"
-    return name
-
-
-OLD_LOGPROBS = ("auto", "sampling", "pass")
-
-
-def old_logprob_source(choice: str, backend: str, dtype: torch.dtype) -> str:
-    """--old-logprobs to 'sampling' or 'pass'. The fast engine returns each sampled token's
-    log-prob under the distribution it drew from (pure sampling at the temperature, the same
-    distribution the learner scores), so in float32 it is the teacher-forced value (the tests check
-    it to 1e-5) and the pass is redundant. In bf16 the decode step and a full forward sum in other
-    orders and differ (mean 0.04 nats a token on H200), so auto keeps the pass there; 'sampling'
-    takes the engine's values anyway. Hugging Face generate returns no log-probs: always a pass."""
-    if choice not in OLD_LOGPROBS:
-        raise ValueError(f"--old-logprobs {choice}: choose one of {', '.join(OLD_LOGPROBS)}")
-    if choice == "sampling" and backend != "fast":
-        raise ValueError("--old-logprobs sampling needs --generation-backend fast (Hugging Face generate returns no "
-                         "log-probs); use --old-logprobs pass or auto")
-    if choice == "auto":
-        return "sampling" if backend == "fast" and dtype == torch.float32 else "pass"
-    return choice
-
-
-def hf_generate(model, prompts: list[list[int]], max_new_tokens: int, temperature: float, greedy: bool,
-                eos_id: int | list[int], pad_id: int, should_stop: Callable[[], bool] | None = None
-                ) -> tuple[list[list[int]], list[bool]]:
-    """The Hugging Face `generate` path (the fallback backend), with the same output.
-
-    eos_id: one id or several (grpo.model.eos_ids: the tokenizer's and the generation config's); a
-    row ends at the first of any. should_stop: asked after every decoded token; once it says True,
-    generation ends there and the rows come back cut where they were (the caller discards them)."""
-    eos = _eos_list(eos_id)
-    device = next(model.parameters()).device
-    ids, attn = left_pad(prompts, pad_id, device)
-    width = ids.shape[1]
-    sample = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if not (greedy or temperature == 0) \
-        else dict(do_sample=False, temperature=None, top_k=None, top_p=None)
-    stopping = {"stopping_criteria": _stopping_criteria(should_stop)} if should_stop is not None else {}
-    if eos:
-        out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens,
-                             pad_token_id=pad_id, eos_token_id=eos, **sample, **stopping)
-    else:   # no EOS at all: exactly max_new_tokens (eos_token_id=None would mean the model's own)
-        import copy
-
-        gc = copy.deepcopy(model.generation_config)
-        gc.update(max_new_tokens=max_new_tokens, pad_token_id=pad_id, **sample)
-        gc.eos_token_id = None
-        out = model.generate(input_ids=ids, attention_mask=attn, generation_config=gc, **stopping)
-    completions, finished = [], []
-    stop = set(eos)
-    for row in out[:, width:].cpu().tolist():
-        cut = next((i for i, t in enumerate(row) if t in stop), None)
-        if cut is not None:  # keep the EOS: the policy must learn to stop
-            row = row[:cut + 1]
-        completions.append(row)
-        finished.append(cut is not None)
-    return completions, finished
-
-
-def _eos_list(eos_ids) -> list[int]:
-    """One EOS id, several, or none ([] / None) as a sorted list of distinct ints."""
-    if eos_ids is None:
-        return []
-    if isinstance(eos_ids, (int, np.integer)):
-        return [int(eos_ids)]
-    return sorted({int(e) for e in eos_ids})
-
-
-def _stopping_criteria(should_stop: Callable[[], bool]):
-    """A transformers StoppingCriteriaList that ends every row once should_stop() says so."""
-    from transformers import StoppingCriteria, StoppingCriteriaList
-
-    class _StopWhen(StoppingCriteria):
-        def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
-            return torch.full((input_ids.shape[0],), bool(should_stop()), dtype=torch.bool, device=input_ids.device)
-
-    return StoppingCriteriaList([_StopWhen()])
-
-
-# ----------------------------------------------------------------------------- attention
-ATTENTION = "grpo_rollout"
-
-
-def attend_limit(width: int, length: int, k: int, chunk: int) -> int:
-    """The cache slots decode step k reads (k >= 1; after a prefill of `width` slots, step k
-    writes slot width + k - 1, so it needs width + k): rounded up to a multiple of `chunk` past
-    the prompt, so that one captured graph serves `chunk` steps; at most `length`."""
-    return min(length, width + chunk * -(-k // chunk))
-
-
-def rollout_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
-                      **kwargs):
-    """Attention for the engine's passes. A one-token query (decode) with grouped KV heads
-    (GQA: SmolLM2 3 KV heads for 9, Qwen2.5-3B 2 for 16) attends the cache without copying it:
-    the G query heads that share a KV head become G "query rows" of that head. Hugging Face's
-    SDPA path instead repeats the whole cache G times per layer and step (`repeat_kv`, a
-    copy), which on a 3B model at 256 rows took half the decode step. A decode mask shorter than
-    the cache (the engine's attend_chunk) says how many slots the step reads: only those are read
-    (the slots past it are empty, so this changes which zeros are summed, not the result).
-    Prefill (many query tokens, once per round) goes through Hugging Face's SDPA function unchanged.
-    With `softcap` (Gemma2's attn_logit_softcapping: scores become tanh(scores / cap) * cap before the
-    mask and softmax), which SDPA has no argument for, both go through an explicit path instead
-    (_softcapped_attention), as Hugging Face's eager attention computes it."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    b, heads, q_len, dim = query.shape
-    kv_heads = key.shape[1]
-    if q_len == 1 and attention_mask is not None and attention_mask.shape[-1] < key.shape[2]:
-        n = attention_mask.shape[-1]
-        key, value = key[:, :, :n], value[:, :, :n]                                           # [B, H_kv, n, D]
-    softcap = kwargs.pop("softcap", None)
-    if softcap is not None:
-        return _softcapped_attention(query, key, value, attention_mask, scaling, softcap), None
-    if q_len != 1 or heads == kv_heads:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
-    # repeat_kv puts query head j on KV head j // G, so [B, H, 1, D] -> [B, H_kv, G, D] pairs them up.
-    q = query.view(b, kv_heads, heads // kv_heads, dim)
-    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask,  # [B, 1, 1, L]
-                                                           scale=scaling)
-    return out.reshape(b, heads, 1, dim).transpose(1, 2).contiguous(), None                # [B, 1, H, D]
-
-
-def _softcapped_attention(query, key, value, attention_mask, scaling, softcap: float) -> torch.Tensor:
-    """softmax(tanh(q k^T * scaling / cap) * cap + mask) v, in the order of Hugging Face's eager
-    Gemma2 attention (softmax in float32), with grouped KV heads broadcast rather than repeated.
-    query [B, H, Q, D], key/value [B, H_kv, L, D], mask [B, 1, Q, L] (additive) or None;
-    returns [B, Q, H, D]."""
-    b, heads, q_len, dim = query.shape
-    kv_heads = key.shape[1]
-    q = query.view(b, kv_heads, heads // kv_heads, q_len, dim)                               # [B, H_kv, G, Q, D]
-    scale = dim ** -0.5 if scaling is None else scaling
-    scores = torch.matmul(q, key.unsqueeze(2).transpose(-1, -2)) * scale                     # [B, H_kv, G, Q, L]
-    scores = torch.tanh(scores / softcap) * softcap
-    if attention_mask is not None:
-        scores = scores + attention_mask[:, :, None, :, : key.shape[2]]                      # [B, 1, 1, Q, L]
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    out = torch.matmul(probs, value.unsqueeze(2))                                            # [B, H_kv, G, Q, D]
-    return out.reshape(b, heads, q_len, dim).transpose(1, 2).contiguous()
-
-
-# ----------------------------------------------------------------------------- architectures
-# Attention layer kinds the engine serves: full causal attention and sliding-window attention (a
-# key at most window - 1 positions back, as transformers' masking_utils.sliding_window_overlay:
-# kv_idx > q_idx - window). Everything else (chunked attention, linear attention, shared KV...)
-# decodes with Hugging Face generate.
-LAYER_KINDS = ("full_attention", "sliding_attention")
-
-
-@dataclass(frozen=True)
-class LayerPlan:
-    kinds: tuple[str, ...]      # per decoder layer: one of LAYER_KINDS
-    window: int | None          # the sliding layers' window (None: no sliding layer)
-
-    @property
-    def mixed(self) -> bool:
-        """Both kinds: the model is given a dict of masks keyed by kind (transformers picks each
-        layer's by config.layer_types); one kind: one mask tensor."""
-        return len(set(self.kinds)) > 1
-
-
-def layer_plan(model) -> LayerPlan:
-    """The model's decoder layers as the engine serves them; ValueError naming what it cannot serve."""
-    from transformers.cache_utils import get_layer_types_and_kwargs
-
-    cfg = model.config
-    if getattr(cfg, "is_encoder_decoder", False):
-        raise ValueError(f"{cfg.model_type} is an encoder-decoder model")
-    text = cfg.get_text_config(decoder=True)
-    if text is not cfg:
-        raise ValueError(f"{cfg.model_type} is a composite (multimodal) model")
-    if getattr(text, "attention_chunk_size", None):
-        raise ValueError(f"{cfg.model_type} uses chunked attention")
-    if any(isinstance(getattr(m, "sinks", None), torch.Tensor) for m in model.modules()):
-        raise ValueError(f"{cfg.model_type} uses attention sinks")
-    try:
-        kinds, kwargs = get_layer_types_and_kwargs(text)
-    except Exception as exc:   # noqa: BLE001 - an unusual config: say so and fall back
-        raise ValueError(f"{cfg.model_type}: cannot read its layer types ({_describe(exc)})") from None
-    kinds = tuple(kinds)
-    if (other := sorted(set(kinds) - set(LAYER_KINDS))):
-        raise ValueError(f"{cfg.model_type} has {', '.join(other)} layers")
-    windows = {int(kw["sliding_window"]) for k, kw in zip(kinds, kwargs) if k == "sliding_attention"}
-    if len(windows) > 1:
-        raise ValueError(f"{cfg.model_type} has sliding layers of different windows {sorted(windows)}")
-    return LayerPlan(kinds, windows.pop() if windows else None)
-
-
-def static_cache(model, length: int, plan: LayerPlan | None = None):
-    """A StaticCache of `length` slots in every layer, sliding ones included (transformers' own gives
-    those a StaticSlidingWindowLayer of `window` slots, which rolls its keys and keeps a Python-side
-    counter): slot i holds position i in every layer, and the sliding layers' window is in the mask."""
-    from transformers import StaticCache
-    from transformers.cache_utils import Cache, StaticLayer
-
-    plan = plan or layer_plan(model)
-    cache = StaticCache.__new__(StaticCache)
-    Cache.__init__(cache, layers=[StaticLayer(max_cache_len=length) for _ in plan.kinds])
-    return cache
-
-
-def reset_cache(cache) -> None:
-    """Every layer back to an empty cache (the slots are overwritten, not zeroed): the tensor write
-    index, and the Python-side counters some layers keep (a StaticSlidingWindowLayer's
-    cumulative_length_int, which transformers' reset only clears with the keys)."""
-    for layer in cache.layers:
-        if not getattr(layer, "is_initialized", False):
-            continue
-        length = getattr(layer, "cumulative_length", None)
-        if isinstance(length, torch.Tensor):
-            length.zero_()
-        elif length is not None:
-            layer.cumulative_length = 0
-        if hasattr(layer, "cumulative_length_int"):
-            layer.cumulative_length_int = 0
-
-
-def register_attention() -> None:
-    """Make ATTENTION a name Hugging Face models can dispatch to (idempotent)."""
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTENTION, rollout_attention)
-
-
-# ----------------------------------------------------------------------------- the engine
 DEFAULT_BUCKETS = (64, 128, 256, 512, 1024)
 # The sampler's default (one place: grpo.config), so that the evaluator and the probes, which build
 # engines without a config, decode as the sampler does.
 DEFAULT_ATTEND_CHUNK = SamplerConfig.attend_chunk
-# Compiled versions of the decode step torch.compile may keep (dynamo's default is 8): one per
-# (rows, prompt width, max new tokens) shape, greedy flag and attention length. 5 buckets x a few
-# widths x 2 x up to 16 lengths stays under it; past it dynamo would run the step uncompiled.
-COMPILED_VERSIONS = 512
+
+
 @dataclass
 class Rollout:
     token_ids: list[list[int]]   # generated ids per prompt, cut after the first EOS (kept)
@@ -322,70 +90,6 @@ class FinishedGroup:
     finished: list[bool]         # ended with EOS
     logprobs: list[np.ndarray]   # per generated token, under the sampling distribution
     decode_steps: int            # steps the group was in flight (its refill to its last row's end)
-
-
-class _Ring:
-    """In-flight decoding state (`RolloutEngine.stream`): `rows` rows, each busy with one sample of
-    a group or free, over one static cache whose `length` = width + max_new slots are used as a ring.
-
-    Every decode step writes every row's key at the same slot t (HF's StaticCache writes one
-    column for the whole batch), then t advances modulo `length`. A row refilled at slot t gets
-    its prompt at slots [t - P, t) and its tokens from t on; it needs P + max_new <= length slots,
-    so by the time the ring comes round to a slot, the sequence that wrote it has ended. Attention
-    does not care where a key sits (RoPE was applied with the row's own positions before the key
-    was stored), so each row attends to exactly the slots marked in its `key_valid` row."""
-
-    def __init__(self, model, rows: int, width: int, max_new: int, pad_id: int, device: torch.device,
-                 plan: LayerPlan | None = None):
-        self.rows, self.width, self.max_new, self.length = rows, width, max_new, width + max_new
-        self.cache = static_cache(model, self.length, plan)
-        kw = dict(device=device)
-        self.key_valid = torch.zeros((rows, self.length), dtype=torch.bool, **kw)   # slots of the row's sequence
-        self.key_index = torch.arange(self.length, **kw)                            # [L]
-        self.tok = torch.full((rows, 1), pad_id, dtype=torch.long, **kw)
-        self.pos = torch.zeros((rows, 1), dtype=torch.long, **kw)                  # each row's own position id
-        self.t = torch.zeros((1,), dtype=torch.long, **kw)                         # the slot this step writes
-        # Each row's next output column; max_new (a spare column) once the row has ended, so
-        # ended rows write their padding where nothing is read.
-        self.col = torch.full((rows, 1), max_new, dtype=torch.long, **kw)
-        self.finished = torch.ones((rows,), dtype=torch.bool, **kw)                 # free rows count as ended
-        self.inv_t = torch.ones((), dtype=torch.float32, **kw)
-        self.out = torch.full((rows, max_new + 1), pad_id, dtype=torch.long, **kw)
-        self.out_lp = torch.zeros((rows, max_new + 1), dtype=torch.float32, **kw)
-        self.graphs: dict[bool, torch.cuda.CUDAGraph | None] = {}
-        self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
-
-
-class _Slot:
-    """Everything one (batch rows, prompt width, max_new_tokens) shape needs: static cache,
-    static input/output buffers and the captured decode graphs, one per (greedy, attention
-    length): greedy or sampling, and how many cache slots the step reads (attend_limit)."""
-
-    def __init__(self, model, rows: int, width: int, max_new: int, pad_id: int, device: torch.device,
-                 plan: LayerPlan | None = None):
-        self.rows, self.width, self.max_new = rows, width, max_new
-        length = width + max_new
-        self.cache = static_cache(model, length, plan)
-        kw = dict(device=device)
-        self.key_valid = torch.zeros((rows, length), dtype=torch.bool, **kw)    # real prompt tokens + all generated slots
-        self.key_index = torch.arange(length, **kw)                             # [L]
-        self.tok = torch.full((rows, 1), pad_id, dtype=torch.long, **kw)        # token fed to the next step
-        self.pos = torch.zeros((rows, 1), dtype=torch.long, **kw)               # its position id
-        self.t = torch.zeros((), dtype=torch.long, **kw)                        # its cache slot
-        self.col = torch.zeros((1,), dtype=torch.long, **kw)                    # its output column
-        self.finished = torch.zeros((rows,), dtype=torch.bool, **kw)
-        self.inv_t = torch.ones((), dtype=torch.float32, **kw)                  # 1 / temperature
-        self.out = torch.full((rows, max_new), pad_id, dtype=torch.long, **kw)
-        self.out_lp = torch.zeros((rows, max_new), dtype=torch.float32, **kw)
-        self.graphs: dict[tuple[bool, int | None], torch.cuda.CUDAGraph | None] = {}
-        # The slot's graphs (greedy, sampling; each attention length) share one memory pool, which lives as long as they
-        # do. One pool handle for the whole engine broke once every graph of a freed slot was
-        # gone: PyTorch releases a pool with its last graph, and capturing into the stale
-        # handle then fails an allocator assertion (seen on H100, torch 2.11).
-        self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
-
-    def reset_cache(self) -> None:
-        reset_cache(self.cache)
 
 
 class RolloutEngine:
@@ -420,17 +124,15 @@ class RolloutEngine:
         if impl not in ("sdpa", "eager"):
             raise ValueError(f"the fast generation backend supports sdpa and eager attention, not {impl!r}; "
                              f"load the model with attn_implementation='sdpa' or use --generation-backend hf")
-        # An additive mask (0 / dtype min) in the model dtype: eager attention needs one, and SDPA
-        # would otherwise convert a boolean mask in every layer of every step.
-        self.eos = torch.tensor(_eos_list(eos_ids), dtype=torch.long, device=self.device)
+        self.eos = torch.tensor(eos_list(eos_ids), dtype=torch.long, device=self.device)
         self.pad_id = int(pad_id)
         self.buckets = tuple(sorted(buckets)) if buckets else (DEFAULT_BUCKETS if cuda_graphs else ())
         self.prompt_multiple = prompt_multiple or (64 if cuda_graphs else 1)
         self.check_every = max(1, check_every)
         self.attend_chunk = int(attend_chunk) if attend_chunk else None
         self.max_slots = max(1, max_slots)
-        self.slots: collections.OrderedDict[tuple[int, int, int], _Slot] = collections.OrderedDict()
-        self._rings: dict[tuple[int, int, int], _Ring] = {}   # stream()'s; one at a time
+        self.slots: collections.OrderedDict[tuple[int, int, int], Slot] = collections.OrderedDict()
+        self._rings: dict[tuple[int, int, int], Ring] = {}   # stream()'s; one at a time
         self._ptrs = self._param_ptrs()
         self.graph_failures = 0
         self.graph_failure_reasons: list[str] = []
@@ -438,7 +140,7 @@ class RolloutEngine:
         # so torch.manual_seed still makes runs repeatable). It is registered with every captured
         # graph; if a capture fails half-way it is replaced, so a failure can never leave the
         # generator that eager decoding draws from stuck in "capturing" state.
-        self.gen = self._new_generator()
+        self.gen = new_generator(self.device)
         # torch.compile specialises on shapes (dynamic=False): one compilation per bucket shape,
         # greedy flag and attention length (COMPILED_VERSIONS).
         self.compile_decode = compile_decode
@@ -463,14 +165,14 @@ class RolloutEngine:
         eagerly: None, or why it failed (the reason to fall back, found at start-up)."""
         try:
             with torch.no_grad():
-                slot = _Slot(self.model, 2, 3, 2, self.pad_id, self.device, self.plan)
+                slot = Slot(self.model, 2, 3, 2, self.pad_id, self.device, self.plan)
                 ids, mask = left_pad([[self.pad_id] * 3, [self.pad_id] * 2], self.pad_id, self.device, width=3)
                 self._prefill(slot, ids, mask.bool(), 1.0, True)
                 self._decode(slot, True, None)
                 if not bool(torch.isfinite(slot.out_lp).all()):
                     return "a test decode gave non-finite log-probs"
         except Exception as exc:   # noqa: BLE001 - any failure means: do not use the engine on this model
-            return f"a test decode failed: {_describe(exc)}"
+            return f"a test decode failed: {describe(exc)}"
         return None
 
     # ------------------------------------------------------------------ public
@@ -526,7 +228,7 @@ class RolloutEngine:
         and no sample is waiting; each prompt is prefilled once and becomes `group_size` waiting
         samples (each draws its own tokens). None means none for now (the caller's budget, or no more
         prompts): asked again at the next check. The stream ends when no row is busy and nothing
-        waits. Rows: `rows` (default the largest bucket's), on one ring of cache slots (_Ring) of
+        waits. Rows: `rows` (default the largest bucket's), on one ring of cache slots (Ring) of
         the first prompts' width rounded up to prompt_multiple; a longer prompt waits until every
         row is free, then a wider ring is made.
 
@@ -547,7 +249,7 @@ class RolloutEngine:
             self.clear()
             self._ptrs = self._param_ptrs()
         inv_t = 1.0 if greedy else 1.0 / temperature
-        ring: _Ring | None = None
+        ring: Ring | None = None
         waiting: collections.deque = collections.deque()   # (prompt record, sample index) without a row
         busy: dict[int, tuple[dict, int]] = {}             # row -> (prompt record, sample index)
         pending = None                                      # a prompt too wide for the ring in use
@@ -674,7 +376,7 @@ class RolloutEngine:
         return ([row[:c] for row, c in zip(out.tolist(), cuts)], finished.tolist(),
                 [lp[i, :c].astype(np.float32) for i, c in enumerate(cuts)])
 
-    def _ring(self, rows: int, width: int, max_new: int, inv_t: float, greedy: bool) -> _Ring:
+    def _ring(self, rows: int, width: int, max_new: int, inv_t: float, greedy: bool) -> Ring:
         """A ring for this shape (kept between streams, like the slots), its cache initialised by
         one step over free rows, and its decode step captured."""
         # As with slots: a ring a little wider than needed serves, rather than a capture per width.
@@ -685,7 +387,7 @@ class RolloutEngine:
             self._rings.clear()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-            ring = self._rings[(rows, width, max_new)] = _Ring(self.model, rows, width, max_new, self.pad_id,
+            ring = self._rings[(rows, width, max_new)] = Ring(self.model, rows, width, max_new, self.pad_id,
                                                                self.device, self.plan)
             self._ring_step(ring, greedy)   # HF allocates the cache on its first write
         ring.inv_t.fill_(inv_t)
@@ -705,9 +407,9 @@ class RolloutEngine:
         allowed = (q.view(1, P, 1) >= q.view(1, 1, P)) & (valid.unsqueeze(1) | (q.view(1, P, 1) == q.view(1, 1, P)))
         pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
         tmp = static_cache(self.model, P, self.plan)
-        with self._attention():
+        with rollout_attention_on(self.model):
             logits = self.model(input_ids=ids, position_ids=pos,
-                                attention_mask=self._masks(allowed.unsqueeze(1),
+                                attention_mask=layer_masks(self.plan, self.dtype, allowed.unsqueeze(1),
                                                            (q.view(1, 1, P, 1) - q.view(1, 1, 1, P))),
                                 past_key_values=tmp, use_cache=True, logits_to_keep=1).logits[:, -1]   # [n, V]
         for i, rec in enumerate(recs):
@@ -715,7 +417,7 @@ class RolloutEngine:
             rec["kv"] = [(layer.keys[i:i + 1, :, P - n:], layer.values[i:i + 1, :, P - n:]) for layer in tmp.layers]
             rec["logits"] = logits[i:i + 1]
 
-    def _refill(self, r: _Ring, take: list[tuple[int, dict, int]], greedy: bool) -> None:
+    def _refill(self, r: Ring, take: list[tuple[int, dict, int]], greedy: bool) -> None:
         """Give each of `take`'s rows its sample: the prompt's keys and values copied into the ring
         slots just before t, the row's state reset, and its first token drawn from the prompt's last
         logits (each row its own draw)."""
@@ -742,14 +444,15 @@ class RolloutEngine:
             r.finished[rows_t] = False
             self._ring_emit(r, rec["logits"].expand(len(rows_of), -1), greedy, rows_t)
 
-    def _ring_step(self, r: _Ring, greedy: bool) -> None:
+    def _ring_step(self, r: Ring, greedy: bool) -> None:
         """One token for every row of the ring (what its graph captures)."""
         r.key_valid.index_fill_(1, r.t, True)   # this step's key is written at slot t in every row
         # A row's sequence is contiguous around the ring, so its key at slot i is (t - i) mod length back.
         distance = (r.t - r.key_index).remainder(r.length)                            # [L]
-        with self._attention():
+        with rollout_attention_on(self.model):
             logits = self.model(input_ids=r.tok, position_ids=r.pos,
-                                attention_mask=self._masks(r.key_valid.view(r.rows, 1, 1, -1), distance),
+                                attention_mask=layer_masks(self.plan, self.dtype,
+                                                           r.key_valid.view(r.rows, 1, 1, -1), distance),
                                 past_key_values=r.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
         for layer in r.cache.layers:            # HF advanced its write index by one: wrap it with ours
             layer.cumulative_length.remainder_(r.length)
@@ -757,21 +460,14 @@ class RolloutEngine:
         r.pos.add_(1)
         self._ring_emit(r, logits, greedy, slice(None))
 
-    def _ring_emit(self, r: _Ring, logits: torch.Tensor, greedy: bool, rows: slice) -> None:
-        scaled = logits.float() * r.inv_t                                             # [n, V]
-        if greedy:
-            nxt = scaled.argmax(-1)
-        else:
-            noise = torch.empty_like(scaled).exponential_(generator=self.gen)
-            nxt = (scaled - noise.log()).argmax(-1)
-        lp = scaled.gather(-1, nxt.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, -1)
-        done = r.finished[rows]
-        nxt = torch.where(done, self.pad_id, nxt)
-        lp = torch.where(done, 0.0, lp)
+    def _ring_emit(self, r: Ring, logits: torch.Tensor, greedy: bool, rows) -> None:
+        """The ring's next token for `rows` (sample_step), written at each row's own output column;
+        a row also ends at max_new tokens, and an ended row's column moves to the spare one."""
         col = r.col[rows]
+        nxt, lp, ended = sample_step(logits, r.inv_t, greedy, self.gen, r.finished[rows], self.pad_id, self.eos)
         r.out[rows] = r.out[rows].scatter(1, col, nxt.unsqueeze(1))
         r.out_lp[rows] = r.out_lp[rows].scatter(1, col, lp.unsqueeze(1))
-        ended = done | (nxt.unsqueeze(-1) == self.eos).any(-1) | (col.squeeze(1) + 1 >= r.max_new)
+        ended = ended | (col.squeeze(1) + 1 >= r.max_new)
         r.finished[rows] = ended
         r.col[rows] = torch.where(ended.unsqueeze(1), r.max_new, col + 1)
         r.tok[rows] = nxt.unsqueeze(1)
@@ -783,7 +479,7 @@ class RolloutEngine:
     def _param_ptrs(self) -> tuple[int, ...]:
         return tuple(p.data_ptr() for p in self.model.parameters())
 
-    def _slot(self, rows: int, width: int, max_new: int) -> _Slot:
+    def _slot(self, rows: int, width: int, max_new: int) -> Slot:
         # Prompt widths vary from round to round: a slot whose width is a little larger serves
         # (more left padding) instead of capturing graphs for every width seen.
         fits = [k for k in self.slots if k[0] == rows and k[2] == max_new and width <= k[1] <= width * 3 // 2]
@@ -796,7 +492,7 @@ class RolloutEngine:
             self.slots.popitem(last=False)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-        slot = _Slot(self.model, rows, width, max_new, self.pad_id, self.device, self.plan)
+        slot = Slot(self.model, rows, width, max_new, self.pad_id, self.device, self.plan)
         self.slots[key] = slot
         return slot
 
@@ -833,38 +529,7 @@ class RolloutEngine:
                 break
         return slot.out[:n].cpu(), slot.out_lp[:n].cpu(), slot.finished[:n].cpu(), steps, stopped
 
-    @contextlib.contextmanager
-    def _attention(self):
-        """Run the model's layers with grpo.sampler.rollout's decode attention (the model's own setting is restored
-        after, so evaluation and log-prob passes keep theirs). A captured graph keeps the
-        kernels chosen here: only eager calls need the switch."""
-        cfg = self.model.config
-        before = cfg._attn_implementation
-        cfg._attn_implementation = ATTENTION
-        try:
-            yield
-        finally:
-            cfg._attn_implementation = before
-
-    def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
-        zero = torch.zeros((), dtype=self.dtype, device=allowed.device)
-        return torch.where(allowed, zero, torch.finfo(self.dtype).min)
-
-    def _masks(self, allowed: torch.Tensor, distance: torch.Tensor):
-        """The attention mask(s) the model is given: `allowed` [B, 1, Q, L] (causal, real keys) for
-        full-attention layers; for sliding layers also `distance` (query position - key position,
-        broadcastable to allowed) < window, as transformers' sliding_window_overlay (a query sees
-        itself and the window - 1 keys before it). One kind of layer: one tensor; both: a dict by
-        layer kind, from which transformers gives each layer its own (config.layer_types)."""
-        plan = self.plan
-        if plan.window is None:
-            return self._mask(allowed)
-        sliding = self._mask(allowed & (distance < plan.window))
-        if not plan.mixed:
-            return sliding
-        return {"full_attention": self._mask(allowed), "sliding_attention": sliding}
-
-    def _prefill(self, s: _Slot, ids: torch.Tensor, valid: torch.Tensor, inv_t: float, greedy: bool) -> None:
+    def _prefill(self, s: Slot, ids: torch.Tensor, valid: torch.Tensor, inv_t: float, greedy: bool) -> None:
         """Run the prompts through the model, filling the cache, and emit the first token."""
         P = s.width
         s.reset_cache()
@@ -878,9 +543,10 @@ class RolloutEngine:
         pos = (valid.long().cumsum(-1) - 1).clamp(min=0)                              # [B, P]
         # Slot i holds position i - (the row's padding) in every layer, and a row's real tokens are
         # contiguous: slot distance is position distance.
-        with self._attention():
+        with rollout_attention_on(self.model):
             logits = self.model(input_ids=ids, position_ids=pos,
-                                attention_mask=self._masks(allowed.unsqueeze(1), (q - k).unsqueeze(1)),
+                                attention_mask=layer_masks(self.plan, self.dtype, allowed.unsqueeze(1),
+                                                           (q - k).unsqueeze(1)),
                                 past_key_values=s.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
         s.t.fill_(P)
         s.pos.copy_(valid.sum(-1, keepdim=True))
@@ -891,134 +557,42 @@ class RolloutEngine:
         s.inv_t.fill_(inv_t)
         self._emit(s, logits, greedy)
 
-    def _decode(self, s: _Slot, greedy: bool, limit: int | None = None) -> None:
+    def _decode(self, s: Slot, greedy: bool, limit: int | None = None) -> None:
         """One token for every row; only device tensors change (this is what the graph captures).
         limit: the cache slots attention reads (attend_limit; None: all): the mask is cut to it,
         and the mask's width is what rollout_attention reads."""
         allowed = s.key_valid[:, :limit] & (s.key_index[:limit] <= s.t)              # [B, limit or L]
         distance = s.t - s.key_index[:limit]                                          # [limit or L]
-        with self._attention():
+        with rollout_attention_on(self.model):
             logits = self.model(input_ids=s.tok, position_ids=s.pos,
-                                attention_mask=self._masks(allowed.view(s.rows, 1, 1, -1), distance),
+                                attention_mask=layer_masks(self.plan, self.dtype, allowed.view(s.rows, 1, 1, -1),
+                                                           distance),
                                 past_key_values=s.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
         s.t.add_(1)
         s.pos.add_(1)
         self._emit(s, logits, greedy)
 
-    def _emit(self, s: _Slot, logits: torch.Tensor, greedy: bool) -> None:
-        scaled = logits.float() * s.inv_t                                             # [B, V]
-        if greedy:
-            nxt = scaled.argmax(-1)
-        else:
-            noise = torch.empty_like(scaled).exponential_(generator=self.gen)         # E ~ Exp(1)
-            nxt = (scaled - noise.log()).argmax(-1)                                   # Gumbel-max draw
-        lp = scaled.gather(-1, nxt.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, -1)
-        done = s.finished
-        nxt = torch.where(done, self.pad_id, nxt)
-        lp = torch.where(done, 0.0, lp)
+    def _emit(self, s: Slot, logits: torch.Tensor, greedy: bool) -> None:
+        """A fixed batch's next token (sample_step) written at the slot's output column."""
+        nxt, lp, ended = sample_step(logits, s.inv_t, greedy, self.gen, s.finished, self.pad_id, self.eos)
         s.out.index_copy_(1, s.col, nxt.unsqueeze(1))
         s.out_lp.index_copy_(1, s.col, lp.unsqueeze(1))
         s.col.add_(1)
-        s.finished.logical_or_((nxt.unsqueeze(-1) == self.eos).any(-1))  # isin without its sort/sync paths
+        s.finished.copy_(ended)
         s.tok.copy_(nxt.unsqueeze(1))
 
-    def _new_generator(self) -> torch.Generator:
-        gen = torch.Generator(device=self.device)
-        gen.manual_seed(int(torch.randint(0, 2**62, (1,)).item()))  # CPU draw: follows torch.manual_seed
-        return gen
-
     def _capture(self, s, greedy: bool, step=None, limit: int | None = None):
-        """Capture one decode step; None (eager decoding) if capture fails.
-
-        The warm-up runs with torch's sync debug mode set to "error": an operation that would
-        synchronise with the host (and so cannot be captured) raises there, in eager mode, with
-        its name, instead of invalidating a capture half-way (the error a failed capture reports
-        is only "operation not permitted when stream is capturing")."""
-        step = step or self._step
-        stage = "warm-up"
+        """Capture one decode step (capture_decode); None (eager decoding) if capture fails."""
         try:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            if self.compile_decode:  # compile first: compiling may synchronise; the result may not
-                stage = "compile"
-                with torch.cuda.stream(stream):
-                    step(s, greedy)
-                stage = "warm-up"
-            prev = torch.cuda.get_sync_debug_mode()
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                with torch.cuda.stream(stream):  # warm-up outside capture (cuBLAS workspaces, lazy inits)
-                    for _ in range(min(2, s.max_new - 1)):
-                        step(s, greedy)
-            finally:
-                torch.cuda.set_sync_debug_mode(prev)
-            torch.cuda.current_stream().wait_stream(stream)
-            stage = "capture"
-            graph = torch.cuda.CUDAGraph()
-            if hasattr(graph, "register_generator_state"):
-                graph.register_generator_state(self.gen)
-            # thread_local: a CUDA call from another thread of the sampler (heartbeats, weight
-            # receiver) cannot invalidate this capture; only this thread's calls are checked.
-            with torch.cuda.graph(graph, pool=s.pool, capture_error_mode="thread_local"):
-                step(s, greedy)
-            torch.cuda.synchronize()
-            log.info("captured the decode step for %d rows x %d cache slots, attending to %d (greedy=%s)",
-                     s.rows, s.width + s.max_new, limit or s.width + s.max_new, greedy)
-            return graph
-        except RuntimeError as exc:
+            return capture_decode(step or self._step, s, greedy, self.gen, self.compile_decode, limit)
+        except CaptureFailed as exc:
             self.graph_failures += 1
-            reason = f"{stage}: {_describe(exc)}"
-            self.graph_failure_reasons.append(reason)
-            log.warning("CUDA graph capture failed (%s); decoding eagerly for this shape", reason)
-            if stage == "capture":
-                self._recover_after_failed_capture()
+            self.graph_failure_reasons.append(str(exc))
+            log.warning("CUDA graph capture failed (%s); decoding eagerly for this shape", exc)
+            if exc.stage == "capture":   # our generator may be stuck in capture mode: replace it
+                self.gen = new_generator(self.device)
+                reset_default_generator_after_failed_capture()
             return None
-
-    def _recover_after_failed_capture(self) -> None:
-        """A capture that fails inside torch.cuda.graph ends without running the generators'
-        capture epilogue, so they stay in capture mode and the next eager draw fails with
-        "Offset increment outside graph capture". Our own generator is simply replaced; the
-        default one (always registered) is reset by one empty, successful capture."""
-        self.gen = self._new_generator()
-        try:
-            torch.cuda.synchronize()
-        except RuntimeError:
-            pass
-        try:
-            import warnings
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # "the CUDA graph is empty"
-                empty = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(empty, capture_error_mode="thread_local"):
-                    pass
-        except RuntimeError as exc:
-            log.warning("could not reset the CUDA RNG after the failed capture (%s)", _describe(exc))
-
-
-def allow_recompiles(n: int) -> None:
-    """Let torch.compile keep at least n compiled versions of one function (the engine's decode
-    step has one per shape, greedy flag and attention length) instead of falling back to eager."""
-    import torch._dynamo
-
-    cfg = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit"):   # the name changed in torch 2.6
-        if hasattr(cfg, name):
-            setattr(cfg, name, max(getattr(cfg, name), n))
-            break
-    if hasattr(cfg, "accumulated_recompile_limit"):
-        cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4 * n)
-
-
-def _describe(exc: BaseException) -> str:
-    """The first line of an exception and of what it replaced (a failed capture's own error
-    is raised from torch.cuda.graph's exit and hides the error that broke the capture)."""
-    parts, seen = [], set()
-    while exc is not None and id(exc) not in seen and len(parts) < 3:
-        seen.add(id(exc))
-        parts.append(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
-        exc = exc.__cause__ or exc.__context__
-    return " <- ".join(parts)
 
 
 _ENGINES: "weakref.WeakKeyDictionary[torch.nn.Module, RolloutEngine]" = weakref.WeakKeyDictionary()
@@ -1033,7 +607,7 @@ def generate(model, prompts_token_ids: list[list[int]], max_new_tokens: int, tem
     (no top-k / top-p). Keeps one engine (caches, graphs) per model between calls.
     """
     engine = _ENGINES.get(model)
-    if engine is None or engine.pad_id != pad_id or engine._eos_set != set(_eos_list(eos_id)):
+    if engine is None or engine.pad_id != pad_id or engine._eos_set != set(eos_list(eos_id)):
         engine = _ENGINES[model] = RolloutEngine(model, eos_id, pad_id, cuda_graphs=cuda_graphs)
     res = engine.generate(prompts_token_ids, max_new_tokens, temperature, greedy)
     return res.token_ids, res.finished

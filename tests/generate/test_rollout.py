@@ -1,4 +1,4 @@
-"""The fast rollout engine (grpo/sampler/rollout.py) on CPU: same tokens as HF generate, exact EOS
+"""The fast rollout engine (grpo/generate/) on CPU: same tokens as HF generate, exact EOS
 and padding handling, log-probs that match a teacher-forced pass, and correct sampling."""
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import pytest
 import torch
 from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 
+from grpo.generate.attention import attend_limit
+from grpo.generate.backend import hf_generate, old_logprob_source, resolve_backend
+from grpo.generate.engine import RolloutEngine, generate
 from grpo.model import load_causal_lm, load_tokenizer, resolve_model, right_pad, token_logprobs
-from grpo.sampler.rollout import (RolloutEngine, attend_limit, generate, hf_generate, old_logprob_source,
-                                  resolve_backend)
 
 CPU = torch.device("cpu")
 GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
-
 
 
 @pytest.fixture(scope="module")
@@ -174,62 +174,6 @@ def test_greedy_matches_hf_generate_on_smollm2_gsm8k_prompts():
     assert len({len(p) for p in ps}) > 1  # prompts of different lengths: left padding exercised
 
 
-def test_sampler_round_with_fast_backend(monkeypatch):
-    """The sampler's round on the fast engine: groups carry the engine's completions, and their old
-    log-probs, taken from the sampling pass in float32 (no pass of their own), equal a teacher-forced
-    pass token for token, in a fixed round and in an in-flight one."""
-    from netutil import free_ports
-
-    from grpo.config import SamplerConfig
-    from grpo.sampler.loop import Sampler
-
-    d, s = free_ports(2)
-    cfg = SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
-                        prompts_per_round=2, num_generations=3, max_new_tokens=6, generation_backend="fast",
-                        data_port=d, sync_port=s)
-    sampler = Sampler(cfg)
-    try:
-        assert sampler.backend == "fast" and sampler.engine is not None and sampler.old_source == "sampling"
-        passes = []
-        real = sampler._logprobs
-        monkeypatch.setattr(sampler, "_logprobs", lambda model, whole, plens: passes.append(
-            "ref" if model is sampler.ref else "policy") or real(model, whole, plens))
-        groups = sampler.generate_round(0)
-        sampler.cfg.in_flight_rows = 4
-        groups += [g for chunk in sampler.stream_round(1, 2) for g in chunk]
-        assert passes == ["ref", "ref"]   # the reference pass only (no learner said beta is 0)
-        monkeypatch.undo()
-        # The log-prob pass sorts by length into micro-batches; results come back in input
-        # order and equal one sequence at a time (no padding at all).
-        whole = prompts((9, 4, 12, 6, 5))
-        plens = [3, 2, 5, 1, 4]
-        sampler.cfg.logprob_batch_size = 2
-        got = sampler._logprobs(sampler.policy, whole, plens)
-        for seq, p, lp in zip(whole, plens, got):
-            ids = torch.tensor([seq])
-            with torch.no_grad():
-                alone = token_logprobs(sampler.policy, ids, torch.ones_like(ids), 1.0)[0, p - 1:].numpy()
-            assert lp.shape == (len(seq) - p,)
-            np.testing.assert_allclose(lp, alone, atol=1e-5)
-    finally:
-        sampler.data.close()
-        sampler.sync.close()
-    assert len(groups) == 4 and all(len(g.completions) == 3 for g in groups)
-    for g in groups:
-        for c in g.completions:
-            n = len(c.generated_token_ids)
-            assert 1 <= n <= 6 and c.is_finished == (int(c.generated_token_ids[-1]) == sampler.tok.eos_token_id)
-            assert list(c.whole_token_ids) == list(g.prefix_token_ids) + list(c.generated_token_ids)
-            assert c.old_policy_log_probs.shape == c.ref_policy_log_probs.shape == (n,)
-            assert np.all(c.old_policy_log_probs < 0)
-            # policy and reference are the same weights before any update: the engine's log-probs
-            # (old) equal the reference's teacher-forced pass
-            np.testing.assert_allclose(c.old_policy_log_probs, c.ref_policy_log_probs, atol=1e-5)
-    with pytest.raises(ValueError, match="--generation-backend"):
-        Sampler(SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
-                              generation_backend="turbo", data_port=d, sync_port=s))
-
-
 def test_reused_slot_after_decoding_is_reset(tiny):
     """A slot is reused across calls (and, on GPU, decoded into while capturing): a later call
     must give what a fresh engine gives, so cache counters, mask and buffers are all reset."""
@@ -259,34 +203,12 @@ def test_reused_slot_after_decoding_is_reset(tiny):
     np.testing.assert_allclose(np.stack(again.logprobs), np.stack(fresh.logprobs), atol=1e-5)
 
 
-def test_flags_and_one_line_error_for_a_bad_backend():
-    import os
-    import subprocess
-    import sys
-
-    from grpo.config import SamplerConfig
-    from grpo.flags import parse_config
-
-    cfg = parse_config(SamplerConfig, ["--generation-backend", "hf", "--no-cuda-graphs", "--compile-decode"], "s")
-    assert (cfg.generation_backend, cfg.cuda_graphs, cfg.compile_decode) == ("hf", False, True)
-    default = parse_config(SamplerConfig, [], "s")
-    assert (default.generation_backend, default.cuda_graphs, default.compile_decode) == ("auto", True, False)
-    root = Path(__file__).resolve().parents[2]
-    r = subprocess.run([sys.executable, "sampling_worker.py", "--device", "cpu", "--model", "tiny-random",
-                        "--dataset", str(GSM8K), "--generation-backend", "turbo"], cwd=root, capture_output=True,
-                       text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
-    assert r.returncode == 2, r.stderr
-    lines = [x for x in r.stderr.strip().splitlines() if "error" in x]
-    assert lines == ["sampling_worker.py: error: --generation-backend turbo: choose one of auto, fast, hf"], r.stderr
-    assert "Traceback" not in r.stderr
-
-
 def test_decode_attention_without_repeating_the_cache_equals_hf_sdpa():
     """The engine's GQA decode attention (query heads grouped per KV head) against Hugging
     Face's SDPA path (which repeats K/V per query head), with a padding mask."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from grpo.sampler.rollout import rollout_attention
+    from grpo.generate.attention import rollout_attention
 
     class Attn(torch.nn.Module):
         num_key_value_groups = 3
