@@ -259,6 +259,8 @@ class LaunchConfig(CommonConfig):
     """Restart a sampler that dies up to N times (each sampler) instead of stopping the run (0: stop the run)."""
     share_gpus: bool = False
     """Allow a GPU in both --sampling-gpus and --training-gpus (otherwise an overlap is refused)."""
+    no_memory_check: bool = False
+    """Start even when the memory plan (printed at start; grpo/launch/memory.py) says the processes will not fit their GPUs. The plan's rules are estimates not yet checked against measured peaks on every size: use this when a measured run proves it wrong."""
     instances: int = 1
     """Independent runs started together, each with its own GPUs, ports and run directory (see --seeds)."""
     seeds: str = ""

@@ -95,6 +95,37 @@ def check_sampler_flags(flags: list[str]) -> str | None:
     return None
 
 
+def check_memory(cfg: LaunchConfig, specs: list) -> None:
+    """CUDA runs: log the memory plan (grpo.launch.memory), one line per process, and refuse one
+    that will not fit its GPUs. Reads the model's config.json; never builds or fetches a model."""
+    if not any(s.env.get("CUDA_VISIBLE_DEVICES") for s in specs):
+        return   # CPU: no plan
+    from grpo.config import LearnerConfig, SamplerConfig
+    from grpo.flags import parse_config
+    from grpo.launch import memory
+
+    shape, note = memory.read_shape(cfg.model)
+    if shape is None:
+        print(f"run_distributed.py: {note}", file=sys.stderr)
+        return
+    learners = [s for s in specs if s.role == "learner"]
+    samplers = [s for s in specs if s.role == "sampler"]
+    lcfg = parse_config(LearnerConfig, learners[0].argv[2:], "training_worker.py")
+    scfg = parse_config(SamplerConfig, samplers[0].argv[2:], "sampling_worker.py")
+    ds = Path(lcfg.deepspeed_config)
+    ds = ds if ds.is_absolute() or ds.exists() else Path(__file__).resolve().parents[2] / ds
+    p = memory.plan(shape, memory.run_shape(lcfg, scfg, len(learners), len(samplers), str(ds)))
+    print(memory.format_plan(p), file=sys.stderr)
+    # learner rank r runs on the r-th GPU of its list; a sampler on the first of its own
+    placement = {s.name: int(s.env["CUDA_VISIBLE_DEVICES"].split(",")[r]) for r, s in enumerate(learners)}
+    placement.update({s.name: int(s.env["CUDA_VISIBLE_DEVICES"].split(",")[0]) for s in samplers})
+    if problem := memory.check_fits(p, memory.gpu_total_bytes(), placement):
+        if cfg.no_memory_check:
+            print(f"run_distributed.py: warning: {problem} (starting anyway: --no-memory-check)", file=sys.stderr)
+        else:
+            raise LaunchError(problem + "; or pass --no-memory-check to start anyway")
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg, to_s, to_l = parse(argv)
     try:
@@ -109,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                 if problem := check_sampler_flags(samplers_argv[0]):
                     raise LaunchError(problem)
             check_resume(cfg, to_l)
+            check_memory(cfg, specs)
             check_port(cfg.host, cfg.data_port, "--data-port")
             check_port(cfg.host, cfg.sync_port, "--sync-port")
             if cfg.data_port == cfg.sync_port:

@@ -1,0 +1,251 @@
+"""The memory plan: before anything loads, each process's GPU memory, estimated from the model's
+config.json and the run's flags; a plan that will not fit is refused with one line naming the
+biggest item and the flag that shrinks it. Pure functions (json, os, ctypes): no torch here, the
+launcher stays light.
+
+Every number is an estimate, stated where it is made. Exact (up to allocator rounding): weights,
+the ZeRO-2 optimizer state and gradients, the IPC publication slots, the KV cache for a stated
+prompt length. Rough rules: activations, the log-prob pass, the CUDA context, the prompt length.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+GiB = 1 << 30
+CUDA_CONTEXT = GiB // 2            # a CUDA context plus cuBLAS/NCCL workspaces: ~0.5 GiB, a stated constant
+ACTIVATION_K = 77                  # bytes per (layer x token x hidden) kept for backward, see activations()
+PROMPT_TOKENS = 512                # prompt length assumed for the KV cache and activations (no flag bounds
+                                   # the sampler's prompts; GSM8K with a chat template is ~100-300 tokens),
+                                   # capped by --max-prompt-tokens
+CHUNK_ELEMS = 1 << 27              # grpo.model.DEFAULT_CHUNK_ELEMS: logits elements per LM-head chunk
+# --model names grpo.model builds into cache folders (grpo.model._BUILDERS; a test keeps them equal)
+BUILT_FOLDERS = {"smollm2": "smollm2-135m-instruct", "tiny-random": "tiny-random-llama",
+                 "random:qwen2.5-3b": "random-qwen2.5-3b"}
+
+# What shrinks each item: the one-line refusal names it.
+SHRINK = {
+    "weights": "a smaller --model",
+    "optimizer state": "more --training-gpus (ZeRO-2 splits it over the ranks) or --lora-r 16",
+    "gradients": "more --training-gpus (ZeRO-2 splits them over the ranks) or --lora-r 16",
+    "activations": "a smaller train_micro_batch_size_per_gpu in --deepspeed-config (or --train-batch-size) "
+                   "or --max-new-tokens",
+    "logits chunk": "a smaller --model (the LM head's chunk is fixed at 2^27 logits)",
+    "ipc publication": "--weight-sync nccl or tcp",
+    "reference model": "--beta 0",
+    "KV cache": "--max-prompts-per-round / --prompts-per-round (or --in-flight-rows) or --max-new-tokens",
+    "log-prob pass": "--logprob-batch-size",
+    "CUDA context": "nothing (a fixed cost): put fewer processes on this GPU",
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    params: int
+    layers: int
+    hidden: int
+    kv_dim: int          # KV heads x head dim
+    q_dim: int           # attention heads x head dim
+    intermediate: int
+    vocab: int
+
+
+def shape_from_config(c: dict) -> Shape:
+    """Shape numbers of a Hugging Face decoder config (llama/qwen2/mistral keys). The parameter
+    count is summed from the shapes: embeddings (twice if untied), per layer q/k/v/o (+ biases
+    where attention_bias or model_type qwen2), gate/up/down, two norms; the final norm."""
+    h, layers, v = int(c["hidden_size"]), int(c["num_hidden_layers"]), int(c["vocab_size"])
+    heads = int(c.get("num_attention_heads", 1))
+    hd = int(c.get("head_dim") or h // heads)
+    kv = int(c.get("num_key_value_heads") or heads) * hd
+    q = heads * hd
+    inter = int(c.get("intermediate_size", 4 * h))
+    bias = (q + 2 * kv) if (c.get("attention_bias") or c.get("model_type") == "qwen2") else 0
+    per_layer = h * q + 2 * h * kv + q * h + bias + 3 * h * inter + 2 * h
+    embed = v * h * (1 if c.get("tie_word_embeddings", False) else 2)
+    return Shape(embed + layers * per_layer + h, layers, h, kv, q, inter, v)
+
+
+def model_folder(model: str, cache: str | None = None) -> Path | None:
+    """The folder holding --model's config.json without building anything: an embedded name's
+    cache folder, or a path; None for a hub id (not looked up here)."""
+    if model in BUILT_FOLDERS:
+        base = cache or os.environ.get("GRPO_CACHE") or str(Path.home() / ".cache" / "grpo")
+        return Path(base) / BUILT_FOLDERS[model]
+    p = Path(model).expanduser()
+    return p if p.exists() else None
+
+
+def read_shape(model: str) -> tuple[Shape | None, str]:
+    """(shape, "") or (None, a one-line note why there is no plan)."""
+    folder = model_folder(model)
+    if folder is None or not (folder / "config.json").is_file():
+        return None, f"memory plan skipped: no config.json for --model {model} here yet (built or fetched at load)"
+    try:
+        return shape_from_config(json.loads((folder / "config.json").read_text())), ""
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return None, f"memory plan skipped: cannot read {folder / 'config.json'}: {exc}"
+
+
+def lora_params(s: Shape, r: int) -> int:
+    """Adapter parameters for 'all-linear' targets: r x (in + out) for each of q, k, v, o, gate, up, down."""
+    pairs = [(s.hidden, s.q_dim), (s.hidden, s.kv_dim), (s.hidden, s.kv_dim), (s.q_dim, s.hidden),
+             (s.hidden, s.intermediate), (s.hidden, s.intermediate), (s.intermediate, s.hidden)]
+    return s.layers * sum(r * (a + b) for a, b in pairs)
+
+
+def kv_cache(s: Shape, rows: int, seq: int, dtype_bytes: int = 2) -> int:
+    """K and V for every layer, row and position: 2 x layers x rows x seq x kv_heads x head_dim x bytes."""
+    return 2 * s.layers * rows * seq * s.kv_dim * dtype_bytes
+
+
+def activations(s: Shape, micro_batch: int, seq: int) -> int:
+    """A ROUGH RULE: layers x micro_batch x seq x hidden x k bytes, the activations autograd keeps
+    for backward without recomputation. k = 77, measured: the learner micro-batch sweep of
+    docs/benchmarks.md (bench/results/learner_micro_NVIDIA_H200.json, Qwen2.5-3B shapes, bf16
+    autocast, no gradient checkpointing) peaked at 65.4 GiB with 2,048-token micro-batches and
+    98.0 GiB with 8,192: 32.5 GiB / (6,144 tokens x 36 layers x 2,048 hidden) = 77 bytes. The
+    textbook value, 34 (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+    Transformer Models": 34sbh + 5as^2b per layer, fp16, a 4h MLP), is lower: SwiGLU's 5.4h MLP
+    and the float32 norms under autocast keep more. Models of other proportions will differ."""
+    return s.layers * micro_batch * seq * s.hidden * ACTIVATION_K
+
+
+def logprob_pass(s: Shape, batch: int, seq: int, chunk_elems: int = CHUNK_ELEMS) -> int:
+    """The sampler's no-grad teacher-forced pass (grpo.model.chunked_token_logprobs): the decoder
+    holds a layer's input and output hidden states and its MLP's gate and up outputs in bf16
+    (batch x seq x (2 hidden + 2 intermediate) x 2 bytes; rough), and the LM head runs in chunks
+    of chunk_elems logits, float32, with log_softmax's output beside them (2 x chunk x 4 bytes),
+    never batch x seq x vocab. The chunk is at most the rows' whole logits."""
+    chunk = min(chunk_elems, batch * seq * s.vocab)
+    return batch * seq * (2 * s.hidden + 2 * s.intermediate) * 2 + 2 * chunk * 4
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What the plan needs from the run's flags (see plan_from_configs)."""
+    ranks: int = 1
+    lora_r: int = 0
+    beta: float = 0.04
+    ipc: bool = True           # --weight-sync resolves to ipc (the publication slots live on learner rank 0)
+    shared: bool = False       # --weight-sync shared: the sampler runs on the learner's weights
+    rows: int = 512            # sequences decoded at once by a sampler
+    prompt_tokens: int = PROMPT_TOKENS
+    new_tokens: int = 256
+    micro_batch: int = 16
+    logprob_batch_size: int = 64
+    samplers: int = 1
+    dtype_bytes: int = 2       # bf16 on CUDA
+
+
+def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
+    """{process name (as the launcher's: learner0.., sampler0..): [(item, bytes), ...]}.
+
+    Learner, DeepSpeed ZeRO-2 with bf16 mixed precision and Adam (Rajbhandari et al. 2020, "ZeRO:
+    Memory Optimizations Toward Training Trillion Parameter Models", sec. 3.1 and 5.1: 2 bytes of
+    fp16/bf16 parameters + 2 bytes of gradients + K = 12 bytes of fp32 optimizer state (master
+    copy, momentum, variance) per parameter, 16 in all; stage 2 partitions the gradients and the
+    12 over the N_d data-parallel ranks: 2 + (2 + 12) / N_d). Only the trained parameters (all, or
+    LoRA's adapters) have gradients and state; with --no-deepspeed (one rank) the same 16 bytes.
+    """
+    seq = r.prompt_tokens + r.new_tokens
+    trained = lora_params(s, r.lora_r) if r.lora_r else s.params
+    weights = (s.params + (trained if r.lora_r else 0)) * r.dtype_bytes
+    out: dict[str, list[tuple[str, int]]] = {}
+    for k in range(r.ranks):
+        items = [("weights", weights),
+                 ("optimizer state", 12 * trained // r.ranks),
+                 ("gradients", 2 * trained // r.ranks),
+                 ("activations", activations(s, r.micro_batch, seq)),
+                 # the learner's LM head, checkpointed per chunk: the logits and their gradient in float32
+                 ("logits chunk", 2 * min(CHUNK_ELEMS, r.micro_batch * seq * s.vocab) * 4)]
+        if k == 0 and r.ipc:
+            # two slots of the (LoRA: merged) full weights in the sampler dtype, published over CUDA IPC
+            items.append(("ipc publication", 2 * s.params * r.dtype_bytes))
+        items.append(("CUDA context", CUDA_CONTEXT))
+        out[f"learner{k}"] = items
+    for k in range(r.samplers):
+        items = [("weights", 0 if r.shared else s.params * r.dtype_bytes)]
+        if r.beta > 0:
+            items.append(("reference model", s.params * r.dtype_bytes))
+        items += [("KV cache", kv_cache(s, r.rows, seq, r.dtype_bytes)),
+                  ("log-prob pass", logprob_pass(s, min(r.logprob_batch_size, r.rows), seq)),
+                  ("CUDA context", CUDA_CONTEXT)]
+        out[f"sampler{k}"] = items
+    return out
+
+
+def gib(n: int) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+def format_plan(p: dict[str, list[tuple[str, int]]]) -> str:
+    """One line per process: its total, then its items."""
+    return "\n".join(f"memory plan: {name} {gib(sum(b for _, b in items))} = "
+                     + ", ".join(f"{item} {gib(b)}" for item, b in items) for name, items in p.items())
+
+
+def check_fits(p: dict[str, list[tuple[str, int]]], gpu_bytes: dict[int, int],
+               placement: dict[str, int]) -> str | None:
+    """None if every GPU holds the processes placed on it (with --share-gpus several add up), else
+    one line: the GPU, its total against its memory, the biggest item and the flag that shrinks it.
+    GPUs missing from gpu_bytes (or 0) are not checked."""
+    per_gpu: dict[int, list[str]] = {}
+    for name, g in placement.items():
+        if name in p:
+            per_gpu.setdefault(g, []).append(name)
+    for g in sorted(per_gpu):
+        cap = gpu_bytes.get(g) or 0
+        names = per_gpu[g]
+        total = sum(b for n in names for _, b in p[n])
+        if cap and total > cap:
+            bn, (item, b) = max(((n, it) for n in names for it in p[n]), key=lambda x: x[1][1])
+            return (f"the memory plan does not fit GPU {g}: {' + '.join(names)} need about {gib(total)} of its "
+                    f"{gib(cap)}; the biggest item is {bn}'s {item} ({gib(b)}): shrink it with {SHRINK[item]}")
+    return None
+
+
+def gpu_total_bytes() -> dict[int, int]:
+    """{visible GPU index: total memory in bytes} from the CUDA driver (cuDeviceTotalMem_v2), as
+    grpo.launch.main.cuda_device_count asks it; {} without a driver or a GPU (no check)."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return {}
+    count = ctypes.c_int(0)
+    if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return {}
+    out = {}
+    for i in range(count.value):
+        dev, size = ctypes.c_int(0), ctypes.c_size_t(0)
+        if lib.cuDeviceGet(ctypes.byref(dev), i) == 0 and lib.cuDeviceTotalMem_v2(ctypes.byref(size), dev) == 0:
+            out[i] = size.value
+    return out
+
+
+def micro_batch_size(ds_config: str, train_batch_size: int, ranks: int) -> int:
+    """The learner's micro-batch (grpo.learner.engine.resolve_ds_config): the --deepspeed-config's
+    train_micro_batch_size_per_gpu, or "auto": ceil(train batch / ranks); never more than a rank's
+    share of the batch. An unreadable file counts as "auto" (the learner reports it)."""
+    share = max(1, math.ceil(train_batch_size / max(ranks, 1)))
+    try:
+        micro = json.loads(Path(ds_config).read_text()).get("train_micro_batch_size_per_gpu", "auto")
+        micro = share if micro == "auto" else int(micro)
+    except (OSError, ValueError, TypeError, AttributeError):
+        micro = share
+    return max(1, min(micro, share))
+
+
+def run_shape(lcfg, scfg, ranks: int, samplers: int, ds_config: str) -> RunShape:
+    """A RunShape from the learner's and a sampler's parsed configs (grpo.config)."""
+    method = scfg.weight_sync
+    rows = scfg.in_flight_rows or (scfg.prompts_per_round or scfg.max_prompts_per_round) * scfg.num_generations
+    micro = micro_batch_size(ds_config, lcfg.train_batch_size, ranks)
+    return RunShape(ranks=ranks, lora_r=lcfg.lora_r, beta=lcfg.beta, ipc=method in ("auto", "ipc"),
+                    shared=method == "shared", rows=rows, prompt_tokens=min(PROMPT_TOKENS, lcfg.max_prompt_tokens),
+                    new_tokens=scfg.max_new_tokens, micro_batch=micro, logprob_batch_size=scfg.logprob_batch_size,
+                    samplers=samplers)
