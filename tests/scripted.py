@@ -70,3 +70,13 @@ def facts(s, **changes) -> M.RunFacts:
                          "num_generations": cfg.num_generations, "max_new_tokens": cfg.max_new_tokens,
                          "max_prompt_tokens": 4096, "temperature": cfg.temperature, "needs_ref_logprobs": False,
                          "max_staleness": 4, "groups_per_step": 1, **changes})
+
+
+def run_against(s, learner: ScriptedLearner) -> dict:
+    """s.run() against `learner`, which is stopped and joined however the run ends."""
+    learner.start()
+    try:
+        return s.run()
+    finally:
+        learner.done.set()
+        learner.join(timeout=10)

@@ -8,30 +8,20 @@ about a second.)
 """
 from __future__ import annotations
 
-import ctypes
 import socket
 import sys
 from pathlib import Path
 
 from grpo.config import LaunchConfig
+from grpo.launch import memory
 from grpo.launch.plan import LaunchError, instance_argv, parse, passthrough_flags, plan, plan_instances
 
 
 def cuda_device_count() -> int:
-    """The GPUs the CUDA driver sees (it honours CUDA_VISIBLE_DEVICES, as torch does); 0 when there
-    is no driver or no GPU, as torch.cuda.is_available() False gave before. Asked of the driver
-    library itself: importing torch for torch.cuda.device_count() took seconds on a GPU machine,
-    all of them before any worker could start."""
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")   # the driver's library (Linux); absent without a driver
-    except OSError:
-        return 0
-    count = ctypes.c_int(0)
-    # CUresult 0 is CUDA_SUCCESS; anything else (100 CUDA_ERROR_NO_DEVICE, 999 unknown, a driver
-    # older than the kernel module, ...) means CUDA cannot be used here.
-    if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
-        return 0
-    return count.value
+    """The GPUs the CUDA driver sees; 0 when there is no driver or no GPU, as
+    torch.cuda.is_available() False gave before (grpo.launch.memory.cuda_driver: no torch)."""
+    driver = memory.cuda_driver()
+    return driver[1] if driver else 0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -102,7 +92,6 @@ def check_memory(cfg: LaunchConfig, specs: list) -> None:
         return   # CPU: no plan
     from grpo.config import LearnerConfig, SamplerConfig
     from grpo.flags import parse_config
-    from grpo.launch import memory
 
     shape, note = memory.read_shape(cfg.model)
     if shape is None:

@@ -209,18 +209,30 @@ def check_fits(p: dict[str, list[tuple[str, int]]], gpu_bytes: dict[int, int],
     return None
 
 
-def gpu_total_bytes() -> dict[int, int]:
-    """{visible GPU index: total memory in bytes} from the CUDA driver (cuDeviceTotalMem_v2), as
-    grpo.launch.main.cuda_device_count asks it; {} without a driver or a GPU (no check)."""
+def cuda_driver():
+    """(the CUDA driver library, the GPUs it sees) after cuInit, or None without a driver or a GPU.
+    Asked of the driver itself (it honours CUDA_VISIBLE_DEVICES, as torch does): importing torch to
+    ask took seconds on a GPU machine, all of them before any worker could start."""
     try:
-        lib = ctypes.CDLL("libcuda.so.1")
+        lib = ctypes.CDLL("libcuda.so.1")   # the driver's library (Linux); absent without a driver
     except OSError:
-        return {}
+        return None
     count = ctypes.c_int(0)
+    # CUresult 0 is CUDA_SUCCESS; anything else (100 CUDA_ERROR_NO_DEVICE, 999 unknown, a driver
+    # older than the kernel module, ...) means CUDA cannot be used here.
     if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return None
+    return lib, count.value
+
+
+def gpu_total_bytes() -> dict[int, int]:
+    """{visible GPU index: total memory in bytes} from the CUDA driver (cuDeviceTotalMem_v2); {}
+    without a driver or a GPU (no check)."""
+    if (driver := cuda_driver()) is None:
         return {}
+    lib, count = driver
     out = {}
-    for i in range(count.value):
+    for i in range(count):
         dev, size = ctypes.c_int(0), ctypes.c_size_t(0)
         if lib.cuDeviceGet(ctypes.byref(dev), i) == 0 and lib.cuDeviceTotalMem_v2(ctypes.byref(size), dev) == 0:
             out[i] = size.value

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from netutil import free_ports, one_thread  # noqa: F401 - module-wide fixture (autouse)
-from scripted import ScriptedLearner, facts
+from scripted import ScriptedLearner, facts, run_against
 
 from grpo.config import SamplerConfig
 from grpo.obs import stages
@@ -76,15 +76,6 @@ def test_a_stop_in_the_middle_of_a_round_ends_it_within_seconds(backend, caplog)
     assert "in the middle of round 0: the round is abandoned" in caplog.text
     assert result["rounds"] == 0 and result["groups_sent"] == 0 and groups == []
     assert final is not None and final.groups_sent == 0 and final.stats["samples"] == 0
-
-
-def run_against(s: Sampler, learner: ScriptedLearner) -> dict:
-    learner.start()
-    try:
-        return s.run()
-    finally:
-        learner.done.set()
-        learner.join(timeout=10)
 
 
 class RoundWatch:

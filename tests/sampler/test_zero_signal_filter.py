@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from netutil import free_ports, one_thread  # noqa: F401 - module-wide fixture (autouse)
-from scripted import ScriptedLearner, facts
+from scripted import ScriptedLearner, facts, run_against
 
 from grpo.config import SamplerConfig
 from grpo.learner.accounting import Books
@@ -42,15 +42,9 @@ def sampler(reward: str, filt: bool, data_port: int, sync_port: int, **kw) -> Sa
                                  data_port=data_port, sync_port=sync_port, **kw))
 
 
-def run_against(s: Sampler) -> dict:
-    """s.run() against a scripted learner that answers every request with no update."""
-    learner = ScriptedLearner(s.cfg.sync_port, facts(s, needs_ref_logprobs=True))
-    learner.start()
-    try:
-        return s.run()
-    finally:
-        learner.done.set()
-        learner.join(timeout=10)
+def no_update_learner(s: Sampler) -> ScriptedLearner:
+    """A scripted learner that answers every request with no update."""
+    return ScriptedLearner(s.cfg.sync_port, facts(s, needs_ref_logprobs=True))
 
 
 @pytest.mark.parametrize("filt", [True, False])
@@ -86,7 +80,7 @@ def test_filtered_groups_count_as_offered_and_the_books_balance(reward):
     data_port, sync_port = free_ports(2)
     receiver = DataReceiver("127.0.0.1", data_port, M.Limits(), 1 << 26)
     s = sampler(reward, True, data_port, sync_port, max_rounds=2, sync_timeout_s=0.2, heartbeat_interval_s=0)
-    result = run_against(s)
+    result = run_against(s, no_update_learner(s))
     msgs, final = [], None
     deadline = time.monotonic() + 30
     while final is None and time.monotonic() < deadline:
@@ -133,7 +127,7 @@ def test_a_round_filtered_whole_still_counts_as_offered(tmp_path, monkeypatch):
     receiver = DataReceiver("127.0.0.1", data_port, M.Limits(), 1 << 26)
     s = sampler("flat_round_reward:flat_second_round", True, data_port, sync_port, max_rounds=3,
                 sync_timeout_s=0.2, heartbeat_interval_s=0)
-    result = run_against(s)
+    result = run_against(s, no_update_learner(s))
     groups, final = [], None
     deadline = time.monotonic() + 30
     while final is None and time.monotonic() < deadline:
@@ -172,11 +166,5 @@ def test_rounds_grow_until_their_groups_with_signal_fill_a_step(reward):
         return real(round_idx, n_prompts)
 
     s.generate_round = counted
-    learner = ScriptedLearner(s.cfg.sync_port, facts(s, groups_per_step=2))
-    learner.start()
-    try:
-        s.run()
-    finally:
-        learner.done.set()
-        learner.join(timeout=10)
+    run_against(s, ScriptedLearner(s.cfg.sync_port, facts(s, groups_per_step=2)))
     assert sizes in ([4, 8, 12], [16, 32, 32])
