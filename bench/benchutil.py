@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
+import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -75,15 +78,35 @@ class Timer:
                          if self.device.type == "cuda" else float("nan"))
 
 
+def commit() -> str | None:
+    """The tree's commit: $GRPO_GIT_COMMIT where the tree has no .git (the device machine's copy,
+    where the caller exports the commit it carried), else `git rev-parse HEAD` with a "-dirty"
+    suffix when tracked files differ; None when neither says."""
+    if os.environ.get("GRPO_GIT_COMMIT"):
+        return os.environ["GRPO_GIT_COMMIT"]
+    try:
+        head = subprocess.run(["git", "--no-optional-locks", "-C", str(ROOT), "rev-parse", "HEAD"],
+                              capture_output=True, text=True)
+        if head.returncode:
+            return None
+        dirty = subprocess.run(["git", "--no-optional-locks", "-C", str(ROOT), "status", "--porcelain",
+                                "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
 def write_result(name: str, device: torch.device, payload: dict, label: str | None = None,
                  extra_versions: tuple[str, ...] = ()) -> Path:
-    """bench/results/<name>_<device>.json. `label` names the device instead of asking CUDA (a
-    parent of GPU processes should not hold a CUDA context of its own), e.g. "2x NVIDIA H200"."""
+    """bench/results/<name>_<device>.json with the device, versions, command line and commit.
+    `label` names the device instead of asking CUDA (a parent of GPU processes should not hold a
+    CUDA context of its own), e.g. "2x NVIDIA H200"."""
     dev = label or device_name(device)
     slug = dev.replace(" ", "_").replace("/", "_") if device.type == "cuda" else "cpu"
     path = ROOT / "bench" / "results" / f"{name}_{slug}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    out = {"device": dev, "versions": versions(extra_versions), **payload}
+    out = {"device": dev, "versions": versions(extra_versions),
+           "command_line": shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv]), "commit": commit(), **payload}
     path.write_text(json.dumps(out, indent=2) + "\n")
     return path
 

@@ -18,7 +18,7 @@ class CommonConfig:
     """Options every process shares."""
 
     model: str = DEFAULT_MODEL
-    """'smollm2' (the embedded SmolLM2-135M-Instruct), 'tiny-random' (a 2-layer random model for tests), 'random:qwen2.5-3b' (random weights, Qwen2.5-3B's shapes), or any Hugging Face causal LM id or path."""
+    """'smollm2' (the embedded SmolLM2-135M-Instruct), 'tiny-random' (a 2-layer random model for tests), 'random:qwen2.5-0.5b', '-1.5b', '-3b' or '-7b' (random weights of that Qwen2.5's shapes), or any Hugging Face causal LM id or path."""
     device: str = "auto"
     """'auto' (CUDA when present, else CPU), 'cuda' or 'cpu' (gloo)."""
     host: str = "127.0.0.1"

@@ -177,36 +177,48 @@ def _make_tiny_random(dest: Path) -> None:
     tmp.rename(dest)
 
 
-# Qwen2.5-3B's shapes (its config.json), for throughput and memory work at a realistic size.
-QWEN25_3B_SHAPES = dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
-                        num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
-                        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
+# Qwen2.5's shapes (each size's config.json on the hub), for throughput and memory work at the
+# sizes GRPO users train: random weights, so nothing is downloaded.
+_QWEN25_COMMON = dict(max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6)
+QWEN25_SHAPES = {
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, **_QWEN25_COMMON),
+    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, **_QWEN25_COMMON),
+    "3b": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+               num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, **_QWEN25_COMMON),
+    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+               num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False, **_QWEN25_COMMON),
+}
+QWEN25_3B_SHAPES = QWEN25_SHAPES["3b"]
 RANDOM_INIT_SEED = 1234
 
 
-def _make_random_qwen25_3b(dest: Path) -> None:
-    """Config and tokenizer only: the weights are drawn at load time (6 GB in bf16 is not worth a file).
+def _random_qwen25(size: str):
+    def make(dest: Path) -> None:
+        """Config and tokenizer only: the weights are drawn at load time (GBs in bf16 are not worth a file).
 
-    The tokenizer is SmolLM2's (49,152 ids) while the model keeps Qwen2.5's 151,936-row
-    vocabulary, so the matrix shapes, and hence the cost, are Qwen2.5-3B's.
-    """
-    from transformers import AutoTokenizer, Qwen2Config
+        The tokenizer is SmolLM2's (49,152 ids) while the model keeps Qwen2.5's 151,936-row
+        (7B: 152,064) vocabulary, so the matrix shapes, and hence the cost, are Qwen2.5's.
+        """
+        from transformers import AutoTokenizer, Qwen2Config
 
-    tok = AutoTokenizer.from_pretrained(resolve_model("smollm2"))
-    cfg = Qwen2Config(**QWEN25_3B_SHAPES, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id)
-    cfg.grpo_random_init = True  # load_causal_lm draws the weights from RANDOM_INIT_SEED
-    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
-    tmp.mkdir(parents=True)
-    cfg.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    write_build_stamp(tmp)
-    tmp.rename(dest)
+        tok = AutoTokenizer.from_pretrained(resolve_model("smollm2"))
+        cfg = Qwen2Config(**QWEN25_SHAPES[size], bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                          pad_token_id=tok.pad_token_id)
+        cfg.grpo_random_init = True  # load_causal_lm draws the weights from RANDOM_INIT_SEED
+        tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+        tmp.mkdir(parents=True)
+        cfg.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        write_build_stamp(tmp)
+        tmp.rename(dest)
+    return make
 
 
 _BUILDERS = {"smollm2": ("smollm2-135m-instruct", _convert_smollm2),
              "tiny-random": ("tiny-random-llama", _make_tiny_random),
-             "random:qwen2.5-3b": ("random-qwen2.5-3b", _make_random_qwen25_3b)}
+             **{f"random:qwen2.5-{k}": (f"random-qwen2.5-{k}", _random_qwen25(k)) for k in QWEN25_SHAPES}}
 
 
 def resolve_model(name: str) -> str:

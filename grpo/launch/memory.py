@@ -25,7 +25,7 @@ PROMPT_TOKENS = 512                # prompt length assumed for the KV cache and 
 CHUNK_ELEMS = 1 << 27              # grpo.model.DEFAULT_CHUNK_ELEMS: logits elements per LM-head chunk
 # --model names grpo.model builds into cache folders (grpo.model._BUILDERS; a test keeps them equal)
 BUILT_FOLDERS = {"smollm2": "smollm2-135m-instruct", "tiny-random": "tiny-random-llama",
-                 "random:qwen2.5-3b": "random-qwen2.5-3b"}
+                 **{f"random:qwen2.5-{k}": f"random-qwen2.5-{k}" for k in ("0.5b", "1.5b", "3b", "7b")}}
 
 # What shrinks each item: the one-line refusal names it.
 SHRINK = {

@@ -1,0 +1,57 @@
+"""bench/scale.py: its parsing rules by hand, the memory plan lines as the launcher prints them, and
+one real run of its plumbing on CPU (the tiny model through run_distributed.py)."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+import scale  # noqa: E402
+
+from grpo.launch import memory  # noqa: E402
+
+GiB = 1 << 30
+
+
+def test_plan_estimates_read_the_launchers_lines():
+    p = {"learner0": [("weights", 3 * GiB), ("optimizer state", GiB // 2)],
+         "sampler0": [("weights", GiB), ("KV cache", GiB // 4)]}
+    log = "run_distributed.py: starting\n" + memory.format_plan(p) + "\nlearner0 | step 1\n"
+    assert scale.plan_estimates(log) == {"learner0": 3.5, "sampler0": 1.25}
+
+
+def test_compute_apps_and_roles():
+    text = "4242, 10240\n4243, 512\n[Not Supported]\n\n"
+    assert scale.parse_compute_apps(text) == {4242: 10240.0, 4243: 512.0}
+    assert scale.role_of("/usr/bin/python3 /w/training_worker.py --gpu-id 0") == "learner"
+    assert scale.role_of("python3 /w/sampling_worker.py --sampler-id 0") == "sampler"
+    assert scale.role_of("python3 run_distributed.py --share-gpus") is None
+    mem = scale.DriverMemory()
+    mem.peaks_mib, mem.roles = {1: 2048.0, 2: 1024.0, 3: 5.0}, {1: "learner", 2: "sampler", 3: None}
+    assert mem.by_role() == {"learner0": 2.0, "sampler0": 1.0}
+
+
+def test_mfu_and_what_bound_the_step_by_hand():
+    # 1e9 parameters at 1e5 tokens/s: 6e14 FLOP/s of 989e12 for full fine-tuning, 4e14 with LoRA
+    assert scale.mfu(10**9, 1e5, lora=False) == pytest.approx(6e14 / 989e12)
+    assert scale.mfu(10**9, 1e5, lora=True) == pytest.approx(4e14 / 989e12)
+    assert scale.bound_by(train_s=2.0, data_wait_s=3.0) == "sampler (generation)"
+    assert scale.bound_by(train_s=2.0, data_wait_s=0.1) == "learner (training)"
+
+
+@pytest.mark.slow
+def test_a_cpu_run_of_the_tiny_model_fills_a_row(tmp_path):
+    out = tmp_path / "scale.json"
+    rc = scale.main(["--sizes", "tiny", "--device", "cpu", "--max-steps", "3", "--dataset",
+                     str(ROOT.parent / "shared" / "data" / "gsm8k"), "--work-dir", str(tmp_path), "--out", str(out),
+                     "--", "--max-new-tokens", "16", "--prompts-per-round", "2", "--train-batch-size", "16"])
+    assert rc == 0
+    row = json.loads(out.read_text())["rows"]["tiny"]
+    assert row["exit_code"] == 0 and row["steps"] == 3 and row["balanced"] is True
+    assert row["weight_sync"] == "tcp" and row["truncated_frac"] == 1.0   # random weights: no EOS in 16 tokens
+    # 16 completions a step, each 16 new tokens (the loss's tokens; prompts carry none)
+    assert row["completions_per_s"] == pytest.approx(16 / row["step_s"])
+    assert row["tokens_trained_per_s"] == pytest.approx(16 * 16 / row["step_s"])
+    assert row["rollout_tokens_per_s"] > 0 and row["command_line"] and row["seed"] == 42
