@@ -14,6 +14,11 @@ then captured; an error there is recorded, not fatal). HF `generate` is slow, so
 greedy agreement (fraction of prompts whose greedy completion is token-identical) and the
 engine's sampled-token log-probs against a teacher-forced pass (grpo.model.token_logprobs).
 Writes bench/results/rollout_<device>.json.
+
+--window-compare: a random-weight Mistral at SmolLM2-135M's size (Mistral-7B's attention pattern:
+every layer a sliding window, here 128 slots, shorter than prompt plus new tokens) against the
+same model with full attention, in tokens/s at fixed length (EOS ignored); writes
+rollout_window_<device>.json.
 """
 from __future__ import annotations
 
@@ -141,6 +146,56 @@ def throughput(name: str, model, tok, device, p: dict, configs_fast, configs_hf,
     return rows_out
 
 
+# SmolLM2-135M's shapes (its config.json) as a Mistral: what --window-compare decodes.
+SMOL_AS_MISTRAL = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                       num_key_value_heads=3, head_dim=64, vocab_size=49152, max_position_embeddings=8192,
+                       rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True)
+WINDOW = 128
+
+
+def window_model(window: int | None, device, dtype, tok):
+    """Random weights (the same draw for both windows), SmolLM2's tokenizer ids."""
+    from transformers import AutoModelForCausalLM, MistralConfig
+
+    cfg = MistralConfig(**SMOL_AS_MISTRAL, sliding_window=window, bos_token_id=tok.bos_token_id,
+                        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    if device.type == "cpu":   # the smoke run: a two-layer model
+        cfg.num_hidden_layers = 2
+    torch.manual_seed(1234)
+    with device:
+        return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa").eval()
+
+
+def window_compare(tok, device, dtype, configs) -> dict:
+    """tokens/s of the sliding-window model and the full-attention one, each (rows, new) config
+    twice in alternation (window, full, window, full) so that clocks and the allocator's state
+    favour neither; the best of the two runs counts."""
+    prompts = gsm8k_prompts(tok, "train", 64)
+    lengths = [len(p) for p in prompts]
+    rows_out = []
+    models = {w: window_model(w, device, dtype, tok) for w in (WINDOW, None)}
+    from grpo.generate.attention import layer_plan
+
+    kinds = {str(w): sorted(set(layer_plan(m).kinds)) for w, m in models.items()}
+    for batch, new in configs:
+        rows = rows_for(prompts, batch)
+        r = {"rows": batch, "new": new, "prompt_tokens_min": min(lengths), "prompt_tokens_max": max(lengths)}
+        runs: dict = {WINDOW: [], None: []}
+        for _ in range(2):
+            for w, m in models.items():
+                eng = RolloutEngine(m, [], tok.pad_token_id, **ENGINE_KW)
+                runs[w].append(run_fast(eng, rows, new, device, eos_on=False))
+                eng.clear()
+        best = {w: max(x["tok_s"] for x in v) for w, v in runs.items()}
+        r.update({"window_tok_s": best[WINDOW], "full_tok_s": best[None], "window_vs_full": best[WINDOW] / best[None],
+                  "window_runs_tok_s": [x["tok_s"] for x in runs[WINDOW]],
+                  "full_runs_tok_s": [x["tok_s"] for x in runs[None]],
+                  "cuda_graphs": all(x["cuda_graphs"] for v in runs.values() for x in v)})
+        rows_out.append(r)
+        print(table([r], list(r)), flush=True)
+    return {"layer_kinds": kinds, "rows": rows_out}
+
+
 def eos_workload(model, tok, device, n_prompts: int, G: int, rows: int, new: int, hf: bool = True) -> dict:
     """The rollouts issue's workload: n_prompts GSM8K train prompts x G samples with EOS allowed,
     up to `new` tokens, through `rows` rows, timed to the last completion; useful tokens = tokens
@@ -239,6 +294,10 @@ def main() -> int:
                     help="only the EOS workload (in-flight, fixed batches, HF generate) and the fixed-length rate "
                          "at its rows x new tokens; writes rollout_workload_<device>.json")
     ap.add_argument("--skip-hf", action="store_true", help="--workload-only: leave out Hugging Face generate")
+    ap.add_argument("--window-compare", action="store_true",
+                    help=f"only the sliding-window comparison: SmolLM2-135M's shapes as a random Mistral with a "
+                         f"{WINDOW}-slot window on every layer against full attention; writes "
+                         f"rollout_window_<device>.json")
     args = ap.parse_args()
     suffix = (f"_attend{args.attend_chunk}" if args.attend_chunk else "") + ("_compiled" if args.compile_decode else "")
     ENGINE_KW["attend_chunk"] = args.attend_chunk or None   # 0: the whole cache (the engine's default is 64)
@@ -254,6 +313,16 @@ def main() -> int:
     dtype = compute_dtype(device)
     path = resolve_model(args.model)
     tok = load_tokenizer(path)
+    if args.window_compare:
+        cfgs = [(4, 8)] if device.type == "cpu" else [(64, 512), (256, 512), (256, 1024)]
+        result = window_compare(tok, device, dtype, cfgs)
+        settings = {"model": "SmolLM2-135M's shapes as MistralForCausalLM, random weights (seed 1234)",
+                    "shapes": SMOL_AS_MISTRAL, "sliding_window": WINDOW, "dtype": str(dtype),
+                    "attend_chunk": args.attend_chunk or None, "configs": cfgs, "temperature": 1.0,
+                    "eos": "ignored: every row generates exactly `new` tokens",
+                    "prompts": "GSM8K train, first 64, chat template (SmolLM2's tokenizer), each repeated rows/64 times"}
+        print(f"wrote {write_result('rollout_window' + suffix, device, {'settings': settings, **result})}")
+        return 0
     model = load_causal_lm(path, device, dtype).eval()
     fast_cfgs = [(b, n) for b in p["batches"] for n in p["new"]]
     if args.workload_only:
