@@ -92,12 +92,56 @@ def test_wire_needs_no_torch():
                 assert not name.startswith("grpo.") or name.startswith(("grpo.wire", "grpo.config")), (path.name, name)
 
 
-def test_generate_sits_below_the_roles():
-    """grpo.generate is the layer every role uses: it imports none of them (nor evaluation)."""
-    above = ("grpo.sampler", "grpo.learner", "grpo.launch", "grpo.evaluate", "grpo.workers")
+# The package's layers, lowest first (../shared/DESIGN.md's layout): a module may import its own
+# layer's modules and lower layers' only. Sampler and learner are peers above the layers both use
+# (neither imports the other); the launcher and the worker entry points sit on top.
+LAYERS = [
+    ["grpo", "grpo.config", "grpo.stats", "grpo.loss"],   # pure rules and typed configs
+    ["grpo.obs", "grpo.wire"],                           # logging/metrics; the protocol (no torch)
+    ["grpo.data", "grpo.model"],                         # problems and rewards; loading a model
+    ["grpo.flags"],                                      # flags from the configs (and task names)
+    ["grpo.weights", "grpo.generate"],                   # moving weights; generating
+    ["grpo.sync"],                                       # the control channel
+    ["grpo.evaluate"],                                   # held-out scoring, used by both roles
+    ["grpo.sampler", "grpo.learner"],                    # the two roles (peers)
+    ["grpo.launch", "grpo.workers"],                     # starting them
+]
+PEERS = [("grpo.sampler", "grpo.learner")]
+
+
+def layer_of(module: str) -> tuple[int, str]:
+    """(layer index, the package or top module it belongs to)."""
+    parts = module.split(".")
+    key = ".".join(parts[:2])
+    for i, names in enumerate(LAYERS):
+        if key in names:
+            return i, key
+    raise KeyError(f"{module}: not in LAYERS; add its package to tests/test_imports.py")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """'a -> b' for each import of a higher layer's module, or of a peer role's."""
+    bad = []
+    for a, deps in graph.items():
+        la, ka = layer_of(a)
+        for b in sorted(deps):
+            lb, kb = layer_of(b)
+            if lb > la or (ka != kb and ((ka, kb) in PEERS or (kb, ka) in PEERS)):
+                bad.append(f"{a} -> {b}")
+    return sorted(bad)
+
+
+def test_upward_imports_by_hand():
+    assert upward_imports({"grpo.generate.engine": {"grpo.model", "grpo.config"}}) == []
+    assert upward_imports({"grpo.weights.publisher": {"grpo.learner.lora"}}) == \
+        ["grpo.weights.publisher -> grpo.learner.lora"]
+    assert upward_imports({"grpo.sampler.loop": {"grpo.learner.loop"}}) == ["grpo.sampler.loop -> grpo.learner.loop"]
+    assert upward_imports({"grpo.learner.loop": {"grpo.learner.intake", "grpo.evaluate"}}) == []
+
+
+def test_no_module_imports_a_higher_layer():
     graph = import_graph()
-    mods = [m for m in graph if m == "grpo.generate" or m.startswith("grpo.generate.")]
-    assert len(mods) >= 6, mods
-    for m in mods:
-        bad = sorted(d for d in graph[m] if d.startswith(above))
-        assert not bad, (m, bad)
+    for m in graph:
+        layer_of(m)   # every module is placed
+    assert upward_imports(graph) == []
+

@@ -1,6 +1,7 @@
 """LoRA mode: the learner trains low-rank adapters (peft); samplers get merged weights.
 
-Why merged weights and not the adapters: a sampler then holds a plain Hugging Face model
+The merge itself is grpo.weights.publisher.publish_named: what samplers receive is the weight
+layer's to say. Why merged weights and not the adapters: a sampler then holds a plain Hugging Face model
 under the base model's parameter names, needs no peft, generates at full speed (no extra
 adapter matmuls per token), and every weight-sync method (tcp, ipc, nccl, shared) works
 unchanged because the layout is the base model's. The price is sending the full model each
@@ -58,46 +59,6 @@ def is_peft(model: torch.nn.Module) -> bool:
     return isinstance(model, PeftModel)
 
 
-def _lora_layer_type():
-    from peft.tuners.lora import LoraLayer
-
-    return LoraLayer
-
-
-@torch.no_grad()
-def publish_named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """What samplers receive: (name, tensor) under the base model's parameter names.
-
-    For a peft model, every LoRA-wrapped weight is W + scale * B @ A (computed into a new
-    tensor; the trained weights are not touched), named as the plain
-    `AutoModelForCausalLM.named_parameters()` names it, and adapter tensors are left out.
-    For a plain model this is just `list(model.named_parameters())`.
-    """
-    if not is_peft(model):
-        return list(model.named_parameters())
-    LoraLayer = _lora_layer_type()
-    base = model.get_base_model()  # the transformers model, with LoRA layers injected
-    deltas: dict[str, torch.Tensor] = {}
-    for mod_name, mod in base.named_modules():
-        if isinstance(mod, LoraLayer) and not mod.merged:
-            delta = None
-            for adapter in mod.active_adapters:
-                if adapter in mod.lora_A:
-                    d = mod.get_delta_weight(adapter)
-                    delta = d if delta is None else delta + d
-            if delta is not None:
-                deltas[f"{mod_name}.base_layer.weight"] = delta
-    out: list[tuple[str, torch.Tensor]] = []
-    for name, p in base.named_parameters():
-        if ".lora_" in name or "lora_embedding" in name:
-            continue
-        t = p.detach()
-        if name in deltas:
-            t = t + deltas[name].to(t.dtype)
-        out.append((name.replace(".base_layer.", "."), t))
-    return out
-
-
 def save_adapter(model: torch.nn.Module, path: str | Path, merged: bool = False) -> Path:
     """Save the LoRA adapter (small: adapter_model.safetensors + adapter_config.json) to `path`;
     with merged=True also a full merged model in `path`/merged (a plain HF folder, loadable
@@ -113,7 +74,9 @@ def save_adapter(model: torch.nn.Module, path: str | Path, merged: bool = False)
     bar.update(1, part="adapter")
     if merged:
         base = model.get_base_model()
-        state = dict(publish_named_tensors(model))
+        from grpo.weights.publisher import publish_named
+
+        state = dict(publish_named(model))
         # Tied weights (lm_head = embed_tokens) appear once in named_parameters; a fresh model
         # of the same config keeps the tie, so loading the one copy sets both.
         from transformers import AutoModelForCausalLM

@@ -31,16 +31,40 @@ log = logging.getLogger(__name__)
 MAX_TOLD = 4096   # sync connections remembered as answered (told the run's facts; told stop at the end)
 
 
+@torch.no_grad()
 def publish_named(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """The tensors samplers receive, named as the plain model names them.
+    """What samplers receive: (name, tensor) under the base model's parameter names.
 
-    A LoRA (peft) model publishes its merged weights (see grpo.learner.lora), so samplers need no peft.
+    For a peft (LoRA) model, every LoRA-wrapped weight is W + scale * B @ A (computed into a new
+    tensor; the trained weights are not touched), named as the plain
+    `AutoModelForCausalLM.named_parameters()` names it, and adapter tensors are left out: samplers
+    need no peft (grpo.learner.lora says why merged). For a plain model this is just
+    `list(model.named_parameters())`.
     """
-    if hasattr(model, "peft_config"):
-        from grpo.learner.lora import publish_named_tensors
+    if not hasattr(model, "peft_config"):
+        return list(model.named_parameters())
+    from peft.tuners.lora import LoraLayer
 
-        return publish_named_tensors(model)
-    return list(model.named_parameters())
+    base = model.get_base_model()  # the transformers model, with LoRA layers injected
+    deltas: dict[str, torch.Tensor] = {}
+    for mod_name, mod in base.named_modules():
+        if isinstance(mod, LoraLayer) and not mod.merged:
+            delta = None
+            for adapter in mod.active_adapters:
+                if adapter in mod.lora_A:
+                    d = mod.get_delta_weight(adapter)
+                    delta = d if delta is None else delta + d
+            if delta is not None:
+                deltas[f"{mod_name}.base_layer.weight"] = delta
+    out: list[tuple[str, torch.Tensor]] = []
+    for name, p in base.named_parameters():
+        if ".lora_" in name or "lora_embedding" in name:
+            continue
+        t = p.detach()
+        if name in deltas:
+            t = t + deltas[name].to(t.dtype)
+        out.append((name.replace(".base_layer.", "."), t))
+    return out
 
 
 @dataclass

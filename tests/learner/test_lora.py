@@ -12,7 +12,8 @@ import torch
 from netutil import free_ports
 
 from grpo.learner.engine import TorchEngine
-from grpo.learner.lora import lora_stats, publish_named_tensors, save_adapter, wrap_lora
+from grpo.learner.lora import lora_stats, save_adapter, wrap_lora
+from grpo.weights.publisher import publish_named as publish_named_tensors
 from grpo.model import load_causal_lm, resolve_model
 from grpo.sync.client import request_weights
 from grpo.weights.tcp import TcpPublisher, apply_weights
