@@ -167,7 +167,7 @@ def run_size(size: str, a, work: Path) -> dict:
     model, extra = LAYOUT[size]
     resolve_model(model)   # build the config folder now, so the launcher's memory plan has a config.json
     shape, note = read_shape(model)
-    run_dir = work / f"scale_{size}"
+    run_dir = work / f"scale_{a.label or size}"
     ds = work / f"deepspeed_micro{MICRO}.json"
     cfg = json.loads((ROOT / "deepspeed.json").read_text())
     cfg["train_micro_batch_size_per_gpu"] = MICRO
@@ -182,7 +182,7 @@ def run_size(size: str, a, work: Path) -> dict:
     if a.device != "cpu":
         mem.start()
     t0 = time.time()
-    log = work / f"scale_{size}.log"
+    log = work / f"scale_{a.label or size}.log"
     with log.open("w") as f:
         rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
     mem.stop.set()
@@ -212,12 +212,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--work-dir", default=str(ROOT / "runs" / "scale"))
     ap.add_argument("--out", default="", help="results file (default bench/results/scale_<device>.json)")
+    ap.add_argument("--label", default="", help="the row's key in the JSON (default: the size), e.g. for a "
+                                                "run with other flags after --")
     ap.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more flags for run_distributed.py")
     a = ap.parse_args(argv)
     a.extra = [x for x in a.extra if x != "--"]
     sizes = [s.strip() for s in a.sizes.split(",") if s.strip()]
     if bad := [s for s in sizes if s not in LAYOUT]:
         ap.error(f"--sizes: unknown {bad}; choose from {', '.join(LAYOUT)}")
+    if a.label and len(sizes) > 1:
+        ap.error("--label names one row: give one size with it")
     device = "cpu"
     if a.device != "cpu":
         q = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
@@ -230,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         row = run_size(size, a, work)
         row.update({"command_line": shlex.join([Path(sys.executable).name, *sys.argv]), "commit": commit(),
                     "seed": a.seed, "versions": versions(("zmq",))})
-        doc["rows"][size] = row
+        row["label"] = a.label or size
+        doc["rows"][a.label or size] = row
         doc["device"] = device
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(doc, indent=2) + "\n")

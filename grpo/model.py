@@ -282,6 +282,12 @@ def load_causal_lm(path: str, device: torch.device, dtype: torch.dtype, times: d
     t = time.perf_counter()
     try:
         cfg = AutoConfig.from_pretrained(path)
+        extra = {}
+        if getattr(cfg.get_text_config(decoder=True), "attn_logit_softcapping", None):
+            # Soft-capped attention (Gemma2) is exact only in eager attention: transformers' SDPA
+            # path cannot cap and, in some versions (5.17), drops the cap without a word, which
+            # would give the learner other log-probs than the sampler's engine (which caps).
+            extra["attn_implementation"] = "eager"
         if getattr(cfg, "grpo_random_init", False):
             # Same seed, same device type -> the same weights in every process (learner and
             # samplers start from one policy); drawn on the device, where 3B params take ~1 s.
@@ -289,9 +295,9 @@ def load_causal_lm(path: str, device: torch.device, dtype: torch.dtype, times: d
             if device.type == "cuda":
                 torch.cuda.manual_seed(RANDOM_INIT_SEED)
             with device:
-                model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+                model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, **extra)
         else:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **extra)
     except (OSError, ValueError) as exc:
         raise ModelUnavailable(f"cannot load --model {path}: {str(exc).splitlines()[0]}") from None
     t_built = time.perf_counter()

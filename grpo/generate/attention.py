@@ -137,7 +137,12 @@ def layer_plan(model) -> LayerPlan:
     kinds = tuple(kinds)
     if (other := sorted(set(kinds) - set(LAYER_KINDS))):
         raise ValueError(f"{cfg.model_type} has {', '.join(other)} layers")
-    windows = {int(kw["sliding_window"]) for k, kw in zip(kinds, kwargs) if k == "sliding_attention"}
+    # transformers up to ~5.17 gives one kwargs dict for every layer; later versions one per layer.
+    per_layer = [kwargs] * len(kinds) if isinstance(kwargs, dict) else list(kwargs)
+    try:
+        windows = {int(kw["sliding_window"]) for k, kw in zip(kinds, per_layer) if k == "sliding_attention"}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{cfg.model_type}: cannot read its sliding window ({describe(exc)})") from None
     if len(windows) > 1:
         raise ValueError(f"{cfg.model_type} has sliding layers of different windows {sorted(windows)}")
     return LayerPlan(kinds, windows.pop() if windows else None)

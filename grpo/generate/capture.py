@@ -69,11 +69,13 @@ def capture_decode(step: Callable, s, greedy: bool, generator: torch.Generator, 
         raise CaptureFailed(stage, describe(exc)) from exc
 
 
-def reset_default_generator_after_failed_capture() -> None:
+def reset_generators_after_failed_capture(generator: torch.Generator) -> None:
     """A capture that fails inside torch.cuda.graph ends without running the generators'
-    capture epilogue, so they stay in capture mode and the next eager draw fails with
-    "Offset increment outside graph capture". The caller replaces its own generator; the
-    default one (always registered) is reset here by one empty, successful capture."""
+    capture epilogue, so they stay in capture mode, and the next eager draw, or the next replay of
+    any graph that registered them, fails with "Offset increment outside graph capture". One
+    empty, successful capture that registers `generator` (the default one always is) runs their
+    prologue and epilogue and leaves them out of capture mode. Replacing the generator instead
+    would not do: graphs captured earlier still hold the stuck one and fail on their next replay."""
     try:
         torch.cuda.synchronize()
     except RuntimeError:
@@ -84,6 +86,8 @@ def reset_default_generator_after_failed_capture() -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "the CUDA graph is empty"
             empty = torch.cuda.CUDAGraph()
+            if hasattr(empty, "register_generator_state"):
+                empty.register_generator_state(generator)
             with torch.cuda.graph(empty, capture_error_mode="thread_local"):
                 pass
     except RuntimeError as exc:

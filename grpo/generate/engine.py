@@ -62,7 +62,7 @@ from grpo.generate.attention import (LayerPlan, attend_limit, layer_masks, layer
 from grpo.generate.backend import describe, eos_list, hf_generate
 from grpo.generate.cache import Ring, Slot, static_cache
 from grpo.generate.capture import (COMPILED_VERSIONS, CaptureFailed, allow_recompiles, capture_decode,
-                                   reset_default_generator_after_failed_capture)
+                                   reset_generators_after_failed_capture)
 from grpo.generate.sampling import new_generator, sample_step
 from grpo.model import left_pad
 
@@ -589,9 +589,8 @@ class RolloutEngine:
             self.graph_failures += 1
             self.graph_failure_reasons.append(str(exc))
             log.warning("CUDA graph capture failed (%s); decoding eagerly for this shape", exc)
-            if exc.stage == "capture":   # our generator may be stuck in capture mode: replace it
-                self.gen = new_generator(self.device)
-                reset_default_generator_after_failed_capture()
+            if exc.stage == "capture":   # the generators may be stuck in capture mode
+                reset_generators_after_failed_capture(self.gen)
             return None
 
 

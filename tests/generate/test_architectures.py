@@ -65,6 +65,10 @@ def _model_class(cfg):
 
 def build(name: str, seed: int = 0):
     cfg = _config(name)
+    if getattr(cfg, "attn_logit_softcapping", None):
+        # as grpo.model.load_causal_lm loads such models: SDPA cannot cap (transformers 5.17 picks
+        # it for Gemma2 and drops the cap, so its generate would be the wrong reference)
+        cfg._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = _model_class(cfg)(cfg).eval()
     with torch.no_grad():   # larger weights than the default init: attention scores that matter

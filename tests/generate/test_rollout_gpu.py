@@ -69,10 +69,11 @@ def test_filled_cache_attention_with_graphs_equals_the_whole_cache_in_fp32(smol3
     whole = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id).generate(prompts[:48], 64, greedy=True)
     eng = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id, attend_chunk=16)
     greedy = eng.generate(prompts[:48], 64, greedy=True)
+    assert eng.graph_failures == 0, eng.graph_failure_reasons
     assert greedy.token_ids == whole.token_ids and greedy.finished == whole.finished
     torch.manual_seed(3)
     sampled = eng.generate(prompts[:48], 64, temperature=1.0)
-    assert eng.graph_failures == 0
+    assert eng.graph_failures == 0, eng.graph_failure_reasons
     assert len(next(iter(eng.slots.values())).graphs) == 8
     seqs = [p + g for p, g in zip(prompts, sampled.token_ids)]
     ids, mask = right_pad(seqs, tok.pad_token_id, torch.device("cuda", 0))
@@ -155,6 +156,24 @@ def test_failed_capture_falls_back_to_eager_sampling_and_leaves_the_rng_usable(s
     torch.randn(4, device="cuda").sum().item()  # the default CUDA generator still works
     again = engine.generate(prompts[:8], 24, temperature=1.0)  # eager for this shape from now on
     assert engine.graph_failures == 1 and len(again.token_ids) == 8
+
+
+def test_graphs_captured_before_a_failed_capture_still_replay(smol):
+    """A capture that fails leaves the generators in capture mode until they are reset; graphs
+    captured earlier registered the same generator and must still replay (sampling) afterwards."""
+    model, tok, prompts = smol
+    engine = RolloutEngine(model, tok.eos_token_id, tok.pad_token_id)
+    torch.manual_seed(0)
+    first = engine.generate(prompts[:8], 24, temperature=1.0)     # captured: the 8-row bucket
+    assert first.stats["cuda_graphs"], engine.graph_failure_reasons
+    step = engine._step
+    _poisoned(engine, when_capturing=True)
+    engine.generate(prompts[:8], 40, temperature=1.0)            # another shape: its capture fails
+    assert engine.graph_failures == 1, engine.graph_failure_reasons
+    engine._step = step
+    again = engine.generate(prompts[:8], 24, temperature=1.0)     # replays the first graph
+    assert len(again.token_ids) == 8 and engine.graph_failures == 1
+    torch.randn(4, device="cuda").sum().item()
 
 
 def test_stream_with_graphs_equals_generate_in_fp32_and_matches_teacher_forcing(smol32):
