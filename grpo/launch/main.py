@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from grpo.config import LaunchConfig
-from grpo.launch import memory
+from grpo.launch import memory, nodes
 from grpo.launch.plan import LaunchError, instance_argv, parse, passthrough_flags, plan, plan_instances
 
 
@@ -85,25 +85,53 @@ def check_sampler_flags(flags: list[str]) -> str | None:
     return None
 
 
-def check_memory(cfg: LaunchConfig, specs: list) -> None:
-    """CUDA runs: log the memory plan (grpo.launch.memory), one line per process, and refuse one
-    that will not fit its GPUs. Reads the model's config.json; never builds or fetches a model."""
-    if not any(s.env.get("CUDA_VISIBLE_DEVICES") for s in specs):
-        return   # CPU: no plan
+def memory_plan(cfg: LaunchConfig, learner_flags: list[str], sampler_flags: list[str], ranks: int,
+                samplers: int) -> dict | None:
+    """The memory plan (grpo.launch.memory) of a run whose learner ranks and samplers get these
+    flags; None, said in one line, while the model's config.json is not here to read."""
     from grpo.config import LearnerConfig, SamplerConfig
     from grpo.flags import parse_config
 
     shape, note = memory.read_shape(cfg.model)
     if shape is None:
         print(f"run_distributed.py: {note}", file=sys.stderr)
-        return
-    learners = [s for s in specs if s.role == "learner"]
-    samplers = [s for s in specs if s.role == "sampler"]
-    lcfg = parse_config(LearnerConfig, learners[0].argv[2:], "training_worker.py")
-    scfg = parse_config(SamplerConfig, samplers[0].argv[2:], "sampling_worker.py")
+        return None
+    lcfg = parse_config(LearnerConfig, learner_flags, "training_worker.py")
+    scfg = parse_config(SamplerConfig, sampler_flags, "sampling_worker.py")
     ds = Path(lcfg.deepspeed_config)
     ds = ds if ds.is_absolute() or ds.exists() else Path(__file__).resolve().parents[2] / ds
-    p = memory.plan(shape, memory.run_shape(lcfg, scfg, len(learners), len(samplers), str(ds)))
+    return memory.plan(shape, memory.run_shape(lcfg, scfg, ranks, samplers, str(ds)))
+
+
+def print_node_plan(cfg: LaunchConfig, to_s: list[str], to_l: list[str]) -> int:
+    """--nodes: print each node's processes, commands and memory (grpo.launch.nodes); start nothing."""
+    try:
+        mp = nodes.plan_nodes(cfg, to_s, to_l)
+        learners, samplers = mp.procs("learner"), mp.procs("sampler")
+        if problem := check_sampler_flags(samplers[0].argv[1:]):
+            raise LaunchError(problem)
+    except LaunchError as exc:
+        print(f"run_distributed.py: error: {exc}", file=sys.stderr)
+        return 2
+    totals = None
+    if mp.cuda and (p := memory_plan(cfg, learners[0].argv[1:], samplers[0].argv[1:], len(learners),
+                                     len(samplers))) is not None:
+        print(memory.format_plan(p))
+        totals = memory.gpu_totals(p, {q.name: (q.node, q.gpu) for q in mp.procs()})
+    print(nodes.format_plan(mp, totals, cfg.share_gpus))
+    return 0
+
+
+def check_memory(cfg: LaunchConfig, specs: list) -> None:
+    """CUDA runs: log the memory plan (grpo.launch.memory), one line per process, and refuse one
+    that will not fit its GPUs. Reads the model's config.json; never builds or fetches a model."""
+    if not any(s.env.get("CUDA_VISIBLE_DEVICES") for s in specs):
+        return   # CPU: no plan
+    learners = [s for s in specs if s.role == "learner"]
+    samplers = [s for s in specs if s.role == "sampler"]
+    p = memory_plan(cfg, learners[0].argv[2:], samplers[0].argv[2:], len(learners), len(samplers))
+    if p is None:
+        return
     print(memory.format_plan(p), file=sys.stderr)
     # learner rank r runs on the r-th GPU of its list; a sampler on the first of its own
     placement = {s.name: int(s.env["CUDA_VISIBLE_DEVICES"].split(",")[r]) for r, s in enumerate(learners)}
@@ -117,6 +145,8 @@ def check_memory(cfg: LaunchConfig, specs: list) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     cfg, to_s, to_l = parse(argv)
+    if cfg.nodes:
+        return print_node_plan(cfg, to_s, to_l)
     try:
         cuda_count = 0 if cfg.device == "cpu" else cuda_device_count()
         if cfg.instances != 1 or cfg.seeds:

@@ -189,6 +189,15 @@ def format_plan(p: dict[str, list[tuple[str, int]]]) -> str:
                      + ", ".join(f"{item} {gib(b)}" for item, b in items) for name, items in p.items())
 
 
+def gpu_totals(p: dict[str, list[tuple[str, int]]], placement: dict[str, object]) -> dict[object, int]:
+    """{GPU: bytes its processes need together}; a GPU is any key, e.g. (node, GPU index) for a
+    plan over several nodes. Processes missing from `p` count nothing."""
+    out: dict[object, int] = {}
+    for name, g in placement.items():
+        out[g] = out.get(g, 0) + sum(b for _, b in p.get(name, []))
+    return out
+
+
 def check_fits(p: dict[str, list[tuple[str, int]]], gpu_bytes: dict[int, int],
                placement: dict[str, int]) -> str | None:
     """None if every GPU holds the processes placed on it (with --share-gpus several add up), else

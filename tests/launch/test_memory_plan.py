@@ -36,6 +36,22 @@ def test_learner_zero2_numbers_two_ranks():
     assert one["weights"] + one["gradients"] + one["optimizer state"] == 16_000_000
 
 
+@pytest.mark.parametrize("ranks,state,grads", [
+    (1, 12_000_000, 2_000_000),    # 12 x 1e6 and 2 x 1e6: one rank holds it all
+    (3, 4_000_000, 666_666),       # 12e6 / 3; 2e6 / 3 = 666,666.7, floored
+    (4, 3_000_000, 500_000),
+    (16, 750_000, 125_000),        # two nodes of 8
+])
+def test_zero2_splits_state_and_gradients_over_any_rank_count(ranks, state, grads):
+    p = memory.plan(SHAPE, RunShape(ranks=ranks, ipc=True))
+    assert len([n for n in p if n.startswith("learner")]) == ranks
+    assert {(items(p, f"learner{r}")["optimizer state"], items(p, f"learner{r}")["gradients"])
+            for r in range(ranks)} == {(state, grads)}
+    # weights are whole on every rank; the ipc slots only on rank 0
+    assert {items(p, f"learner{r}")["weights"] for r in range(ranks)} == {2_000_000}
+    assert [r for r in range(ranks) if "ipc publication" in items(p, f"learner{r}")] == [0]
+
+
 def test_lora_trains_adapters_but_publishes_full_weights():
     # r = 1, all-linear: per layer r x (in + out) for q (64+64), k (64+32), v (64+32), o (64+64),
     # gate (64+256), up (64+256), down (256+64) = 128+96+96+128+320+320+320 = 1408; 2 layers: 2816
