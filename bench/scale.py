@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import statistics
@@ -168,9 +169,9 @@ def run_size(size: str, a, work: Path) -> dict:
     resolve_model(model)   # build the config folder now, so the launcher's memory plan has a config.json
     shape, note = read_shape(model)
     run_dir = work / f"scale_{a.label or size}"
-    ds = work / f"deepspeed_micro{MICRO}.json"
+    ds = work / f"deepspeed_micro{a.micro}.json"
     cfg = json.loads((ROOT / "deepspeed.json").read_text())
-    cfg["train_micro_batch_size_per_gpu"] = MICRO
+    cfg["train_micro_batch_size_per_gpu"] = a.micro
     ds.write_text(json.dumps(cfg, indent=2))
     layout = ["--device", "cpu"] if a.device == "cpu" else \
         ["--sampling-gpu", "0", "--training-gpus", "0", "--share-gpus"]
@@ -210,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dataset", default=str(GSM8K))
     ap.add_argument("--device", default="cuda", help="cuda (one GPU, shared) or cpu (smoke check)")
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--micro", type=int, default=MICRO, help=f"learner micro-batch (default {MICRO})")
     ap.add_argument("--work-dir", default=str(ROOT / "runs" / "scale"))
     ap.add_argument("--out", default="", help="results file (default bench/results/scale_<device>.json)")
     ap.add_argument("--label", default="", help="the row's key in the JSON (default: the size), e.g. for a "
@@ -233,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     for size in sizes:
         row = run_size(size, a, work)
         row.update({"command_line": shlex.join([Path(sys.executable).name, *sys.argv]), "commit": commit(),
-                    "seed": a.seed, "versions": versions(("zmq",))})
+                    "seed": a.seed, "micro_batch": a.micro, "versions": versions(("zmq",)),
+                    "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")})
         row["label"] = a.label or size
         doc["rows"][a.label or size] = row
         doc["device"] = device

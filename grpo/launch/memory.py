@@ -23,6 +23,17 @@ PROMPT_TOKENS = 512                # prompt length assumed for the KV cache and 
                                    # the sampler's prompts; GSM8K with a chat template is ~100-300 tokens),
                                    # capped by --max-prompt-tokens
 CHUNK_ELEMS = 1 << 27              # grpo.model.DEFAULT_CHUNK_ELEMS: logits elements per LM-head chunk
+# The caching allocator's reserve: what the driver sees a process hold beyond torch's own peak of
+# allocated memory (freed blocks kept for reuse, split blocks that fit no later request). ROUGH
+# RULES, measured on one H200 (bench/results/scale_NVIDIA_H200.json, Qwen2.5 shapes on one
+# shared GPU, micro-batch 8, 448-token sequences), where the estimate without them matched
+# torch's peak within 5% while the driver saw 5-16 GiB more per process. The learner's reserve
+# grew with its activations (the blocks that come and go with every micro-batch): 1.43x and
+# 1.41x them under full fine-tuning (0.5B, 1.5B), 0.20x under LoRA (7B). The sampler's grew with
+# its KV cache and log-prob pass: 1.49x, 0.99x and 1.67x them (0.5B, 1.5B, 7B).
+RESERVE_LEARNER_FULL = 1.4
+RESERVE_LEARNER_LORA = 0.2
+RESERVE_SAMPLER = 1.5
 # --model names grpo.model builds into cache folders (grpo.model._BUILDERS; a test keeps them equal)
 BUILT_FOLDERS = {"smollm2": "smollm2-135m-instruct", "tiny-random": "tiny-random-llama",
                  **{f"random:qwen2.5-{k}": f"random-qwen2.5-{k}" for k in ("0.5b", "1.5b", "3b", "7b")}}
@@ -40,6 +51,8 @@ SHRINK = {
     "KV cache": "--max-prompts-per-round / --prompts-per-round (or --in-flight-rows) or --max-new-tokens",
     "log-prob pass": "--logprob-batch-size",
     "CUDA context": "nothing (a fixed cost): put fewer processes on this GPU",
+    "weight staging": "--weight-sync tcp (the sampler then receives each version straight into its weights)",
+    "allocator reserve": "what shrinks the activations (learner) or the KV cache (sampler)",
 }
 
 
@@ -133,6 +146,7 @@ class RunShape:
     beta: float = 0.04
     ipc: bool = True           # --weight-sync resolves to ipc (the publication slots live on learner rank 0)
     shared: bool = False       # --weight-sync shared: the sampler runs on the learner's weights
+    staging: bool = True       # ipc or nccl: the sampler stages each version in a second copy (grpo.weights.receiver)
     rows: int = 512            # sequences decoded at once by a sampler
     prompt_tokens: int = PROMPT_TOKENS
     new_tokens: int = 256
@@ -166,14 +180,19 @@ def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
         if k == 0 and r.ipc:
             # two slots of the (LoRA: merged) full weights in the sampler dtype, published over CUDA IPC
             items.append(("ipc publication", 2 * s.params * r.dtype_bytes))
-        items.append(("CUDA context", CUDA_CONTEXT))
+        reserve = RESERVE_LEARNER_LORA if r.lora_r else RESERVE_LEARNER_FULL
+        items += [("allocator reserve", int(reserve * dict(items)["activations"])), ("CUDA context", CUDA_CONTEXT)]
         out[f"learner{k}"] = items
     for k in range(r.samplers):
         items = [("weights", 0 if r.shared else s.params * r.dtype_bytes)]
         if r.beta > 0:
             items.append(("reference model", s.params * r.dtype_bytes))
-        items += [("KV cache", kv_cache(s, r.rows, seq, r.dtype_bytes)),
-                  ("log-prob pass", logprob_pass(s, min(r.logprob_batch_size, r.rows), seq)),
+        if r.staging and not r.shared:
+            # a whole version lands here first and is copied over the live weights once complete
+            items.append(("weight staging", s.params * r.dtype_bytes))
+        kv = kv_cache(s, r.rows, seq, r.dtype_bytes)
+        lp = logprob_pass(s, min(r.logprob_batch_size, r.rows), seq)
+        items += [("KV cache", kv), ("log-prob pass", lp), ("allocator reserve", int(RESERVE_SAMPLER * (kv + lp))),
                   ("CUDA context", CUDA_CONTEXT)]
         out[f"sampler{k}"] = items
     return out
@@ -267,6 +286,6 @@ def run_shape(lcfg, scfg, ranks: int, samplers: int, ds_config: str) -> RunShape
     rows = scfg.in_flight_rows or (scfg.prompts_per_round or scfg.max_prompts_per_round) * scfg.num_generations
     micro = micro_batch_size(ds_config, lcfg.train_batch_size, ranks)
     return RunShape(ranks=ranks, lora_r=lcfg.lora_r, beta=lcfg.beta, ipc=method in ("auto", "ipc"),
-                    shared=method == "shared", rows=rows, prompt_tokens=min(PROMPT_TOKENS, lcfg.max_prompt_tokens),
+                    shared=method == "shared", staging=method in ("auto", "ipc", "nccl"), rows=rows, prompt_tokens=min(PROMPT_TOKENS, lcfg.max_prompt_tokens),
                     new_tokens=scfg.max_new_tokens, micro_batch=micro, logprob_batch_size=scfg.logprob_batch_size,
                     samplers=samplers)

@@ -31,6 +31,8 @@ def test_learner_zero2_numbers_two_ranks():
     assert l0["CUDA context"] == GiB // 2
     # activations, the rough rule: layers 2 x micro 1 x seq 16 x hidden 64 x k 77 = 157,696
     assert l0["activations"] == 2 * 1 * 16 * 64 * 77 == 157_696
+    # the allocator's reserve, a rough rule: 1.4 x the activations under full fine-tuning
+    assert l0["allocator reserve"] == l1["allocator reserve"] == int(1.4 * 157_696) == 220_774
     # one rank holds everything: 2 + 2 + 12 = 16 bytes per parameter
     one = items(memory.plan(SHAPE, RunShape(ranks=1, ipc=False)), "learner0")
     assert one["weights"] + one["gradients"] + one["optimizer state"] == 16_000_000
@@ -60,6 +62,7 @@ def test_lora_trains_adapters_but_publishes_full_weights():
     assert l0["optimizer state"] == 12 * 2816 and l0["gradients"] == 2 * 2816
     assert l0["weights"] == 2 * (1_000_000 + 2816)
     assert l0["ipc publication"] == 4_000_000           # merged full weights, two slots
+    assert l0["allocator reserve"] == int(0.2 * l0["activations"])   # LoRA's measured reserve is smaller
 
 
 def test_sampler_kv_cache_and_reference_model():
@@ -67,8 +70,16 @@ def test_sampler_kv_cache_and_reference_model():
     assert memory.kv_cache(SHAPE, rows=3, seq=12) == 2 * 2 * 3 * 12 * 32 * 2 == 9216
     s = items(memory.plan(SHAPE, RunShape(rows=3, prompt_tokens=5, new_tokens=7, beta=0.04)), "sampler0")
     assert s["KV cache"] == 9216 and s["weights"] == 2_000_000 and s["reference model"] == 2_000_000
+    # ipc/nccl stage a whole version beside the live weights: one more copy, 2 x 1e6 bytes
+    assert s["weight staging"] == 2_000_000
+    # the allocator's reserve: 1.5 x (KV cache + log-prob pass); the pass here is batch min(64, 3) = 3 x 12
+    # tokens x (2 x 64 + 2 x 256) x 2 bytes = 46,080 plus the logits 2 x 36,000 x 4 = 288,000
+    assert s["log-prob pass"] == 46_080 + 288_000
+    assert s["allocator reserve"] == int(1.5 * (9216 + 334_080)) == 514_944
     s0 = items(memory.plan(SHAPE, RunShape(beta=0.0, shared=True)), "sampler0")
-    assert "reference model" not in s0 and s0["weights"] == 0
+    assert "reference model" not in s0 and s0["weights"] == 0 and "weight staging" not in s0
+    tcp = items(memory.plan(SHAPE, RunShape(ipc=False, staging=False)), "sampler0")
+    assert "weight staging" not in tcp
     # log-prob pass: batch 2 x seq 12 x (2 x 64 + 2 x 256) x 2 bytes = 30,720, plus the float32 logits
     # chunk and its log_softmax: here the whole 2 x 12 x 1000 logits (below 2^27): 2 x 24,000 x 4 = 192,000
     assert memory.logprob_pass(SHAPE, 2, 12) == 30_720 + 192_000

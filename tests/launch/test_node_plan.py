@@ -176,10 +176,12 @@ SHAPE = Shape(params=1_000_000, layers=2, hidden=64, kv_dim=32, q_dim=64, interm
 # Every learner rank: weights 2 x 1e6 = 2,000,000; activations 2 x 1 x 16 x 64 x 77 = 157,696;
 # logits chunk 2 x (1 x 16 x 1000) x 4 = 128,000; + CUDA context. Rank 0 adds the ipc slots,
 # 2 x 1e6 x 2 = 4,000,000. Per M: optimizer state 12e6 // M, gradients 2e6 // M.
-LEARNER_FIXED = 2_000_000 + 157_696 + 128_000 + CUDA_CONTEXT
+# Full fine-tuning's allocator reserve: 1.4 x the activations = int(220,774.4) = 220,774.
+LEARNER_FIXED = 2_000_000 + 157_696 + 128_000 + 220_774 + CUDA_CONTEXT
 # Every sampler: weights and reference 2 x 2,000,000; KV cache 2 x 2 x 3 x 16 x 32 x 2 = 12,288;
 # log-prob pass 2 x 16 x (128 + 512) x 2 = 40,960 + logits 2 x (2 x 16 x 1000) x 4 = 256,000.
-SAMPLER = 4_000_000 + 12_288 + 40_960 + 256_000 + CUDA_CONTEXT
+# Weight staging (ipc and nccl) 2 x 1e6 = 2,000,000; allocator reserve 1.5 x (12,288 + 296,960) = 463,872.
+SAMPLER = 4_000_000 + 12_288 + 40_960 + 256_000 + 2_000_000 + 463_872 + CUDA_CONTEXT
 
 
 def gpu_memory(argv, ranks, samplers):
@@ -193,7 +195,7 @@ def test_memory_per_gpu_one_gpu_shared():
     # (1, 1, 1): M = 1 holds all 12e6 + 2e6 of state and gradients; the sampler adds up on the same GPU
     got = gpu_memory(["--nodes", "a:1", "--share-gpus"], 1, 1)
     assert got == {("a", 0): LEARNER_FIXED + 4_000_000 + 12_000_000 + 2_000_000 + SAMPLER}
-    assert got[("a", 0)] == 1_098_336_768
+    assert got[("a", 0)] == 1_098_336_768 + 220_774 + 2_463_872
 
 
 def test_memory_per_gpu_seeds_layout():
@@ -201,7 +203,7 @@ def test_memory_per_gpu_seeds_layout():
     got = gpu_memory(["--nodes", "a:4", "--training-ranks", "3"], 3, 1)
     assert got == {("a", 0): LEARNER_FIXED + 4_000_000 + 4_000_000 + 666_666,
                    ("a", 1): LEARNER_FIXED + 4_666_666, ("a", 2): LEARNER_FIXED + 4_666_666, ("a", 3): SAMPLER}
-    assert got[("a", 1)] == 543_823_274
+    assert got[("a", 1)] == 543_823_274 + 220_774
 
 
 def test_memory_per_gpu_16_ranks_on_two_nodes():
@@ -211,7 +213,7 @@ def test_memory_per_gpu_16_ranks_on_two_nodes():
     assert got[("a", 0)] == LEARNER_FIXED + 4_000_000 + 875_000
     assert {got[("a", g)] for g in range(1, 8)} | {got[("b", g)] for g in range(8)} == {LEARNER_FIXED + 875_000}
     assert {got[("c", g)] for g in range(8)} == {SAMPLER} and len(got) == 24
-    assert LEARNER_FIXED + 875_000 == 540_031_608
+    assert LEARNER_FIXED + 875_000 == 540_031_608 + 220_774
 
 
 def test_memory_per_gpu_two_mixed_nodes():
