@@ -161,6 +161,36 @@ def summarise(run_dir: Path, params: int, lora: bool) -> dict:
     }
 
 
+def replan(row: dict) -> dict[str, float]:
+    """The memory plan's estimate, GiB per process, for a row's command by this code's rules (the
+    launcher's flag routing and grpo.launch.memory): a row's estimate_gib is what the launcher
+    printed at the row's commit, and the rules may have changed since."""
+    import tempfile
+
+    from grpo.config import CommonConfig, LearnerConfig, SamplerConfig
+    from grpo.flags import parse_config
+    from grpo.launch import memory
+    from grpo.launch.plan import parse
+    from grpo.model import QWEN25_SHAPES
+
+    argv = shlex.split(row["command"])[1:]
+    with tempfile.TemporaryDirectory() as tmp:
+        ds = Path(tmp) / "ds.json"
+        cfg = json.loads((ROOT / "deepspeed.json").read_text())
+        cfg["train_micro_batch_size_per_gpu"] = row.get("micro_batch", MICRO)
+        ds.write_text(json.dumps(cfg))
+        argv[argv.index("--deepspeed-config") + 1] = str(ds)
+        launch, to_s, to_l = parse(argv)
+        # the flags every process shares stay with the launcher's parse; the workers get them back
+        common = [x for f in ("num_generations", "max_new_tokens", "weight_sync") if hasattr(CommonConfig, f)
+                  for x in (f"--{f.replace('_', '-')}", str(getattr(launch, f)))]
+        shape = memory.shape_from_config({**QWEN25_SHAPES[launch.model.rsplit("-", 1)[1]], "model_type": "qwen2"})
+        p = memory.plan(shape, memory.run_shape(parse_config(LearnerConfig, common + to_l, "training_worker.py"),
+                                                parse_config(SamplerConfig, common + to_s, "sampling_worker.py"),
+                                                1, 1, str(ds)))
+    return {name: round(sum(b for _, b in items) / memory.GiB, 2) for name, items in p.items()}
+
+
 def run_size(size: str, a, work: Path) -> dict:
     from grpo.launch.memory import read_shape
     from grpo.model import resolve_model
@@ -216,9 +246,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="", help="results file (default bench/results/scale_<device>.json)")
     ap.add_argument("--label", default="", help="the row's key in the JSON (default: the size), e.g. for a "
                                                 "run with other flags after --")
+    ap.add_argument("--replan", default="", help="only add this code's memory plan (estimate_gib_now) to every row "
+                                                 "of this results file and exit")
     ap.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more flags for run_distributed.py")
     a = ap.parse_args(argv)
     a.extra = [x for x in a.extra if x != "--"]
+    if a.replan:
+        path = Path(a.replan)
+        doc = json.loads(path.read_text())
+        for row in doc["rows"].values():
+            row["estimate_gib_now"] = replan(row)
+            got = row.get("measured_peak_gib") or {}
+            row["estimate_now_over_measured"] = {k: round(v / got[k], 3) for k, v in row["estimate_gib_now"].items()
+                                                 if got.get(k)}
+        doc["replanned_at_commit"] = commit()
+        path.write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"wrote {path}")
+        return 0
     sizes = [s.strip() for s in a.sizes.split(",") if s.strip()]
     if bad := [s for s in sizes if s not in LAYOUT]:
         ap.error(f"--sizes: unknown {bad}; choose from {', '.join(LAYOUT)}")

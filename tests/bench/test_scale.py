@@ -55,3 +55,16 @@ def test_a_cpu_run_of_the_tiny_model_fills_a_row(tmp_path):
     assert row["completions_per_s"] == pytest.approx(16 / row["step_s"])
     assert row["tokens_trained_per_s"] == pytest.approx(16 * 16 / row["step_s"])
     assert row["rollout_tokens_per_s"] > 0 and row["command_line"] and row["seed"] == 42
+
+
+@pytest.mark.parametrize("device", ["NVIDIA_H200", "NVIDIA_H100_80GB_HBM3"])
+def test_committed_tables_carry_this_codes_memory_plan(device):
+    """estimate_gib_now in the committed scale tables is what this code's memory plan says for each
+    row's command (rerun `bench/scale.py --replan FILE` after changing the rules); rows that ran at
+    the current rules printed the same."""
+    doc = json.loads((ROOT / "bench" / "results" / f"scale_{device}.json").read_text())
+    assert {"0.5b", "1.5b", "3b", "7b"} <= set(doc["rows"])
+    for label, row in doc["rows"].items():
+        assert row["estimate_gib_now"] == scale.replan(row), label
+        if row["commit"].startswith("1faad90"):   # ran with today's rules: the launcher printed these
+            assert row["estimate_gib"] == row["estimate_gib_now"], label
