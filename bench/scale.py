@@ -119,11 +119,12 @@ class DriverMemory(threading.Thread):
         return out
 
 
-def bound_by(train_s: float, data_wait_s: float) -> str:
-    """What a step waited on: the learner computing (train) or the sampler's next groups (data
-    wait). Shared GPU: the two also contend for it, so 'sampler' means generation and scoring
-    outlast a learner step, not that the learner idles on a free GPU."""
-    return "sampler (generation)" if data_wait_s > train_s else "learner (training)"
+def bound_by(train_s: float, data_wait_s: float, publish_s: float = 0.0) -> str:
+    """What a step spent most of its time on: the learner computing (train), waiting for the
+    sampler's next groups (data wait), or publishing the new weights (publish). Shared GPU: the
+    learner and sampler also contend for it, so 'learner' includes training slowed by generation."""
+    parts = {"learner (training)": train_s, "sampler (generation)": data_wait_s, "weight publish": publish_s}
+    return max(parts, key=parts.get)
 
 
 def mfu(params: int, tokens_per_s: float, lora: bool) -> float:
@@ -157,7 +158,7 @@ def summarise(run_dir: Path, params: int, lora: bool) -> dict:
         "sampler_torch_peak_gib": stats.get("peak_mem_gb") if stats else None,
         "truncated_frac": statistics.mean(r.get("truncated_frac", 0.0) for r in body),
         "groups": final.get("groups"), "balanced": (final.get("groups") or {}).get("balanced"),
-        "bound_by": bound_by(train_s, wait_s),
+        "bound_by": bound_by(train_s, wait_s, med("sync_publish_s")),
     }
 
 
@@ -246,8 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="", help="results file (default bench/results/scale_<device>.json)")
     ap.add_argument("--label", default="", help="the row's key in the JSON (default: the size), e.g. for a "
                                                 "run with other flags after --")
-    ap.add_argument("--replan", default="", help="only add this code's memory plan (estimate_gib_now) to every row "
-                                                 "of this results file and exit")
+    ap.add_argument("--replan", default="", help="only apply this code's memory plan (estimate_gib_now) and step-bound "
+                                                 "rule to every row of this results file, and exit")
     ap.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more flags for run_distributed.py")
     a = ap.parse_args(argv)
     a.extra = [x for x in a.extra if x != "--"]
@@ -256,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         doc = json.loads(path.read_text())
         for row in doc["rows"].values():
             row["estimate_gib_now"] = replan(row)
+            if row.get("train_s") is not None:   # the step-bound rule, as this code has it
+                row["bound_by"] = bound_by(row["train_s"], row["data_wait_s"], row["publish_stall_s"])
             got = row.get("measured_peak_gib") or {}
             row["estimate_now_over_measured"] = {k: round(v / got[k], 3) for k, v in row["estimate_gib_now"].items()
                                                  if got.get(k)}

@@ -92,16 +92,16 @@ def test_wire_needs_no_torch():
                 assert not name.startswith("grpo.") or name.startswith(("grpo.wire", "grpo.config")), (path.name, name)
 
 
-# The package's layers, lowest first (../shared/DESIGN.md's layout): a module may import its own
-# layer's modules and lower layers' only. Sampler and learner are peers above the layers both use
+# The package's layers, lowest first (../shared/DESIGN.md's layout, with flags, which reads the
+# task names, above data, and wire below data and model, importing neither): a module may import
+# its own layer's modules and lower layers' only. Sampler and learner are peers above the layers both use
 # (neither imports the other); the launcher and the worker entry points sit on top.
 LAYERS = [
     ["grpo", "grpo.config", "grpo.stats", "grpo.loss"],   # pure rules and typed configs
     ["grpo.obs", "grpo.wire"],                           # logging/metrics; the protocol (no torch)
     ["grpo.data", "grpo.model"],                         # problems and rewards; loading a model
     ["grpo.flags"],                                      # flags from the configs (and task names)
-    ["grpo.weights", "grpo.generate"],                   # moving weights; generating
-    ["grpo.sync"],                                       # the control channel
+    ["grpo.weights", "grpo.generate", "grpo.sync"],      # moving weights; generating; the control channel
     ["grpo.evaluate"],                                   # held-out scoring, used by both roles
     ["grpo.sampler", "grpo.learner"],                    # the two roles (peers)
     ["grpo.launch", "grpo.workers"],                     # starting them

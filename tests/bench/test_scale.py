@@ -39,6 +39,7 @@ def test_mfu_and_what_bound_the_step_by_hand():
     assert scale.mfu(10**9, 1e5, lora=True) == pytest.approx(4e14 / 989e12)
     assert scale.bound_by(train_s=2.0, data_wait_s=3.0) == "sampler (generation)"
     assert scale.bound_by(train_s=2.0, data_wait_s=0.1) == "learner (training)"
+    assert scale.bound_by(train_s=7.1, data_wait_s=0.0, publish_s=11.6) == "weight publish"   # 7B over tcp
 
 
 @pytest.mark.slow
