@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import msgpack
 import numpy as np
 
-from grpo.wire.messages import (DTYPE_SIZES, GROUP_ARRAYS, I64_MAX, IPC, KINDS, MAX_ID_CHARS, MAX_LOG_PROB,
+from grpo.wire.messages import (DTYPE_SIZES, GROUP_ARRAYS, I64_MAX, IPC, KINDS, MAX_ID_CHARS, MAX_IPC_HANDLE_BYTES, MAX_LOG_PROB,
                                 MAX_MAP_ITEMS, MAX_REASON_CHARS, NCCL, NP_DTYPES, SCHEMA_VERSION, SHARED, TCP,
                                 WEIGHT_METHODS, Completion, Frame, Group, IpcHandle, Limits, Message, NcclRendezvous,
                                 NoUpdate, Origin, ProtocolError, RunFacts, SamplerStatus, Stop, TensorSpec,
@@ -493,7 +493,7 @@ def _ipc_handle(v: Any, buckets_nbytes: int, stamped: bool = True) -> IpcHandle:
                     f"inside {size} bytes")
     sync = _get(m, "event_sync_required", "weights.ipc", bool)
     return IpcHandle(_str(m, "gpu_uuid", "weights.ipc", MAX_ID_CHARS), _int(m, "slot", "weights.ipc"),
-                     _bytes(m, "handle", 256), size, _int(m, "storage_offset", "weights.ipc"),
+                     _bytes(m, "handle", MAX_IPC_HANDLE_BYTES), size, _int(m, "storage_offset", "weights.ipc"),
                      _bytes(m, "ref_counter_handle", 4096), _int(m, "ref_counter_offset", "weights.ipc"),
                      _bytes(m, "event_handle", 256), sync, stamp)
 

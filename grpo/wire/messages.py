@@ -28,6 +28,10 @@ MAX_LOG_PROB = 1e-3  # log p <= 0; allow a little float noise from log_softmax
 MAX_ID_CHARS = 128  # group_id, map keys, tensor names are short identifiers
 MAX_MAP_ITEMS = 256  # meta / reward_info / stats are "small maps"
 MAX_REASON_CHARS = 4096
+# A CUDA IPC memory handle: 64 bytes for a plain allocation; under PYTORCH_CUDA_ALLOC_CONF=
+# expandable_segments:True torch serialises one entry per mapped page of the segment, which for
+# a slot of a 3B model's weights was over 256 bytes (seen on an H200: every version dropped).
+MAX_IPC_HANDLE_BYTES = 1 << 18   # within the 1 MiB header limit
 I64_MAX = (1 << 63) - 1
 
 

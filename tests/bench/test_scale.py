@@ -67,5 +67,5 @@ def test_committed_tables_carry_this_codes_memory_plan(device):
     assert {"0.5b", "1.5b", "3b", "7b"} <= set(doc["rows"])
     for label, row in doc["rows"].items():
         assert row["estimate_gib_now"] == scale.replan(row), label
-        if row["commit"].startswith("1faad90"):   # ran with today's rules: the launcher printed these
+        if not row["commit"].startswith("f2f4893"):   # ran with today's rules: the launcher printed these
             assert row["estimate_gib"] == row["estimate_gib_now"], label

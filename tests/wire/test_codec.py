@@ -128,8 +128,11 @@ def test_ipc_handle_is_validated() -> None:
     for bad, why in ((dataclasses.replace(w.ipc, stamp_offset=32), "bad_shape"),      # stamp over the buckets
                      (dataclasses.replace(w.ipc, stamp_offset=124), "bad_shape"),     # stamp past the storage
                      (dataclasses.replace(w.ipc, handle="not bytes"), "bad_field"),
-                     (dataclasses.replace(w.ipc, handle=bytes(300)), "bad_field")):
+                     (dataclasses.replace(w.ipc, handle=bytes(M.MAX_IPC_HANDLE_BYTES + 1)), "bad_field")):
         assert reason(codec.encode(dataclasses.replace(w, ipc=bad))) == why
+    # an expandable segment's handle lists its pages: tens of KB pass (300 bytes were dropped once)
+    long = dataclasses.replace(w, ipc=dataclasses.replace(w.ipc, handle=bytes(range(256)) * 160))
+    assert codec.decode(codec.encode(long)).ipc.handle == bytes(range(256)) * 160
     assert reason(codec.encode(dataclasses.replace(w, ipc=None))) == "bad_field"       # ipc without a handle
     n = make_weights("nccl")
     for bad in (M.NcclRendezvous("h", 0, "nccl"), M.NcclRendezvous("h", 70000, "nccl"), M.NcclRendezvous("h", 5, "mpi")):
