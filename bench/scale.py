@@ -163,32 +163,29 @@ def summarise(run_dir: Path, params: int, lora: bool) -> dict:
 
 
 def replan(row: dict) -> dict[str, float]:
-    """The memory plan's estimate, GiB per process, for a row's command by this code's rules (the
-    launcher's flag routing and grpo.launch.memory): a row's estimate_gib is what the launcher
-    printed at the row's commit, and the rules may have changed since."""
+    """The memory plan's estimate, GiB per process, for a row's command by this code's rules: the
+    launcher's own plan of that command and its memory plan (grpo.launch.main.memory_plan), as
+    the launcher prints it. A row's estimate_gib is what it printed at the row's commit."""
     import tempfile
 
-    from grpo.config import CommonConfig, LearnerConfig, SamplerConfig
-    from grpo.flags import parse_config
     from grpo.launch import memory
-    from grpo.launch.plan import parse
-    from grpo.model import QWEN25_SHAPES
+    from grpo.launch.main import memory_plan
+    from grpo.launch.plan import parse, plan
+    from grpo.model import resolve_model
 
     argv = shlex.split(row["command"])[1:]
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp:   # the run's DeepSpeed config, as run_size wrote it
         ds = Path(tmp) / "ds.json"
         cfg = json.loads((ROOT / "deepspeed.json").read_text())
         cfg["train_micro_batch_size_per_gpu"] = row.get("micro_batch", MICRO)
         ds.write_text(json.dumps(cfg))
         argv[argv.index("--deepspeed-config") + 1] = str(ds)
         launch, to_s, to_l = parse(argv)
-        # the flags every process shares stay with the launcher's parse; the workers get them back
-        common = [x for f in ("num_generations", "max_new_tokens", "weight_sync") if hasattr(CommonConfig, f)
-                  for x in (f"--{f.replace('_', '-')}", str(getattr(launch, f)))]
-        shape = memory.shape_from_config({**QWEN25_SHAPES[launch.model.rsplit("-", 1)[1]], "model_type": "qwen2"})
-        p = memory.plan(shape, memory.run_shape(parse_config(LearnerConfig, common + to_l, "training_worker.py"),
-                                                parse_config(SamplerConfig, common + to_s, "sampling_worker.py"),
-                                                1, 1, str(ds)))
+        resolve_model(launch.model)   # the config folder the plan reads
+        specs = plan(launch, 1, to_s, to_l, 29500)
+        procs = {role: [s for s in specs if s.role == role] for role in ("learner", "sampler")}
+        p = memory_plan(launch, procs["learner"][0].argv[2:], procs["sampler"][0].argv[2:],
+                        len(procs["learner"]), len(procs["sampler"]))
     return {name: round(sum(b for _, b in items) / memory.GiB, 2) for name, items in p.items()}
 
 
