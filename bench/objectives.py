@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchutil import ROOT, read_run_file, versions  # noqa: E402
-from time_to_accuracy import OURS_ONLY, SHARED, git_commit  # noqa: E402
+from benchutil import ROOT, git_commit, read_run_file, versions  # noqa: E402
+from time_to_accuracy import OURS_ONLY, SHARED  # noqa: E402
 
 # name -> the flags appended to the fixed command (a later flag wins in argparse).
 VARIANTS = {

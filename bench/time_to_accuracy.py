@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import save_schedule  # noqa: E402
-from benchutil import ROOT, read_run_file, versions  # noqa: E402
+from benchutil import ROOT, git_commit, read_run_file, versions  # noqa: E402
 
 # The training settings both systems share: the demo's (Makefile DEMO_FLAGS, chosen on train
 # problems by bench/task_probe.py). completions per step = --train-batch-size for both.
@@ -162,21 +162,6 @@ def first_step_trl(doc: dict, launch_time: float) -> tuple[float | None, str | N
     if steps and steps[0].get("wall_time") is not None:
         return round(float(steps[0]["wall_time"]) - launch_time, 2), "steps.json"
     return None, None
-
-
-def git_commit(root: Path) -> tuple[str | None, bool | None]:
-    """The tree's commit and whether tracked files differ from it; (None, None) without git or a .git
-    (the device machine's copy of the tree). Reads only: no index refresh (--no-optional-locks)."""
-    def git(*a: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["git", "--no-optional-locks", "-C", str(root), *a], capture_output=True, text=True)
-    try:
-        head = git("rev-parse", "HEAD")
-        if head.returncode:
-            return None, None
-        status = git("status", "--porcelain", "--untracked-files=no")
-    except OSError:
-        return None, None
-    return head.stdout.strip(), (bool(status.stdout.strip()) if status.returncode == 0 else None)
 
 
 def trl_seconds(ours_to_goal: list[float | None], left_s: float) -> tuple[float, str]:
