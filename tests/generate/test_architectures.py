@@ -116,28 +116,29 @@ def test_plan_covers_sliding_layers(arch):
     assert RolloutEngine(model, EOS, PAD).fallback is None
 
 
-def test_greedy_equals_generate_over_rounds(arch):
-    _, model = arch
-    engine = RolloutEngine(model, EOS, PAD)
+def check_greedy_rounds(model, engine) -> list:
+    """Greedy tokens of each round in ROUNDS equal Hugging Face generate's; the results. Shared with
+    the GPU matrix (test_architectures_gpu.py), which passes an engine with CUDA graphs."""
+    results = []
     for r, lengths in enumerate(ROUNDS):
         ps = prompts(lengths, seed=r)
         ref, ref_fin = hf_generate(model, ps, NEW, 1.0, True, [EOS], PAD)
         got = engine.generate(ps, NEW, greedy=True)
         assert got.token_ids == ref and got.finished == ref_fin, r
+        results.append(got)
+    return results
 
 
 def teacher_forced(model, ps, completions, temperature):
     whole = [p + g for p, g in zip(ps, completions)]
-    ids, mask = right_pad(whole, PAD, CPU)
+    ids, mask = right_pad(whole, PAD, next(model.parameters()).device)
     with torch.no_grad():
-        tf = token_logprobs(model, ids, mask, temperature)
+        tf = token_logprobs(model, ids, mask, temperature).float().cpu()
     return [tf[i, len(p) - 1:len(p) - 1 + len(g)].numpy() for i, (p, g) in enumerate(zip(ps, completions))]
 
 
-def test_sampled_logprobs_equal_teacher_forced_over_rounds(arch):
-    _, model = arch
-    torch.manual_seed(3)
-    engine = RolloutEngine(model, EOS, PAD)
+def check_sampled_rounds(model, engine) -> None:
+    """Sampled log-probs of each round equal a teacher-forced pass to 1e-5."""
     for r, lengths in enumerate(ROUNDS):
         ps = prompts(lengths, seed=10 + r)
         got = engine.generate(ps, NEW, temperature=0.8)
@@ -146,13 +147,11 @@ def test_sampled_logprobs_equal_teacher_forced_over_rounds(arch):
             np.testing.assert_allclose(lp, ref, rtol=0, atol=1e-5)
 
 
-def test_in_flight_equals_generate(arch):
+def check_in_flight(model, engine) -> None:
     """stream(): rows refilled while others decode, the ring wrapping; greedy rows as generate's,
-    sampled log-probs as a teacher-forced pass."""
-    _, model = arch
+    sampled log-probs as a teacher-forced pass. `engine` checks every 3 steps (check_every=3)."""
     ps = prompts((5, 9, 3, 8, 1), seed=2)
     ref, _ = hf_generate(model, ps, NEW, 1.0, True, [EOS], PAD)
-    engine = RolloutEngine(model, EOS, PAD, check_every=3)
     got = list(engine.stream(source(enumerate(ps)), 2, NEW, greedy=True, rows=4))
     assert sorted(g.key for g in got) == list(range(len(ps)))
     for g in got:
@@ -162,6 +161,22 @@ def test_in_flight_equals_generate(arch):
         p = ps[g.key]
         for lp, want in zip(g.logprobs, teacher_forced(model, [p, p], g.token_ids, 0.8)):
             np.testing.assert_allclose(lp, want, rtol=0, atol=1e-5)
+
+
+def test_greedy_equals_generate_over_rounds(arch):
+    _, model = arch
+    check_greedy_rounds(model, RolloutEngine(model, EOS, PAD))
+
+
+def test_sampled_logprobs_equal_teacher_forced_over_rounds(arch):
+    _, model = arch
+    torch.manual_seed(3)   # the engine seeds its generator from torch's
+    check_sampled_rounds(model, RolloutEngine(model, EOS, PAD))
+
+
+def test_in_flight_equals_generate(arch):
+    _, model = arch
+    check_in_flight(model, RolloutEngine(model, EOS, PAD, check_every=3))
 
 
 def test_softcapped_attention_equals_gemma2_eager():
