@@ -169,12 +169,8 @@ def test_cpu_run_computes_no_plan(monkeypatch, capsys):
     assert "memory plan" not in capsys.readouterr().err
 
 
-def test_cuda_run_logs_the_plan_and_refuses_what_does_not_fit(monkeypatch, capsys, tmp_path):
-    folder = tmp_path / "m"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(
-        {"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 1000, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "intermediate_size": 256}))
+def test_cuda_run_logs_the_plan_and_refuses_what_does_not_fit(monkeypatch, capsys, config_folder):
+    folder = config_folder
     monkeypatch.setattr(launch_main, "cuda_device_count", lambda: 2)
     monkeypatch.setattr(launch_main, "check_sampler_flags", lambda flags: None)
     monkeypatch.setattr(memory, "gpu_total_bytes", lambda: {0: GiB // 4, 1: 80 * GiB})

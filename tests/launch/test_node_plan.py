@@ -1,7 +1,6 @@
 """The plan over several nodes (grpo.launch.nodes): placement, RANK/WORLD_SIZE layout, each
 sampler's weight-sync method, each node's commands and what each GPU of each node holds, for
 several (N samplers, M learner ranks, K nodes); every number worked by hand below."""
-import json
 
 import pytest
 
@@ -225,12 +224,8 @@ def test_memory_per_gpu_two_mixed_nodes():
                    ("b", 2): SAMPLER}
 
 
-def test_launcher_prints_the_plan_and_starts_nothing(monkeypatch, capsys, tmp_path):
-    folder = tmp_path / "m"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(
-        {"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 1000, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "intermediate_size": 256}))
+def test_launcher_prints_the_plan_and_starts_nothing(monkeypatch, capsys, config_folder):
+    folder = config_folder
     monkeypatch.setattr(launch_main, "check_port", lambda *a: pytest.fail("--nodes checks no local port"))
     rc = launch_main.main(["--nodes", "10.0.0.1:2,10.0.0.2:1", "--training-ranks", "2", "--model", str(folder)])
     out = capsys.readouterr().out
