@@ -36,6 +36,10 @@ VARIANTS = {
     "decoupled4": "--tis-cap 2 --ppo-minibatches 4",
     "mask_decoupled2": "--is-mask-low 0.125 --is-mask-high 8 --ppo-minibatches 2",
     "fresh": "--max-staleness 0 --prompts-per-round 8",      # on-policy reference: no lag to correct
+    # TRL's numerics: fp32 weights with bf16 autocast (one rank, plain AdamW) instead of
+    # DeepSpeed's bf16 weights with fp32 master copies; alone, and with fresh data (TRL's whole setup).
+    "fp32": "--no-deepspeed",
+    "fresh_fp32": "--max-staleness 0 --prompts-per-round 8 --no-deepspeed",
     # The staleness table (with the default objective): --max-staleness S, rounds of R prompts.
     # fresh is S0/R8. (The runs of tis2, ppo, mask and decoupled* in bench/results were made when the
     # base command had S8/R64; each run's command is in its objective_launch.json.)
