@@ -174,6 +174,8 @@ def replan(row: dict) -> dict[str, float]:
     from grpo.model import resolve_model
 
     argv = shlex.split(row["command"])[1:]
+    if "--precision" not in argv:   # rows from before the flag ran bf16 weights, its only mode then
+        argv += ["--precision", "bf16"]
     with tempfile.TemporaryDirectory() as tmp:   # the run's DeepSpeed config, as run_size wrote it
         ds = Path(tmp) / "ds.json"
         cfg = json.loads((ROOT / "deepspeed.json").read_text())
@@ -201,8 +203,11 @@ def run_size(size: str, a, work: Path) -> dict:
     cfg = json.loads((ROOT / "deepspeed.json").read_text())
     cfg["train_micro_batch_size_per_gpu"] = a.micro
     ds.write_text(json.dumps(cfg, indent=2))
+    # On the GPU --precision bf16: bf16 weights with DeepSpeed's fp32 master copies, what every
+    # committed row ran (before --precision existed); autocast's float32 weights, the default for
+    # full fine-tuning, leave no room for a sampler beside a 3B learner.
     layout = ["--device", "cpu"] if a.device == "cpu" else \
-        ["--sampling-gpu", "0", "--training-gpus", "0", "--share-gpus"]
+        ["--sampling-gpu", "0", "--training-gpus", "0", "--share-gpus", "--precision", "bf16"]
     cmd = [sys.executable, str(ROOT / "run_distributed.py"), *layout, "--model", model, "--dataset", a.dataset,
            *FIXED, *extra, "--deepspeed-config", str(ds), "--max-steps", str(a.max_steps),
            "--max-time-s", str(a.max_time_s), "--run-dir", str(run_dir), "--seed", str(a.seed), *a.extra]

@@ -142,6 +142,8 @@ class LearnerConfig(CommonConfig):
     """CUDA device index for this rank (-1: LOCAL_RANK, or 0)."""
     no_deepspeed: bool = False
     """One plain PyTorch process with torch.optim.AdamW instead of a DeepSpeed group."""
+    precision: str = "auto"
+    """How the learner holds its weights on CUDA: 'autocast' (float32 weights and optimizer state, bf16 matmuls under torch.autocast, as Hugging Face Trainer's --bf16 and TRL), 'bf16' (bf16 weights, fp32 master copies in DeepSpeed's optimizer), or 'auto': autocast, but bf16 with LoRA (the frozen base stays bf16). On letter_counting autocast learned about twice as much per step as bf16 (docs/benchmarks.md). CPU: fp32."""
     deepspeed_config: str = "deepspeed.json"
     """DeepSpeed config; its "auto" values are filled from these options, which own them (batch size, learning rate): a number there that contradicts one is an error naming both."""
     learning_rate: float = 1e-6
@@ -299,3 +301,34 @@ class EvalConfig:
     """Also write the result as JSON to this file."""
     generation_backend: str = "auto"
     """Greedy decoding with 'fast' (grpo/generate/engine.py), 'hf' (Hugging Face generate) or 'auto' (fast on CUDA, hf on CPU): the decoder the training run's evaluations use."""
+
+
+PRECISIONS = ("auto", "autocast", "bf16", "fp32")
+
+
+def resolve_precision(precision: str, cuda: bool, lora: bool, deepspeed: bool) -> str:
+    """How the learner holds and computes its weights: 'autocast', 'bf16' or 'fp32'.
+
+    autocast: float32 weights, gradients and optimizer state, with the forward and backward
+      matmuls in bf16 under torch.autocast (Hugging Face Trainer's --bf16 without DeepSpeed, and
+      TRL's default). The default for full fine-tuning on CUDA: on letter_counting it learned as
+      much per step as TRL, about twice what bf16 weights learned (docs/benchmarks.md,
+      "What cost ours steps: bf16 weights").
+    bf16: bf16 weights and gradients, with DeepSpeed's fp32 master copies in the optimizer
+      (DeepSpeed's "bf16" mode). The default with LoRA: the frozen base stays in bf16 (half the
+      memory; it is never updated), and only the adapters are trained.
+    fp32: everything in float32, no autocast: the CPU path (gloo).
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"--precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
+    if not cuda:
+        if precision in ("autocast", "bf16"):
+            raise ValueError(f"--precision {precision} needs a CUDA device; on CPU the learner runs in fp32: "
+                              f"drop --precision or pass --precision fp32")
+        return "fp32"
+    if precision == "auto":
+        return "bf16" if lora and deepspeed else "autocast"
+    if precision == "bf16" and not deepspeed:
+        raise ValueError("--precision bf16 keeps fp32 master copies in DeepSpeed's optimizer, which --no-deepspeed "
+                          "does not have: drop --no-deepspeed or pass --precision autocast")
+    return precision

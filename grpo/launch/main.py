@@ -141,6 +141,8 @@ def check_memory(cfg: LaunchConfig, specs: list) -> None:
             print(f"run_distributed.py: warning: {problem} (starting anyway: --no-memory-check)", file=sys.stderr)
         else:
             raise LaunchError(problem + "; or pass --no-memory-check to start anyway")
+    elif tight := memory.check_tight(p, memory.gpu_total_bytes(), placement):
+        print(f"run_distributed.py: warning: {tight}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,7 @@ import shlex
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from grpo.config import CommonConfig, LaunchConfig, LearnerConfig
+from grpo.config import CommonConfig, LaunchConfig, LearnerConfig, resolve_precision
 from grpo.flags import parse_config
 from grpo.launch.plan import ROOT, LaunchError
 
@@ -206,8 +206,8 @@ def plan_nodes(cfg: LaunchConfig, sampler_flags: list[str], learner_flags: list[
 
     lcfg = parse_config(LearnerConfig, plans[0].procs[0].argv[1:], "training_worker.py")
     try:
-        check_method(cfg.weight_sync, SimpleNamespace(type="cuda" if cuda else "cpu"), lcfg.lora_r > 0,
-                     not cfg.no_deepspeed)
+        bf16 = resolve_precision(lcfg.precision, cuda, lcfg.lora_r > 0, not cfg.no_deepspeed) == "bf16"
+        check_method(cfg.weight_sync, SimpleNamespace(type="cuda" if cuda else "cpu"), lcfg.lora_r > 0, bf16)
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
     for i, (k, g) in enumerate(samplers):

@@ -111,7 +111,8 @@ def _owned_by_flag(value, flag_value, key: str, flag: str, source: str) -> None:
 
 
 def resolve_ds_config(raw: dict, world: int, train_batch_size: int, group_size: int,
-                      learning_rate: float, cuda: bool, source: str = "deepspeed.json") -> tuple[dict, int]:
+                      learning_rate: float, cuda: bool, source: str = "deepspeed.json",
+                      precision: str = "bf16") -> tuple[dict, int]:
     """Fill every "auto" value; returns (config for DeepSpeed, global completions per step).
 
     One owner per setting: the flags own the batch size (--train-batch-size) and the learning
@@ -139,11 +140,16 @@ def resolve_ds_config(raw: dict, world: int, train_batch_size: int, group_size: 
     cfg["train_batch_size"] = micro * gas * world
     cfg["train_micro_batch_size_per_gpu"] = micro
     cfg["gradient_accumulation_steps"] = gas
+    # --precision (resolve_precision's answer) owns bf16.enabled: "auto" in the file, or the same.
+    # autocast and fp32 give DeepSpeed float32 weights; the learner applies torch.autocast itself,
+    # since it calls the module, not the engine's forward.
     bf16 = cfg.setdefault("bf16", {})
-    if bf16.get("enabled", "auto") == "auto":
-        bf16["enabled"] = cuda
-    if not cuda:
-        bf16["enabled"] = False  # no bf16 training on the CPU path: gloo + fp32
+    want = precision == "bf16" and cuda
+    if cuda and bf16.get("enabled", "auto") not in ("auto", want):
+        raise ConfigError(f'{source}: bf16.enabled is {bf16["enabled"]} but --precision resolves to {precision}; '
+                          f'the flag owns it: write "auto" there (or pass --precision '
+                          f'{"bf16" if bf16["enabled"] else "autocast"})')
+    bf16["enabled"] = want   # on CPU always off: gloo + fp32
     opt = cfg.setdefault("optimizer", {"type": "AdamW", "params": {}})
     params = opt.setdefault("params", {})
     _owned_by_flag(params.get("lr"), learning_rate, "optimizer.params.lr", "--learning-rate", source)

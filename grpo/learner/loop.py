@@ -20,7 +20,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from grpo.config import LearnerConfig
+from grpo.config import LearnerConfig, resolve_precision
 from grpo.data.tasks import Curriculum
 from grpo.generate.backend import resolve_backend
 from grpo.learner.accounting import Books, MessageLedger, balance
@@ -93,7 +93,9 @@ class Learner:
         t_device = time.perf_counter()   # on CUDA: torch's CUDA initialisation
         self.device = pick_device(cfg.device, cfg.gpu_id if cfg.gpu_id >= 0 else (local if cfg.device != "cpu" else -1))
         t_device = time.perf_counter() - t_device
-        check_method(cfg.weight_sync, self.device, bool(cfg.lora_r), not cfg.no_deepspeed)
+        self.precision = resolve_precision(cfg.precision, self.device.type == "cuda", bool(cfg.lora_r),
+                                           not cfg.no_deepspeed)
+        check_method(cfg.weight_sync, self.device, bool(cfg.lora_r), self.precision == "bf16")
         resolve_backend(cfg.generation_backend, self.device)   # a bad name fails now, not after training
         self.curriculum = (Curriculum(cfg.dataset, cfg.curriculum_low, cfg.curriculum_high, cfg.curriculum_window)
                            if cfg.curriculum else None)   # a bad --dataset or threshold fails here, before loading
@@ -101,7 +103,7 @@ class Learner:
         raw_ds = load_ds_config(cfg.deepspeed_config)
         self.ds_config, self.batch_size = resolve_ds_config(
             raw_ds, self.world, cfg.train_batch_size, cfg.num_generations, cfg.learning_rate,
-            cuda=self.device.type == "cuda", source=cfg.deepspeed_config)
+            cuda=self.device.type == "cuda", source=cfg.deepspeed_config, precision=self.precision)
         self.groups_per_step = self.batch_size // cfg.num_generations
 
         path = resolve_model(cfg.model)  # a bad --model fails here, before ports or weights
@@ -143,9 +145,9 @@ class Learner:
         t_tok = time.perf_counter()
         self.tok = load_tokenizer(path)
         load_times["tokenizer"] = time.perf_counter() - t_tok
-        # DeepSpeed bf16 keeps fp32 master weights in its optimizer, so the module can be bf16;
-        # plain AdamW needs fp32 weights, and gets bf16 compute through autocast instead.
-        dtype = compute_dtype(self.device) if not cfg.no_deepspeed else torch.float32
+        # bf16: DeepSpeed keeps fp32 master weights in its optimizer, so the module can be bf16.
+        # autocast (and plain AdamW, which has no master copies): fp32 weights, bf16 matmuls.
+        dtype = compute_dtype(self.device) if self.precision == "bf16" else torch.float32
         model = load_causal_lm(path, self.device, dtype, times=load_times)
         model.config.use_cache = False
         if cfg.lora_r:
@@ -162,7 +164,11 @@ class Learner:
                  "engine %.1f s", t_device, t_model - t_dist, t_engine - t_model,
                  ", ".join(f"{k} {v:.1f} s" for k, v in load_times.items()), time.perf_counter() - t_engine)
         mark_stage(self.run_dir, f"learner{self.rank}", "engine_ready")
-        self.autocast = (cfg.no_deepspeed and self.device.type == "cuda")
+        self.autocast = self.precision == "autocast"
+        log.info("precision %s: %s", self.precision,
+                 {"autocast": "float32 weights and optimizer state, bf16 matmuls under torch.autocast",
+                  "bf16": "bf16 weights, fp32 master copies in DeepSpeed's optimizer",
+                  "fp32": "float32 throughout"}[self.precision])
         run = M.RunFacts(schema=M.SCHEMA_VERSION, model=cfg.model, vocab_size=self.vocab_size,
                          dtype=str(compute_dtype(self.device)).removeprefix("torch."),
                          num_generations=cfg.num_generations, max_new_tokens=cfg.max_new_tokens,
@@ -385,7 +391,9 @@ class Learner:
             if self.checkpointer.due(step, last=step == self.cfg.max_steps or time_up):
                 self.checkpointer.save(self.engine, self.tok, step, self._checkpoint_extra())
             if self.rank == 0 and self.timed_weights.due(time.time(), last=step == self.cfg.max_steps or time_up):
-                self.timed_weights.save(self.engine.module, self.tok, step)
+                # in the samplers' dtype: what they generate with is what gets scored (autocast's
+                # float32 weights would double the bytes written while the learner waits)
+                self.timed_weights.save(self.engine.module, self.tok, step, dtype=compute_dtype(self.device))
             if time_up:
                 break
         if bar is not None:

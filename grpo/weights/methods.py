@@ -18,15 +18,16 @@ METHODS = (AUTO, IPC, NCCL, SHARED, TCP)
 ACKNOWLEDGED = frozenset({IPC, NCCL})
 
 
-def check_method(method: str, device, lora: bool, deepspeed: bool) -> None:
-    """A bad --weight-sync for this learner (`device.type` 'cuda' or 'cpu'): ValueError with the fix."""
+def check_method(method: str, device, lora: bool, bf16_weights: bool) -> None:
+    """A bad --weight-sync for this learner (`device.type` 'cuda' or 'cpu'; `bf16_weights`: its
+    --precision resolves to bf16): ValueError with the fix."""
     if method not in METHODS:
         raise ValueError(f"--weight-sync {method}: choose {', '.join(METHODS[:-1])} or {METHODS[-1]}")
     if method == IPC and device.type != "cuda":
         raise ValueError("--weight-sync ipc needs a CUDA learner; use --weight-sync tcp (or auto) on CPU")
-    if method == SHARED and (device.type != "cuda" or lora or not deepspeed):
-        raise ValueError("--weight-sync shared needs a CUDA DeepSpeed learner without LoRA (bf16 weights the "
-                         "sampler can use as they are); use --weight-sync ipc")
+    if method == SHARED and (device.type != "cuda" or lora or not bf16_weights):
+        raise ValueError("--weight-sync shared needs a CUDA DeepSpeed learner with --precision bf16 and without "
+                         "LoRA (bf16 weights the sampler can use as they are); use --weight-sync ipc")
 
 
 def learner_method(requested: str, device) -> str:

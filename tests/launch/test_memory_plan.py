@@ -38,6 +38,48 @@ def test_learner_zero2_numbers_two_ranks():
     assert one["weights"] + one["gradients"] + one["optimizer state"] == 16_000_000
 
 
+def test_autocast_holds_float32_weights_and_bf16_copies():
+    """--precision autocast (SHAPE: 1e6 parameters): float32 weights (4e6) and gradients (4e6 / N),
+    ZeRO's 12 bytes of state (its master clone of the fp32 partition, momentum, variance) / N, and
+    autocast's bf16 copy of the weights (2e6). One rank: 4 + 4 + 12 + 2 = 22 bytes a parameter;
+    plain AdamW (--no-deepspeed) has no master clone: 4 + 4 + 8 + 2 = 18."""
+    l0 = items(memory.plan(SHAPE, RunShape(ranks=2, ipc=True, precision="autocast")), "learner0")
+    assert (l0["weights"], l0["gradients"], l0["optimizer state"], l0["autocast copies"]) == \
+        (4_000_000, 2_000_000, 6_000_000, 2_000_000)
+    assert l0["ipc publication"] == 4_000_000                 # the samplers still get bf16
+    one = items(memory.plan(SHAPE, RunShape(ranks=1, ipc=False, precision="autocast")), "learner0")
+    assert one["weights"] + one["gradients"] + one["optimizer state"] + one["autocast copies"] == 22_000_000
+    plain = items(memory.plan(SHAPE, RunShape(ranks=1, ipc=False, precision="autocast", deepspeed=False)),
+                  "learner0")
+    assert plain["weights"] + plain["gradients"] + plain["optimizer state"] + plain["autocast copies"] == 18_000_000
+    # bf16 (the LoRA default): no copies
+    assert "autocast copies" not in items(memory.plan(SHAPE, RunShape(ranks=1)), "learner0")
+
+
+def test_run_shape_resolves_the_learners_precision(tmp_path):
+    from grpo.config import LearnerConfig, SamplerConfig
+
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 8}))
+    shape = lambda **kw: memory.run_shape(LearnerConfig(**kw), SamplerConfig(), 1, 1, str(ds))  # noqa: E731
+    assert (shape().precision, shape().deepspeed) == ("autocast", True)
+    assert shape(lora_r=16).precision == "bf16"              # LoRA: the frozen base stays bf16
+    assert shape(precision="bf16").precision == "bf16"
+    assert (shape(no_deepspeed=True).precision, shape(no_deepspeed=True).deepspeed) == ("autocast", False)
+
+
+def test_the_allocator_reserve_alone_warns_instead_of_refusing():
+    p = {"learner0": [("weights", 3 * GiB), ("activations", 2 * GiB), ("allocator reserve", 4 * GiB)]}
+    # counted 5 GiB, with the reserve 9 GiB, on an 8 GiB GPU: started, with one line
+    assert memory.check_fits(p, {0: 8 * GiB}, {"learner0": 0}) is None
+    warn = memory.check_tight(p, {0: 8 * GiB}, {"learner0": 0})
+    assert "\n" not in warn and "may not fit GPU 0" in warn and "9.00 GiB" in warn and "allocator reserve" in warn
+    assert memory.check_tight(p, {0: 9 * GiB}, {"learner0": 0}) is None
+    # counted bytes over the GPU: refused, the reserve left out of the sum and the biggest item
+    msg = memory.check_fits(p, {0: 4 * GiB}, {"learner0": 0})
+    assert "does not fit GPU 0" in msg and "5.00 GiB" in msg and "learner0's weights" in msg
+
+
 @pytest.mark.parametrize("ranks,state,grads", [
     (1, 12_000_000, 2_000_000),    # 12 x 1e6 and 2 x 1e6: one rank holds it all
     (3, 4_000_000, 666_666),       # 12e6 / 3; 2e6 / 3 = 666,666.7, floored

@@ -155,7 +155,9 @@ def test_plan_on_cpu_sets_each_ranks_variables():
 
 @pytest.mark.parametrize("argv,match", [
     (["--nodes", "a:1,b:1", "--weight-sync", "ipc"], "ipc needs every sampler on learner rank 0's node"),
-    (["--nodes", "a:2", "--weight-sync", "shared"], "shared needs every sampler on learner rank 0's GPU"),
+    (["--nodes", "a:2", "--weight-sync", "shared", "--precision", "bf16"],
+     "shared needs every sampler on learner rank 0's GPU"),
+    (["--nodes", "a:1", "--weight-sync", "shared", "--share-gpus"], "shared needs .* --precision bf16"),
     (["--nodes", "a:1,b:1", "--device", "cpu", "--weight-sync", "ipc"], "ipc needs a CUDA learner"),
     (["--nodes", "a:2", "--master-port", "5556"], "--sync-port and --master-port are both 5556"),
     (["--nodes", "a:2", "--host", "b"], "--host b is not the first node"),

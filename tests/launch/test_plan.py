@@ -59,6 +59,45 @@ def test_deepspeed_json_auto_values():
         resolve_ds_config(raw, world=1, train_batch_size=12, group_size=8, learning_rate=1e-6, cuda=False)
 
 
+@pytest.mark.parametrize("asked,cuda,lora,deepspeed,resolved", [
+    ("auto", True, False, True, "autocast"),     # full fine-tuning: TRL's numerics
+    ("auto", True, True, True, "bf16"),          # LoRA: the frozen base stays bf16
+    ("auto", True, True, False, "autocast"),     # plain AdamW has no master copies
+    ("auto", False, False, True, "fp32"),        # CPU
+    ("bf16", True, False, True, "bf16"),
+    ("autocast", True, True, True, "autocast"),
+    ("fp32", False, True, False, "fp32"),
+])
+def test_precision_rule(asked, cuda, lora, deepspeed, resolved):
+    from grpo.config import resolve_precision
+
+    assert resolve_precision(asked, cuda, lora, deepspeed) == resolved
+
+
+@pytest.mark.parametrize("asked,cuda,deepspeed,needle", [
+    ("bf16", True, False, "drop --no-deepspeed"), ("autocast", False, True, "needs a CUDA device"),
+    ("half", True, True, "choose one of")])
+def test_precision_rule_refusals(asked, cuda, deepspeed, needle):
+    from grpo.config import resolve_precision
+
+    with pytest.raises(ValueError, match=needle):
+        resolve_precision(asked, cuda, False, deepspeed)
+
+
+def test_precision_owns_deepspeeds_bf16_switch():
+    raw = json.loads((ROOT / "deepspeed.json").read_text())
+    assert raw["bf16"]["enabled"] == "auto"
+    kw = dict(world=1, train_batch_size=16, group_size=8, learning_rate=1e-6)
+    # autocast: DeepSpeed gets float32 weights (the learner wraps the forward in torch.autocast)
+    assert resolve_ds_config(raw, cuda=True, precision="autocast", **kw)[0]["bf16"]["enabled"] is False
+    assert resolve_ds_config(raw, cuda=True, precision="bf16", **kw)[0]["bf16"]["enabled"] is True
+    raw["bf16"]["enabled"] = True
+    with pytest.raises(ConfigError, match=r"bf16.enabled is True but --precision resolves to autocast.*"
+                                          r"--precision bf16"):
+        resolve_ds_config(raw, cuda=True, precision="autocast", **kw)
+    assert resolve_ds_config(raw, cuda=False, precision="fp32", **kw)[0]["bf16"]["enabled"] is False   # CPU: off
+
+
 def test_deepspeed_json_number_contradicting_a_flag_is_an_error_naming_both(tmp_path, capsys):
     raw = json.loads((ROOT / "deepspeed.json").read_text())
     raw["train_batch_size"] = 32

@@ -34,7 +34,8 @@ def test_every_method_delivers_bit_exact_weights(tmp_path, methods, extra):
 @pytest.mark.parametrize("method,placement", [
     ("ipc", ["--sampling-gpu", "0", "--training-gpus", "1"]),
     ("nccl", ["--sampling-gpu", "0", "--training-gpus", "1"]),
-    ("shared", ["--sampling-gpu", "0", "--training-gpus", "0", "--share-gpus"]),
+    # shared: the sampler runs on the learner's own weights, which must be bf16 (--precision bf16)
+    ("shared", ["--sampling-gpu", "0", "--training-gpus", "0", "--share-gpus", "--precision", "bf16"]),
 ])
 def test_run_distributed_delivers_bit_exact_weights(tmp_path, method, placement):
     """The issue's end-to-end form: the real model through run_distributed.py, a ZeRO-2 learner,
