@@ -8,8 +8,8 @@ that generated it.
 
 Run on a GPU machine (variants run one after another; about 40 s of start-up each):
   python bench/objectives.py run --work-dir runs/obj --seconds 150 --variants ppo,tis2,mask,decoupled2
-Summarise finished runs (here or there) into bench/results/objectives_<device>.json:
-  python bench/objectives.py summarise --device "NVIDIA H100" --work-dir runs/obj
+Summarise finished runs (here or there) into bench/results/objectives_<device>[_<label>].json:
+  python bench/objectives.py summarise --device "NVIDIA H100" --work-dir runs/obj [--label letter_counting]
 """
 from __future__ import annotations
 
@@ -173,7 +173,8 @@ def summarise(args) -> None:
     rec = {"device": args.device, "task": args.task, "seconds": args.seconds, "seed": args.seed,
            "command_line": shlex.join(sys.argv), "commit": args.commit or git_commit(ROOT)[0], "versions": versions(), "variants": VARIANTS, "runs": runs,
            "note": args.note}
-    out = ROOT / "bench" / "results" / f"objectives_{args.device.replace(' ', '_')}.json"
+    suffix = f"_{args.label}" if args.label else ""
+    out = ROOT / "bench" / "results" / f"objectives_{args.device.replace(' ', '_')}{suffix}.json"
     out.write_text(json.dumps(rec, indent=2) + "\n")
     print(f"wrote {out}")
 
@@ -189,6 +190,7 @@ def main(argv=None) -> None:
     ap.add_argument("--extra", default="", help="flags appended to every variant")
     ap.add_argument("--device", default="")
     ap.add_argument("--note", default="")
+    ap.add_argument("--label", default="", help="summarise: objectives_<device>_<label>.json, beside earlier comparisons")
     ap.add_argument("--commit", default="", help="the commit the runs were made at, where the tree has no .git")
     args = ap.parse_args(argv)
     unknown = [v for v in args.variants.split(",") if v not in VARIANTS]

@@ -81,3 +81,17 @@ def test_the_staleness_table_is_what_the_printed_lines_say():
     # the choice: S2/R16 made the most steps of the fixed-batch cells and ended with the highest reward
     by = {r["variant"]: r for r in table["runs"] if r["task"] == ba}
     assert max(by, key=lambda v: by[v]["reward_by_version"][-1]) == "s2r16"
+
+
+def test_the_letter_counting_comparison_is_what_its_run_files_say():
+    """bench/results/objectives_*_letter_counting.json: bf16 weights (DeepSpeed's bf16 mode, `fresh`)
+    against float32 weights under bf16 autocast (`fp32`, `fresh_fp32`), the claim --precision's
+    default rests on: autocast learned more per version in every bucket."""
+    committed = json.loads((RESULTS / "objectives_NVIDIA_H100_80GB_HBM3_letter_counting.json").read_text())
+    assert committed["task"] == "rg:letter_counting" and set(committed["runs"]) == {"fp32", "fresh", "fresh_fp32"}
+    for name, run in committed["runs"].items():
+        assert ob.summarise_run(RESULTS / "objectives_letter_counting" / name) == run, name
+    by = {k: [b["reward_mean"] for b in committed["runs"][k]["reward_by_version"]] for k in committed["runs"]}
+    for wide in ("fp32", "fresh_fp32"):
+        assert all(w > b for w, b in zip(by[wide], by["fresh"])), wide
+    assert "--no-deepspeed" in committed["runs"]["fp32"]["flags"]
