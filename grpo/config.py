@@ -313,7 +313,7 @@ def resolve_precision(precision: str, cuda: bool, lora: bool, deepspeed: bool) -
       matmuls in bf16 under torch.autocast (Hugging Face Trainer's --bf16 without DeepSpeed, and
       TRL's default). The default for full fine-tuning on CUDA: on letter_counting it learned as
       much per step as TRL, about twice what bf16 weights learned (docs/benchmarks.md,
-      "What cost ours steps: bf16 weights").
+      "What cost ours steps on letter_counting: bf16 weights").
     bf16: bf16 weights and gradients, with DeepSpeed's fp32 master copies in the optimizer
       (DeepSpeed's "bf16" mode). The default with LoRA: the frozen base stays in bf16 (half the
       memory; it is never updated), and only the adapters are trained.

@@ -178,15 +178,15 @@ def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
     With --precision autocast the weights and gradients are float32 (4 + 4 / N_d bytes), ZeRO's
     optimizer state is still 12 / N_d (it clones the fp32 partition as its master copy), and
     autocast holds a bf16 copy of the weights through each micro-batch's forward and backward (2
-    bytes). With --no-deepspeed (one rank, plain AdamW): 16 bytes with bf16 weights' accounting,
-    4 + 4 + 8 with autocast (no master clone).
+    bytes). --no-deepspeed (one rank, plain AdamW, always autocast on CUDA) keeps no master
+    clone: 8 bytes of state.
     """
     seq = r.prompt_tokens + r.new_tokens
     trained = lora_params(s, r.lora_r) if r.lora_r else s.params
     wide = r.precision == "autocast"
     w_bytes = 4 if wide else r.dtype_bytes
     weights = (s.params + (trained if r.lora_r else 0)) * w_bytes
-    state = 12 if (r.deepspeed or not wide) else 8
+    state = 12 if r.deepspeed else 8
     out: dict[str, list[tuple[str, int]]] = {}
     for k in range(r.ranks):
         items = [("weights", weights),
