@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import json
-import os
 import platform
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -78,29 +76,11 @@ class Timer:
                          if self.device.type == "cuda" else float("nan"))
 
 
-def git_commit(root: Path) -> tuple[str | None, bool | None]:
-    """The tree's commit and whether tracked files differ from it; (None, None) without git or a .git
-    (the device machine's copy of the tree). Reads only: no index refresh (--no-optional-locks)."""
-    def git(*a: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["git", "--no-optional-locks", "-C", str(root), *a], capture_output=True, text=True)
-    try:
-        head = git("rev-parse", "HEAD")
-        if head.returncode:
-            return None, None
-        status = git("status", "--porcelain", "--untracked-files=no")
-    except OSError:
-        return None, None
-    return head.stdout.strip(), (bool(status.stdout.strip()) if status.returncode == 0 else None)
-
-
 def commit() -> str | None:
-    """The tree's commit: $GRPO_GIT_COMMIT where the tree has no .git (the device machine's copy,
-    where the caller exports the commit it carried), else git_commit's, with "-dirty" when
-    tracked files differ; None when neither says."""
-    if os.environ.get("GRPO_GIT_COMMIT"):
-        return os.environ["GRPO_GIT_COMMIT"]
-    head, dirty = git_commit(ROOT)
-    return head and head + ("-dirty" if dirty else "")
+    """The tree's commit, as every run file records it (grpo.obs.rundir.code_commit)."""
+    from grpo.obs.rundir import code_commit
+
+    return code_commit()
 
 
 def write_result(name: str, device: torch.device, payload: dict, label: str | None = None,

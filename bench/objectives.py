@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchutil import ROOT, git_commit, read_run_file, versions  # noqa: E402
+from benchutil import ROOT, commit, read_run_file, versions  # noqa: E402
 from time_to_accuracy import OURS_ONLY, SHARED  # noqa: E402
 
 # name -> the flags appended to the fixed command (a later flag wins in argparse).
@@ -147,7 +147,7 @@ def run(args) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "objective_launch.json").write_text(json.dumps(
             {"flags": VARIANTS[name] + " " + args.extra, "command": cmd, "exit_code": code,
-             "wall_s": time.time() - t0, "started_at": t0, "seed": args.seed, "commit": args.commit or git_commit(ROOT)[0]}, indent=2))
+             "wall_s": time.time() - t0, "started_at": t0, "seed": args.seed, "commit": args.commit or commit()}, indent=2))
         s = summarise_run(run_dir)
         print(f"objectives: {name} exit {code}: {s['steps']} steps, reward by version "
               f"{[round(b['reward_mean'], 3) for b in s['reward_by_version']]}, clip {s['clip_frac_mean']}, "
@@ -171,7 +171,7 @@ def summarise(args) -> None:
     work = Path(args.work_dir)
     runs = {p.name: summarise_run(p) for p in sorted(work.iterdir()) if (p / "objective_launch.json").exists()}
     rec = {"device": args.device, "task": args.task, "seconds": args.seconds, "seed": args.seed,
-           "command_line": shlex.join(sys.argv), "commit": args.commit or git_commit(ROOT)[0], "versions": versions(), "variants": VARIANTS, "runs": runs,
+           "command_line": shlex.join(sys.argv), "commit": args.commit or commit(), "versions": versions(), "variants": VARIANTS, "runs": runs,
            "note": args.note}
     suffix = f"_{args.label}" if args.label else ""
     out = ROOT / "bench" / "results" / f"objectives_{args.device.replace(' ', '_')}{suffix}.json"

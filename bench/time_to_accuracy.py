@@ -41,7 +41,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import save_schedule  # noqa: E402
-from benchutil import ROOT, git_commit, read_run_file, versions  # noqa: E402
+from benchutil import ROOT, read_run_file, versions  # noqa: E402
+
+from grpo.obs.rundir import git_head, provenance  # noqa: E402
 
 # The training settings both systems share: the demo's (Makefile DEMO_FLAGS, chosen on train
 # problems by bench/task_probe.py). completions per step = --train-batch-size for both.
@@ -219,8 +221,8 @@ def check_ours(cmd: list[str]) -> None:
 
 def _run_extra(args, seed: int, **more) -> dict:
     """What launch.json records beside the command: the seed, the commit, the save schedule."""
-    commit, dirty = (args.git_commit, None) if args.git_commit else git_commit(ROOT)
-    return {"seed": seed, "git_commit": commit, "git_dirty": dirty, "save_schedule": args.save_schedule, **more}
+    commit, dirty = (args.git_commit, None) if args.git_commit else git_head(ROOT)
+    return {"seed": seed, "commit": commit, "git_dirty": dirty, "save_schedule": args.save_schedule, **more}
 
 
 def launch_ours(args, seed: int) -> dict:
@@ -294,7 +296,7 @@ def score(args) -> None:
 
     if not base_file.is_file():
         base = one()
-        base_file.write_text(json.dumps({"task": args.task, "model": args.model, **base}) + "\n")
+        base_file.write_text(json.dumps({"task": args.task, "model": args.model, **base, **provenance()}) + "\n")
         print(f"time_to_accuracy: base model {base['accuracy']:.3f} ({base['correct']}/{base['n']})", flush=True)
     for run, folder, rec, launch in todo:
         load_into(model, folder)
@@ -404,7 +406,8 @@ def summarise_task(work: Path) -> dict:
                "accuracy_at_s": accuracy_at_marks(pts[1:]),
                "step_at_2x_baseline": next((p["step"] for p in pts if p["accuracy"] >= target > 0), None),
                "last_save_s": pts[-1]["seconds"], "bound": launch.get("bound"), "command": launch["command"],
-               "git_commit": launch.get("git_commit"), "git_dirty": launch.get("git_dirty"),
+               # "git_commit" in launch.json files written before it was "commit"
+               "git_commit": launch.get("commit", launch.get("git_commit")), "git_dirty": launch.get("git_dirty"),
                "save_schedule": launch.get("save_schedule", legacy_schedule)}
         if launch["system"] == "ours":
             first, first_from = first_step_ours(run, launch["launch_time"])
@@ -505,7 +508,8 @@ def record_device(args) -> None:
     extra = ("trl",) if _has("trl") else ()
     (work / "device.json").write_text(json.dumps({"device": name, "versions": versions(extra),
                                                   "save_schedule": args.save_schedule,
-                                                  **({"label": args.label} if args.label else {})}, indent=2) + "\n")
+                                                  **({"label": args.label} if args.label else {}),
+                                                  **provenance()}, indent=2) + "\n")
 
 
 def _has(mod: str) -> bool:

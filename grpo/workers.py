@@ -56,7 +56,7 @@ def sampler_main(argv: list[str] | None = None) -> int:
         _gpu_env(cfg.device, cfg.gpu_id)
         if not 0 <= cfg.sampler_id < cfg.num_samplers:
             raise ValueError(f"--sampler-id {cfg.sampler_id} must be in 0..{cfg.num_samplers - 1} (--num-samplers)")
-        from grpo.obs.rundir import make_run_dir, save_config, setup_logging
+        from grpo.obs.rundir import make_run_dir, provenance, save_config, setup_logging
         from grpo.obs.stages import mark as mark_stage
 
         run_dir = make_run_dir(cfg.run_dir)
@@ -76,7 +76,8 @@ def sampler_main(argv: list[str] | None = None) -> int:
         result = sampler.run()
     except (RunMismatch, NoFirstAnswer) as exc:
         return _fail(prog, exc)
-    (run_dir / f"sampler{cfg.sampler_id}_result.json").write_text(json.dumps(result, indent=2, default=str))
+    (run_dir / f"sampler{cfg.sampler_id}_result.json").write_text(json.dumps({**result, **provenance()}, indent=2,
+                                                                             default=str))
     return 0
 
 

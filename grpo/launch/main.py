@@ -178,10 +178,13 @@ def main(argv: list[str] | None = None) -> int:
         base = Path(cfg.run_dir or "runs").resolve()
         return supervisor.run_instances(cfg, instances, [instance_argv(cfg, inst, passthrough) for inst in instances],
                                         base)
-    from grpo.obs.rundir import make_run_dir, save_config
+    from grpo.obs.rundir import COMMIT_ENV, code_commit, make_run_dir, save_config
 
     run_dir = make_run_dir(cfg.run_dir).resolve()
+    commit = code_commit()   # asked of git once; the workers' run files record it from their environment
     for spec in specs:
         spec.argv += ["--run-dir", str(run_dir)]
+        if commit:
+            spec.env.setdefault(COMMIT_ENV, commit)
     save_config(run_dir, "launch", cfg)
     return supervisor.run(cfg, specs, run_dir)

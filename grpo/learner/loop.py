@@ -37,7 +37,7 @@ from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_devi
 from grpo.obs.gpu import GpuMonitor, format_gpu
 from grpo.obs.metrics import MetricsWriter
 from grpo.obs.progress import Progress
-from grpo.obs.rundir import make_run_dir
+from grpo.obs.rundir import make_run_dir, provenance
 from grpo.obs.stages import first_step_s, history as stage_history, mark as mark_stage
 from grpo.obs.tracking import Tracker, parse_report_to
 from grpo.stats import group_stats
@@ -530,7 +530,7 @@ class Learner:
             from grpo.learner.lora import lora_stats
 
             summary["lora"] = lora_stats(self.engine)
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (self.run_dir / "summary.json").write_text(json.dumps({**summary, **provenance()}, indent=2) + "\n")
         self.metrics.write({"final": True, **summary})
         log.info("accounting: sent %d = trained %d + dropped %d %s + queued %d -> %s%s", acc["sent"],
                  acc["trained"], dropped_total, acc["dropped"], acc["queued"], books_say["text"],

@@ -1,13 +1,52 @@
 """Where a process writes: the run directory, its resolved config file, and the log format."""
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
+import shlex
+import subprocess
 import sys
 import time
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]   # the tree that holds the grpo package
+COMMIT_ENV = "GRPO_GIT_COMMIT"
+
+
+def git_head(root: Path) -> tuple[str | None, bool | None]:
+    """The commit of the git tree at `root` and whether tracked files differ from it; (None, None)
+    without git or a .git (a copy carried to another machine). Reads only (no index refresh)."""
+    def git(*a: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "--no-optional-locks", "-C", str(root), *a], capture_output=True,
+                              text=True, timeout=10)
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode:
+            return None, None
+        status = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.TimeoutExpired):
+        return None, None
+    return head.stdout.strip(), (bool(status.stdout.strip()) if status.returncode == 0 else None)
+
+
+@functools.cache
+def code_commit() -> str | None:
+    """This code's commit: $GRPO_GIT_COMMIT where the tree has no .git (a copy carried to another
+    machine, whose caller exports the commit it carried; the launcher exports it for its
+    children, so git runs once a run), else git_head's of the tree holding this package, with
+    "-dirty" when tracked files differ; None when neither says."""
+    if os.environ.get(COMMIT_ENV):
+        return os.environ[COMMIT_ENV]
+    head, dirty = git_head(ROOT)
+    return head and head + ("-dirty" if dirty else "")
+
+
+def provenance() -> dict:
+    """What made a file of the run: this process's command line and the code's commit."""
+    return {"command": shlex.join([sys.executable, *sys.argv]), "commit": code_commit()}
 
 
 def new_run_id() -> str:
@@ -39,5 +78,5 @@ def setup_logging(name: str, log_file: str = "") -> None:
 
 
 def save_config(run_dir: Path, name: str, cfg) -> None:
-    data = asdict(cfg) if is_dataclass(cfg) else dict(cfg)
+    data = {**(asdict(cfg) if is_dataclass(cfg) else dict(cfg)), **provenance()}
     (run_dir / f"config_{name}.json").write_text(json.dumps(data, indent=2, default=str) + "\n")

@@ -21,6 +21,8 @@ import threading
 import time
 from pathlib import Path
 
+from grpo.obs.rundir import provenance
+
 MAX_HISTORY = 256   # marks kept per stage file (a few per process, so room for many restarts)
 _lock = threading.Lock()   # one read-modify-write of a stage file at a time within a process
 
@@ -60,7 +62,7 @@ def mark(run_dir: str | Path, process: str, stage: str, now: float | None = None
             history = _history(d / f"{process}.json")
             history = (history + [entry])[-MAX_HISTORY:]
             tmp = d / f".{process}.{os.getpid()}.tmp"
-            tmp.write_text(json.dumps({**entry, "history": history}))
+            tmp.write_text(json.dumps({**entry, "history": history, **provenance()}))
             os.replace(tmp, d / f"{process}.json")
     except OSError:
         pass

@@ -272,9 +272,9 @@ def test_a_flag_the_launcher_does_not_know_stops_the_script_before_any_run(capsy
 
 
 def test_git_commit_of_a_tree_and_of_no_tree(tmp_path):
-    assert tta.git_commit(tmp_path) == (None, None)            # no .git, as on the device machine
+    assert tta.git_head(tmp_path) == (None, None)            # no .git, as on the device machine
     if (ROOT / ".git").exists():
-        commit, dirty = tta.git_commit(ROOT)
+        commit, dirty = tta.git_head(ROOT)
         assert len(commit) == 40 and int(commit, 16) >= 0 and isinstance(dirty, bool)
 
 
@@ -354,7 +354,7 @@ def test_a_run_of_ours_records_its_flags_command_commit_and_marks(tmp_path, monk
                      "--ours-flags", "--max-staleness 0 --prompts-per-round 8"]) == 0
     launch = json.loads((work / "ours_seed7" / "launch.json").read_text())
     assert ran == [launch["command"]] and launch["command"][-4:] == ["--max-staleness", "0", "--prompts-per-round", "8"]
-    assert (launch["seed"], launch["ours_flags"], launch["git_commit"], launch["save_schedule"]) == \
+    assert (launch["seed"], launch["ours_flags"], launch["commit"], launch["save_schedule"]) == \
         (7, ["--max-staleness", "0", "--prompts-per-round", "8"], "abc123", "30")
     assert launch["launch_time"] == 1000.0
     monkeypatch.undo()

@@ -85,6 +85,18 @@ def test_run_distributed_cpu_two_ranks_two_samplers(tmp_path):
     log0 = (run_dir / "learner0.log").read_text()
     assert "DeepSpeed ZeRO stage 2 engine" in log0 and "balanced" in log0
     assert (run_dir / "config_learner.json").exists() and (run_dir / "config_launch.json").exists()
+    # every JSON file of the run says what made it: its process's command line and the code's commit,
+    # the launcher's, passed to its workers (one git call a run)
+    from grpo.obs.rundir import code_commit
+
+    made = {name: json.loads((run_dir / name).read_text()) for name in
+            ("config_launch.json", "config_learner.json", "config_sampler0.json", "summary.json",
+             "sampler1_result.json", "stages/learner0.json", "stages/sampler1.json")}
+    assert {m["commit"] for m in made.values()} == {code_commit()}
+    assert "run_distributed.py" in made["config_launch.json"]["command"]
+    assert all("training_worker.py" in made[n]["command"] for n in ("config_learner.json", "summary.json",
+                                                                      "stages/learner0.json"))
+    assert "sampling_worker.py" in made["sampler1_result.json"]["command"]
     # --eval-every: sampler 0 scored the initial weights (the baseline), the learner its final ones
     evals = [json.loads(x) for x in (run_dir / "eval.jsonl").read_text().splitlines()]
     assert (0, "sampler0") in {(e["version"], e["by"]) for e in evals}

@@ -267,3 +267,27 @@ def test_first_step_s_counts_from_the_earliest_start_of_this_launch():
     assert first_step_s(hist, 1) == 40.0 - 10.0      # the earlier launch's own figure
     hist["learner0"] = hist["learner0"][:-1]         # no first step yet in this launch
     assert first_step_s(hist, 5) is None
+
+
+def test_run_files_record_command_and_commit(tmp_path, monkeypatch):
+    """provenance(): this process's command line and the code's commit ($GRPO_GIT_COMMIT first, as
+    the launcher passes it on); save_config writes both beside the options."""
+    import sys
+
+    from grpo.config import LearnerConfig
+    from grpo.obs import rundir
+
+    rundir.code_commit.cache_clear()
+    monkeypatch.setenv(rundir.COMMIT_ENV, "abc123")
+    monkeypatch.setattr(sys, "argv", ["training_worker.py", "--seed", "7"])
+    try:
+        assert rundir.provenance() == {"command": f"{sys.executable} training_worker.py --seed 7",
+                                       "commit": "abc123"}
+        cfg = LearnerConfig(seed=7, learning_rate=3e-6)
+        rundir.save_config(tmp_path, "learner", cfg)
+        saved = json.loads((tmp_path / "config_learner.json").read_text())
+        assert (saved["command"], saved["commit"], saved["seed"]) == (rundir.provenance()["command"], "abc123", 7)
+        assert saved["learning_rate"] == 3e-6
+    finally:
+        rundir.code_commit.cache_clear()
+    assert rundir.git_head(tmp_path) == (None, None)   # no .git: nothing to say
