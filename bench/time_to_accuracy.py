@@ -292,7 +292,8 @@ def score(args) -> None:
 
     def one() -> dict:
         r = greedy_accuracy(model, tok, problems, SHARED["max_new_tokens"], args.eval_batch_size, device, engine)
-        return {k: r[k] for k in ("accuracy", "correct", "n", "truncated_frac", "mean_completion_len", "decoder")}
+        return {k: r[k] for k in ("accuracy", "correct", "n", "truncated_frac", "mean_completion_len", "top_answers",
+                                  "decoder")}
 
     if not base_file.is_file():
         base = one()
@@ -322,7 +323,9 @@ def run_points(run: Path, base: dict) -> list[dict]:
     for x in _lines(run / "scores.jsonl"):
         s = json.loads(x)
         pts.append({"seconds": s["seconds"], "step": s["step"], "accuracy": s["accuracy"],
-                    "ci95": wilson(s["correct"], s["n"])})
+                    "ci95": wilson(s["correct"], s["n"]),
+                    # scores from before top_answers have none
+                    **({"top_answers": s["top_answers"]} if "top_answers" in s else {})})
     return sorted(pts, key=lambda p: p["seconds"])
 
 
@@ -385,6 +388,13 @@ def _device(work: Path) -> dict:
     return json.loads((work / "device.json").read_text()) if (work / "device.json").is_file() else {}
 
 
+def constant_answer(task: str, n: int) -> dict:
+    """grpo.evaluate's constant-answer baseline on the scored subset (its most common answer)."""
+    from grpo.evaluate import constant_answer_baseline, eval_problems
+
+    return constant_answer_baseline(eval_problems(task, n))
+
+
 def summarise_task(work: Path) -> dict:
     base = json.loads((work / "base_score.json").read_text())
     if base["accuracy"] < 0.1:   # 2x of next to nothing is noise: the issue asks for tasks at 0.1 or more
@@ -392,7 +402,10 @@ def summarise_task(work: Path) -> dict:
     target = GOAL_RATIO * base["accuracy"]
     out = {"task": base["task"], "eval": f"first {base['n']} test problems at the task's starting settings, "
            f"greedy, {base['decoder']} decoder, bf16", "baseline_accuracy": base["accuracy"],
-           "baseline_ci95": wilson(base["correct"], base["n"]), "target_accuracy": round(target, 4)}
+           "baseline_ci95": wilson(base["correct"], base["n"]), "target_accuracy": round(target, 4),
+           # What answering every question with the same answer scores: above the target, a run can
+           # reach 2x without solving anything (points' top_answers show whether it did).
+           "constant_answer": constant_answer(base["task"], base["n"])}
     systems: dict[str, dict] = {}
     meta = _device(work)
     # Runs from before --save-schedule saved every device.json's save_every_s seconds.
@@ -455,6 +468,10 @@ def plot(task: dict, out: Path, device: str) -> None:
             ax.fill_between(xs, lo, hi, color=colours.get(name), alpha=0.08)
     ax.axhline(task["baseline_accuracy"], color="gray", ls=":", label=f"baseline {task['baseline_accuracy']:.3f}")
     ax.axhline(task["target_accuracy"], color="gray", ls="--", label="2x baseline")
+    const = task.get("constant_answer") or {}
+    if const.get("answer") is not None:
+        ax.axhline(const["accuracy"], color="tab:red", ls="-.", lw=0.8,
+                   label=f"always answering {const['answer']!r}: {const['accuracy']:.3f}")
     ax.set_xlabel("seconds from launch (one GPU; evaluation not counted)")
     ax.set_ylabel("greedy accuracy (95% interval)")
     run = f" ({task['label']})" if task.get("label") else ""

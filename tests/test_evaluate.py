@@ -9,7 +9,7 @@ import torch
 
 from grpo.data.formats import Problem
 from grpo.data.gsm8k import extract_gsm8k_answer
-from grpo.data.prompts import build_prompt
+from grpo.data.prompts import build_prompt, problem_prompt
 from grpo.evaluate import eval_problems, greedy_accuracy
 from grpo.model import load_causal_lm, load_tokenizer, resolve_model
 
@@ -104,6 +104,31 @@ def test_eval_scores_rg_answers_by_the_tasks_own_scorer():
                           engine=_ScriptedEngine(tok, script))
     assert (res["correct"], res["n"]) == (5, 6) and abs(res["accuracy"] - 5 / 6) < 1e-12
     assert res["has_answer"] == 1.0   # every completion marks an answer after '####'
+
+
+def test_eval_reports_the_answers_a_policy_gives_and_what_one_constant_answer_scores():
+    """top_answers: the most common final answers (the reward's own reading of the text) and their
+    share of all completions; constant_answer_baseline: one answer for every problem, scored by
+    the correctness rule. Hand-worked: 6 problems, references 1, 1, 2, 1, 3, 7."""
+    from grpo.evaluate import constant_answer_baseline, top_answers
+
+    tok = load_tokenizer(resolve_model("smollm2"))
+    problems = [Problem(f"How many? ({i})", a) for i, a in enumerate(["1", "1", "2", "1", "3", "7"])]
+    texts = ["It is 1.\n#### 1", "#### 1", "I count 2, so #### 1", "no idea", "#### 3 letters", "#### 7"]
+    # answers read: 1, 1, 1, None, 3, 7 -> '1' 3/6, then '3' and '7' 1/6 each in order of first sight
+    assert top_answers(["1", "1", "1", None, "3", "7"]) == [["1", 0.5], ["3", 1 / 6], ["7", 1 / 6]]
+    assert top_answers([None, None]) == [] and top_answers([]) == []
+    script = {tuple(tok(problem_prompt(tok, p), add_special_tokens=False)["input_ids"]): t
+              for p, t in zip(problems, texts)}
+    res = greedy_accuracy(torch.nn.Module(), tok, problems, 16, batch_size=4, device=torch.device("cpu"),
+                          engine=_ScriptedEngine(tok, script))
+    assert res["top_answers"] == [["1", 0.5], ["3", 1 / 6], ["7", 1 / 6]]
+    assert res["correct"] == 4   # problems 0, 1, 4, 5
+    assert constant_answer_baseline(problems) == {"answer": "1", "accuracy": 0.5}
+    assert constant_answer_baseline([]) == {"answer": None, "accuracy": 0.0}
+    # The benchmark's letter_counting subset: answering '1' to every problem scores 0.354, above
+    # the 2x-baseline target (0.316): a policy can reach the goal without counting.
+    assert constant_answer_baseline(eval_problems("rg:letter_counting", 500)) == {"answer": "1", "accuracy": 0.354}
 
 
 def test_eval_prompts_are_the_samplers_training_prompts():

@@ -265,8 +265,7 @@ class RewardSet:
             name = next(p.name for p in self.parts if p.builtin == "correctness")
             for r, t, p in zip(results, texts, problems):
                 r.info["correct"] = float(r.info[name] == 1.0)
-                marked = _rg_judged(p.answer, p.columns.get("rg_task"), p.columns.get("rg_entry"))
-                r.info["has_answer"] = float((_marked_answer(t) if marked else extract_gsm8k_answer(t)) is not None)
+                r.info["has_answer"] = float(final_answer(p, t) is not None)
         return results
 
     @staticmethod
@@ -295,6 +294,15 @@ class RewardSet:
 
 
 _CORRECTNESS = RewardSet("correctness")   # score_correctness's: the correctness part on its own
+
+
+def final_answer(problem: Any, text: str) -> str | None:
+    """The answer the correctness reward reads from `text`: the line after the last '####' where
+    reasoning-gym's scorer judges the row (answers that are not numbers), else the GSM8K final
+    number, normalised. None when there is none."""
+    if _rg_judged(problem.answer, problem.columns.get("rg_task"), problem.columns.get("rg_entry")):
+        return _marked_answer(text)
+    return extract_gsm8k_answer(text)
 
 
 def score_correctness(problems: Sequence[Any], texts: Sequence[str]) -> list[RewardResult]:

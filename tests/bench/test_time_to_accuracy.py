@@ -364,12 +364,17 @@ def test_a_run_of_ours_records_its_flags_command_commit_and_marks(tmp_path, monk
                                                       "accuracy": 0.15, "correct": 15, "n": 100, "decoder": "fast"}))
     scores = [(3, 75.0, 0.2), (9, 110.0, 0.31), (14, 140.0, 0.29)]
     (run / "scores.jsonl").write_text("".join(json.dumps({"step": s, "seconds": t, "accuracy": a,
-                                                          "correct": round(a * 100), "n": 100}) + "\n"
+                                                          "correct": round(a * 100), "n": 100,
+                                                          **({"top_answers": [["1", 0.9]]} if s == 14 else {})}) + "\n"
                                               for s, t, a in scores))
     (run / "stages").mkdir()
     (run / "stages" / "learner0.json").write_text(json.dumps({"stage": "first_step", "time": 1031.0, "pid": 1}))
     (run / "summary.json").write_text(json.dumps({"groups": {"sent": 10, "dropped": {}}, "steps": 20}))
-    rec = tta.summarise_task(work)["systems"]["ours"]["runs"][0]
+    task = tta.summarise_task(work)
+    rec = task["systems"]["ours"]["runs"][0]
+    # the first 100 letter_counting test problems: '1' is the answer to 39 of them
+    assert task["constant_answer"] == {"answer": "1", "accuracy": 0.39}
+    assert [p.get("top_answers") for p in rec["points"]] == [None, None, None, [["1", 0.9]]]
     assert rec["command"] == launch["command"] and rec["ours_flags"] == launch["ours_flags"]
     assert (rec["seed"], rec["git_commit"], rec["save_schedule"]) == (7, "abc123", "30")
     assert (rec["first_step_s"], rec["first_step_from"]) == (31.0, "stages/learner0.json")
