@@ -157,8 +157,23 @@ def _restarted(sup: Supervisor, bad: tuple[str, int] | None, restarts: dict[str,
     return True
 
 
-def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path) -> int:
-    """One run: start the learner group, then the samplers, and watch them to the end."""
+# How long a process failing at start-up waits for the launch check to finish: the check names the
+# problem in one line where the process's log tail would name it in fifteen.
+CHECK_WAIT_S = 30.0
+
+
+def _check_failed(check, wait_s: float = 0.0) -> bool:
+    """Say the launch check's problem, if it has one, as the launcher's one-line error."""
+    problem = check.problem(wait_s) if check is not None else None
+    if problem:
+        print(f"run_distributed.py: error: {problem}", file=sys.stderr, flush=True)
+    return bool(problem)
+
+
+def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check=None) -> int:
+    """One run: start the learner group, then the samplers, and watch them to the end. `check`
+    (grpo.launch.main.BackgroundCheck): a launch check still running as they start; if it finds
+    a problem, the run stops with its line and exit code 2."""
     sup = Supervisor(run_dir)
     learners = [s for s in specs if s.role == "learner"]
     samplers = [s for s in specs if s.role == "sampler"]
@@ -176,8 +191,12 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path) -> int:
         deadline = time.monotonic() + cfg.ready_timeout_s
         restarts = {s.name: 0 for s in samplers}
         while not ready.exists():
+            if _check_failed(check):
+                return 2
             sup.note_late(cfg.stage_timeout_s)
             bad = sup.failed()
+            if bad and _check_failed(check, CHECK_WAIT_S):
+                return 2
             if _restarted(sup, bad, restarts, cfg.restart_samplers):
                 continue
             if bad or sup.stopping or time.monotonic() > deadline:
@@ -192,12 +211,16 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path) -> int:
         print(f"[launcher] learner ready on {cfg.host}:{cfg.data_port}/{cfg.sync_port}", flush=True)
         seen = 0
         while True:
+            if _check_failed(check):
+                return 2
             if sup.stopping:
                 name = signal.Signals(sup.stopping).name
                 print(f"[launcher] {name}: stopping every process (up to {cfg.stop_timeout_s:.0f} s each, "
                       f"then killed)", flush=True)
                 return 128 + sup.stopping
             bad = sup.failed()
+            if bad and _check_failed(check, CHECK_WAIT_S):
+                return 2
             if _restarted(sup, bad, restarts, cfg.restart_samplers):
                 continue
             if bad:

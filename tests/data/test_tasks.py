@@ -140,14 +140,30 @@ def _launch(*args, timeout=600):
                           env=dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1"))
 
 
-def test_the_launcher_names_a_bad_setting_before_anything_starts(tmp_path):
+def test_the_launcher_names_a_bad_setting_in_one_line_and_stops_what_it_started(tmp_path):
+    """The rg: check runs beside the workers' start-up (reasoning-gym's import is the launcher's
+    slowest): a bad setting still ends the run with one line and exit 2, and every process it
+    started is gone."""
+    import json
+    import os
+
     r = _launch("--dataset", "rg:basic_arithmetic:max_term=2", "--run-dir", str(tmp_path / "run"), timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines() == [
         "run_distributed.py: error: rg:basic_arithmetic: unknown setting 'max_term'; did you mean max_terms? its "
         "settings: min_terms, max_terms, min_digits, max_digits, operators, allow_parentheses, allow_negation, "
         "format_style, whitespace"]
-    assert not (tmp_path / "run").exists()
+    pids = json.loads((tmp_path / "run" / "pids.json").read_text())
+    assert set(pids) == {"launcher", "learner0", "sampler0"}   # they had started
+    for name, pid in pids.items():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        # a pid can be reused, but not by a zombie or a process of this run
+        state = open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0]
+        cmd = open(f"/proc/{pid}/cmdline").read()
+        assert state == "Z" or not any(w in cmd for w in ("run_distributed", "_worker.py")), name
 
 
 @pytest.mark.slow
