@@ -108,7 +108,9 @@ def test_the_committed_result_is_what_its_run_files_say(tmp_path):
     assert len(committed["tasks"]) >= 2                                # the issue asks for two tasks
     for task in committed["tasks"].values():
         assert task["baseline_accuracy"] >= 0.1
-        assert [r["seed"] for r in task["systems"]["ours"]["runs"]] == [1, 42]   # two seeds, the slower counts
+        seeds = [r["seed"] for r in task["systems"]["ours"]["runs"]]
+        # two seeds, the slower counts; a labelled rerun (one question, one GPU session) may have one
+        assert seeds == [1, 42] or (task.get("label") and seeds in ([42], [1]))
         times = [r["seconds_to_2x_baseline"] for r in task["systems"]["ours"]["runs"]]
         assert task["systems"]["ours"]["seconds_to_2x_baseline"] == (None if None in times else max(times))
 
