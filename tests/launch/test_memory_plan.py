@@ -166,6 +166,8 @@ def test_built_folders_match_the_model_builders():
     from grpo import model
 
     assert memory.BUILT_FOLDERS == {k: v[0] for k, v in model._BUILDERS.items()}
+    # the names whose folder is converted from the GGUF: the plan reads their header before that
+    assert memory.FROM_GGUF == {k for k, v in model._BUILDERS.items() if v[1] is model._convert_smollm2}
 
 
 def test_share_gpus_add_up_and_the_refusal_names_the_biggest_item():
@@ -232,3 +234,153 @@ def test_cuda_run_logs_the_plan_and_refuses_what_does_not_fit(monkeypatch, capsy
                            "--no-memory-check"])
     err = capsys.readouterr().err
     assert rc == 2 and "warning: the memory plan does not fit GPU 0" in err and "port check reached" in err
+
+
+def test_fp32_holds_float32_weights_without_autocast_copies():
+    """--precision fp32 on CUDA (SHAPE: 1e6 parameters, one rank): float32 weights (4e6) and
+    gradients (4e6), ZeRO's 12e6 of state, and no bf16 copies: 20 bytes a parameter."""
+    one = items(memory.plan(SHAPE, RunShape(ranks=1, ipc=False, precision="fp32")), "learner0")
+    assert (one["weights"], one["gradients"], one["optimizer state"]) == (4_000_000, 4_000_000, 12_000_000)
+    assert "autocast copies" not in one
+
+
+def test_bf16_plan_only_for_float32_weights_under_deepspeed():
+    assert memory.bf16_plan(SHAPE, RunShape(precision="bf16")) is None
+    # --no-deepspeed: grpo.config refuses --precision bf16 there, so it is never suggested
+    assert memory.bf16_plan(SHAPE, RunShape(precision="autocast", deepspeed=False)) is None
+    for precision in ("autocast", "fp32"):
+        b = memory.bf16_plan(SHAPE, RunShape(precision=precision))
+        assert b == memory.plan(SHAPE, RunShape(precision="bf16"))
+
+
+def test_the_refusal_says_bf16_weights_would_fit():
+    """A 1e9-parameter learner (autocast, one rank) beside its sampler on one GPU. Counted bytes
+    (the allocator's reserve, an estimate, left out), worked by hand:
+      learner0, autocast: weights 4 x 1e9 + optimizer state 12 x 1e9 + gradients 4 x 1e9
+        + autocast copies 2 x 1e9 = 22,000,000,000
+        + activations 2 layers x 1 x 16 tokens x 64 x 77 = 157,696
+        + logits chunk 2 x (1 x 16 x 1000) x 4 = 128,000
+        + CUDA context 536,870,912                                  = 22,537,156,608
+      sampler0: weights 2 x 1e9 (beta 0: no reference; tcp: no staging)
+        + KV cache 2 x 2 layers x 3 rows x 16 x 32 x 2 = 12,288
+        + log-prob pass 3 x 16 x (2 x 64 + 2 x 256) x 2 = 61,440 + logits 2 x (3 x 16 x 1000) x 4 = 384,000
+        + CUDA context 536,870,912                                  =  2,537,328,640
+      together 25,074,485,248 bytes = 23.35 GiB: over a 20 GiB GPU (21,474,836,480).
+      bf16: the learner's weights 2e9 and gradients 2e9, no copies: 16e9 instead of 22e9, so
+      together 19,074,485,248 bytes = 17.76 GiB: it fits.
+    The biggest item is the optimizer state, 12e9 bytes = 11.18 GiB."""
+    s = Shape(params=1_000_000_000, layers=2, hidden=64, kv_dim=32, q_dim=64, intermediate=256, vocab=1000)
+    r = RunShape(ranks=1, ipc=False, staging=False, beta=0.0, rows=3, micro_batch=1, prompt_tokens=10,
+                 new_tokens=6, precision="autocast")
+    p, b = memory.plan(s, r), memory.bf16_plan(s, r)
+    shared = {"learner0": 0, "sampler0": 0}
+    msg = memory.check_fits(p, {0: 20 * GiB}, shared, bf16=b)
+    assert msg == ("the memory plan does not fit GPU 0: learner0 + sampler0 need about 23.35 GiB of its 20.00 GiB; "
+                   "the biggest item is learner0's optimizer state (11.18 GiB): shrink it with more --training-gpus "
+                   "(ZeRO-2 splits it over the ranks) or --lora-r 16; --precision bf16 (bf16 weights) would fit: "
+                   "about 17.76 GiB")
+    # 17 GiB (18,253,611,008 bytes) holds neither 23.35 nor 17.76 GiB: bf16 is not offered
+    assert memory.check_fits(p, {0: 17 * GiB}, shared, bf16=b).endswith("or --lora-r 16")
+    # without the bf16 plan (a bf16 run already, --no-deepspeed): the line as before
+    assert memory.check_fits(p, {0: 20 * GiB}, shared).endswith("or --lora-r 16")
+    assert memory.check_fits(p, {0: 24 * GiB}, shared, bf16=b) is None
+
+
+def test_the_launcher_passes_the_bf16_plan_to_the_refusal(monkeypatch, capsys, config_folder):
+    seen = []
+    monkeypatch.setattr(launch_main, "cuda_device_count", lambda: 2)
+    monkeypatch.setattr(launch_main, "check_sampler_flags", lambda flags: None)
+    monkeypatch.setattr(memory, "gpu_total_bytes", lambda: {0: 80 * GiB, 1: 80 * GiB})
+    monkeypatch.setattr(memory, "check_fits", lambda p, gpus, placement, bf16=None: seen.append((p, bf16)) or "no")
+    argv = ["--model", str(config_folder), "--sampling-gpus", "0", "--training-gpus", "1"]
+    assert launch_main.main(argv) == 2
+    # full fine-tuning defaults to autocast: float32 weights; the alternative holds them in bf16
+    (p, bf16), = seen
+    params = memory.shape_from_config(json.loads((config_folder / "config.json").read_text())).params
+    assert items(p, "learner0")["weights"] == 4 * params and items(bf16, "learner0")["weights"] == 2 * params
+    seen.clear()
+    assert launch_main.main(argv + ["--precision", "bf16"]) == 2
+    assert seen[0][1] is None
+    assert "error: no; or pass --no-memory-check" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the default model before its conversion
+
+def _gguf_or_skip():
+    from grpo.gguf_header import ModelUnavailable, find_gguf
+
+    try:
+        return find_gguf()
+    except ModelUnavailable as exc:
+        pytest.skip(f"no SmolLM2 GGUF here: {exc}")
+
+
+# the config.json keys shape_from_config reads
+PLAN_KEYS = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads", "head_dim",
+             "num_key_value_heads", "intermediate_size", "tie_word_embeddings")
+
+
+def test_the_gguf_header_gives_the_config_the_conversion_writes(tmp_path):
+    from grpo import model as M
+    from grpo.gguf_header import gguf_config
+
+    header = gguf_config(_gguf_or_skip())
+    M._convert_smollm2(tmp_path / "converted")
+    written = json.loads((tmp_path / "converted" / "config.json").read_text())
+    assert {k: header[k] for k in PLAN_KEYS} == {k: written[k] for k in PLAN_KEYS}
+    # the keys the header leaves to LlamaConfig's defaults are the ones shape_from_config assumes
+    assert (written["model_type"], written["attention_bias"]) == ("llama", False)
+    assert memory.shape_from_config(header) == memory.shape_from_config(written)
+    assert memory.shape_from_config(header).params == 134_515_008
+
+
+def test_first_run_of_the_default_model_is_planned_from_its_gguf(monkeypatch, capsys, tmp_path):
+    _gguf_or_skip()
+    cache = tmp_path / "empty-cache"
+    monkeypatch.setenv("GRPO_CACHE", str(cache))      # no converted folder: a fresh machine
+    monkeypatch.setattr(launch_main, "cuda_device_count", lambda: 2)
+    monkeypatch.setattr(launch_main, "check_sampler_flags", lambda flags: None)
+    monkeypatch.setattr(memory, "gpu_total_bytes", lambda: {0: 80 * GiB, 1: 80 * GiB})
+
+    def stop(host, port, flag):
+        raise launch_main.LaunchError("port check reached")
+
+    monkeypatch.setattr(launch_main, "check_port", stop)
+    assert launch_main.main(["--model", "smollm2", "--sampling-gpus", "0", "--training-gpus", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "skipped" not in err and "port check reached" in err
+    # autocast: 134,515,008 parameters x 4 bytes = 538,060,032 bytes = 0.50 GiB of float32 weights
+    assert "memory plan: learner0 " in err and "weights 0.50 GiB" in err and "memory plan: sampler0 " in err
+    assert not cache.exists() or not list(cache.iterdir())   # nothing converted, nothing built
+
+
+def test_without_a_gguf_the_plan_is_skipped_in_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv("GRPO_CACHE", str(tmp_path))
+    monkeypatch.setenv("GRPO_GGUF_PATH", str(tmp_path / "missing.gguf"))
+    assert memory.read_shape("smollm2") == (
+        None, "memory plan skipped: no config.json for --model smollm2 here yet (built or fetched at load)")
+    # a file that is not a GGUF: one line naming it
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"NOPE" + bytes(20))
+    monkeypatch.setenv("GRPO_GGUF_PATH", str(bad))
+    assert memory.read_shape("smollm2") == (
+        None, f"memory plan skipped: cannot read the GGUF header of {bad}: {bad} is not a GGUF file")
+
+
+def test_reading_the_gguf_header_imports_no_heavy_module(tmp_path):
+    """The launcher's promise (grpo.launch.main): nothing heavy before the workers start. In a fresh
+    interpreter, so that no other test's imports count."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _gguf_or_skip()
+    code = ("import sys\n"
+            "from grpo.launch import memory\n"
+            "shape, note = memory.read_shape('smollm2')\n"
+            "heavy = ('torch', 'transformers', 'numpy', 'gguf')\n"
+            "print(shape.params, note == '', sorted(n for n in heavy if n in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2],
+                         env=dict(os.environ, GRPO_CACHE=str(tmp_path)), capture_output=True, text=True, timeout=60)
+    assert out.stdout.split(maxsplit=2) == ["134515008", "True", "[]\n"], out.stderr
