@@ -34,6 +34,30 @@ def round_prompts(groups_per_step: int, signal_share: float, budget: int = -1, c
     return max(1, min(cap, want))
 
 
+# A run whose samplers find almost no group with signal: the share of groups sent with zero
+# signal, over at least this many groups since the last look, above which the learner says so.
+ZERO_SIGNAL_ALARM_SHARE = 0.9
+ZERO_SIGNAL_ALARM_GROUPS = 256
+
+
+def zero_signal_alarm(sent: int, zero_signal: int, share: float = ZERO_SIGNAL_ALARM_SHARE,
+                      min_groups: int = ZERO_SIGNAL_ALARM_GROUPS) -> str | None:
+    """One line when `zero_signal` of the `sent` groups offered since the last look (at least
+    `min_groups` of them) reach `share`, else None. Such a run spins: its samplers generate
+    sent / (sent - zero_signal) groups for each one trained and its steps wait for data. Seen in
+    docs/benchmarks.md: on letter_counting the policy had settled on one answer for every
+    question; on basic_arithmetic it had become right on most problems and still improved."""
+    if sent < max(min_groups, 1) or zero_signal < share * sent:
+        return None
+    useful = sent - zero_signal
+    per = f"about {sent / useful:.0f} generated for each one trained" if useful else "none trained"
+    return (f"{zero_signal / sent:.0%} of the last {sent} groups had zero signal ({per}, so steps may wait for "
+            f"data): every rollout of such a group scored alike, all right where a problem is too easy for the "
+            f"policy, all wrong where it is too hard, or both where it gives one answer whatever the question "
+            f"(held-out top_answers show that); problems of the right difficulty give signal back "
+            f"(--curriculum on rg: tasks)")
+
+
 def reward_parts(groups: list) -> dict[str, float]:
     """The mean of each reward part (reward_info key) over every completion that has it, as reward/<name>."""
     parts: dict[str, list[float]] = {}

@@ -67,3 +67,36 @@ def test_round_prompts_by_hand():
     assert round_prompts(8, 1.0, budget=0) == 1
     # exact divisions do not round up by floating-point error: 6 / 0.75 = 8
     assert round_prompts(6, 0.75) == 8
+
+
+def test_zero_signal_alarm_by_hand():
+    from grpo.stats import zero_signal_alarm
+
+    assert zero_signal_alarm(255, 255) is None              # too few groups to judge
+    assert zero_signal_alarm(300, 269) is None              # 89.7% < 90%
+    line = zero_signal_alarm(300, 270)                      # 90%: 30 with signal, 300 / 30 = 10 per one
+    assert line.startswith("90% of the last 300 groups had zero signal") and "(about 10 generated for each one trained," in line
+    assert "about 11 generated" in zero_signal_alarm(1000, 909)   # 1000 / 91 = 10.99
+    assert "(none trained," in zero_signal_alarm(256, 256)
+    assert zero_signal_alarm(10, 10, min_groups=8) is not None and zero_signal_alarm(0, 0, min_groups=0) is None
+
+
+def test_the_learner_names_a_spinning_run_about_once_a_window():
+    """Learner._zero_signal_alarm on the books of successive steps: it looks at the groups sent
+    since its last look, once 256 have come, and starts again when the books go back (resume)."""
+    from types import SimpleNamespace
+
+    from grpo.learner.loop import Learner
+
+    me = SimpleNamespace(_zero_signal_mark=(0, 0))
+
+    def look(sent, zero):
+        return Learner._zero_signal_alarm(me, {"sent": sent, "dropped": {"sampler_zero_signal": zero}})
+
+    assert look(200, 190) is None and me._zero_signal_mark == (0, 0)      # 200 < 256: not yet
+    assert look(300, 280).startswith("93% of the last 300 groups")       # 280 / 300
+    assert me._zero_signal_mark == (300, 280)
+    assert look(500, 480) is None                                         # 200 more: not yet
+    assert look(600, 500) is None and me._zero_signal_mark == (600, 500)  # 220 / 300 = 73%: quiet, moves on
+    assert look(100, 95) is None and me._zero_signal_mark == (100, 95)    # restored books: start again
+    assert look(400, 390).startswith("98% of the last 300 groups")        # 295 / 300

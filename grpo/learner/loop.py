@@ -40,7 +40,7 @@ from grpo.obs.progress import Progress
 from grpo.obs.rundir import make_run_dir, provenance
 from grpo.obs.stages import first_step_s, history as stage_history, mark as mark_stage
 from grpo.obs.tracking import Tracker, parse_report_to
-from grpo.stats import group_stats
+from grpo.stats import ZERO_SIGNAL_ALARM_GROUPS, group_stats, zero_signal_alarm
 from grpo.sync.answer import QueueView, SyncAnswer
 from grpo.weights import make_publisher
 from grpo.weights.methods import check_method
@@ -197,6 +197,7 @@ class Learner:
                 self.fingerprints = PublishedFingerprints()
         self.metrics = MetricsWriter(self.run_dir) if self.rank == 0 else None
         self.tracker = Tracker(self.run_dir, cfg.report_to, dataclasses.asdict(cfg)) if self.rank == 0 else None
+        self._zero_signal_mark = (0, 0)   # the books' (sent, zero-signal) when the alarm last looked
         self.gpu = GpuMonitor(self.device)
         self.version = 0
         self.checkpointer = Checkpointer(self.run_dir, cfg.save_every, cfg.keep_checkpoints, self.rank, self.world)
@@ -465,6 +466,9 @@ class Learner:
             rec["curriculum_changes"] = [c for c in self.curriculum.changes if c["step"] == step]
         if gpu := self.gpu.sample():
             rec["gpu"] = gpu
+        if alarm := self._zero_signal_alarm(rec["groups"]):
+            rec["zero_signal_alarm"] = alarm
+            log.warning("learner: %s", alarm)
         self.metrics.write(rec)
         self.tracker.log(rec, step)
         log.info("step %d v%d: loss %.4f reward %.3f acc %.3f kl %s clip %.3f | %d tok, %.2f s "
@@ -475,6 +479,19 @@ class Learner:
                  stats["clip_frac"], stats["tokens"], rec["step_time_s"], rec["data_wait_s"], rec["train_s"],
                  stall, rec["samples_per_s"], rec["sampler_versions"], rec["groups"], self.receiver.messages,
                  self.receiver.bytes / 1e6, self.publisher.bytes_served / 1e6, format_gpu(gpu))
+
+    def _zero_signal_alarm(self, books: dict) -> str | None:
+        """grpo.stats.zero_signal_alarm over the groups sent since the last look; the look moves
+        on once it has seen enough groups to judge, so a spinning run is named about once every
+        ZERO_SIGNAL_ALARM_GROUPS groups, not at every step."""
+        sent, zero = int(books.get("sent") or 0), int(books.get("dropped", {}).get("sampler_zero_signal", 0))
+        sent0, zero0 = self._zero_signal_mark
+        if sent < sent0 or zero < zero0:   # books restored from a checkpoint: start again
+            self._zero_signal_mark, sent0, zero0 = (sent, zero), sent, zero
+        if sent - sent0 < ZERO_SIGNAL_ALARM_GROUPS:
+            return None
+        self._zero_signal_mark = (sent, zero)
+        return zero_signal_alarm(sent - sent0, zero - zero0)
 
     def _latest_eval(self) -> dict | None:
         """The newest evaluation a sampler has reported (version, greedy pass@1), if any."""
