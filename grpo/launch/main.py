@@ -5,13 +5,13 @@ Up to the start of the workers nothing here imports torch, transformers, numpy o
 second the launcher spends importing comes before the first worker starts, and the workers import
 them anyway. An rg: --dataset is checked against reasoning-gym's task registry, whose import takes
 about 5 s on a GPU machine (sympy, matplotlib): that check runs on a thread beside the workers'
-start-up (BackgroundCheck), and a bad task still ends the run with its one line.
+start-up (a Future the supervisor reads), and a bad task still ends the run with its one line.
 """
 from __future__ import annotations
 
 import socket
 import sys
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from grpo.config import LaunchConfig
@@ -86,8 +86,8 @@ def check_sampler_flags(flags: list[str]) -> str | None:
 
 def check_sampler_tasks(flags: list[str]) -> str | None:
     """The one-line error a sampler started with `flags` would give for its rg: tasks and their
-    settings (reasoning-gym's registry and the tasks' config classes), or None: for
-    BackgroundCheck, since reasoning-gym's import is the launcher's slowest."""
+    settings (reasoning-gym's registry and the tasks' config classes), or None. The launcher runs
+    it on a thread beside the workers' start-up: reasoning-gym's import is its slowest."""
     from grpo.config import SamplerConfig
     from grpo.data import tasks
     from grpo.flags import parse_config
@@ -100,33 +100,6 @@ def check_sampler_tasks(flags: list[str]) -> str | None:
     except tasks.TaskSpecError as exc:
         return str(exc)
     return None
-
-
-class BackgroundCheck:
-    """A launch check on a thread, started before the workers and read by the supervisor while
-    they start: its slow imports overlap theirs instead of delaying them. problem() is None while
-    it runs or when it passed; an unexpected exception counts as passed (the samplers repeat
-    the check themselves and would name it)."""
-
-    def __init__(self, check, *args):
-        self._problem: str | None = None
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(check, args), daemon=True,
-                                        name="launch-check")
-        self._thread.start()
-
-    def _run(self, check, args) -> None:
-        try:
-            self._problem = check(*args)
-        except Exception:  # noqa: BLE001 - see the class docstring
-            self._problem = None
-        finally:
-            self._done.set()
-
-    def problem(self, wait_s: float = 0.0) -> str | None:
-        """The check's error line, once it has finished (waiting up to `wait_s` for it)."""
-        self._done.wait(wait_s)
-        return self._problem if self._done.is_set() else None
 
 
 def memory_inputs(cfg: LaunchConfig, learner_flags: list[str], sampler_flags: list[str], ranks: int,
@@ -244,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
         if commit:
             spec.env.setdefault(COMMIT_ENV, commit)
     save_config(run_dir, "launch", cfg)
-    # started with the workers, read by the supervisor while they start
-    tasks_check = BackgroundCheck(check_sampler_tasks, samplers_argv[0]) if samplers_argv else None
+    # started with the workers, read by the supervisor while they start (a run that ends before
+    # it, on an early failure, still waits for it at exit: seconds, its import)
+    tasks_check = None
+    if samplers_argv:
+        pool = ThreadPoolExecutor(1, thread_name_prefix="launch-check")
+        tasks_check = pool.submit(check_sampler_tasks, samplers_argv[0])
+        pool.shutdown(wait=False)
     return supervisor.run(cfg, specs, run_dir, tasks_check)

@@ -19,6 +19,8 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent import futures
+from concurrent.futures import Future
 from pathlib import Path
 
 from grpo.config import LaunchConfig
@@ -162,18 +164,23 @@ def _restarted(sup: Supervisor, bad: tuple[str, int] | None, restarts: dict[str,
 CHECK_WAIT_S = 30.0
 
 
-def _check_failed(check, wait_s: float = 0.0) -> bool:
-    """Say the launch check's problem, if it has one, as the launcher's one-line error."""
-    problem = check.problem(wait_s) if check is not None else None
+def _check_failed(check: Future | None, wait_s: float = 0.0) -> bool:
+    """Say the launch check's problem, if it has finished with one (waiting up to `wait_s` for it),
+    as the launcher's one-line error. A check that raised counts as passed: the samplers repeat
+    it themselves and name the problem in their logs."""
+    if check is None:
+        return False
+    futures.wait([check], timeout=wait_s)
+    problem = check.result() if check.done() and check.exception() is None else None
     if problem:
         print(f"run_distributed.py: error: {problem}", file=sys.stderr, flush=True)
     return bool(problem)
 
 
-def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check=None) -> int:
-    """One run: start the learner group, then the samplers, and watch them to the end. `check`
-    (grpo.launch.main.BackgroundCheck): a launch check still running as they start; if it finds
-    a problem, the run stops with its line and exit code 2."""
+def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future | None = None) -> int:
+    """One run: start the learner group, then the samplers, and watch them to the end. `check`: a
+    launch check still running as they start (its result: None, or a one-line problem); if it
+    finds a problem, the run stops with its line and exit code 2."""
     sup = Supervisor(run_dir)
     learners = [s for s in specs if s.role == "learner"]
     samplers = [s for s in specs if s.role == "sampler"]
