@@ -37,5 +37,15 @@ else
     export GRPO_GGUF_PATH=$_ds_gguf
     _ds_g="GRPO_GGUF_PATH=$_ds_gguf ($([ -n "$_ds_want" ] && echo sha256 ok || echo sha256 unchecked))"
 fi
-echo "device_setup: $_ds_whl; $_ds_g; PYTHONPATH=$PYTHONPATH; NCCL_NVLS_ENABLE=0 etc."
-unset _ds_whl _ds_stamp _ds_gguf _ds_want _ds_have _ds_g
+# The image has no bytecode for torch, numpy or sympy and sets PYTHONDONTWRITEBYTECODE=1, so every
+# worker compiled its imports again at each launch (about 3 s of each one's start-up on the H200
+# machine); a pip-installed machine has bytecode. It is written once under /tmp/pyc, as the launcher's
+# warning says, by importing what the workers import.
+export PYTHONPYCACHEPREFIX=/tmp/pyc
+unset PYTHONDONTWRITEBYTECODE
+if [ ! -f /tmp/pyc/.warm ] && python -c "import torch, deepspeed, reasoning_gym; from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer" >/dev/null 2>&1; then
+    touch /tmp/pyc/.warm
+fi
+_ds_pyc="bytecode under /tmp/pyc$([ -f /tmp/pyc/.warm ] || echo ' (NOT WRITTEN)')"
+echo "device_setup: $_ds_whl; $_ds_g; $_ds_pyc; PYTHONPATH=$PYTHONPATH; NCCL_NVLS_ENABLE=0 etc."
+unset _ds_whl _ds_stamp _ds_gguf _ds_want _ds_have _ds_g _ds_pyc

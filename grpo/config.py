@@ -82,7 +82,7 @@ class SamplerConfig(CommonConfig):
     dataset_limit: int = 0
     """Use only the first N problems (0: all)."""
     prompts_per_round: int = 0
-    """Prompts generated together in one round; weights are swapped only between rounds. 0: sized each round so that the groups with signal it yields fill one learner step (its train batch over --num-generations, divided by the share of the last rounds' groups that had signal under --filter-zero-signal), at most --max-prompts-per-round; round 0, before the learner's first answer, has 16."""
+    """Prompts generated together in one round; weights are swapped only between rounds. 0: sized each round so that the groups with signal it yields fill one learner step (its train batch over --num-generations, divided by the share of the last rounds' groups that had signal under --filter-zero-signal), at most --max-prompts-per-round; round 0, before the learner's first answer, has 24 (a step of 8 groups, a third of them assumed to have signal)."""
     max_prompts_per_round: int = 64
     """--prompts-per-round 0: the most prompts a round may have (bounds the rows generated at once, so memory, when nearly every group has zero signal)."""
     in_flight_rows: int = 0

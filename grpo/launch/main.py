@@ -9,6 +9,8 @@ start-up (a Future the supervisor reads), and a bad task still ends the run with
 """
 from __future__ import annotations
 
+import importlib.util
+import os
 import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -100,6 +102,38 @@ def check_sampler_tasks(flags: list[str]) -> str | None:
     except tasks.TaskSpecError as exc:
         return str(exc)
     return None
+
+
+# Imported by every worker before its model loads; without bytecode each process compiles them again.
+BYTECODE_PACKAGES = ("torch", "transformers", "deepspeed")
+
+
+def missing_bytecode(packages: tuple[str, ...] = BYTECODE_PACKAGES) -> list[str]:
+    """Those of `packages` installed here whose top module has no bytecode where this interpreter
+    looks for it (beside the source, or under PYTHONPYCACHEPREFIX). Finds, never imports."""
+    missing = []
+    for name in packages:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        origin = spec.origin if spec is not None else None
+        if origin and origin.endswith(".py") and not os.path.exists(importlib.util.cache_from_source(origin)):
+            missing.append(name)
+    return missing
+
+
+def bytecode_warning(dont_write: bool, missing: list[str]) -> str | None:
+    """One line when the workers will compile their imports at every launch: the packages have no
+    bytecode and the interpreter is told not to write any (PYTHONDONTWRITEBYTECODE=1, common in
+    container images). Where it may write, the first run writes it and nothing needs saying."""
+    if not dont_write or not missing:
+        return None
+    return (f"{', '.join(missing)} {'has' if len(missing) == 1 else 'have'} no bytecode and PYTHONDONTWRITEBYTECODE "
+            f"is set, so every worker compiles {'its' if len(missing) == 1 else 'their'} imports again at each launch "
+            f"(about 3 s of each worker's start-up on an H200 machine); unset PYTHONDONTWRITEBYTECODE and set "
+            f"PYTHONPYCACHEPREFIX to a writable folder (e.g. ~/.cache/pycache), or run python -m compileall on "
+            f"them once")
 
 
 def memory_inputs(cfg: LaunchConfig, learner_flags: list[str], sampler_flags: list[str], ranks: int,
@@ -199,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     except LaunchError as exc:
         print(f"run_distributed.py: error: {exc}", file=sys.stderr)
         return 2
+    if note := bytecode_warning(sys.dont_write_bytecode, missing_bytecode()):
+        print(f"run_distributed.py: warning: {note}", file=sys.stderr)
     from grpo.launch import supervisor
 
     if cfg.instances != 1 or cfg.seeds:

@@ -53,10 +53,16 @@ log = logging.getLogger(__name__)
 # (the answer of a learner that is up comes in milliseconds: a sampler restarted mid-run then
 # starts at the learner's version, as before) before round 0 is generated without it.
 FIRST_GRACE_S = 0.25
-# --prompts-per-round 0: round 0's prompts (before the learner's answer says a step's size), and the
-# share of groups with signal assumed until a round has been scored.
-FIRST_ROUND_PROMPTS = 16
-FIRST_SIGNAL_SHARE = 0.5
+# --prompts-per-round 0: the share of groups with signal assumed until a round has been scored, and
+# the step's size assumed until the learner's answer says it (the default: 128 completions, G=16).
+# Round 0 is generated before that answer, with round_prompts' rule on the two: 8 / (1/3) = 24.
+# The first optimizer step waits for round 0 to yield a step's worth of groups with signal; a round
+# 0 that falls short costs a second round, about 4 s of the first step on an H200 (where 1,024 rows
+# took 3.5-6.4 s and 256 took 2.2-3.8 s). Round 0's share with signal was 0.44-0.56 on basic_arithmetic
+# and 0.69-0.81 on letter_counting (docs/benchmarks.md); at an assumed half, 16 prompts gave 7 of 8.
+FIRST_SIGNAL_SHARE = 1 / 3
+FIRST_STEP_GROUPS = 8
+FIRST_ROUND_PROMPTS = round_prompts(FIRST_STEP_GROUPS, FIRST_SIGNAL_SHARE)
 SIGNAL_ROUNDS = 4   # the rounds whose groups give the share of groups with signal
 
 
@@ -487,7 +493,7 @@ class Sampler:
         G = cfg.num_generations
         def chunk() -> int:   # (round 0 may learn the run's facts, and so the step's size, as it goes)
             return max(1, self.run_facts.groups_per_step if self.run_facts is not None
-                       else cfg.prompts_per_round or FIRST_ROUND_PROMPTS)
+                       else cfg.prompts_per_round or FIRST_STEP_GROUPS)
         queue = iter(enumerate(prompt_ids))
         gis: list[int] = []
         completions: list[tuple[list[int], bool]] = []

@@ -90,3 +90,40 @@ def test_launcher_counts_gpus_and_checks_everything_without_torch():
     rc, counts, heavy = out.stdout.split(maxsplit=2)
     assert (rc, counts) == ("2", "1"), out.stdout   # exit 2 after counting the GPUs once
     assert heavy.strip() == "[]", f"the launcher imported {heavy.strip()} before starting any worker"
+
+
+def test_missing_bytecode_looks_where_the_interpreter_would(tmp_path, monkeypatch):
+    """A package's top module without bytecode is named; once compiled it is not; under a
+    PYTHONPYCACHEPREFIX (sys.pycache_prefix) the bytecode beside the source does not count."""
+    import py_compile
+
+    from grpo.launch.main import missing_bytecode
+
+    pkg = tmp_path / "fakepkg_bc"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    assert missing_bytecode(("fakepkg_bc", "no_such_package_bc")) == ["fakepkg_bc"]   # not installed: not named
+    py_compile.compile(str(pkg / "__init__.py"))
+    assert missing_bytecode(("fakepkg_bc",)) == []
+    monkeypatch.setattr(sys, "pycache_prefix", str(tmp_path / "prefix"))
+    assert missing_bytecode(("fakepkg_bc",)) == ["fakepkg_bc"]
+
+
+def test_missing_bytecode_imports_nothing_heavy():
+    code = ("import sys\nfrom grpo.launch.main import missing_bytecode\nmissing_bytecode()\n"
+            f"print(sorted(n for n in {HEAVY!r} if n in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_bytecode_warning_only_where_nothing_will_write_it():
+    from grpo.launch.main import bytecode_warning
+
+    assert bytecode_warning(False, ["torch"]) is None    # the first run writes it
+    assert bytecode_warning(True, []) is None
+    line = bytecode_warning(True, ["torch", "transformers"])
+    assert line.startswith("torch, transformers have no bytecode and PYTHONDONTWRITEBYTECODE is set")
+    assert "PYTHONPYCACHEPREFIX" in line and "\n" not in line
+    assert bytecode_warning(True, ["torch"]).startswith("torch has no bytecode")

@@ -152,10 +152,10 @@ def test_a_round_filtered_whole_still_counts_as_offered(tmp_path, monkeypatch):
 
 def test_rounds_grow_until_their_groups_with_signal_fill_a_step(reward):
     """--prompts-per-round 0: one group of every round has signal, the learner trains 2 a step.
-    Round 0 assumes half have signal (2 / 0.5 = 4 prompts, or 16 if the learner's first answer,
-    which says the step's size, is not in yet); then the share seen so far sets the size: 1 of 4
-    -> ceil(2 / 0.25) = 8 prompts, then 2 of 12 -> 12 (from 16: 1 of 16 -> 32, 2 of 48 -> floored
-    at 1/16 -> 32)."""
+    Round 0 assumes a third have signal (2 / (1/3) = 6 prompts, or 24 for the default step of 8
+    groups if the learner's first answer, which says the step's size, is not in yet); then the share
+    seen so far sets the size: 1 of 6 -> ceil(2 / (1/6)) = 12 prompts, then 2 of 18 -> 18 (from 24:
+    1 of 24 -> 48, 2 of 72 -> floored at 1/16 -> 32)."""
     s = sampler(reward, True, *free_ports(2), max_rounds=3)
     s.cfg.prompts_per_round = 0
     sizes = []
@@ -167,4 +167,4 @@ def test_rounds_grow_until_their_groups_with_signal_fill_a_step(reward):
 
     s.generate_round = counted
     run_against(s, ScriptedLearner(s.cfg.sync_port, facts(s, groups_per_step=2)))
-    assert sizes in ([4, 8, 12], [16, 32, 32])
+    assert sizes in ([6, 12, 18], [24, 48, 32])
