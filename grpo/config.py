@@ -168,6 +168,8 @@ class LearnerConfig(CommonConfig):
     """With --is-mask-high: tokens whose importance weight pi_learner / pi_behaviour is below this leave the loss (prime-rl's masked importance sampling)."""
     is_mask_high: float = 0.0
     """Off-policy correction (decoupled objective, like --tis-cap): tokens whose importance weight pi_learner / pi_behaviour is above this leave the loss, the rest keep their weight (0: off; AReaL's cap is --is-mask-high C alone). It replaces --tis-cap."""
+    entropy_coef: float = 0.0
+    """Entropy bonus: the loss less this times the mean entropy of the policy's whole distribution over the generated tokens (verl's entropy_coeff; 0: off). Against a policy that settles on one answer for every question; costs a softmax over the vocabulary per token in the learner's pass."""
     ppo_minibatches: int = 1
     """Optimizer updates per learner step: the step's groups are cut into this many minibatches of whole groups, one update each (PPO's minibatches; the clip around the proximal policy acts from the second). A policy version is one learner step."""
     scale_rewards: bool = True

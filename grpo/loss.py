@@ -48,6 +48,7 @@ class TokenLoss:
     clipped: torch.Tensor    # [B, T] bool: the clipped branch was taken (no gradient through it)
     is_weight: torch.Tensor  # [B, T] behaviour importance weight pi_prox / pi_behav before any cap (1 without one)
     is_limited: torch.Tensor  # [B, T] bool: that weight was capped (tis_cap) or the token masked (is_mask)
+    entropy: torch.Tensor    # [B, T] the policy's entropy at each token (zero without an entropy bonus)
 
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -74,8 +75,9 @@ def grpo_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.
                     epsilon_high: float | None = None, beta: float = 0.0, kl_estimator: str = "k3",
                     dual_clip: float | None = None, prox_logp: torch.Tensor | None = None,
                     tis_cap: float | None = None,
-                    is_mask: tuple[float, float] | None = None) -> TokenLoss:
-    """Per-token clipped surrogate plus a KL penalty.
+                    is_mask: tuple[float, float] | None = None,
+                    entropy: torch.Tensor | None = None, entropy_coef: float = 0.0) -> TokenLoss:
+    """Per-token clipped surrogate plus a KL penalty, less an entropy bonus.
 
     logp      [B, T] log pi_theta(token) under the learner's current weights (has grad)
     old_logp  [B, T] log pi_behav(token): the behaviour policy that sampled it (sent by the sampler)
@@ -97,6 +99,9 @@ def grpo_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.
         masked importance sampling; AReaL's cap is (0, cap)), the rest keep their w_t.
     The clip acts only when the learner makes more than one update per batch
     (--ppo-minibatches): before the first update r_t is exactly 1.
+    entropy [B, T] (has grad) with entropy_coef c > 0: loss_t -= c * H_t, the entropy of the
+    policy's whole distribution at token t (verl's entropy_coeff): it pushes against a policy that
+    settles on one answer, at the price of a biased objective.
     """
     eps_high = epsilon if not epsilon_high else epsilon_high
     m = mask.bool()
@@ -132,9 +137,14 @@ def grpo_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.
         surrogate = torch.where(adv < 0, torch.maximum(surrogate, floor), surrogate)
     kl = kl_estimate(logp, ref, kl_estimator)                              # [B, T]
     loss = -surrogate * weight + beta * kl                                 # [B, T]
+    ent = torch.zeros_like(logp)                                           # [B, T]
+    if entropy is not None and entropy_coef:
+        ent = torch.where(m, entropy.float(), zero)                        # [B, T]
+        loss = loss - entropy_coef * ent
     mf = m.float()
     return TokenLoss(loss=loss * mf, kl=kl * mf, ratio=ratio * mf,
-                     clipped=(clipped < unclipped) & m, is_weight=w_raw * mf, is_limited=limited & m)
+                     clipped=(clipped < unclipped) & m, is_weight=w_raw * mf, is_limited=limited & m,
+                     entropy=ent.detach() * mf)
 
 
 def reduce_loss(token_loss: torch.Tensor, mask: torch.Tensor, loss_type: str,

@@ -462,15 +462,16 @@ def compute_dtype(device: torch.device) -> torch.dtype:
 
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float) -> torch.Tensor:
+                   temperature: float, with_entropy: bool = False):
     """log p(input_ids[:, t+1] | input_ids[:, :t+1]) for every position: [B, L-1], float32.
 
     Sampler (old and reference log-probs) and learner (current log-probs) both use this, so
     the ratio compares like with like: same right-padded layout, same temperature scaling.
     The LM head and log-softmax run in chunks of rows (chunked_token_logprobs below), so full-vocabulary
     logits never exist for the whole batch; positions whose target is padding are 0.
+    with_entropy: also each position's entropy [B, L-1] (the learner's --entropy-coef).
     """
-    return chunked_token_logprobs(model, input_ids, attention_mask, temperature)
+    return chunked_token_logprobs(model, input_ids, attention_mask, temperature, with_entropy=with_entropy)
 
 
 def right_pad(sequences: list[list[int]] | list[torch.Tensor], pad_id: int,
@@ -548,6 +549,17 @@ def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.
     return picked - torch.logsumexp(logits, dim=-1)                        # [n]
 
 
+def _chunk_logprobs_entropy(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module,
+                            temperature: float) -> torch.Tensor:
+    """[n, 2]: the target's log-prob and the entropy of the whole distribution, -sum_v p_v log p_v
+    = logsumexp(z) - sum_v p_v z_v with z = head(hidden) / T, for one chunk of rows."""
+    z = head(hidden).float() / temperature                                 # [n, V]
+    lse = torch.logsumexp(z, dim=-1)                                       # [n]
+    picked = torch.gather(z, -1, targets.unsqueeze(-1)).squeeze(-1) - lse  # [n]
+    entropy = lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)             # [n]
+    return torch.stack([picked, entropy], dim=-1)                          # [n, 2]
+
+
 def _split_model(model):
     """(decoder, lm_head) when the logits are exactly lm_head(decoder(...)), else None."""
     cfg = getattr(model, "config", None)
@@ -564,8 +576,10 @@ def _split_model(model):
 
 
 def chunked_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                           temperature: float, chunk_elems: int = DEFAULT_CHUNK_ELEMS) -> torch.Tensor:
+                           temperature: float, chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+                           with_entropy: bool = False):
     """log p(input_ids[:, t+1] | input_ids[:, :t+1]): [B, L-1] float32 (0 where the target is padding).
+    with_entropy: (that, the entropy of each position's distribution [B, L-1]), for --entropy-coef.
 
     Equal to the full-logits computation (same ops, row by row), gradients included.
     """
@@ -574,8 +588,12 @@ def chunked_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch
     if parts is None:  # an unusual head: the full computation, still correct
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
         logits = logits[:, :-1, :].float() / temperature                   # [B, L-1, V]
-        picked = torch.gather(logits, -1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-        return (picked - torch.logsumexp(logits, dim=-1)) * attention_mask[:, 1:].to(picked.dtype)
+        keep = attention_mask[:, 1:].to(logits.dtype)                      # [B, L-1]
+        lse = torch.logsumexp(logits, dim=-1)                              # [B, L-1]
+        picked = (torch.gather(logits, -1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1) - lse) * keep
+        if not with_entropy:
+            return picked
+        return picked, (lse - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)) * keep
     decoder, head = parts
     hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     valid = attention_mask[:, 1:].bool()                                   # [B, L-1]
@@ -583,13 +601,19 @@ def chunked_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch
     targets = input_ids[:, 1:][valid]                                      # [N]
     step = max(1, chunk_elems // head.out_features)
     grad = torch.is_grad_enabled() and rows.requires_grad
+    fn = _chunk_logprobs_entropy if with_entropy else _chunk_logprobs
     pieces = []
     for s in range(0, rows.shape[0], step):
         h, t = rows[s:s + step], targets[s:s + step]
         if grad:
-            pieces.append(checkpoint(_chunk_logprobs, h, t, head, temperature, use_reentrant=False))
+            pieces.append(checkpoint(fn, h, t, head, temperature, use_reentrant=False))
         else:
-            pieces.append(_chunk_logprobs(h, t, head, temperature))
-    flat = torch.cat(pieces) if pieces else rows.new_zeros((0,), dtype=torch.float32)
-    out = torch.zeros((B, L - 1), dtype=torch.float32, device=input_ids.device)
-    return out.masked_scatter(valid, flat)                                 # [B, L-1]
+            pieces.append(fn(h, t, head, temperature))
+    width = (2,) if with_entropy else ()
+    flat = torch.cat(pieces) if pieces else rows.new_zeros((0, *width), dtype=torch.float32)
+    if not with_entropy:
+        out = torch.zeros((B, L - 1), dtype=torch.float32, device=input_ids.device)
+        return out.masked_scatter(valid, flat)                             # [B, L-1]
+    out = torch.zeros((B, L - 1, 2), dtype=torch.float32, device=input_ids.device)
+    out = out.masked_scatter(valid.unsqueeze(-1), flat)                    # [B, L-1, 2]
+    return out[..., 0], out[..., 1]

@@ -239,3 +239,20 @@ def test_second_update_clips_around_the_proximal_policy_not_the_behaviour():
 def test_is_mask_needs_the_proximal_policy():
     with pytest.raises(ValueError, match="prox_logp"):
         grpo_token_loss(t([[-1.0]]), t([[-2.0]]), t([[-1.0]]), t([1.0]), torch.ones(1, 1), is_mask=(0.1, 8.0))
+
+
+def test_entropy_bonus_subtracts_coef_times_entropy_per_token():
+    """On-policy (r = 1): loss_t = -A - c * H_t. A = [1, 0], H = [[2, 1], [0.5, 9]], c = 0.1,
+    the last token padding: [[-1.2, -1.1], [-0.05, 0]]; d loss / d H = -c where counted."""
+    logp = t([[-1.0, -2.0], [-0.5, -0.1]])
+    ent = t([[2.0, 1.0], [0.5, 9.0]]).requires_grad_()
+    mask = t([[1.0, 1.0], [1.0, 0.0]])
+    out = grpo_token_loss(logp, logp.clone(), logp.clone(), t([1.0, 0.0]), mask, entropy=ent, entropy_coef=0.1)
+    torch.testing.assert_close(out.loss, t([[-1.2, -1.1], [-0.05, 0.0]]))
+    assert torch.equal(out.entropy, t([[2.0, 1.0], [0.5, 0.0]]))   # logged, padding zero
+    out.loss.sum().backward()
+    torch.testing.assert_close(ent.grad, t([[-0.1, -0.1], [-0.1, 0.0]]))
+    # coefficient 0 (the default): the entropy is neither in the loss nor logged
+    off = grpo_token_loss(logp, logp.clone(), logp.clone(), t([1.0, 0.0]), mask, entropy=ent)
+    torch.testing.assert_close(off.loss, t([[-1.0, -1.0], [0.0, 0.0]]))
+    assert torch.equal(off.entropy, torch.zeros(2, 2))

@@ -1,6 +1,8 @@
 """Chunked log-probs equal the full-logits computation, values and gradients."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
@@ -84,3 +86,34 @@ def test_chunk_memory_does_not_hold_full_logits(model):
         chunked_token_logprobs(model, ids, mask, 1.0, chunk_elems=49152 * 32)
     full_logits_bytes = 8 * 63 * 49152 * 4
     assert sum(saved) < full_logits_bytes / 4, (sum(saved), full_logits_bytes)
+
+
+def full_entropy(model, ids, mask, temperature):
+    logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1, :].float() / temperature
+    p = torch.softmax(logits, dim=-1)
+    return -(p * torch.log_softmax(logits, dim=-1)).sum(dim=-1)   # [B, L-1]
+
+
+@pytest.mark.parametrize("chunk_elems", [49152 * 5, 49152 * 64])
+def test_entropy_matches_full_logits_values_and_grads(model, chunk_elems):
+    """with_entropy: the log-probs are unchanged, and the entropy of each position's whole
+    distribution equals -sum p log p from full logits, with its gradient; padding is 0."""
+    ids, mask = batch()
+    valid = mask[:, 1:].bool()
+    model.zero_grad()
+    ref = full_entropy(model, ids, mask, 0.7)
+    (ref * valid).sum().backward()
+    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    logp, ent = chunked_token_logprobs(model, ids, mask, 0.7, chunk_elems=chunk_elems, with_entropy=True)
+    with torch.no_grad():
+        torch.testing.assert_close(logp, chunked_token_logprobs(model, ids, mask, 0.7, chunk_elems=chunk_elems),
+                                   rtol=0, atol=0)
+    assert ent.shape == (4, 15) and torch.equal(ent[~valid], torch.zeros(int((~valid).sum())))
+    assert (ent[valid] > 0).all() and (ent[valid] <= math.log(49152) + 1e-4).all()
+    torch.testing.assert_close(ent[valid], ref[valid], rtol=0, atol=2e-5)
+    ent.sum().backward()
+    for n, p in model.named_parameters():
+        scale = ref_grads[n].abs().max().item()
+        assert scale > 0
+        assert (p.grad - ref_grads[n]).abs().max().item() <= 1e-4 * scale, n

@@ -263,8 +263,8 @@ class Learner:
                             mb = micro_batch(batch, [mine[i] for i in piece], self.tok.pad_token_id, self.device)
                             with self._amp():
                                 prox[k, j] = token_logprobs(module, mb.input_ids, mb.attention, cfg.temperature)
-        # loss, kl, clipped, tokens, ratio, sequences, is_weight sum, is_weight max, is limited
-        sums = torch.zeros(9, dtype=torch.float64)
+        # loss, kl, clipped, tokens, ratio, sequences, is_weight sum, is_weight max, is limited, entropy
+        sums = torch.zeros(10, dtype=torch.float64)
         for k, ((mine, micro), part) in enumerate(zip(plans, parts)):
             self._update(batch, k, part, mine, micro, prox, decoupled, sums)
         mine_lens = [lens[i] for mine, _ in plans for i in mine]
@@ -281,18 +281,20 @@ class Learner:
             dist.all_gather(gathered, s)
             per_rank = [p.cpu() for p in gathered]
             w_max = max(float(p[7]) for p in per_rank)
-            sums = sum(p[:9] for p in per_rank)
+            sums = sum(p[:10] for p in per_rank)
             sums[7] = w_max
-            ranks = [p[9:].tolist() for p in per_rank]
+            ranks = [p[10:].tolist() for p in per_rank]
         else:
             ranks = [mine_stats.tolist()]
-        loss, kl, clipped, toks, ratio, seqs, w_sum, w_max, limited = sums.tolist()
+        loss, kl, clipped, toks, ratio, seqs, w_sum, w_max, limited, ent = sums.tolist()
         real, padded = sum(r[0] for r in ranks), sum(r[3] for r in ranks)
         # beta 0: samplers send no reference log-probs (zeros stand in), so there is no KL to report.
         return {"loss": loss / len(parts), "kl": kl / max(toks, 1) if cfg.beta > 0 else None,
                 "clip_frac": clipped / max(toks, 1), "ratio_mean": ratio / max(toks, 1),
                 "is_weight_mean": w_sum / max(toks, 1), "is_weight_max": w_max,
                 "is_limited_frac": limited / max(toks, 1), "updates": len(parts),
+                # the whole distribution's entropy per token, where --entropy-coef computes it
+                "policy_entropy": ent / max(toks, 1) if cfg.entropy_coef else None,
                 "tokens": int(toks), "sequences": int(seqs),
                 "grad_norm": self.engine.grad_norm(),
                 "pad_frac": 1.0 - real / padded if padded else 0.0,   # padding share of the model's input
@@ -331,8 +333,13 @@ class Learner:
                 # Completions cut at --max-new-tokens: no answer yet, so no reliable reward;
                 # masked out, they still count in the normalisers (as in TRL).
                 mb.gen_mask = mb.gen_mask * mb.finished.unsqueeze(1)
+            entropy = None
             with self._amp():
-                logp = token_logprobs(module, mb.input_ids, mb.attention, cfg.temperature)   # [b, L-1]
+                if cfg.entropy_coef:
+                    logp, entropy = token_logprobs(module, mb.input_ids, mb.attention, cfg.temperature,
+                                                   with_entropy=True)                      # [b, L-1] each
+                else:
+                    logp = token_logprobs(module, mb.input_ids, mb.attention, cfg.temperature)   # [b, L-1]
             # The first update's own forward pass runs on the weights before any update: it is the
             # proximal policy. Later minibatches use the pass made before the first update.
             base = None
@@ -342,17 +349,20 @@ class Learner:
                                  cfg.epsilon, cfg.epsilon_high, cfg.beta, kl_estimator=cfg.kl_estimator,
                                  dual_clip=cfg.dual_clip or None, prox_logp=base,
                                  tis_cap=None if cfg.is_mask_high else (cfg.tis_cap or None),
-                                 is_mask=(cfg.is_mask_low, cfg.is_mask_high) if cfg.is_mask_high else None)
+                                 is_mask=(cfg.is_mask_low, cfg.is_mask_high) if cfg.is_mask_high else None,
+                                 entropy=entropy, entropy_coef=cfg.entropy_coef)
             share = reduce_loss(tl.loss, mb.gen_mask, cfg.loss_type, len(part), total_tokens,
                                 cfg.max_new_tokens, num_micro_batches=scale)
             self.engine.backward(share * scale)
             with torch.no_grad():   # one host sync per micro-step for every figure it logs
-                loss_, kl_, clip_, toks_, ratio_, w_sum, limited, w_max = torch.stack([
+                loss_, kl_, clip_, toks_, ratio_, w_sum, limited, w_max, ent_ = torch.stack([
                     share.detach().float(), tl.kl.sum(), tl.clipped.sum().float(), mb.gen_mask.sum(),
-                    tl.ratio.sum(), tl.is_weight.sum(), tl.is_limited.sum().float(), tl.is_weight.max()]).tolist()
+                    tl.ratio.sum(), tl.is_weight.sum(), tl.is_limited.sum().float(), tl.is_weight.max(),
+                    tl.entropy.sum()]).tolist()
             sums[:7] += torch.tensor([loss_, kl_, clip_, toks_, ratio_, len(piece), w_sum], dtype=torch.float64)
             sums[7] = max(float(sums[7]), w_max)
             sums[8] += limited
+            sums[9] += ent_
         self.engine.step()
 
     # ------------------------------------------------------------------ main loop

@@ -19,7 +19,7 @@ BACKENDS = ("tensorboard", "wandb", "none")
 SECTIONS = {
     "reward_mean": "reward", "reward_std": "reward", "accuracy": "reward",
     "loss": "train", "kl": "train", "clip_frac": "train", "ratio_mean": "train", "grad_norm": "train",
-    "entropy": "train", "tokens": "train", "sequences": "train", "policy_version": "train",
+    "entropy": "train", "policy_entropy": "train", "tokens": "train", "sequences": "train", "policy_version": "train",
     "completion_len_mean": "completions", "completion_len_min": "completions",
     "completion_len_max": "completions", "truncated_frac": "completions",
     "staleness_mean": "time", "staleness_max": "time",

@@ -54,7 +54,7 @@ def test_run_distributed_cpu_two_ranks_two_samplers(tmp_path):
              "--prompts-per-round", "1", "--train-batch-size", "8", "--max-new-tokens", "16",
              "--eval-every", "2", "--eval-size", "3", "--weight-sync", "nccl", "--verify-weight-sync",
              "--save-weights-every-s", "0.001", "--ppo-minibatches", "2", "--tis-cap", "2",
-             "--data-port", str(d), "--sync-port", str(s), "--run-dir", str(run_dir)], timeout=600)
+             "--entropy-coef", "0.01", "--data-port", str(d), "--sync-port", str(s), "--run-dir", str(run_dir)], timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr + _logs(run_dir)
     steps, summary = steps_of(run_dir)
     assert [x["step"] for x in steps] == [1, 2, 3]
@@ -62,6 +62,9 @@ def test_run_distributed_cpu_two_ranks_two_samplers(tmp_path):
     assert all(x["updates"] == 2 for x in steps) and summary["optimizer_updates"] == 6
     assert all(x["is_weight_max"] >= x["is_weight_mean"] > 0 and 0 <= x["is_limited_frac"] <= 1 for x in steps)
     assert all(math.isfinite(x["loss"]) for x in steps)
+    # --entropy-coef: the whole distribution's entropy per generated token, both ranks' tokens
+    # together; the tiny random model's is near that of a uniform one over its 49,152 tokens
+    assert all(0 < x["policy_entropy"] <= math.log(49152) + 1e-3 for x in steps), [x["policy_entropy"] for x in steps]
     assert all(x["sequences"] == 8 for x in steps)          # both ranks' shards add up to the batch
     assert all(len(x["rank_tokens_per_s"]) == 2 and min(x["rank_tokens_per_s"]) > 0 for x in steps)
     assert all(0.0 <= x["pad_frac"] < 1.0 for x in steps)   # both ranks' padded slots, gathered
