@@ -183,6 +183,7 @@ class RunShape:
     dtype_bytes: int = 2       # bf16 on CUDA: the sampler's weights, KV cache, publications
     precision: str = "bf16"    # the learner's (grpo.config.resolve_precision): "bf16", "autocast" or "fp32"
     deepspeed: bool = True     # False: --no-deepspeed, plain AdamW (no fp32 clone of the weights)
+    entropy: bool = False      # --entropy-coef > 0: the learner's LM-head chunk also takes the softmax
 
 
 def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
@@ -215,8 +216,9 @@ def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
         if r.precision == "autocast":
             items.append(("autocast copies", 2 * s.params))
         items += [("activations", activations(s, r.micro_batch, seq)),
-                 # the learner's LM head, checkpointed per chunk: the logits and their gradient in float32
-                 ("logits chunk", 2 * min(CHUNK_ELEMS, r.micro_batch * seq * s.vocab) * 4)]
+                 # the learner's LM head, checkpointed per chunk: the logits and their gradient in float32;
+                 # with --entropy-coef also the softmax and its product with the logits (twice the tensors)
+                 ("logits chunk", (4 if r.entropy else 2) * min(CHUNK_ELEMS, r.micro_batch * seq * s.vocab) * 4)]
         if k == 0 and r.ipc:
             # two slots of the (LoRA: merged) full weights in the sampler dtype, published over CUDA IPC
             items.append(("ipc publication", 2 * s.params * r.dtype_bytes))
@@ -383,4 +385,4 @@ def run_shape(lcfg, scfg, ranks: int, samplers: int, ds_config: str) -> RunShape
                     new_tokens=scfg.max_new_tokens, micro_batch=micro, logprob_batch_size=scfg.logprob_batch_size,
                     samplers=samplers,
                     precision=resolve_precision(lcfg.precision, True, lcfg.lora_r > 0, not lcfg.no_deepspeed),
-                    deepspeed=not lcfg.no_deepspeed)
+                    deepspeed=not lcfg.no_deepspeed, entropy=lcfg.entropy_coef > 0)

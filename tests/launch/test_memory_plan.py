@@ -1,6 +1,7 @@
 """The memory plan (grpo.launch.memory): hand-worked numbers, the refusal line, and the launcher
 computing it only for CUDA runs."""
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -66,6 +67,7 @@ def test_run_shape_resolves_the_learners_precision(tmp_path):
     assert shape(lora_r=16).precision == "bf16"              # LoRA: the frozen base stays bf16
     assert shape(precision="bf16").precision == "bf16"
     assert (shape(no_deepspeed=True).precision, shape(no_deepspeed=True).deepspeed) == ("autocast", False)
+    assert (shape().entropy, shape(entropy_coef=0.01).entropy) == (False, True)
 
 
 def test_the_allocator_reserve_alone_warns_instead_of_refusing():
@@ -384,3 +386,14 @@ def test_reading_the_gguf_header_imports_no_heavy_module(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2],
                          env=dict(os.environ, GRPO_CACHE=str(tmp_path)), capture_output=True, text=True, timeout=60)
     assert out.stdout.split(maxsplit=2) == ["134515008", "True", "[]\n"], out.stderr
+
+
+def test_entropy_bonus_doubles_the_learners_logits_chunk():
+    """--entropy-coef: the chunk holds the softmax and its product with the logits besides the
+    logits and their gradient, 4 x (1 x 16 x 1000) x 4 = 256,000 bytes instead of 128,000; nothing
+    else changes."""
+    s = Shape(params=1_000_000, layers=2, hidden=64, kv_dim=32, q_dim=64, intermediate=256, vocab=1000)
+    r = RunShape(ranks=1, ipc=False, micro_batch=1, prompt_tokens=10, new_tokens=6)
+    off, on = items(memory.plan(s, r), "learner0"), items(memory.plan(s, replace(r, entropy=True)), "learner0")
+    assert (off["logits chunk"], on["logits chunk"]) == (128_000, 256_000)
+    assert {k: v for k, v in on.items() if k != "logits chunk"} == {k: v for k, v in off.items() if k != "logits chunk"}
