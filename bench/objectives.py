@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchutil import ROOT, commit, read_run_file, versions  # noqa: E402
+from benchutil import ROOT, commit, read_run_file, reward_by_time, rounds_of, versions  # noqa: E402,F401
 from time_to_accuracy import OURS_ONLY, SHARED  # noqa: E402
 
 # name -> the flags appended to the fixed command (a later flag wins in argparse).
@@ -54,8 +54,6 @@ VARIANTS = {
     # After the peak: raise the tasks' difficulty as groups turn all-correct.
     "curriculum": "--curriculum",
 }
-ROUND = re.compile(r"^(?:(\d\d):(\d\d):(\d\d) )?.*?round (\d+) \(v(\d+)\): (\d+) completions.*?reward mean ([-\d.]+)",
-                   re.M)
 BUCKET = 10   # versions per row of the reward-by-version table
 
 
@@ -66,32 +64,10 @@ def command(task: str, seconds: float, seed: int, run_dir: Path, extra: str) -> 
             "--run-dir", str(run_dir), *shlex.split(extra)]
 
 
-def rounds_of(log_text: str) -> list[dict]:
-    """The sampler's round lines: version that generated the round, completions, their mean reward."""
-    return [{"round": int(r), "version": int(v), "n": int(n), "reward_mean": float(m),
-             **({"clock_s": int(hh) * 3600 + int(mm) * 60 + int(ss)} if hh else {})}
-            for hh, mm, ss, r, v, n, m in ROUND.findall(log_text)]
-
-
 def clock_of(epoch: float) -> int:
     """Seconds since local midnight, as the log lines' HH:MM:SS count them."""
     t = time.localtime(epoch)
     return t.tm_hour * 3600 + t.tm_min * 60 + t.tm_sec
-
-
-def reward_by_time(rounds: list[dict], start_clock: int, bucket_s: int = 30) -> list[dict]:
-    """Completion-weighted mean sampled reward per window of wall time since launch, a round
-    counted in the window in which its line was logged: learning per second, start-up included."""
-    out: dict[int, list[float]] = {}
-    for r in rounds:
-        if "clock_s" not in r:
-            continue
-        k = ((r["clock_s"] - start_clock) % 86400) // bucket_s   # a run may pass midnight
-        acc = out.setdefault(k, [0.0, 0])
-        acc[0] += r["reward_mean"] * r["n"]
-        acc[1] += r["n"]
-    return [{"seconds": f"{k * bucket_s}-{(k + 1) * bucket_s}", "reward_mean": s / n, "completions": n}
-            for k, (s, n) in sorted(out.items())]
 
 
 def reward_by_version(rounds: list[dict], bucket: int = BUCKET) -> list[dict]:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import save_schedule  # noqa: E402
-from benchutil import ROOT, read_run_file, versions  # noqa: E402
+from benchutil import ROOT, read_run_file, reward_by_time, rounds_of, versions  # noqa: E402
 
 from grpo.obs.rundir import git_head, provenance  # noqa: E402
 
@@ -395,6 +395,16 @@ def constant_answer(task: str, n: int) -> dict:
     return constant_answer_baseline(eval_problems(task, n))
 
 
+def sampled_by_minute(run: Path) -> list[dict] | None:
+    """Sampler 0's train-side figures per minute from its first round's line: the mean reward of
+    every completion it generated and the share of groups without signal (what the runs are
+    compared by on train data; held-out points are for measuring)."""
+    if not any((run / f).is_file() for f in ("sampler0.log", "sampler0.log.gz")):
+        return None
+    rounds = [r for r in rounds_of(read_run_file(run, "sampler0.log")) if "clock_s" in r]
+    return reward_by_time(rounds, rounds[0]["clock_s"], 60) if rounds else None
+
+
 def summarise_task(work: Path) -> dict:
     base = json.loads((work / "base_score.json").read_text())
     if base["accuracy"] < 0.1:   # 2x of next to nothing is noise: the issue asks for tasks at 0.1 or more
@@ -425,7 +435,8 @@ def summarise_task(work: Path) -> dict:
         if launch["system"] == "ours":
             first, first_from = first_step_ours(run, launch["launch_time"])
             rec.update({"ours_flags": launch.get("ours_flags", []), "first_step_s": first,
-                        "first_step_from": first_from, "first_step_after_loop_start_s": first_step_loop_s(run)})
+                        "first_step_from": first_from, "first_step_after_loop_start_s": first_step_loop_s(run),
+                        "sampled_by_minute": sampled_by_minute(run)})
         rec.update(ours_books(run) if launch["system"] == "ours" else trl_books(run, launch))
         systems.setdefault(launch["system"], {"runs": []})["runs"].append(rec)
     for name, sys_ in systems.items():

@@ -95,3 +95,24 @@ def test_the_letter_counting_comparison_is_what_its_run_files_say():
     for wide in ("fp32", "fresh_fp32"):
         assert all(w > b for w, b in zip(by[wide], by["fresh"])), wide
     assert "--no-deepspeed" in committed["runs"]["fp32"]["flags"]
+
+
+def test_zero_signal_counts_per_window_by_hand():
+    """Round lines that count groups without signal give each window their share:
+    (30 + 10) / (64 + 16) = 0.5 in the first minute, 3 / 4 in the second; a line without the
+    count adds its completions to the reward only."""
+    log = ("10:00:00 sampler0 INFO round 0 (v0): 1024 completions, 9 tokens in 1.0 s (9 tok/s); log-probs 0.1 s, "
+           "rewards 0.1 s; reward mean 0.100, 30 of 64 groups zero-signal | gpu 10%\n"
+           "10:00:50 sampler0 INFO round 1 (v1): 256 completions, 9 tokens in 1.0 s (9 tok/s); log-probs 0.1 s, "
+           "rewards 0.1 s; reward mean 0.500, 10 of 16 groups zero-signal | gpu 10%\n"
+           "10:01:10 sampler0 INFO round 2 (v2): 64 completions, 9 tokens in 1.0 s (9 tok/s); log-probs 0.1 s, "
+           "rewards 0.1 s; reward mean 0.250, 3 of 4 groups zero-signal | gpu 10%\n"
+           "10:01:20 sampler0 INFO round 3 (v2): 64 completions, 9 tokens in 1.0 s (9 tok/s); log-probs 0.1 s, "
+           "rewards 0.1 s; reward mean 0.750\n")
+    rounds = ob.rounds_of(log)
+    assert [(r.get("zero_signal"), r.get("groups")) for r in rounds] == [(30, 64), (10, 16), (3, 4), (None, None)]
+    # 0-60 s: (1024 * 0.1 + 256 * 0.5) / 1280 = 0.18; 60-120 s: (64 * 0.25 + 64 * 0.75) / 128 = 0.5
+    assert ob.reward_by_time(rounds, rounds[0]["clock_s"], 60) == [
+        {"seconds": "0-60", "reward_mean": pytest.approx(0.18), "completions": 1280, "zero_signal_share": 0.5,
+         "groups": 80},
+        {"seconds": "60-120", "reward_mean": 0.5, "completions": 128, "zero_signal_share": 0.75, "groups": 4}]
