@@ -41,6 +41,7 @@ from grpo.data.prompts import problem_prompt  # noqa: E402
 from grpo.data.rewards import correctness_reward  # noqa: E402
 from grpo.data.sources import load_problems
 from grpo.model import resolve_model  # noqa: E402
+from grpo.obs.rundir import provenance  # noqa: E402
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -231,7 +232,8 @@ def _write_steps(args, clock, cfg, trl_version, world, model_path, problems, set
                           "completion_len_mean": mean_len, "reward_mean": log.get("reward"),
                           "frac_reward_zero_std": log.get("frac_reward_zero_std"), "grad_norm": log.get("grad_norm"),
                           "entropy": log.get("entropy")})
-        doc = {"trl": trl_version, "versions": {**versions(), "trl": trl_version},
+        # the command line, the code's commit and the seed: what makes this run again
+        doc = {**provenance(), "seed": args.seed, "trl": trl_version, "versions": {**versions(), "trl": trl_version},
                "world_size": world, "per_device_batch": B // world, "model": model_path,
                "problems": problems, "setup_s": setup_s, "total_s": time.perf_counter() - t_start, "error": error,
                "config": {k: getattr(cfg, k) for k in (
