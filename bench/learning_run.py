@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -86,15 +85,15 @@ def summarise(run_dir: Path, device: str, out_dir: Path) -> dict:
     return doc
 
 
-_ROUND = re.compile(r"round (\d+) \(v(\d+)\): (\d+) completions.*reward mean ([\d.]+)")
-
-
 def _sampler_rounds(log: Path) -> list[dict]:
     """Sampler 0's rounds from its log: the version it generated with, completions, mean reward."""
     if not log.is_file():
         return []
-    return [{"round": int(m[1]), "version": int(m[2]), "completions": int(m[3]), "reward_mean": float(m[4])}
-            for m in map(_ROUND.search, log.read_text().splitlines()) if m]
+    sys.path.insert(0, str(ROOT / "bench"))
+    from benchutil import rounds_of
+
+    return [{"round": r["round"], "version": r["version"], "completions": r["n"], "reward_mean": r["reward_mean"]}
+            for r in rounds_of(log.read_text())]
 
 
 def _plot(doc: dict, paths: list[Path]) -> None:
