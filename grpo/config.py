@@ -61,6 +61,8 @@ class CommonConfig:
     """Sequences decoded together during evaluation."""
     generation_backend: str = "auto"
     """'fast' (grpo/generate/engine.py: static KV cache, CUDA-graph decode, sampling on the GPU), 'hf' (Hugging Face generate), or 'auto' (fast on CUDA, hf on CPU). Samplers generate with it; every greedy evaluation (sampler 0's and the learner's final one) decodes with it, so the baseline and the final accuracy come from the same decoder."""
+    profile_steps: str = ""
+    """Record learner steps A-B and sampler rounds A-B (e.g. 20-21) with torch.profiler: each process writes its operators by device time and a Chrome trace under <run_dir>/profile/ (empty: off)."""
     # --- config file (issue 7)
     config: str = ""
     """YAML file of options (keys are these field names, dashes or underscores); flags given on the command line override it."""
@@ -178,6 +180,8 @@ class LearnerConfig(CommonConfig):
     """Drop groups whose rewards are all equal (zero advantage; DAPO dynamic sampling), counted as zero_signal."""
     mask_truncated: bool = False
     """Exclude completions cut at --max-new-tokens (no EOS) from the loss."""
+    warm_up: bool = True
+    """CUDA: before the first step, while round 0 is generated, pass one micro-batch of made-up tokens forward and backward (no update, no parameter gradient), so the first step does not pay the device's one-time costs (--no-warm-up: off)."""
     curriculum_low: float = 0.1
     """--curriculum: lower a task's level when its success rate is below this."""
     curriculum_high: float = 0.7

@@ -31,11 +31,13 @@ from grpo.learner.checkpoint import (Checkpointer, TimedWeights, load_checkpoint
 from grpo.learner.engine import DeepSpeedEngine, TorchEngine, clear_build_locks, load_ds_config, resolve_ds_config
 from grpo.learner.intake import Intake
 from grpo.learner.liveness import Liveness, SyncPeers
+from grpo.learner.warmup import warm_up, warm_up_shape
 from grpo.loss import KL_ESTIMATORS, LOSS_TYPES, grpo_token_loss, reduce_loss
 from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, start_runtime,
                         token_logprobs, weights_checksum)
 from grpo.obs.gpu import GpuMonitor, format_gpu
 from grpo.obs.metrics import MetricsWriter
+from grpo.obs.profile import SpanProfiler
 from grpo.obs.progress import Progress
 from grpo.obs.rundir import make_run_dir, provenance
 from grpo.obs.stages import first_step_s, history as stage_history, mark as mark_stage
@@ -87,6 +89,7 @@ class Learner:
             parse_save_schedule(cfg.save_weights_schedule)   # a bad spec fails here, before the model loads
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.profiler = SpanProfiler(cfg.profile_steps, cfg.run_dir, f"learner{self.rank}")   # a bad span fails now
         if cfg.no_deepspeed and self.world > 1:
             raise ValueError("--no-deepspeed runs one process; drop it or start a single rank")
         local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -367,46 +370,56 @@ class Learner:
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> dict:
+        if self.cfg.warm_up and self.device.type == "cuda":
+            # Round 0 is still being generated (3-4 s on an H200): the first step's one-time costs go here.
+            rows, length = warm_up_shape(min(self.ds_config["train_micro_batch_size_per_gpu"],
+                                             -(-self.batch_size // self.world)),
+                                         self.cfg.max_prompt_tokens, self.cfg.max_new_tokens)
+            dt = warm_up(self.engine.module, self.vocab_size, rows, length, self.device, self._amp(),
+                         self.cfg.temperature)
+            log.info("warm-up pass (%d x %d made-up tokens, forward and backward, no update): %.2f s", rows, length,
+                     dt)
         t_start = time.perf_counter()
         trained_samples = 0
         bar = (Progress("learner steps", total=self.cfg.max_steps - self.version, unit="step")
                if self.rank == 0 else None)
         for step in range(self.version + 1, self.cfg.max_steps + 1):
-            t0 = time.perf_counter()
-            batch = groups = None
-            if self.rank == 0:
-                groups = self.intake.collect(self.groups_per_step, self.version)
-                batch = build_batch(groups, self.cfg.num_generations, self.cfg.scale_rewards)
-            t_data = time.perf_counter()
-            batch, _ = broadcast_batch(batch, False, self.device)
-            # shared: the sampler reads these very weights; it waits while we step and publish.
-            with self.publisher.guard() if self.rank == 0 else contextlib.nullcontext():
-                stats = self.train_step(batch)
-                self.version = step
-                t_train = time.perf_counter()
-                stall = self.publisher.publish(self.version, self.engine.module) if self.rank == 0 else 0.0
-                if self.fingerprints is not None:
-                    self.fingerprints.record(self.version, self.engine.module, compute_dtype(self.device))
-            if step == self.version_at_start + 1:
-                mark_stage(self.run_dir, f"learner{self.rank}", "first_step")
-            if self.rank == 0:
-                self.intake.taken = 0   # the step is trained and its version published
-                self.intake.counts["trained"] += len(groups)
-                trained_samples += batch.size
-                self._curriculum_step(step)
-                self._log_step(step, groups, batch, stats, t0, t_data, t_train, stall, trained_samples, t_start)
-                bar.update(1, loss=stats["loss"], reward=float(batch.scalars[:, 1].mean()))
-            elif gpu := self.gpu.sample():  # other ranks: their own GPU use, one line per step
-                log.info("step %d%s", step, format_gpu(gpu))
-            time_up = bool(self.cfg.max_time_s) and self._time_up(t_start)
-            if self.checkpointer.due(step, last=step == self.cfg.max_steps or time_up):
-                self.checkpointer.save(self.engine, self.tok, step, self._checkpoint_extra())
-            if self.rank == 0 and self.timed_weights.due(time.time(), last=step == self.cfg.max_steps or time_up):
-                # in the samplers' dtype: what they generate with is what gets scored (autocast's
-                # float32 weights would double the bytes written while the learner waits)
-                self.timed_weights.save(self.engine.module, self.tok, step, dtype=compute_dtype(self.device))
-            if time_up:
-                break
+            with self.profiler.around(step):
+                t0 = time.perf_counter()
+                batch = groups = None
+                if self.rank == 0:
+                    groups = self.intake.collect(self.groups_per_step, self.version)
+                    batch = build_batch(groups, self.cfg.num_generations, self.cfg.scale_rewards)
+                t_data = time.perf_counter()
+                batch, _ = broadcast_batch(batch, False, self.device)
+                # shared: the sampler reads these very weights; it waits while we step and publish.
+                with self.publisher.guard() if self.rank == 0 else contextlib.nullcontext():
+                    stats = self.train_step(batch)
+                    self.version = step
+                    t_train = time.perf_counter()
+                    stall = self.publisher.publish(self.version, self.engine.module) if self.rank == 0 else 0.0
+                    if self.fingerprints is not None:
+                        self.fingerprints.record(self.version, self.engine.module, compute_dtype(self.device))
+                if step == self.version_at_start + 1:
+                    mark_stage(self.run_dir, f"learner{self.rank}", "first_step")
+                if self.rank == 0:
+                    self.intake.taken = 0   # the step is trained and its version published
+                    self.intake.counts["trained"] += len(groups)
+                    trained_samples += batch.size
+                    self._curriculum_step(step)
+                    self._log_step(step, groups, batch, stats, t0, t_data, t_train, stall, trained_samples, t_start)
+                    bar.update(1, loss=stats["loss"], reward=float(batch.scalars[:, 1].mean()))
+                elif gpu := self.gpu.sample():  # other ranks: their own GPU use, one line per step
+                    log.info("step %d%s", step, format_gpu(gpu))
+                time_up = bool(self.cfg.max_time_s) and self._time_up(t_start)
+                if self.checkpointer.due(step, last=step == self.cfg.max_steps or time_up):
+                    self.checkpointer.save(self.engine, self.tok, step, self._checkpoint_extra())
+                if self.rank == 0 and self.timed_weights.due(time.time(), last=step == self.cfg.max_steps or time_up):
+                    # in the samplers' dtype: what they generate with is what gets scored (autocast's
+                    # float32 weights would double the bytes written while the learner waits)
+                    self.timed_weights.save(self.engine.module, self.tok, step, dtype=compute_dtype(self.device))
+                if time_up:
+                    break
         if bar is not None:
             bar.close()
         broadcast_batch(None, True, self.device)
