@@ -35,6 +35,7 @@ from grpo.stats import round_prompts
 from grpo.model import (compute_dtype, eos_ids, load_causal_lm, load_tokenizer, pick_device, resolve_model, right_pad,
                         start_runtime, token_logprobs)
 from grpo.obs.gpu import GpuMonitor, format_gpu
+from grpo.obs.profile import SpanProfiler
 from grpo.obs.progress import Progress
 from grpo.obs.stages import mark as mark_stage
 from grpo.sampler.heartbeat import ON_FULL, Heartbeat, SyncInbox, send_group, wait_send
@@ -101,6 +102,7 @@ class Sampler:
         if cfg.on_full not in ON_FULL:
             raise ValueError(f"--on-full {cfg.on_full}: choose one of {', '.join(ON_FULL)}")
         curve = curve_for(cfg.curve_keys, CLIENT)  # bad keys fail here, before the model loads
+        self.profiler = SpanProfiler(cfg.profile_steps, cfg.run_dir, f"sampler{cfg.sampler_id}")   # so does a bad span
         t_device = time.perf_counter()
         self.device = pick_device(cfg.device, cfg.gpu_id)   # on CUDA: torch's CUDA initialisation
         t_device = time.perf_counter() - t_device
@@ -673,44 +675,46 @@ class Sampler:
         self.heartbeat.start()
         try:
             while True:
-                # shared: we read the learner's live weights, so it must not step during a round
-                # (sync, evaluation, generation, old log-probs); sending needs no lock.
-                with self._round_guard():
-                    if not self.sync_weights() or (self.cfg.max_rounds and rounds >= self.cfg.max_rounds):
-                        break
-                    # Round 0 generated before the learner's first answer (sync_weights): version 0's
-                    # evaluation waits until the round is out, for only then is it known that the
-                    # learner is at version 0 (a resumed one is not: round 0 is then generated again).
-                    early = self._first_request is not None
-                    n = self._round_prompts()
-                    groups = []
-                    if n:
-                        if not early:
-                            self.maybe_evaluate()
-                        if self.cfg.in_flight_rows:
-                            # Each chunk leaves as soon as it is complete, inside the guard (with
-                            # shared weights the learner waits for the round either way).
-                            for chunk in self.stream_round(rounds, n):
-                                self._send(chunk)
-                        else:
-                            groups = self.generate_round(rounds, n)
-                if (stop := self.inbox.stop) is not None:
-                    log.info("learner says stop (%s) at version %d, in the middle of round %d: the round is "
-                             "abandoned (what of it was not sent is not counted)", stop.reason, stop.version, rounds)
-                    break
-                if self._held is not None:   # round 0 abandoned: the learner is past version 0 (_first_answer)
-                    continue
-                if not n:   # outside the round guard: with shared weights the learner must go on
-                    self._wait_for_room()
-                    continue
-                self._send(groups)
-                if early:   # version 0's evaluation, put off above (the weights have not changed since)
+                with self.profiler.around(rounds):
+                    # shared: we read the learner's live weights, so it must not step during a round
+                    # (sync, evaluation, generation, old log-probs); sending needs no lock.
                     with self._round_guard():
-                        self.maybe_evaluate()
-                rounds += 1
-                self.stats["rounds"] = rounds
-                bar.update(1, version=self.version)
-                self.send_status(final=False)
+                        if not self.sync_weights() or (self.cfg.max_rounds and rounds >= self.cfg.max_rounds):
+                            break
+                        # Round 0 generated before the learner's first answer (sync_weights): version 0's
+                        # evaluation waits until the round is out, for only then is it known that the
+                        # learner is at version 0 (a resumed one is not: round 0 is then generated again).
+                        early = self._first_request is not None
+                        n = self._round_prompts()
+                        groups = []
+                        if n:
+                            if not early:
+                                self.maybe_evaluate()
+                            if self.cfg.in_flight_rows:
+                                # Each chunk leaves as soon as it is complete, inside the guard (with
+                                # shared weights the learner waits for the round either way).
+                                for chunk in self.stream_round(rounds, n):
+                                    self._send(chunk)
+                            else:
+                                groups = self.generate_round(rounds, n)
+                    if (stop := self.inbox.stop) is not None:
+                        log.info("learner says stop (%s) at version %d, in the middle of round %d: the round is "
+                                 "abandoned (what of it was not sent is not counted)", stop.reason, stop.version,
+                                 rounds)
+                        break
+                    if self._held is not None:   # round 0 abandoned: the learner is past version 0 (_first_answer)
+                        continue
+                    if not n:   # outside the round guard: with shared weights the learner must go on
+                        self._wait_for_room()
+                        continue
+                    self._send(groups)
+                    if early:   # version 0's evaluation, put off above (the weights have not changed since)
+                        with self._round_guard():
+                            self.maybe_evaluate()
+                    rounds += 1
+                    self.stats["rounds"] = rounds
+                    bar.update(1, version=self.version)
+                    self.send_status(final=False)
             self.heartbeat.stop()  # no heartbeat may follow the final status
             self.send_status(final=True)
         finally:
