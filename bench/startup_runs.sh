@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Start-up and time to 2x on one GPU, as the device machine runs them (issue 26, items 3 and 6):
+#   1. a 3-step run on the machine as it comes (`fresh`): the GGUF conversion, the first CUDA
+#      kernels and the first train step included; its stage files and summary are kept;
+#   2. bench/time_to_accuracy.py `ours` for each seed on the now warm machine, then `score` and
+#      `summarise` under --label $LABEL (TRL is not rerun: its committed run of the same kind is
+#      the baseline; `trl` adds one).
+# Everything kept goes to $OUT (the device tool's return folder) after each stage, so a run cut
+# off at the call's limit still returns what it finished.
+#
+#   . bench/device_setup.sh && LABEL=warmup SEEDS="42 1" SECONDS_EACH=120 bash bench/startup_runs.sh
+#
+# GRPO_GIT_COMMIT (the checkout's commit; the device copy has no .git) is recorded in every file.
+set -uo pipefail
+TASK=${TASK:-rg:basic_arithmetic:min_terms=2,max_terms=2,max_digits=1}
+LABEL=${LABEL:-warmup}
+SEEDS=${SEEDS:-42 1}
+SECONDS_EACH=${SECONDS_EACH:-120}
+FLAGS=${FLAGS:-}
+WORK=${WORK:-/tmp/tta_$LABEL}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT" "$WORK"
+keep() {   # the work dir's small files, as one archive (logs and metrics are gzipped by the bench)
+    tar czf "$OUT/work_$LABEL.tgz" --exclude='*/weights/*' --exclude='*.safetensors' -C "$(dirname "$WORK")" \
+        "$(basename "$WORK")" 2>/dev/null
+}
+if [ "${SKIP_FRESH:-0}" != 1 ]; then
+    FRESH=/tmp/fresh_$LABEL
+    rm -rf "$FRESH"
+    t0=$(date +%s.%N)
+    python run_distributed.py --sampling-gpu 0 --training-gpus 0 --share-gpus --generation-backend fast \
+        --dataset "$TASK" --reward correctness --filter-zero-signal --num-generations 16 --train-batch-size 128 \
+        --learning-rate 2e-5 --beta 0.0 --loss-type dapo --max-new-tokens 256 --max-steps 3 --eval-every 0 \
+        --run-dir "$FRESH" $FLAGS > "$OUT/fresh_$LABEL.log" 2>&1
+    echo "fresh run: exit $? after $(python -c "import time; print(round(time.time() - $t0, 1))") s" | tee -a "$OUT/fresh_$LABEL.log"
+    tar czf "$OUT/fresh_$LABEL.tgz" -C /tmp "fresh_$LABEL/stages" "fresh_$LABEL/summary.json" \
+        "fresh_$LABEL/learner0.log" "fresh_$LABEL/sampler0.log" 2>/dev/null
+fi
+for seed in $SEEDS; do
+    python bench/time_to_accuracy.py ours --work-dir "$WORK" --task "$TASK" --seed "$seed" \
+        --ours-seconds "$SECONDS_EACH" --label "$LABEL" --git-commit "${GRPO_GIT_COMMIT:-}" \
+        ${FLAGS:+--ours-flags "$FLAGS"} 2>&1 | tail -5
+    keep
+done
+python bench/time_to_accuracy.py score --work-dir "$WORK" --task "$TASK" --label "$LABEL" 2>&1 | tail -5
+python bench/time_to_accuracy.py summarise --work-dir "$WORK" --task "$TASK" --label "$LABEL" 2>&1 | tail -8
+cp bench/results/time_to_accuracy_*.json "$OUT"/ 2>/dev/null
+cp bench/results/time_to_accuracy_*"_$LABEL.png" "$OUT"/ 2>/dev/null
+keep
+ls -la "$OUT"
