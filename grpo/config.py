@@ -61,6 +61,8 @@ class CommonConfig:
     """Sequences decoded together during evaluation."""
     generation_backend: str = "auto"
     """'fast' (grpo/generate/engine.py: static KV cache, CUDA-graph decode, sampling on the GPU), 'hf' (Hugging Face generate), or 'auto' (fast on CUDA, hf on CPU). Samplers generate with it; every greedy evaluation (sampler 0's and the learner's final one) decodes with it, so the baseline and the final accuracy come from the same decoder."""
+    cudnn_attention: bool = False
+    """CUDA: let attention use cuDNN's kernels, which torch prefers on Hopper; off, it uses FlashAttention or the memory-efficient kernels, since cuDNN builds a graph for each new input shape and a step's shapes change every step (host time, docs/benchmarks.md)."""
     profile_steps: str = ""
     """Record learner steps A-B and sampler rounds A-B (e.g. 20-21) with torch.profiler: each process writes its operators by device time and a Chrome trace under <run_dir>/profile/ (empty: off)."""
     # --- config file (issue 7)
@@ -180,6 +182,8 @@ class LearnerConfig(CommonConfig):
     """Drop groups whose rewards are all equal (zero advantage; DAPO dynamic sampling), counted as zero_signal."""
     mask_truncated: bool = False
     """Exclude completions cut at --max-new-tokens (no EOS) from the loss."""
+    micro_batch_tokens: int = 0
+    """Padded tokens per micro-batch: each step's sequences (each rank's share) are packed by length into as few micro-batches as fit, so short sequences make one or two large micro-batches instead of gradient_accumulation_steps small ones (verl's dynamic batch size). 0: the tokens of train_micro_batch_size_per_gpu rows of a 128-token prompt and --max-new-tokens; -1: off, DeepSpeed's fixed micro-batches of train_micro_batch_size_per_gpu rows."""
     warm_up: bool = True
     """CUDA: before the first step, while round 0 is generated, pass one micro-batch of made-up tokens forward and backward (no update, no parameter gradient), so the first step does not pay the device's one-time costs (--no-warm-up: off)."""
     curriculum_low: float = 0.1

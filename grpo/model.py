@@ -387,10 +387,18 @@ def load_tokenizer(path: str):
     return tok
 
 
-def start_runtime(device: torch.device, times: dict[str, float]) -> None:
+def start_runtime(device: torch.device, times: dict[str, float], cudnn_attention: bool = False) -> None:
     """Import transformers and make the first CUDA call on `device` (its context) now, each timed
     into `times`, so that a start-up log tells them apart from loading the model: either can
-    take seconds on a GPU machine, where a 135M model's weights load in a tenth of one."""
+    take seconds on a GPU machine, where a 135M model's weights load in a tenth of one.
+
+    On CUDA, scaled_dot_product_attention may use cuDNN's kernels only with `cudnn_attention`.
+    torch prefers them on Hopper, but cuDNN builds a graph for every new shape of its inputs,
+    and the learner's micro-batches and the sampler's log-prob passes change width every step:
+    in a profile of two learner steps on an H100 (SmolLM2-135M, docs/benchmarks.md) its attention
+    took 1.6 ms of host time a call forward and backward, about a quarter of a step whose kernels
+    needed a tenth of it. Without cuDNN, SDPA takes FlashAttention or the memory-efficient
+    kernels, which need no such build."""
     t = time.perf_counter()
     # The package, its auto classes and its model machinery (modeling_utils brings accelerate and
     # torch's compiler stack with sympy): the first tokenizer load would import them all.
@@ -399,6 +407,7 @@ def start_runtime(device: torch.device, times: dict[str, float]) -> None:
 
     times["transformers import"] = time.perf_counter() - t
     if device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
         t = time.perf_counter()
         torch.empty(1, device=device)
         torch.cuda.synchronize(device)

@@ -117,3 +117,29 @@ def test_entropy_matches_full_logits_values_and_grads(model, chunk_elems):
         scale = ref_grads[n].abs().max().item()
         assert scale > 0
         assert (p.grad - ref_grads[n]).abs().max().item() <= 1e-4 * scale, n
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("cudnn", [False, True])
+def test_runtime_chooses_whether_attention_may_use_cudnn(cudnn):
+    """start_runtime owns SDPA's cuDNN switch (--cudnn-attention); off, a padded causal pass runs
+    no cuDNN kernel and gives the math kernels' log-probs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from grpo.model import start_runtime
+
+    device = torch.device("cuda", 0)
+    start_runtime(device, {}, cudnn_attention=cudnn)
+    assert torch.backends.cuda.cudnn_sdp_enabled() is cudnn
+    if cudnn:
+        return
+    q, k, v = (torch.randn(4, 9, 37, 64, device=device, dtype=torch.bfloat16) for _ in range(3))
+    mask = torch.ones(4, 1, 37, 37, device=device, dtype=torch.bool).tril()
+    mask[1, :, :, 30:] = False   # a right-padded row
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        torch.cuda.synchronize()
+    assert not [e.name for e in prof.events() if "cudnn" in e.name.lower()]
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+    assert torch.allclose(out.float(), ref, atol=2e-2)

@@ -3,7 +3,7 @@
 One step:
   rank 0   collect train_batch_size/G fresh groups (grpo.learner.intake: stale ones dropped and counted)
   all      broadcast the batch; each rank keeps its token-balanced shard      (sync point)
-  all      gas micro-steps of forward + GRPO loss + backward (ZeRO-2 reduces grads)
+  all      micro-steps of forward + GRPO loss + backward (ZeRO-2 reduces grads), packed by tokens
   all      optimizer step; policy version = step count
   rank 0   snapshot the weights for the samplers; write metrics.jsonl
 """
@@ -25,7 +25,7 @@ from grpo.data.tasks import Curriculum
 from grpo.generate.backend import resolve_backend
 from grpo.learner.accounting import Books, MessageLedger, balance
 from grpo.learner.batch import (Batch, balanced_split, broadcast_batch, build_batch, length_buckets, micro_batch,
-                                minibatches, padded_tokens)
+                                micro_token_budget, minibatches, padded_tokens, token_buckets)
 from grpo.learner.checkpoint import (Checkpointer, TimedWeights, load_checkpoint, parse_save_schedule,
                                     resolve_resume)
 from grpo.learner.engine import DeepSpeedEngine, TorchEngine, clear_build_locks, load_ds_config, resolve_ds_config
@@ -104,9 +104,15 @@ class Learner:
                            if cfg.curriculum else None)   # a bad --dataset or threshold fails here, before loading
         self.run_dir = make_run_dir(cfg.run_dir)
         raw_ds = load_ds_config(cfg.deepspeed_config)
+        micro_rows = raw_ds.get("train_micro_batch_size_per_gpu", "auto")
+        micro_rows = -(-cfg.train_batch_size // self.world) if micro_rows == "auto" else int(micro_rows)
+        # --micro-batch-tokens: padded tokens per micro-batch (0 when off: gas fixed micro-batches)
+        self.micro_tokens = micro_token_budget(cfg.micro_batch_tokens, micro_rows, cfg.max_prompt_tokens,
+                                               cfg.max_new_tokens)
         self.ds_config, self.batch_size = resolve_ds_config(
             raw_ds, self.world, cfg.train_batch_size, cfg.num_generations, cfg.learning_rate,
-            cuda=self.device.type == "cuda", source=cfg.deepspeed_config, precision=self.precision)
+            cuda=self.device.type == "cuda", source=cfg.deepspeed_config, precision=self.precision,
+            token_micro_batches=self.micro_tokens > 0)
         self.groups_per_step = self.batch_size // cfg.num_generations
 
         path = resolve_model(cfg.model)  # a bad --model fails here, before ports or weights
@@ -144,7 +150,7 @@ class Learner:
                                        timeout=timedelta(seconds=cfg.dist_timeout_s))
         t_model = time.perf_counter()
         load_times: dict[str, float] = {}   # the parts of 'model' in the start-up line
-        start_runtime(self.device, load_times)
+        start_runtime(self.device, load_times, cfg.cudnn_attention)
         t_tok = time.perf_counter()
         self.tok = load_tokenizer(path)
         load_times["tokenizer"] = time.perf_counter() - t_tok
@@ -233,9 +239,10 @@ class Learner:
             log.info("books carried over from step %d (%d groups queued then are lost with the old learner)",
                      self.version, lost)
         self.version_at_start = self.version
-        log.info("learner rank %d/%d on %s: batch %d completions (%d groups of %d) per step, gas %d",
+        log.info("learner rank %d/%d on %s: batch %d completions (%d groups of %d) per step, %s",
                  self.rank, self.world, self.device, self.batch_size, self.groups_per_step,
-                 cfg.num_generations, self.engine.gas)
+                 cfg.num_generations, f"micro-batches of at most {self.micro_tokens} padded tokens"
+                 if self.micro_tokens else f"gas {self.engine.gas}")
 
     def _sync_rejected(self, reason: str, peer: bytes | None) -> None:
         """A refused message on the sync port (the publisher's thread): the message ledger only."""
@@ -305,23 +312,30 @@ class Learner:
                 "rank_peak_mem_gb": [m for _, _, m, _ in ranks]}
 
     def _plan(self, lens: list[int], part: list[int]) -> tuple[list[int], list[list[int]]]:
-        """This rank's share of one minibatch (ranks: equal token loads) and its gas micro-steps
-        (similar lengths together); every rank computes every rank's plan alike."""
+        """This rank's share of one minibatch (ranks: equal token loads) and its micro-steps
+        (similar lengths together): gas of them, or with token micro-batches as many as the budget
+        needs on the rank that needs most, since ZeRO-2 reduces at every micro-step on every rank
+        (a rank with fewer runs empty ones). Every rank computes every rank's plan alike."""
         shares = balanced_split([lens[i] for i in part], self.world)
         mine = [part[i] for i in shares[self.rank]]
-        return mine, length_buckets([lens[i] for i in mine], self.engine.gas)
+        if not self.micro_tokens:
+            return mine, length_buckets([lens[i] for i in mine], self.engine.gas)
+        micro = token_buckets([lens[i] for i in mine], self.micro_tokens)
+        steps = max(len(token_buckets([lens[part[i]] for i in share], self.micro_tokens)) for share in shares)
+        return mine, micro + [[] for _ in range(steps - len(micro))]
 
     def _amp(self):
         return torch.autocast("cuda", dtype=torch.bfloat16) if self.autocast else contextlib.nullcontext()
 
     def _update(self, batch: Batch, k: int, part: list[int], mine: list[int], micro: list[list[int]],
                 prox: dict, decoupled: bool, sums: torch.Tensor) -> None:
-        """Update k of the step, on one minibatch: gas micro-steps of forward, loss and backward.
+        """Update k of the step, on one minibatch: its micro-steps of forward, loss and backward.
         prox holds the proximal log-probs of updates 1.. by (k, micro-step)."""
         cfg, module = self.cfg, self.engine.module
         gen_lens = batch.meta[:, 1].tolist()
         total_tokens = int(sum(gen_lens[i] for i in part))
-        scale = self.world * self.engine.gas   # undo DeepSpeed's mean over ranks and micro-steps
+        # undo DeepSpeed's mean over ranks (and, with fixed micro-batches, its division by gas)
+        scale = self.world * self.engine.loss_divisor
         for j, piece in enumerate(micro):
             if not piece:
                 # This rank has fewer sequences than micro-steps. ZeRO-2 reduces gradients at
@@ -355,7 +369,7 @@ class Learner:
                                  is_mask=(cfg.is_mask_low, cfg.is_mask_high) if cfg.is_mask_high else None,
                                  entropy=entropy, entropy_coef=cfg.entropy_coef)
             share = reduce_loss(tl.loss, mb.gen_mask, cfg.loss_type, len(part), total_tokens,
-                                cfg.max_new_tokens, num_micro_batches=scale)
+                                cfg.max_new_tokens, num_micro_batches=self.world * len(micro))
             self.engine.backward(share * scale)
             with torch.no_grad():   # one host sync per micro-step for every figure it logs
                 loss_, kl_, clip_, toks_, ratio_, w_sum, limited, w_max, ent_ = torch.stack([

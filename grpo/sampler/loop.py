@@ -124,7 +124,7 @@ class Sampler:
         t_prompts = time.perf_counter()
         path = resolve_model(cfg.model)
         load_times: dict[str, float] = {}   # the parts of 'model' in the start-up line
-        start_runtime(self.device, load_times)
+        start_runtime(self.device, load_times, cfg.cudnn_attention)
         t_tok = time.perf_counter()
         self.tok = load_tokenizer(path)
         load_times["tokenizer"] = time.perf_counter() - t_tok
