@@ -50,7 +50,7 @@ SHRINK = {
     "weights": "a smaller --model",
     "optimizer state": "more --training-gpus (ZeRO-2 splits it over the ranks) or --lora-r 16",
     "gradients": "more --training-gpus (ZeRO-2 splits them over the ranks) or --lora-r 16",
-    "activations": "a smaller train_micro_batch_size_per_gpu in --deepspeed-config (or --train-batch-size) "
+    "activations": "a smaller --micro-batch-tokens, or train_micro_batch_size_per_gpu in --deepspeed-config (or --train-batch-size) "
                    "or --max-new-tokens",
     "logits chunk": "a smaller --model (the LM head's chunk is fixed at 2^27 logits)",
     "ipc publication": "--weight-sync nccl or tcp",
@@ -178,6 +178,7 @@ class RunShape:
     prompt_tokens: int = PROMPT_TOKENS
     new_tokens: int = 256
     micro_batch: int = 16
+    micro_tokens: int = 0      # --micro-batch-tokens when set (> 0): a learner micro-batch's padded tokens
     logprob_batch_size: int = 64
     samplers: int = 1
     dtype_bytes: int = 2       # bf16 on CUDA: the sampler's weights, KV cache, publications
@@ -215,10 +216,14 @@ def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
                  ("gradients", w_bytes * trained // r.ranks)]
         if r.precision == "autocast":
             items.append(("autocast copies", 2 * s.params))
-        items += [("activations", activations(s, r.micro_batch, seq)),
+        # A micro-batch's tokens: its rows at the assumed length, or an explicit token budget. The
+        # default budget (grpo.learner.batch.micro_token_budget) assumes shorter prompts than this
+        # rule, so the rows' count bounds it.
+        tokens = r.micro_tokens or r.micro_batch * seq
+        items += [("activations", activations(s, 1, tokens)),
                  # the learner's LM head, checkpointed per chunk: the logits and their gradient in float32;
                  # with --entropy-coef also the softmax and its product with the logits (twice the tensors)
-                 ("logits chunk", (4 if r.entropy else 2) * min(CHUNK_ELEMS, r.micro_batch * seq * s.vocab) * 4)]
+                 ("logits chunk", (4 if r.entropy else 2) * min(CHUNK_ELEMS, tokens * s.vocab) * 4)]
         if k == 0 and r.ipc:
             # two slots of the (LoRA: merged) full weights in the sampler dtype, published over CUDA IPC
             items.append(("ipc publication", 2 * s.params * r.dtype_bytes))
@@ -382,7 +387,8 @@ def run_shape(lcfg, scfg, ranks: int, samplers: int, ds_config: str) -> RunShape
     micro = micro_batch_size(ds_config, lcfg.train_batch_size, ranks)
     return RunShape(ranks=ranks, lora_r=lcfg.lora_r, beta=lcfg.beta, ipc=method in ("auto", "ipc"),
                     shared=method == "shared", staging=method in ("auto", "ipc", "nccl"), rows=rows, prompt_tokens=min(PROMPT_TOKENS, lcfg.max_prompt_tokens),
-                    new_tokens=scfg.max_new_tokens, micro_batch=micro, logprob_batch_size=scfg.logprob_batch_size,
+                    new_tokens=scfg.max_new_tokens, micro_batch=micro, micro_tokens=max(lcfg.micro_batch_tokens, 0),
+                    logprob_batch_size=scfg.logprob_batch_size,
                     samplers=samplers,
                     precision=resolve_precision(lcfg.precision, True, lcfg.lora_r > 0, not lcfg.no_deepspeed),
                     deepspeed=not lcfg.no_deepspeed, entropy=lcfg.entropy_coef > 0)

@@ -1,9 +1,10 @@
 """The optimizer engine: a DeepSpeed ZeRO-2 engine, or plain PyTorch for --no-deepspeed.
 
-Both expose the same four things the learner uses: `module`, `gas` (micro-steps per
-optimizer step), `backward(loss)` and `step()`. DeepSpeed divides each micro-batch loss
-by `gas` and averages gradients over ranks; the plain engine divides by `gas` too, so the
-learner scales its loss one way for both.
+Both expose the same things the learner uses: `module`, `gas` (micro-steps per optimizer
+step with fixed micro-batches), `loss_divisor`, `backward(loss)` and `step()`. DeepSpeed divides
+each micro-batch loss by `loss_divisor` (gas with fixed micro-batches, 1 with token micro-batches)
+and averages gradients over ranks; the plain engine divides by it too, so the learner scales
+its loss one way for both.
 """
 from __future__ import annotations
 
@@ -112,7 +113,7 @@ def _owned_by_flag(value, flag_value, key: str, flag: str, source: str) -> None:
 
 def resolve_ds_config(raw: dict, world: int, train_batch_size: int, group_size: int,
                       learning_rate: float, cuda: bool, source: str = "deepspeed.json",
-                      precision: str = "bf16") -> tuple[dict, int]:
+                      precision: str = "bf16", token_micro_batches: bool = False) -> tuple[dict, int]:
     """Fill every "auto" value; returns (config for DeepSpeed, global completions per step).
 
     One owner per setting: the flags own the batch size (--train-batch-size) and the learning
@@ -126,6 +127,11 @@ def resolve_ds_config(raw: dict, world: int, train_batch_size: int, group_size: 
     ceil(batch / (micro * world)). DeepSpeed insists batch == micro * gas * world, which
     uneven token-balanced shards do not satisfy, so the copy handed to DeepSpeed carries
     that product: it only feeds DeepSpeed's own bookkeeping, since we pass it the batches.
+
+    token_micro_batches (--micro-batch-tokens): the learner packs each step into as many
+    micro-batches as its token budget needs, a number that changes from step to step, so it owns
+    the accumulation boundary: managed_gradient_accumulation is false (DeepSpeed's backward then
+    only accumulates, and its step() is the boundary); a file that says true contradicts the flag.
     """
     cfg = copy.deepcopy(raw)
     batch = int(train_batch_size)
@@ -158,6 +164,14 @@ def resolve_ds_config(raw: dict, world: int, train_batch_size: int, group_size: 
         if value == "auto":
             raise ConfigError(f'{source}: optimizer.params.{key} is "auto" but the program does not fill it; '
                               f"set a value")
+    if token_micro_batches:
+        if cfg.get("managed_gradient_accumulation", "auto") not in ("auto", False):
+            raise ConfigError(f"{source}: managed_gradient_accumulation is true but --micro-batch-tokens packs each "
+                              f"step into its own number of micro-batches, which needs it false: write \"auto\" "
+                              f"there (or pass --micro-batch-tokens -1)")
+        cfg["managed_gradient_accumulation"] = False
+    elif cfg.get("managed_gradient_accumulation") == "auto":
+        cfg.pop("managed_gradient_accumulation")
     if cfg.get("gradient_clipping") == "auto":
         cfg["gradient_clipping"] = 1.0
     zero = cfg.setdefault("zero_optimization", {"stage": 2})
@@ -178,6 +192,11 @@ class DeepSpeedEngine:
         self._engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=trainable(model),
                                                      config=ds_config)
         self.gas = int(ds_config["gradient_accumulation_steps"])
+        # Managed (DeepSpeed's default): gas micro-steps a step, each loss divided by gas, the update
+        # inside the last backward. Unmanaged (token micro-batches): any number of micro-steps,
+        # losses as given, the update at step().
+        self.managed = ds_config.get("managed_gradient_accumulation", True) is not False
+        self.loss_divisor = self.gas if self.managed else 1
         self.device = self._engine.device
         log.info("DeepSpeed ZeRO stage %d engine: micro %d x gas %d, bf16=%s, optimizer %s",
                  self._engine.zero_optimization_stage(), ds_config["train_micro_batch_size_per_gpu"],
@@ -188,12 +207,16 @@ class DeepSpeedEngine:
         return self._engine.module
 
     def backward(self, loss: torch.Tensor) -> None:
+        if not self.managed:
+            self._engine.backward(loss, scale_wrt_gas=False)   # accumulates; ZeRO-2 reduces over ranks
+            return
         self._engine.backward(loss)   # divides by gas; reduces (ZeRO-2) over ranks
         self._engine.step()           # a no-op except at the accumulation boundary
 
     def step(self) -> None:
-        # DeepSpeed already stepped inside the last micro-batch's backward(); nothing left to do.
-        return None
+        # Managed: DeepSpeed already stepped inside the last micro-batch's backward().
+        if not self.managed:
+            self._engine.step()
 
     @property
     def updates(self) -> int:
@@ -213,6 +236,8 @@ class TorchEngine:
         self.module = model
         self.device = device
         self.gas = int(ds_config["gradient_accumulation_steps"])
+        # As DeepSpeedEngine's: the loss of each micro-step divided by gas, or (token micro-batches) not.
+        self.loss_divisor = self.gas if ds_config.get("managed_gradient_accumulation", True) is not False else 1
         self.clip = float(ds_config.get("gradient_clipping") or 0.0)
         self.opt = torch.optim.AdamW(trainable(model), lr=params["lr"],
                                      betas=tuple(params.get("betas", (0.9, 0.999))),
@@ -223,7 +248,7 @@ class TorchEngine:
         log.info("plain PyTorch engine (--no-deepspeed): AdamW lr %g, gas %d", params["lr"], self.gas)
 
     def backward(self, loss: torch.Tensor) -> None:
-        (loss / self.gas).backward()
+        (loss / self.loss_divisor).backward()
 
     def step(self) -> None:
         # The norm is taken even without clipping (max_norm inf scales by 1): a non-finite one

@@ -123,3 +123,28 @@ def test_minibatches_cut_whole_groups_in_order():
     assert minibatches(3, 1, 3) == [[0], [1], [2]]
     with pytest.raises(ValueError, match="--ppo-minibatches 4"):
         minibatches(3, 2, 4)
+
+
+def test_token_buckets_pack_short_rows_together_hand_worked():
+    from grpo.learner.batch import token_buckets
+
+    # sorted: 2 (len 3), 0 (len 5), 3 (len 5), 1 (len 9), 4 (len 20)
+    lens = [5, 9, 3, 5, 20]
+    # budget 16: [2] 1x3 -> [2,0] 2x5=10 -> [2,0,3] 3x5=15 -> +1 would be 4x9=36 > 16: cut;
+    # [1] 9 -> +4 would be 2x20=40: cut; [4] alone, 20 > 16 (a row past the budget travels alone)
+    assert token_buckets(lens, 16) == [[0, 2, 3], [1], [4]]
+    assert token_buckets(lens, 100) == [[0, 1, 2, 3, 4]]          # 5 x 20 = 100 fits exactly
+    assert token_buckets(lens, 99) == [[0, 1, 2, 3], [4]]          # 4 x 9 = 36, then 20 alone
+    assert token_buckets([], 10) == []
+    assert token_buckets([7, 7, 7], 1) == [[0], [1], [2]]
+
+
+def test_micro_token_budget_rule():
+    from grpo.learner.batch import micro_token_budget
+
+    assert micro_token_budget(0, 32, 4096, 256) == 32 * (128 + 256) == 12288   # default: rows x assumed length
+    assert micro_token_budget(0, 32, 64, 256) == 32 * 320                      # prompts capped below 128
+    assert micro_token_budget(5000, 32, 4096, 256) == 5000
+    assert micro_token_budget(-1, 32, 4096, 256) == 0                          # off: fixed micro-batches
+    with pytest.raises(ValueError, match="--micro-batch-tokens -2"):
+        micro_token_budget(-2, 32, 4096, 256)

@@ -3,14 +3,15 @@ and optimizer state, with DeepSpeed's ZeRO-2 engine (gloo) and the plain one."""
 import pytest
 import torch
 
-from grpo.learner.warmup import WARM_PROMPT_TOKENS, warm_up, warm_up_shape
+from grpo.learner.batch import ASSUMED_PROMPT_TOKENS
+from grpo.learner.warmup import warm_up, warm_up_shape
 from test_checkpoint import _assert_same, _engine, _opt_state, _params, _train_step, tiny  # noqa: F401 (a fixture)
 
 CPU = torch.device("cpu")
 
 
 def test_shape_is_a_micro_batch_of_a_short_prompt_and_the_longest_completion():
-    assert warm_up_shape(32, 4096, 256) == (32, WARM_PROMPT_TOKENS + 256) == (32, 384)
+    assert warm_up_shape(32, 4096, 256) == (32, ASSUMED_PROMPT_TOKENS + 256) == (32, 384)
     assert warm_up_shape(16, 40, 100) == (16, 140)    # prompts capped below the assumed length
     assert warm_up_shape(0, 64, 8) == (1, 72)
 
