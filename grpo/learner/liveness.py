@@ -34,8 +34,13 @@ class Liveness:
     def valid_id(self, sampler_id: int) -> bool:
         return 0 <= sampler_id < self.max_samplers
 
-    def seen(self, sampler_id: int, final: bool = False) -> bool:
-        """Record a sign of life; False (and nothing recorded) for an id out of range."""
+    def seen(self, sampler_id: int, final: bool | None = False) -> bool:
+        """Record a sign of life; False (and nothing recorded) for an id out of range.
+
+        final: True for a final status; False for any other data message, which from a finished
+        id means a new process under it (a restart); None for a request on the sync port, which
+        says nothing of that: a sampler's last request can reach the learner's sync thread after
+        its final status reached the data thread (a stop the learner sent unasked crossed it)."""
         if not self.valid_id(sampler_id):
             return False
         now = self.clock()
@@ -48,7 +53,7 @@ class Liveness:
             self.last_seen[sampler_id] = now
             if final:
                 self.finished.add(sampler_id)
-            else:
+            elif final is not None:
                 self.finished.discard(sampler_id)  # a restart under the same id
         return True
 
@@ -116,5 +121,5 @@ class SyncPeers:
             return "sampler_id_mismatch"
         else:
             self._ids.move_to_end(identity)
-        self.liveness.seen(sampler_id)
+        self.liveness.seen(sampler_id, final=None)
         return None

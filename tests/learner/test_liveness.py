@@ -95,6 +95,23 @@ def test_sync_connection_is_bound_to_its_first_sampler_id():
     assert live.last_seen.keys() == {3, 4, 5}
 
 
+def test_a_late_sync_request_does_not_unfinish_a_sampler_but_a_new_process_does():
+    """The learner's stop can cross a sampler's last request: its final status may reach the data
+    thread before that request reaches the sync thread. Seen in test_faults_samplers under load:
+    the run ended with that sampler 'alive'."""
+    clock = [0.0]
+    live = Liveness(timeout_s=30, max_samplers=4, clock=lambda: clock[0])
+    peers = SyncPeers(live, max_peers=4)
+    live.seen(1)
+    live.seen(1, final=True)                  # its final status (data thread)
+    clock[0] = 1.0
+    assert peers.accept(b"conn-a", 1) is None   # then its last request (sync thread)
+    snap = live.snapshot()
+    assert (snap["alive"], snap["finished"], snap["silent_s"][1]) == ([], [1], 0.0)
+    live.seen(1)                              # a group or heartbeat of a new process under id 1
+    assert (live.snapshot()["alive"], live.snapshot()["finished"]) == ([1], [])
+
+
 def test_publisher_refuses_borrowed_and_made_up_sampler_ids():
     """Over real sockets: a connection that switches ids, or names one beyond --max-samplers, gets no answer."""
     (port,) = free_ports(1)
