@@ -104,15 +104,13 @@ class Learner:
                            if cfg.curriculum else None)   # a bad --dataset or threshold fails here, before loading
         self.run_dir = make_run_dir(cfg.run_dir)
         raw_ds = load_ds_config(cfg.deepspeed_config)
-        micro_rows = raw_ds.get("train_micro_batch_size_per_gpu", "auto")
-        micro_rows = -(-cfg.train_batch_size // self.world) if micro_rows == "auto" else int(micro_rows)
-        # --micro-batch-tokens: padded tokens per micro-batch (0 when off: gas fixed micro-batches)
-        self.micro_tokens = micro_token_budget(cfg.micro_batch_tokens, micro_rows, cfg.max_prompt_tokens,
-                                               cfg.max_new_tokens)
         self.ds_config, self.batch_size = resolve_ds_config(
             raw_ds, self.world, cfg.train_batch_size, cfg.num_generations, cfg.learning_rate,
             cuda=self.device.type == "cuda", source=cfg.deepspeed_config, precision=self.precision,
-            token_micro_batches=self.micro_tokens > 0)
+            token_micro_batches=cfg.micro_batch_tokens != -1)
+        # --micro-batch-tokens: padded tokens per micro-batch (0 when off: gas fixed micro-batches)
+        self.micro_tokens = micro_token_budget(cfg.micro_batch_tokens, self.ds_config["train_micro_batch_size_per_gpu"],
+                                               cfg.max_prompt_tokens, cfg.max_new_tokens)
         self.groups_per_step = self.batch_size // cfg.num_generations
 
         path = resolve_model(cfg.model)  # a bad --model fails here, before ports or weights

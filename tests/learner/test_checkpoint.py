@@ -28,10 +28,11 @@ def _ds_config(lr=1e-2):
     return cfg
 
 
-def _engine(kind, path):
+def _engine(kind, path, ds_config=None):
     model = load_causal_lm(path, CPU, torch.float32)
+    ds_config = ds_config or _ds_config()
     if kind == "torch":
-        return TorchEngine(model, _ds_config(), CPU)
+        return TorchEngine(model, ds_config, CPU)
     import deepspeed
     from netutil import free_ports
 
@@ -43,7 +44,7 @@ def _engine(kind, path):
     try:
         if not torch.distributed.is_initialized():
             deepspeed.init_distributed(dist_backend="gloo")
-        return DeepSpeedEngine(model, _ds_config())
+        return DeepSpeedEngine(model, ds_config)
     finally:
         for k, v in saved.items():
             if v is None:

@@ -1,17 +1,16 @@
 """Token micro-batches (--micro-batch-tokens): DeepSpeed with the learner owning the accumulation
 boundary takes the same update from one micro-batch of four rows as from DeepSpeed's own two
 micro-batches of two, and the config says who owns the boundary."""
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
-from grpo.learner.engine import ConfigError, DeepSpeedEngine, TorchEngine, load_ds_config, resolve_ds_config
-from grpo.model import load_causal_lm, resolve_model
+from grpo.learner.engine import ConfigError, load_ds_config, resolve_ds_config
+from grpo.model import resolve_model
+from test_checkpoint import _engine as make_engine
 
 ROOT = Path(__file__).resolve().parents[2]
-CPU = torch.device("cpu")
 
 
 def _config(tokens: bool, raw: dict | None = None):
@@ -34,26 +33,7 @@ def test_the_flag_owns_the_accumulation_boundary():
 
 
 def _engine(kind: str, cfg: dict):
-    torch.manual_seed(0)
-    model = load_causal_lm(resolve_model("tiny-random"), CPU, torch.float32)
-    if kind == "torch":
-        return TorchEngine(model, cfg, CPU)
-    import deepspeed
-    from netutil import free_ports
-
-    saved = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_ports(1)[0]), RANK="0", WORLD_SIZE="1",
-                      LOCAL_RANK="0")
-    try:
-        if not torch.distributed.is_initialized():
-            deepspeed.init_distributed(dist_backend="gloo")
-        return DeepSpeedEngine(model, cfg)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    return make_engine(kind, resolve_model("tiny-random"), cfg)   # the same saved weights each time
 
 
 def _loss(engine, ids):
