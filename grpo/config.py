@@ -64,7 +64,7 @@ class CommonConfig:
     cudnn_attention: bool = False
     """CUDA: let attention use cuDNN's kernels, which torch prefers on Hopper; off, it uses FlashAttention or the memory-efficient kernels, since cuDNN builds a graph for each new input shape and a step's shapes change every step (host time, docs/benchmarks.md)."""
     profile_steps: str = ""
-    """Record learner steps A-B and sampler rounds A-B (e.g. 20-21) with torch.profiler: each process writes its operators by device time and a Chrome trace under <run_dir>/profile/ (empty: off)."""
+    """Record learner steps A-B and sampler rounds A-B (e.g. 20-21) with torch.profiler: each process writes its operators by device time and a Chrome trace under <run_dir>/profile/ (empty: off). For diagnosis, not for timed runs: on an H100 the traces of two steps and two rounds took tens of MB and stalled both processes for most of a minute."""
     # --- config file (issue 7)
     config: str = ""
     """YAML file of options (keys are these field names, dashes or underscores); flags given on the command line override it."""
