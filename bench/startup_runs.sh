@@ -6,7 +6,9 @@
 #      `summarise` under --label $LABEL (TRL is not rerun: its committed run of the same kind is
 #      the baseline; `trl` adds one).
 # Everything kept goes to $OUT (the device tool's return folder) after each stage, so a run cut
-# off at the call's limit still returns what it finished.
+# off at the call's limit still returns what it finished. Profile traces (--profile-steps, tens of
+# MB) stay on the machine: copy the one you need to $OUT by name. Scoring takes about 13 s a save
+# on an H100: two 120 s runs and their scoring need more than one 10-minute call.
 #
 #   . bench/device_setup.sh && LABEL=warmup SEEDS="42 1" SECONDS_EACH=120 bash bench/startup_runs.sh
 #
@@ -20,9 +22,10 @@ FLAGS=${FLAGS:-}
 WORK=${WORK:-/tmp/tta_$LABEL}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" "$WORK"
-keep() {   # the work dir's small files, as one archive (logs and metrics are gzipped by the bench)
-    tar czf "$OUT/work_$LABEL.tgz" --exclude='*/weights/*' --exclude='*.safetensors' -C "$(dirname "$WORK")" \
-        "$(basename "$WORK")" 2>/dev/null
+keep() {   # the work dir's small files, as one archive: no saved weights, no checkpoint (GBs), no trace
+    rm -rf "$WORK"/*/checkpoints
+    (cd "$WORK" && find . \( -name weights -o -name checkpoints \) -prune -o -type f ! -name '*.json.gz' -print \
+        | tar czf "$OUT/work_$LABEL.tgz" -T -)
 }
 if [ "${SKIP_FRESH:-0}" != 1 ]; then
     FRESH=/tmp/fresh_$LABEL
@@ -35,6 +38,7 @@ if [ "${SKIP_FRESH:-0}" != 1 ]; then
     echo "fresh run: exit $? after $(python -c "import time; print(round(time.time() - $t0, 1))") s" | tee -a "$OUT/fresh_$LABEL.log"
     tar czf "$OUT/fresh_$LABEL.tgz" -C /tmp "fresh_$LABEL/stages" "fresh_$LABEL/summary.json" \
         "fresh_$LABEL/learner0.log" "fresh_$LABEL/sampler0.log" 2>/dev/null
+    rm -rf "$FRESH/checkpoints"
 fi
 for seed in $SEEDS; do
     python bench/time_to_accuracy.py ours --work-dir "$WORK" --task "$TASK" --seed "$seed" \
