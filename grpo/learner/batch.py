@@ -131,7 +131,12 @@ def micro_token_budget(setting: int, micro_rows: int, max_prompt_tokens: int, ma
         return 0
     if setting > 0:
         return setting
-    return max(1, micro_rows) * (min(max_prompt_tokens, ASSUMED_PROMPT_TOKENS) + max_new_tokens)
+    return max(1, micro_rows) * assumed_row_tokens(max_prompt_tokens, max_new_tokens)
+
+
+def assumed_row_tokens(max_prompt_tokens: int, max_new_tokens: int) -> int:
+    """A row's length where no batch is known yet: an assumed prompt and the longest completion."""
+    return min(max_prompt_tokens, ASSUMED_PROMPT_TOKENS) + max_new_tokens
 
 
 def token_buckets(lengths: list[int], budget: int) -> list[list[int]]:

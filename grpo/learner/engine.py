@@ -180,6 +180,14 @@ def resolve_ds_config(raw: dict, world: int, train_batch_size: int, group_size: 
     return cfg, batch
 
 
+def manages_accumulation(ds_config: dict) -> bool:
+    """Whether DeepSpeed manages gradient accumulation (its default: gas micro-steps a step, each
+    loss divided by gas, the update inside the last backward) or the learner owns the boundary
+    (token micro-batches: any number of micro-steps, losses as given, the update at step()).
+    Both engines divide a micro-step's loss by gas in the first case and by 1 in the second."""
+    return ds_config.get("managed_gradient_accumulation", True) is not False
+
+
 def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     """Parameters the optimizer owns: with LoRA only the adapters, so frozen weights get no state."""
     return [p for p in model.parameters() if p.requires_grad]
@@ -192,10 +200,7 @@ class DeepSpeedEngine:
         self._engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=trainable(model),
                                                      config=ds_config)
         self.gas = int(ds_config["gradient_accumulation_steps"])
-        # Managed (DeepSpeed's default): gas micro-steps a step, each loss divided by gas, the update
-        # inside the last backward. Unmanaged (token micro-batches): any number of micro-steps,
-        # losses as given, the update at step().
-        self.managed = ds_config.get("managed_gradient_accumulation", True) is not False
+        self.managed = manages_accumulation(ds_config)
         self.loss_divisor = self.gas if self.managed else 1
         self.device = self._engine.device
         log.info("DeepSpeed ZeRO stage %d engine: micro %d x gas %d, bf16=%s, optimizer %s",
@@ -236,8 +241,7 @@ class TorchEngine:
         self.module = model
         self.device = device
         self.gas = int(ds_config["gradient_accumulation_steps"])
-        # As DeepSpeedEngine's: the loss of each micro-step divided by gas, or (token micro-batches) not.
-        self.loss_divisor = self.gas if ds_config.get("managed_gradient_accumulation", True) is not False else 1
+        self.loss_divisor = self.gas if manages_accumulation(ds_config) else 1
         self.clip = float(ds_config.get("gradient_clipping") or 0.0)
         self.opt = torch.optim.AdamW(trainable(model), lr=params["lr"],
                                      betas=tuple(params.get("betas", (0.9, 0.999))),

@@ -318,9 +318,9 @@ class Learner:
         mine = [part[i] for i in shares[self.rank]]
         if not self.micro_tokens:
             return mine, length_buckets([lens[i] for i in mine], self.engine.gas)
-        micro = token_buckets([lens[i] for i in mine], self.micro_tokens)
-        steps = max(len(token_buckets([lens[part[i]] for i in share], self.micro_tokens)) for share in shares)
-        return mine, micro + [[] for _ in range(steps - len(micro))]
+        packed = [token_buckets([lens[part[i]] for i in share], self.micro_tokens) for share in shares]
+        micro = packed[self.rank]   # indices into mine, as shares[rank] lists mine in order
+        return mine, micro + [[] for _ in range(max(map(len, packed)) - len(micro))]
 
     def _amp(self):
         return torch.autocast("cuda", dtype=torch.bfloat16) if self.autocast else contextlib.nullcontext()

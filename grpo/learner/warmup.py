@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from grpo.learner.batch import ASSUMED_PROMPT_TOKENS
+from grpo.learner.batch import assumed_row_tokens
 from grpo.model import token_logprobs
 
 
@@ -28,7 +28,7 @@ def warm_up_shape(micro_rows: int, max_prompt_tokens: int, max_new_tokens: int) 
     """(rows, length) of the warm-up batch: a full micro-batch of an assumed prompt plus the longest
     completion. The first batch's lengths are not known yet, and a shape near theirs is enough:
     handles, module loads and the allocator's blocks carry over."""
-    return max(1, micro_rows), min(max_prompt_tokens, ASSUMED_PROMPT_TOKENS) + max_new_tokens
+    return max(1, micro_rows), assumed_row_tokens(max_prompt_tokens, max_new_tokens)
 
 
 def warm_up(module: torch.nn.Module, vocab_size: int, rows: int, length: int, device: torch.device,
