@@ -5,7 +5,11 @@ against the host's operator time, the kernels by total time, and, per host threa
 operators (those not inside another) by total time: where a step's host time goes when its
 kernels need a tenth of it.
 
-    python bench/profile_summary.py runs/x/profile/learner0_20-21.json.gz --out bench/results/profile_x.json
+    python bench/profile_summary.py runs/x/profile/learner0_20-21.json.gz --out bench/results/profile_x.json \
+        --run-command "the command that made the trace" --run-commit <its commit>
+
+The JSON records this script's command and commit, and the run's (--run-command, --run-commit):
+the trace itself (tens of MB) is not kept, so the run is how to make it again.
 """
 from __future__ import annotations
 
@@ -15,6 +19,9 @@ import gzip
 import json
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from grpo.obs.rundir import provenance  # noqa: E402
 
 
 def summarise(trace: dict, top: int = 15) -> dict:
@@ -58,10 +65,13 @@ def main(argv=None) -> int:
     ap.add_argument("trace", help="a .json or .json.gz Chrome trace")
     ap.add_argument("--out", default="", help="also write the summary here as JSON")
     ap.add_argument("--note", default="", help="recorded in the JSON: what the trace is of")
+    ap.add_argument("--run-command", default="", help="recorded: the command whose run wrote the trace")
+    ap.add_argument("--run-commit", default="", help="recorded: the commit that run ran")
     args = ap.parse_args(argv)
     raw = Path(args.trace).read_bytes()
     trace = json.loads(gzip.decompress(raw) if args.trace.endswith(".gz") else raw)
-    out = {"trace": Path(args.trace).name, "note": args.note, "command": " ".join(sys.argv), **summarise(trace)}
+    out = {"trace": Path(args.trace).name, "note": args.note, **provenance(),
+           "run_command": args.run_command, "run_commit": args.run_commit, **summarise(trace)}
     print(f"span {out['span_ms']} ms, {out['kernels']} kernels for {out['kernel_ms']} ms, {out['host_ops']} host ops")
     for tid, t in out["threads"].items():
         print(f"thread {tid}: {t['ops']} ops, top level {t['top_level_ms']} ms")
