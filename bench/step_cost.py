@@ -7,8 +7,9 @@ seconds from launch to the first optimizer step, steps made, and the median step
 and data wait of the steps after the first three; the sampled (train) reward by version shows
 whether a variant learns alike per step. Nothing is scored on held-out problems.
 
-    python bench/step_cost.py --variant base="--micro-batch-tokens -1 --cudnn-attention" --variant new="" \
-        --repeats 2 --seconds 50 --git-commit $(git rev-parse HEAD)
+    python bench/step_cost.py --variant base="--micro-batch-tokens -1 --cudnn-attention --no-warm-up" \
+        --variant new="" --repeats 2 --seconds 50 --git-commit $(git rev-parse HEAD) --label ab
+    python bench/step_cost.py --variant fresh="" --repeats 1 --max-steps 3 --seed 1 --label fresh   # first run
 
 Writes bench/results/step_cost_<device>.json (with --label: step_cost_<device>_<label>.json).
 """
@@ -56,6 +57,9 @@ def main(argv=None) -> int:
                     help='NAME="flags appended to ours\' command" (repeat for each variant)')
     ap.add_argument("--task", default="rg:basic_arithmetic:min_terms=2,max_terms=2,max_digits=1")
     ap.add_argument("--seconds", type=float, default=50.0, help="each run's --max-time-s")
+    ap.add_argument("--max-steps", type=int, default=0,
+                    help="each run stops after this many steps instead (0: --seconds); with --repeats 1 on a "
+                         "machine's first run, the first step of a fresh machine")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--work-dir", default="/tmp/step_cost")
@@ -70,7 +74,8 @@ def main(argv=None) -> int:
             run = Path(args.work_dir) / f"{name}_{rep}"
             cmd = [sys.executable, str(ROOT / "run_distributed.py"), "--model", "smollm2", "--dataset", args.task,
                    *[f"--{k.replace('_', '-')}={v}" for k, v in SHARED.items()], *OURS_ONLY,
-                   "--max-time-s", str(args.seconds), "--max-steps", "100000", "--eval-every", "0",
+                   *(["--max-steps", str(args.max_steps)] if args.max_steps else
+                     ["--max-time-s", str(args.seconds), "--max-steps", "100000"]), "--eval-every", "0",
                    "--save-every", "0", "--seed", str(args.seed), "--run-dir", str(run), *shlex.split(flags)]
             launched = time.time()
             code = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
@@ -89,7 +94,8 @@ def main(argv=None) -> int:
         prov["commit"] = args.git_commit
     out = Path(args.results_dir) / f"step_cost_{device.replace(' ', '_')}{'_' + args.label if args.label else ''}.json"
     out.write_text(json.dumps({"device": device, "versions": versions(), **prov, "seed": args.seed,
-                               "task": args.task, "seconds": args.seconds, "skip_steps": SKIP_STEPS,
+                               "task": args.task, "seconds": args.seconds, "max_steps": args.max_steps,
+                               "skip_steps": SKIP_STEPS,
                                "variants": variants, "runs": rows}, indent=2) + "\n")
     print("wrote", out)
     return 0
