@@ -2,9 +2,10 @@
 # Start-up and time to 2x on one GPU, as the device machine runs them (issue 26, items 3 and 6):
 #   1. a 3-step run on the machine as it comes (`fresh`): the GGUF conversion, the first CUDA
 #      kernels and the first train step included; its stage files and summary are kept;
-#   2. bench/time_to_accuracy.py `ours` for each seed on the now warm machine, then `score` and
-#      `summarise` under --label $LABEL (TRL is not rerun: its committed run of the same kind is
-#      the baseline; `trl` adds one).
+#   2. bench/time_to_accuracy.py `ours` for each seed on the now warm machine, then, with
+#      TRL_SECONDS set, TRL on the same machine for that many seconds from its launch (rerun it
+#      when the GPU kind differs from its committed runs), then `score` and `summarise` under
+#      --label $LABEL. SAVE_SCHEDULE (time_to_accuracy.py's --save-schedule) applies to both.
 # Everything kept goes to $OUT (the device tool's return folder) after each stage, so a run cut
 # off at the call's limit still returns what it finished. Profile traces (--profile-steps, tens of
 # MB) stay on the machine: copy the one you need to $OUT by name. Scoring takes about 13 s a save
@@ -19,6 +20,8 @@ LABEL=${LABEL:-warmup}
 SEEDS=${SEEDS:-42 1}
 SECONDS_EACH=${SECONDS_EACH:-120}
 FLAGS=${FLAGS:-}
+TRL_SECONDS=${TRL_SECONDS:-}
+SAVE_SCHEDULE=${SAVE_SCHEDULE:-}
 WORK=${WORK:-/tmp/tta_$LABEL}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" "$WORK"
@@ -43,9 +46,15 @@ fi
 for seed in $SEEDS; do
     python bench/time_to_accuracy.py ours --work-dir "$WORK" --task "$TASK" --seed "$seed" \
         --ours-seconds "$SECONDS_EACH" --label "$LABEL" --git-commit "${GRPO_GIT_COMMIT:-}" \
-        ${FLAGS:+--ours-flags "$FLAGS"} 2>&1 | tail -5
+        ${FLAGS:+--ours-flags "$FLAGS"} ${SAVE_SCHEDULE:+--save-schedule "$SAVE_SCHEDULE"} 2>&1 | tail -5
     keep
 done
+if [ -n "$TRL_SECONDS" ]; then
+    python bench/time_to_accuracy.py trl --work-dir "$WORK" --task "$TASK" --seeds ${SEEDS%% *} \
+        --seconds "$TRL_SECONDS" --label "$LABEL" --git-commit "${GRPO_GIT_COMMIT:-}" \
+        ${SAVE_SCHEDULE:+--save-schedule "$SAVE_SCHEDULE"} 2>&1 | tail -5
+    keep
+fi
 python bench/time_to_accuracy.py score --work-dir "$WORK" --task "$TASK" --label "$LABEL" 2>&1 | tail -5
 python bench/time_to_accuracy.py summarise --work-dir "$WORK" --task "$TASK" --label "$LABEL" 2>&1 | tail -8
 cp bench/results/time_to_accuracy_*.json "$OUT"/ 2>/dev/null

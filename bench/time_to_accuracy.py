@@ -293,20 +293,25 @@ def score(args) -> None:
     def one() -> dict:
         r = greedy_accuracy(model, tok, problems, SHARED["max_new_tokens"], args.eval_batch_size, device, engine)
         return {k: r[k] for k in ("accuracy", "correct", "n", "truncated_frac", "mean_completion_len", "top_answers",
-                                  "decoder")}
+                                  "decoder", "decode_s")}
 
     if not base_file.is_file():
         base = one()
         base_file.write_text(json.dumps({"task": args.task, "model": args.model, **base, **provenance()}) + "\n")
         print(f"time_to_accuracy: base model {base['accuracy']:.3f} ({base['correct']}/{base['n']})", flush=True)
     for run, folder, rec, launch in todo:
+        t0 = time.perf_counter()
         load_into(model, folder)
+        t1 = time.perf_counter()
         r = one()
-        line = {"step": rec["step"], "seconds": round(rec["wall_time"] - launch, 2), **r}
+        # The evaluator's own cost (reading the save, decoding and scoring), so that a device plan
+        # can budget it; not part of any point's seconds.
+        cost = {"load_s": round(t1 - t0, 2), "eval_s": round(time.perf_counter() - t1, 2)}
+        line = {"step": rec["step"], "seconds": round(rec["wall_time"] - launch, 2), **r, "score_cost": cost}
         with open(run / "scores.jsonl", "a") as fh:
             fh.write(json.dumps(line) + "\n")
-        print(f"time_to_accuracy: {run.name} step {rec['step']} at {line['seconds']:.0f} s: {r['accuracy']:.3f}",
-              flush=True)
+        print(f"time_to_accuracy: {run.name} step {rec['step']} at {line['seconds']:.0f} s: {r['accuracy']:.3f} "
+              f"(load {cost['load_s']:.1f} s, eval {cost['eval_s']:.1f} s)", flush=True)
     model = engine = None   # the next run (TRL) gets this process's GPU memory back
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -127,6 +127,7 @@ def greedy_accuracy(model, tok, problems: list[Problem], max_new_tokens: int, ba
             texts[i] = tok.decode(row, skip_special_tokens=True)
         bar.update(len(rows))
     bar.close()
+    t_decoded = time.perf_counter()
     scored = score_correctness(problems, texts)
     correct = [sc.info["correct"] for sc in scored]
     answers = [final_answer(p, t) for p, t in zip(problems, texts)]
@@ -137,7 +138,7 @@ def greedy_accuracy(model, tok, problems: list[Problem], max_new_tokens: int, ba
     return {"accuracy": sum(correct) / n, "correct": int(sum(correct)), "n": len(problems),
             "has_answer": sum(has_answer) / n, "mean_completion_len": sum(lengths) / n,
             "truncated_frac": truncated / n, "top_answers": top_answers(answers),
-            "seconds": time.perf_counter() - t0,
+            "seconds": time.perf_counter() - t0, "decode_s": t_decoded - t0,
             "max_new_tokens": max_new_tokens, "decoder": "hf" if engine is None else "fast"}
 
 

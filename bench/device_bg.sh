@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# A device plan longer than one call (10 minutes): start it in its own process session, so that
+# it outlives the call that started it, then wait for it in the calls that follow. The device
+# machine goes back 30 s after a call returns, so each wait call must follow the last at once;
+# the plan dies with the machine.
+#
+#   bash bench/device_bg.sh start 'OUT=/tmp/bg/out LABEL=x bash bench/startup_runs.sh'
+#   bash bench/device_bg.sh wait 560     # up to 560 s, then returns what the plan has written
+#
+# The plan writes what it keeps under /tmp/bg/out (give it OUT=/tmp/bg/out); `wait` packs that
+# folder and the plan's log into $OUT/bg_<n>.tgz (the call returns at most 8 files), says whether
+# the plan has ended and with what exit status, and shows the log's last lines.
+set -uo pipefail
+BG=/tmp/bg
+case "${1:-}" in
+start)
+    [ -n "${2:-}" ] || { echo "device_bg: start needs the plan's command line" >&2; exit 2; }
+    if [ -f $BG/pid ] && kill -0 "$(cat $BG/pid)" 2>/dev/null; then
+        echo "device_bg: a plan is still running (pid $(cat $BG/pid)); wait for it first" >&2; exit 2
+    fi
+    rm -rf $BG; mkdir -p $BG/out
+    # setsid: a process session of its own, which the device tool leaves running after the call.
+    setsid bash -c "( $2 ); echo \$? > $BG/rc" > $BG/log 2>&1 < /dev/null &
+    echo $! > $BG/pid
+    echo "device_bg: started pid $(cat $BG/pid): $2"
+    ;;
+wait)
+    limit=${2:-560}
+    t0=$(date +%s)
+    while [ ! -f $BG/rc ] && [ $(( $(date +%s) - t0 )) -lt "$limit" ]; do sleep 5; done
+    n=$(ls "${OUT:-/tmp}"/bg_*.tgz 2>/dev/null | wc -l)
+    if [ -n "${OUT:-}" ]; then tar czf "$OUT/bg_$n.tgz" -C $BG out log 2>/dev/null; fi
+    if [ -f $BG/rc ]; then echo "device_bg: the plan ended, exit $(cat $BG/rc)"; else
+        echo "device_bg: still running after ${limit} s of waiting"; fi
+    tail -25 $BG/log
+    ;;
+*)
+    echo "usage: device_bg.sh start 'COMMAND' | wait [SECONDS]" >&2; exit 2
+    ;;
+esac
