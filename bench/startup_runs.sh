@@ -22,7 +22,8 @@ SECONDS_EACH=${SECONDS_EACH:-120}
 FLAGS=${FLAGS:-}
 TRL_SECONDS=${TRL_SECONDS:-}
 SAVE_SCHEDULE=${SAVE_SCHEDULE:-}
-WORK=${WORK:-/tmp/tta_$LABEL}
+# One work dir per task and label: time_to_accuracy.py refuses a run folder that holds a run.
+WORK=${WORK:-/tmp/tta_${LABEL}_$(printf %s "$TASK" | tr -c 'A-Za-z0-9_\n' _)}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" "$WORK"
 keep() {   # the work dir's small files, as one archive: no saved weights, no checkpoint (GBs), no trace

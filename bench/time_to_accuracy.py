@@ -181,6 +181,11 @@ def _launch(cmd: list[str], run_dir: Path, system: str, extra: dict) -> dict:
     """Run one system's command with its output in run_dir/command.log; record the launch time
     (every point's clock starts here), the command as run and `extra` (seed, git commit, ...) in
     run_dir/launch.json."""
+    if (run_dir / "launch.json").exists():
+        # A second run in the same folder would append to the first's metrics and logs and mix
+        # their saves under one launch time.
+        raise SystemExit(f"time_to_accuracy: {run_dir} already holds a run (launch.json); give another --work-dir "
+                         f"or remove that folder")
     run_dir.mkdir(parents=True, exist_ok=True)
     launch = time.time()
     cmd = [c.replace("{launch}", f"{launch:.3f}") for c in cmd]
@@ -281,6 +286,9 @@ def score(args) -> None:
             if rec["step"] not in done:
                 todo.append((run, meta.parent, rec, launch))
     base_file = work / "base_score.json"
+    if base_file.is_file() and (scored := json.loads(base_file.read_text()).get("task")) != args.task:
+        raise SystemExit(f"time_to_accuracy: {work} was scored on {scored}, not {args.task}; give that --task, or "
+                         f"another --work-dir for this task")
     if not todo and base_file.is_file():
         return
     device = pick_device(args.device, -1 if args.device == "cpu" else 0)
@@ -513,6 +521,8 @@ def summarise(args) -> Path:
     key = f"{task['task']} ({label})" if label else task["task"]
     if label:
         task["label"] = label
+    # Each entry keeps the versions it ran with: the file's own "versions" are the latest entry's.
+    task["versions"] = meta.get("versions")
     doc.update({"device": device, "versions": meta.get("versions", doc.get("versions")),
                 "settings": {"shared": SHARED, "ours_only": OURS_ONLY, "save_schedule": meta.get("save_schedule")
                              or (f"{meta['save_every_s']:g}" if meta.get("save_every_s") else None),

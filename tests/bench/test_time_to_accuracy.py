@@ -385,6 +385,26 @@ def test_a_run_of_ours_records_its_flags_command_commit_and_marks(tmp_path, monk
     assert (rec["seconds_to_2x_baseline"], rec["step_at_2x_baseline"]) == (110.0, 9)
 
 
+def test_a_second_run_into_a_used_folder_or_task_is_refused(tmp_path, monkeypatch, capsys):
+    """A run folder that holds a run (its launch.json) is not launched into again: the second run's
+    logs and metrics would append to the first's and its saves mix with them. A work dir scored on
+    one task is not scored or summarised on another (its base score is the first task's)."""
+    import subprocess
+
+    ran = []
+    monkeypatch.setattr(subprocess, "call", lambda cmd, **kw: ran.append(cmd) or 0)
+    work = tmp_path / "tta"
+    argv = ["ours", "--work-dir", str(work), "--seed", "7", "--task", "rg:letter_counting"]
+    assert tta.main(argv) == 0 and len(ran) == 1
+    first = (work / "ours_seed7" / "launch.json").read_text()
+    with pytest.raises(SystemExit, match="already holds a run"):
+        tta.main(argv)
+    assert len(ran) == 1 and (work / "ours_seed7" / "launch.json").read_text() == first
+    (work / "base_score.json").write_text(json.dumps({"task": "rg:letter_counting", "accuracy": 0.15}))
+    with pytest.raises(SystemExit, match="was scored on rg:letter_counting, not rg:basic_arithmetic"):
+        tta.main(["score", "--work-dir", str(work), "--task", "rg:basic_arithmetic", "--device", "cpu"])
+
+
 def test_the_committed_runs_keep_what_they_recorded():
     """The committed runs (from before these fields): no flags, the 30 s period their device.json
     names, no commit and no stage files; metrics.jsonl.gz still gives the first step's loop time."""
