@@ -8,8 +8,9 @@
 #      --label $LABEL. SAVE_SCHEDULE (time_to_accuracy.py's --save-schedule) applies to both.
 # Everything kept goes to $OUT (the device tool's return folder) after each stage, so a run cut
 # off at the call's limit still returns what it finished. Profile traces (--profile-steps, tens of
-# MB) stay on the machine: copy the one you need to $OUT by name. Scoring takes about 13 s a save
-# on an H100: two 120 s runs and their scoring need more than one 10-minute call.
+# MB) stay on the machine: copy the one you need to $OUT by name. Scoring took 0.5-2.7 s a save on
+# an H100 (each scores.jsonl line's score_cost), the engine's graph captures once per process. A plan
+# longer than one 10-minute device call runs under bench/device_bg.sh.
 #
 #   . bench/device_setup.sh && LABEL=warmup SEEDS="42 1" SECONDS_EACH=120 bash bench/startup_runs.sh
 #
