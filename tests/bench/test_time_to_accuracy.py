@@ -115,6 +115,26 @@ def test_the_committed_result_is_what_its_run_files_say(tmp_path):
         assert task["systems"]["ours"]["seconds_to_2x_baseline"] == (None if None in times else max(times))
 
 
+def test_the_h100_rerun_is_what_its_run_files_say(tmp_path):
+    """The H100 `rerun` entries (both tasks) rebuilt from their committed run folders, and what the
+    docs quote of them: basic_arithmetic's 2x from both seeds and TRL on the same machine, 7.15x."""
+    name = "time_to_accuracy_NVIDIA_H100_80GB_HBM3.json"
+    committed = json.loads((RESULTS / name).read_text())
+    keys = [k for k in committed["tasks"] if k.endswith("(rerun)")]
+    assert len(keys) == 2
+    for key in keys:
+        work = RESULTS / "time_to_accuracy" / tta.task_slug(key)
+        assert tta.main(["summarise", "--work-dir", str(work), "--results-dir", str(tmp_path), "--label", "rerun"]) == 0
+        again = json.loads((tmp_path / name).read_text())
+        assert again["tasks"][key] == committed["tasks"][key]
+    ba = committed["tasks"]["rg:basic_arithmetic:min_terms=2,max_terms=2,max_digits=1 (rerun)"]
+    ours = {r["seed"]: r for r in ba["systems"]["ours"]["runs"]}
+    assert (ours[42]["seconds_to_2x_baseline"], ours[1]["seconds_to_2x_baseline"]) == (34.55, 34.15)
+    assert ba["systems"]["trl"]["runs"][0]["seconds_to_2x_baseline"] == 246.95
+    assert (ba["speedup_to_2x"], ba["goal_5x_met"]) == (7.15, True)          # 246.95 / 34.55
+    assert ba["versions"]["transformers"] == "5.23.0"
+
+
 def test_a_failed_trl_run_gets_its_steps_and_error_from_its_log(tmp_path):
     """TRL died before writing steps.json (as on the H200, a NaN gradient then a sampling assert):
     its books come from the dicts the Trainer printed, and the error from the log's last line of one."""
