@@ -146,7 +146,9 @@ class Clock(TrainerCallback):
         if self.cuda:  # the step's kernels are only queued; count the step when they are done
             torch.cuda.synchronize()
         t = time.perf_counter() - self.t0
-        self.steps.append({"step": state.global_step, "time_s": t, "completions": self.batch})
+        # wall_time: the step's end on the Unix clock, so its time from the launch is known
+        # (time_to_accuracy's first_step_s); time_s counts from the start of training.
+        self.steps.append({"step": state.global_step, "time_s": t, "wall_time": time.time(), "completions": self.batch})
         elapsed = time.time() - self.launch_time if self.launch_time else t
         # Each rank reads its own clock; rank 0 decides for all, or one rank could stop while
         # the others wait for it in the next all-reduce.

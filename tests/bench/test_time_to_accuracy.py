@@ -217,6 +217,24 @@ def test_save_schedule_next_mark_hand_worked():
     assert schedule.next_mark(schedule.parse("30"), 65.0) == 90.0  # TimedWeights' constant rule: 1065 -> 1090
 
 
+def test_trl_clock_stamps_each_step_with_the_unix_time(monkeypatch):
+    """bench/trl_grpo.py's Clock (CPU): each step's record carries its end on the Unix clock, which
+    time_to_accuracy reads as TRL's first step from launch; the run stops once `seconds` from the
+    launch have passed, by the launch clock, not the training clock."""
+    from types import SimpleNamespace
+
+    tg = load_bench("trl_grpo")
+    clock = tg.Clock(seconds=60.0, batch=128, cuda=False, launch_time=1000.0)
+    clock.on_train_begin(None, None, None)
+    control = SimpleNamespace(should_training_stop=False)
+    for step, now in ((1, 1042.5), (2, 1061.0)):
+        monkeypatch.setattr(tg.time, "time", lambda now=now: now)
+        clock.on_step_end(None, SimpleNamespace(global_step=step), control)
+        assert control.should_training_stop is (now - 1000.0 >= 60.0)
+    assert [(s["step"], s["wall_time"], s["completions"]) for s in clock.steps] == [(1, 1042.5, 128), (2, 1061.0, 128)]
+    assert tta.first_step_trl({"steps": clock.steps}, 1000.0) == (42.5, "steps.json")
+
+
 def test_trl_saves_on_the_schedule_without_catching_up(tiny, tmp_path, monkeypatch):
     """bench/trl_grpo.py's callback on '10x2,30' from t0 = 1000: marks at 1010, 1020, 1050, 1080; a step
     ending at 1026 (past 1020) saves once, and the next mark is 1050; the run's last step (1079.5,
