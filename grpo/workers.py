@@ -70,11 +70,11 @@ def sampler_main(argv: list[str] | None = None) -> int:
         sampler = Sampler(cfg)
     except _user_errors() as exc:
         return _fail(prog, exc)
-    from grpo.sampler.loop import NoFirstAnswer, RunMismatch
+    from grpo.sampler.loop import AnswersRejected, NoFirstAnswer, RunMismatch
 
     try:
         result = sampler.run()
-    except (RunMismatch, NoFirstAnswer) as exc:
+    except (RunMismatch, NoFirstAnswer, AnswersRejected) as exc:
         return _fail(prog, exc)
     (run_dir / f"sampler{cfg.sampler_id}_result.json").write_text(json.dumps({**result, **provenance()}, indent=2,
                                                                              default=str))

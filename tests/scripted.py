@@ -19,14 +19,16 @@ class ScriptedLearner(threading.Thread):
     `gate`, if given, runs (on this thread) before the first answer: it holds that answer back,
     as a learner still loading does. `first`, if given, makes the first answer from its request id
     (say, facts that disagree, newer weights, or stop) instead of no_update with `facts`.
-    `answered_at`: time.monotonic() of the first answer."""
+    `answered_at`: time.monotonic() of the first answer. `garble`: every answer after the first is
+    a frame no codec accepts, as from a learner that speaks other messages."""
 
     def __init__(self, port: int, facts: M.RunFacts, ignore: int = 0, stop_after_s: float | None = None,
-                 gate: Callable[[], None] | None = None, first: Callable[[int], M.Message] | None = None):
+                 gate: Callable[[], None] | None = None, first: Callable[[int], M.Message] | None = None,
+                 garble: bool = False):
         super().__init__(daemon=True)
         self.server = SyncServer("127.0.0.1", port)
         self.facts, self.ignore, self.stop_after_s = facts, ignore, stop_after_s
-        self.gate, self.first = gate, first
+        self.gate, self.first, self.garble = gate, first, garble
         self.answered_at = self.stopped_at = None
         self.requests: list[M.WeightsRequest] = []
         self.told: set[bytes] = set()   # connections given the facts
@@ -52,6 +54,8 @@ class ScriptedLearner(threading.Thread):
                     self.answered_at = time.monotonic()
                     self.server.reply(peer, self.first(req.request_id) if self.first is not None else
                                       M.NoUpdate(version=0, request_id=req.request_id, run=run))
+                elif self.garble:
+                    self.server.sock.send_multipart([peer, b"not a message"])
                 else:
                     version = max(req.have_version, 0)
                     self.server.reply(peer, M.NoUpdate(version=version, request_id=req.request_id, run=run))

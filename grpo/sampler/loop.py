@@ -75,6 +75,28 @@ class NoFirstAnswer(RuntimeError):
     """The learner never answered the first weights request within --first-answer-timeout-s (one line)."""
 
 
+class AnswersRejected(RuntimeError):
+    """The learner's answers on the sync port keep failing this sampler's checks (one line): the two
+    sides do not speak the same messages, and this sampler would generate with old weights for ever."""
+
+
+# Weight requests in a row whose only answers this sampler rejected (grpo.wire's checks) before it
+# ends: the sync port carries the learner's messages alone, so a rejected answer is the two sides
+# disagreeing on the protocol (different code, or a transfer handle longer than the codec allows),
+# which asking again does not mend. One is allowed to be chance; three in a row are not.
+REJECTED_ANSWERS_LIMIT = 3
+
+
+def rejected_streak(streak: int, answered: bool, rejected: int) -> int:
+    """Requests in a row left without a valid answer while the sync socket rejected `rejected` (> 0)
+    messages since the last count. A valid answer ends the streak; a wait in which nothing came at
+    all (the learner busy or away: its own bound, --first-answer-timeout-s or the liveness rules,
+    covers that) leaves it as it was."""
+    if answered:
+        return 0
+    return streak + 1 if rejected > 0 else streak
+
+
 def run_mismatches(facts: M.RunFacts, cfg: SamplerConfig, vocab_size: int) -> list[str]:
     """What this sampler and the learner's run facts disagree on, each as 'flag: here vs learner'."""
     out = []
@@ -96,6 +118,8 @@ class Sampler:
     _first_request: int | None = None   # the first request's id while its answer is awaited
     _first_asked = 0.0                # when it was sent (time.monotonic())
     _held: M.WeightsAnnounce | None = None   # newer weights in that answer, applied by the next sync_weights
+    _rejected_streak = 0              # requests in a row answered only by rejected messages (rejected_streak)
+    _rejected_seen = 0                # the sync socket's rejections counted so far
 
     def __init__(self, cfg: SamplerConfig):
         self.cfg = cfg
@@ -306,6 +330,7 @@ class Sampler:
                 wait = min(wait, FIRST_GRACE_S)
             answered, newest, stop = await_answer(self.inbox, self.version, self._request_id, wait,
                                                   on_answer=self._on_answer)
+            self._count_rejections(answered)
             if stop is not None:
                 log.info("learner says stop (%s) at version %d", stop.reason, stop.version)
                 return False
@@ -355,6 +380,7 @@ class Sampler:
                                     f"this --host and --sync-port?")
             window = min(max(cfg.sync_timeout_s, 0.1), cfg.first_answer_timeout_s - waited)
             answered, got, stop = await_answer(self.inbox, self.version, rid, window, on_answer=self._on_answer)
+            self._count_rejections(answered)
             if got is not None and (newest is None or got.version > newest.version):
                 newest = got
             if answered:
@@ -373,6 +399,20 @@ class Sampler:
                      self.version, newest.version)
             return False
         return True
+
+    def _count_rejections(self, answered: bool) -> None:
+        """After each wait for an answer: end the sampler (AnswersRejected) once REJECTED_ANSWERS_LIMIT
+        requests in a row were answered only by messages that failed this side's checks."""
+        total = sum(self.sync.rejected.values())
+        self._rejected_streak = rejected_streak(self._rejected_streak, answered, total - self._rejected_seen)
+        self._rejected_seen = total
+        if self._rejected_streak >= REJECTED_ANSWERS_LIMIT:
+            reasons = ", ".join(f"{reason} x{n}" for reason, n in sorted(self.sync.rejected.items()))
+            raise AnswersRejected(
+                f"{self._rejected_streak} weight requests in a row got only answers this sampler rejected ({reasons}; "
+                f"the warning above gives the first one's detail): the learner at {self.cfg.host}:{self.cfg.sync_port} "
+                f"sends messages this code does not accept, so this sampler would go on generating with version "
+                f"{self.version}; run the same version of this code on both sides, or another --weight-sync")
 
     def _ends_round_0(self, msg: M.Message) -> bool:
         """Whether the learner's first answer, read during round 0, makes _first_answer abandon the
@@ -717,6 +757,12 @@ class Sampler:
                     self.send_status(final=False)
             self.heartbeat.stop()  # no heartbeat may follow the final status
             self.send_status(final=True)
+        except AnswersRejected:
+            # What was sent stays sent: the final status closes this sampler's books at the learner
+            # (its data port still works), then the one line ends the process.
+            self.heartbeat.stop()
+            self.send_status(final=True)
+            raise
         finally:
             bar.close()
             self.heartbeat.stop()

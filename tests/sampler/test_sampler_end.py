@@ -23,7 +23,7 @@ from scripted import ScriptedLearner, facts, run_against
 
 from grpo.config import SamplerConfig
 from grpo.obs import stages
-from grpo.sampler.loop import NoFirstAnswer, RunMismatch, Sampler
+from grpo.sampler.loop import AnswersRejected, NoFirstAnswer, RunMismatch, Sampler, rejected_streak
 from grpo.weights.layout import plan_layout
 from grpo.weights.pack import pack
 from grpo.wire import messages as M
@@ -203,6 +203,41 @@ def test_a_first_answer_that_never_comes_ends_it_after_the_bound(caplog):
     assert caplog.text.count(f"no answer from the learner at 127.0.0.1:{sync_port} yet") >= 2
     assert "round 0 (v0)" not in caplog.text   # generated, but neither scored nor sent
     assert late is None
+
+
+def test_rejected_streak_hand_worked():
+    # (answered, rejected since the last count) per request -> the streak after it
+    seq = [(False, 1), (False, 2), (False, 0), (True, 0), (False, 1), (True, 3), (False, 0), (False, 5)]
+    streak, got = 0, []
+    for answered, rejected in seq:
+        streak = rejected_streak(streak, answered, rejected)
+        got.append(streak)
+    # a quiet wait (nothing came) keeps the streak; a valid answer ends it, whatever else was rejected
+    assert got == [1, 2, 2, 0, 1, 0, 0, 1]
+
+
+def test_answers_it_cannot_read_end_it_with_one_line_and_its_final_status(caplog):
+    """The learner's first answer is valid (round 0 goes out); every later one is a frame the codec
+    rejects: the sampler ends at its third such request with one line naming the reason and the fix,
+    instead of generating with version 0 for ever, and its final status still reaches the data port."""
+    caplog.set_level(logging.INFO, logger="grpo.sampler.loop")
+    data_port, sync_port = free_ports(2)
+    receiver = DataReceiver("127.0.0.1", data_port, M.Limits(), 1 << 26)
+    s = make_sampler(data_port, sync_port, prompts_per_round=2, sync_timeout_s=0.3, generation_backend="hf",
+                     max_rounds=20)
+    learner = ScriptedLearner(sync_port, facts(s), garble=True)
+    t0 = time.monotonic()
+    with pytest.raises(AnswersRejected) as e:
+        run_against(s, learner)
+    took = time.monotonic() - t0
+    groups, final = drain(receiver)
+    receiver.close()
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("3 weight requests in a row got only answers this sampler rejected (")
+    assert f"127.0.0.1:{sync_port}" in msg and "same version of this code on both sides" in msg
+    assert sum(s.sync.rejected.values()) == 3 and len(learner.requests) == 4   # one valid answer, three garbled
+    assert final is not None and final.groups_sent == len(groups) > 0           # rounds 0-2 went out, books closed
+    assert took < 60
 
 
 def test_a_stop_as_the_first_answer_abandons_round_0(caplog):
