@@ -176,6 +176,8 @@ def replan(row: dict) -> dict[str, float]:
     argv = shlex.split(row["command"])[1:]
     if "--precision" not in argv:   # rows from before the flag ran bf16 weights, its only mode then
         argv += ["--precision", "bf16"]
+    if "--micro-batch-tokens" not in argv:   # and fixed micro-batches, the only kind before this flag
+        argv += ["--micro-batch-tokens", "-1"]
     with tempfile.TemporaryDirectory() as tmp:   # the run's DeepSpeed config, as run_size wrote it
         ds = Path(tmp) / "ds.json"
         cfg = json.loads((ROOT / "deepspeed.json").read_text())
@@ -208,8 +210,10 @@ def run_size(size: str, a, work: Path) -> dict:
     # full fine-tuning, leave no room for a sampler beside a 3B learner.
     layout = ["--device", "cpu"] if a.device == "cpu" else \
         ["--sampling-gpu", "0", "--training-gpus", "0", "--share-gpus", "--precision", "bf16"]
+    # --micro-batch-tokens 0 (the default token budget) is written out so that replan can tell these
+    # rows from those that ran before the flag, with fixed micro-batches.
     cmd = [sys.executable, str(ROOT / "run_distributed.py"), *layout, "--model", model, "--dataset", a.dataset,
-           *FIXED, *extra, "--deepspeed-config", str(ds), "--max-steps", str(a.max_steps),
+           *FIXED, *extra, "--micro-batch-tokens", "0", "--deepspeed-config", str(ds), "--max-steps", str(a.max_steps),
            "--max-time-s", str(a.max_time_s), "--run-dir", str(run_dir), "--seed", str(a.seed), *a.extra]
     print("$", shlex.join(cmd), flush=True)
     mem = DriverMemory()

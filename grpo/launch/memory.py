@@ -18,7 +18,7 @@ import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from grpo.config import resolve_precision
+from grpo.config import micro_token_budget, resolve_precision
 
 GiB = 1 << 30
 CUDA_CONTEXT = GiB // 2            # a CUDA context plus cuBLAS/NCCL workspaces: ~0.5 GiB, a stated constant
@@ -178,7 +178,7 @@ class RunShape:
     prompt_tokens: int = PROMPT_TOKENS
     new_tokens: int = 256
     micro_batch: int = 16
-    micro_tokens: int = 0      # --micro-batch-tokens when set (> 0): a learner micro-batch's padded tokens
+    micro_tokens: int = 0      # the learner's budget of padded tokens per micro-batch (micro_token_budget; 0: fixed rows)
     logprob_batch_size: int = 64
     samplers: int = 1
     dtype_bytes: int = 2       # bf16 on CUDA: the sampler's weights, KV cache, publications
@@ -216,10 +216,10 @@ def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
                  ("gradients", w_bytes * trained // r.ranks)]
         if r.precision == "autocast":
             items.append(("autocast copies", 2 * s.params))
-        # A micro-batch's tokens: its rows at the assumed length, or an explicit token budget. The
-        # default budget (grpo.learner.batch.micro_token_budget) assumes shorter prompts than this
-        # rule, so the rows' count bounds it.
-        tokens = r.micro_tokens or r.micro_batch * seq
+        # A micro-batch's padded tokens: under a token budget (the default), at most the budget, or one
+        # row alone where a row is longer (grpo.learner.batch.token_buckets); with fixed micro-batches
+        # (--micro-batch-tokens -1), its rows at the assumed length.
+        tokens = max(r.micro_tokens, seq) if r.micro_tokens else r.micro_batch * seq
         items += [("activations", activations(s, 1, tokens)),
                  # the learner's LM head, checkpointed per chunk: the logits and their gradient in float32;
                  # with --entropy-coef also the softmax and its product with the logits (twice the tensors)
@@ -387,7 +387,10 @@ def run_shape(lcfg, scfg, ranks: int, samplers: int, ds_config: str) -> RunShape
     micro = micro_batch_size(ds_config, lcfg.train_batch_size, ranks)
     return RunShape(ranks=ranks, lora_r=lcfg.lora_r, beta=lcfg.beta, ipc=method in ("auto", "ipc"),
                     shared=method == "shared", staging=method in ("auto", "ipc", "nccl"), rows=rows, prompt_tokens=min(PROMPT_TOKENS, lcfg.max_prompt_tokens),
-                    new_tokens=scfg.max_new_tokens, micro_batch=micro, micro_tokens=max(lcfg.micro_batch_tokens, 0),
+                    new_tokens=scfg.max_new_tokens, micro_batch=micro,
+                    # the budget the learner packs by (grpo.learner.loop), from its own flags
+                    micro_tokens=micro_token_budget(lcfg.micro_batch_tokens, micro, lcfg.max_prompt_tokens,
+                                                    lcfg.max_new_tokens),
                     logprob_batch_size=scfg.logprob_batch_size,
                     samplers=samplers,
                     precision=resolve_precision(lcfg.precision, True, lcfg.lora_r > 0, not lcfg.no_deepspeed),

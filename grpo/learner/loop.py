@@ -20,12 +20,12 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from grpo.config import LearnerConfig, resolve_precision
+from grpo.config import LearnerConfig, micro_token_budget, resolve_precision
 from grpo.data.tasks import Curriculum
 from grpo.generate.backend import resolve_backend
 from grpo.learner.accounting import Books, MessageLedger, balance
 from grpo.learner.batch import (Batch, balanced_split, broadcast_batch, build_batch, length_buckets, micro_batch,
-                                micro_token_budget, minibatches, padded_tokens, token_buckets)
+                                minibatches, padded_tokens, token_buckets)
 from grpo.learner.checkpoint import (Checkpointer, TimedWeights, load_checkpoint, parse_save_schedule,
                                     resolve_resume)
 from grpo.learner.engine import DeepSpeedEngine, TorchEngine, clear_build_locks, load_ds_config, resolve_ds_config

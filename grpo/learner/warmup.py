@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from grpo.learner.batch import assumed_row_tokens
+from grpo.config import assumed_row_tokens
 from grpo.model import token_logprobs
 
 

@@ -147,6 +147,30 @@ def test_micro_batch_from_the_deepspeed_config(tmp_path):
     assert memory.micro_batch_size(str(path), 16, 3) == 6        # ceil(16 / 3)
 
 
+def test_activations_follow_the_learners_token_budget(tmp_path):
+    """The learner packs each micro-batch within a budget of padded tokens (the default), so the plan
+    counts that budget's activations, or one row's where a row is longer; only fixed micro-batches
+    (--micro-batch-tokens -1) hold their rows at the assumed length. SHAPE: 2 layers, hidden 64,
+    k = 77 bytes, so a token costs 2 x 64 x 77 = 9,856 bytes of activations."""
+    per_token = 2 * 64 * 77
+    act = lambda **kw: items(memory.plan(SHAPE, RunShape(ranks=1, ipc=False, prompt_tokens=10, new_tokens=6,  # noqa: E731
+                                                         micro_batch=4, **kw)), "learner0")["activations"]
+    assert act(micro_tokens=0) == 4 * 16 * per_token          # fixed rows: 4 x (10 + 6)
+    assert act(micro_tokens=100) == 100 * per_token           # the budget bounds every micro-batch
+    assert act(micro_tokens=8) == 16 * per_token              # a 16-token row travels alone, past a budget of 8
+    from grpo.config import LearnerConfig, SamplerConfig
+
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 32}))
+    shape = lambda **kw: memory.run_shape(LearnerConfig(**{"train_batch_size": 128, **kw}), SamplerConfig(), 1, 1,  # noqa: E731
+                                          str(ds))
+    # the learner's default budget: 32 rows x (a 128-token prompt + 256 new tokens), not 32 x (512 + 256)
+    assert shape().micro_tokens == 32 * (128 + 256) == 12_288
+    assert shape(micro_batch_tokens=5000).micro_tokens == 5000
+    assert shape(micro_batch_tokens=-1).micro_tokens == 0
+    assert shape(max_prompt_tokens=64, max_new_tokens=100).micro_tokens == 32 * (64 + 100)
+
+
 def test_shape_from_a_real_config_counts_smollm2():
     cfg = {"hidden_size": 576, "num_hidden_layers": 30, "vocab_size": 49152, "num_attention_heads": 9,
            "head_dim": 64, "num_key_value_heads": 3, "intermediate_size": 1536, "tie_word_embeddings": True}

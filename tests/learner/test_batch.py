@@ -140,7 +140,7 @@ def test_token_buckets_pack_short_rows_together_hand_worked():
 
 
 def test_micro_token_budget_rule():
-    from grpo.learner.batch import micro_token_budget
+    from grpo.config import micro_token_budget
 
     assert micro_token_budget(0, 32, 4096, 256) == 32 * (128 + 256) == 12288   # default: rows x assumed length
     assert micro_token_budget(0, 32, 64, 256) == 32 * 320                      # prompts capped below 128

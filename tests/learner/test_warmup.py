@@ -3,7 +3,7 @@ and optimizer state, with DeepSpeed's ZeRO-2 engine (gloo) and the plain one."""
 import pytest
 import torch
 
-from grpo.learner.batch import ASSUMED_PROMPT_TOKENS
+from grpo.config import ASSUMED_PROMPT_TOKENS
 from grpo.learner.warmup import warm_up, warm_up_shape
 from test_checkpoint import _assert_same, _engine, _opt_state, _params, _train_step, tiny  # noqa: F401 (a fixture)
 
