@@ -317,6 +317,7 @@ def main() -> int:
         cfgs = [(4, 8)] if device.type == "cpu" else [(64, 512), (256, 512), (256, 1024)]
         result = window_compare(tok, device, dtype, cfgs)
         settings = {"model": "SmolLM2-135M's shapes as MistralForCausalLM, random weights (seed 1234)",
+                    "seeds": {"weights": 1234, "sampling": 0},   # torch.manual_seed before each
                     "shapes": SMOL_AS_MISTRAL, "sliding_window": WINDOW, "dtype": str(dtype),
                     "attend_chunk": args.attend_chunk or None, "configs": cfgs, "temperature": 1.0,
                     "eos": "ignored: every row generates exactly `new` tokens",
