@@ -317,7 +317,9 @@ def main() -> int:
         cfgs = [(4, 8)] if device.type == "cpu" else [(64, 512), (256, 512), (256, 1024)]
         result = window_compare(tok, device, dtype, cfgs)
         settings = {"model": "SmolLM2-135M's shapes as MistralForCausalLM, random weights (seed 1234)",
-                    "seeds": {"weights": 1234, "sampling": 0},   # torch.manual_seed before each
+                    # torch.manual_seed(0) at the start, (1234) before each model's weights; the engines'
+                    # sampling generators are seeded from torch's RNG after that (grpo.generate.sampling)
+                    "seeds": {"start": 0, "weights": 1234},
                     "shapes": SMOL_AS_MISTRAL, "sliding_window": WINDOW, "dtype": str(dtype),
                     "attend_chunk": args.attend_chunk or None, "configs": cfgs, "temperature": 1.0,
                     "eos": "ignored: every row generates exactly `new` tokens",
