@@ -20,15 +20,18 @@ class ScriptedLearner(threading.Thread):
     as a learner still loading does. `first`, if given, makes the first answer from its request id
     (say, facts that disagree, newer weights, or stop) instead of no_update with `facts`.
     `answered_at`: time.monotonic() of the first answer. `garble`: every answer after the first is
-    a frame no codec accepts, as from a learner that speaks other messages."""
+    a frame no codec accepts, as from a learner that speaks other messages. `restart_with`: facts
+    that the answer to the request of that index carries, as a learner started again on the same
+    port sends with its first answer."""
 
     def __init__(self, port: int, facts: M.RunFacts, ignore: int = 0, stop_after_s: float | None = None,
                  gate: Callable[[], None] | None = None, first: Callable[[int], M.Message] | None = None,
-                 garble: bool = False):
+                 garble: bool = False, restart_with: dict[int, M.RunFacts] | None = None):
         super().__init__(daemon=True)
         self.server = SyncServer("127.0.0.1", port)
         self.facts, self.ignore, self.stop_after_s = facts, ignore, stop_after_s
         self.gate, self.first, self.garble = gate, first, garble
+        self.restart_with = restart_with or {}
         self.answered_at = self.stopped_at = None
         self.requests: list[M.WeightsRequest] = []
         self.told: set[bytes] = set()   # connections given the facts
@@ -42,6 +45,7 @@ class ScriptedLearner(threading.Thread):
                 peer, req = got
                 self.requests.append(req)
                 run = None if peer in self.told else self.facts
+                run = self.restart_with.get(len(self.requests) - 1, run)
                 if self.ignore > 0:
                     self.ignore -= 1
                     continue

@@ -17,7 +17,7 @@ import itertools
 import logging
 import secrets
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 
 import numpy as np
 import torch
@@ -282,11 +282,20 @@ class Sampler:
         return sum(k for k, _ in self._signal) / total if total else FIRST_SIGNAL_SHARE
 
     def _check_run(self, facts: M.RunFacts) -> None:
-        """The learner's first answer: its facts must agree with ours, or no group of ours is valid."""
+        """The learner's facts, with its first answer and again with the first answer of a learner
+        that started since (resumed, or restarted by hand, on the same port): they must agree with
+        ours, or no group of ours is valid. Other changes (staleness, step size, reference log-probs,
+        which the next round follows) are said in one line."""
+        if problems := run_mismatches(facts, self.cfg, self.vocab_size):
+            raise RunMismatch(("the learner's settings changed (a learner started again on this port?): "
+                               if self.run_facts is not None else "this sampler disagrees with the learner; ")
+                              + "; ".join(problems) + ": give both the same settings")
+        if self.run_facts is not None and facts != self.run_facts:
+            changed = [f"{f.name} {getattr(self.run_facts, f.name)} -> {getattr(facts, f.name)}"
+                       for f in fields(facts) if getattr(self.run_facts, f.name) != getattr(facts, f.name)]
+            log.info("the learner's run facts changed (a learner started again on this port?): %s; this sampler "
+                     "follows them", ", ".join(changed))
         if self.run_facts is None:
-            if problems := run_mismatches(facts, self.cfg, self.vocab_size):
-                raise RunMismatch("this sampler disagrees with the learner; " + "; ".join(problems)
-                                  + ": give both the same settings")
             log.info("learner's run: model %s, vocabulary %d, %s weights, G=%d, up to %d new tokens, temperature "
                      "%g, %s reference log-probs, staleness <= %d", facts.model, facts.vocab_size, facts.dtype,
                      facts.num_generations, facts.max_new_tokens, facts.temperature,
@@ -757,11 +766,13 @@ class Sampler:
                     self.send_status(final=False)
             self.heartbeat.stop()  # no heartbeat may follow the final status
             self.send_status(final=True)
-        except AnswersRejected:
+        except (AnswersRejected, RunMismatch):
             # What was sent stays sent: the final status closes this sampler's books at the learner
-            # (its data port still works), then the one line ends the process.
+            # (its data port still works), then the one line ends the process. A sampler that never
+            # agreed with a learner sends nothing (a mismatch in the first answer).
             self.heartbeat.stop()
-            self.send_status(final=True)
+            if self.run_facts is not None:
+                self.send_status(final=True)
             raise
         finally:
             bar.close()

@@ -240,6 +240,29 @@ def test_answers_it_cannot_read_end_it_with_one_line_and_its_final_status(caplog
     assert took < 60
 
 
+def test_a_learner_started_again_with_other_settings_ends_it_and_other_changes_are_followed(caplog):
+    """Mid-run, an answer carries new facts, as from a learner started again on the same port: a
+    change of --max-staleness is said and followed; a change of --num-generations ends the sampler
+    with one line naming it, after its final status (what it sent stays counted). Before this, facts
+    after the first were taken without a check."""
+    caplog.set_level(logging.INFO, logger="grpo.sampler.loop")
+    data_port, sync_port = free_ports(2)
+    receiver = DataReceiver("127.0.0.1", data_port, M.Limits(), 1 << 26)
+    s = make_sampler(data_port, sync_port, prompts_per_round=2, sync_timeout_s=0.5, generation_backend="hf",
+                     max_rounds=20)
+    learner = ScriptedLearner(sync_port, facts(s), restart_with={2: facts(s, max_staleness=7),
+                                                                 4: facts(s, max_staleness=7, num_generations=3)})
+    with pytest.raises(RunMismatch) as e:
+        run_against(s, learner)
+    groups, final = drain(receiver)
+    receiver.close()
+    assert str(e.value) == ("the learner's settings changed (a learner started again on this port?): "
+                            "--num-generations: 2 here, 3 at the learner: give both the same settings")
+    assert "the learner's run facts changed (a learner started again on this port?): max_staleness 4 -> 7" in caplog.text
+    assert s.run_facts.max_staleness == 7 and len(learner.requests) == 5
+    assert final is not None and final.groups_sent == len(groups) > 0
+
+
 def test_a_stop_as_the_first_answer_abandons_round_0(caplog):
     caplog.set_level(logging.INFO, logger="grpo.sampler.loop")
     data_port, sync_port = free_ports(2)
