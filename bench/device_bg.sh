@@ -11,7 +11,7 @@
 # folder and the plan's log into $OUT/bg_<n>.tgz (the call returns at most 8 files), says whether
 # the plan has ended and with what exit status, and shows the log's last lines.
 set -uo pipefail
-BG=/tmp/bg
+BG=${DEVICE_BG_DIR:-/tmp/bg}   # the plan's folder (its log, exit status and out/)
 case "${1:-}" in
 start)
     [ -n "${2:-}" ] || { echo "device_bg: start needs the plan's command line" >&2; exit 2; }

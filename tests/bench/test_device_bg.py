@@ -1,0 +1,46 @@
+"""bench/device_bg.sh: a plan started in its own session outlives the call that started it; `wait`
+returns when it ends (or at its bound), with its exit status, and packs what it wrote."""
+import os
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "device_bg.sh"
+
+
+def bg(*args, env):
+    return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_a_plan_runs_on_after_start_returns_and_wait_collects_it(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "DEVICE_BG_DIR": str(tmp_path / "bg"), "OUT": str(out)}
+    plan = f"echo made > {tmp_path}/bg/out/result.txt; sleep 2; echo late >> {tmp_path}/bg/out/result.txt; exit 3"
+    t0 = time.monotonic()
+    started = bg("start", plan, env=env)
+    assert started.returncode == 0 and time.monotonic() - t0 < 2       # start does not wait for the plan
+    again = bg("start", "true", env=env)
+    assert again.returncode == 2 and "still running" in again.stderr   # one plan at a time
+    made = tmp_path / "bg" / "out" / "result.txt"
+    deadline = time.monotonic() + 10
+    while not made.exists() and time.monotonic() < deadline:   # the plan's first line, written at once
+        time.sleep(0.05)
+    early = bg("wait", "0", env=env)
+    assert "still running after 0 s of waiting" in early.stdout
+    done = bg("wait", "30", env=env)
+    assert "the plan ended, exit 3" in done.stdout
+    # each wait packs what is there so far, under the next free name
+    with tarfile.open(out / "bg_0.tgz") as tar:
+        assert tar.extractfile("out/result.txt").read().decode() == "made\n"
+    with tarfile.open(out / "bg_1.tgz") as tar:
+        assert tar.extractfile("out/result.txt").read().decode() == "made\nlate\n"
+        assert "log" in tar.getnames()
+
+
+def test_start_without_a_plan_is_refused_in_one_line(tmp_path):
+    env = {**os.environ, "DEVICE_BG_DIR": str(tmp_path / "bg")}
+    r = bg("start", env=env)
+    assert r.returncode == 2 and r.stderr.strip() == "device_bg: start needs the plan's command line"
