@@ -18,7 +18,7 @@ def test_a_plan_runs_on_after_start_returns_and_wait_collects_it(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "DEVICE_BG_DIR": str(tmp_path / "bg"), "OUT": str(out)}
-    plan = f"echo made > {tmp_path}/bg/out/result.txt; sleep 2; echo late >> {tmp_path}/bg/out/result.txt; exit 3"
+    plan = f"echo made > {tmp_path}/bg/out/result.txt; sleep 4; echo late >> {tmp_path}/bg/out/result.txt; exit 3"
     t0 = time.monotonic()
     started = bg("start", plan, env=env)
     assert started.returncode == 0 and time.monotonic() - t0 < 2       # start does not wait for the plan
