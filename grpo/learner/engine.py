@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import json
 import logging
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -193,10 +195,45 @@ def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
+MUON_MODULE = "deepspeed.runtime.zero.muon.muon_optimizer"
+
+
+def import_muon_uncompiled(optimizer_type: str) -> bool:
+    """Import DeepSpeed's Muon module with torch.compile off, unless the run's optimizer is Muon;
+    True when this call imported it.
+
+    DeepSpeed (0.19) imports that module in every ZeRO engine, whatever the optimizer: when the
+    engine starts (to check that the optimizer is one ZeRO supports) and again in the first
+    gradient reduction. The module decorates three functions with torch.compile at import, and
+    torch.compile imports torch's inductor stack to set up its backend: 0.9 s of CPU time after
+    transformers (1.5 s of a 2.2 s engine start for SmolLM2 on this 2-core CPU), on the learner's
+    path to its first step, for kernels only Muon uses. Imported here first with
+    TORCHDYNAMO_DISABLE=1 (torch.compile's own switch, read when it is called), those decorators
+    return the plain functions; DeepSpeed's later imports find the module loaded. A Muon run
+    imports it DeepSpeed's way, compiled."""
+    if optimizer_type.lower() == "muon" or MUON_MODULE in sys.modules:
+        return False
+    saved = os.environ.get("TORCHDYNAMO_DISABLE")
+    # The learner has no other thread yet (its weight publisher starts after the engine), so no
+    # one else sees the switch while it is set.
+    os.environ["TORCHDYNAMO_DISABLE"] = "1"
+    try:
+        importlib.import_module(MUON_MODULE)
+    except ImportError:   # a DeepSpeed without Muon: nothing to avoid
+        return False
+    finally:
+        if saved is None:
+            os.environ.pop("TORCHDYNAMO_DISABLE", None)
+        else:
+            os.environ["TORCHDYNAMO_DISABLE"] = saved
+    return True
+
+
 class DeepSpeedEngine:
     def __init__(self, model: torch.nn.Module, ds_config: dict):
         import deepspeed
 
+        import_muon_uncompiled(str(ds_config.get("optimizer", {}).get("type", "")))
         self._engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=trainable(model),
                                                      config=ds_config)
         self.gas = int(ds_config["gradient_accumulation_steps"])
