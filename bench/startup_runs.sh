@@ -45,10 +45,6 @@ if [ "${SKIP_FRESH:-0}" != 1 ]; then
         "fresh_$LABEL/learner0.log" "fresh_$LABEL/sampler0.log" 2>/dev/null
     rm -rf "$FRESH/checkpoints"
 fi
-# A warm machine has run each seed before: its problems are in grpo.data.cache, as they are for a
-# second run of the same command (the fresh run above made seed 42's; this makes the others').
-python -c "import sys; from grpo.data.sources import load_problems
-for s in sys.argv[2:]: load_problems(sys.argv[1], 'train', seed=int(s))" "$TASK" $SEEDS
 for seed in $SEEDS; do
     python bench/time_to_accuracy.py ours --work-dir "$WORK" --task "$TASK" --seed "$seed" \
         --ours-seconds "$SECONDS_EACH" --label "$LABEL" --git-commit "${GRPO_GIT_COMMIT:-}" \

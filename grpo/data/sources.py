@@ -14,7 +14,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from grpo.data import cache, formats, tasks
+from grpo.data import formats, tasks
 from grpo.data.formats import Problem
 
 DEFAULT_DATASET = "openai/gsm8k"
@@ -122,14 +122,6 @@ def _load_reasoning_gym(text: str, split: str, limit: int | None, seed: int,
     if size == 0:
         return []
     split_seed = seed if split == "train" else seed + RG_TEST_SEED_OFFSET
-    # A split generated before (same spec, size, seed, levels and reasoning-gym version) is read
-    # back without importing reasoning-gym (grpo.data.cache); its spec was checked when it was made.
-    key = cache.split_key(text, size, split_seed, levels)
-    if key is not None and (rows := cache.read(key)) is not None:
-        try:
-            return _rg_problems(rows)
-        except (KeyError, TypeError):   # not a file of ours: generated again, and rewritten below
-            pass
     try:
         specs = tasks.parse_spec(text)
         tasks.check(specs, curriculum=levels is not None)
@@ -140,16 +132,8 @@ def _load_reasoning_gym(text: str, split: str, limit: int | None, seed: int,
         raise DatasetUnavailable(f"reasoning_gym cannot generate rg:{text}: {_one_line(exc)}") from exc
     # The bare final answer is the reference; the task name and entry let the correctness reward
     # use reasoning_gym's own scorer for answers that are not numbers.
-    rows = [{"question": str(it["question"]), "answer": str(it["answer"]), "rg_task": tasks.task_of(it, specs),
-             "rg_entry": it} for it in dataset]
-    if key is not None:
-        cache.write(key, rows)
-    return _rg_problems(rows)
-
-
-def _rg_problems(rows: list[dict]) -> list[Problem]:
-    return [Problem(question=r["question"], answer=r["answer"],
-                    columns={"rg_task": r["rg_task"], "rg_entry": r["rg_entry"]}) for r in rows]
+    return [Problem(question=str(it["question"]), answer=str(it["answer"]),
+                    columns={"rg_task": tasks.task_of(it, specs), "rg_entry": it}) for it in dataset]
 
 
 @contextlib.contextmanager

@@ -2,15 +2,11 @@
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from grpo.data import cache
 from grpo.data.formats import Problem
 from grpo.data.gsm8k import extract_gsm8k_answer
 from grpo.data.prompts import DEFAULT_INSTRUCTION, PromptStream, build_prompt
@@ -132,70 +128,6 @@ def test_reasoning_gym_problems():
         assert answer is not None and float(answer) == float(problem.answer)
     assert [p.question for p in train] != [p.question for p in test]
     assert train == load_problems("rg:gsm_symbolic", split="train", limit=20, seed=3)  # seeded
-
-
-READ_SPLIT = """
-import hashlib, json, sys
-from grpo.data.sources import load_problems
-problems = load_problems("rg:letter_counting", "train", limit=300, seed=5)
-digest = hashlib.sha256(repr(problems).encode()).hexdigest()
-print(json.dumps({"imported": "reasoning_gym" in sys.modules, "n": len(problems), "digest": digest}))
-"""
-
-
-def test_reasoning_gym_split_comes_back_from_the_cache_without_reasoning_gym(tmp_path):
-    # Two fresh processes, one cache: the first generates the split (and imports reasoning-gym),
-    # the second reads the same problems, entries and tuples included, without importing it.
-    env = {**os.environ, "GRPO_CACHE": str(tmp_path)}
-    runs = [json.loads(subprocess.run([sys.executable, "-c", READ_SPLIT], env=env, capture_output=True, text=True,
-                                      check=True, timeout=120, cwd=Path(__file__).resolve().parents[2]).stdout)
-            for _ in range(2)]
-    assert [r["imported"] for r in runs] == [True, False]
-    assert runs[0]["n"] == runs[1]["n"] == 300
-    assert runs[0]["digest"] == runs[1]["digest"]
-    assert len(list((tmp_path / "problems").glob("rg-*.json"))) == 1
-
-
-def test_problem_cache_writes_only_what_reads_back_exactly(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRPO_CACHE", str(tmp_path))
-    rows = [{"question": "q", "answer": "3", "rg_task": "t",
-             "rg_entry": {"metadata": {"difficulty": {"words": (5, 15)}, "span": ["a", (1, [2, (3,)])]}}}]
-    assert cache.write("k.json", rows)
-    back = cache.read("k.json")
-    assert back == rows
-    assert back[0]["rg_entry"]["metadata"]["span"][1] == (1, [2, (3,)])   # tuples stay tuples
-    assert not cache.write("int_key.json", [{"m": {1: "a"}}])     # JSON would give back {"1": "a"}
-    assert not cache.write("set.json", [{"m": {1, 2}}])
-    assert not cache.write("nan.json", [{"m": float("nan")}])
-    assert not cache.write("tag.json", [{"m": {"__tuple__": [1]}}])   # would read back as (1,)
-    assert sorted(p.name for p in (tmp_path / "problems").iterdir()) == ["k.json"]
-
-
-def test_problem_cache_key_names_everything_a_split_depends_on(monkeypatch):
-    base = cache.split_key("letter_counting", 2000, 42, None)
-    others = [cache.split_key("letter_counting", 2000, 43, None), cache.split_key("letter_counting", 1000, 42, None),
-              cache.split_key("letter_counting", 2000, 42, {"letter_counting": 0}),
-              cache.split_key("letter_counting:max_words=5", 2000, 42, None)]
-    assert base is not None and len({base, *others}) == 5
-    assert cache.split_key("x", 1, 2, {"a": 1, "b": 2}) == cache.split_key("x", 1, 2, {"b": 2, "a": 1})
-    monkeypatch.setattr(cache.metadata, "version", lambda name: "0.0.0-other")
-    assert cache.split_key("letter_counting", 2000, 42, None) not in (base, None)
-
-    def missing(name):
-        raise cache.metadata.PackageNotFoundError(name)
-
-    monkeypatch.setattr(cache.metadata, "version", missing)
-    assert cache.split_key("letter_counting", 2000, 42, None) is None
-
-
-def test_unreadable_cache_file_is_generated_again(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRPO_CACHE", str(tmp_path))
-    fresh = load_problems("rg:letter_counting", "train", limit=20, seed=9)
-    path = tmp_path / "problems" / cache.split_key("letter_counting", 20, 9, None)
-    for junk in ("{not json", json.dumps([{"question": "q"}])):   # torn, and not ours
-        path.write_text(junk)
-        assert load_problems("rg:letter_counting", "train", limit=20, seed=9) == fresh
-        assert cache.read(path.name) == [{"question": p.question, "answer": p.answer, **p.columns} for p in fresh]
 
 
 def test_reasoning_gym_unknown_task():
