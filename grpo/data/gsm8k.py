@@ -10,6 +10,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 
 __all__ = [
     "RewardResult",
@@ -100,6 +101,29 @@ def _plain_equal(reference: str, prediction: str) -> bool:
         return reference == prediction
 
 
+# math_verify takes numbers within about 1e-6 of each other (relative) as equal: 0.333333 is 1/3 there.
+# Answers further apart than this are unequal without asking it (see _numeric_verdict).
+CLEARLY_APART = 1e-4
+
+
+def _numeric_verdict(reference: str, prediction: str) -> bool | None:
+    """Two extracted answers (decimals or simple fractions) compared as exact rationals: True when
+    equal, False when they differ by more than CLEARLY_APART of the larger (and of 1), None when
+    they are closer than that but not equal, or do not parse (a zero denominator): math_verify's
+    to judge. Its verdict agrees with math_verify's everywhere it is given (tests/data/test_gsm8k.py),
+    at about a microsecond against a millisecond of sympy parsing per completion: 0.3-0.5 s of every
+    384-completion round's scoring, on the path to each round's groups."""
+    try:
+        a, b = Fraction(reference), Fraction(prediction)
+    except (ValueError, ZeroDivisionError):
+        return None
+    if a == b:
+        return True
+    if abs(a - b) > CLEARLY_APART * max(1, abs(a), abs(b)):
+        return False
+    return None
+
+
 def gsm8k_correct(completion: str, reference_answer: str) -> bool:
     """Whether the completion's final answer equals the reference's (full solution or bare answer)."""
     reference = extract_gsm8k_answer(reference_answer)
@@ -108,6 +132,8 @@ def gsm8k_correct(completion: str, reference_answer: str) -> bool:
         return False
     if reference == prediction:
         return True  # the common case needs no sympy
+    if (verdict := _numeric_verdict(reference, prediction)) is not None:
+        return verdict
     try:
         return _math_verify_equal(reference, prediction)
     except Exception:  # noqa: BLE001 - a math_verify failure must not kill a rollout

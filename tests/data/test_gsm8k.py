@@ -1,13 +1,17 @@
 """GSM8K answer extraction and correctness, on hand-picked strings and a real reference."""
 
 import json
+import random
+import subprocess
+import sys
 import threading
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
 
 from grpo.data.formats import Problem
-from grpo.data.gsm8k import RewardResult, extract_gsm8k_answer, gsm8k_correct
+from grpo.data.gsm8k import RewardResult, _math_verify_equal, _numeric_verdict, extract_gsm8k_answer, gsm8k_correct
 from grpo.data.rewards import score_correctness
 
 GSM8K_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
@@ -80,13 +84,70 @@ def test_correct_works_off_the_main_thread():
             results.append(gsm8k_correct("#### 72.0", "#### 72"))
             results.append(gsm8k_correct("#### 1/2", "0.5"))
             results.append(gsm8k_correct("#### 71", "#### 72"))
+            results.append(gsm8k_correct("#### 0.333333", "1/3"))   # close, not equal: math_verify's call
         except Exception as exc:  # noqa: BLE001 - surfaced by the assert below
             results.append(exc)
 
     thread = threading.Thread(target=worker)
     thread.start()
     thread.join(timeout=30)
-    assert results == [True, True, False]
+    assert results == [True, True, False, True]
+
+
+@pytest.mark.parametrize(
+    ("reference", "prediction", "verdict"),
+    [
+        ("72", "72.0", True),        # equal rationals
+        ("0.5", "1/2", True),
+        ("-3", "3", False),
+        ("71", "72", False),          # 1 apart: far more than 1e-4 of 72
+        ("0", "0.001", False),        # 1e-3 apart, and the scale is at least 1
+        ("1000000", "1000000.5", None),    # 5e-7 of the larger: too close to call here...
+        ("0.333333", "1/3", None),    # ...and so is this, which math_verify takes as equal
+        ("1/0", "5", None),           # no rational: math_verify's (then the plain rule's)
+    ],
+)
+def test_numeric_verdict_by_hand(reference, prediction, verdict):
+    assert _numeric_verdict(reference, prediction) is verdict
+
+
+def test_numeric_verdict_agrees_with_math_verify():
+    # Wherever the fast rule decides, math_verify decides the same: integers, cents, simple
+    # fractions, and numbers 1e-12 to 1e-2 apart around the boundary of math_verify's tolerance.
+    rng = random.Random(0)
+
+    def number() -> str:
+        kind = rng.random()
+        if kind < 0.4:
+            return str(rng.randint(-50, 300))
+        if kind < 0.7:
+            return f"{rng.randint(0, 99)}.{rng.randint(0, 99):02d}"
+        return f"{rng.randint(1, 12)}/{rng.randint(1, 12)}"
+
+    pairs = [(number(), number()) for _ in range(400)]
+    for base in ("1", "3", "72", "0.5", "1/3", "2/7", "123456", "0.001"):
+        for k in range(2, 13):
+            b = float(Fraction(base)) * (1 + 10.0 ** -k)
+            pairs.append((base, f"{b:.14f}".rstrip("0")))
+    decided = 0
+    for reference, prediction in pairs:
+        verdict = _numeric_verdict(reference, prediction)
+        if verdict is not None:
+            decided += 1
+            assert verdict == _math_verify_equal(reference, prediction), (reference, prediction)
+    assert decided >= 400   # the common pairs never reach sympy
+
+
+def test_plain_answers_are_scored_without_math_verify():
+    # In a fresh process: numbers that are equal or clearly apart never import math_verify (and
+    # sympy); only a close call does.
+    code = ("import sys; from grpo.data.gsm8k import gsm8k_correct as c; "
+            "r = [c('#### 7', '6'), c('#### 1/2', '0.5'), c('#### 1,200', '1200'), c('#### 71', '#### 72')]; "
+            "before = 'math_verify' in sys.modules; r.append(c('#### 0.333333', '1/3')); "
+            "print(r, before, 'math_verify' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2]).stdout.split("\n")[-2]
+    assert out == "[False, True, True, False, True] False True"
 
 
 def test_reward():
