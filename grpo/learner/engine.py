@@ -16,6 +16,7 @@ import logging
 import math
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -195,6 +196,45 @@ def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
+class CommunicatorWarmup(threading.Thread):
+    """The default process group's first collective (a one-element all-reduce on `device`), on a
+    thread of its own, so that the communicator is made while the main thread imports transformers
+    and loads the model. NCCL makes its communicator at a group's first collective, which is
+    otherwise the DeepSpeed engine's first parameter broadcast, on the learner's path to its first
+    step; the collective's call releases the GIL, so the two overlap. `wait` joins it (bounded by
+    the group's own timeout) and re-raises what it raised. Every rank runs it; it returns when all
+    ranks have reached it, which the engine's broadcast would wait for anyway."""
+
+    def __init__(self, device: torch.device, timeout_s: float):
+        super().__init__(name="communicator-warmup", daemon=True)
+        self.device, self.timeout_s = device, timeout_s
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self.start()
+
+    def run(self) -> None:
+        import torch.distributed as dist
+
+        t = time.perf_counter()
+        try:
+            dist.all_reduce(torch.zeros(1, device=self.device))
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread by wait()
+            self.error = exc
+        self.seconds = time.perf_counter() - t
+
+    def wait(self) -> float:
+        """Seconds the collective took (it ran beside the model's loading)."""
+        self.join(self.timeout_s + 5)
+        if self.is_alive():
+            raise RuntimeError(f"the process group's first collective did not finish within {self.timeout_s:g} s "
+                               "(--dist-timeout-s): is every learner rank running?")
+        if self.error is not None:
+            raise self.error
+        return self.seconds
+
+
 MUON_MODULE = "deepspeed.runtime.zero.muon.muon_optimizer"
 
 
@@ -215,8 +255,8 @@ def import_muon_uncompiled(optimizer_type: str) -> bool:
     if optimizer_type.lower() == "muon" or MUON_MODULE in sys.modules:
         return False
     saved = os.environ.get("TORCHDYNAMO_DISABLE")
-    # The learner has no other thread yet (its weight publisher starts after the engine), so no
-    # one else sees the switch while it is set.
+    # The learner has no other thread yet (its weight publisher starts after the engine, and the
+    # communicator warm-up has been joined), so no one else sees the switch while it is set.
     os.environ["TORCHDYNAMO_DISABLE"] = "1"
     try:
         importlib.import_module(MUON_MODULE)

@@ -28,7 +28,8 @@ from grpo.learner.batch import (Batch, balanced_split, broadcast_batch, build_ba
                                 minibatches, padded_tokens, token_buckets)
 from grpo.learner.checkpoint import (Checkpointer, TimedWeights, load_checkpoint, parse_save_schedule,
                                     resolve_resume)
-from grpo.learner.engine import DeepSpeedEngine, TorchEngine, clear_build_locks, load_ds_config, resolve_ds_config
+from grpo.learner.engine import (CommunicatorWarmup, DeepSpeedEngine, TorchEngine, clear_build_locks, load_ds_config,
+                                 resolve_ds_config)
 from grpo.learner.intake import Intake
 from grpo.learner.liveness import Liveness, SyncPeers
 from grpo.learner.warmup import warm_up, warm_up_shape
@@ -146,6 +147,7 @@ class Learner:
             clear_build_locks()   # a build lock left by a stopped process would hang init silently
             deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo",
                                        timeout=timedelta(seconds=cfg.dist_timeout_s))
+            comm_warmup = CommunicatorWarmup(self.device, cfg.dist_timeout_s)   # beside the model's loading
         t_model = time.perf_counter()
         load_times: dict[str, float] = {}   # the parts of 'model' in the start-up line
         start_runtime(self.device, load_times, cfg.cudnn_attention)
@@ -165,11 +167,13 @@ class Learner:
         if self.receiver is not None:
             self.receiver.limits = M.Limits(group_size=cfg.num_generations, vocab_size=self.vocab_size)
         t_engine = time.perf_counter()
+        comm_s = None if cfg.no_deepspeed else comm_warmup.wait()
         self.engine = (TorchEngine(model, self.ds_config, self.device) if cfg.no_deepspeed
                        else DeepSpeedEngine(model, self.ds_config))
         log.info("start-up: device %.1f s, DeepSpeed import and process group %.1f s, model %.1f s (%s), optimizer "
-                 "engine %.1f s", t_device, t_model - t_dist, t_engine - t_model,
-                 ", ".join(f"{k} {v:.1f} s" for k, v in load_times.items()), time.perf_counter() - t_engine)
+                 "engine %.1f s%s", t_device, t_model - t_dist, t_engine - t_model,
+                 ", ".join(f"{k} {v:.1f} s" for k, v in load_times.items()), time.perf_counter() - t_engine,
+                 "" if comm_s is None else f" (the communicator's first collective: {comm_s:.2f} s, beside the model)")
         mark_stage(self.run_dir, f"learner{self.rank}", "engine_ready")
         self.autocast = self.precision == "autocast"
         log.info("precision %s: %s", self.precision,

@@ -1,6 +1,7 @@
 """Starting the DeepSpeed engine: DeepSpeed's Muon module is imported without torch.compile (and
-so without torch's inductor stack) unless the run's optimizer is Muon, in a fresh process, as a
-learner starts."""
+so without torch's inductor stack) unless the run's optimizer is Muon, and the process group's
+first collective runs on a thread beside the model's loading, in a fresh process, as a learner
+starts."""
 import json
 import os
 import subprocess
@@ -17,14 +18,22 @@ SCRIPT = r"""
 import json, os, sys
 import torch, deepspeed
 import transformers.modeling_utils   # as the learner has, before its engine starts
-from grpo.learner.engine import DeepSpeedEngine, load_ds_config, resolve_ds_config
+from grpo.learner.engine import CommunicatorWarmup, DeepSpeedEngine, load_ds_config, resolve_ds_config
 from grpo.model import load_causal_lm, resolve_model
 
 INDUCTOR = "torch._inductor.compile_fx"
+try:   # before the group exists: the thread's error comes back to the caller
+    CommunicatorWarmup(torch.device("cpu"), 5.0).wait()
+    early = None
+except Exception as exc:
+    early = f"{type(exc).__name__}: {exc}"
 deepspeed.init_distributed(dist_backend="gloo")
+warm = CommunicatorWarmup(torch.device("cpu"), 60.0)   # as the learner: beside the model's loading
+model = load_causal_lm(resolve_model("tiny-random"), torch.device("cpu"), torch.float32)
+comm_s = warm.wait()
 cfg, _ = resolve_ds_config(load_ds_config(sys.argv[1]), world=1, train_batch_size=4, group_size=4,
                            learning_rate=1e-2, cuda=False)
-engine = DeepSpeedEngine(load_causal_lm(resolve_model("tiny-random"), torch.device("cpu"), torch.float32), cfg)
+engine = DeepSpeedEngine(model, cfg)
 after_start = INDUCTOR in sys.modules
 before = [p.detach().clone() for p in engine.module.parameters()]
 ids = torch.randint(0, 1000, (2, 12), generator=torch.Generator().manual_seed(0))
@@ -37,7 +46,8 @@ print("RESULT " + json.dumps({
     "optimizer": type(engine._engine.optimizer.optimizer).__name__, "inductor_after_start": after_start,
     "inductor_after_step": INDUCTOR in sys.modules, "params_moved": moved,
     "muon_compiled": hasattr(original_muon.zeropower_via_newtonschulz5, "_torchdynamo_orig_callable"),
-    "switch_left": os.environ.get("TORCHDYNAMO_DISABLE")}))
+    "switch_left": os.environ.get("TORCHDYNAMO_DISABLE"), "early": early, "comm_s": comm_s,
+    "warm_alive": warm.is_alive()}))
 """
 
 
@@ -56,6 +66,10 @@ def test_engine_starts_and_steps_without_torch_inductor():
     # the inductor stack; Muon's functions are the plain ones, and the switch is off again.
     assert got["inductor_after_start"] is False and got["inductor_after_step"] is False
     assert got["muon_compiled"] is False and got["switch_left"] is None
+    # The communicator warm-up: an error on its thread reaches the caller; with the group made, its
+    # collective ran and the thread is done before the engine starts.
+    assert "not been initialized" in got["early"], got["early"]
+    assert got["comm_s"] >= 0 and got["warm_alive"] is False
 
 
 def test_a_muon_run_imports_it_compiled():
