@@ -10,6 +10,11 @@ whether a variant learns alike per step. Nothing is scored on held-out problems.
     python bench/step_cost.py --variant base="--micro-batch-tokens -1 --cudnn-attention --no-warm-up" \
         --variant new="" --repeats 2 --seconds 50 --git-commit $(git rev-parse HEAD) --label ab
     python bench/step_cost.py --variant fresh="" --repeats 1 --max-steps 3 --seed 1 --label fresh   # first run
+    python bench/step_cost.py --variant base@ab_base="" --variant new="" --task rg:letter_counting ...
+
+A variant named NAME@DIR runs DIR's run_distributed.py: another commit's code (e.g. `git archive
+<commit> grpo run_distributed.py sampling_worker.py training_worker.py deepspeed.json | tar -x -C
+ab_base`), against this tree's, on the same machine.
 
 Writes bench/results/step_cost_<device>.json (with --label: step_cost_<device>_<label>.json).
 """
@@ -48,7 +53,29 @@ def run_figures(run: Path, launched: float) -> dict:
             "step_time_s": median("step_time_s"), "train_s": median("train_s"), "data_wait_s": median("data_wait_s"),
             "first_train_s": round(steps[0]["train_s"], 3) if steps else None,
             "tokens_median": median("tokens"),
-            "reward_by_step": [round(s["reward_mean"], 4) for s in steps]}
+            "reward_by_step": [round(s["reward_mean"], 4) for s in steps],
+            "stages": stage_seconds(run, launched), "sampler": sampler_split(run)}
+
+
+def stage_seconds(run: Path, launched: float) -> dict:
+    """{process: {stage: seconds from launch}}, each stage's first time."""
+    out = {}
+    for f in sorted((run / "stages").glob("*.json")):
+        out[f.stem] = {}
+        for e in json.loads(f.read_text())["history"]:
+            out[f.stem].setdefault(e["stage"], round(e["time"] - launched, 2))
+    return out
+
+
+def sampler_split(run: Path) -> dict | None:
+    """Sampler 0's rounds and its seconds a round generating, in log-prob passes and scoring."""
+    path = run / "sampler0_result.json"
+    if not path.is_file():
+        return None
+    r = json.loads(path.read_text())
+    n = max(1, int(r["rounds"]))
+    return {"rounds": int(r["rounds"]),
+            **{f"{k}_per_round": round(r[k] / n, 3) for k in ("gen_s", "logprob_s", "reward_s")}}
 
 
 def main(argv=None) -> int:
@@ -71,21 +98,25 @@ def main(argv=None) -> int:
     rows = []
     for rep in range(args.repeats):
         for name, flags in variants.items():
-            run = Path(args.work_dir) / f"{name}_{rep}"
-            cmd = [sys.executable, str(ROOT / "run_distributed.py"), "--model", "smollm2", "--dataset", args.task,
+            label, _, tree = name.partition("@")   # NAME@DIR: DIR's code
+            run = Path(args.work_dir) / f"{label}_{rep}"
+            launcher = (ROOT / tree if tree else ROOT) / "run_distributed.py"
+            cmd = [sys.executable, str(launcher), "--model", "smollm2", "--dataset", args.task,
                    *[f"--{k.replace('_', '-')}={v}" for k, v in SHARED.items()], *OURS_ONLY,
                    *(["--max-steps", str(args.max_steps)] if args.max_steps else
                      ["--max-time-s", str(args.seconds), "--max-steps", "100000"]), "--eval-every", "0",
                    "--save-every", "0", "--seed", str(args.seed), "--run-dir", str(run), *shlex.split(flags)]
             launched = time.time()
             code = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
-            row = {"variant": name, "flags": flags, "repeat": rep, "exit_code": code, "command": shlex.join(cmd[1:])}
+            row = {"variant": label, "code": tree or ".", "flags": flags, "repeat": rep, "exit_code": code,
+                   "command": shlex.join(cmd[1:])}
             row.update(run_figures(run, launched) if code == 0 else {})
             subprocess.run(["rm", "-rf", str(run / "checkpoints")])   # the final checkpoint: GBs, not read
             rows.append(row)
-            print(f"{name} #{rep}: exit {code}, first step {row.get('first_step_s')} s, {row.get('steps')} steps, "
+            print(f"{label} #{rep}: exit {code}, first step {row.get('first_step_s')} s, {row.get('steps')} steps, "
                   f"step {row.get('step_time_s')} s (train {row.get('train_s')}, wait {row.get('data_wait_s')}), "
-                  f"first train {row.get('first_train_s')} s", flush=True)
+                  f"first train {row.get('first_train_s')} s; sampler {row.get('sampler')}; stages {row.get('stages')}",
+                  flush=True)
     import torch
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"

@@ -25,11 +25,17 @@ def test_run_figures_leave_out_the_first_steps_hand_worked(tmp_path):
     steps = [{"step_time_s": t, "train_s": t - w, "data_wait_s": w, "tokens": n, "reward_mean": r}
              for t, w, n, r in [(9.0, 5.0, 17000, 0.1), (3.0, 1.0, 16000, 0.2), (2.0, 0.5, 9000, 0.3),
                                 (1.0, 0.5, 3000, 0.4), (1.5, 0.25, 2000, 0.5), (0.5, 0.0, 1000, 0.6)]]
-    got = step_cost.run_figures(_run(tmp_path, 1000.0, steps), 1000.0)
+    run = _run(tmp_path, 1000.0, steps)
+    (run / "sampler0_result.json").write_text(json.dumps({"rounds": 4, "gen_s": 8.0, "logprob_s": 1.0, "reward_s": 0.5}))
+    got = step_cost.run_figures(run, 1000.0)
     assert step_cost.SKIP_STEPS == 3
-    # steps 4-6: step times 1.0, 1.5, 0.5 -> 1.0; train 0.5, 1.25, 0.5 -> 0.5; wait 0.5, 0.25, 0 -> 0.25
+    # steps 4-6: step times 1.0, 1.5, 0.5 -> 1.0; train 0.5, 1.25, 0.5 -> 0.5; wait 0.5, 0.25, 0 -> 0.25;
+    # the sampler's 4 rounds: 8 / 4 = 2 s generating, 1 / 4 in log-prob passes, 0.5 / 4 scoring
     assert got == {"first_step_s": 12.25, "steps": 6, "step_time_s": 1.0, "train_s": 0.5, "data_wait_s": 0.25,
-                   "first_train_s": 4.0, "tokens_median": 2000, "reward_by_step": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]}
+                   "first_train_s": 4.0, "tokens_median": 2000, "reward_by_step": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6],
+                   "stages": {"learner0": {"started": 0.5, "first_step": 12.25}},
+                   "sampler": {"rounds": 4, "gen_s_per_round": 2.0, "logprob_s_per_round": 0.25,
+                               "reward_s_per_round": 0.125}}
 
 
 def test_profile_summary_counts_top_level_operators_and_kernels():
