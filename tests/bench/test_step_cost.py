@@ -4,6 +4,8 @@ import gzip
 import json
 from pathlib import Path
 
+import pytest
+
 from benchload import load_bench
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,13 +57,17 @@ def test_profile_summary_counts_top_level_operators_and_kernels():
     assert one["top"][0] == {"name": "aten::linear", "ms": 0.1, "calls": 2}
 
 
-def test_committed_step_cost_result_matches_its_run_files():
-    doc = json.loads((ROOT / "bench" / "results" / "step_cost_NVIDIA_H100_80GB_HBM3_ab.json").read_text())
+@pytest.mark.parametrize(("result", "folder"), [("step_cost_NVIDIA_H100_80GB_HBM3_ab.json", "step_cost"),
+                                               ("step_cost_NVIDIA_H100_80GB_HBM3_startup_ab.json", "step_cost/startup_ab")])
+def test_committed_step_cost_result_matches_its_run_files(result, folder):
+    doc = json.loads((ROOT / "bench" / "results" / result).read_text())
     for row in doc["runs"]:
-        run = ROOT / "bench" / "results" / "step_cost" / f"{row['variant']}_{row['repeat']}"
+        run = ROOT / "bench" / "results" / folder / f"{row['variant']}_{row['repeat']}"
         steps = [json.loads(line) for line in gzip.decompress((run / "metrics.jsonl.gz").read_bytes()).splitlines()
                  if line.strip()]
         steps = [s for s in steps if "step" in s and not s.get("final")]
         assert len(steps) == row["steps"]
         assert [round(s["reward_mean"], 4) for s in steps] == row["reward_by_step"]
         assert round(steps[0]["train_s"], 3) == row["first_train_s"]
+        if "sampler" in row:   # the sampler's split per round, from its result file
+            assert step_cost.sampler_split(run) == row["sampler"]
