@@ -36,7 +36,7 @@ from grpo.learner.warmup import warm_up, warm_up_shape
 from grpo.loss import KL_ESTIMATORS, LOSS_TYPES, grpo_token_loss, reduce_loss
 from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, start_runtime,
                         token_logprobs, weights_checksum)
-from grpo.obs.gpu import GpuMonitor, format_gpu
+from grpo.obs.gpu import GpuMonitor, format_gpu, release_cached
 from grpo.obs.metrics import MetricsWriter
 from grpo.obs.profile import SpanProfiler
 from grpo.obs.progress import Progress
@@ -227,6 +227,7 @@ class Learner:
             if self.fingerprints is not None:
                 self.fingerprints.record(self.version, self.engine.module, compute_dtype(self.device))
             mark_stage(self.run_dir, "learner0", "weights_published")
+        release_cached(self.device)   # what start-up cached, for the other process on this GPU
         self.intake = (Intake(cfg, self.receiver, self.liveness, self.books, self.messages, self.fingerprints)
                        if self.rank == 0 else None)
         if self.publisher is not None:   # each answer tells its sampler how much it may generate

@@ -70,3 +70,24 @@ def format_gpu(stats: dict[str, float]) -> str:
     extra = [f"proc {stats['proc_mem_gb']:.2f}"] if "proc_mem_gb" in stats else []
     extra.append(f"alloc {stats['mem_alloc_gb']:.2f}, peak {stats['mem_peak_gb']:.2f} GB")
     return " | gpu " + " ".join(parts) + (" " if parts else "") + "(" + ", ".join(extra) + ")"
+
+
+def release_cached(device: torch.device) -> tuple[float, float]:
+    """(GiB torch's allocator held, GiB it holds after) once the memory it caches but no tensor
+    uses is handed back to the driver; (0, 0) off CUDA.
+
+    Start-up leaves blocks cached that the steady state may never fit into again: the learner's
+    model is copied into DeepSpeed's flat buffers and float32 partitions, the sampler's into its
+    weight-sync buckets. On a GPU shared by learner and sampler, what one process keeps cached
+    the other cannot have; the driver saw 16 GiB more than torch's own peak in a 3B learner
+    (docs/benchmarks.md, the scale table). Called once, after start-up: empty_cache waits for the
+    device, which is idle then."""
+    if device.type != "cuda":
+        return 0.0, 0.0
+    held = torch.cuda.memory_reserved(device) / 2**30
+    torch.cuda.empty_cache()
+    kept = torch.cuda.memory_reserved(device) / 2**30
+    if held > kept:
+        log.info("start-up left %.2f GiB cached by torch's allocator: %.2f GiB handed back to the driver "
+                 "(%.2f GiB in use)", held, held - kept, kept)
+    return held, kept

@@ -34,7 +34,7 @@ from grpo.loss import has_signal
 from grpo.stats import round_prompts
 from grpo.model import (compute_dtype, eos_ids, load_causal_lm, load_tokenizer, pick_device, resolve_model, right_pad,
                         start_runtime, token_logprobs)
-from grpo.obs.gpu import GpuMonitor, format_gpu
+from grpo.obs.gpu import GpuMonitor, format_gpu, release_cached
 from grpo.obs.profile import SpanProfiler
 from grpo.obs.progress import Progress
 from grpo.obs.stages import mark as mark_stage
@@ -218,6 +218,7 @@ class Sampler:
                  self.backend,
                  f", in flight on {cfg.in_flight_rows} rows" if cfg.in_flight_rows else "",
                  "the sampling pass" if self.old_source == "sampling" else "a teacher-forced pass")
+        release_cached(self.device)   # what start-up cached, for the other process on this GPU
         mark_stage(cfg.run_dir, self.name, "model_loaded")
 
     def _load_prompts(self) -> list:

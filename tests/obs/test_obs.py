@@ -16,7 +16,7 @@ from builders import make_completion, make_group
 from grpo.config import LearnerConfig, SamplerConfig
 from grpo.flags import parse_config
 from grpo.launch.plan import parse, plan
-from grpo.obs.gpu import GpuMonitor, format_gpu
+from grpo.obs.gpu import GpuMonitor, format_gpu, release_cached
 from grpo.obs.progress import Progress
 from grpo.obs.report import main as report_main
 from grpo.obs.tracking import Tracker, flatten, parse_report_to
@@ -182,6 +182,24 @@ def test_gpu_stats_on_cuda():
     if importlib.util.find_spec("pynvml"):
         assert 0 <= s["util_pct"] <= 100 and s["proc_mem_gb"] >= 0.25
     del x
+
+
+def test_release_cached_is_nothing_off_cuda():
+    assert release_cached(torch.device("cpu")) == (0.0, 0.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_release_cached_hands_back_freed_blocks_and_keeps_live_ones():
+    dev = torch.device("cuda", 0)
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_reserved(dev) / 2**30
+    live = torch.empty(256 << 20, dtype=torch.uint8, device=dev)      # 0.25 GiB kept
+    gone = torch.empty(512 << 20, dtype=torch.uint8, device=dev)      # 0.5 GiB freed, still cached
+    del gone
+    held, kept = release_cached(dev)
+    assert held >= base + 0.75 - 1e-6 and abs((held - kept) - 0.5) < 0.05
+    assert kept >= base + 0.25 - 1e-6 and live.numel() == 256 << 20
 
 
 # --------------------------------------------------------------------------- report
