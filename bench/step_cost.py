@@ -34,6 +34,7 @@ from benchutil import ROOT, versions  # noqa: E402
 from time_to_accuracy import OURS_ONLY, SHARED  # noqa: E402
 
 from grpo.obs.rundir import provenance  # noqa: E402
+from grpo.obs.stages import history  # noqa: E402
 
 SKIP_STEPS = 3   # the first steps pay start-up (round 0, first kernels): left out of the medians
 
@@ -59,11 +60,10 @@ def run_figures(run: Path, launched: float) -> dict:
 
 def stage_seconds(run: Path, launched: float) -> dict:
     """{process: {stage: seconds from launch}}, each stage's first time."""
-    out = {}
-    for f in sorted((run / "stages").glob("*.json")):
-        out[f.stem] = {}
-        for e in json.loads(f.read_text())["history"]:
-            out[f.stem].setdefault(e["stage"], round(e["time"] - launched, 2))
+    out: dict[str, dict[str, float]] = {}
+    for process, entries in history(run).items():
+        for e in entries:
+            out.setdefault(process, {}).setdefault(e["stage"], round(e["time"] - launched, 2))
     return out
 
 
