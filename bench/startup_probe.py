@@ -42,7 +42,7 @@ if sys.argv[1] == "ours":
 engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=trainable(model), config=cfg)
 start_s = time.perf_counter() - t
 inductor_start = "torch._inductor.compile_fx" in sys.modules
-ids = torch.randint(0, 1000, (2, 64), generator=torch.Generator().manual_seed(0))
+ids = torch.randint(0, 1000, (2, 64), generator=torch.Generator().manual_seed(int(sys.argv[3])))
 t = time.perf_counter()
 for _ in range(engine.gradient_accumulation_steps()):
     engine.backward(engine(input_ids=ids, use_cache=False).logits.float().pow(2).mean())
@@ -58,7 +58,7 @@ import torch
 t = time.perf_counter(); import reasoning_gym
 t1 = time.perf_counter()
 from grpo.data.sources import load_problems
-n = len(load_problems(sys.argv[1], "train", seed=42))
+n = len(load_problems(sys.argv[1], "train", seed=int(sys.argv[2])))
 print("RESULT " + json.dumps({"import_reasoning_gym_s": t1 - t, "load_problems_s": time.perf_counter() - t1,
                               "problems": n}))
 """
@@ -68,7 +68,7 @@ import json, sys, threading, time
 import torch
 def problems():
     from grpo.data.sources import load_problems
-    load_problems(sys.argv[2], "train", seed=42)
+    load_problems(sys.argv[2], "train", seed=int(sys.argv[3]))
 def tf():
     import transformers.modeling_utils
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -97,21 +97,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3, help="fresh processes per variant, alternated")
     ap.add_argument("--task", default="rg:letter_counting", help="the --dataset whose problems are loaded")
+    ap.add_argument("--seed", type=int, default=42, help="the problems' seed (and the engine step's made-up tokens')")
     args = ap.parse_args()
     runs: dict[str, list[dict]] = {"engine_deepspeed": [], "engine_ours": [], "problems": [],
                                    "overlap_sequential": [], "overlap_thread": []}
-    fresh(PROBLEMS, args.task)   # bytecode and page cache, once, not counted
+    seed = str(args.seed)
+    fresh(PROBLEMS, args.task, seed)   # bytecode and page cache, once, not counted
     for _ in range(args.repeats):
         for mode in ("deepspeed", "ours"):
-            runs[f"engine_{mode}"].append(fresh(ENGINE, mode, str(ROOT)))
-        runs["problems"].append(fresh(PROBLEMS, args.task))
+            runs[f"engine_{mode}"].append(fresh(ENGINE, mode, str(ROOT), seed))
+        runs["problems"].append(fresh(PROBLEMS, args.task, seed))
         for mode in ("sequential", "thread"):
-            runs[f"overlap_{mode}"].append(fresh(OVERLAP, mode, args.task))
+            runs[f"overlap_{mode}"].append(fresh(OVERLAP, mode, args.task, seed))
     med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0] if isinstance(rs[0][k], float)}
            for name, rs in runs.items()}
     path = write_result("startup_probe", __import__("torch").device("cpu"),
-                        {"task": args.task, "repeats": args.repeats, "cpu_count": os.cpu_count(), "medians": med,
-                         "runs": runs}, extra_versions=("reasoning_gym",))
+                        {"task": args.task, "seed": args.seed, "repeats": args.repeats, "cpu_count": os.cpu_count(),
+                         "medians": med, "runs": runs}, extra_versions=("reasoning_gym",))
     print(json.dumps(med, indent=2))
     print(f"wrote {path}")
 
