@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
 __all__ = [
@@ -92,15 +91,6 @@ def _math_verify_equal(reference: str, prediction: str) -> bool:
     return bool(verify(gold, pred, timeout_seconds=None, raise_on_error=True))
 
 
-def _plain_equal(reference: str, prediction: str) -> bool:
-    # Fallback when math_verify fails: numeric compare when both are decimals ("72.0" == "72"),
-    # else exact text of the normalised answers.
-    try:
-        return Decimal(reference) == Decimal(prediction)
-    except InvalidOperation:
-        return reference == prediction
-
-
 # math_verify takes numbers within about 1e-6 of each other (relative) as equal: 0.333333 is 1/3 there.
 # Answers further apart than this are unequal without asking it (see _numeric_verdict).
 CLEARLY_APART = 1e-4
@@ -138,7 +128,9 @@ def gsm8k_correct(completion: str, reference_answer: str) -> bool:
     try:
         return _math_verify_equal(reference, prediction)
     except Exception:  # noqa: BLE001 - a math_verify failure must not kill a rollout
-        return _plain_equal(reference, prediction)
+        # What is left here is not equal as text nor as rationals (those were decided above): a close
+        # call math_verify could not make, or a zero denominator. Either way, not the same answer.
+        return False
 
 
 @dataclass
