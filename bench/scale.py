@@ -40,11 +40,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import PEAK_BF16_FLOPS, ROOT, commit, versions  # noqa: E402
 
+sys.path.insert(0, str(ROOT))
+from grpo.launch.memory import allocator_conf  # noqa: E402  (light: no torch)
+
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 # size -> (--model, extra flags): 7B's full state (16 bytes a parameter) cannot share one GPU
 LAYOUT = {"0.5b": ("random:qwen2.5-0.5b", []), "1.5b": ("random:qwen2.5-1.5b", []),
           "3b": ("random:qwen2.5-3b", []), "7b": ("random:qwen2.5-7b", ["--lora-r", "16"]),
-          "tiny": ("tiny-random", [])}
+          "tiny": ("tiny-random", []), "smollm2": ("smollm2", [])}
+# Sizes run as a user first runs them: the README's one-GPU command with every default (rounds,
+# batch, precision, micro-batches), not FIXED: the default model's memory against its plan.
+DEFAULT_RUN = frozenset({"smollm2"})
 # One round is one step: 16 prompts x 8 completions, 128 completions trained per step in
 # micro-batches of MICRO (the DeepSpeed config's train_micro_batch_size_per_gpu, accumulating
 # the rest). GSM8K's chat prompts are 72-161 tokens with this tokenizer: --max-prompt-tokens 192
@@ -174,7 +180,9 @@ def replan(row: dict) -> dict[str, float]:
     from grpo.model import resolve_model
 
     argv = shlex.split(row["command"])[1:]
-    if "--precision" not in argv:   # rows from before the flag ran bf16 weights, its only mode then
+    if row.get("default_run"):
+        pass
+    elif "--precision" not in argv:   # rows from before the flag ran bf16 weights, its only mode then
         argv += ["--precision", "bf16"]
     if "--micro-batch-tokens" not in argv:   # and fixed micro-batches, the only kind before this flag
         argv += ["--micro-batch-tokens", "-1"]
@@ -183,7 +191,8 @@ def replan(row: dict) -> dict[str, float]:
         cfg = json.loads((ROOT / "deepspeed.json").read_text())
         cfg["train_micro_batch_size_per_gpu"] = row.get("micro_batch", MICRO)
         ds.write_text(json.dumps(cfg))
-        argv[argv.index("--deepspeed-config") + 1] = str(ds)
+        if "--deepspeed-config" in argv:
+            argv[argv.index("--deepspeed-config") + 1] = str(ds)
         launch, to_s, to_l = parse(argv)
         resolve_model(launch.model)   # the config folder the plan reads
         specs = plan(launch, 1, to_s, to_l, 29500)
@@ -212,8 +221,14 @@ def run_size(size: str, a, work: Path) -> dict:
         ["--sampling-gpu", "0", "--training-gpus", "0", "--share-gpus", "--precision", "bf16"]
     # --micro-batch-tokens 0 (the default token budget) is written out so that replan can tell these
     # rows from those that ran before the flag, with fixed micro-batches.
+    if size in DEFAULT_RUN:
+        layout = ["--device", "cpu"] if a.device == "cpu" else ["--sampling-gpu", "0", "--training-gpus", "0",
+                                                               "--share-gpus"]
+        run_flags = ["--save-every", "0", "--report-to", "none"]
+    else:
+        run_flags = [*FIXED, *extra, "--micro-batch-tokens", "0", "--deepspeed-config", str(ds)]
     cmd = [sys.executable, str(ROOT / "run_distributed.py"), *layout, "--model", model, "--dataset", a.dataset,
-           *FIXED, *extra, "--micro-batch-tokens", "0", "--deepspeed-config", str(ds), "--max-steps", str(a.max_steps),
+           *run_flags, "--max-steps", str(a.max_steps),
            "--max-time-s", str(a.max_time_s), "--run-dir", str(run_dir), "--seed", str(a.seed), *a.extra]
     print("$", shlex.join(cmd), flush=True)
     mem = DriverMemory()
@@ -229,6 +244,8 @@ def run_size(size: str, a, work: Path) -> dict:
            "params": shape.params if shape else None, "command": shlex.join(cmd[1:]), "exit_code": rc,
            "launcher_wall_s": time.time() - t0, "estimate_gib": plan_estimates(text),
            "measured_peak_gib": mem.by_role(), "driver_polls": mem.polls}
+    if size in DEFAULT_RUN:
+        row["default_run"] = True
     if note:
         row["plan_note"] = note
     if rc != 0 or not (run_dir / "metrics.jsonl").is_file():
@@ -289,7 +306,9 @@ def main(argv: list[str] | None = None) -> int:
         row = run_size(size, a, work)
         row.update({"command_line": shlex.join([Path(sys.executable).name, *sys.argv]), "commit": commit(),
                     "seed": a.seed, "micro_batch": a.micro, "versions": versions(("zmq",)),
-                    "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")})
+                    "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+                    # what the workers ran with: the user's settings, or the default they apply
+                    "allocator_conf": allocator_conf(os.environ)[0]})
         row["label"] = a.label or size
         doc["rows"][a.label or size] = row
         doc["device"] = device

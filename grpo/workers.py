@@ -38,6 +38,21 @@ def _gpu_env(device: str, gpu_id: int) -> None:
         raise ValueError("--gpu-id and --device cpu contradict each other; drop one of them")
 
 
+def _allocator(device: str) -> None:
+    """GPU workers: expandable segments unless the user set the allocator's settings
+    (grpo.launch.memory.use_allocator_default); before torch loads, which reads them once. Logged."""
+    if device == "cpu":
+        return
+    import logging
+
+    from grpo.launch.memory import ALLOC_ENV, use_allocator_default
+
+    conf, users = use_allocator_default(os.environ)
+    logging.getLogger("grpo.workers").info(
+        "CUDA allocator: %s (%s)", conf or "torch's defaults",
+        "the user's settings" if users else f"the default here; set {ALLOC_ENV} to choose others")
+
+
 def seed_all(seed: int) -> None:
     import random
 
@@ -63,6 +78,7 @@ def sampler_main(argv: list[str] | None = None) -> int:
         cfg.run_dir = str(run_dir)
         setup_logging(f"sampler{cfg.sampler_id}", cfg.log_file)
         mark_stage(run_dir, f"sampler{cfg.sampler_id}", "started")
+        _allocator(cfg.device)
         seed_all(cfg.seed + cfg.sampler_id)
         save_config(run_dir, f"sampler{cfg.sampler_id}", cfg)
         from grpo.sampler.loop import Sampler
@@ -94,6 +110,7 @@ def learner_main(argv: list[str] | None = None) -> int:
         cfg.run_dir = str(run_dir)
         setup_logging(f"learner{rank}", cfg.log_file)
         mark_stage(run_dir, f"learner{rank}", "started")
+        _allocator(cfg.device)
         seed_all(cfg.seed)
         if rank == 0:
             save_config(run_dir, "learner", cfg)

@@ -27,17 +27,26 @@ PROMPT_TOKENS = 512                # prompt length assumed for the KV cache and 
                                    # the sampler's prompts; GSM8K with a chat template is ~100-300 tokens),
                                    # capped by --max-prompt-tokens
 CHUNK_ELEMS = 1 << 27              # grpo.model.DEFAULT_CHUNK_ELEMS: logits elements per LM-head chunk
+# The caching allocator's mode. Every GPU process of a run uses expandable segments unless the
+# user set PYTORCH_CUDA_ALLOC_CONF (or torch's newer PYTORCH_ALLOC_CONF) themselves: on one H200
+# the driver then saw 18.2 GiB of a 0.5B learner against 24.2 without, 98.5 of a 3B one against
+# 105.9, for the same step times (3.28 / 3.27 s, 7.35 / 7.53 s; bench/results/scale_NVIDIA_H200.json).
+# Segments that grow in place leave fewer freed blocks too small for the next request, which is what
+# the token budget's micro-batches of varying shape make. The workers apply it before torch loads.
+ALLOC_ENV = "PYTORCH_CUDA_ALLOC_CONF"
+ALLOC_ENVS = ("PYTORCH_ALLOC_CONF", ALLOC_ENV)   # torch reads either; the user's wins over ours
+ALLOC_DEFAULT = "expandable_segments:True"
 # The caching allocator's reserve: what the driver sees a process hold beyond torch's own peak of
-# allocated memory (freed blocks kept for reuse, split blocks that fit no later request). ROUGH
-# RULES, measured on one H200 (bench/results/scale_NVIDIA_H200.json, Qwen2.5 shapes on one
-# shared GPU, micro-batch 8, 448-token sequences), where the estimate without them matched
-# torch's peak within 5% while the driver saw 5-16 GiB more per process. The learner's reserve
-# grew with its activations (the blocks that come and go with every micro-batch): 1.43x and
-# 1.41x them under full fine-tuning (0.5B, 1.5B), 0.20x under LoRA (7B). The sampler's grew with
-# its KV cache and log-prob pass: 1.49x, 0.99x and 1.67x them (0.5B, 1.5B, 7B).
-RESERVE_LEARNER_FULL = 1.4
-RESERVE_LEARNER_LORA = 0.2
-RESERVE_SAMPLER = 1.5
+# allocated memory and the CUDA context (freed blocks kept for reuse, split blocks that fit no later
+# request). ROUGH RULES, fitted on one H200 (bench/results/scale_NVIDIA_H200.json, the rows at
+# commits 8981757 and after: Qwen2.5 shapes 0.5B-7B on one shared GPU, token-budget micro-batches,
+# 448-token sequences), where the items before it matched torch's peak within 1-3 GiB while the
+# driver saw 2-28 GiB more. The learner's reserve grows with its activations (the blocks that come
+# and go with every micro-batch), the sampler's with its KV cache and log-prob pass. Without
+# expandable segments: a fully fine-tuned learner's was 1.67-1.73x its activations (0.5B, 1.5B, 3B
+# over ipc and shared), a LoRA learner's 0.86x (7B), a sampler's 0.87-1.86x (1.5 taken).
+RESERVE = {False: {"learner_full": 1.7, "learner_lora": 0.86, "sampler": 1.5},
+           True: {"learner_full": 1.0, "learner_lora": 0.5, "sampler": 1.0}}
 # --model names grpo.model builds into cache folders (grpo.model._BUILDERS; a test keeps them equal)
 BUILT_FOLDERS = {"smollm2": "smollm2-135m-instruct", "tiny-random": "tiny-random-llama",
                  **{f"random:qwen2.5-{k}": f"random-qwen2.5-{k}" for k in ("0.5b", "1.5b", "3b", "7b")}}
@@ -131,6 +140,35 @@ def read_shape(model: str) -> tuple[Shape | None, str]:
         return None, f"memory plan skipped: cannot read {folder / 'config.json'}: {exc}"
 
 
+def allocator_conf(environ) -> tuple[str, bool]:
+    """(the allocator settings a worker runs with, whether they are the user's): the user's
+    PYTORCH_ALLOC_CONF or PYTORCH_CUDA_ALLOC_CONF where set (even to ""), else ALLOC_DEFAULT."""
+    for name in ALLOC_ENVS:
+        if name in environ:
+            return environ[name], True
+    return ALLOC_DEFAULT, False
+
+
+def expandable_segments(conf: str) -> bool:
+    """Whether allocator settings ("key:value,key:value", torch's syntax) turn expandable segments
+    on; the last expandable_segments option wins, as in torch's parser, and it is off by default."""
+    on = False
+    for option in conf.split(","):
+        key, _, value = option.partition(":")
+        if key.strip() == "expandable_segments":
+            on = value.strip().lower() in ("true", "1")
+    return on
+
+
+def use_allocator_default(environ) -> tuple[str, bool]:
+    """Before torch loads in a GPU worker: set PYTORCH_CUDA_ALLOC_CONF to ALLOC_DEFAULT unless the
+    user set allocator settings; returns allocator_conf's answer, for the worker's log."""
+    conf, users = allocator_conf(environ)
+    if not users:
+        environ[ALLOC_ENV] = conf
+    return conf, users
+
+
 def lora_params(s: Shape, r: int) -> int:
     """Adapter parameters for 'all-linear' targets: r x (in + out) for each of q, k, v, o, gate, up, down."""
     pairs = [(s.hidden, s.q_dim), (s.hidden, s.kv_dim), (s.hidden, s.kv_dim), (s.q_dim, s.hidden),
@@ -185,6 +223,7 @@ class RunShape:
     precision: str = "bf16"    # the learner's (grpo.config.resolve_precision): "bf16", "autocast" or "fp32"
     deepspeed: bool = True     # False: --no-deepspeed, plain AdamW (no fp32 clone of the weights)
     entropy: bool = False      # --entropy-coef > 0: the learner's LM-head chunk also takes the softmax
+    expandable: bool = True    # the allocator grows segments in place (allocator_conf): a smaller reserve
 
 
 def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
@@ -227,7 +266,7 @@ def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
         if k == 0 and r.ipc:
             # two slots of the (LoRA: merged) full weights in the sampler dtype, published over CUDA IPC
             items.append(("ipc publication", 2 * s.params * r.dtype_bytes))
-        reserve = RESERVE_LEARNER_LORA if r.lora_r else RESERVE_LEARNER_FULL
+        reserve = RESERVE[r.expandable]["learner_lora" if r.lora_r else "learner_full"]
         items += [("allocator reserve", int(reserve * dict(items)["activations"])), ("CUDA context", CUDA_CONTEXT)]
         out[f"learner{k}"] = items
     for k in range(r.samplers):
@@ -239,7 +278,7 @@ def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
             items.append(("weight staging", s.params * r.dtype_bytes))
         kv = kv_cache(s, r.rows, seq, r.dtype_bytes)
         lp = logprob_pass(s, min(r.logprob_batch_size, r.rows), seq)
-        items += [("KV cache", kv), ("log-prob pass", lp), ("allocator reserve", int(RESERVE_SAMPLER * (kv + lp))),
+        items += [("KV cache", kv), ("log-prob pass", lp), ("allocator reserve", int(RESERVE[r.expandable]["sampler"] * (kv + lp))),
                   ("CUDA context", CUDA_CONTEXT)]
         out[f"sampler{k}"] = items
     return out
@@ -394,4 +433,5 @@ def run_shape(lcfg, scfg, ranks: int, samplers: int, ds_config: str) -> RunShape
                     logprob_batch_size=scfg.logprob_batch_size,
                     samplers=samplers,
                     precision=resolve_precision(lcfg.precision, True, lcfg.lora_r > 0, not lcfg.no_deepspeed),
-                    deepspeed=not lcfg.no_deepspeed, entropy=lcfg.entropy_coef > 0)
+                    deepspeed=not lcfg.no_deepspeed, entropy=lcfg.entropy_coef > 0,
+                    expandable=expandable_segments(allocator_conf(os.environ)[0]))
