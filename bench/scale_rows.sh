@@ -6,8 +6,8 @@
 # A row is SIZE[:VARIANT]: "expandable" runs it under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,
 # "shared" with --weight-sync shared. Each row merges into bench/results/scale_<device>.json (label
 # SIZE_VARIANT_SUFFIX, SUFFIX from $SUFFIX, default "now"), then its run folder (without the
-# final checkpoint: a 3B one is tens of GB, more than the disk holds for six rows) and the JSON are
-# copied under $OUT.
+# final checkpoint: a 3B one is tens of GB, more than the disk holds for six rows, nor weights) and
+# the JSON are copied under $OUT.
 set -uo pipefail
 OUT=${OUT:?OUT=folder for what comes back}
 DATA=${DATA:-../shared/data/gsm8k}
@@ -30,7 +30,8 @@ for row in ${ROWS:?ROWS=\"0.5b 1.5b ...\"}; do
         --dataset "$DATA" --work-dir "$WORK" "${extra[@]}"
     echo "== $label exit $? $(date +%T)"
     rm -rf "$WORK/scale_$label/checkpoints"
-    cp -r "$WORK/scale_$label" "$WORK/scale_$label.log" "$OUT/" 2>/dev/null
+    # what comes back: logs and metrics (a LoRA run's adapter stays here)
+    tar czf "$OUT/scale_$label.tgz" --exclude='*.safetensors' -C "$WORK" "scale_$label" "scale_$label.log"
     cp bench/results/scale_*.json "$OUT/" 2>/dev/null
     df -h . | tail -1
 done
