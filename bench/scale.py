@@ -172,6 +172,26 @@ def replan(row: dict) -> dict[str, float]:
     """The memory plan's estimate, GiB per process, for a row's command by this code's rules: the
     launcher's own plan of that command and its memory plan (grpo.launch.main.memory_plan), as
     the launcher prints it. A row's estimate_gib is what it printed at the row's commit."""
+    from grpo.launch import memory
+
+    argv = shlex.split(row["command"])[1:]
+    if not row.get("default_run"):   # a default run's command leaves these to the defaults, as it ran
+        if "--precision" not in argv:   # rows from before the flag ran bf16 weights, its only mode then
+            argv += ["--precision", "bf16"]
+        if "--micro-batch-tokens" not in argv:   # and fixed micro-batches, the only kind before this flag
+            argv += ["--micro-batch-tokens", "-1"]
+    # the allocator the row's workers ran with: rows from before the default have neither key and ran
+    # torch's own (no expandable segments), which an empty PYTORCH_CUDA_ALLOC_CONF stands for
+    saved = {k: os.environ.pop(k) for k in memory.ALLOC_ENVS if k in os.environ}
+    os.environ[memory.ALLOC_ENV] = row.get("allocator_conf") or row.get("PYTORCH_CUDA_ALLOC_CONF") or ""
+    try:
+        return _replan(row, argv)
+    finally:
+        os.environ.pop(memory.ALLOC_ENV, None)
+        os.environ.update(saved)
+
+
+def _replan(row: dict, argv: list[str]) -> dict[str, float]:
     import tempfile
 
     from grpo.launch import memory
@@ -179,13 +199,6 @@ def replan(row: dict) -> dict[str, float]:
     from grpo.launch.plan import parse, plan
     from grpo.model import resolve_model
 
-    argv = shlex.split(row["command"])[1:]
-    if row.get("default_run"):
-        pass
-    elif "--precision" not in argv:   # rows from before the flag ran bf16 weights, its only mode then
-        argv += ["--precision", "bf16"]
-    if "--micro-batch-tokens" not in argv:   # and fixed micro-batches, the only kind before this flag
-        argv += ["--micro-batch-tokens", "-1"]
     with tempfile.TemporaryDirectory() as tmp:   # the run's DeepSpeed config, as run_size wrote it
         ds = Path(tmp) / "ds.json"
         cfg = json.loads((ROOT / "deepspeed.json").read_text())

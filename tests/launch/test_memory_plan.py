@@ -32,8 +32,16 @@ def test_learner_zero2_numbers_two_ranks():
     assert l0["CUDA context"] == GiB // 2
     # activations, the rough rule: layers 2 x micro 1 x seq 16 x hidden 64 x k 77 = 157,696
     assert l0["activations"] == 2 * 1 * 16 * 64 * 77 == 157_696
-    # the allocator's reserve, a rough rule: 1.4 x the activations under full fine-tuning
-    assert l0["allocator reserve"] == l1["allocator reserve"] == int(1.4 * 157_696) == 220_774
+    # the logits chunk: 2 x (micro 1 x 16 tokens x vocab 1000) x 4 bytes = 128,000
+    assert l0["logits chunk"] == 128_000
+    # the allocator's reserve, a rough rule: under full fine-tuning 0.2 x the rank's other items (the
+    # CUDA context left out) with expandable segments, the default; 0.45 x without.
+    # Rank 1: 2,000,000 + 6,000,000 + 1,000,000 + 157,696 + 128,000 = 9,285,696; rank 0 adds the slots.
+    assert l1["allocator reserve"] == int(0.2 * 9_285_696) == 1_857_139
+    assert l0["allocator reserve"] == int(0.2 * 13_285_696) == 2_657_139
+    torch_default = memory.plan(SHAPE, RunShape(ranks=2, ipc=True, micro_batch=1, prompt_tokens=10, new_tokens=6,
+                                                expandable=False))
+    assert items(torch_default, "learner1")["allocator reserve"] == int(0.45 * 9_285_696) == 4_178_563
     # one rank holds everything: 2 + 2 + 12 = 16 bytes per parameter
     one = items(memory.plan(SHAPE, RunShape(ranks=1, ipc=False)), "learner0")
     assert one["weights"] + one["gradients"] + one["optimizer state"] == 16_000_000
@@ -106,7 +114,9 @@ def test_lora_trains_adapters_but_publishes_full_weights():
     assert l0["optimizer state"] == 12 * 2816 and l0["gradients"] == 2 * 2816
     assert l0["weights"] == 2 * (1_000_000 + 2816)
     assert l0["ipc publication"] == 4_000_000           # merged full weights, two slots
-    assert l0["allocator reserve"] == int(0.2 * l0["activations"])   # LoRA's measured reserve is smaller
+    # LoRA's measured reserve is smaller: 0.05 x the other items (0.29 without expandable segments)
+    assert l0["allocator reserve"] == int(0.05 * sum(b for k, b in l0.items()
+                                                      if k not in ("allocator reserve", "CUDA context")))
 
 
 def test_sampler_kv_cache_and_reference_model():
@@ -116,10 +126,13 @@ def test_sampler_kv_cache_and_reference_model():
     assert s["KV cache"] == 9216 and s["weights"] == 2_000_000 and s["reference model"] == 2_000_000
     # ipc/nccl stage a whole version beside the live weights: one more copy, 2 x 1e6 bytes
     assert s["weight staging"] == 2_000_000
-    # the allocator's reserve: 1.5 x (KV cache + log-prob pass); the pass here is batch min(64, 3) = 3 x 12
-    # tokens x (2 x 64 + 2 x 256) x 2 bytes = 46,080 plus the logits 2 x 36,000 x 4 = 288,000
+    # the allocator's reserve: 0.9 x (KV cache + log-prob pass) with expandable segments, 1.5 x without;
+    # the pass here is batch min(64, 3) = 3 x 12 tokens x (2 x 64 + 2 x 256) x 2 bytes = 46,080 plus
+    # the logits 2 x 36,000 x 4 = 288,000
     assert s["log-prob pass"] == 46_080 + 288_000
-    assert s["allocator reserve"] == int(1.5 * (9216 + 334_080)) == 514_944
+    assert s["allocator reserve"] == int(0.9 * (9216 + 334_080)) == 308_966
+    without = items(memory.plan(SHAPE, RunShape(rows=3, prompt_tokens=5, new_tokens=7, expandable=False)), "sampler0")
+    assert without["allocator reserve"] == int(1.5 * (9216 + 334_080)) == 514_944
     s0 = items(memory.plan(SHAPE, RunShape(beta=0.0, shared=True)), "sampler0")
     assert "reference model" not in s0 and s0["weights"] == 0 and "weight staging" not in s0
     tcp = items(memory.plan(SHAPE, RunShape(ipc=False, staging=False)), "sampler0")
@@ -415,9 +428,59 @@ def test_reading_the_gguf_header_imports_no_heavy_module(tmp_path):
 def test_entropy_bonus_doubles_the_learners_logits_chunk():
     """--entropy-coef: the chunk holds the softmax and its product with the logits besides the
     logits and their gradient, 4 x (1 x 16 x 1000) x 4 = 256,000 bytes instead of 128,000; nothing
-    else changes."""
+    else changes but the allocator's reserve, 0.2 x the items it is a share of: 0.2 x 128,000 more."""
     s = Shape(params=1_000_000, layers=2, hidden=64, kv_dim=32, q_dim=64, intermediate=256, vocab=1000)
     r = RunShape(ranks=1, ipc=False, micro_batch=1, prompt_tokens=10, new_tokens=6)
     off, on = items(memory.plan(s, r), "learner0"), items(memory.plan(s, replace(r, entropy=True)), "learner0")
     assert (off["logits chunk"], on["logits chunk"]) == (128_000, 256_000)
-    assert {k: v for k, v in on.items() if k != "logits chunk"} == {k: v for k, v in off.items() if k != "logits chunk"}
+    same = lambda d: {k: v for k, v in d.items() if k not in ("logits chunk", "allocator reserve")}  # noqa: E731
+    assert same(on) == same(off)
+    assert on["allocator reserve"] - off["allocator reserve"] == 25_600
+
+
+@pytest.mark.parametrize("environ,conf,users,expandable", [
+    ({}, "expandable_segments:True", False, True),                                  # ours, by default
+    ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}, "max_split_size_mb:128", True, False),
+    ({"PYTORCH_CUDA_ALLOC_CONF": ""}, "", True, False),                             # set empty: torch's own
+    ({"PYTORCH_ALLOC_CONF": "expandable_segments:False"}, "expandable_segments:False", True, False),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True, max_split_size_mb:64"},
+     "expandable_segments:True, max_split_size_mb:64", True, True),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,expandable_segments:False"},
+     "expandable_segments:True,expandable_segments:False", True, False),           # the last one wins
+])
+def test_allocator_settings_the_users_or_expandable_segments(environ, conf, users, expandable):
+    env = dict(environ)
+    assert memory.allocator_conf(env) == (conf, users)
+    assert memory.expandable_segments(conf) is expandable
+    assert memory.use_allocator_default(env) == (conf, users)
+    # a worker sets ours only where the user set nothing, and never changes what the user set
+    assert env == (environ if users else {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+
+
+def test_run_shape_follows_the_allocator_the_workers_will_use(tmp_path, monkeypatch):
+    from grpo.config import LearnerConfig, SamplerConfig
+
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 8}))
+    for name in memory.ALLOC_ENVS:
+        monkeypatch.delenv(name, raising=False)
+    assert memory.run_shape(LearnerConfig(), SamplerConfig(), 1, 1, str(ds)).expandable is True
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
+    assert memory.run_shape(LearnerConfig(), SamplerConfig(), 1, 1, str(ds)).expandable is False
+
+
+def test_workers_set_the_allocator_before_torch_loads():
+    """The allocator reads its settings once, when torch's CUDA allocator starts: everything a
+    worker imports before grpo.workers._allocator runs must leave torch unimported (a fresh process)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from grpo.config import LearnerConfig, SamplerConfig\n"
+            "from grpo.flags import parse_config\n"
+            "import grpo.workers, grpo.obs.rundir, grpo.obs.stages, grpo.launch.memory\n"
+            "parse_config(SamplerConfig, ['--device', 'cuda'], 'x'); parse_config(LearnerConfig, [], 'x')\n"
+            "print('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

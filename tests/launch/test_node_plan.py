@@ -177,12 +177,19 @@ SHAPE = Shape(params=1_000_000, layers=2, hidden=64, kv_dim=32, q_dim=64, interm
 # Every learner rank: weights 2 x 1e6 = 2,000,000; activations 2 x 1 x 16 x 64 x 77 = 157,696;
 # logits chunk 2 x (1 x 16 x 1000) x 4 = 128,000; + CUDA context. Rank 0 adds the ipc slots,
 # 2 x 1e6 x 2 = 4,000,000. Per M: optimizer state 12e6 // M, gradients 2e6 // M.
-# Full fine-tuning's allocator reserve: 1.4 x the activations = int(220,774.4) = 220,774.
-LEARNER_FIXED = 2_000_000 + 157_696 + 128_000 + 220_774 + CUDA_CONTEXT
+# Full fine-tuning's allocator reserve (expandable segments, the default): 0.2 x the rank's other
+# items, the context left out.
+def learner(split: int) -> int:
+    """A learner rank's bytes, `split` being its state, gradients and (rank 0) ipc slots."""
+    items = 2_000_000 + 157_696 + 128_000 + split
+    return items + int(0.2 * items) + CUDA_CONTEXT
+
+
 # Every sampler: weights and reference 2 x 2,000,000; KV cache 2 x 2 x 3 x 16 x 32 x 2 = 12,288;
 # log-prob pass 2 x 16 x (128 + 512) x 2 = 40,960 + logits 2 x (2 x 16 x 1000) x 4 = 256,000.
-# Weight staging (ipc and nccl) 2 x 1e6 = 2,000,000; allocator reserve 1.5 x (12,288 + 296,960) = 463,872.
-SAMPLER = 4_000_000 + 12_288 + 40_960 + 256_000 + 2_000_000 + 463_872 + CUDA_CONTEXT
+# Weight staging (ipc and nccl) 2 x 1e6 = 2,000,000; allocator reserve 0.9 x (12,288 + 296,960) =
+# int(278,323.2) = 278,323.
+SAMPLER = 4_000_000 + 12_288 + 40_960 + 256_000 + 2_000_000 + 278_323 + CUDA_CONTEXT
 
 
 def gpu_memory(argv, ranks, samplers):
@@ -195,34 +202,35 @@ def gpu_memory(argv, ranks, samplers):
 def test_memory_per_gpu_one_gpu_shared():
     # (1, 1, 1): M = 1 holds all 12e6 + 2e6 of state and gradients; the sampler adds up on the same GPU
     got = gpu_memory(["--nodes", "a:1", "--share-gpus"], 1, 1)
-    assert got == {("a", 0): LEARNER_FIXED + 4_000_000 + 12_000_000 + 2_000_000 + SAMPLER}
-    assert got[("a", 0)] == 1_098_336_768 + 220_774 + 2_463_872
+    assert got == {("a", 0): learner(4_000_000 + 12_000_000 + 2_000_000) + SAMPLER}
+    # learner: 20,285,696 of items + reserve int(4,057,139.2) + context; sampler 6,587,571 + context
+    assert got[("a", 0)] == 20_285_696 + 4_057_139 + 6_587_571 + 2 * CUDA_CONTEXT == 1_104_672_230
 
 
 def test_memory_per_gpu_seeds_layout():
     # (1, 3, 1): ZeRO-2 over 3: 12e6 // 3 = 4,000,000 and 2e6 // 3 = 666,666
     got = gpu_memory(["--nodes", "a:4", "--training-ranks", "3"], 3, 1)
-    assert got == {("a", 0): LEARNER_FIXED + 4_000_000 + 4_000_000 + 666_666,
-                   ("a", 1): LEARNER_FIXED + 4_666_666, ("a", 2): LEARNER_FIXED + 4_666_666, ("a", 3): SAMPLER}
-    assert got[("a", 1)] == 543_823_274 + 220_774
+    assert got == {("a", 0): learner(4_000_000 + 4_000_000 + 666_666),
+                   ("a", 1): learner(4_666_666), ("a", 2): learner(4_666_666), ("a", 3): SAMPLER}
+    assert got[("a", 1)] == 6_952_362 + 1_390_472 + CUDA_CONTEXT == 545_213_746
 
 
 def test_memory_per_gpu_16_ranks_on_two_nodes():
     # (8, 16, 3): 12e6 / 16 = 750,000 and 2e6 / 16 = 125,000 on each of the 16 GPUs of nodes a and b
     got = gpu_memory(["--nodes", "a:8,b:8,c:8", "--training-ranks", "16", "--num-samplers", "8", "--run-dir", "/s"],
                      16, 8)
-    assert got[("a", 0)] == LEARNER_FIXED + 4_000_000 + 875_000
-    assert {got[("a", g)] for g in range(1, 8)} | {got[("b", g)] for g in range(8)} == {LEARNER_FIXED + 875_000}
+    assert got[("a", 0)] == learner(4_000_000 + 875_000)
+    assert {got[("a", g)] for g in range(1, 8)} | {got[("b", g)] for g in range(8)} == {learner(875_000)}
     assert {got[("c", g)] for g in range(8)} == {SAMPLER} and len(got) == 24
-    assert LEARNER_FIXED + 875_000 == 540_031_608 + 220_774
+    assert learner(875_000) == 3_160_696 + 632_139 + CUDA_CONTEXT == 540_663_747
 
 
 def test_memory_per_gpu_two_mixed_nodes():
     # (2, 4, 2), 2 ranks a node: 12e6 / 4 = 3,000,000 and 2e6 / 4 = 500,000
     got = gpu_memory(["--nodes", "a:3,b:3", "--training-ranks", "4", "--ranks-per-node", "2", "--num-samplers", "2",
                       "--run-dir", "/s"], 4, 2)
-    assert got == {("a", 0): LEARNER_FIXED + 4_000_000 + 3_500_000, ("a", 1): LEARNER_FIXED + 3_500_000,
-                   ("a", 2): SAMPLER, ("b", 0): LEARNER_FIXED + 3_500_000, ("b", 1): LEARNER_FIXED + 3_500_000,
+    assert got == {("a", 0): learner(4_000_000 + 3_500_000), ("a", 1): learner(3_500_000),
+                   ("a", 2): SAMPLER, ("b", 0): learner(3_500_000), ("b", 1): learner(3_500_000),
                    ("b", 2): SAMPLER}
 
 
