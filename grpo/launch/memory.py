@@ -41,7 +41,8 @@ ALLOC_DEFAULT = "expandable_segments:True"
 # request). ROUGH RULES, fitted on one H200 (bench/results/scale_NVIDIA_H200.json, the rows labelled
 # _now and _exp, commits 8981757 and 536fa46: Qwen2.5 shapes 0.5B-7B on one shared GPU,
 # token-budget micro-batches, 448-token sequences, and SmolLM2 with every default), where the items
-# before it matched torch's peak within 0.2-2.7 GiB while the driver saw 1.5-28 GiB more.
+# before it matched torch's peak within 0.1-3.3 GiB (but SmolLM2's sampler, below ESTIMATED) while
+# the driver saw 1.5-28 GiB more.
 # A learner's reserve, as a share of its other items (the context left out): with expandable
 # segments 0.13-0.32 under full fine-tuning (SmolLM2, 0.5B, 1.5B, 3B over ipc and shared), 0.02
 # under LoRA (7B); without, 0.37-0.53 and 0.29. Its share of the activations alone ranged 0.2-1.2
@@ -283,8 +284,8 @@ def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
             items.append(("weight staging", s.params * r.dtype_bytes))
         kv = kv_cache(s, r.rows, seq, r.dtype_bytes)
         lp = logprob_pass(s, min(r.logprob_batch_size, r.rows), seq)
-        items += [("KV cache", kv), ("log-prob pass", lp), ("allocator reserve", int(RESERVE[r.expandable]["sampler"] * (kv + lp))),
-                  ("CUDA context", CUDA_CONTEXT)]
+        items += [("KV cache", kv), ("log-prob pass", lp),
+                  ("allocator reserve", int(RESERVE[r.expandable]["sampler"] * (kv + lp))), ("CUDA context", CUDA_CONTEXT)]
         out[f"sampler{k}"] = items
     return out
 
