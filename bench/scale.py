@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import PEAK_BF16_FLOPS, ROOT, commit, versions  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
-from grpo.launch.memory import allocator_conf  # noqa: E402  (light: no torch)
+from grpo.launch.memory import RESERVE, allocator_conf  # noqa: E402  (light: no torch)
 
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 # size -> (--model, extra flags): 7B's full state (16 bytes a parameter) cannot share one GPU
@@ -166,6 +166,13 @@ def summarise(run_dir: Path, params: int, lora: bool) -> dict:
         "groups": final.get("groups"), "balanced": (final.get("groups") or {}).get("balanced"),
         "bound_by": bound_by(train_s, wait_s, med("sync_publish_s")),
     }
+
+
+def plan_rules() -> dict:
+    """The memory plan's fitted reserve factors, as a row records them (JSON keys: "true" is the
+    allocator with expandable segments): a row whose plan_rules equal this code's printed the plan
+    that --replan gives it."""
+    return {str(k).lower(): v for k, v in RESERVE.items()}
 
 
 def replan(row: dict) -> dict[str, float]:
@@ -321,7 +328,9 @@ def main(argv: list[str] | None = None) -> int:
                     "seed": a.seed, "micro_batch": a.micro, "versions": versions(("zmq",)),
                     "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
                     # what the workers ran with: the user's settings, or the default they apply
-                    "allocator_conf": allocator_conf(os.environ)[0]})
+                    "allocator_conf": allocator_conf(os.environ)[0],
+                    # the reserve rules the launcher printed its plan by (estimate_gib)
+                    "plan_rules": plan_rules()})
         row["label"] = a.label or size
         doc["rows"][a.label or size] = row
         doc["device"] = device

@@ -40,17 +40,13 @@ def _gpu_env(device: str, gpu_id: int) -> None:
 
 def _allocator(device: str) -> None:
     """GPU workers: expandable segments unless the user set the allocator's settings
-    (grpo.launch.memory.use_allocator_default); before torch loads, which reads them once. Logged."""
+    (grpo.launch.memory.use_allocator_default); before torch loads, which reads them once. The
+    setting is logged with the start-up's cache release (grpo.obs.gpu.release_cached), on CUDA only."""
     if device == "cpu":
         return
-    import logging
+    from grpo.launch.memory import use_allocator_default
 
-    from grpo.launch.memory import ALLOC_ENV, use_allocator_default
-
-    conf, users = use_allocator_default(os.environ)
-    logging.getLogger("grpo.workers").info(
-        "CUDA allocator: %s (%s)", conf or "torch's defaults",
-        "the user's settings" if users else f"the default here; set {ALLOC_ENV} to choose others")
+    use_allocator_default(os.environ)
 
 
 def seed_all(seed: int) -> None:

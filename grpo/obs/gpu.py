@@ -85,10 +85,14 @@ def release_cached(device: torch.device) -> tuple[float, float]:
     Called once, after start-up: empty_cache waits for the device, which is idle then."""
     if device.type != "cuda":
         return 0.0, 0.0
+    from grpo.launch.memory import ALLOC_ENV, allocator_conf
+
     held = torch.cuda.memory_reserved(device) / 2**30
     torch.cuda.empty_cache()
     kept = torch.cuda.memory_reserved(device) / 2**30
-    if held > kept:
-        log.info("start-up left %.2f GiB reserved by torch's allocator: %.2f GiB unused, handed back to the "
-                 "driver (%.2f GiB still reserved)", held, held - kept, kept)
+    conf, users = allocator_conf(os.environ)   # what grpo.workers set before torch loaded, or the user's
+    log.info("start-up left %.2f GiB reserved by torch's allocator (%s, %s): %.2f GiB unused, handed back to "
+             "the driver (%.2f GiB still reserved)", held, conf or "torch's defaults",
+             "the user's settings" if users else f"the default here; {ALLOC_ENV} chooses others",
+             held - kept, kept)
     return held, kept
