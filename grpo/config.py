@@ -86,7 +86,7 @@ class SamplerConfig(CommonConfig):
     dataset_limit: int = 0
     """Use only the first N problems (0: all)."""
     prompts_per_round: int = 0
-    """Prompts generated together in one round; weights are swapped only between rounds. 0: sized each round so that the groups with signal it yields fill one learner step (its train batch over --num-generations, divided by the share of the last rounds' groups that had signal under --filter-zero-signal), at most --max-prompts-per-round; round 0, before the learner's first answer, has 24 (a step of 8 groups, a third of them assumed to have signal)."""
+    """Prompts generated together in one round; weights are swapped only between rounds. 0: sized each round so that the groups with signal it yields fill one learner step (its train batch over --num-generations, divided by the share of the last rounds' groups that had signal under --filter-zero-signal), at least enough to fill the generation engine's smallest row bucket (64 rows with CUDA graphs, which a smaller round is padded to), within the learner's staleness budget, at most --max-prompts-per-round; round 0, before the learner's first answer, assumes a step of 8 groups: 24 prompts under --filter-zero-signal (a third assumed to have signal), 8 without."""
     max_prompts_per_round: int = 64
     """--prompts-per-round 0: the most prompts a round may have (bounds the rows generated at once, so memory, when nearly every group has zero signal)."""
     in_flight_rows: int = 0

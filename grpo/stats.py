@@ -17,18 +17,21 @@ def staleness(learner_version: int, group_version: int) -> int:
 
 
 def round_prompts(groups_per_step: int, signal_share: float, budget: int = -1, cap: int = 64,
-                  min_share: float = 1 / 16) -> int:
+                  min_share: float = 1 / 16, min_prompts: int = 1) -> int:
     """Prompts for a sampler's next round (--prompts-per-round 0): enough that the groups with
     signal it yields fill one learner step, whatever the zero-signal share.
 
     signal_share: the share of recent groups that had signal (1.0 without --filter-zero-signal,
     where every group is sent), floored at min_share so a round that found none cannot ask for
-    unboundedly many. budget: groups the learner can still queue before they go stale (-1: no
-    limit); it counts groups that reach its queue, so it allows budget / share prompts. At least
-    1 (a budget of 0 is the caller's to handle: it waits), at most cap.
+    unboundedly many. min_prompts: a round has at least these (the sampler's: enough to fill the
+    decode step's smallest row bucket, which costs the same for fewer rows). budget: groups the
+    learner can still queue before they go stale (-1: no limit); it counts groups that reach its
+    queue, so it allows budget / share prompts, and it bounds min_prompts too: no round makes a
+    group certain to go stale. At least 1 (a budget of 0 is the caller's to handle: it waits), at
+    most cap.
     """
     share = min(1.0, max(signal_share, min_share))
-    want = math.ceil(groups_per_step / share - 1e-9)
+    want = max(math.ceil(groups_per_step / share - 1e-9), min_prompts)
     if budget >= 0:
         want = min(want, math.ceil(budget / share - 1e-9))
     return max(1, min(cap, want))

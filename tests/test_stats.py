@@ -67,6 +67,18 @@ def test_round_prompts_by_hand():
     assert round_prompts(8, 1.0, budget=0) == 1
     # exact divisions do not round up by floating-point error: 6 / 0.75 = 8
     assert round_prompts(6, 0.75) == 8
+    # the defaults' step of 2 groups (G=8), every group sent: 2 prompts, 16 rows; a floor of 8 prompts
+    # (the 64-row bucket those 16 rows are padded to) fills the bucket, within the budget: with 6
+    # groups of room (--max-staleness 2: 3 steps of 2) 6 prompts, with room for 10 the whole 8
+    assert round_prompts(2, 1.0) == 2
+    assert round_prompts(2, 1.0, min_prompts=8) == 8
+    assert round_prompts(2, 1.0, budget=6, min_prompts=8) == 6
+    assert round_prompts(2, 1.0, budget=10, min_prompts=8) == 8
+    # at share 0.5 the budget of 3 groups allows ceil(3 / 0.5) = 6 prompts, the floor asks for 8
+    assert round_prompts(2, 0.5, budget=3, min_prompts=8) == 6
+    # a round already past the floor is not changed by it; the cap still bounds it
+    assert round_prompts(8, 0.5, min_prompts=8) == 16
+    assert round_prompts(2, 1.0, min_prompts=100) == 64
 
 
 def test_zero_signal_alarm_by_hand():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import math
 import logging
 import secrets
 import time
@@ -54,16 +55,19 @@ log = logging.getLogger(__name__)
 # (the answer of a learner that is up comes in milliseconds: a sampler restarted mid-run then
 # starts at the learner's version, as before) before round 0 is generated without it.
 FIRST_GRACE_S = 0.25
-# --prompts-per-round 0: the share of groups with signal assumed until a round has been scored, and
-# the step's size assumed until the learner's answer says it (the default: 128 completions, G=16).
-# Round 0 is generated before that answer, with round_prompts' rule on the two: 8 / (1/3) = 24.
+# --prompts-per-round 0: the share of groups with signal assumed until a round has been scored (under
+# --filter-zero-signal; without it every group is sent, a share of 1), and the step's size assumed
+# until the learner's answer says it (the benchmark's: 128 completions, G=16). Round 0 is generated
+# before that answer, with round_prompts' rule on the two: 8 / (1/3) = 24 prompts, 8 without the filter.
 # The first optimizer step waits for round 0 to yield a step's worth of groups with signal; a round
 # 0 that falls short costs a second round, about 4 s of the first step on an H200 (where 1,024 rows
 # took 3.5-6.4 s and 256 took 2.2-3.8 s). Round 0's share with signal was 0.44-0.56 on basic_arithmetic
 # and 0.69-0.81 on letter_counting (docs/benchmarks.md); at an assumed half, 16 prompts gave 7 of 8.
+# A round 0 larger than the learner's staleness bound can take is dropped as stale in part: with the
+# defaults (steps of 2 groups of 8, --max-staleness 2) the learner trains 6 groups of version 0, and
+# 24 prompts unfiltered lost 20 of them (bench/results/scale_NVIDIA_H200.json, row smollm2_exp).
 FIRST_SIGNAL_SHARE = 1 / 3
 FIRST_STEP_GROUPS = 8
-FIRST_ROUND_PROMPTS = round_prompts(FIRST_STEP_GROUPS, FIRST_SIGNAL_SHARE)
 SIGNAL_ROUNDS = 4   # the rounds whose groups give the share of groups with signal
 
 
@@ -271,8 +275,21 @@ class Sampler:
         if self.budget == 0:
             return 0
         if facts is None or not facts.groups_per_step:
-            return min(cfg.max_prompts_per_round, FIRST_ROUND_PROMPTS)
-        return round_prompts(facts.groups_per_step, self._signal_share(), self.budget, cfg.max_prompts_per_round)
+            return self._first_round_prompts()
+        return round_prompts(facts.groups_per_step, self._signal_share(), self.budget, cfg.max_prompts_per_round,
+                             min_prompts=self._bucket_prompts())
+
+    def _first_round_prompts(self) -> int:
+        """Round 0's prompts, before the learner has said its step's size (FIRST_STEP_GROUPS assumed)."""
+        return round_prompts(FIRST_STEP_GROUPS, self._signal_share(), cap=self.cfg.max_prompts_per_round,
+                             min_prompts=self._bucket_prompts())
+
+    def _bucket_prompts(self) -> int:
+        """Prompts that fill the engine's smallest row bucket (64 rows with CUDA graphs: 8 at G=8): a
+        decode step of fewer rows is padded to it and costs the same, so a round of a small step's
+        worth (2 groups with the defaults) takes as long as this many. 1 without buckets (hf, eager)."""
+        buckets = self.engine.buckets if self.engine is not None else ()
+        return math.ceil(buckets[0] / self.cfg.num_generations) if buckets else 1
 
     def _signal_share(self) -> float:
         """The share of the last SIGNAL_ROUNDS rounds' groups that had signal (1.0 without the filter:
@@ -575,7 +592,7 @@ class Sampler:
 
     def _round_problems(self, n_prompts: int | None):
         if n_prompts is None:
-            n_prompts = self.cfg.prompts_per_round or FIRST_ROUND_PROMPTS
+            n_prompts = self.cfg.prompts_per_round or self._first_round_prompts()
         problems = self.prompts.next_batch(n_prompts)
         prompts = [problem_prompt(self.tok, p) for p in problems]
         return problems, prompts, [self.tok(p, add_special_tokens=False)["input_ids"] for p in prompts]

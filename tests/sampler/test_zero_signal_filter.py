@@ -168,3 +168,31 @@ def test_rounds_grow_until_their_groups_with_signal_fill_a_step(reward):
     s.generate_round = counted
     run_against(s, ScriptedLearner(s.cfg.sync_port, facts(s, groups_per_step=2)))
     assert sizes in ([6, 12, 18], [24, 48, 32])
+
+
+@pytest.mark.parametrize("filt", [True, False])
+def test_round_sizes_fill_the_engines_smallest_bucket_within_the_budget(reward, filt):
+    """--prompts-per-round 0 with a row-bucketed engine (CUDA graphs pad a round to 64 rows): a round
+    smaller than the bucket is filled to it, here 64 / G=2 = 32 prompts, as the decode step costs
+    the same; the learner's budget still bounds it (6 groups of room: 6 prompts unfiltered,
+    ceil(6 / (1/3)) = 18 under the filter, whose share is a third before any round is scored).
+    Round 0, before the learner's answer, assumes a step of 8 groups: 24 prompts under the filter,
+    8 without. Without buckets (hf, or no graphs: this CPU engine) no floor."""
+    s = sampler(reward, filt, *free_ports(2))
+    try:
+        s.cfg.prompts_per_round = 0
+        assert s.engine is not None and s.engine.buckets == ()   # CPU: no graphs, exact sizes
+        assert s._bucket_prompts() == 1
+        assert s._round_prompts() == (24 if filt else 8)          # round 0
+        s.run_facts = facts(s, groups_per_step=2)
+        assert s._round_prompts() == (6 if filt else 2)           # 2 / (1/3), or 2 / 1
+        s.engine.buckets = (64, 128, 256)                          # what the engine has on CUDA
+        assert s._bucket_prompts() == 32
+        assert s._round_prompts() == 32
+        s.budget = 6
+        assert s._round_prompts() == (18 if filt else 6)
+        s.run_facts = None                                          # round 0 again: no budget said yet
+        assert s._round_prompts() == 32
+    finally:
+        s.data.close()
+        s.sync.close()
