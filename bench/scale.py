@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import PEAK_BF16_FLOPS, ROOT, commit, versions  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
-from grpo.launch.memory import RESERVE, allocator_conf  # noqa: E402  (light: no torch)
+from grpo.config import ALLOC_ENV, ALLOC_ENVS, allocator_conf  # noqa: E402  (light: no torch)
+from grpo.launch.memory import RESERVE  # noqa: E402
 
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 # size -> (--model, extra flags): 7B's full state (16 bytes a parameter) cannot share one GPU
@@ -179,8 +180,6 @@ def replan(row: dict) -> dict[str, float]:
     """The memory plan's estimate, GiB per process, for a row's command by this code's rules: the
     launcher's own plan of that command and its memory plan (grpo.launch.main.memory_plan), as
     the launcher prints it. A row's estimate_gib is what it printed at the row's commit."""
-    from grpo.launch import memory
-
     argv = shlex.split(row["command"])[1:]
     if not row.get("default_run"):   # a default run's command leaves these to the defaults, as it ran
         if "--precision" not in argv:   # rows from before the flag ran bf16 weights, its only mode then
@@ -189,12 +188,12 @@ def replan(row: dict) -> dict[str, float]:
             argv += ["--micro-batch-tokens", "-1"]
     # the allocator the row's workers ran with: rows from before the default have neither key and ran
     # torch's own (no expandable segments), which an empty PYTORCH_CUDA_ALLOC_CONF stands for
-    saved = {k: os.environ.pop(k) for k in memory.ALLOC_ENVS if k in os.environ}
-    os.environ[memory.ALLOC_ENV] = row.get("allocator_conf") or row.get("PYTORCH_CUDA_ALLOC_CONF") or ""
+    saved = {k: os.environ.pop(k) for k in ALLOC_ENVS if k in os.environ}
+    os.environ[ALLOC_ENV] = row.get("allocator_conf") or row.get("PYTORCH_CUDA_ALLOC_CONF") or ""
     try:
         return _replan(row, argv)
     finally:
-        os.environ.pop(memory.ALLOC_ENV, None)
+        os.environ.pop(ALLOC_ENV, None)
         os.environ.update(saved)
 
 

@@ -40,11 +40,11 @@ def _gpu_env(device: str, gpu_id: int) -> None:
 
 def _allocator(device: str) -> None:
     """GPU workers: expandable segments unless the user set the allocator's settings
-    (grpo.launch.memory.use_allocator_default); before torch loads, which reads them once. The
+    (grpo.config.use_allocator_default); before torch loads, which reads them once. The
     setting is logged with the start-up's cache release (grpo.obs.gpu.release_cached), on CUDA only."""
     if device == "cpu":
         return
-    from grpo.launch.memory import use_allocator_default
+    from grpo.config import use_allocator_default
 
     use_allocator_default(os.environ)
 

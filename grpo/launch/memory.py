@@ -18,7 +18,7 @@ import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from grpo.config import micro_token_budget, resolve_precision
+from grpo.config import allocator_conf, expandable_segments, micro_token_budget, resolve_precision
 
 GiB = 1 << 30
 CUDA_CONTEXT = GiB // 2            # a CUDA context plus cuBLAS/NCCL workspaces: ~0.5 GiB, a stated constant
@@ -27,15 +27,6 @@ PROMPT_TOKENS = 512                # prompt length assumed for the KV cache and 
                                    # the sampler's prompts; GSM8K with a chat template is ~100-300 tokens),
                                    # capped by --max-prompt-tokens
 CHUNK_ELEMS = 1 << 27              # grpo.model.DEFAULT_CHUNK_ELEMS: logits elements per LM-head chunk
-# The caching allocator's mode. Every GPU process of a run uses expandable segments unless the
-# user set PYTORCH_CUDA_ALLOC_CONF (or torch's newer PYTORCH_ALLOC_CONF) themselves: on one H200
-# the driver then saw 18.2 GiB of a 0.5B learner against 24.2 without, 98.5 of a 3B one against
-# 105.9, for the same step times (3.28 / 3.27 s, 7.35 / 7.53 s; bench/results/scale_NVIDIA_H200.json).
-# Segments that grow in place leave fewer freed blocks too small for the next request, which is what
-# the token budget's micro-batches of varying shape make. The workers apply it before torch loads.
-ALLOC_ENV = "PYTORCH_CUDA_ALLOC_CONF"
-ALLOC_ENVS = ("PYTORCH_ALLOC_CONF", ALLOC_ENV)   # torch reads either; the user's wins over ours
-ALLOC_DEFAULT = "expandable_segments:True"
 # The caching allocator's reserve: what the driver sees a process hold beyond torch's own peak of
 # allocated memory and the CUDA context (freed blocks kept for reuse, split blocks that fit no later
 # request). ROUGH RULES, fitted on one H200 (bench/results/scale_NVIDIA_H200.json, the rows labelled
@@ -144,35 +135,6 @@ def read_shape(model: str) -> tuple[Shape | None, str]:
         return shape_from_config(json.loads((folder / "config.json").read_text())), ""
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return None, f"memory plan skipped: cannot read {folder / 'config.json'}: {exc}"
-
-
-def allocator_conf(environ) -> tuple[str, bool]:
-    """(the allocator settings a worker runs with, whether they are the user's): the user's
-    PYTORCH_ALLOC_CONF or PYTORCH_CUDA_ALLOC_CONF where set (even to ""), else ALLOC_DEFAULT."""
-    for name in ALLOC_ENVS:
-        if name in environ:
-            return environ[name], True
-    return ALLOC_DEFAULT, False
-
-
-def expandable_segments(conf: str) -> bool:
-    """Whether allocator settings ("key:value,key:value", torch's syntax) turn expandable segments
-    on; the last expandable_segments option wins, as in torch's parser, and it is off by default."""
-    on = False
-    for option in conf.split(","):
-        key, _, value = option.partition(":")
-        if key.strip() == "expandable_segments":
-            on = value.strip().lower() in ("true", "1")
-    return on
-
-
-def use_allocator_default(environ) -> tuple[str, bool]:
-    """Before torch loads in a GPU worker: set PYTORCH_CUDA_ALLOC_CONF to ALLOC_DEFAULT unless the
-    user set allocator settings; returns allocator_conf's answer, for the worker's log."""
-    conf, users = allocator_conf(environ)
-    if not users:
-        environ[ALLOC_ENV] = conf
-    return conf, users
 
 
 def lora_params(s: Shape, r: int) -> int:

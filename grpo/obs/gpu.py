@@ -11,6 +11,8 @@ import os
 
 import torch
 
+from grpo.config import ALLOC_ENV, allocator_conf
+
 log = logging.getLogger(__name__)
 
 
@@ -85,8 +87,6 @@ def release_cached(device: torch.device) -> tuple[float, float]:
     Called once, after start-up: empty_cache waits for the device, which is idle then."""
     if device.type != "cuda":
         return 0.0, 0.0
-    from grpo.launch.memory import ALLOC_ENV, allocator_conf
-
     held = torch.cuda.memory_reserved(device) / 2**30
     torch.cuda.empty_cache()
     kept = torch.cuda.memory_reserved(device) / 2**30

@@ -6,6 +6,7 @@ from dataclasses import replace
 import pytest
 
 from grpo.launch import main as launch_main
+from grpo import config
 from grpo.launch import memory
 from grpo.launch.memory import GiB, RunShape, Shape
 
@@ -450,9 +451,9 @@ def test_entropy_bonus_doubles_the_learners_logits_chunk():
 ])
 def test_allocator_settings_the_users_or_expandable_segments(environ, conf, users, expandable):
     env = dict(environ)
-    assert memory.allocator_conf(env) == (conf, users)
-    assert memory.expandable_segments(conf) is expandable
-    assert memory.use_allocator_default(env) == (conf, users)
+    assert config.allocator_conf(env) == (conf, users)
+    assert config.expandable_segments(conf) is expandable
+    assert config.use_allocator_default(env) == (conf, users)
     # a worker sets ours only where the user set nothing, and never changes what the user set
     assert env == (environ if users else {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
 
@@ -462,7 +463,7 @@ def test_run_shape_follows_the_allocator_the_workers_will_use(tmp_path, monkeypa
 
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 8}))
-    for name in memory.ALLOC_ENVS:
+    for name in config.ALLOC_ENVS:
         monkeypatch.delenv(name, raising=False)
     assert memory.run_shape(LearnerConfig(), SamplerConfig(), 1, 1, str(ds)).expandable is True
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
