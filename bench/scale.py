@@ -233,19 +233,18 @@ def run_size(size: str, a, work: Path) -> dict:
     cfg = json.loads((ROOT / "deepspeed.json").read_text())
     cfg["train_micro_batch_size_per_gpu"] = a.micro
     ds.write_text(json.dumps(cfg, indent=2))
-    # On the GPU --precision bf16: bf16 weights with DeepSpeed's fp32 master copies, what every
-    # committed row ran (before --precision existed); autocast's float32 weights, the default for
-    # full fine-tuning, leave no room for a sampler beside a 3B learner.
-    layout = ["--device", "cpu"] if a.device == "cpu" else \
-        ["--sampling-gpu", "0", "--training-gpus", "0", "--share-gpus", "--precision", "bf16"]
-    # --micro-batch-tokens 0 (the default token budget) is written out so that replan can tell these
-    # rows from those that ran before the flag, with fixed micro-batches.
+    layout = (["--device", "cpu"] if a.device == "cpu" else
+              ["--sampling-gpu", "0", "--training-gpus", "0", "--share-gpus"])
     if size in DEFAULT_RUN:
-        layout = ["--device", "cpu"] if a.device == "cpu" else ["--sampling-gpu", "0", "--training-gpus", "0",
-                                                               "--share-gpus"]
         run_flags = ["--save-every", "0", "--report-to", "none"]
     else:
-        run_flags = [*FIXED, *extra, "--micro-batch-tokens", "0", "--deepspeed-config", str(ds)]
+        # On the GPU --precision bf16: bf16 weights with DeepSpeed's fp32 master copies, what every
+        # committed row ran (before --precision existed); autocast's float32 weights, the default for
+        # full fine-tuning, leave no room for a sampler beside a 3B learner. --micro-batch-tokens 0
+        # (the default token budget) is written out so that replan can tell these rows from those
+        # that ran before the flag, with fixed micro-batches.
+        run_flags = [*([] if a.device == "cpu" else ["--precision", "bf16"]), *FIXED, *extra,
+                     "--micro-batch-tokens", "0", "--deepspeed-config", str(ds)]
     cmd = [sys.executable, str(ROOT / "run_distributed.py"), *layout, "--model", model, "--dataset", a.dataset,
            *run_flags, "--max-steps", str(a.max_steps),
            "--max-time-s", str(a.max_time_s), "--run-dir", str(run_dir), "--seed", str(a.seed), *a.extra]

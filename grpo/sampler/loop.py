@@ -14,8 +14,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
-import math
 import logging
+import math
 import secrets
 import time
 from dataclasses import asdict, fields
