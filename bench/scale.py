@@ -163,6 +163,12 @@ def summarise(run_dir: Path, params: int, lora: bool) -> dict:
         # torch's allocator peaks (GiB), below the driver's figures by the reserve and the context
         "learner_torch_peak_gib": max(r["rank_peak_mem_gb"][0] for r in steps),
         "sampler_torch_peak_gib": stats.get("peak_mem_gb") if stats else None,
+        # torch's reserved peaks (GiB): its segments at their largest. Driver minus reserved is what
+        # the allocator does not hold (the CUDA context, libraries' workspaces); reserved minus
+        # allocated is its cache. Rank 0's from each step's record (GB there), the sampler's stats.
+        "learner_reserved_peak_gib": max((r["gpu"]["mem_reserved_peak_gb"] * 1e9 / 2**30 for r in steps
+                                          if "mem_reserved_peak_gb" in r.get("gpu", {})), default=None),
+        "sampler_reserved_peak_gib": stats.get("peak_reserved_gb") if stats else None,
         "truncated_frac": statistics.mean(r.get("truncated_frac", 0.0) for r in body),
         "groups": final.get("groups"), "balanced": (final.get("groups") or {}).get("balanced"),
         "bound_by": bound_by(train_s, wait_s, med("sync_publish_s")),

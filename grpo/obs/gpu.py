@@ -36,13 +36,16 @@ class GpuMonitor:
             log.debug("NVML unavailable (%s); reporting torch memory counters only", exc)
 
     def sample(self) -> dict[str, float]:
-        """{} on CPU; else memory in GB (allocated, reserved, peak since the last sample) and,
-        with NVML, util_pct, device memory used/total and this process's own memory."""
+        """{} on CPU; else memory in GB (allocated, reserved, and the peaks of both since the last
+        sample: torch's peak counters are reset here) and, with NVML, util_pct, device memory
+        used/total and this process's own memory."""
         if self.device.type != "cuda":
             return {}
         out = {"mem_alloc_gb": torch.cuda.memory_allocated(self.device) / 1e9,
                "mem_reserved_gb": torch.cuda.memory_reserved(self.device) / 1e9,
-               "mem_peak_gb": torch.cuda.max_memory_allocated(self.device) / 1e9}
+               "mem_peak_gb": torch.cuda.max_memory_allocated(self.device) / 1e9,
+               # the allocator's segments at their largest: beyond the allocated peak, what it caches
+               "mem_reserved_peak_gb": torch.cuda.max_memory_reserved(self.device) / 1e9}
         torch.cuda.reset_peak_memory_stats(self.device)
         if self._nvml is not None:
             nv = self._nvml

@@ -204,7 +204,8 @@ class Sampler:
         self.stats = {"samples": 0.0, "tokens": 0.0, "gen_s": 0.0, "logprob_s": 0.0, "reward_s": 0.0,
                       "sync_s": 0.0, "weight_bytes": 0.0, "weight_syncs": 0.0, "apply_s": 0.0, "rounds": 0.0,
                       "dropped_full": 0.0, "dropped_send_timeout": 0.0, "dropped_zero_signal": 0.0,
-                      "peak_mem_gb": 0.0, "eval_version": -1.0, "eval_accuracy": 0.0, "eval_seconds": 0.0,
+                      "peak_mem_gb": 0.0, "peak_reserved_gb": 0.0,   # GiB, the run's largest (all rounds)
+                      "eval_version": -1.0, "eval_accuracy": 0.0, "eval_seconds": 0.0,
                       "verified_version": -1.0, "verified_checksum": 0.0,  # --verify-weight-sync
                       "budget_wait_s": 0.0,   # waiting for the learner's queue to have room
                       **self.window.stats()}   # --curriculum: per task, level, groups and rate
@@ -669,7 +670,11 @@ class Sampler:
         self.stats["logprob_s"] += logprob_s
         self.stats["reward_s"] += reward_s
         if self.device.type == "cuda":
-            self.stats["peak_mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            # torch's peak counters cover the time since the last self.gpu.sample() (it resets them,
+            # below): one round. The run's peak is the largest of them.
+            self.stats["peak_mem_gb"] = max(self.stats["peak_mem_gb"], torch.cuda.max_memory_allocated(self.device) / 2**30)
+            self.stats["peak_reserved_gb"] = max(self.stats["peak_reserved_gb"],
+                                                 torch.cuda.max_memory_reserved(self.device) / 2**30)
         rewards = [sc.reward for sc in scores]   # every completion, filtered or not: the train reward
         dropped = (f", {len(gis) - len(keep)} of {len(gis)} groups zero-signal"
                    if cfg.filter_zero_signal else "")

@@ -179,6 +179,7 @@ def test_gpu_stats_on_cuda():
     x = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
     s = GpuMonitor(dev).sample()
     assert s["mem_alloc_gb"] >= 0.25 and s["mem_peak_gb"] >= 0.25
+    assert s["mem_reserved_peak_gb"] >= s["mem_peak_gb"]       # the allocator holds at least what it hands out
     if importlib.util.find_spec("pynvml"):
         assert 0 <= s["util_pct"] <= 100 and s["proc_mem_gb"] >= 0.25
     del x
