@@ -16,8 +16,27 @@ def staleness(learner_version: int, group_version: int) -> int:
     return learner_version - group_version
 
 
+# --prompts-per-round 0: the share of groups with signal assumed until a round has been scored (under
+# --filter-zero-signal; without it every group is sent, a share of 1), and the step's size assumed
+# until the learner's answer says it (the benchmark's: 128 completions, G=16). Round 0 is generated
+# before that answer, with round_prompts' rule on the two: 8 / (1/3) = 24 prompts, 8 without the filter.
+# The first optimizer step waits for round 0 to yield a step's worth of groups with signal; a round
+# 0 that falls short costs a second round, about 4 s of the first step on an H200 (where 1,024 rows
+# took 3.5-6.4 s and 256 took 2.2-3.8 s). Round 0's share with signal was 0.44-0.56 on basic_arithmetic
+# and 0.69-0.81 on letter_counting (docs/benchmarks.md); at an assumed half, 16 prompts gave 7 of 8.
+# A round 0 larger than the learner's staleness bound can take is dropped as stale in part: with the
+# defaults (steps of 2 groups of 8, --max-staleness 2) the learner trains 6 groups of version 0, and
+# 24 prompts unfiltered lost 20 of them (bench/results/scale_NVIDIA_H200.json,
+# row smollm2_exp).
+FIRST_SIGNAL_SHARE = 1 / 3
+FIRST_STEP_GROUPS = 8
+# The lowest share of groups with signal a round is sized for: a round that found none cannot ask
+# for unboundedly many.
+MIN_SIGNAL_SHARE = 1 / 16
+
+
 def round_prompts(groups_per_step: int, signal_share: float, budget: int = -1, cap: int = 64,
-                  min_share: float = 1 / 16, min_prompts: int = 1) -> int:
+                  min_share: float = MIN_SIGNAL_SHARE, min_prompts: int = 1) -> int:
     """Prompts for a sampler's next round (--prompts-per-round 0): enough that the groups with
     signal it yields fill one learner step, whatever the zero-signal share.
 
@@ -35,6 +54,20 @@ def round_prompts(groups_per_step: int, signal_share: float, budget: int = -1, c
     if budget >= 0:
         want = min(want, math.ceil(budget / share - 1e-9))
     return max(1, min(cap, want))
+
+
+def largest_round_prompts(groups_per_step: int, max_staleness: int, filter_zero_signal: bool, cap: int = 64,
+                          min_prompts: int = 1, samplers: int = 1) -> int:
+    """The most prompts a sampler's round can take under --prompts-per-round 0 (what the memory
+    plan sizes its KV cache for): the larger of round 0 (FIRST_STEP_GROUPS at FIRST_SIGNAL_SHARE,
+    no budget yet) and a later round at the lowest share round_prompts counts (1 without
+    --filter-zero-signal: every group is sent) and the largest budget a learner answers, that of
+    an empty queue and a sampler at its version: (max_staleness + 1) x groups_per_step, shared
+    evenly by the samplers on its port (grpo.sync.flow.generation_budget)."""
+    first_share, share = (FIRST_SIGNAL_SHARE, MIN_SIGNAL_SHARE) if filter_zero_signal else (1.0, 1.0)
+    first = round_prompts(FIRST_STEP_GROUPS, first_share, cap=cap, min_prompts=min_prompts)
+    budget = max(0, max_staleness + 1) * groups_per_step // max(1, samplers)
+    return max(first, round_prompts(groups_per_step, share, budget, cap, min_prompts=min_prompts))
 
 
 # A run whose samplers find almost no group with signal: the share of groups sent with zero

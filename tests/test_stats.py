@@ -81,6 +81,35 @@ def test_round_prompts_by_hand():
     assert round_prompts(2, 1.0, min_prompts=100) == 64
 
 
+def test_largest_round_prompts_by_hand():
+    """The most prompts a round can take (the memory plan's KV cache): round 0 (8 groups at share 1/3
+    under the filter, 1 without) or a later round at share 1/16 (1 without) within the largest
+    budget, (max_staleness + 1) x groups a step over the samplers, whichever is larger."""
+    from grpo.stats import largest_round_prompts
+    from grpo.sync.flow import generation_budget
+
+    # the defaults (G=8, 16 rows a step: 2 groups; --max-staleness 2), a floor of 8 prompts (the
+    # 64-row bucket): round 0 max(8, 8) = 8; later rounds min(max(2, 8), budget 6) = 6. So 8.
+    assert largest_round_prompts(2, 2, False, 64, min_prompts=8) == 8
+    # the same under --filter-zero-signal: round 0 ceil(8 / (1/3)) = 24; later ceil(2 x 16) = 32,
+    # within ceil(6 x 16) = 96. So 32.
+    assert largest_round_prompts(2, 2, True, 64, min_prompts=8) == 32
+    # the benchmark's (G=16, 128 rows: 8 groups a step, floor 4): later 8 x 16 = 128, capped at 64
+    assert largest_round_prompts(8, 2, True, 64, min_prompts=4) == 64
+    # without the filter, a step of 8 groups: round 0 and later rounds both 8
+    assert largest_round_prompts(8, 2, False, 64, min_prompts=4) == 8
+    # --max-staleness 0 and two samplers on the port, no filter, step of 4: budget 4 // 2 = 2, so
+    # later rounds take 2 (the floor of 8 is bounded by it), round 0 takes 8
+    assert largest_round_prompts(4, 0, False, 64, min_prompts=8, samplers=2) == 8
+    # a step of 16 groups, two samplers, no floor: later rounds min(16, budget 16 // 2 = 8) = 8, round 0
+    # 8 too; with --max-staleness 1 the budget is 32 // 2 = 16, so later rounds take 16
+    assert largest_round_prompts(16, 0, False, 64, samplers=2) == 8
+    assert largest_round_prompts(16, 1, False, 64, samplers=2) == 16
+    # the budget here is the learner's for an empty queue and a sampler at its version
+    for gps, stale, n in [(2, 2, 1), (8, 0, 2), (5, 3, 3)]:
+        assert generation_budget(7, 7, 0, gps, stale, n) == (stale + 1) * gps // n
+
+
 def test_zero_signal_alarm_by_hand():
     from grpo.stats import zero_signal_alarm
 

@@ -56,7 +56,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from grpo.config import SamplerConfig
+from grpo.config import ROW_BUCKETS, SamplerConfig
 from grpo.generate.attention import (LayerPlan, attend_limit, layer_masks, layer_plan, register_attention,
                                      rollout_attention_on)
 from grpo.generate.backend import describe, eos_list, hf_generate
@@ -68,7 +68,7 @@ from grpo.model import left_pad
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BUCKETS = (64, 128, 256, 512, 1024)
+DEFAULT_BUCKETS = ROW_BUCKETS
 # The sampler's default (one place: grpo.config), so that the evaluator and the probes, which build
 # engines without a config, decode as the sampler does.
 DEFAULT_ATTEND_CHUNK = SamplerConfig.attend_chunk

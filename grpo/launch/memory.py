@@ -18,7 +18,8 @@ import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from grpo.config import allocator_conf, expandable_segments, micro_token_budget, resolve_precision
+from grpo.config import ROW_BUCKETS, allocator_conf, expandable_segments, micro_token_budget, resolve_precision
+from grpo.stats import largest_round_prompts
 
 GiB = 1 << 30
 CUDA_CONTEXT = GiB // 2            # a CUDA context plus cuBLAS/NCCL workspaces: ~0.5 GiB, a stated constant
@@ -60,7 +61,7 @@ SHRINK = {
     "logits chunk": "a smaller --model (the LM head's chunk is fixed at 2^27 logits)",
     "ipc publication": "--weight-sync nccl or tcp",
     "reference model": "--beta 0",
-    "KV cache": "--max-prompts-per-round / --prompts-per-round (or --in-flight-rows) or --max-new-tokens",
+    "KV cache": "--max-prompts-per-round / --prompts-per-round (or --in-flight-rows), --max-staleness or --max-new-tokens",
     "log-prob pass": "--logprob-batch-size",
     "CUDA context": "nothing (a fixed cost): put fewer processes on this GPU",
     "weight staging": "--weight-sync tcp (the sampler then receives each version straight into its weights)",
@@ -69,9 +70,7 @@ SHRINK = {
 }
 # Items that are fitted estimates rather than counted bytes: the caching allocator's reserve, fitted
 # on the rows named at RESERVE. A plan over the GPU only because of them starts with a warning; one
-# whose counted bytes are over is refused. (The default SmolLM2 run on one GPU plans 14.7 + 19.9
-# GiB against 13.6 + 6.7 measured: its sampler's KV cache is counted for the largest round the
-# generation budget may choose, 64 prompts, at the 512-token prompts assumed.)
+# whose counted bytes are over is refused.
 ESTIMATED = frozenset({"allocator reserve"})
 
 
@@ -387,10 +386,31 @@ def micro_batch_size(ds_config: str, train_batch_size: int, ranks: int) -> int:
     return max(1, min(micro, share))
 
 
+def decode_rows(group: int, prompts_per_round: int = 0, in_flight_rows: int = 0, groups_per_step: int = 1,
+                max_staleness: int = 2, filter_zero_signal: bool = False, max_prompts_per_round: int = 64,
+                samplers: int = 1, cuda_graphs: bool = True) -> int:
+    """The most rows a sampler's engine decodes at once, which its KV cache holds: --in-flight-rows;
+    or a round's prompts x group (--prompts-per-round, or under 0 the largest round the sampler's
+    rule can choose: grpo.stats.largest_round_prompts, at least the smallest bucket's worth of
+    prompts) padded to the engine's row bucket (ROW_BUCKETS with CUDA graphs; a round above the
+    largest decodes in chunks of it), exact without graphs."""
+    if in_flight_rows:
+        return in_flight_rows
+    buckets = ROW_BUCKETS if cuda_graphs else ()
+    if not prompts_per_round:
+        min_prompts = math.ceil(buckets[0] / group) if buckets else 1
+        prompts_per_round = largest_round_prompts(groups_per_step, max_staleness, filter_zero_signal,
+                                                  max_prompts_per_round, min_prompts, samplers)
+    rows = prompts_per_round * group
+    return next((b for b in buckets if b >= rows), buckets[-1]) if buckets else rows
+
+
 def run_shape(lcfg, scfg, ranks: int, samplers: int, ds_config: str) -> RunShape:
     """A RunShape from the learner's and a sampler's parsed configs (grpo.config), on CUDA."""
     method = scfg.weight_sync
-    rows = scfg.in_flight_rows or (scfg.prompts_per_round or scfg.max_prompts_per_round) * scfg.num_generations
+    rows = decode_rows(scfg.num_generations, scfg.prompts_per_round, scfg.in_flight_rows,
+                       lcfg.train_batch_size // scfg.num_generations, lcfg.max_staleness, scfg.filter_zero_signal,
+                       scfg.max_prompts_per_round, samplers, scfg.cuda_graphs)
     micro = micro_batch_size(ds_config, lcfg.train_batch_size, ranks)
     return RunShape(ranks=ranks, lora_r=lcfg.lora_r, beta=lcfg.beta, ipc=method in ("auto", "ipc"),
                     shared=method == "shared", staging=method in ("auto", "ipc", "nccl"), rows=rows, prompt_tokens=min(PROMPT_TOKENS, lcfg.max_prompt_tokens),

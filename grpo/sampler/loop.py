@@ -32,7 +32,7 @@ from grpo.evaluate import greedy_accuracy, record_eval, run_eval_problems
 from grpo.generate.backend import hf_generate, old_logprob_source, resolve_backend
 from grpo.generate.engine import RolloutEngine
 from grpo.loss import has_signal
-from grpo.stats import round_prompts
+from grpo.stats import FIRST_SIGNAL_SHARE, FIRST_STEP_GROUPS, round_prompts
 from grpo.model import (compute_dtype, eos_ids, load_causal_lm, load_tokenizer, pick_device, resolve_model, right_pad,
                         start_runtime, token_logprobs)
 from grpo.obs.gpu import GpuMonitor, format_gpu, release_cached
@@ -55,19 +55,6 @@ log = logging.getLogger(__name__)
 # (the answer of a learner that is up comes in milliseconds: a sampler restarted mid-run then
 # starts at the learner's version, as before) before round 0 is generated without it.
 FIRST_GRACE_S = 0.25
-# --prompts-per-round 0: the share of groups with signal assumed until a round has been scored (under
-# --filter-zero-signal; without it every group is sent, a share of 1), and the step's size assumed
-# until the learner's answer says it (the benchmark's: 128 completions, G=16). Round 0 is generated
-# before that answer, with round_prompts' rule on the two: 8 / (1/3) = 24 prompts, 8 without the filter.
-# The first optimizer step waits for round 0 to yield a step's worth of groups with signal; a round
-# 0 that falls short costs a second round, about 4 s of the first step on an H200 (where 1,024 rows
-# took 3.5-6.4 s and 256 took 2.2-3.8 s). Round 0's share with signal was 0.44-0.56 on basic_arithmetic
-# and 0.69-0.81 on letter_counting (docs/benchmarks.md); at an assumed half, 16 prompts gave 7 of 8.
-# A round 0 larger than the learner's staleness bound can take is dropped as stale in part: with the
-# defaults (steps of 2 groups of 8, --max-staleness 2) the learner trains 6 groups of version 0, and
-# 24 prompts unfiltered lost 20 of them (bench/results/scale_NVIDIA_H200.json, row smollm2_exp).
-FIRST_SIGNAL_SHARE = 1 / 3
-FIRST_STEP_GROUPS = 8
 SIGNAL_ROUNDS = 4   # the rounds whose groups give the share of groups with signal
 
 

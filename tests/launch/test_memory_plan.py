@@ -147,8 +147,21 @@ def test_rows_from_the_flags():
     from grpo.config import LearnerConfig, SamplerConfig
 
     l = LearnerConfig()
-    assert memory.run_shape(l, SamplerConfig(num_generations=8), 1, 1, "/nonexistent").rows == 64 * 8
-    assert memory.run_shape(l, SamplerConfig(prompts_per_round=4, num_generations=8), 1, 1, "").rows == 32
+    # the defaults (G=8, 16 rows a step, --max-staleness 2, no filter): rounds of at most 8 prompts
+    # (grpo.stats.largest_round_prompts), 64 rows, the smallest bucket
+    assert memory.run_shape(l, SamplerConfig(num_generations=8), 1, 1, "/nonexistent").rows == 64
+    # under --filter-zero-signal up to 32 prompts, 256 rows
+    assert memory.run_shape(l, SamplerConfig(num_generations=8, filter_zero_signal=True), 1, 1, "").rows == 256
+    # the benchmark's: G=16, 128 rows a step, filter: 64 prompts (the cap), 1,024 rows
+    assert memory.run_shape(LearnerConfig(train_batch_size=128), SamplerConfig(num_generations=16,
+                            filter_zero_signal=True), 1, 1, "").rows == 1024
+    # --prompts-per-round 4: 32 rows, padded to the 64-row bucket; without CUDA graphs exactly 32
+    assert memory.run_shape(l, SamplerConfig(prompts_per_round=4, num_generations=8), 1, 1, "").rows == 64
+    assert memory.run_shape(l, SamplerConfig(prompts_per_round=4, num_generations=8, cuda_graphs=False),
+                            1, 1, "").rows == 32
+    # 20 prompts x 8 = 160 rows: the 256 bucket; 200 x 8 = 1,600 decode in chunks of the largest, 1,024
+    assert memory.decode_rows(8, prompts_per_round=20) == 256
+    assert memory.decode_rows(8, prompts_per_round=200) == 1024
     assert memory.run_shape(l, SamplerConfig(in_flight_rows=100), 1, 1, "").rows == 100
 
 
