@@ -28,22 +28,23 @@ PROMPT_TOKENS = 512                # prompt length assumed for the KV cache and 
                                    # the sampler's prompts; GSM8K with a chat template is ~100-300 tokens),
                                    # capped by --max-prompt-tokens
 CHUNK_ELEMS = 1 << 27              # grpo.model.DEFAULT_CHUNK_ELEMS: logits elements per LM-head chunk
-# The caching allocator's reserve: what the driver sees a process hold beyond torch's own peak of
-# allocated memory and the CUDA context (freed blocks kept for reuse, split blocks that fit no later
-# request). ROUGH RULES, fitted on one H200 (bench/results/scale_NVIDIA_H200.json, the rows labelled
-# _now and _exp, commits 8981757 and 536fa46: Qwen2.5 shapes 0.5B-7B on one shared GPU,
-# token-budget micro-batches, 448-token sequences, and SmolLM2 with every default), where the items
-# before it matched torch's peak within 0.1-3.3 GiB (but SmolLM2's sampler, below ESTIMATED) while
-# the driver saw 1.5-28 GiB more.
+# The caching allocator's reserve: what the driver sees a process hold beyond the items counted
+# here and the CUDA context (freed blocks kept for reuse, split blocks that fit no later request,
+# transient buffers). ROUGH RULES, fitted on one H200 (bench/results/scale_NVIDIA_H200.json):
+# Qwen2.5 shapes 0.5B-7B on one shared GPU, token-budget micro-batches, 448-token sequences, and
+# SmolLM2 with every default. With expandable segments (the workers' default), the rows labelled _rr
+# (commit 46c79bc), which record torch's allocated and reserved peaks over the whole run: the counted
+# items matched the allocated peak within 0.3-3.2 GiB (learners) and 0.2-2.8 GiB (samplers), and the
+# driver saw 0.3-0.8 GiB beyond the reserved peak (the context and libraries' workspaces).
 # A learner's reserve, as a share of its other items (the context left out): with expandable
-# segments 0.13-0.32 under full fine-tuning (SmolLM2, 0.5B, 1.5B, 3B over ipc and shared), 0.02
-# under LoRA (7B); without, 0.37-0.53 and 0.29. Its share of the activations alone ranged 0.2-1.2
-# with expandable segments, so the activations do not predict it. A sampler's, as a share of its KV
-# cache and log-prob pass: 0.70-1.02 with expandable segments, 0.87-1.53 without (0.5B-7B over ipc;
-# over shared weights 1.4 and 1.9, which the rule misses). Each factor is one that puts the rows it
-# was fitted on within 15% of the driver's peak where one can.
-RESERVE = {True: {"learner_full": 0.2, "learner_lora": 0.05, "sampler": 0.9},
-           False: {"learner_full": 0.45, "learner_lora": 0.29, "sampler": 1.5}}
+# segments 0.15-0.38 under full fine-tuning (SmolLM2, 0.5B, 1.5B and 3B over ipc and shared; at
+# 1.5B and 3B the allocator held 10-19 GiB more than it had allocated), 0.02 under LoRA (7B, row
+# 7b_exp); without them, 0.37-0.53 and 0.29 (rows _now, 8981757). A sampler's, as a share of its KV
+# cache and log-prob pass: over ipc 0.54-1.03 with expandable segments, 0.87-1.53 without; over
+# shared weights 0.18-0.62 with them and 1.06 without (one row, 3b_shared_now). Each factor is one
+# that puts the rows it was fitted on within 15% of the driver's peak.
+RESERVE = {True: {"learner_full": 0.25, "learner_lora": 0.05, "sampler": 0.8, "sampler_shared": 0.3},
+           False: {"learner_full": 0.45, "learner_lora": 0.29, "sampler": 1.5, "sampler_shared": 1.0}}
 # --model names grpo.model builds into cache folders (grpo.model._BUILDERS; a test keeps them equal)
 BUILT_FOLDERS = {"smollm2": "smollm2-135m-instruct", "tiny-random": "tiny-random-llama",
                  **{f"random:qwen2.5-{k}": f"random-qwen2.5-{k}" for k in ("0.5b", "1.5b", "3b", "7b")}}
@@ -237,7 +238,11 @@ def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
         items += [("allocator reserve", int(reserve * sum(b for _, b in items))), ("CUDA context", CUDA_CONTEXT)]
         out[f"learner{k}"] = items
     for k in range(r.samplers):
-        items = [("weights", 0 if r.shared else s.params * r.dtype_bytes)]
+        # Over shared weights too: the sampler loads its own copy, generates round 0 with it while the
+        # learner starts, and drops it once it maps the learner's storages (grpo.weights.shared), so
+        # its peak holds it (measured: the allocated peak exceeded the other items by the weights'
+        # bytes at 0.5B, 1.5B and 3B).
+        items = [("weights", s.params * r.dtype_bytes)]
         if r.beta > 0:
             items.append(("reference model", s.params * r.dtype_bytes))
         if r.staging and not r.shared:
@@ -246,7 +251,8 @@ def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
         kv = kv_cache(s, r.rows, seq, r.dtype_bytes)
         lp = logprob_pass(s, min(r.logprob_batch_size, r.rows), seq)
         items += [("KV cache", kv), ("log-prob pass", lp),
-                  ("allocator reserve", int(RESERVE[r.expandable]["sampler"] * (kv + lp))), ("CUDA context", CUDA_CONTEXT)]
+                  ("allocator reserve", int(RESERVE[r.expandable]["sampler_shared" if r.shared else "sampler"] * (kv + lp))),
+                  ("CUDA context", CUDA_CONTEXT)]
         out[f"sampler{k}"] = items
     return out
 
