@@ -4,7 +4,8 @@
 #   OUT=/tmp/bg/out DATA=.data/gsm8k ROWS="0.5b 0.5b:expandable 1.5b 7b 3b:expandable 3b:shared" \
 #       bash bench/scale_rows.sh
 # A row is SIZE[:VARIANT]: "expandable" runs it under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,
-# "shared" with --weight-sync shared. Each row merges into bench/results/scale_<device>.json (label
+# "shared" with --weight-sync shared, "tcp_beta0" with --weight-sync tcp --beta 0 (no publication slots
+# on the learner's GPU, no reference model: what fits 7B LoRA on one 80 GB H100). Each row merges into bench/results/scale_<device>.json (label
 # SIZE_VARIANT_SUFFIX, SUFFIX from $SUFFIX, default "now"), then its run folder (without the
 # final checkpoint: a 3B one is tens of GB, more than the disk holds for six rows, nor weights) and
 # the JSON are copied under $OUT.
@@ -23,6 +24,7 @@ for row in ${ROWS:?ROWS=\"0.5b 1.5b ...\"}; do
         "") ;;
         expandable) env=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) ;;
         shared) extra=(-- --weight-sync shared) ;;
+        tcp_beta0) extra=(-- --weight-sync tcp --beta 0) ;;
         *) echo "scale_rows: unknown variant $variant" >&2; exit 2 ;;
     esac
     echo "== $label $(date +%T)"
