@@ -116,6 +116,30 @@ def test_tcp_pack_with_runs_writes_the_same_tensor_bytes():
         assert torch.equal(a, b), name
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_tcp_pack_of_cuda_tensors_lands_in_pinned_memory_with_the_same_bytes():
+    """A snapshot of CUDA tensors is copied into pinned host memory (device-to-host at the link's
+    speed), byte for byte what the CPU path writes; CPU tensors stay in pageable memory."""
+    m = ZeroLike(3)
+    named, layout, _, nbytes = _layout(m)
+    cpu = pack(named, layout, nbytes)
+    assert not cpu[0].is_pinned()
+    flat = m.flat.cuda()   # the views of one flat buffer stay views, on the GPU (runs to coalesce)
+    for name, shape, off in FLAT:
+        p = getattr(m, name)
+        n = int(torch.Size(shape).numel())
+        p.data = flat[off:off + n].view(shape) if off is not None else p.data.cuda()
+    named_gpu = list(m.named_parameters())
+    c = Coalescer(layout, nbytes)
+    for coalescer in (None, c):
+        gpu = pack(named_gpu, layout, nbytes, coalescer)
+        assert all(b.is_pinned() for b in gpu)
+        a, b = unpack_views(layout, cpu), unpack_views(layout, gpu)
+        for name, _ in named:
+            assert torch.equal(a[name].reshape(-1).view(torch.uint8), b[name].reshape(-1).view(torch.uint8)), name
+
+
 def test_ipc_publisher_slots_hold_the_per_tensor_bytes():
     """The slot publisher on CPU (as the nccl-on-gloo tests run it): both slots, two versions."""
     m = ZeroLike(3)
