@@ -24,12 +24,15 @@ really is the same memory. Tensors outside runs are always read from the live te
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
 
 from grpo.weights.layout import TORCH_DTYPES, bucket_slices, flat_offsets, spec_nbytes
 from grpo.wire import messages as M
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,22 @@ class Coalescer:
 
 
 
+_PIN_FAILED = False
+
+
+def _host_buffer(nbytes: int, pin: bool) -> torch.Tensor:
+    """A CPU uint8 buffer: pinned if asked and the host allows it, else pageable (said once)."""
+    global _PIN_FAILED
+    if pin and not _PIN_FAILED:
+        try:
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        except RuntimeError as exc:   # out of host memory or over the locked-memory limit
+            _PIN_FAILED = True
+            log.warning("weight snapshots: could not pin %.1f GB of host memory (%s); using pageable memory, "
+                        "which makes each tcp publish slower", nbytes / 1e9, str(exc).splitlines()[0])
+    return torch.empty(nbytes, dtype=torch.uint8)
+
+
 def pack(named: list[tuple[str, torch.Tensor]], layout: list[M.TensorSpec],
          bucket_nbytes: list[int], coalescer: Coalescer | None = None) -> list[torch.Tensor]:
     """Copy the tensors into new CPU uint8 buckets (device-to-host for CUDA tensors, into pinned
@@ -165,9 +184,10 @@ def pack(named: list[tuple[str, torch.Tensor]], layout: list[M.TensorSpec],
     # stalled throughout). Torch's caching host allocator keeps a freed pinned block for the next
     # request of its size, so once this snapshot's last reply has let go (ZeroMQ drops its
     # references when the frames are on the wire) the next version reuses it: pinning is paid
-    # once per snapshot alive at a time, not once a version.
-    pin = any(t.is_cuda for _, t in named) and torch.cuda.is_available()
-    flat = torch.empty(sum(bucket_nbytes), dtype=torch.uint8, pin_memory=pin)
+    # once per snapshot alive at a time, not once a version (on an H100, 7B's publish stall went
+    # from 8.8 s to 0.31 s, after two first ones of 7.8-8.2 s that pinned the two blocks). Where the
+    # host cannot pin that much (RAM, ulimit -l), pageable memory as before.
+    flat = _host_buffer(sum(bucket_nbytes), any(t.is_cuda for _, t in named) and torch.cuda.is_available())
     buckets = bucket_slices(flat, bucket_nbytes)
     if [n for n, _ in named] != [s.name for s in layout]:
         raise ValueError("pack: the tensors do not match the layout")

@@ -116,6 +116,28 @@ def test_tcp_pack_with_runs_writes_the_same_tensor_bytes():
         assert torch.equal(a, b), name
 
 
+def test_a_host_that_cannot_pin_gets_pageable_snapshots_and_one_warning(monkeypatch, caplog):
+    """Pinning can fail (host RAM, ulimit -l): the snapshot is then pageable, as before, and the
+    warning comes once, not once a version."""
+    import grpo.weights.pack as pk
+
+    real = torch.empty
+
+    def no_pinning(*a, pin_memory=False, **kw):
+        if pin_memory:
+            raise RuntimeError("CUDA error: out of memory\nmore")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(pk, "_PIN_FAILED", False)
+    monkeypatch.setattr(pk.torch, "empty", no_pinning)
+    with caplog.at_level("WARNING", logger="grpo.weights.pack"):
+        a, b = pk._host_buffer(64, pin=True), pk._host_buffer(64, pin=True)
+    assert a.numel() == b.numel() == 64 and a.dtype == torch.uint8
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "could not pin 0.0 GB" in warnings[0] and "(CUDA error: out of memory)" in warnings[0]
+    assert pk._host_buffer(8, pin=False).numel() == 8
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_tcp_pack_of_cuda_tensors_lands_in_pinned_memory_with_the_same_bytes():
