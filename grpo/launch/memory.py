@@ -30,20 +30,22 @@ PROMPT_TOKENS = 512                # prompt length assumed for the KV cache and 
 CHUNK_ELEMS = 1 << 27              # grpo.model.DEFAULT_CHUNK_ELEMS: logits elements per LM-head chunk
 # The caching allocator's reserve: what the driver sees a process hold beyond the items counted
 # here and the CUDA context (freed blocks kept for reuse, split blocks that fit no later request,
-# transient buffers). ROUGH RULES, fitted on one H200 (bench/results/scale_NVIDIA_H200.json):
-# Qwen2.5 shapes 0.5B-7B on one shared GPU, token-budget micro-batches, 448-token sequences, and
-# SmolLM2 with every default. With expandable segments (the workers' default), the rows labelled _rr
-# (commit 46c79bc), which record torch's allocated and reserved peaks over the whole run: the counted
-# items matched the allocated peak within 0.3-3.2 GiB (learners) and 0.2-2.8 GiB (samplers), and the
-# driver saw 0.3-0.8 GiB beyond the reserved peak (the context and libraries' workspaces).
+# transient buffers). ROUGH RULES, fitted on bench/results/scale_NVIDIA_H200.json and
+# scale_NVIDIA_H100_80GB_HBM3.json: Qwen2.5 shapes 0.5B-7B on one shared GPU, token-budget
+# micro-batches, 448-token sequences, and SmolLM2 with every default. With expandable segments (the
+# workers' default): the rows labelled _rr, _pin and _pin120 (commits 46c79bc, 4d8fb5e, 0aeff88),
+# which record torch's allocated and reserved peaks over the whole run. Their counted items matched
+# the allocated peak within 0.3-3.2 GiB (learners) and 0.2-4.8 GiB (samplers), and the driver saw
+# 0.3-0.8 GiB beyond the reserved peak (the context and libraries' workspaces).
 # A learner's reserve, as a share of its other items (the context left out): with expandable
 # segments 0.15-0.38 under full fine-tuning (SmolLM2, 0.5B, 1.5B and 3B over ipc and shared; at
-# 1.5B and 3B the allocator held 10-19 GiB more than it had allocated), 0.02 under LoRA (7B, row
-# 7b_exp); without them, 0.37-0.53 and 0.29 (rows _now, 8981757). A sampler's, as a share of its KV
-# cache and log-prob pass: over ipc 0.54-1.03 with expandable segments, 0.87-1.53 without; over
-# shared weights 0.18-0.62 with them and 1.06 without (one row, 3b_shared_now). Each factor is one
-# that puts the rows it was fitted on within 15% of the driver's peak.
-RESERVE = {True: {"learner_full": 0.25, "learner_lora": 0.05, "sampler": 0.8, "sampler_shared": 0.3},
+# 1.5B and 3B the allocator held 10-19 GiB more than it had allocated), 0.04-0.07 under LoRA (7B);
+# without them, 0.37-0.53 and 0.29 (rows _now, 8981757). A sampler's, as a share of its KV cache
+# and log-prob pass: over ipc and tcp 0.47-1.03 with expandable segments (the low end SmolLM2's,
+# whose prompts are far shorter than the 512 tokens assumed), 0.87-1.53 without; over shared
+# weights 0.18-0.62 with them and 1.06 without (one row, 3b_shared_now). Each factor is one that
+# puts the rows it was fitted on within 15% of the driver's peak.
+RESERVE = {True: {"learner_full": 0.25, "learner_lora": 0.05, "sampler": 0.7, "sampler_shared": 0.3},
            False: {"learner_full": 0.45, "learner_lora": 0.29, "sampler": 1.5, "sampler_shared": 1.0}}
 # --model names grpo.model builds into cache folders (grpo.model._BUILDERS; a test keeps them equal)
 BUILT_FOLDERS = {"smollm2": "smollm2-135m-instruct", "tiny-random": "tiny-random-llama",
