@@ -56,7 +56,9 @@ def run_once(a, run_dir: Path) -> dict:
     cached = bool(folder and (folder / "config.json").is_file())
     cmd = command(a, run_dir)
     tta.check_ours(cmd)
-    rec = tta._launch(cmd, run_dir, "ours", {"seed": a.seed})
+    # launch.json, beside the run: what made it (this script's command line, the code's commit, the seed)
+    rec = tta._launch(cmd, run_dir, "ours", {"seed": a.seed, "commit": commit(),
+                                             "command_line": shlex.join([Path(sys.executable).name, *sys.argv])})
     first, source = tta.first_step_ours(run_dir, rec["launch_time"])
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
