@@ -56,6 +56,13 @@ def round_prompts(groups_per_step: int, signal_share: float, budget: int = -1, c
     return max(1, min(cap, want))
 
 
+def bucket_prompts(buckets: tuple[int, ...], group: int) -> int:
+    """Prompts that fill the smallest of the engine's row buckets (64 rows with CUDA graphs: 8 at
+    G=8): a decode step of fewer rows is padded to it and costs the same, so a round of fewer
+    prompts takes as long as this many. 1 without buckets (hf, eager)."""
+    return math.ceil(buckets[0] / group) if buckets else 1
+
+
 def largest_round_prompts(groups_per_step: int, max_staleness: int, filter_zero_signal: bool, cap: int = 64,
                           min_prompts: int = 1, samplers: int = 1) -> int:
     """The most prompts a sampler's round can take under --prompts-per-round 0 (what the memory

@@ -81,6 +81,16 @@ def test_round_prompts_by_hand():
     assert round_prompts(2, 1.0, min_prompts=100) == 64
 
 
+def test_bucket_prompts_by_hand():
+    from grpo.config import ROW_BUCKETS
+    from grpo.stats import bucket_prompts
+
+    assert bucket_prompts(ROW_BUCKETS, 8) == 8      # 64 rows / 8
+    assert bucket_prompts(ROW_BUCKETS, 16) == 4
+    assert bucket_prompts(ROW_BUCKETS, 3) == 22     # ceil(64 / 3)
+    assert bucket_prompts((), 8) == 1               # no buckets (hf, eager): no floor
+
+
 def test_largest_round_prompts_by_hand():
     """The most prompts a round can take (the memory plan's KV cache): round 0 (8 groups at share 1/3
     under the filter, 1 without) or a later round at share 1/16 (1 without) within the largest

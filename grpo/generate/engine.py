@@ -68,7 +68,6 @@ from grpo.model import left_pad
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BUCKETS = ROW_BUCKETS
 # The sampler's default (one place: grpo.config), so that the evaluator and the probes, which build
 # engines without a config, decode as the sampler does.
 DEFAULT_ATTEND_CHUNK = SamplerConfig.attend_chunk
@@ -101,7 +100,7 @@ class RolloutEngine:
         decode step through torch.compile first (fuses the many small kernels of a small
         model; compiled in the graph warm-up, then captured as usual). buckets / prompt_multiple:
         batch rows and prompt width are rounded up to these so graphs are reused (default:
-        DEFAULT_BUCKETS and 64 with graphs, exact sizes without). max_slots: how many
+        ROW_BUCKETS (grpo.config) and 64 with graphs, exact sizes without). max_slots: how many
         shapes keep their cache and graphs (least recently used ones are freed). attend_chunk: a
         decode step of generate() reads the cache only up to the next multiple of this many slots
         past the prompt (attend_limit), one captured graph per such length (with compile_decode, one
@@ -126,7 +125,7 @@ class RolloutEngine:
                              f"load the model with attn_implementation='sdpa' or use --generation-backend hf")
         self.eos = torch.tensor(eos_list(eos_ids), dtype=torch.long, device=self.device)
         self.pad_id = int(pad_id)
-        self.buckets = tuple(sorted(buckets)) if buckets else (DEFAULT_BUCKETS if cuda_graphs else ())
+        self.buckets = tuple(sorted(buckets)) if buckets else (ROW_BUCKETS if cuda_graphs else ())
         self.prompt_multiple = prompt_multiple or (64 if cuda_graphs else 1)
         self.check_every = max(1, check_every)
         self.attend_chunk = int(attend_chunk) if attend_chunk else None

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from grpo.config import ROW_BUCKETS, allocator_conf, expandable_segments, micro_token_budget, resolve_precision
-from grpo.stats import largest_round_prompts
+from grpo.stats import bucket_prompts, largest_round_prompts
 
 GiB = 1 << 30
 CUDA_CONTEXT = GiB // 2            # a CUDA context plus cuBLAS/NCCL workspaces: ~0.5 GiB, a stated constant
@@ -406,9 +406,8 @@ def decode_rows(group: int, prompts_per_round: int = 0, in_flight_rows: int = 0,
         return in_flight_rows
     buckets = ROW_BUCKETS if cuda_graphs else ()
     if not prompts_per_round:
-        min_prompts = math.ceil(buckets[0] / group) if buckets else 1
         prompts_per_round = largest_round_prompts(groups_per_step, max_staleness, filter_zero_signal,
-                                                  max_prompts_per_round, min_prompts, samplers)
+                                                  max_prompts_per_round, bucket_prompts(buckets, group), samplers)
     rows = prompts_per_round * group
     return next((b for b in buckets if b >= rows), buckets[-1]) if buckets else rows
 

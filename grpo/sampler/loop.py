@@ -15,7 +15,6 @@ import collections
 import contextlib
 import itertools
 import logging
-import math
 import secrets
 import time
 from dataclasses import asdict, fields
@@ -32,7 +31,7 @@ from grpo.evaluate import greedy_accuracy, record_eval, run_eval_problems
 from grpo.generate.backend import hf_generate, old_logprob_source, resolve_backend
 from grpo.generate.engine import RolloutEngine
 from grpo.loss import has_signal
-from grpo.stats import FIRST_SIGNAL_SHARE, FIRST_STEP_GROUPS, round_prompts
+from grpo.stats import FIRST_SIGNAL_SHARE, FIRST_STEP_GROUPS, bucket_prompts, round_prompts
 from grpo.model import (compute_dtype, eos_ids, load_causal_lm, load_tokenizer, pick_device, resolve_model, right_pad,
                         start_runtime, token_logprobs)
 from grpo.obs.gpu import GpuMonitor, format_gpu, release_cached
@@ -273,11 +272,9 @@ class Sampler:
                              min_prompts=self._bucket_prompts())
 
     def _bucket_prompts(self) -> int:
-        """Prompts that fill the engine's smallest row bucket (64 rows with CUDA graphs: 8 at G=8): a
-        decode step of fewer rows is padded to it and costs the same, so a round of a small step's
-        worth (2 groups with the defaults) takes as long as this many. 1 without buckets (hf, eager)."""
-        buckets = self.engine.buckets if self.engine is not None else ()
-        return math.ceil(buckets[0] / self.cfg.num_generations) if buckets else 1
+        """grpo.stats.bucket_prompts for this sampler's engine (a round of a small step's worth, 2
+        groups with the defaults, takes as long as this many)."""
+        return bucket_prompts(self.engine.buckets if self.engine is not None else (), self.cfg.num_generations)
 
     def _signal_share(self) -> float:
         """The share of the last SIGNAL_ROUNDS rounds' groups that had signal (1.0 without the filter:
