@@ -50,15 +50,48 @@ def eval_engine(model, tok, backend: str, device: torch.device):
 
 def evaluate_module(module, tok, cfg, device: torch.device, autocast: bool = False) -> dict:
     """Greedy pass@1 of a training module (the learner's final weights) on cfg's evaluation
-    subset, with the decoder sampler 0 scored the baseline with (eval_engine). The engine decodes
-    in the module's own dtype: bf16 under DeepSpeed, as at the samplers; fp32 with --no-deepspeed,
-    whose bf16 autocast only Hugging Face `generate` gets (`autocast`)."""
+    subset, decoded as sampler 0 decoded the baseline: the same decoder (eval_engine) in the same
+    dtype (compute_dtype: bf16 on CUDA). A learner that holds float32 weights (--precision autocast,
+    the default for full fine-tuning) is decoded from a bf16 copy of them (decode_copy), so the
+    result is that of the weights a sampler would run and of the checkpoint saved in that dtype;
+    `autocast` is then moot. A module that cannot be copied so (LoRA adapters) decodes as it is,
+    its fp32 matmuls under bf16 autocast on Hugging Face `generate`."""
+    from grpo.model import compute_dtype
+
     module.config.use_cache = True
-    decoder = eval_engine(module, tok, cfg.generation_backend, device)
-    amp = autocast and decoder is None
-    with torch.autocast("cuda", dtype=torch.bfloat16) if amp else contextlib.nullcontext():
-        return greedy_accuracy(module, tok, run_eval_problems(cfg), cfg.max_new_tokens,
-                               cfg.eval_batch_size, device, engine=decoder)
+    copy = decode_copy(module, compute_dtype(device))
+    model = copy if copy is not None else module
+    decoder = eval_engine(model, tok, cfg.generation_backend, device)
+    amp = autocast and decoder is None and copy is None
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16) if amp else contextlib.nullcontext():
+            return greedy_accuracy(model, tok, run_eval_problems(cfg), cfg.max_new_tokens,
+                                   cfg.eval_batch_size, device, engine=decoder)
+    finally:
+        del decoder, model, copy   # the copy's memory (and the engine's cache) go back before shutdown
+
+
+def decode_copy(module, dtype: torch.dtype):
+    """A copy of a Hugging Face causal LM in `dtype` on the module's device, for decoding (None when
+    the module already is in `dtype`, or is not a plain transformers model: a PEFT wrapper, say).
+    Built from the module's config and filled from its state dict (copy_ casts each tensor), so the
+    copy holds exactly the bits a sampler gets when these weights are published in `dtype`."""
+    from transformers import AutoModelForCausalLM, PreTrainedModel
+
+    param = next(module.parameters())
+    if param.dtype == dtype or not isinstance(module, PreTrainedModel) or hasattr(module, "peft_config"):
+        return None
+    with torch.device(param.device):
+        copy = AutoModelForCausalLM.from_config(module.config, dtype=dtype,
+                                                attn_implementation=module.config._attn_implementation)
+    missing, unexpected = copy.load_state_dict(module.state_dict(), strict=False)
+    # A tied head has no key of its own in some versions' state dicts; anything else missing is a bug.
+    tied = {k for k in missing if k.endswith("lm_head.weight")} if module.config.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"decode_copy: the copy does not match the module (missing {sorted(missing)[:3]}, "
+                           f"unexpected {sorted(unexpected)[:3]})")
+    copy.generation_config = module.generation_config
+    return copy.eval()
 
 
 def run_eval_problems(cfg) -> list[Problem]:

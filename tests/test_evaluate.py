@@ -186,3 +186,33 @@ def test_evaluate_command_writes_json(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "grpo.evaluate", "--model", "/nonexistent/m", "--device", "cpu",
                           "--dataset", str(GSM8K)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_final_evaluation_decodes_a_copy_in_the_samplers_dtype():
+    """A learner holding weights in another dtype than its device's compute dtype (fp32 weights under
+    autocast on CUDA; here bf16 weights on the CPU, whose compute dtype is fp32) is decoded from a
+    copy in the compute dtype: exactly what a model loaded in that dtype from the same weights
+    decodes, and the module itself is left as it was."""
+    from grpo.config import LearnerConfig
+    from grpo.evaluate import decode_copy, evaluate_module
+
+    path = resolve_model("tiny-random")
+    tok = load_tokenizer(path)
+    module = load_causal_lm(path, torch.device("cpu"), torch.bfloat16)
+    copy = decode_copy(module, torch.float32)
+    assert decode_copy(copy, torch.float32) is None            # already in that dtype: no copy
+    theirs, ours = dict(module.named_parameters()), dict(copy.named_parameters())
+    assert theirs.keys() == ours.keys()
+    for name, p in ours.items():
+        assert p.dtype == torch.float32 and torch.equal(p, theirs[name].float()), name
+    ids = torch.tensor([[1, 5, 9, 33, 2]])
+    ref = load_causal_lm(path, torch.device("cpu"), torch.bfloat16).float()
+    torch.testing.assert_close(copy(ids).logits, ref(ids).logits, rtol=0, atol=0)
+
+    cfg = LearnerConfig(eval_dataset=str(GSM8K), eval_size=3, eval_batch_size=3, max_new_tokens=6,
+                        generation_backend="fast")
+    got = evaluate_module(module, tok, cfg, torch.device("cpu"))
+    want = evaluate_module(ref, tok, cfg, torch.device("cpu"))
+    keys = ("correct", "n", "mean_completion_len", "truncated_frac")
+    assert [got[k] for k in keys] == [want[k] for k in keys]
+    assert next(module.parameters()).dtype == torch.bfloat16   # the learner's own weights untouched
