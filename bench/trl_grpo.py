@@ -16,7 +16,8 @@ Kept equal to our trainer: the model folder (grpo.model.resolve_model), the prom
 optimizer step over all ranks, max new tokens, temperature (pure sampling: top_p 1, top_k 0),
 learning rate, beta, loss type 'grpo', clip 0.2, AdamW betas (0.9, 0.99), grad clip 1, constant LR.
 Every optimizer step generates fresh completions: gradient_accumulation_steps = steps_per_generation
-= num_iterations = 1, so one step = one generation of the whole global batch, as in ours.
+(1 unless --micro-batch splits a device's share), num_iterations = 1, so one step = one generation of
+the whole global batch, as in ours.
 Rank 0 writes --out: one record per step (its end, seconds since training began, synchronised
 with the GPU), completions and completion tokens of the step, mean reward; e2e.py turns them into rates.
 """
@@ -73,6 +74,12 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
                     help="weights; bfloat16: TRL's fastest plain setting (no per-matmul cast in generate); "
                          "float32: TRL's default, bf16 autocast over fp32 weights")
+    ap.add_argument("--micro-batch", type=int, default=0,
+                    help="completions per device in one forward/backward (0: the whole per-device share); the "
+                         "share is then trained in gradient_accumulation_steps of this size, still one "
+                         "generation and one optimizer step")
+    ap.add_argument("--gradient-checkpointing", action="store_true",
+                    help="TRL's default for GRPOConfig; off unless given (a 135M model does not need it)")
     ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--out", required=True, help="JSON file for the per-step records (rank 0)")
@@ -177,6 +184,11 @@ def main(argv=None) -> int:
     B, G = args.train_batch_size, args.num_generations
     if B % world or B % G:
         raise SystemExit(f"trl_grpo: --train-batch-size {B} must be a multiple of the {world} ranks and of G={G}")
+    share = B // world
+    micro = args.micro_batch or share
+    if share % micro:
+        raise SystemExit(f"trl_grpo: --micro-batch {micro} must divide the per-device share {share} (B/ranks)")
+    accum = share // micro
     import trl
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -189,10 +201,11 @@ def main(argv=None) -> int:
         output_dir=str(out_dir / "trl_output"), report_to=[], logging_steps=1, save_strategy="no",
         disable_tqdm=True, seed=args.seed, use_cpu=not cuda, bf16=cuda,
         model_init_kwargs={"dtype": args.dtype if cuda else "float32"},
-        # A 135M model fits easily; TRL's default checkpointing would only slow its training.
-        gradient_checkpointing=False,
-        per_device_train_batch_size=B // world, gradient_accumulation_steps=1,
-        steps_per_generation=1, num_iterations=1, num_generations=G,
+        gradient_checkpointing=args.gradient_checkpointing,
+        # One generation of the whole global batch per optimizer step, trained in `accum` micro-batches:
+        # steps_per_generation counts micro-steps, so it equals the accumulation.
+        per_device_train_batch_size=micro, gradient_accumulation_steps=accum,
+        steps_per_generation=accum, num_iterations=1, num_generations=G,
         max_completion_length=args.max_new_tokens, temperature=args.temperature, top_p=1.0, top_k=0,
         use_vllm=False, learning_rate=args.learning_rate, lr_scheduler_type="constant", warmup_steps=0,
         adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0,

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The device recipe for bench/real_workload.py: rows one after another, each scored and summarised
+# before the next starts, its run files (without weights) copied to $OUT_DIR after each, so a plan
+# cut short keeps what it finished. Runs from a copy of the checkout in /tmp/code (the device tool
+# re-sends the tree with each call; a row started later must not see it change under it).
+# On the GPU machine, from the repo root, once the model's chunks are received (bench/fetch_models.py)
+# and GSM8K is in /tmp/data/gsm8k:
+#   bash bench/device_bg.sh start 'ROWS="0.5b:seed:ours:42 0.5b:seed:trl:42" SECS=600 COMMIT=<sha> \
+#       OUT_DIR=/tmp/bg/out bash bench/real_workload.sh'
+#   bash bench/device_bg.sh wait 560      # again, back to back, until the plan has ended
+set -uo pipefail
+: "${ROWS:?ROWS: rows MODEL:LAYOUT:TRAINER:SEED}" "${COMMIT:?COMMIT: the checkout's commit}"
+SECS=${SECS:-600}; OUT_DIR=${OUT_DIR:-/tmp/bg/out}; WORK=${WORK:-/tmp/rw}; DATA=${DATA:-/tmp/data/gsm8k}
+CODE=/tmp/code
+rm -rf $CODE && mkdir -p $CODE $OUT_DIR/results $OUT_DIR/runs
+tar -C . --exclude=./.whl --exclude=./.chunk --exclude=./.data --exclude=./.git -cf - . | tar -C $CODE -xf -
+cd $CODE && . bench/device_setup.sh
+export GRPO_GIT_COMMIT=$COMMIT
+for row in $ROWS; do
+    echo "real_workload.sh: row $row at $(date +%T)"
+    python3 bench/real_workload.py run --row "$row" --seconds "$SECS" --dataset "$DATA" --work-dir $WORK \
+        --git-commit "$COMMIT" || echo "real_workload.sh: row $row failed"
+    python3 bench/real_workload.py score --work-dir $WORK --dataset "$DATA" --gpus "${GPUS:-0,1,2,3}" \
+        || echo "real_workload.sh: scoring failed"
+    python3 bench/real_workload.py summarise --work-dir $WORK --results-dir $OUT_DIR/results \
+        || echo "real_workload.sh: summarise failed"
+    for run in $WORK/*/; do
+        dest=$OUT_DIR/runs/$(basename $run); mkdir -p $dest
+        (cd $run && find . -path ./weights -prune -o -path ./checkpoints -prune -o -path ./trl_output -prune \
+            -o -type f -print | tar -cf - -T - | tar -C $dest -xf -)
+    done
+    cp $WORK/device.json $WORK/base_*.json $OUT_DIR/runs/ 2>/dev/null
+done
+echo "real_workload.sh: done at $(date +%T)"
