@@ -289,6 +289,15 @@ def points_of(run: Path, base: dict) -> list[dict]:
     return sorted(pts, key=lambda p: p["seconds"])
 
 
+def _run_json(run: Path, name: str, lines: bool = False):
+    """A run file's JSON (a list of its lines' for .jsonl); None where a failed row wrote none."""
+    try:
+        text = read_run_file(run, name)
+    except FileNotFoundError:
+        return None
+    return [json.loads(x) for x in text.splitlines() if x] if lines else json.loads(text)
+
+
 def _evals(run: Path) -> dict:
     """Ours: sampler 0's baseline and the learner's final evaluation from eval.jsonl (accuracy, decode seconds)."""
     try:
@@ -313,8 +322,7 @@ def row_result(run: Path, work: Path, device: dict) -> dict:
            "wall_s": round(launch["wall_s"], 1)}
     if launch["trainer"] == "ours":
         books = tta.ours_books(run)
-        metrics = [json.loads(x) for x in read_run_file(run, "metrics.jsonl").splitlines() if x]
-        summary = json.loads(read_run_file(run, "summary.json"))
+        metrics, summary = _run_json(run, "metrics.jsonl", lines=True) or [], _run_json(run, "summary.json") or {}
         steps, rates = summary.get("steps"), ours_rates(metrics, summary, gpus)
         first, _ = tta.first_step_ours(run, launch["launch_time"])
         last_end = max((m["time_s"] for m in metrics if "step" in m and "time_s" in m), default=None)
