@@ -1,7 +1,8 @@
-"""The default model's GGUF file: where it is, and its header (metadata and tensor table) read
-without touching the tensors. Standard library only: grpo.model converts the file with this
-reader, and the launcher's memory plan (grpo.launch.memory) reads the model's shape with it
-before any worker starts, when nothing may import torch or numpy yet (grpo.launch.main).
+"""GGUF files: where the default model's is, a file's header (metadata and tensor table) read
+without touching the tensors, and the ids that end generation. Standard library only:
+grpo.gguf_convert converts files with this reader, and the launcher (grpo.launch.main, and its
+memory plan, grpo.launch.memory) checks --model and reads the model's shape with it before any
+worker starts, when nothing may import torch or numpy yet.
 """
 from __future__ import annotations
 
@@ -96,24 +97,39 @@ def read_gguf(path: Path):
     return metadata, [(n, s, t, data_start + o) for n, s, t, o in table], buf
 
 
-def llama_config_kwargs(metadata: dict, tensor_names: set) -> dict:
-    """The LlamaConfig keyword arguments transformers' GGUF loader builds from this metadata
-    (modeling_gguf_pytorch_utils.load_gguf_checkpoint): grpo.model builds its LlamaConfig from
-    them; a config.json-style dict the memory plan reads as it is (LlamaConfig's defaults,
-    attention_bias False and model_type llama, are what the plan assumes when keys are absent)."""
-    arch = metadata.get("general.architecture")
-    if arch != "llama" or "mistral" in str(metadata.get("general.name", "")):
-        raise ValueError(f"only Llama GGUFs are converted here, not {arch!r}")
-    keys = {"context_length": "max_position_embeddings", "block_count": "num_hidden_layers",
-            "feed_forward_length": "intermediate_size", "embedding_length": "hidden_size",
-            "rope.dimension_count": "head_dim", "rope.freq_base": "rope_theta",
-            "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
-            "attention.layer_norm_rms_epsilon": "rms_norm_eps", "vocab_size": "vocab_size"}
-    ids = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id",
-           "unknown_token_id": "unk_token_id", "padding_token_id": "pad_token_id"}
+# llama.cpp's metadata keys under "<architecture>." -> config.json keys, as transformers' GGUF loader
+# maps them for the decoders it reads (integrations/ggml.py, GGUF_CONFIG_MAPPING). The head size is
+# arch-specific: Llama files state it as rope.dimension_count, Gemma's and Qwen3's as attention.key_length.
+_ARCH_KEYS = {"context_length": "max_position_embeddings", "block_count": "num_hidden_layers",
+              "feed_forward_length": "intermediate_size", "embedding_length": "hidden_size",
+              "rope.freq_base": "rope_theta", "attention.head_count": "num_attention_heads",
+              "attention.head_count_kv": "num_key_value_heads",
+              "attention.layer_norm_rms_epsilon": "rms_norm_eps", "vocab_size": "vocab_size"}
+_TOKEN_IDS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id",
+              "unknown_token_id": "unk_token_id", "padding_token_id": "pad_token_id"}
+
+
+def model_type(metadata: dict) -> str:
+    """transformers' model type for a GGUF file: its general.architecture. llama.cpp writes Mistral
+    files as 'llama'; transformers' GGUF loader makes one a Mistral only when its general.name is
+    exactly 'mistral' (it tests membership in a one-element list), and a Llama otherwise (the same
+    layers: what differs, a sliding window, is Mistral 7B v0.1's alone). So does this."""
+    arch = str(metadata.get("general.architecture", ""))
+    return "mistral" if arch == "llama" and metadata.get("general.name") == "mistral" else arch
+
+
+def config_kwargs(metadata: dict, tensor_names: set) -> dict:
+    """The config keyword arguments transformers' GGUF loader builds from this metadata
+    (modeling_gguf_pytorch_utils.load_gguf_checkpoint), for the architectures whose keys follow
+    llama.cpp's common scheme (llama, qwen2, mistral, ...): grpo.gguf_convert builds its LlamaConfig
+    and Qwen2Config from them."""
+    arch = str(metadata.get("general.architecture", ""))
     kw = {"tie_word_embeddings": "output.weight" not in tensor_names}
-    kw.update({hf: metadata[f"llama.{k}"] for k, hf in keys.items() if f"llama.{k}" in metadata})
-    kw.update({hf: metadata[f"tokenizer.ggml.{k}"] for k, hf in ids.items() if f"tokenizer.ggml.{k}" in metadata})
+    kw.update({hf: metadata[f"{arch}.{k}"] for k, hf in _ARCH_KEYS.items() if f"{arch}.{k}" in metadata})
+    if arch == "llama" and f"{arch}.rope.dimension_count" in metadata:   # transformers reads it for llama only
+        kw["head_dim"] = metadata[f"{arch}.rope.dimension_count"]
+    kw.update({hf: metadata[f"tokenizer.ggml.{k}"] for k, hf in _TOKEN_IDS.items()
+               if f"tokenizer.ggml.{k}" in metadata})
     if "general.name" in metadata:
         kw["_model_name_or_path"] = metadata["general.name"]
     if "vocab_size" not in kw:
@@ -122,8 +138,67 @@ def llama_config_kwargs(metadata: dict, tensor_names: set) -> dict:
 
 
 def gguf_config(path: Path) -> dict:
-    """llama_config_kwargs of the GGUF at `path`, from its header alone: the file is memory-mapped
-    and only its metadata and tensor table are read (no tensor data, no conversion)."""
+    """A config.json-style dict of the GGUF at `path` for the launcher's memory plan, from its header
+    alone: the file is memory-mapped and only its metadata and tensor table are read (no tensor
+    data, no conversion). config_kwargs, with what the plan reads beside them: model_type,
+    attention_bias (q/k/v biases in the file: Qwen2's) and head_dim where the file states it
+    (attention.key_length); a per-layer list of KV-head counts (LFM2) counts as its largest."""
     metadata, table, buf = read_gguf(path)
     buf.close()
-    return llama_config_kwargs(metadata, {name for name, *_ in table})
+    names = {name for name, *_ in table}
+    arch = str(metadata.get("general.architecture", ""))
+    if f"{arch}.block_count" not in metadata or f"{arch}.embedding_length" not in metadata:
+        raise ValueError(f"the GGUF header states no {arch}.block_count or {arch}.embedding_length")
+    cfg = config_kwargs(metadata, names)
+    cfg["model_type"] = model_type(metadata)
+    cfg["attention_bias"] = any(n.endswith(".attn_q.bias") for n in names)
+    if f"{arch}.attention.key_length" in metadata:
+        cfg["head_dim"] = metadata[f"{arch}.attention.key_length"]
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        if isinstance(cfg.get(key), list):
+            cfg[key] = max(cfg[key])
+    return cfg
+
+
+# llama.cpp's end-of-generation tokens, by their text (llama-vocab.cpp, the list "of tokens that cause
+# end-of-generation"): a chat model stops at any of them, whichever one its file calls EOS. Qwen2.5
+# instruct files, for one, name <|im_end|> the EOS, while the hub's generation config stops on
+# <|endoftext|> too. (llama.cpp also stops at the fill-in-the-middle pad/rep/sep tokens; a chat
+# template never asks for those, so they are left out.)
+EOG_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
+                       "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>"})
+
+
+def end_ids(metadata: dict) -> list[int]:
+    """Every id that ends generation for a GGUF's model, the file's EOS first: tokenizer.ggml.eos_token_id,
+    eot_token_id and eom_token_id where stated, then each token whose text is one of EOG_TEXTS, each once."""
+    ids = [metadata[f"tokenizer.ggml.{k}"] for k in ("eos_token_id", "eot_token_id", "eom_token_id")
+           if metadata.get(f"tokenizer.ggml.{k}") is not None]
+    ids += [i for i, text in enumerate(metadata.get("tokenizer.ggml.tokens", ())) if text in EOG_TEXTS]
+    return list(dict.fromkeys(int(i) for i in ids))
+
+
+def gguf_model_file(name: str) -> Path | None:
+    """The GGUF file that --model `name` names, or None when it names a folder holding config.json or
+    (no such path, and not spelled as one) a hub id. A path that is neither raises ModelUnavailable,
+    one line naming the fix: the workers' check (grpo.model.resolve_model) and the launcher's."""
+    path = Path(name).expanduser()
+    if path.is_file():
+        try:
+            with open(path, "rb") as fh:
+                magic = fh.read(4)
+        except OSError as exc:
+            raise ModelUnavailable(f"--model {name}: cannot read it ({exc.strerror})") from None
+        if magic != b"GGUF":
+            raise ModelUnavailable(f"--model {name}: not a GGUF file; pass a .gguf file, a Hugging Face model "
+                                   f"folder or a hub id")
+        return path
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelUnavailable(f"--model {name}: no config.json there; pass a Hugging Face model folder, "
+                                   f"a .gguf file or a hub id")
+        return None
+    if name.startswith((".", "/", "~")) or name.lower().endswith(".gguf"):
+        raise ModelUnavailable(f"--model {name}: no such file or folder; pass an existing path, a hub id, "
+                               f"or 'smollm2'")
+    return None  # a hub id: transformers reports whether it can be fetched

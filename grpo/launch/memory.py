@@ -1,5 +1,5 @@
 """The memory plan: before anything loads, each process's GPU memory, estimated from the model's
-config.json (for the default GGUF model not converted yet, its GGUF's header) and the run's flags;
+config.json (for a GGUF model, the default one or a --model FILE.gguf, its GGUF's header) and the run's flags;
 a plan that will not fit is refused with one line naming the biggest item and the flag that
 shrinks it. Pure functions (json, os, ctypes, struct): no torch or numpy here, the launcher stays
 light.
@@ -51,7 +51,8 @@ RESERVE = {True: {"learner_full": 0.25, "learner_lora": 0.05, "sampler": 0.7, "s
 BUILT_FOLDERS = {"smollm2": "smollm2-135m-instruct", "tiny-random": "tiny-random-llama",
                  **{f"random:qwen2.5-{k}": f"random-qwen2.5-{k}" for k in ("0.5b", "1.5b", "3b", "7b")}}
 # --model names whose folder grpo.model converts from the GGUF file (grpo.model._convert_smollm2):
-# before the first load converts it, the GGUF's header gives the same shape (grpo.gguf_header)
+# before the first load converts it, the GGUF's header gives the same shape (grpo.gguf_header), as it
+# does for any --model FILE.gguf (read_shape)
 FROM_GGUF = frozenset({"smollm2"})
 
 # What shrinks each item: the one-line refusal names it.
@@ -117,13 +118,14 @@ def model_folder(model: str, cache: str | None = None) -> Path | None:
 def read_shape(model: str) -> tuple[Shape | None, str]:
     """(shape, "") or (None, a one-line note why there is no plan)."""
     folder = model_folder(model)
-    if folder is not None and not (folder / "config.json").is_file() and model in FROM_GGUF:
+    gguf_file = folder is not None and folder.is_file()   # --model FILE.gguf (grpo.model converts it at load)
+    if gguf_file or (folder is not None and not (folder / "config.json").is_file() and model in FROM_GGUF):
         # A first run: the folder is converted at load, but the config it will hold is the GGUF
         # header's (read here in ~0.05 s, no tensor touched), so the first run is checked too.
         from grpo.gguf_header import ModelUnavailable, find_gguf, gguf_config
 
         try:
-            gguf = find_gguf()
+            gguf = folder if gguf_file else find_gguf()
         except ModelUnavailable:
             gguf = None   # not installed: the load will say so; the plan is skipped as for any missing config
         if gguf is not None:
