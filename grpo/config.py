@@ -23,7 +23,7 @@ class CommonConfig:
     """Options every process shares."""
 
     model: str = DEFAULT_MODEL
-    """'smollm2' (the embedded SmolLM2-135M-Instruct), 'tiny-random' (a 2-layer random model for tests), 'random:qwen2.5-0.5b', '-1.5b', '-3b' or '-7b' (random weights of that Qwen2.5's shapes), or any Hugging Face causal LM id or path."""
+    """'smollm2' (the embedded SmolLM2-135M-Instruct), 'tiny-random' (a 2-layer random model for tests), 'random:qwen2.5-0.5b', '-1.5b', '-3b' or '-7b' (random weights of that Qwen2.5's shapes), any Hugging Face causal LM id or folder, or a .gguf file of an architecture transformers can de-quantise (converted once into the model cache, GRPO_CACHE or ~/.cache/grpo)."""
     device: str = "auto"
     """'auto' (CUDA when present, else CPU), 'cuda' or 'cpu' (gloo)."""
     host: str = "127.0.0.1"
@@ -298,7 +298,7 @@ class EvalConfig:
     """python -m grpo.evaluate: greedy pass@1 of a model on the first N test problems."""
 
     model: str = DEFAULT_MODEL
-    """'smollm2', a Hugging Face folder (e.g. a checkpoint's hf/ folder) or hub id."""
+    """'smollm2', a Hugging Face folder (e.g. a checkpoint's hf/ folder), a hub id or a .gguf file."""
     dataset: str = DEFAULT_DATASET
     """'openai/gsm8k', a folder with test.jsonl (e.g. ../shared/data/gsm8k), or rg:<task>."""
     eval_size: int = 500
