@@ -14,7 +14,7 @@ SECS=${SECS:-600}; OUT_DIR=${OUT_DIR:-/tmp/bg/out}; WORK=${WORK:-/tmp/rw}; DATA=
 CODE=/tmp/code
 rm -rf $CODE && mkdir -p $CODE $OUT_DIR/results $OUT_DIR/runs
 tar -C . --exclude=./.whl --exclude=./.chunk --exclude=./.data --exclude=./.git -cf - . | tar -C $CODE -xf -
-cd $CODE && . bench/device_setup.sh
+cd $CODE && { set +u; . bench/device_setup.sh; set -u; }
 export GRPO_GIT_COMMIT=$COMMIT
 for item in $ROWS; do   # ROW or ROW@SECONDS (that row's own length)
     row=${item%@*}; secs=$SECS; [ "$item" != "$row" ] && secs=${item#*@}
