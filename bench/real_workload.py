@@ -240,9 +240,10 @@ def score_worker(args) -> None:
     import torch
 
     from grpo.evaluate import eval_engine, eval_problems, greedy_accuracy
-    from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model
+    from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, start_runtime
 
     device = pick_device(args.device, -1 if args.device == "cpu" else 0)
+    start_runtime(device, {})   # the workers' attention kernels (no cuDNN), as python -m grpo.evaluate
     problems = eval_problems(args.dataset, args.eval_size)
     loaded = None
     for model, run, folder, step, seconds in json.loads(Path(args.items).read_text()):
@@ -265,7 +266,8 @@ def score_worker(args) -> None:
             load_s = 0.0
         r = greedy_accuracy(net, tok, problems, args.eval_tokens, 64, device, engine)
         keep = {k: r[k] for k in ("accuracy", "correct", "n", "truncated_frac", "mean_completion_len", "top_answers",
-                                  "decoder", "decode_s", "seconds") if k in r}
+                                  "decoder", "decode_s") if k in r}
+        keep["eval_s"] = r.get("seconds")   # the evaluation's own time; "seconds" is the save's, from launch
         if folder:
             line = {"step": step, "seconds": round(seconds, 2), **keep, "load_s": round(load_s, 2)}
             with open(Path(run) / f"scores_w{args.worker}.jsonl", "a") as fh:
@@ -368,6 +370,8 @@ def summarise(args) -> Path:
     doc.update({"device": name, "settings": {"shared": SHARED, "ours_only": OURS_ONLY, "layouts": LAYOUTS,
                                              "save_schedule": args.save_schedule, "marks_s": MARKS_S},
                 "prepare_s": device.get("prepare_s"), "command_line": device.get("command")})
+    if args.note:
+        doc.setdefault("notes", []).append(args.note)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
     for model in sorted({r["model"] for r in doc["rows"]}):
@@ -394,7 +398,8 @@ def plot(rows: list[dict], path: Path, device: str, model: str) -> None:
     for r in rows:
         xs, ys = [p["seconds"] for p in r["points"]], [p["accuracy"] for p in r["points"]]
         who = "ours" if r["trainer"] == "ours" else "TRL GRPOTrainer"
-        label = f"{who}, {r['gpus']} GPU{'s' if r['gpus'] > 1 else ''} ({r['layout']}), seed {r['seed']}"
+        how = "DDP" if r["trainer"] == "trl" else ("1 sampler + 3 learner ranks" if r["layout"] == "seed" else "shared")
+        label = f"{who}, {r['gpus']} GPU{'s' if r['gpus'] > 1 else ''} ({how}), seed {r['seed']}"
         ax.plot(xs, ys, marker="o", ms=3, color=colours.get((r["trainer"], r["layout"])), label=label)
     if rows:
         base = rows[0]["baseline_accuracy"]
@@ -402,7 +407,8 @@ def plot(rows: list[dict], path: Path, device: str, model: str) -> None:
         ax.axhline(base + 0.10, color="gray", ls="--", lw=0.8, label="baseline + 10 points")
     ax.set_xlabel("seconds from launch (evaluation afterwards, not counted)")
     ax.set_ylabel("greedy accuracy, 500 GSM8K test problems")
-    ax.set_title(f"{model} on GSM8K, {device}", fontsize=10)
+    title = MODELS[SHORT[model]]["file"].split("-q4")[0] if model in SHORT else model
+    ax.set_title(f"{title} on GSM8K, {device}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -443,6 +449,7 @@ def main(argv=None) -> int:
     ap.add_argument("--git-commit", default="", help="the commit to record where the tree has no .git")
     ap.add_argument("--label", default="", help="summarise: keep these rows beside earlier runs of the same rows")
     ap.add_argument("--device-name", default="")
+    ap.add_argument("--note", default="", help="summarise: a note kept in the result file's notes")
     ap.add_argument("--results-dir", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--items", default="", help=argparse.SUPPRESS)
     ap.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)

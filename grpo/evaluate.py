@@ -208,12 +208,16 @@ def record_eval(run_dir: str, version: int, result: dict, by: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(EvalConfig, argv, "python -m grpo.evaluate")
     from grpo.data.sources import DatasetUnavailable
-    from grpo.model import ModelUnavailable, compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model
+    from grpo.model import (ModelUnavailable, compute_dtype, load_causal_lm, load_tokenizer, pick_device,
+                            resolve_model, start_runtime)
     from grpo.obs.rundir import setup_logging
 
     setup_logging("evaluate")
     try:
         device = pick_device(cfg.device, cfg.gpu_id)
+        # The workers' attention kernels (start_runtime turns cuDNN's off on CUDA): another kernel rounds
+        # bf16 otherwise, and greedy decoding then parts from the learner's and samplers' on some problems.
+        start_runtime(device, {})
         problems = eval_problems(cfg.dataset, cfg.eval_size)
         path = resolve_model(cfg.model)
         tok = load_tokenizer(path)
