@@ -405,10 +405,14 @@ class Learner:
                 t0 = time.perf_counter()
                 batch = groups = None
                 if self.rank == 0:
-                    groups = self.intake.collect(self.groups_per_step, self.version)
-                    batch = build_batch(groups, self.cfg.num_generations, self.cfg.scale_rewards)
+                    left = (self.cfg.max_time_s - (t0 - t_start)) if self.cfg.max_time_s else None
+                    groups = self.intake.collect(self.groups_per_step, self.version, within_s=left)
+                    batch = build_batch(groups, self.cfg.num_generations, self.cfg.scale_rewards) if groups else None
                 t_data = time.perf_counter()
-                batch, _ = broadcast_batch(batch, False, self.device)
+                # Rank 0 out of time before a step's data came: every rank leaves the loop together.
+                batch, out_of_time = broadcast_batch(batch, self.rank == 0 and batch is None, self.device)
+                if out_of_time:
+                    break
                 # shared: the sampler reads these very weights; it waits while we step and publish.
                 with self.publisher.guard() if self.rank == 0 else contextlib.nullcontext():
                     stats = self.train_step(batch)

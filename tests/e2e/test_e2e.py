@@ -187,3 +187,25 @@ def test_busy_port_is_reported_with_the_flag(tmp_path):
             assert len(line) == 1 and "in use" in line[0] and flag in line[0], r.stderr
     finally:
         blocker.close()
+
+
+@pytest.mark.slow
+def test_max_time_ends_a_run_whose_samplers_send_nothing(tmp_path):
+    """--max-time-s bounds the run even when no step's data ever comes: the random model's groups
+    all lack signal and --filter-zero-signal drops each at the sampler, so the 2-rank learner waits
+    for its first step until the time is up, then every rank stops together, with the books balanced."""
+    d, s = free_ports(2)
+    run_dir = tmp_path / "run"
+    t0 = time.monotonic()
+    r = run(["run_distributed.py", "--device", "cpu", "--training-ranks", "2", "--max-steps", "5",
+             "--max-time-s", "4", "--model", "tiny-random", "--dataset", str(GSM8K), "--num-generations", "4",
+             "--prompts-per-round", "1", "--train-batch-size", "8", "--max-new-tokens", "8", "--eval-every", "0",
+             "--filter-zero-signal", "--data-port", str(d), "--sync-port", str(s), "--run-dir", str(run_dir)],
+            timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr + _logs(run_dir)
+    steps, summary = steps_of(run_dir)
+    assert summary["steps"] == 0 and steps == []
+    acc = summary["groups"]
+    assert acc["balanced"] and acc["trained"] == 0 and acc["sent"] == acc["dropped"].get("sampler_zero_signal", 0)
+    assert "--max-time-s reached while waiting for data" in (run_dir / "learner0.log").read_text()
+    assert time.monotonic() - t0 < 400
