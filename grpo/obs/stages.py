@@ -33,7 +33,7 @@ STAGES: dict[str, list[tuple[str, str]]] = {
                  ("engine_ready", "loading the model and building its optimizer engine (DeepSpeed: the "
                                   "process group and, on CPU, its communication op)"),
                  ("weights_published", "publishing version 0 of the weights"),
-                 ("first_step", "its first step: a warm-up pass (CUDA), waiting for groups from the samplers, "
+                 ("first_step", "its first step: waiting for groups from the samplers, "
                                 "then training")],
     "learner": [("started", "starting Python and parsing its options"),
                 ("engine_ready", "loading the model and joining the DeepSpeed group"),
