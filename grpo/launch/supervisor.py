@@ -177,6 +177,22 @@ def _check_failed(check: Future | None, wait_s: float = 0.0) -> bool:
     return bool(problem)
 
 
+def layout_note(cfg: LaunchConfig, run_dir: Path, summary: dict) -> str | None:
+    """grpo.launch.layout's advice on the run's measured rates, where the user gave samplers and
+    learner ranks GPUs of their own; None otherwise, or when the rates give no reason."""
+    from grpo.launch.layout import advice, measured
+    from grpo.launch.plan import parse_gpus
+
+    try:
+        sampling, training = parse_gpus(cfg.sampling_gpus, "--sampling-gpus"), parse_gpus(cfg.training_gpus,
+                                                                                          "--training-gpus")
+        metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    except (OSError, ValueError):
+        return None
+    rates = measured(metrics, summary)
+    return advice(rates, sampling, training) if rates else None
+
+
 def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future | None = None) -> int:
     """One run: start the learner group, then the samplers, and watch them to the end. `check`: a
     launch check still running as they start (its result: None, or a one-line problem); if it
@@ -247,6 +263,8 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future |
                     note = done.get("balance", {}).get("text")
                     print(f"[launcher] done: {json.dumps(done['groups'])}" + (f" ({note})" if note else ""),
                           flush=True)
+                    if line := layout_note(cfg, run_dir, done):
+                        print(f"[launcher] {line}", flush=True)
                 bad = sup.failed()
                 if bad:
                     print(f"[launcher] {bad[0]} exited with code {bad[1]}:\n{sup.tail(bad[0])}",

@@ -473,6 +473,16 @@ class Learner:
         record_eval(str(self.run_dir), self.version, result, by="learner")
         return {"version": self.version, **result}
 
+    def _sampler_busy(self, elapsed: float) -> dict[str, float]:
+        """Each sampler's busy seconds (generating, log-prob passes, scoring) over `elapsed`, at most 1:
+        its counts start with its own process, a little before the learner's loop."""
+        out = {}
+        for sid, e in self.books.latest().items():
+            stats = e.status.stats if e.status is not None else {}
+            busy = sum(float(stats.get(k, 0.0)) for k in ("gen_s", "logprob_s", "reward_s"))
+            out[str(sid)] = round(min(1.0, busy / elapsed), 3) if elapsed > 0 else 0.0
+        return out
+
     def _time_up(self, t_start: float) -> bool:
         """--max-time-s reached? Rank 0's clock decides for all, so every rank leaves the loop together."""
         flag = torch.tensor([float(time.perf_counter() - t_start >= self.cfg.max_time_s)], device=self.device)
@@ -499,6 +509,10 @@ class Learner:
                "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()) if batch.size > 1 else 0.0,
                "completion_len_mean": float(batch.meta[:, 1].float().mean()),
                "step_time_s": now - t0, "data_wait_s": t_data - t0, "train_s": t_train - t_data,
+               # each role's busy share: the learner's of this step; each sampler's since the loop began
+               # (generation, log-prob passes, scoring), from its latest status
+               "learner_busy_share": (t_train - t_data) / (now - t0) if now > t0 else 0.0,
+               "sampler_busy_share": self._sampler_busy(now - t_start),
                "sync_publish_s": stall, "samples_per_s": trained_samples / (now - t_start),
                "groups": self.intake.accounting(), "sampler_versions": dict(self.publisher.sampler_versions),
                "eval": self._latest_eval(), "sync_method": self.publisher.method,
