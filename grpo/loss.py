@@ -6,11 +6,12 @@ log-probs does not leak into the ratio.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Callable
 
 import torch
 
-LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
+from grpo.config import LearnerConfig as _L   # the flags' defaults, kept in one place
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True,
@@ -147,28 +148,114 @@ def grpo_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.
                      entropy=ent.detach() * mf)
 
 
+@dataclass(frozen=True)
+class Norms:
+    """The global counts a micro-batch's share of the loss is normalised by (never its own: the
+    batch is split over ranks and micro-batches unevenly, and the shares must add up exactly)."""
+    total_sequences: int       # sequences in the whole step, all ranks
+    total_tokens: int          # generated tokens in the whole step, all ranks
+    max_new_tokens: int
+    num_micro_batches: int = 1  # ranks x accumulation steps of the step
+
+
+# A loss variant: how a micro-batch's per-token losses [B, T] become its share of the step's loss.
+# One function of this signature and one entry (@loss_variant) make a new --loss-type.
+LossVariant = Callable[[torch.Tensor, torch.Tensor, Norms], torch.Tensor]
+LOSS_VARIANTS: dict[str, LossVariant] = {}
+
+
+def loss_variant(name: str) -> Callable[[LossVariant], LossVariant]:
+    def register(fn: LossVariant) -> LossVariant:
+        LOSS_VARIANTS[name] = fn
+        return fn
+    return register
+
+
+@loss_variant("grpo")
+def grpo_reduce(token_loss: torch.Tensor, mask: torch.Tensor, n: Norms) -> torch.Tensor:
+    """sum_i (sum_t l_it / n_i) / total_sequences: the mean per sequence, then over sequences."""
+    per_seq = token_loss.sum(dim=1) / mask.float().sum(dim=1).clamp(min=1.0)    # [B]
+    return per_seq.sum() / n.total_sequences
+
+
+@loss_variant("dapo")
+def dapo_reduce(token_loss: torch.Tensor, mask: torch.Tensor, n: Norms) -> torch.Tensor:
+    """sum_it l_it / total_tokens: the mean over every token of the step."""
+    return token_loss.sum() / max(n.total_tokens, 1)
+
+
+@loss_variant("dr_grpo")
+def dr_grpo_reduce(token_loss: torch.Tensor, mask: torch.Tensor, n: Norms) -> torch.Tensor:
+    """sum_it l_it / (total_sequences * max_new_tokens): a constant normaliser (Dr. GRPO)."""
+    return token_loss.sum() / (n.total_sequences * n.max_new_tokens)
+
+
+@loss_variant("bnpo")
+def bnpo_reduce(token_loss: torch.Tensor, mask: torch.Tensor, n: Norms) -> torch.Tensor:
+    """(sum_it l_it / tokens in this micro-batch) / num_micro_batches: TRL's bnpo, a token mean per
+    local batch, then the mean over the ranks x accumulation steps of the step."""
+    return token_loss.sum() / mask.float().sum().clamp(min=1.0) / n.num_micro_batches
+
+
+LOSS_TYPES = tuple(LOSS_VARIANTS)
+
+
 def reduce_loss(token_loss: torch.Tensor, mask: torch.Tensor, loss_type: str,
                 total_sequences: int, total_tokens: int, max_new_tokens: int,
                 num_micro_batches: int = 1) -> torch.Tensor:
-    """This micro-batch's share of the global loss, so that shares add up exactly.
+    """This micro-batch's share of the global loss by the variant `loss_type` (LOSS_VARIANTS)."""
+    if loss_type not in LOSS_VARIANTS:
+        raise ValueError(f"unknown loss_type {loss_type!r}; choose one of {', '.join(LOSS_VARIANTS)}")
+    return LOSS_VARIANTS[loss_type](token_loss, mask, Norms(total_sequences, total_tokens, max_new_tokens,
+                                                            num_micro_batches))
 
-    The global batch is split over ranks and micro-batches with uneven sizes, so every
-    normaliser is a *global* count passed in by the caller, never this slice's own:
-      grpo    : sum_i (sum_t l_it / n_i) / total_sequences    (mean per sequence, then over sequences)
-      dapo    : sum_it l_it / total_tokens                     (mean over every token of the batch)
-      dr_grpo : sum_it l_it / (total_sequences * max_new_tokens)  (constant normaliser)
-      bnpo    : (sum_it l_it / tokens in this micro-batch) / num_micro_batches
-                (TRL's bnpo: a token mean per local batch, then the mean over the
-                num_micro_batches = ranks x accumulation steps of the global step)
-    """
-    mf = mask.float()                                                      # [B, T]
-    if loss_type == "grpo":
-        per_seq = token_loss.sum(dim=1) / mf.sum(dim=1).clamp(min=1.0)     # [B]
-        return per_seq.sum() / total_sequences
-    if loss_type == "dapo":
-        return token_loss.sum() / max(total_tokens, 1)
-    if loss_type == "dr_grpo":
-        return token_loss.sum() / (total_sequences * max_new_tokens)
-    if loss_type == "bnpo":
-        return token_loss.sum() / mf.sum().clamp(min=1.0) / num_micro_batches
-    raise ValueError(f"unknown loss_type {loss_type!r}; choose one of {', '.join(LOSS_TYPES)}")
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The objective's settings; each field is the learner's flag of the same name, with its default
+    (grpo.config.LearnerConfig documents them). LossConfig.of(learner_config) takes a run's."""
+    loss_type: str = _L.loss_type
+    epsilon: float = _L.epsilon
+    epsilon_high: float = _L.epsilon_high
+    beta: float = _L.beta
+    kl_estimator: str = _L.kl_estimator
+    dual_clip: float = _L.dual_clip
+    tis_cap: float = _L.tis_cap
+    is_mask_low: float = _L.is_mask_low
+    is_mask_high: float = _L.is_mask_high
+    entropy_coef: float = _L.entropy_coef
+
+    @classmethod
+    def of(cls, cfg) -> "LossConfig":
+        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
+
+    def check(self) -> None:
+        """Bad settings as one line naming the flag and the fix."""
+        if self.loss_type not in LOSS_VARIANTS:
+            raise ValueError(f"--loss-type {self.loss_type}: choose one of {', '.join(LOSS_VARIANTS)}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"--kl-estimator {self.kl_estimator}: choose one of {', '.join(KL_ESTIMATORS)}")
+        if self.dual_clip and self.dual_clip <= 1.0:
+            raise ValueError(f"--dual-clip {self.dual_clip}: must be > 1 (typically 3), or 0 to turn it off")
+        if self.tis_cap < 0:
+            raise ValueError(f"--tis-cap {self.tis_cap}: must be > 0 (typically 2), or 0 to turn it off")
+        if self.is_mask_high and not 0 <= self.is_mask_low < 1 < self.is_mask_high:
+            raise ValueError(f"--is-mask-low {self.is_mask_low} --is-mask-high {self.is_mask_high}: need "
+                             f"0 <= low < 1 < high (prime-rl uses 0.125 and 8), or --is-mask-high 0 to turn it off")
+        if self.is_mask_low and not self.is_mask_high:
+            raise ValueError(f"--is-mask-low {self.is_mask_low} needs --is-mask-high (e.g. 8)")
+
+
+def compute_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor, advantages: torch.Tensor,
+                 mask: torch.Tensor, cfg: LossConfig, norms: Norms, prox_logp: torch.Tensor | None = None,
+                 entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, TokenLoss]:
+    """(this micro-batch's share of the step's loss, its per-token figures): the per-token objective
+    (grpo_token_loss, shapes there) by `cfg`, reduced by its variant. The importance weight is
+    masked (is_mask) when --is-mask-high is set, else truncated at --tis-cap; both need prox_logp."""
+    masked = bool(cfg.is_mask_high)
+    tl = grpo_token_loss(logp, old_logp, ref_logp, advantages, mask, cfg.epsilon, cfg.epsilon_high, cfg.beta,
+                         kl_estimator=cfg.kl_estimator, dual_clip=cfg.dual_clip or None, prox_logp=prox_logp,
+                         tis_cap=None if masked else (cfg.tis_cap or None),
+                         is_mask=(cfg.is_mask_low, cfg.is_mask_high) if masked else None,
+                         entropy=entropy, entropy_coef=cfg.entropy_coef)
+    return LOSS_VARIANTS[cfg.loss_type](tl.loss, mask, norms), tl

@@ -256,3 +256,41 @@ def test_entropy_bonus_subtracts_coef_times_entropy_per_token():
     off = grpo_token_loss(logp, logp.clone(), logp.clone(), t([1.0, 0.0]), mask, entropy=ent)
     torch.testing.assert_close(off.loss, t([[-1.0, -1.0], [0.0, 0.0]]))
     assert torch.equal(off.entropy, torch.zeros(2, 2))
+
+
+def test_a_loss_variant_is_one_function_and_one_entry():
+    """A new --loss-type: one function of the variants' signature, registered; the learner's path
+    (compute_loss) then reduces by it, and its settings check accepts the name."""
+    from grpo.loss import LOSS_VARIANTS, LossConfig, Norms, compute_loss, loss_variant
+
+    logp = t([[-1.0, -2.0], [-0.5, 0.0]])
+    mask = t([[1.0, 1.0], [1.0, 0.0]])
+    adv = t([1.0, -2.0])
+    try:
+        @loss_variant("sum_test")
+        def summed(token_loss, mask, n):
+            return token_loss.sum() / n.num_micro_batches
+
+        cfg = LossConfig(loss_type="sum_test", beta=0.0, tis_cap=0.0)
+        cfg.check()
+        share, tl = compute_loss(logp, logp.clone(), logp.clone(), adv, mask, cfg, Norms(2, 3, 2, num_micro_batches=2))
+        # on-policy, no KL: each token's loss is -A (ratio 1): -1 -1 for the first row, +2 for the second
+        assert tl.loss.tolist() == [[-1.0, -1.0], [2.0, 0.0]] and share.item() == pytest.approx(0.0 / 2)
+    finally:
+        LOSS_VARIANTS.pop("sum_test", None)
+    with pytest.raises(ValueError, match="--loss-type sum_test"):
+        LossConfig(loss_type="sum_test").check()
+
+
+def test_compute_loss_is_the_token_loss_reduced_by_its_variant():
+    from grpo.loss import LOSS_TYPES, LossConfig, Norms, compute_loss
+
+    torch.manual_seed(0)
+    logp, old, ref = (torch.randn(3, 4) * 0.3 - 1 for _ in range(3))
+    mask, adv = t([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]]), t([0.5, -1.0, 2.0])
+    assert LOSS_TYPES == ("grpo", "dapo", "dr_grpo", "bnpo")
+    for lt in LOSS_TYPES:
+        cfg = LossConfig(loss_type=lt, beta=0.04, tis_cap=2.0)
+        share, _ = compute_loss(logp, old, ref, adv, mask, cfg, Norms(3, 9, 4, 2), prox_logp=logp.detach())
+        tl = grpo_token_loss(logp, old, ref, adv, mask, beta=0.04, prox_logp=logp.detach(), tis_cap=2.0)
+        assert share.item() == reduce_loss(tl.loss, mask, lt, 3, 9, 4, num_micro_batches=2).item(), lt

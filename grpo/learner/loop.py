@@ -33,7 +33,7 @@ from grpo.learner.engine import (CommunicatorWarmup, DeepSpeedEngine, TorchEngin
 from grpo.learner.intake import Intake
 from grpo.learner.liveness import Liveness, SyncPeers
 from grpo.learner.warmup import warm_up, warm_up_shape
-from grpo.loss import KL_ESTIMATORS, LOSS_TYPES, grpo_token_loss, reduce_loss
+from grpo.loss import LossConfig, Norms, compute_loss
 from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, start_runtime,
                         token_logprobs, weights_checksum)
 from grpo.obs.gpu import GpuMonitor, format_gpu, release_cached
@@ -56,19 +56,7 @@ log = logging.getLogger(__name__)
 
 def check_loss_options(cfg: LearnerConfig) -> None:
     """Reject bad algorithm options with one line, before anything is loaded."""
-    if cfg.loss_type not in LOSS_TYPES:
-        raise ValueError(f"--loss-type {cfg.loss_type}: choose one of {', '.join(LOSS_TYPES)}")
-    if cfg.kl_estimator not in KL_ESTIMATORS:
-        raise ValueError(f"--kl-estimator {cfg.kl_estimator}: choose one of {', '.join(KL_ESTIMATORS)}")
-    if cfg.dual_clip and cfg.dual_clip <= 1.0:
-        raise ValueError(f"--dual-clip {cfg.dual_clip}: must be > 1 (typically 3), or 0 to turn it off")
-    if cfg.tis_cap < 0:
-        raise ValueError(f"--tis-cap {cfg.tis_cap}: must be > 0 (typically 2), or 0 to turn it off")
-    if cfg.is_mask_high and not 0 <= cfg.is_mask_low < 1 < cfg.is_mask_high:
-        raise ValueError(f"--is-mask-low {cfg.is_mask_low} --is-mask-high {cfg.is_mask_high}: need "
-                         f"0 <= low < 1 < high (prime-rl uses 0.125 and 8), or --is-mask-high 0 to turn it off")
-    if cfg.is_mask_low and not cfg.is_mask_high:
-        raise ValueError(f"--is-mask-low {cfg.is_mask_low} needs --is-mask-high (e.g. 8)")
+    LossConfig.of(cfg).check()
     if cfg.ppo_minibatches < 1 or cfg.ppo_minibatches > cfg.train_batch_size // max(cfg.num_generations, 1):
         raise ValueError(f"--ppo-minibatches {cfg.ppo_minibatches}: must be between 1 and the groups per step "
                          f"(--train-batch-size / --num-generations = "
@@ -81,6 +69,7 @@ class Learner:
         self.t_created = time.time()   # --save-weights-every-s counts from here
         self.cfg = cfg
         check_loss_options(cfg)
+        self.loss_cfg = LossConfig.of(cfg)
         if cfg.save_weights_every_s < 0 or (cfg.save_weights_every_s and cfg.lora_r):
             raise ValueError(f"--save-weights-every-s {cfg.save_weights_every_s}: must be >= 0 and needs full "
                              f"fine-tuning (with --lora-r the adapter is saved at the end); drop one of them")
@@ -365,14 +354,9 @@ class Learner:
             base = None
             if decoupled:
                 base = logp.detach() if k == 0 else prox.pop((k, j))
-            tl = grpo_token_loss(logp, mb.old_logp, mb.ref_logp, mb.advantages, mb.gen_mask,
-                                 cfg.epsilon, cfg.epsilon_high, cfg.beta, kl_estimator=cfg.kl_estimator,
-                                 dual_clip=cfg.dual_clip or None, prox_logp=base,
-                                 tis_cap=None if cfg.is_mask_high else (cfg.tis_cap or None),
-                                 is_mask=(cfg.is_mask_low, cfg.is_mask_high) if cfg.is_mask_high else None,
-                                 entropy=entropy, entropy_coef=cfg.entropy_coef)
-            share = reduce_loss(tl.loss, mb.gen_mask, cfg.loss_type, len(part), total_tokens,
-                                cfg.max_new_tokens, num_micro_batches=self.world * len(micro))
+            share, tl = compute_loss(logp, mb.old_logp, mb.ref_logp, mb.advantages, mb.gen_mask, self.loss_cfg,
+                                     Norms(len(part), total_tokens, cfg.max_new_tokens, self.world * len(micro)),
+                                     prox_logp=base, entropy=entropy)
             self.engine.backward(share * scale)
             with torch.no_grad():   # one host sync per micro-step for every figure it logs
                 loss_, kl_, clip_, toks_, ratio_, w_sum, limited, w_max, ent_ = torch.stack([
