@@ -146,12 +146,29 @@ def eval_tokens(args) -> int:
     return SMALL["max_new_tokens"] if args.device == "cpu" else EVAL_TOKENS
 
 
+def free_ports(n: int) -> list[int]:
+    """n distinct ports free now, for a row's data and sync sockets: rows side by side on one host must
+    not share the defaults (the launcher checks them free before it starts anything)."""
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def ours_command(args, row: dict, run_dir: Path) -> list[str]:
     shared = shared_flags(args)
     cpu = ["--device", "cpu", "--prompts-per-round", "2"] if args.device == "cpu" else []
     only = OURS_ONLY if args.device != "cpu" else [f for f in OURS_ONLY if f != "--filter-zero-signal"]
     layout = [] if args.device == "cpu" else LAYOUTS[row["layout"]]["ours"]
-    return [sys.executable, str(ROOT / "run_distributed.py"), "--model", model_path(row["model"]),
+    ports = ["--data-port", *map(str, free_ports(2))]
+    ports[2:2] = ["--sync-port"]
+    return [sys.executable, str(ROOT / "run_distributed.py"), "--model", model_path(row["model"]), *ports,
             "--dataset", args.dataset, *shared, *only, *layout, *cpu, "--eval-size", str(args.eval_size),
             "--max-time-s", str(args.seconds), "--max-steps", "100000", *tta.ours_save_flags(args.save_schedule),
             "--seed", str(row["seed"]), "--run-dir", str(run_dir), *args.ours_flags.split()]
@@ -177,7 +194,8 @@ def run_row(args, spec: str) -> dict:
     if row["trainer"] == "ours":
         tta.check_ours(cmd)
     commit = args.git_commit or tta.git_head(ROOT)[0]
-    env_gpus = ",".join(str(i) for i in range(LAYOUTS[row["layout"]]["gpus"]))
+    # --first-gpu: a row beside another on one host (real_workload.sh's ROW+ROW) takes the GPUs from there
+    env_gpus = ",".join(str(args.first_gpu + i) for i in range(LAYOUTS[row["layout"]]["gpus"]))
     os.environ.setdefault("GRPO_GIT_COMMIT", commit or "")
     if args.device != "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = env_gpus
@@ -443,6 +461,7 @@ def main(argv=None) -> int:
     ap.add_argument("--save-schedule", default=SAVE_SCHEDULE)
     ap.add_argument("--eval-size", type=int, default=EVAL_SIZE)
     ap.add_argument("--gpus", default="0,1,2,3", help="`score`: one scoring process per GPU")
+    ap.add_argument("--first-gpu", type=int, default=0, help="`run`: the row's GPUs start here (rows side by side)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu"])
     ap.add_argument("--trl-micro-batch", type=int, default=16, help="TRL: completions per device per forward")
     ap.add_argument("--ours-flags", default="", help="flags appended to ours' command (a CPU check's smaller sizes)")
