@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from netutil import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -47,7 +48,8 @@ def test_a_cpu_run_of_the_tiny_model_fills_a_row(tmp_path):
     out = tmp_path / "scale.json"
     rc = scale.main(["--sizes", "tiny", "--device", "cpu", "--max-steps", "3", "--dataset",
                      str(ROOT.parent / "shared" / "data" / "gsm8k"), "--work-dir", str(tmp_path), "--out", str(out),
-                     "--", "--max-new-tokens", "16", "--prompts-per-round", "2", "--train-batch-size", "16"])
+                     "--", "--max-new-tokens", "16", "--prompts-per-round", "2", "--train-batch-size", "16",
+                     *[f"--{k}-port={p}" for k, p in zip(("data", "sync"), free_ports(2))]])
     assert rc == 0
     row = json.loads(out.read_text())["rows"]["tiny"]
     assert row["exit_code"] == 0 and row["steps"] == 3 and row["balanced"] is True

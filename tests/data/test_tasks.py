@@ -134,8 +134,12 @@ def _launch(*args, timeout=600):
     import sys
     from pathlib import Path
 
+    from netutil import free_ports
+
     root = Path(__file__).resolve().parents[2]
-    return subprocess.run([sys.executable, str(root / "run_distributed.py"), "--device", "cpu", *args], cwd=root,
+    ports = [f"--{k}-port={p}" for k, p in zip(("data", "sync"), free_ports(2))]   # the defaults may be taken here
+    return subprocess.run([sys.executable, str(root / "run_distributed.py"), "--device", "cpu", *ports, *args],
+                          cwd=root,
                           capture_output=True, text=True, timeout=timeout,
                           env=dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1"))
 

@@ -178,9 +178,11 @@ def test_busy_port_is_reported_with_the_flag(tmp_path):
     blocker.listen()
     port = blocker.getsockname()[1]
     try:
+        free = free_ports(2)   # the other port of each pair: free, whatever holds the defaults on this host
         for args, flag in ((["training_worker.py", "--device", "cpu", "--data-port", str(port),
-                             "--run-dir", str(tmp_path)], "--data-port"),
-                           (["run_distributed.py", "--device", "cpu", "--sync-port", str(port)], "--sync-port")):
+                             "--sync-port", str(free[0]), "--run-dir", str(tmp_path)], "--data-port"),
+                           (["run_distributed.py", "--device", "cpu", "--sync-port", str(port),
+                             "--data-port", str(free[1])], "--sync-port")):
             r = run(args, timeout=120)
             assert r.returncode == 2 and "Traceback" not in r.stderr
             line = r.stderr.strip().splitlines()
