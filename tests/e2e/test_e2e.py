@@ -164,8 +164,8 @@ def _logs(run_dir):
     (["training_worker.py", "--device", "cpu", "--weight-sync", "ipc"], "--weight-sync ipc needs a CUDA learner"),
     (["run_distributed.py", "--sampling-gpu", "0", "--training-gpus", "1,2,3"], "CUDA is not available"),
 ])
-def test_user_mistakes_get_one_line_and_no_traceback(args, needle):
-    r = run(args, timeout=120)
+def test_user_mistakes_get_one_line_and_no_traceback(args, needle, tmp_path):
+    r = run([*args, "--run-dir", str(tmp_path / "run")], timeout=120)   # not runs/<id> in the checkout
     assert r.returncode != 0
     err = r.stderr.strip().splitlines()
     assert "Traceback" not in r.stderr

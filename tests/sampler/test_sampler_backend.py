@@ -103,7 +103,7 @@ def test_sampler_falls_back_at_start_up(monkeypatch):
     assert len(groups) == 2 and all(len(g.completions) == 2 for g in groups)
 
 
-def test_flags_and_one_line_error_for_a_bad_backend():
+def test_flags_and_one_line_error_for_a_bad_backend(tmp_path):
     import os
     import subprocess
     import sys
@@ -117,7 +117,7 @@ def test_flags_and_one_line_error_for_a_bad_backend():
     assert (default.generation_backend, default.cuda_graphs, default.compile_decode) == ("auto", True, False)
     root = Path(__file__).resolve().parents[2]
     r = subprocess.run([sys.executable, "sampling_worker.py", "--device", "cpu", "--model", "tiny-random",
-                        "--dataset", str(GSM8K), "--generation-backend", "turbo"], cwd=root, capture_output=True,
+                        "--dataset", str(GSM8K), "--generation-backend", "turbo", "--run-dir", str(tmp_path / "run")], cwd=root, capture_output=True,
                        text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
     assert r.returncode == 2, r.stderr
     lines = [x for x in r.stderr.strip().splitlines() if "error" in x]

@@ -93,7 +93,8 @@ def test_missing_keys_are_one_line_user_errors(tmp_path):
     with pytest.raises(KeysMissing, match="client.key_secret"):
         Curve(str(tmp_path), CLIENT)
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    r = subprocess.run([sys.executable, "sampling_worker.py", "--device", "cpu", "--curve-keys", str(tmp_path)],
+    r = subprocess.run([sys.executable, "sampling_worker.py", "--device", "cpu", "--curve-keys", str(tmp_path),
+                        "--run-dir", str(tmp_path / "run")],
                        cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "grpo.wire.curve" in r.stderr
