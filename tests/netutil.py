@@ -18,6 +18,27 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+def free_port_run(n: int) -> int:
+    """The first of n consecutive loopback ports that are free now (for flags that take base, base + 1, ...)."""
+    for _ in range(100):
+        (base,) = free_ports(1)
+        if base + n > 65536:
+            continue
+        socks = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports found")
+
+
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
     """The test machine's cores are shared: one intra-op thread avoids oversubscription.

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from netutil import free_ports
+from netutil import free_port_run, free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
@@ -35,7 +35,7 @@ def first_step(run_dir):
 
 @pytest.mark.slow
 def test_same_seed_same_first_step_separate_instances_and_learner_on_another_address(tmp_path):
-    d = free_ports(1)[0]
+    d = free_port_run(4)   # instance k takes --data-port + 2k and --sync-port + 2k
     r = launch("--seeds", "7,8", "--name", "exp", "--run-dir", str(tmp_path), "--data-port", str(d),
                "--sync-port", str(d + 1))
     logs = "".join(p.read_text()[-2000:] for p in tmp_path.glob("*/*.log"))

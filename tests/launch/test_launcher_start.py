@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from netutil import free_port_run
 
 from grpo.launch.main import cuda_device_count
 
@@ -81,7 +82,7 @@ def test_launcher_counts_gpus_and_checks_everything_without_torch():
             "rc = m.main(sys.argv[1:])\n"
             f"print(rc, len(counted), sorted(n for n in {HEAVY!r} if n in sys.modules))\n")
     with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
+        busy.bind(("127.0.0.1", free_port_run(2)))   # and the next one (the sync port) free
         busy.listen()
         port = busy.getsockname()[1]
         out = subprocess.run([sys.executable, "-c", code, "--device", "auto", "--data-port", str(port),

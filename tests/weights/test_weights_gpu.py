@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from netutil import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,10 +44,11 @@ def test_run_distributed_delivers_bit_exact_weights(tmp_path, method, placement)
     (for shared: that the optimizer updated the storages the sampler maps, in place)."""
     gsm8k = ROOT.parent / "shared" / "data" / "gsm8k"
     run_dir = tmp_path / "run"
+    ports = free_ports(2)
     r = subprocess.run([sys.executable, "run_distributed.py", *placement, "--weight-sync", method,
                         "--verify-weight-sync", "--max-steps", "4", "--prompts-per-round", "8",
                         "--train-batch-size", "32", "--dataset", str(gsm8k), "--run-dir", str(run_dir),
-                        "--data-port", "47600", "--sync-port", "47601"],
+                        "--data-port", str(ports[0]), "--sync-port", str(ports[1])],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
