@@ -76,9 +76,9 @@ def parse_row(spec: str) -> dict:
 
 
 def seconds_to_gain(points: list[dict], baseline: float, gain: float) -> float | None:
-    """Seconds of the first save whose accuracy is at least baseline + gain; None if none is."""
-    return next((p["seconds"] for p in sorted(points, key=lambda p: p["seconds"])
-                 if p["step"] > 0 and p["accuracy"] >= baseline + gain - 1e-9), None)
+    """Seconds of the first save whose accuracy is at least baseline + gain (the float sum's rounding
+    aside); None if none is. The base model's point at 0 s is no save."""
+    return tta.seconds_to([p for p in points if p["step"] > 0], baseline + gain - 1e-9)
 
 
 def accuracy_marks(saves: list[dict], run_s: float | None, marks=MARKS_S) -> dict[str, float | None]:
@@ -299,16 +299,6 @@ def score_worker(args) -> None:
 
 
 # ----------------------------------------------------------------------------- the result
-def points_of(run: Path, base: dict) -> list[dict]:
-    pts = [{"seconds": 0.0, "step": 0, "accuracy": base["accuracy"], "ci95": tta.wilson(base["correct"], base["n"])}]
-    for f in sorted(run.glob("scores*.jsonl")):
-        for x in filter(None, f.read_text().splitlines()):
-            s = json.loads(x)
-            pts.append({"seconds": s["seconds"], "step": s["step"], "accuracy": s["accuracy"],
-                        "ci95": tta.wilson(s["correct"], s["n"])})
-    return sorted(pts, key=lambda p: p["seconds"])
-
-
 def _run_json(run: Path, name: str, lines: bool = False):
     """A run file's JSON (a list of its lines' for .jsonl); None where a failed row wrote none."""
     try:
@@ -334,7 +324,7 @@ def _evals(run: Path) -> dict:
 def row_result(run: Path, work: Path, device: dict) -> dict:
     launch = json.loads((run / "launch.json").read_text())
     base = json.loads((work / f"base_{launch['model']}.json").read_text())
-    pts = points_of(run, base)
+    pts = tta.run_points(run, base)
     gpus = LAYOUTS[launch["layout"]]["gpus"]
     saves = [p for p in pts if p["step"] > 0]
     out = {"model": launch["model"], "layout": launch["layout"], "trainer": launch["trainer"], "gpus": gpus,

@@ -333,7 +333,8 @@ def _lines(path: Path) -> list[str]:
 def run_points(run: Path, base: dict) -> list[dict]:
     """The run's curve: the base model at 0 s (the weights every run launches with), then each save."""
     pts = [{"seconds": 0.0, "step": 0, "accuracy": base["accuracy"], "ci95": wilson(base["correct"], base["n"])}]
-    for x in _lines(run / "scores.jsonl"):
+    # scores.jsonl, or one file per scoring process (bench/real_workload.py's scores_w<k>.jsonl)
+    for x in (x for f in sorted(run.glob("scores*.jsonl")) for x in _lines(f)):
         s = json.loads(x)
         pts.append({"seconds": s["seconds"], "step": s["step"], "accuracy": s["accuracy"],
                     "ci95": wilson(s["correct"], s["n"]),
