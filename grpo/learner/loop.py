@@ -396,6 +396,10 @@ class Learner:
                 # Rank 0 out of time before a step's data came: every rank leaves the loop together.
                 batch, out_of_time = broadcast_batch(batch, self.rank == 0 and batch is None, self.device)
                 if out_of_time:
+                    # The time ran out between steps: the last trained step is the run's last, so it is
+                    # saved as such (every rank: a checkpoint is collective), as a step that ends on
+                    # the clock is; the final evaluation then scores the weights of the last save.
+                    self._save_due(self.version, last=True)
                     break
                 # shared: the sampler reads these very weights; it waits while we step and publish.
                 with self.publisher.guard() if self.rank == 0 else contextlib.nullcontext():
@@ -417,12 +421,7 @@ class Learner:
                 elif gpu := self.gpu.sample():  # other ranks: their own GPU use, one line per step
                     log.info("step %d%s", step, format_gpu(gpu))
                 time_up = bool(self.cfg.max_time_s) and self._time_up(t_start)
-                if self.checkpointer.due(step, last=step == self.cfg.max_steps or time_up):
-                    self.checkpointer.save(self.engine, self.tok, step, self._checkpoint_extra())
-                if self.rank == 0 and self.timed_weights.due(time.time(), last=step == self.cfg.max_steps or time_up):
-                    # in the samplers' dtype: what they generate with is what gets scored (autocast's
-                    # float32 weights would double the bytes written while the learner waits)
-                    self.timed_weights.save(self.engine.module, self.tok, step, dtype=compute_dtype(self.device))
+                self._save_due(step, last=step == self.cfg.max_steps or time_up)
                 if time_up:
                     break
         if bar is not None:
@@ -438,6 +437,17 @@ class Learner:
             final_eval = self._final_eval() if self.cfg.eval_every > 0 else None
             return self.shutdown(time.perf_counter() - t_start, checksums, final_eval)
         return {}
+
+    def _save_due(self, step: int, last: bool) -> None:
+        """The checkpoint (every rank) and the timed weights (rank 0) due after `step`; none before the first."""
+        if step <= self.version_at_start:
+            return
+        if self.checkpointer.due(step, last=last):
+            self.checkpointer.save(self.engine, self.tok, step, self._checkpoint_extra())
+        if self.rank == 0 and self.timed_weights.due(time.time(), last=last):
+            # in the samplers' dtype: what they generate with is what gets scored (autocast's
+            # float32 weights would double the bytes written while the learner waits)
+            self.timed_weights.save(self.engine.module, self.tok, step, dtype=compute_dtype(self.device))
 
     def _curriculum_step(self, step: int) -> None:
         """--curriculum: move task levels on the samplers' latest reports; tell the samplers."""
