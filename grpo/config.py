@@ -6,6 +6,7 @@ the help text of each flag is the docstring written under the field, as in clean
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 DATA_PORT = 5555
 SYNC_PORT = 5556
@@ -17,6 +18,19 @@ DEFAULT_DATASET = "openai/gsm8k"
 # chunks of it. Here, torch-free, for the sampler's round rule and the launcher's memory plan too.
 ROW_BUCKETS = (64, 128, 256, 512, 1024)
 
+# The choices of every option that takes one of a fixed set: the flag parser (grpo.flags) offers
+# exactly these and refuses anything else at parse time, before a run starts; the modules that
+# act on a choice read their set from here (the losses' registry must match LossType: a test says so).
+Device = Literal["auto", "cuda", "cpu"]
+WeightSync = Literal["auto", "ipc", "nccl", "shared", "tcp"]
+GenerationBackend = Literal["auto", "fast", "hf"]
+OldLogprobs = Literal["auto", "sampling", "pass"]
+FormatStyle = Literal["auto", "gsm8k", "think"]
+OnFull = Literal["block", "drop"]
+Precision = Literal["auto", "autocast", "bf16", "fp32"]
+LossType = Literal["grpo", "dapo", "dr_grpo", "bnpo"]
+KlEstimator = Literal["k1", "k2", "k3"]
+
 
 @dataclass
 class CommonConfig:
@@ -24,7 +38,7 @@ class CommonConfig:
 
     model: str = DEFAULT_MODEL
     """'smollm2' (the embedded SmolLM2-135M-Instruct), 'tiny-random' (a 2-layer random model for tests), 'random:qwen2.5-0.5b', '-1.5b', '-3b' or '-7b' (random weights of that Qwen2.5's shapes), any Hugging Face causal LM id or folder, or a .gguf file of an architecture transformers can de-quantise (converted once into the model cache, GRPO_CACHE or ~/.cache/grpo)."""
-    device: str = "auto"
+    device: Device = "auto"
     """'auto' (CUDA when present, else CPU), 'cuda' or 'cpu' (gloo)."""
     host: str = "127.0.0.1"
     """Address of the learner: samplers connect to it, learner rank 0 binds it."""
@@ -50,7 +64,7 @@ class CommonConfig:
     """Sampling temperature; the learner uses it too, so both sides score the same policy."""
     log_file: str = ""
     """Also write this process's log here (the launcher captures stderr instead)."""
-    weight_sync: str = "auto"
+    weight_sync: WeightSync = "auto"
     """How weights reach the samplers: 'auto' (ipc where the sampler sees the learner's GPU, nccl on other CUDA hosts, else tcp), 'ipc' (CUDA IPC, one node), 'nccl' (point-to-point group per sampler; gloo on CPU), 'shared' (same GPU: the sampler uses the learner's weights in place, the two take turns), or 'tcp' (bytes over ZeroMQ)."""
     verify_weight_sync: bool = False
     """Prove weight sync end to end: the learner fingerprints each version it publishes, samplers the weights they run after applying one; the summary says whether every pair matched bit for bit (one pass over the weights per version on each side)."""
@@ -63,7 +77,7 @@ class CommonConfig:
     """Data set to evaluate on (default: --dataset)."""
     eval_batch_size: int = 256
     """Sequences decoded together during evaluation."""
-    generation_backend: str = "auto"
+    generation_backend: GenerationBackend = "auto"
     """'fast' (grpo/generate/engine.py: static KV cache, CUDA-graph decode, sampling on the GPU), 'hf' (Hugging Face generate), or 'auto' (fast on CUDA, hf on CPU). Samplers generate with it; every greedy evaluation (sampler 0's and the learner's final one) decodes with it, so the baseline and the final accuracy come from the same decoder."""
     cudnn_attention: bool = False
     """CUDA: let attention use cuDNN's kernels, which torch prefers on Hopper; off, it uses FlashAttention or the memory-efficient kernels, since cuDNN builds a graph for each new input shape and a step's shapes change every step (host time, docs/benchmarks.md)."""
@@ -95,7 +109,7 @@ class SamplerConfig(CommonConfig):
     """--prompts-per-round 0: the most prompts a round may have (bounds the rows generated at once, so memory, when nearly every group has zero signal)."""
     in_flight_rows: int = 0
     """In-flight batching (--generation-backend fast): decode each round on this many rows, a row taking the round's next sample as soon as its own ends, and send groups as soon as a learner step's worth has ended (0: each round is one batch that runs until its longest completion ends)."""
-    old_logprobs: str = "auto"
+    old_logprobs: OldLogprobs = "auto"
     """Where the behaviour (old) log-probs come from: 'sampling' (each token's log-prob as the fast engine drew it: no extra pass), 'pass' (one batched teacher-forced pass after generation), or 'auto': 'sampling' where that is exact (the fast engine in float32), else 'pass'. In bf16 the two differ by 0.04 nats a token on average (H200, docs/benchmarks.md), enough to move the clip."""
     logprob_batch_size: int = 64
     """Sequences per teacher-forced forward pass when computing old and reference log-probs (the LM head runs in row chunks, so memory grows with this times length, not times vocabulary)."""
@@ -114,7 +128,7 @@ class SamplerConfig(CommonConfig):
     """Reward function(s), comma-separated, each optionally NAME=WEIGHT: built-ins correctness, format, overlong, code, or module:function with TRL's signature fn(prompts, completions, **columns) -> list[float]."""
     reward_weights: str = ""
     """Comma-separated weights, one per --reward entry (instead of NAME=WEIGHT; default 1 each)."""
-    format_style: str = "auto"
+    format_style: FormatStyle = "auto"
     """Answer form the format reward wants: 'gsm8k' (a final '#### <number>' line), 'think' ('<think>...</think>' then the answer), or 'auto' (gsm8k for question/answer and rg: data, think otherwise)."""
     overlong_buffer: int = 64
     """The overlong reward (DAPO): completions longer than max_new_tokens minus this many tokens get a linear penalty down to -1."""
@@ -136,7 +150,7 @@ class SamplerConfig(CommonConfig):
     # --- faults and security (issue 6)
     heartbeat_interval_s: float = 2.0
     """Send a status (heartbeat) to the learner this often, from a thread of its own (0: off)."""
-    on_full: str = "block"
+    on_full: OnFull = "block"
     """At the high-water mark: 'block' (wait, up to --send-timeout-s) or 'drop' (drop the group at once); dropped groups are counted."""
     send_timeout_s: float = 600.0
     """With --on-full block: the longest one group waits at the high-water mark before it is dropped and counted (0: no limit)."""
@@ -150,7 +164,7 @@ class LearnerConfig(CommonConfig):
     """CUDA device index for this rank (-1: LOCAL_RANK, or 0)."""
     no_deepspeed: bool = False
     """One plain PyTorch process with torch.optim.AdamW instead of a DeepSpeed group."""
-    precision: str = "auto"
+    precision: Precision = "auto"
     """How the learner holds its weights on CUDA: 'autocast' (float32 weights and optimizer state, bf16 matmuls under torch.autocast, as Hugging Face Trainer's --bf16 and TRL), 'bf16' (bf16 weights, fp32 master copies in DeepSpeed's optimizer), or 'auto': autocast, but bf16 with LoRA (the frozen base stays bf16). On letter_counting autocast learned about twice as much per step as bf16 (docs/benchmarks.md). CPU: fp32."""
     deepspeed_config: str = "deepspeed.json"
     """DeepSpeed config; its "auto" values are filled from these options, which own them (batch size, learning rate): a number there that contradicts one is an error naming both."""
@@ -164,9 +178,9 @@ class LearnerConfig(CommonConfig):
     """PPO clip range: ratios are clipped to [1 - epsilon, 1 + epsilon_high]."""
     epsilon_high: float = 0.0
     """Upper clip (0: same as epsilon)."""
-    loss_type: str = "grpo"
+    loss_type: LossType = "grpo"
     """'grpo' (mean per sequence, then over sequences), 'dapo' (mean over all tokens of the step), 'dr_grpo' (sum / (B * max_new_tokens)) or 'bnpo' (token mean per micro-batch)."""
-    kl_estimator: str = "k3"
+    kl_estimator: KlEstimator = "k3"
     """Estimator of KL(policy || reference) per token: k1, k2 or k3."""
     dual_clip: float = 0.0
     """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens at -c * A (0: off)."""
@@ -307,17 +321,17 @@ class EvalConfig:
     """Sequences decoded together."""
     max_new_tokens: int = 256
     """Longest completion, in tokens."""
-    device: str = "auto"
+    device: Device = "auto"
     """'auto', 'cuda' or 'cpu'."""
     gpu_id: int = -1
     """CUDA device index (-1: 0)."""
     out: str = ""
     """Also write the result as JSON to this file."""
-    generation_backend: str = "auto"
+    generation_backend: GenerationBackend = "auto"
     """Greedy decoding with 'fast' (grpo/generate/engine.py), 'hf' (Hugging Face generate) or 'auto' (fast on CUDA, hf on CPU): the decoder the training run's evaluations use."""
 
 
-PRECISIONS = ("auto", "autocast", "bf16", "fp32")
+PRECISIONS = get_args(Precision)
 
 
 def resolve_precision(precision: str, cuda: bool, lora: bool, deepspeed: bool) -> str:

@@ -52,7 +52,12 @@ def add_fields(container, cls: type, names: list[str] | None = None,
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         help_text = docs.get(f.name, "") + f" (default: {default!r})"
         tp = hints[f.name]
-        if tp is bool and f.name.startswith("no_"):
+        if typing.get_origin(tp) is typing.Literal:
+            choices = typing.get_args(tp)
+            container.add_argument(*opts, dest=f.name, type=str, choices=choices, default=default,
+                                   help=docs.get(f.name, "") + f" (one of {', '.join(choices)}; default: {default!r})",
+                                   metavar=f.name.upper())
+        elif tp is bool and f.name.startswith("no_"):
             # argparse's BooleanOptionalAction reads any "--no-..." flag as False: plain switch.
             container.add_argument(*opts, dest=f.name, action="store_true", help=help_text)
         elif tp is bool:
@@ -88,6 +93,10 @@ def _coerce(key: str, value, tp, path: str):
             return from_yaml(value, f"--config {path}")
         except TaskSpecError as exc:
             raise ConfigFileError(str(exc)) from None
+    if typing.get_origin(tp) is typing.Literal:
+        if isinstance(value, str) and value in typing.get_args(tp):
+            return value
+        raise ConfigFileError(f"--config {path}: {key}: {value!r} is not one of {', '.join(typing.get_args(tp))}")
     if tp is bool:
         if isinstance(value, bool):
             return value

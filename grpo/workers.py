@@ -26,9 +26,17 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (DatasetUnavailable, ConfigError, ModelUnavailable, PortInUse, ValueError)
 
 
-def _fail(prog: str, exc: BaseException) -> int:
+def _fail(prog: str, exc: BaseException, made: str | None = None) -> int:
+    """One line and exit code 2; `made`: the run folder this process created, removed again (a
+    refused start leaves nothing behind; a folder that existed before is left as it was)."""
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     print(f"{prog}: error: {msg}", file=sys.stderr)
+    if made:
+        import logging
+        import shutil
+
+        logging.shutdown()   # this process's log file in it is closed first
+        shutil.rmtree(made, ignore_errors=True)
     return USER_ERROR_EXIT
 
 
@@ -63,6 +71,7 @@ def seed_all(seed: int) -> None:
 def sampler_main(argv: list[str] | None = None) -> int:
     prog = "sampling_worker.py"
     cfg = parse_config(SamplerConfig, argv, prog)
+    made = None
     try:
         _gpu_env(cfg.device, cfg.gpu_id)
         if not 0 <= cfg.sampler_id < cfg.num_samplers:
@@ -70,7 +79,9 @@ def sampler_main(argv: list[str] | None = None) -> int:
         from grpo.obs.rundir import make_run_dir, provenance, save_config, setup_logging
         from grpo.obs.stages import mark as mark_stage
 
+        existed = bool(cfg.run_dir) and os.path.exists(cfg.run_dir)
         run_dir = make_run_dir(cfg.run_dir)
+        made = None if existed else str(run_dir)
         cfg.run_dir = str(run_dir)
         setup_logging(f"sampler{cfg.sampler_id}", cfg.log_file)
         mark_stage(run_dir, f"sampler{cfg.sampler_id}", "started")
@@ -81,7 +92,7 @@ def sampler_main(argv: list[str] | None = None) -> int:
 
         sampler = Sampler(cfg)
     except _user_errors() as exc:
-        return _fail(prog, exc)
+        return _fail(prog, exc, made)
     from grpo.sampler.loop import AnswersRejected, NoFirstAnswer, RunMismatch
 
     try:
@@ -96,13 +107,16 @@ def sampler_main(argv: list[str] | None = None) -> int:
 def learner_main(argv: list[str] | None = None) -> int:
     prog = "training_worker.py"
     cfg = parse_config(LearnerConfig, argv, prog)
+    made = None
     try:
         _gpu_env(cfg.device, cfg.gpu_id)
         from grpo.obs.rundir import make_run_dir, save_config, setup_logging
         from grpo.obs.stages import mark as mark_stage
 
         rank = int(os.environ.get("RANK", "0"))
+        existed = bool(cfg.run_dir) and os.path.exists(cfg.run_dir)
         run_dir = make_run_dir(cfg.run_dir)
+        made = None if existed else str(run_dir)
         cfg.run_dir = str(run_dir)
         setup_logging(f"learner{rank}", cfg.log_file)
         mark_stage(run_dir, f"learner{rank}", "started")
@@ -114,7 +128,7 @@ def learner_main(argv: list[str] | None = None) -> int:
 
         learner = Learner(cfg)
     except _user_errors() as exc:
-        return _fail(prog, exc)
+        return _fail(prog, exc, made)
     learner.run()
     # Every rank's last collective is behind it (rank 0's evaluation and shutdown use none), so
     # each tears its process group down now, itself: left to interpreter exit, gloo's worker

@@ -54,22 +54,29 @@ def load_problems(
     if spec.startswith("rg:"):
         problems = _load_reasoning_gym(spec[3:], split, limit, seed, levels)
         return problems if fn is None else _transform_problems(problems, fn, spec)
+    file = local_file(spec, split)
+    return _load_hub(spec, split, limit, fn) if file is None else _load_file(file, limit, fn)
+
+
+def local_file(spec: str, split: str = "train") -> Path | None:
+    """The local file `spec` names for `split`, or None for a hub id; a local path that cannot
+    serve (no such folder, one file asked for another split) is a DatasetUnavailable. Reads no
+    data: the launcher asks it before anything starts."""
     path = Path(spec).expanduser()
     if path.is_dir():
-        file = formats.split_file(path, split) or path / f"{split}.jsonl"
-        return _load_file(file, limit, fn)
+        return formats.split_file(path, split) or path / f"{split}.jsonl"
     if path.is_file():
         if split != "train":
             raise DatasetUnavailable(
                 f"Dataset file {spec!r} is one split (train); for {split!r} pass a folder holding "
                 f"train.jsonl and {split}.jsonl (or .json/.parquet/.csv)."
             )
-        return _load_file(path, limit, fn)
+        return path
     # "owner/name" is a hub id unless "owner" is a local folder (then a mistyped path is likelier).
     looks_like_path = spec.startswith((".", "/", "~")) or not _HUB_ID_RE.match(spec)
     if looks_like_path or ("/" in spec and Path(spec.split("/")[0]).is_dir()):
         raise DatasetUnavailable(f"Dataset folder {spec!r} does not exist. {_FIXES}")
-    return _load_hub(spec, split, limit, fn)
+    return None
 
 
 _LAYOUTS = ("'question'/'answer', 'prompt' (text or chat messages), 'instruction'/'response', "

@@ -86,15 +86,18 @@ def check_sampler_flags(flags: list[str]) -> str | None:
     from grpo.data.formats import load_transform
     from grpo.data.plugins import PluginError
     from grpo.data.rewards import RewardError, reward_set_from_config
+    from grpo.data.sources import DatasetUnavailable, local_file
     from grpo.flags import parse_config
 
     cfg = parse_config(SamplerConfig, flags, "sampling_worker.py")
     try:
+        if not cfg.dataset.startswith("rg:"):
+            local_file(cfg.dataset)   # a mistyped path; a hub id is the sampler's to fetch
         reward_set_from_config(cfg)
         load_transform(cfg.dataset_transform)
         if cfg.curriculum and not cfg.dataset.startswith("rg:"):
             tasks.start_levels(cfg.dataset)   # says why a curriculum needs rg: tasks
-    except (RewardError, PluginError, tasks.TaskSpecError) as exc:
+    except (RewardError, PluginError, tasks.TaskSpecError, DatasetUnavailable) as exc:
         return str(exc)
     return None
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo.config import CommonConfig, LaunchConfig, LearnerConfig, SamplerConfig
-from grpo.flags import add_fields, apply_config_file, build_parser, to_flags
+from grpo.flags import add_fields, apply_config_file, build_parser, parse_config, to_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 ALIASES = {"sampling_gpus": ["--sampling-gpu"], "training_gpus": ["--training-gpu"]}
@@ -190,6 +190,10 @@ def parse(argv: list[str] | None) -> tuple[LaunchConfig, list[str], list[str]]:
         to_s, to_l = split_passthrough(rest)
     except LaunchError as exc:
         parser.error(str(exc))
+    # The workers' flags, parsed as each worker will parse them: a bad choice or value is the
+    # launcher's one-line error (exit 2) now, not a worker's exit after the run folder exists.
+    parse_config(LearnerConfig, to_l, parser.prog)
+    parse_config(SamplerConfig, to_s, parser.prog)
     return cfg, to_s, to_l
 
 

@@ -93,8 +93,14 @@ def clear_build_locks(root: Path | None = None, timeout_s: float = 600.0, note_e
 
 
 def load_ds_config(path: str) -> dict:
+    """A relative path not found from the working directory is looked up beside the entry scripts
+    (the repository root), where the default deepspeed.json lives: training_worker.py started from
+    another folder finds it, as run_distributed.py does."""
+    p = Path(path)
+    if not p.is_absolute() and not p.exists() and (Path(__file__).resolve().parents[2] / p).is_file():
+        p = Path(__file__).resolve().parents[2] / p
     try:
-        return json.loads(Path(path).read_text())
+        return json.loads(p.read_text())
     except FileNotFoundError:
         raise ConfigError(f"DeepSpeed config {path} not found; pass --deepspeed-config PATH") from None
     except json.JSONDecodeError as exc:

@@ -160,16 +160,41 @@ def _logs(run_dir):
     (["sampling_worker.py", "--device", "cpu", "--dataset", "/nonexistent/gsm8k"], "/nonexistent/gsm8k"),
     (["training_worker.py", "--device", "cpu", "--model", "/nonexistent/model"], "/nonexistent/model"),
     (["run_distributed.py", "--device", "cpu", "--frobnicate", "1"], "--frobnicate"),
-    (["training_worker.py", "--device", "cpu", "--loss-type", "ppo"], "--loss-type ppo"),
+    (["training_worker.py", "--device", "cpu", "--loss-type", "ppo"], "--loss-type: invalid choice: 'ppo'"),
     (["training_worker.py", "--device", "cpu", "--weight-sync", "ipc"], "--weight-sync ipc needs a CUDA learner"),
     (["run_distributed.py", "--sampling-gpu", "0", "--training-gpus", "1,2,3"], "CUDA is not available"),
+    (["run_distributed.py", "--device", "cpu", "--loss-type", "ppo"], "--loss-type: invalid choice: 'ppo'"),
+    (["run_distributed.py", "--device", "cpu", "--dataset", "/nonexistent/gsm8k"], "'/nonexistent/gsm8k' does not exist"),
+    (["sampling_worker.py", "--device", "cpu", "--generation-backend", "vllm"], "invalid choice: 'vllm'"),
 ])
 def test_user_mistakes_get_one_line_and_no_traceback(args, needle, tmp_path):
+    """Exit code 2, one line naming the mistake, and no run folder left behind (the workers remove
+    the one they made; the launcher refuses before it makes one)."""
     r = run([*args, "--run-dir", str(tmp_path / "run")], timeout=120)   # not runs/<id> in the checkout
-    assert r.returncode != 0
+    assert r.returncode == 2
     err = r.stderr.strip().splitlines()
     assert "Traceback" not in r.stderr
     assert len(err) == 1 and needle in err[0], r.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_refused_start_leaves_a_folder_that_existed_as_it_was(tmp_path):
+    run_dir = tmp_path / "mine"
+    run_dir.mkdir()
+    (run_dir / "notes.txt").write_text("keep")
+    r = run(["training_worker.py", "--device", "cpu", "--model", "/nonexistent/model", "--run-dir", str(run_dir)],
+            timeout=120)
+    assert r.returncode == 2 and "/nonexistent/model" in r.stderr
+    assert (run_dir / "notes.txt").read_text() == "keep"
+
+
+def test_training_worker_finds_the_default_deepspeed_config_from_another_folder(tmp_path):
+    """deepspeed.json is looked up beside the entry scripts when the working directory has none:
+    the error that comes is the model's, not the config's."""
+    r = subprocess.run([PY, str(ROOT / "training_worker.py"), "--device", "cpu", "--model", "/nonexistent/model",
+                        "--run-dir", str(tmp_path / "run")], cwd=tmp_path, env=env(), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "/nonexistent/model" in r.stderr and "deepspeed" not in r.stderr.lower(), r.stderr
 
 
 def test_busy_port_is_reported_with_the_flag(tmp_path):

@@ -121,5 +121,6 @@ def test_flags_and_one_line_error_for_a_bad_backend(tmp_path):
                        text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
     assert r.returncode == 2, r.stderr
     lines = [x for x in r.stderr.strip().splitlines() if "error" in x]
-    assert lines == ["sampling_worker.py: error: --generation-backend turbo: choose one of auto, fast, hf"], r.stderr
+    assert lines == ["sampling_worker.py: error: argument --generation-backend: invalid choice: 'turbo' "
+                     "(choose from 'auto', 'fast', 'hf') (see --help)"], r.stderr
     assert "Traceback" not in r.stderr
