@@ -165,7 +165,9 @@ def role_seconds(samplers: int, ranks: int, params: int, tokens: int,
 
 
 def _size(params: int) -> str:
-    return f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
+    if params >= 1e9:
+        return f"{params / 1e9:.1f}B"
+    return f"{params / 1e6:.0f}M" if params >= 1e6 else f"{params:,}"
 
 
 def choose_split(gpus: int, params: int | None, max_new_tokens: int, train_batch_size: int,
