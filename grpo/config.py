@@ -269,6 +269,10 @@ class LaunchConfig(CommonConfig):
     """Comma-separated GPU ids, one sampler each (alias --sampling-gpu)."""
     training_gpus: str = ""
     """Comma-separated GPU ids for the learner ranks, e.g. 1,2,3."""
+    gpus: str = ""
+    """Comma-separated GPU ids for the whole run, or 'all' (every GPU here; with --nodes, every node's): the launcher chooses how many sample and how many train from the model's size and the step's settings (grpo/launch/layout.py) and says its choice in one line at start. Instead of --sampling-gpus/--training-gpus/--share-gpus (with --nodes: of --training-ranks/--num-samplers)."""
+    layout_from: str = ""
+    """With --gpus: an earlier run's folder (same model and step settings, samplers and learner ranks on GPUs of their own) whose measured rates cost the split instead of the default ones."""
     training_ranks: int = 1
     """Learner ranks on CPU (--device cpu) and with --nodes; on one GPU host, one rank per training GPU."""
     num_samplers: int = SamplerConfig.num_samplers

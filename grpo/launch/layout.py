@@ -1,4 +1,6 @@
-"""What a finished run's measured rates say about its split of GPUs: pure rules, no I/O.
+"""How a run's GPUs are split between samplers and learner ranks: the split chosen at start from
+the model's size and the step's settings (choose_split, below), and what a finished run's measured
+rates say about its split (advice). Pure rules, no I/O.
 
 A step needs a step's worth of groups generated, scored and passed through the log-prob passes
 (the samplers' busy seconds) and one optimizer step (the learner ranks' training seconds). With
@@ -12,6 +14,7 @@ measured is optimistic, one for fewer pessimistic (a rank's own step has less to
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass, field
 
 # Say so when a role is idle more than this share of each step, and only for a split predicted
 # to be at least this much faster (what the rule cannot promise is left unsaid).
@@ -69,3 +72,179 @@ def advice(rates: dict, sampling_gpus: list[int], training_gpus: list[int]) -> s
             f"By these rates --sampling-gpus {','.join(map(str, gpus[:s]))} --training-gpus "
             f"{','.join(map(str, gpus[s:]))} would take about {then:.2f} s a step (training assumed to scale "
             f"with its ranks)")
+
+
+# --- The split chosen at start: run_distributed.py --gpus ------------------------------------------
+#
+# Before a run there are no measured seconds, so each role's step is costed from the run's flags:
+#   step tokens  T = train_batch_size x max_new_tokens (every completion of a step at its longest)
+#   generation   T / (gen rate per GPU x s)           on s sampler GPUs
+#   training     c x params x T / r                   on r learner ranks (compute grows with both)
+# and the split minimising the slower of the two is chosen (as best_split), ties to fewer samplers.
+# An earlier run's measured rates (Rates) replace either default.
+
+DEFAULT_GEN_TOKENS_PER_S = 19_300.0
+"""One sampler GPU's generation rate in step tokens a second, where no run has measured one. Derived
+from the real-workload 0.5B row of docs/benchmarks.md; docs/configuration.md ("Choosing the split:
+--gpus") shows the derivation."""
+DEFAULT_TRAIN_S_PER_PARAM_TOKEN = 5.7e-14
+"""The training cost c where no run has measured one: seconds of one learner rank per parameter per
+step token (a step takes c x params x T / ranks). Derived from the same row as
+DEFAULT_GEN_TOKENS_PER_S; docs/configuration.md shows how."""
+REFERENCE_PARAMS = 494_032_768
+"""The parameters of the model those defaults were derived on (Qwen2.5-Coder-0.5B-Instruct, as
+grpo.launch.memory counts them): a model whose size cannot be read before it loads is costed as it."""
+
+
+@dataclass
+class Rates:
+    """Rates measured in an earlier run of the same model and step settings (rates_from_run); each
+    replaces its default where given."""
+
+    gen_tokens_per_s: float | None = None
+    """One sampler GPU's step tokens a second (the step tokens of the run that measured it, over one
+    GPU's busy sampler-seconds a step)."""
+    learner_s: dict[int, float] = field(default_factory=dict)
+    """{learner ranks: training seconds of one optimizer step with that many ranks}."""
+    step_tokens: int = 0
+    """The step tokens (train_batch_size x max_new_tokens) learner_s was measured at."""
+    source: str = ""
+    """Where they were measured (a run folder), for the reason line."""
+
+
+@dataclass(frozen=True)
+class Split:
+    """How many GPUs sample and how many train, and why."""
+
+    samplers: int
+    ranks: int
+    share: bool   # one GPU: the sampler beside the learner rank
+    why: str
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A split placed on GPU ids: the explicit flags it stands for."""
+
+    sampling_gpus: tuple[int, ...]
+    training_gpus: tuple[int, ...]
+    share: bool
+    why: str
+
+    def flags(self) -> list[str]:
+        """The run_distributed.py flags that give the same plan."""
+        out = ["--sampling-gpus", ",".join(map(str, self.sampling_gpus)),
+               "--training-gpus", ",".join(map(str, self.training_gpus))]
+        return out + (["--share-gpus"] if self.share else [])
+
+
+def step_tokens(train_batch_size: int, max_new_tokens: int) -> int:
+    """T: a step's completions at their longest, the unit both roles are costed in."""
+    return train_batch_size * max_new_tokens
+
+
+def max_samplers(train_batch_size: int, num_generations: int) -> int:
+    """Samplers that can each have a group of every step: a sampler sends whole groups, and a step
+    takes train_batch_size / num_generations of them (at least one)."""
+    return max(1, train_batch_size // max(1, num_generations))
+
+
+def role_seconds(samplers: int, ranks: int, params: int, tokens: int,
+                 rates: Rates | None = None) -> tuple[float, float]:
+    """(generation seconds, training seconds) of one step of `tokens` step tokens on `samplers`
+    sampler GPUs and `ranks` learner ranks. Measured learner seconds are scaled from the measured rank
+    count nearest `ranks` (the larger on a tie) by ranks and by step tokens, as the default is."""
+    rate = rates.gen_tokens_per_s if rates and rates.gen_tokens_per_s else DEFAULT_GEN_TOKENS_PER_S
+    gen = tokens / (rate * samplers)
+    if rates and rates.learner_s and rates.step_tokens:
+        near = min(rates.learner_s, key=lambda r: (abs(r - ranks), -r))
+        train = rates.learner_s[near] * near / ranks * tokens / rates.step_tokens
+    else:
+        train = DEFAULT_TRAIN_S_PER_PARAM_TOKEN * params * tokens / ranks
+    return gen, train
+
+
+def _size(params: int) -> str:
+    if params >= 1e9:
+        return f"{params / 1e9:.1f}B"
+    return f"{params / 1e6:.0f}M" if params >= 1e6 else f"{params:,}"
+
+
+def choose_split(gpus: int, params: int | None, max_new_tokens: int, train_batch_size: int,
+                 num_generations: int, rates: Rates | None = None, feasible=None) -> Split:
+    """The split of `gpus` GPUs: 1 -> the sampler and the learner share it; otherwise s samplers and
+    gpus - s ranks (at least one each, s at most max_samplers, feasible(s, r) where given) whose slower
+    role is fastest by role_seconds, ties to fewer samplers. params None: the model's size is not known
+    here, costed as REFERENCE_PARAMS. The reason names the inputs, both roles' seconds and the
+    neighbouring splits'."""
+    if gpus < 1:
+        raise ValueError("no GPUs to lay out")
+    if gpus == 1:
+        return Split(1, 1, True, "one GPU: the sampler and the learner share it")
+    size = params if params else REFERENCE_PARAMS
+    tokens = step_tokens(train_batch_size, max_new_tokens)
+    cap = max_samplers(train_batch_size, num_generations)
+    ok = [(s, gpus - s) for s in range(1, min(cap, gpus - 1) + 1) if feasible is None or feasible(s, gpus - s)]
+    if not ok:
+        raise ValueError(f"no split of {gpus} GPUs into samplers and learner ranks can be placed")
+    step = {sr: max(role_seconds(*sr, size, tokens, rates)) for sr in ok}
+    s, r = min(ok, key=lambda sr: (step[sr], sr[0]))
+    gen, train = role_seconds(s, r, size, tokens, rates)
+    by = f"rates measured in {rates.source}" if rates and rates.source else "the default rates"
+    model = f"{_size(params)} parameters" if params else f"model size not known here (costed as {_size(size)})"
+    why = (f"{model}, {train_batch_size} x {max_new_tokens} tokens a step, by {by}: {s}+{r} takes about "
+           f"{step[(s, r)]:.2f} s a step (generation {gen:.2f} s on {s} GPU{'s' * (s > 1)}, training {train:.2f} s "
+           f"on {r} rank{'s' * (r > 1)})")
+    others = [f"{a}+{b} {step[(a, b)]:.2f} s" for a, b in ((s - 1, r + 1), (s + 1, r - 1)) if (a, b) in step]
+    if others:
+        why += f"; {', '.join(others)}"
+    if cap < gpus - 1:
+        why += f"; at most {cap} sampler{'s' * (cap > 1)} ({train_batch_size} / {num_generations} groups a step)"
+    return Split(s, r, False, why)
+
+
+def choose_layout(gpu_ids: list[int], params: int | None, max_new_tokens: int, train_batch_size: int,
+                  num_generations: int, rates: Rates | None = None) -> Choice:
+    """choose_split on these GPUs: the samplers take the first ids, the learner ranks the rest (as the
+    seed's --sampling-gpu 0 --training-gpus 1,2,3); one GPU does both."""
+    sp = choose_split(len(gpu_ids), params, max_new_tokens, train_batch_size, num_generations, rates)
+    ids = tuple(gpu_ids)
+    if sp.share:
+        return Choice(ids, ids, True, sp.why)
+    return Choice(ids[:sp.samplers], ids[sp.samplers:], False, sp.why)
+
+
+def layout_line(given: str, choice: Choice) -> str:
+    """The start-up line: what was given, the split, the flags it equals and why."""
+    gpus = lambda ids: ",".join(map(str, ids))   # noqa: E731
+    if choice.share:
+        what = f"sampling and training share GPU {gpus(choice.sampling_gpus)}"
+    else:
+        plural = lambda ids: "GPUs" if len(ids) > 1 else "GPU"   # noqa: E731
+        what = (f"sampling {plural(choice.sampling_gpus)} {gpus(choice.sampling_gpus)} + training "
+                f"{plural(choice.training_gpus)} {gpus(choice.training_gpus)}")
+    return f"layout: --gpus {given} -> {what} (as {' '.join(choice.flags())}; why: {choice.why})"
+
+
+def nodes_layout_line(nodes: str, split: Split) -> str:
+    """The line of --gpus all over --nodes: the split as the flags it equals, and why."""
+    flags = f"--training-ranks {split.ranks} --num-samplers {split.samplers}" + (" --share-gpus" if split.share else "")
+    return (f"layout: --nodes {nodes} --gpus all -> {split.ranks} learner rank{'s' * (split.ranks > 1)} + "
+            f"{split.samplers} sampler{'s' * (split.samplers > 1)} (as {flags}; why: {split.why})")
+
+
+def rates_from_run(metrics: list[dict], summary: dict, launch: dict, learner: dict, source: str) -> Rates:
+    """An earlier run's Rates from its metrics.jsonl records, summary.json, config_launch.json and
+    config_learner.json; ValueError, one line, when they cannot give them (too few steps, roles that
+    shared a GPU, so that neither role's seconds are its own)."""
+    m = measured(metrics, summary)
+    if m is None:
+        raise ValueError(f"{source} has fewer than two trained steps to measure rates on")
+    ids = lambda text: [x for x in str(text or "").replace(" ", "").split(",") if x]   # noqa: E731
+    sampling, training = ids(launch.get("sampling_gpus")), ids(launch.get("training_gpus"))
+    if set(sampling) & set(training) or not (sampling and training):
+        raise ValueError(f"{source}'s samplers and learner ranks did not have GPUs of their own, so its "
+                         f"seconds are not each role's alone")
+    tokens = step_tokens(int(learner["train_batch_size"]), int(learner["max_new_tokens"]))
+    gen = tokens / m["sampler_s"] if m["sampler_s"] > 0 else None
+    return Rates(gen, {len(training): m["train_s"]} if m["train_s"] > 0 else {}, tokens, source)

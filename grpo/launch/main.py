@@ -1,5 +1,6 @@
 """run_distributed.py: parse the launcher's flags, check what can be checked before anything starts
-(GPUs, ports, --reward, --resume), plan the processes and hand them to the supervisor.
+(GPUs, ports, --reward, --resume), choose the split of --gpus (grpo.launch.layout), plan the
+processes and hand them to the supervisor.
 
 Up to the start of the workers nothing here imports torch, transformers, numpy or zmq: every
 second the launcher spends importing comes before the first worker starts, and the workers import
@@ -10,6 +11,7 @@ start-up (a Future the supervisor reads), and a bad task still ends the run with
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import socket
 import sys
@@ -17,8 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from grpo.config import LaunchConfig
-from grpo.launch import memory, nodes
-from grpo.launch.plan import LaunchError, instance_argv, parse, passthrough_flags, plan, plan_instances
+from grpo.launch import layout, memory, nodes
+from grpo.launch.plan import (LaunchError, check_gpus_flags, choose_gpus, instance_argv, parse, passthrough_flags,
+                              plan, plan_instances)
 
 
 def cuda_device_count() -> int:
@@ -179,6 +182,38 @@ def memory_plan(cfg: LaunchConfig, learner_flags: list[str], sampler_flags: list
     return None if inputs is None else memory.plan(*inputs)
 
 
+def layout_inputs(cfg: LaunchConfig, learner_flags: list[str]) -> tuple[int | None, int]:
+    """What --gpus costs a split by, besides the launcher's own flags: the model's parameters (read as
+    the memory plan reads its shape; None where that is not here yet) and the learner's
+    --train-batch-size."""
+    from grpo.config import CommonConfig, LearnerConfig
+    from grpo.flags import parse_config, to_flags
+
+    shape, _ = memory.read_shape(cfg.model)
+    lcfg = parse_config(LearnerConfig, to_flags(cfg, CommonConfig) + learner_flags, "training_worker.py")
+    return (shape.params if shape else None), lcfg.train_batch_size
+
+
+def read_rates(run_dir: str) -> layout.Rates | None:
+    """--layout-from: an earlier run's measured rates (grpo.launch.layout.rates_from_run) from its
+    metrics.jsonl, summary.json, config_launch.json and config_learner.json; None without the flag."""
+    if not run_dir:
+        return None
+    folder = Path(run_dir)
+    try:
+        metrics = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        summary, launch, learner = (json.loads((folder / name).read_text())
+                                    for name in ("summary.json", "config_launch.json", "config_learner.json"))
+        return layout.rates_from_run(metrics, summary, launch, learner, run_dir)
+    except OSError as exc:
+        raise LaunchError(f"--layout-from {run_dir}: cannot read {Path(exc.filename or run_dir).name} there; give "
+                          f"a finished run's folder, or drop --layout-from") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        reason = str(exc) if isinstance(exc, ValueError) else f"no {exc} in its files"
+        raise LaunchError(f"--layout-from {run_dir}: {reason}; give another run's folder, or drop --layout-from") \
+            from None
+
+
 def print_node_plan(cfg: LaunchConfig, to_s: list[str], to_l: list[str]) -> int:
     """--nodes: print each node's processes, commands and memory (grpo.launch.nodes); start nothing."""
     try:
@@ -227,11 +262,23 @@ def check_memory(cfg: LaunchConfig, specs: list) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     cfg, to_s, to_l = parse(argv)
+    try:
+        check_gpus_flags(cfg)
+        if cfg.nodes and cfg.gpus:
+            cfg, line = nodes.choose_nodes_split(cfg, *layout_inputs(cfg, to_l), read_rates(cfg.layout_from))
+            print(line, flush=True)
+    except LaunchError as exc:
+        print(f"run_distributed.py: error: {exc}", file=sys.stderr)
+        return 2
     if cfg.nodes:
         return print_node_plan(cfg, to_s, to_l)
     try:
         check_model(cfg.model)
         cuda_count = 0 if cfg.device == "cpu" else cuda_device_count()
+        if cfg.gpus:
+            # from here on, the run of the explicit flags the choice stands for
+            cfg, line = choose_gpus(cfg, cuda_count, *layout_inputs(cfg, to_l), read_rates(cfg.layout_from))
+            print(f"[launcher] {line}", flush=True)
         if cfg.instances != 1 or cfg.seeds:
             instances = plan_instances(cfg, cuda_count)
         else:

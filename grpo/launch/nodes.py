@@ -177,6 +177,35 @@ def check(cfg: LaunchConfig, nodes: list[Node]) -> None:
         seen[port] = flag
 
 
+def choose_nodes_split(cfg: LaunchConfig, params: int | None, train_batch_size: int,
+                       rates=None) -> tuple[LaunchConfig, str]:
+    """--gpus all with --nodes: (the config as if the chosen --training-ranks/--num-samplers (and
+    --share-gpus, for one GPU in all) had been typed, the layout line). The split is
+    grpo.launch.layout.choose_split's over every node's GPUs, among those `place` can lay out with
+    every GPU used (learner ranks fill whole learner nodes from GPU 0, the samplers take the rest)."""
+    from grpo.launch import layout
+
+    nodes = parse_nodes(cfg.nodes)
+
+    def feasible(samplers: int, ranks: int) -> bool:
+        try:
+            place(nodes, ranks, samplers, False, cfg.ranks_per_node)
+        except LaunchError:
+            return False
+        return True
+
+    try:
+        split = layout.choose_split(sum(n.slots for n in nodes), params, cfg.max_new_tokens, train_batch_size,
+                                    cfg.num_generations, rates, feasible)
+    except ValueError:
+        raise LaunchError(f"--gpus all finds no split of --nodes {cfg.nodes} that fills every GPU (learner ranks "
+                          f"fill whole nodes of --ranks-per-node GPUs from GPU 0, samplers the rest): give "
+                          f"--training-ranks and --num-samplers yourself") from None
+    chosen = dataclasses.replace(cfg, gpus="", layout_from="", training_ranks=split.ranks,
+                                 num_samplers=split.samplers, share_gpus=split.share)
+    return chosen, layout.nodes_layout_line(cfg.nodes, split)
+
+
 def plan_nodes(cfg: LaunchConfig, sampler_flags: list[str], learner_flags: list[str]) -> MultiNodePlan:
     """Every node's processes and commands for cfg.nodes, --training-ranks M, --num-samplers N."""
     nodes = parse_nodes(cfg.nodes)

@@ -1,6 +1,9 @@
 """The launch plan, pure: the launcher's flags, and which process gets which GPUs, flags, ports,
 environment and run directory. Tested without GPUs; grpo.launch.supervisor runs the plan.
 
+With --gpus the split is chosen first (grpo.launch.layout, choose_gpus) and the plan is the one
+of the explicit flags it stands for.
+
 A single run: learner ranks get every training GPU visible and LOCAL_RANK set, as torchrun and
 the deepspeed launcher do; each sampler sees its own GPU first, then learner rank 0's (for
 CUDA IPC weight sync). Flags the launcher does not own go to the sampler and/or learner that
@@ -24,6 +27,7 @@ from pathlib import Path
 
 from grpo.config import CommonConfig, LaunchConfig, LearnerConfig, SamplerConfig
 from grpo.flags import add_fields, apply_config_file, build_parser, parse_config, to_flags
+from grpo.launch import layout
 
 ROOT = Path(__file__).resolve().parents[2]
 ALIASES = {"sampling_gpus": ["--sampling-gpu"], "training_gpus": ["--training-gpu"]}
@@ -55,6 +59,60 @@ def parse_gpus(text: str, flag: str) -> list[int]:
     if len(set(ids)) != len(ids):
         raise LaunchError(f"{flag} {text!r} lists a GPU twice; list each GPU once")
     return ids
+
+
+def check_gpus_flags(cfg: LaunchConfig) -> None:
+    """--gpus and --layout-from against the other flags: mistakes known before anything is counted."""
+    if cfg.layout_from and not cfg.gpus:
+        raise LaunchError("--layout-from costs the split that --gpus chooses; add --gpus, or drop --layout-from")
+    if not cfg.gpus:
+        return
+    given = [flag for flag, value in (("--sampling-gpus", cfg.sampling_gpus), ("--training-gpus", cfg.training_gpus),
+                                      ("--share-gpus", cfg.share_gpus)) if value]
+    if given:
+        raise LaunchError(f"--gpus chooses which GPUs sample and which train, but {'/'.join(given)} "
+                          f"{'gives' if len(given) == 1 else 'give'} that too: drop --gpus to give the split "
+                          f"yourself, or drop {'/'.join(given)} to let --gpus choose")
+    if cfg.device == "cpu":
+        raise LaunchError("--gpus lists GPUs but --device is cpu: drop --gpus (on CPU, --training-ranks and "
+                          "--num-samplers give the processes)")
+    if cfg.instances != 1 or cfg.seeds:
+        raise LaunchError("--gpus chooses one run's split; with --instances/--seeds give instance 0's "
+                          "--sampling-gpus and --training-gpus, or neither (the GPUs are split into equal blocks)")
+    if cfg.nodes:
+        if cfg.gpus.strip() != "all":
+            raise LaunchError(f"--gpus {cfg.gpus} with --nodes: the nodes list their own GPUs; pass --gpus all")
+        if cfg.training_ranks != LaunchConfig.training_ranks or cfg.num_samplers != LaunchConfig.num_samplers:
+            raise LaunchError("--gpus all chooses --training-ranks and --num-samplers over --nodes; drop them to "
+                              "let it, or drop --gpus to give them yourself")
+
+
+def gpus_to_lay_out(text: str, cuda_count: int) -> list[int]:
+    """--gpus as GPU ids: 'all' is every GPU CUDA sees here; listed ids must exist."""
+    if cuda_count == 0:
+        raise LaunchError("--gpus asks for GPUs but CUDA is not available here; use --device cpu (with "
+                          "--training-ranks and --num-samplers)")
+    if text.strip() == "all":
+        return list(range(cuda_count))
+    ids = parse_gpus(text, "--gpus")
+    if not ids:
+        raise LaunchError("--gpus is empty; list GPU ids like 0,1,2,3, or pass --gpus all")
+    if missing := [g for g in ids if g >= cuda_count]:
+        raise LaunchError(f"GPU {missing[0]} does not exist: this machine has {cuda_count} GPU(s) "
+                          f"(0..{cuda_count - 1}); fix --gpus")
+    return ids
+
+
+def choose_gpus(cfg: LaunchConfig, cuda_count: int, params: int | None, train_batch_size: int,
+                rates: layout.Rates | None = None) -> tuple[LaunchConfig, str]:
+    """(the config as if the chosen --sampling-gpus/--training-gpus/--share-gpus had been typed in
+    place of --gpus, the layout line that says so). `params`: the model's parameters (None: unknown)."""
+    ids = gpus_to_lay_out(cfg.gpus, cuda_count)
+    choice = layout.choose_layout(ids, params, cfg.max_new_tokens, train_batch_size, cfg.num_generations, rates)
+    chosen = dataclasses.replace(cfg, gpus="", layout_from="", share_gpus=choice.share,
+                                 sampling_gpus=",".join(map(str, choice.sampling_gpus)),
+                                 training_gpus=",".join(map(str, choice.training_gpus)))
+    return chosen, layout.layout_line(cfg.gpus.strip(), choice)
 
 
 def _fields(cls) -> dict[str, dataclasses.Field]:

@@ -1,0 +1,168 @@
+"""run_distributed.py --gpus: the flag's checks, the choice as the explicit flags it stands for (one
+host and --nodes), the launcher's one start-up line, and --layout-from's measured rates."""
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from netutil import free_port_run
+
+from grpo.launch import main as launch_main
+from grpo.launch.layout import Rates
+from grpo.launch.nodes import choose_nodes_split, plan_nodes
+from grpo.launch.plan import LaunchError, check_gpus_flags, choose_gpus, gpus_to_lay_out, parse, plan
+
+ROOT = Path(__file__).resolve().parents[2]
+Q05 = 494_032_768                 # Qwen2.5-Coder-0.5B's parameters, as the memory plan counts them
+WORKLOAD = ["--num-generations", "16", "--max-new-tokens", "512"]   # the real workload's; T = 128 x 512
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--gpus", "0,1", "--sampling-gpu", "0"], "but --sampling-gpus gives that too: drop --gpus to give the split "
+                                               "yourself, or drop --sampling-gpus to let --gpus choose"),
+    (["--gpus", "0,1", "--training-gpus", "1", "--share-gpus"], "but --training-gpus/--share-gpus give that too"),
+    (["--gpus", "0", "--device", "cpu"], "--gpus lists GPUs but --device is cpu"),
+    (["--gpus", "0,1", "--seeds", "1,2"], "with --instances/--seeds give instance 0's --sampling-gpus"),
+    (["--layout-from", "runs/a"], "--layout-from costs the split that --gpus chooses; add --gpus"),
+    (["--nodes", "a:4,b:4", "--gpus", "0,1"], "--gpus 0,1 with --nodes: the nodes list their own GPUs; pass --gpus all"),
+    (["--nodes", "a:4,b:4", "--gpus", "all", "--num-samplers", "2"], "--gpus all chooses --training-ranks and "
+                                                                     "--num-samplers over --nodes"),
+])
+def test_gpus_with_flags_that_give_the_split_too_is_refused(argv, match):
+    with pytest.raises(LaunchError, match=match.replace("(", r"\(").replace(")", r"\)")):
+        check_gpus_flags(parse(argv)[0])
+
+
+def test_gpus_alone_and_the_explicit_flags_alone_pass():
+    for argv in (["--gpus", "0,1,2,3"], ["--gpus", "all", "--layout-from", "runs/a"], ["--nodes", "a:4", "--gpus", "all"],
+                 ["--sampling-gpu", "0", "--training-gpus", "1,2,3"], ["--sampling-gpus", "0", "--training-gpus", "0",
+                                                                       "--share-gpus"], []):
+        check_gpus_flags(parse(argv)[0])
+
+
+def test_gpus_ids():
+    assert gpus_to_lay_out("all", 3) == [0, 1, 2]
+    assert gpus_to_lay_out(" 2,3 ", 4) == [2, 3]
+    with pytest.raises(LaunchError, match=r"GPU 4 does not exist: this machine has 4 GPU\(s\) \(0..3\); fix --gpus"):
+        gpus_to_lay_out("3,4", 4)
+    with pytest.raises(LaunchError, match="CUDA is not available here; use --device cpu"):
+        gpus_to_lay_out("all", 0)
+    with pytest.raises(LaunchError, match="lists a GPU twice"):
+        gpus_to_lay_out("1,1", 4)
+
+
+@pytest.mark.parametrize("gpus, params, explicit", [
+    ("0,1,2,3", Q05, ["--sampling-gpus", "0,1", "--training-gpus", "2,3"]),        # 1.70 s against 3.40 and 1.85
+    ("all", 4 * Q05, ["--sampling-gpus", "0", "--training-gpus", "1,2,3"]),        # training 4x: 1+3 at 3.40 s
+    ("5,6", Q05, ["--sampling-gpus", "5", "--training-gpus", "6"]),
+    ("2", Q05, ["--sampling-gpus", "2", "--training-gpus", "2", "--share-gpus"]),
+])
+def test_the_choice_is_the_plan_of_the_explicit_flags(gpus, params, explicit):
+    cfg, to_s, to_l = parse(["--gpus", gpus, *WORKLOAD, "--train-batch-size", "128", "--max-steps", "7"])
+    chosen, line = choose_gpus(cfg, 8 if gpus == "5,6" else 4, params, 128)
+    want, want_s, want_l = parse([*explicit, *WORKLOAD, "--train-batch-size", "128", "--max-steps", "7"])
+    assert chosen == want and (to_s, to_l) == (want_s, want_l)
+    assert plan(chosen, 8, to_s, to_l, 29999) == plan(want, 8, want_s, want_l, 29999)
+    assert line.startswith(f"layout: --gpus {gpus} -> ") and f"(as {' '.join(explicit)}; why: " in line
+    assert "\n" not in line
+
+
+def test_measured_rates_move_the_choice():
+    cfg = parse(["--gpus", "0,1,2,3", *WORKLOAD])[0]
+    # generation 10 s a step on one GPU, training 1.8 s on one rank: 3+1 (3.33 s) against 2+2 (5 s)
+    chosen, line = choose_gpus(cfg, 4, Q05, 128, Rates(6553.6, {3: 0.6}, 65536, "runs/a"))
+    assert (chosen.sampling_gpus, chosen.training_gpus) == ("0,1,2", "3")
+    assert "by rates measured in runs/a: 3+1 takes about 3.33 s a step" in line
+
+
+def test_gpus_all_over_nodes_is_the_plan_of_the_chosen_counts():
+    argv = ["--nodes", "10.0.0.1:4,10.0.0.2:4", "--run-dir", "/shared/x", *WORKLOAD]
+    cfg, to_s, to_l = parse([*argv, "--gpus", "all"])
+    # 0.5B over 8 GPUs: 5+3 (0.68 s) as on one host; the ranks fit node 0's 4 GPUs
+    chosen, line = choose_nodes_split(cfg, Q05, 128)
+    want, _, _ = parse([*argv, "--training-ranks", "3", "--num-samplers", "5"])
+    assert chosen == want
+    assert plan_nodes(chosen, to_s, to_l) == plan_nodes(want, to_s, to_l)
+    assert line.startswith("layout: --nodes 10.0.0.1:4,10.0.0.2:4 --gpus all -> 3 learner ranks + 5 samplers "
+                           "(as --training-ranks 3 --num-samplers 5; why: 494M parameters")
+    # learner ranks fill whole nodes of --ranks-per-node 4: 4+4 (0.85 s), the best that can be placed
+    chosen, _ = choose_nodes_split(parse([*argv, "--gpus", "all", "--ranks-per-node", "4"])[0], Q05, 128)
+    assert (chosen.training_ranks, chosen.num_samplers) == (4, 4)
+    chosen, line = choose_nodes_split(parse(["--nodes", "a:1", "--gpus", "all"])[0], Q05, 128)
+    assert (chosen.training_ranks, chosen.num_samplers, chosen.share_gpus) == (1, 1, True)
+    with pytest.raises(LaunchError, match="finds no split of --nodes a:2,b:2 that fills every GPU"):
+        choose_nodes_split(parse(["--nodes", "a:2,b:2", "--gpus", "all", "--ranks-per-node", "3"])[0], Q05, 128)
+
+
+def test_layout_inputs_read_the_models_size_and_the_batch(config_folder):
+    cfg, _, to_l = parse(["--model", str(config_folder), "--train-batch-size", "64"])
+    # config_folder: 2 layers of hidden 64 (q 64, k/v 32, MLP 256), 1000 untied embeddings:
+    # 2 x (4096 + 4096 + 4096 + 49152 + 128) + 2 x 64,000 + 64 = 251,200
+    assert launch_main.layout_inputs(cfg, to_l) == (251_200, 64)
+    assert launch_main.layout_inputs(parse(["--model", "no/such-hub-id"])[0], []) == (None, 16)
+
+
+def write_run(folder: Path, sampling: str = "0", training: str = "1,2") -> Path:
+    folder.mkdir()
+    steps = [{"step": k, "step_time_s": 2.0, "train_s": 0.5} for k in (1, 2, 3)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    (folder / "summary.json").write_text(json.dumps({"steps": 3, "samplers": {"0": {"stats": {"gen_s": 6.0}}}}))
+    (folder / "config_launch.json").write_text(json.dumps({"sampling_gpus": sampling, "training_gpus": training}))
+    (folder / "config_learner.json").write_text(json.dumps({"train_batch_size": 16, "max_new_tokens": 256}))
+    return folder
+
+
+def test_layout_from_reads_an_earlier_runs_rates(tmp_path):
+    assert launch_main.read_rates("") is None
+    run = write_run(tmp_path / "a")
+    # 6 busy sampler-seconds over 3 steps: 2 s a step for T = 4096; the 2 ranks train 0.5 s a step
+    assert launch_main.read_rates(str(run)) == Rates(2048.0, {2: 0.5}, 4096, str(run))
+    with pytest.raises(LaunchError, match=r"--layout-from .*b: cannot read metrics.jsonl there; give a finished run's"):
+        launch_main.read_rates(str(tmp_path / "b"))
+    shared = write_run(tmp_path / "c", "0", "0")
+    with pytest.raises(LaunchError, match="did not have GPUs of their own.*; give another run's folder, or drop"):
+        launch_main.read_rates(str(shared))
+    (run / "config_learner.json").write_text("{}")
+    with pytest.raises(LaunchError, match="no 'train_batch_size' in its files"):
+        launch_main.read_rates(str(run))
+
+
+def test_launcher_says_its_choice_and_plans_the_explicit_flags(monkeypatch, capsys, config_folder):
+    """main() on a machine that seems to have 4 GPUs: one layout line, then the plan of the chosen
+    flags, up to the busy data port (the last check before any worker starts)."""
+    planned = []
+    monkeypatch.setattr(launch_main, "cuda_device_count", lambda: 4)
+    monkeypatch.setattr(launch_main.memory, "gpu_total_bytes", lambda: {})
+    monkeypatch.setattr(launch_main, "plan", lambda cfg, *a: planned.append(cfg) or plan(cfg, *a))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", free_port_run(2)))
+        busy.listen()
+        port = busy.getsockname()[1]
+        ports = ["--data-port", str(port), "--sync-port", str(port + 1)]
+        rc = launch_main.main(["--gpus", "0,1,2,3", "--model", str(config_folder), *ports])
+    out, err = capsys.readouterr()
+    lines = [x for x in out.splitlines() if "layout:" in x]
+    assert rc == 2 and f"port {port} on 127.0.0.1 is already in use" in err
+    # a 251,200-parameter model trains in no time: as many samplers as the step has groups (16 / 8)
+    assert lines == ["[launcher] layout: --gpus 0,1,2,3 -> sampling GPUs 0,1 + training GPUs 2,3 (as --sampling-gpus "
+                     "0,1 --training-gpus 2,3; why: 251,200 parameters, 16 x 256 tokens a step, by the default rates: 2+2 "
+                     "takes about 0.11 s a step (generation 0.11 s on 2 GPUs, training 0.00 s on 2 ranks); 1+3 0.21 s; "
+                     "at most 2 samplers (16 / 8 groups a step))"]
+    assert planned == [parse(["--sampling-gpus", "0,1", "--training-gpus", "2,3", "--model", str(config_folder),
+                              *ports])[0]]
+
+
+def test_gpus_with_a_role_flag_is_one_line_and_exit_2(tmp_path):
+    """The real launcher, as a user types it: the conflict is the first thing said, on a machine with
+    GPUs or without."""
+    out = subprocess.run([sys.executable, str(ROOT / "run_distributed.py"), "--gpus", "0,1", "--sampling-gpu", "0",
+                          "--run-dir", str(tmp_path / "run")], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    err = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and out.stdout == "", out.stderr
+    assert err == ["run_distributed.py: error: --gpus chooses which GPUs sample and which train, but --sampling-gpus "
+                   "gives that too: drop --gpus to give the split yourself, or drop --sampling-gpus to let --gpus "
+                   "choose"]
+    assert not (tmp_path / "run").exists()
