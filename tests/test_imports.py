@@ -74,11 +74,11 @@ def test_no_import_cycles():
 
 
 def test_layout_has_one_folder_per_role():
-    for folder in ("wire", "weights", "sync", "generate", "sampler", "learner", "data", "obs", "launch"):
+    for folder in ("wire", "weights", "sync", "generate", "sampler", "learner", "data", "model", "obs", "launch"):
         assert (PKG / folder / "__init__.py").is_file(), folder
     top = sorted(p.name for p in PKG.glob("*.py"))
     assert top == ["__init__.py", "config.py", "evaluate.py", "flags.py", "gguf_convert.py", "gguf_header.py",
-                   "loss.py", "model.py", "stats.py", "workers.py"], top
+                   "loss.py", "stats.py", "workers.py"], top
 
 
 def test_wire_needs_no_torch():
