@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from ggufutil import SPECIALS, tiny_model, write_gguf, write_other_arch
-from grpo import gguf_convert as G
 from grpo import model as M
-from grpo.gguf_header import end_ids, gguf_config, read_gguf
+from grpo.model.gguf import convert as G
+from grpo.model.gguf.header import end_ids, gguf_config, read_gguf
 
 CPU = torch.device("cpu")
 

@@ -6,9 +6,9 @@ import random
 import pytest
 import torch
 
-from grpo import gguf_convert as G
 from grpo import model as M
 from grpo.model import zoo
+from grpo.model.gguf import convert as G
 
 BOOKKEEPING = {"transformers_version", "_name_or_path", "quantization_config", "dtype", "torch_dtype"}
 

@@ -26,7 +26,7 @@ def test_the_header_reader_and_the_package_import_no_torch():
     code = ("import sys\n"
             "import grpo.model\n"
             "from grpo.model import ModelUnavailable\n"
-            "from grpo.gguf_header import gguf_model_file\n"
+            "from grpo.model.gguf.header import gguf_model_file\n"
             "print(sorted(n for n in ('torch', 'transformers', 'numpy') if n in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.stdout == "[]\n", out.stderr

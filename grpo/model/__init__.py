@@ -23,8 +23,8 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "grpo.gguf_header": ("GGUF_NAME", "ModelUnavailable", "find_gguf", "gguf_model_file"),
-    "grpo.gguf_convert": ("CHAT_EOS", "set_chat_eos"),
+    "grpo.model.gguf.header": ("GGUF_NAME", "ModelUnavailable", "find_gguf", "gguf_model_file"),
+    "grpo.model.gguf.convert": ("CHAT_EOS", "set_chat_eos"),
     "grpo.model.gguf.cache": ("GGUF_DIGESTS", "gguf_digest", "gguf_folder_name"),
     "grpo.model.zoo": ("QWEN25_3B_SHAPES", "QWEN25_SHAPES", "resolve_model"),
     "grpo.model.load": ("BUILD_STAMP", "BUILD_VERSION", "RANDOM_INIT_SEED", "build_is_current", "cache_dir",

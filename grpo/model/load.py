@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from grpo.gguf_header import ModelUnavailable
+from grpo.model.gguf.header import ModelUnavailable
 
 log = logging.getLogger(__name__)
 

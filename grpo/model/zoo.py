@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from grpo.gguf_header import find_gguf, gguf_model_file
+from grpo.model.gguf.header import find_gguf, gguf_model_file
 from grpo.model.gguf.cache import gguf_builder, gguf_digest, gguf_folder_name
 from grpo.model.load import build_cached, write_build_stamp
 

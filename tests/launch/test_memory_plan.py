@@ -367,7 +367,7 @@ def test_the_launcher_passes_the_bf16_plan_to_the_refusal(monkeypatch, capsys, c
 # ---------------------------------------------------------------- the default model before its conversion
 
 def _gguf_or_skip():
-    from grpo.gguf_header import ModelUnavailable, find_gguf
+    from grpo.model.gguf.header import ModelUnavailable, find_gguf
 
     try:
         return find_gguf()
@@ -381,7 +381,7 @@ PLAN_KEYS = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_he
 
 
 def test_the_gguf_header_gives_the_config_the_conversion_writes(tmp_path):
-    from grpo.gguf_header import gguf_config
+    from grpo.model.gguf.header import gguf_config
     from grpo.model import zoo
 
     header = gguf_config(_gguf_or_skip())

@@ -21,12 +21,12 @@ log = logging.getLogger(__name__)
 def gguf_builder(gguf_path, label: str, chat_eos: bool = False, where: str | None = None, source: dict | None = None):
     """A builder (dest -> None) converting a GGUF file: gguf_path is a Path or a callable giving one."""
     def build(dest: Path) -> None:
-        from grpo import gguf_convert
+        from grpo.model.gguf import convert
 
         gguf = gguf_path() if callable(gguf_path) else gguf_path
         tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
         try:
-            gguf_convert.convert_gguf(gguf, tmp, label, chat_eos=chat_eos, where=where)
+            convert.convert_gguf(gguf, tmp, label, chat_eos=chat_eos, where=where)
             write_build_stamp(tmp, source)
             tmp.rename(dest)
         finally:
