@@ -4,14 +4,15 @@ logits, whose tokenizer carries the chat template and whose generation config st
 token; one transformers cannot read is refused in one line. Tiny random files (tests/ggufutil.py)."""
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
 from ggufutil import SPECIALS, tiny_model, write_gguf, write_other_arch
-from grpo import gguf_convert as G
 from grpo import model as M
-from grpo.gguf_header import end_ids, gguf_config, read_gguf
+from grpo.model.gguf import convert as G
+from grpo.model.gguf.header import end_ids, gguf_config, read_gguf
 
 CPU = torch.device("cpu")
 
@@ -44,7 +45,7 @@ def test_a_float32_gguf_converts_to_the_source_model(tmp_path, cache, arch, tie)
     gguf = tmp_path / f"{arch}.gguf"
     tokens = write_gguf(gguf, source, arch)
     path = M.resolve_model(str(gguf))
-    assert path.startswith(str(cache / "gguf-")) and M.build_is_current(M.Path(path))
+    assert path.startswith(str(cache / "gguf-")) and M.build_is_current(Path(path))
     tok, model, ids, logits = converted_logits(path)
     assert type(model).__name__ == type(source).__name__
     with torch.no_grad():
@@ -61,7 +62,7 @@ def test_a_float32_gguf_converts_to_the_source_model(tmp_path, cache, arch, tie)
     text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert ids[0].tolist().count(im_end) == 2   # the chat tokens stay whole
-    stamp = json.loads((M.Path(path) / M.BUILD_STAMP).read_text())
+    stamp = json.loads((Path(path) / M.BUILD_STAMP).read_text())
     assert stamp["source"]["size"] == gguf.stat().st_size and path.endswith(stamp["source"]["sha256"][:16])
 
 
@@ -74,7 +75,7 @@ def test_a_quantised_gguf_gives_the_de_quantised_weights(tmp_path, cache):
     gguf = tmp_path / "q8.gguf"
     write_gguf(gguf, source, "llama", qtype=Q.Q8_0, pre="smollm")
     path = M.resolve_model(str(gguf))
-    got = load_file(str(M.Path(path) / "model.safetensors"))
+    got = load_file(str(Path(path) / "model.safetensors"))
     for name, w in source.state_dict().items():
         want = w if w.dim() == 1 else torch.from_numpy(dequantize(quantize(w.numpy(), Q.Q8_0), Q.Q8_0).copy())
         assert torch.equal(got[name], want.float()), name   # the permutation undone exactly, row for row
@@ -161,7 +162,7 @@ def test_the_second_call_reuses_the_folder_and_the_hash(tmp_path, cache, monkeyp
     write_gguf(gguf, tiny_model("qwen2", seed=5), "qwen2")
     assert M.resolve_model(str(gguf)) != first
     assert sorted(p.name for p in cache.iterdir() if p.is_dir()) == sorted(
-        [M.Path(first).name, M.Path(M.resolve_model(str(gguf))).name])
+        [Path(first).name, Path(M.resolve_model(str(gguf))).name])
 
 
 def test_an_architecture_transformers_cannot_read_is_one_line(tmp_path, cache):

@@ -6,8 +6,9 @@ import random
 import pytest
 import torch
 
-from grpo import gguf_convert as G
 from grpo import model as M
+from grpo.model import zoo
+from grpo.model.gguf import convert as G
 
 BOOKKEEPING = {"transformers_version", "_name_or_path", "quantization_config", "dtype", "torch_dtype"}
 
@@ -29,7 +30,7 @@ def folders(tmp_path_factory):
 
         with pytest.MonkeyPatch.context() as m:
             m.setattr(G, "_gguf_to_hf_transformers", no_fallback)
-            M._convert_smollm2(cache / "fast")
+            zoo._convert_smollm2(cache / "fast")
         # The reference: the fast path made to fail, so _convert_smollm2 falls back to transformers.
         def broken(*args, **kwargs):
             raise RuntimeError("simulated API change")
@@ -41,7 +42,7 @@ def folders(tmp_path_factory):
         try:
             with pytest.MonkeyPatch.context() as m:
                 m.setattr(G, "_gguf_to_hf_fast", broken)
-                M._convert_smollm2(cache / "reference")
+                zoo._convert_smollm2(cache / "reference")
         finally:
             G.log.removeHandler(handler)
         yield cache / "fast", cache / "reference", [r.getMessage() for r in records]

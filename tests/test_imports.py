@@ -74,11 +74,10 @@ def test_no_import_cycles():
 
 
 def test_layout_has_one_folder_per_role():
-    for folder in ("wire", "weights", "sync", "generate", "sampler", "learner", "data", "obs", "launch"):
+    for folder in ("wire", "weights", "sync", "generate", "sampler", "learner", "data", "model", "obs", "launch"):
         assert (PKG / folder / "__init__.py").is_file(), folder
     top = sorted(p.name for p in PKG.glob("*.py"))
-    assert top == ["__init__.py", "config.py", "evaluate.py", "flags.py", "gguf_convert.py", "gguf_header.py",
-                   "loss.py", "model.py", "stats.py", "workers.py"], top
+    assert top == ["__init__.py", "config.py", "evaluate.py", "flags.py", "loss.py", "stats.py", "workers.py"], top
 
 
 def test_wire_needs_no_torch():
@@ -99,8 +98,7 @@ def test_wire_needs_no_torch():
 LAYERS = [
     ["grpo", "grpo.config", "grpo.stats", "grpo.loss"],   # pure rules and typed configs
     ["grpo.obs", "grpo.wire"],                           # logging/metrics; the protocol (no torch)
-    ["grpo.gguf_header"],                                # GGUF headers (no torch: the launcher reads them)
-    ["grpo.data", "grpo.model", "grpo.gguf_convert"],    # problems and rewards; loading a model; GGUF -> folder
+    ["grpo.data", "grpo.model"],                         # problems and rewards; GGUF files, loading a model, log-probs
     ["grpo.flags"],                                      # flags from the configs (and task names)
     ["grpo.weights", "grpo.generate", "grpo.sync"],      # moving weights; generating; the control channel
     ["grpo.evaluate"],                                   # held-out scoring, used by both roles

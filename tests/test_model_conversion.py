@@ -1,5 +1,6 @@
 """The default model's conversion from GGUF: the chat EOS and pad, and rebuilding stale caches."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -30,11 +31,11 @@ def test_conversion_makes_im_end_the_eos_and_pad_everywhere(converted):
     ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=False)
     ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
     assert tok.eos_token_id in ids
-    assert json.loads((M.Path(converted) / M.BUILD_STAMP).read_text()) == {"build_version": M.BUILD_VERSION}
+    assert json.loads((Path(converted) / M.BUILD_STAMP).read_text()) == {"build_version": M.BUILD_VERSION}
 
 
 def test_a_cached_folder_from_an_older_build_is_converted_again(converted, monkeypatch):
-    folder = M.Path(converted)
+    folder = Path(converted)
     stamp = folder / M.BUILD_STAMP
     # What an older conversion left: EOS <|im_start|> and no stamp.
     cfg = json.loads((folder / "tokenizer_config.json").read_text())

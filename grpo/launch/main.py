@@ -70,10 +70,10 @@ def check_resume(cfg: LaunchConfig, learner_flags: list[str]) -> None:
 
 def check_model(model: str) -> None:
     """A --model path that is neither a model folder nor a GGUF file is a one-line mistake here, before
-    any run folder or worker exists (grpo.gguf_header.gguf_model_file: the workers' own check, torch-free)."""
+    any run folder or worker exists (grpo.model.gguf.header.gguf_model_file: the workers' own check, torch-free)."""
     if model in memory.BUILT_FOLDERS:
         return
-    from grpo.gguf_header import ModelUnavailable, gguf_model_file
+    from grpo.model.gguf.header import ModelUnavailable, gguf_model_file
 
     try:
         gguf_model_file(model)

@@ -27,7 +27,7 @@ ACTIVATION_K = 77                  # bytes per (layer x token x hidden) kept for
 PROMPT_TOKENS = 512                # prompt length assumed for the KV cache and activations (no flag bounds
                                    # the sampler's prompts; GSM8K with a chat template is ~100-300 tokens),
                                    # capped by --max-prompt-tokens
-CHUNK_ELEMS = 1 << 27              # grpo.model.DEFAULT_CHUNK_ELEMS: logits elements per LM-head chunk
+CHUNK_ELEMS = 1 << 27              # grpo.model.logprobs.DEFAULT_CHUNK_ELEMS: logits elements per LM-head chunk
 # The caching allocator's reserve: what the driver sees a process hold beyond the items counted
 # here and the CUDA context (freed blocks kept for reuse, split blocks that fit no later request,
 # transient buffers). ROUGH RULES, fitted on bench/results/scale_NVIDIA_H200.json and
@@ -47,11 +47,11 @@ CHUNK_ELEMS = 1 << 27              # grpo.model.DEFAULT_CHUNK_ELEMS: logits elem
 # puts the rows it was fitted on within 15% of the driver's peak.
 RESERVE = {True: {"learner_full": 0.25, "learner_lora": 0.05, "sampler": 0.7, "sampler_shared": 0.3},
            False: {"learner_full": 0.45, "learner_lora": 0.29, "sampler": 1.5, "sampler_shared": 1.0}}
-# --model names grpo.model builds into cache folders (grpo.model._BUILDERS; a test keeps them equal)
+# --model names grpo.model builds into cache folders (grpo.model.zoo._BUILDERS; a test keeps them equal)
 BUILT_FOLDERS = {"smollm2": "smollm2-135m-instruct", "tiny-random": "tiny-random-llama",
                  **{f"random:qwen2.5-{k}": f"random-qwen2.5-{k}" for k in ("0.5b", "1.5b", "3b", "7b")}}
-# --model names whose folder grpo.model converts from the GGUF file (grpo.model._convert_smollm2):
-# before the first load converts it, the GGUF's header gives the same shape (grpo.gguf_header), as it
+# --model names whose folder grpo.model converts from the GGUF file (grpo.model.zoo._convert_smollm2):
+# before the first load converts it, the GGUF's header gives the same shape (grpo.model.gguf.header), as it
 # does for any --model FILE.gguf (read_shape)
 FROM_GGUF = frozenset({"smollm2"})
 
@@ -122,7 +122,7 @@ def read_shape(model: str) -> tuple[Shape | None, str]:
     if gguf_file or (folder is not None and not (folder / "config.json").is_file() and model in FROM_GGUF):
         # A first run: the folder is converted at load, but the config it will hold is the GGUF
         # header's (read here in ~0.05 s, no tensor touched), so the first run is checked too.
-        from grpo.gguf_header import ModelUnavailable, find_gguf, gguf_config
+        from grpo.model.gguf.header import ModelUnavailable, find_gguf, gguf_config
 
         try:
             gguf = folder if gguf_file else find_gguf()
@@ -166,7 +166,7 @@ def activations(s: Shape, micro_batch: int, seq: int) -> int:
 
 
 def logprob_pass(s: Shape, batch: int, seq: int, chunk_elems: int = CHUNK_ELEMS) -> int:
-    """The sampler's no-grad teacher-forced pass (grpo.model.chunked_token_logprobs): the decoder
+    """The sampler's no-grad teacher-forced pass (grpo.model.logprobs.chunked_token_logprobs): the decoder
     holds a layer's input and output hidden states and its MLP's gate and up outputs in bf16
     (batch x seq x (2 hidden + 2 intermediate) x 2 bytes; rough), and the LM head runs in chunks
     of chunk_elems logits, float32, with log_softmax's output beside them (2 x chunk x 4 bytes),

@@ -223,11 +223,11 @@ def test_qwen25_shapes_give_the_published_parameter_counts():
 
 
 def test_built_folders_match_the_model_builders():
-    from grpo import model
+    from grpo.model import zoo
 
-    assert memory.BUILT_FOLDERS == {k: v[0] for k, v in model._BUILDERS.items()}
+    assert memory.BUILT_FOLDERS == {k: v[0] for k, v in zoo._BUILDERS.items()}
     # the names whose folder is converted from the GGUF: the plan reads their header before that
-    assert memory.FROM_GGUF == {k for k, v in model._BUILDERS.items() if v[1] is model._convert_smollm2}
+    assert memory.FROM_GGUF == {k for k, v in zoo._BUILDERS.items() if v[1] is zoo._convert_smollm2}
 
 
 def test_share_gpus_add_up_and_the_refusal_names_the_biggest_item():
@@ -367,7 +367,7 @@ def test_the_launcher_passes_the_bf16_plan_to_the_refusal(monkeypatch, capsys, c
 # ---------------------------------------------------------------- the default model before its conversion
 
 def _gguf_or_skip():
-    from grpo.gguf_header import ModelUnavailable, find_gguf
+    from grpo.model.gguf.header import ModelUnavailable, find_gguf
 
     try:
         return find_gguf()
@@ -381,11 +381,11 @@ PLAN_KEYS = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_he
 
 
 def test_the_gguf_header_gives_the_config_the_conversion_writes(tmp_path):
-    from grpo import model as M
-    from grpo.gguf_header import gguf_config
+    from grpo.model.gguf.header import gguf_config
+    from grpo.model import zoo
 
     header = gguf_config(_gguf_or_skip())
-    M._convert_smollm2(tmp_path / "converted")
+    zoo._convert_smollm2(tmp_path / "converted")
     written = json.loads((tmp_path / "converted" / "config.json").read_text())
     assert {k: header[k] for k in PLAN_KEYS} == {k: written[k] for k in PLAN_KEYS}
     # the keys the header leaves to LlamaConfig's defaults are the ones shape_from_config assumes

@@ -3,15 +3,15 @@
 transformers can read a GGUF itself (it de-quantises to float), but it parses the file three
 times (SmolLM2-135M: ~20 s here, 46 s on a GPU machine). For the architectures whose layout is
 plain (llama, SmolLM2's; qwen2) the fast path reads the file once (~3 s): a small reader of GGUF's
-metadata and tensor table (grpo.gguf_header), de-quantisation by gguf.quants, llama.cpp's q/k row
+metadata and tensor table (grpo.model.gguf.header), de-quantisation by gguf.quants, llama.cpp's q/k row
 permutation undone as transformers does, and transformers' own GGUF tokenizer converter on the
 vocabulary read here; it writes the folder transformers' loading writes. Every other architecture
 transformers reads (mistral, phi3, gemma2, gemma3, qwen3, ...) goes through transformers, and so does
-a fast-path file whose conversion fails (said in one warning). grpo.model keeps the cache: which
-folder a file converts to, the lock, the atomic rename and the build stamp.
+a fast-path file whose conversion fails (said in one warning). grpo.model.gguf.cache keeps the cache:
+which folder a file converts to, the atomic rename and the build stamp (the lock: grpo.model.load).
 
 End tokens: the tokenizer's EOS is the file's (tokenizer.ggml.eos_token_id), its pad the file's
-padding token, else the EOS; the generation config stops on every id grpo.gguf_header.end_ids
+padding token, else the EOS; the generation config stops on every id grpo.model.gguf.header.end_ids
 names (the EOS, eot/eom ids, llama.cpp's end-of-generation tokens by text). The default model
 keeps its chat EOS only (set_chat_eos).
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from grpo.gguf_header import ModelUnavailable, config_kwargs, end_ids, model_type, read_gguf
+from grpo.model.gguf.header import ModelUnavailable, config_kwargs, end_ids, model_type, read_gguf
 
 log = logging.getLogger(__name__)
 

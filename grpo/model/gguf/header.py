@@ -1,6 +1,6 @@
 """GGUF files: where the default model's is, a file's header (metadata and tensor table) read
 without touching the tensors, and the ids that end generation. Standard library only:
-grpo.gguf_convert converts files with this reader, and the launcher (grpo.launch.main, and its
+grpo.model.gguf.convert converts files with this reader, and the launcher (grpo.launch.main, and its
 memory plan, grpo.launch.memory) checks --model and reads the model's shape with it before any
 worker starts, when nothing may import torch or numpy yet.
 """
@@ -121,7 +121,7 @@ def model_type(metadata: dict) -> str:
 def config_kwargs(metadata: dict, tensor_names: set) -> dict:
     """The config keyword arguments transformers' GGUF loader builds from this metadata
     (modeling_gguf_pytorch_utils.load_gguf_checkpoint), for the architectures whose keys follow
-    llama.cpp's common scheme (llama, qwen2, mistral, ...): grpo.gguf_convert builds its LlamaConfig
+    llama.cpp's common scheme (llama, qwen2, mistral, ...): grpo.model.gguf.convert builds its LlamaConfig
     and Qwen2Config from them."""
     arch = str(metadata.get("general.architecture", ""))
     kw = {"tie_word_embeddings": "output.weight" not in tensor_names}
@@ -181,7 +181,7 @@ def end_ids(metadata: dict) -> list[int]:
 def gguf_model_file(name: str) -> Path | None:
     """The GGUF file that --model `name` names, or None when it names a folder holding config.json or
     (no such path, and not spelled as one) a hub id. A path that is neither raises ModelUnavailable,
-    one line naming the fix: the workers' check (grpo.model.resolve_model) and the launcher's."""
+    one line naming the fix: the workers' check (grpo.model.zoo.resolve_model) and the launcher's."""
     path = Path(name).expanduser()
     if path.is_file():
         try:
