@@ -261,3 +261,40 @@ def test_unservable_model_falls_back_to_hf_generate(caplog, monkeypatch):
     # A first decode that fails (here: the prefill raises) is a fallback too, found at start-up.
     monkeypatch.setattr(RolloutEngine, "_prefill", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     assert RolloutEngine(model, EOS, PAD).fallback == "a test decode failed: RuntimeError: boom"
+
+
+def test_fallback_stream_swaps_weights_between_its_batches():
+    """On the Hugging Face fallback, stream's swap() is asked after each fixed batch (which has
+    drained): 3 prompts, G=2 on 4 rows are two batches; new weights copied in after the first. The
+    first batch's tokens carry the start version and are the old weights', the second's the new
+    version and the new weights' (tokens and log-probs)."""
+    model, new = build("llama"), build("llama", seed=1)
+    ps = prompts((5, 9, 3), seed=4)
+    old_ref, _ = hf_generate(model, ps, NEW, 1.0, True, [EOS], PAD)
+    new_ref, _ = hf_generate(new, ps, NEW, 1.0, True, [EOS], PAD)
+    assert old_ref[2] != new_ref[2]
+    model.config.attention_chunk_size = 4        # as in the test above: a model the engine cannot serve
+    try:
+        engine = RolloutEngine(model, EOS, PAD)
+    finally:
+        del model.config.attention_chunk_size
+    assert engine.fallback is not None
+    calls = []
+
+    def swap():
+        calls.append(1)
+        if len(calls) > 1:
+            return None
+        with torch.no_grad():
+            for p, q in zip(model.parameters(), new.parameters()):
+                p.copy_(q)
+        return 3
+
+    got = {g.key: g for g in engine.stream(source(enumerate(ps)), 2, NEW, greedy=True, rows=4, swap=swap, version=2)}
+    assert sorted(got) == [0, 1, 2] and len(calls) == 2
+    for k, (ref, v) in {0: (old_ref, 2), 1: (old_ref, 2), 2: (new_ref, 3)}.items():
+        assert got[k].token_ids == [ref[k]] * 2, k
+        assert [x.tolist() for x in got[k].versions] == [[v] * len(ref[k])] * 2
+        assert (got[k].min_version, got[k].max_version) == (v, v)
+    for lp, want in zip(got[2].logprobs, teacher_forced(new, [ps[2]] * 2, got[2].token_ids, 1.0)):
+        np.testing.assert_allclose(lp, want, rtol=0, atol=1e-6)
