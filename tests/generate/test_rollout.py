@@ -15,6 +15,7 @@ from grpo.generate.attention import attend_limit
 from grpo.generate.backend import hf_generate, old_logprob_source, resolve_backend
 from grpo.generate.engine import RolloutEngine, generate, group_versions, token_versions
 from grpo.model import load_causal_lm, load_tokenizer, resolve_model, right_pad, token_logprobs
+from test_architectures import SwapAt, mixed_decode
 
 CPU = torch.device("cpu")
 GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
@@ -411,45 +412,6 @@ def new_weights(tiny):
     """A second random model of tiny's config: the weights a swap copies in."""
     torch.manual_seed(123)
     return type(tiny)(tiny.config).eval()
-
-
-class SwapAt:
-    """A stream's swap(): at its n-th call copies `new`'s weights into `model` in place and says
-    `version`; None otherwise. Counts the calls."""
-
-    def __init__(self, model, new, n: int, version: int = 1):
-        self.model, self.new, self.n, self.version, self.calls = model, new, n, version, 0
-
-    def __call__(self):
-        self.calls += 1
-        if self.calls != self.n:
-            return None
-        with torch.no_grad():
-            for p, q in zip(self.model.parameters(), self.new.parameters()):
-                p.copy_(q)
-        return self.version
-
-
-def mixed_decode(models: dict, prompt: list[int], tokens: list[int], versions: list[int], temperature: float):
-    """What a token's log-prob must be when weights change mid-sequence and the KV cache is kept:
-    Hugging Face's own forward with one DynamicCache, the prompt prefilled by models[versions[0]]
-    (its last logits give token 0), then token c - 1 fed by models[versions[c]] (its logits give
-    token c): each key and value computed by the weights in force when it was fed, never recomputed.
-    (log-prob of each token at `temperature`, greedy pick at each position)."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
-    lps, picks = [], []
-    with torch.no_grad():
-        logits = models[versions[0]](input_ids=torch.tensor([prompt]), past_key_values=cache,
-                                     use_cache=True).logits[0, -1]
-        for c, tok in enumerate(tokens):
-            if c > 0:
-                logits = models[versions[c]](input_ids=torch.tensor([[tokens[c - 1]]]), past_key_values=cache,
-                                             use_cache=True).logits[0, -1]
-            lps.append(torch.log_softmax(logits.float() / temperature, -1)[tok].item())
-            picks.append(int(logits.argmax()))
-    return np.array(lps, dtype=np.float32), picks
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
