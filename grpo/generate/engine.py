@@ -311,7 +311,7 @@ class RolloutEngine:
         # (token_versions). No per-token buffer, nothing added to the captured step, and without
         # swap the graphs and outputs are those of a stream without versions.
         version = int(version)
-        change_steps, change_versions = [0], [version]      # decode steps after change_steps[k] ran with change_versions[k]
+        change_steps, change_versions = [0], [version]   # steps after change_steps[k] ran with change_versions[k]
         while True:
             # Free rows take waiting samples; new prompts are asked for only when none waits.
             free = [i for i in range(rows) if i not in busy] if ring is not None else list(range(rows))
