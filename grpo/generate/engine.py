@@ -26,6 +26,13 @@ Two paths over one engine: `generate` decodes fixed batches (a Slot per shape), 
 rows in flight (a Ring of cache slots: a row whose sample ends takes the next one); the
 ring's bookkeeping (_ring, _prefill_prompts, _refill, _ring_step) sits beside it in the class.
 
+`stream` never has to drain for new weights: at each host check its `swap` callback may copy a
+new version into the parameters in place, and the rows in flight go on from their KV cache (keys
+and values the older version computed; the learner's off-policy correction covers the mix).
+Each token's log-prob is under the version that drew it, and each FinishedGroup carries those
+versions per token (`versions`, `min_version`, `max_version`), worked out on the host from the
+decode step that drew the token (token_versions): the captured step is the same with or without swaps.
+
 Architectures: any decoder whose layers are full or sliding-window attention (Llama, Qwen2/3,
 Mistral, Phi-3, Gemma2/3, OLMo2 are tested: tests/generate/test_architectures.py); the attention,
 the layer plan and the masks are grpo.generate.attention's. A model the engine cannot serve
@@ -35,7 +42,8 @@ hf_generate; `RolloutEngine.fallback` holds the reason).
 
 On CPU (tests) the same code runs without graph capture. Weights may be updated between
 calls in place (`param.copy_`, as weight sync does): the graph reads the parameters'
-memory. If a parameter's storage changes, captured graphs are dropped and recaptured.
+memory. If a parameter's storage changes between calls, captured graphs are dropped and
+recaptured; during a stream (a swap) that is an error, since the ring's graph is in use.
 
 Use `RolloutEngine(model, eos_ids, pad_id).generate(prompts, max_new_tokens, ...)`, or the
 module function `generate(model, prompts_token_ids, max_new_tokens, temperature, greedy,
@@ -87,8 +95,39 @@ class FinishedGroup:
     key: object                  # what the caller's source returned with the prompt
     token_ids: list[list[int]]   # per row, cut after the first EOS (kept)
     finished: list[bool]         # ended with EOS
-    logprobs: list[np.ndarray]   # per generated token, under the sampling distribution
+    logprobs: list[np.ndarray]   # per generated token, under the sampling distribution of the weights that drew it
     decode_steps: int            # steps the group was in flight (its refill to its last row's end)
+    versions: list[np.ndarray] = field(default_factory=list)   # per row, int32, aligned with token_ids: the
+    #                              weights version that drew each token (token_versions)
+    min_version: int = 0         # the oldest version over the group's tokens (its age is that of this one)
+    max_version: int = 0         # the newest
+
+
+def token_versions(n: int, started: int, first_version: int, change_steps: np.ndarray,
+                   change_versions: np.ndarray) -> np.ndarray:
+    """The weights version that drew each of a ring row's n tokens (int32 [n]).
+
+    Token 0 is drawn at the row's refill from its prompt's prefill logits: the version that
+    prefilled the prompt (`first_version`; a sample may wait for a row across a swap). Token c >= 1
+    is drawn by decode step `started + c` (steps counted from the stream's start; `started`: the
+    step count at the refill). Decode steps after change_steps[k] (ascending, change_steps[0] = 0)
+    run with change_versions[k], up to the next change: swaps happen only at host checks, between
+    steps."""
+    out = np.empty(n, dtype=np.int32)
+    if n == 0:
+        return out
+    out[0] = first_version
+    step = started + np.arange(1, n)                                   # [n - 1], each >= 1 > change_steps[0]
+    out[1:] = change_versions[np.searchsorted(change_steps, step, side="left") - 1]
+    return out
+
+
+def group_versions(versions: list[np.ndarray], default: int) -> tuple[int, int]:
+    """(oldest, newest) version over a group's tokens; `default` for a group without tokens."""
+    nonempty = [v for v in versions if v.size]
+    if not nonempty:
+        return default, default
+    return int(min(v.min() for v in nonempty)), int(max(v.max() for v in nonempty))
 
 
 class RolloutEngine:
@@ -218,7 +257,8 @@ class RolloutEngine:
 
     @torch.no_grad()
     def stream(self, next_prompt, group_size: int, max_new_tokens: int, temperature: float = 1.0,
-               greedy: bool = False, rows: int | None = None, should_stop: Callable[[], bool] | None = None):
+               greedy: bool = False, rows: int | None = None, should_stop: Callable[[], bool] | None = None,
+               swap: Callable[[], int | None] | None = None, version: int = 0):
         """In-flight batching: yield each group as soon as all its samples have ended; a row whose
         sample ends takes the next waiting sample at the next check, while the other rows keep
         decoding.
@@ -231,8 +271,19 @@ class RolloutEngine:
         the first prompts' width rounded up to prompt_multiple; a longer prompt waits until every
         row is free, then a wider ring is made.
 
-        Weights must not change while the stream runs (the caller stops asking for prompts,
-        drains, then applies a new version): every token of a group is sampled by one version.
+        Weights versions: `version` is the version of the model's weights when the stream starts.
+        swap() is asked at every host check (every check_every decode steps, after the sync): it may
+        write new weights into the model's parameters in place (`param.copy_`, the same storage, in
+        stream order before the next decode step: a copy on another CUDA stream must be waited for)
+        and return their version (greater than the one before), or return None (no new weights). The
+        rows in flight are not drained: they go on from their KV cache as it is (keys and values the
+        older weights computed), and their next tokens are drawn by the new weights; a sample whose
+        prompt was prefilled before the swap and that takes a row after it draws its first token from
+        that prefill's logits (the older version). Every token's log-prob is under the weights that
+        drew it, and each FinishedGroup says which those were (`versions` per token, `min_version`,
+        `max_version`). A swap that replaces parameters (new storage) is an error: the captured
+        graphs would go on reading the old memory. Without swap, every token carries `version`.
+        On the Hugging Face fallback, swap is asked between fixed batches (its batches drain).
 
         should_stop: asked after every decode step (as in generate); once it says True the stream
         ends there, and the groups still in flight are not yielded."""
@@ -242,7 +293,8 @@ class RolloutEngine:
         greedy = greedy or temperature == 0
         rows = int(rows or (self.buckets[-1] if self.buckets else 8 * G))
         if self.fallback is not None:
-            yield from self._hf_stream(next_prompt, G, max_new_tokens, temperature, greedy, rows, should_stop)
+            yield from self._hf_stream(next_prompt, G, max_new_tokens, temperature, greedy, rows, should_stop,
+                                       swap, int(version))
             return
         if self._param_ptrs() != self._ptrs:
             self.clear()
@@ -250,9 +302,16 @@ class RolloutEngine:
         inv_t = 1.0 if greedy else 1.0 / temperature
         ring: Ring | None = None
         waiting: collections.deque = collections.deque()   # (prompt record, sample index) without a row
-        busy: dict[int, tuple[dict, int]] = {}             # row -> (prompt record, sample index)
+        busy: dict[int, tuple[dict, int, int]] = {}        # row -> (prompt record, sample index, step of its refill)
         pending = None                                      # a prompt too wide for the ring in use
         steps = 0
+        # Which version drew each token is worked out on the host, not recorded per step on the
+        # device: versions change only at host checks, so a token's version follows from the decode
+        # step that drew it (its row's refill step + its column) and these change points
+        # (token_versions). No per-token buffer, nothing added to the captured step, and without
+        # swap the graphs and outputs are those of a stream without versions.
+        version = int(version)
+        change_steps, change_versions = [0], [version]   # steps after change_steps[k] ran with change_versions[k]
         while True:
             # Free rows take waiting samples; new prompts are asked for only when none waits.
             free = [i for i in range(rows) if i not in busy] if ring is not None else list(range(rows))
@@ -282,10 +341,12 @@ class RolloutEngine:
                 free = list(range(rows))
             if fresh:
                 self._prefill_prompts(fresh)
+                for rec in fresh:
+                    rec["version"] = version     # its keys, values and first-token logits are this version's
             take = [(free[n], *waiting.popleft()) for n in range(min(len(free), len(waiting)))]
             if take:
                 self._refill(ring, take, greedy)
-                busy.update((row, (rec, j)) for row, rec, j in take)
+                busy.update((row, (rec, j, steps)) for row, rec, j in take)
             if not busy:
                 if pending is None and not waiting:
                     return
@@ -297,19 +358,42 @@ class RolloutEngine:
                     return
             steps += self.check_every
             ended = ring.finished.cpu()                                             # the only host sync
+            if swap is not None and (new := self._swapped(swap, version)) is not None:
+                # (the device is idle here: the new weights land between two decode steps)
+                if self._param_ptrs() != self._ptrs:
+                    raise RuntimeError("stream: swap() replaced model parameters (new storage) instead of copying "
+                                       "into them, and the captured decode graphs read the old memory: write new "
+                                       "weights with param.copy_(new), or apply them between streams")
+                version = new
+                change_steps.append(steps)
+                change_versions.append(version)
             done_rows = [i for i in sorted(busy) if ended[i]]
             if not done_rows:
                 continue
             idx = torch.tensor(done_rows, device=self.device)
             ids, fin, lps = self._cut(ring.out[idx, :max_new_tokens].cpu(), ring.out_lp[idx, :max_new_tokens].cpu())
+            cs, cv = np.asarray(change_steps), np.asarray(change_versions, dtype=np.int32)
             for n, row in enumerate(done_rows):
-                rec, j = busy.pop(row)
-                rec["out"][j] = (ids[n], fin[n], lps[n])
+                rec, j, started = busy.pop(row)
+                rec["out"][j] = (ids[n], fin[n], lps[n], token_versions(len(ids[n]), started, rec["version"], cs, cv))
                 rec["left"] -= 1
                 if rec["left"] == 0:
                     rec.pop("kv", None)
+                    vs = [o[3] for o in rec["out"]]
                     yield FinishedGroup(rec["key"], [o[0] for o in rec["out"]], [o[1] for o in rec["out"]],
-                                        [o[2] for o in rec["out"]], steps - rec["since"])
+                                        [o[2] for o in rec["out"]], steps - rec["since"], vs,
+                                        *group_versions(vs, rec["version"]))
+
+    @staticmethod
+    def _swapped(swap: Callable[[], int | None], version: int) -> int | None:
+        """swap()'s answer at a host check of stream: None (no new weights) or the new version."""
+        new = swap()
+        if new is None:
+            return None
+        if isinstance(new, bool) or not isinstance(new, (int, np.integer)) or int(new) <= version:
+            raise ValueError(f"stream: swap() returned {new!r} at version {version}; it must return None "
+                             f"(no new weights) or the new weights' version, an int greater than {version}")
+        return int(new)
 
     def clear(self) -> None:
         """Free every cache and graph (they are rebuilt on the next call)."""
@@ -342,9 +426,11 @@ class RolloutEngine:
                  "tokens": sum(len(g) for g in ids), "cuda_graphs": False, "fallback": self.fallback}
         return Rollout(ids, finished, logprobs, stats)
 
-    def _hf_stream(self, next_prompt, G, max_new, temperature, greedy, rows, should_stop):
+    def _hf_stream(self, next_prompt, G, max_new, temperature, greedy, rows, should_stop, swap=None, version=0):
         """stream() for a model the engine cannot serve: the waiting prompts (up to `rows` samples)
-        as one fixed batch at a time, each group yielded once its batch is done."""
+        as one fixed batch at a time, each group yielded once its batch is done. swap() is asked
+        after each batch (this path's host check; the batch has drained), so every token of a batch
+        is drawn by one version."""
         while True:
             batch = []
             while (len(batch) + 1) * G <= max(rows, G):
@@ -360,10 +446,14 @@ class RolloutEngine:
             out = self._hf_rollout(rows_of, max_new, temperature, greedy, should_stop)
             if out.stats["stopped"]:
                 return
+            drew = version
+            if swap is not None and (new := self._swapped(swap, version)) is not None:
+                version = new
             for n, (key, _) in enumerate(batch):
                 sl = slice(n * G, (n + 1) * G)
+                vs = [np.full(len(t), drew, dtype=np.int32) for t in out.token_ids[sl]]
                 yield FinishedGroup(key, out.token_ids[sl], out.finished[sl], out.logprobs[sl],
-                                    out.stats["decode_steps"])
+                                    out.stats["decode_steps"], vs, *group_versions(vs, drew))
 
     # ------------------------------------------------------------------ internals
     def _cut(self, out: torch.Tensor, lp: torch.Tensor) -> tuple[list[list[int]], list[bool], list[np.ndarray]]:

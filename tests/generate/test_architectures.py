@@ -6,6 +6,7 @@ windows longer and shorter than the sequence), Gemma2's attention soft-capping, 
 and the fallback to Hugging Face generate for a model the engine cannot serve."""
 from __future__ import annotations
 
+import copy
 import logging
 
 import numpy as np
@@ -163,6 +164,85 @@ def check_in_flight(model, engine) -> None:
             np.testing.assert_allclose(lp, want, rtol=0, atol=1e-5)
 
 
+class SwapAt:
+    """A stream's swap(): at its n-th call copies `new`'s weights into `model` in place and says
+    `version`; None otherwise. Counts the calls; `before` (if given) is called first at each."""
+
+    def __init__(self, model, new, n: int, version: int = 1, before=None):
+        self.model, self.new, self.n, self.version, self.before, self.calls = model, new, n, version, before, 0
+
+    def __call__(self):
+        self.calls += 1
+        if self.before is not None:
+            self.before()
+        if self.calls != self.n:
+            return None
+        with torch.no_grad():
+            for p, q in zip(self.model.parameters(), self.new.parameters()):
+                p.copy_(q)
+        return self.version
+
+
+def mixed_decode(models: dict, prompt: list[int], tokens: list[int], versions: list[int], temperature: float):
+    """What a token's log-prob must be when weights change mid-sequence and the KV cache is kept:
+    Hugging Face's own forward with one DynamicCache, the prompt prefilled by models[versions[0]]
+    (its last logits give token 0), then token c - 1 fed by models[versions[c]] (its logits give
+    token c): each key and value computed by the weights in force when it was fed, never recomputed.
+    (log-prob of each token at `temperature`, greedy pick at each position)."""
+    from transformers import DynamicCache
+
+    first = models[versions[0]]
+    device = next(first.parameters()).device
+    cache = DynamicCache(config=first.config)
+    lps, picks = [], []
+    with torch.no_grad():
+        logits = first(input_ids=torch.tensor([prompt], device=device), past_key_values=cache,
+                       use_cache=True).logits[0, -1]
+        for c, tok in enumerate(tokens):
+            if c > 0:
+                logits = models[versions[c]](input_ids=torch.tensor([[tokens[c - 1]]], device=device),
+                                             past_key_values=cache, use_cache=True).logits[0, -1]
+            lps.append(torch.log_softmax(logits.float() / temperature, -1)[tok].item())
+            picks.append(int(logits.argmax()))
+    return np.array(lps, dtype=np.float32), picks
+
+
+def check_swap_in_flight(old, new, engine_of) -> None:
+    """stream() with new weights copied in at its first check (after step 3), without draining:
+    3 prompts, G=2 on 3 rows. Prompt 0's rows and prompt 1's first were refilled at step 0: tokens
+    0-3 by version 0, the rest by 1; prompt 1's second sample waited for a row (prefilled at 0): its
+    first token 0, the rest 1; prompt 2 was prefilled after the swap: all 1 (cut at EOS wherever it
+    comes). Each log-prob (and greedy pick) is Hugging Face's own forward over a kept cache
+    (mixed_decode). The ring's captured step is the same graph before and after the swap.
+    engine_of(model) -> an engine with check_every=3 on that model (a copy of `old`: the swap writes it)."""
+    ps = prompts((5, 9, 3), seed=6)
+    span, waited, after = [0] * 4 + [1] * NEW, [0] + [1] * NEW, [1] * NEW
+    for temperature in (0.0, 0.8):
+        model = copy.deepcopy(old)
+        engine = engine_of(model)
+        graphs = []
+
+        def seen():
+            graphs.append(next(iter(engine._rings.values())).graphs.get(temperature == 0))
+        swap = SwapAt(model, new, 1, before=seen)
+        torch.manual_seed(4)
+        got = {g.key: g for g in engine.stream(source(enumerate(ps)), 2, NEW, temperature=temperature, rows=3,
+                                               swap=swap)}
+        assert sorted(got) == [0, 1, 2] and swap.calls >= 2
+        for k, want in {0: [span, span], 1: [span, waited], 2: [after, after]}.items():
+            assert [v.tolist() for v in got[k].versions] == [w[:len(r)] for w, r in zip(want, got[k].token_ids)], k
+        assert got[2].min_version == got[2].max_version == 1 and got[1].max_version == 1
+        models = {0: old, 1: new}
+        for k, g in got.items():
+            for r, lp, v in zip(g.token_ids, g.logprobs, g.versions):
+                ref_lp, picks = mixed_decode(models, ps[k], r, v.tolist(), temperature or 1.0)
+                np.testing.assert_allclose(lp, ref_lp, rtol=0, atol=1e-5)
+                if temperature == 0:
+                    assert r == picks
+        assert engine.graph_failures == 0 and all(gr is graphs[0] for gr in graphs)
+        assert (graphs[0] is not None) == engine.cuda_graphs
+
+
 def test_greedy_equals_generate_over_rounds(arch):
     _, model = arch
     check_greedy_rounds(model, RolloutEngine(model, EOS, PAD))
@@ -177,6 +257,11 @@ def test_sampled_logprobs_equal_teacher_forced_over_rounds(arch):
 def test_in_flight_equals_generate(arch):
     _, model = arch
     check_in_flight(model, RolloutEngine(model, EOS, PAD, check_every=3))
+
+
+def test_in_flight_swaps_weights_without_draining(arch):
+    name, model = arch
+    check_swap_in_flight(model, build(name, seed=1), lambda m: RolloutEngine(m, EOS, PAD, check_every=3))
 
 
 def test_softcapped_attention_equals_gemma2_eager():
@@ -261,3 +346,40 @@ def test_unservable_model_falls_back_to_hf_generate(caplog, monkeypatch):
     # A first decode that fails (here: the prefill raises) is a fallback too, found at start-up.
     monkeypatch.setattr(RolloutEngine, "_prefill", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     assert RolloutEngine(model, EOS, PAD).fallback == "a test decode failed: RuntimeError: boom"
+
+
+def test_fallback_stream_swaps_weights_between_its_batches():
+    """On the Hugging Face fallback, stream's swap() is asked after each fixed batch (which has
+    drained): 3 prompts, G=2 on 4 rows are two batches; new weights copied in after the first. The
+    first batch's tokens carry the start version and are the old weights', the second's the new
+    version and the new weights' (tokens and log-probs)."""
+    model, new = build("llama"), build("llama", seed=1)
+    ps = prompts((5, 9, 3), seed=4)
+    old_ref, _ = hf_generate(model, ps, NEW, 1.0, True, [EOS], PAD)
+    new_ref, _ = hf_generate(new, ps, NEW, 1.0, True, [EOS], PAD)
+    assert old_ref[2] != new_ref[2]
+    model.config.attention_chunk_size = 4        # as in the test above: a model the engine cannot serve
+    try:
+        engine = RolloutEngine(model, EOS, PAD)
+    finally:
+        del model.config.attention_chunk_size
+    assert engine.fallback is not None
+    calls = []
+
+    def swap():
+        calls.append(1)
+        if len(calls) > 1:
+            return None
+        with torch.no_grad():
+            for p, q in zip(model.parameters(), new.parameters()):
+                p.copy_(q)
+        return 3
+
+    got = {g.key: g for g in engine.stream(source(enumerate(ps)), 2, NEW, greedy=True, rows=4, swap=swap, version=2)}
+    assert sorted(got) == [0, 1, 2] and len(calls) == 2
+    for k, (ref, v) in {0: (old_ref, 2), 1: (old_ref, 2), 2: (new_ref, 3)}.items():
+        assert got[k].token_ids == [ref[k]] * 2, k
+        assert [x.tolist() for x in got[k].versions] == [[v] * len(ref[k])] * 2
+        assert (got[k].min_version, got[k].max_version) == (v, v)
+    for lp, want in zip(got[2].logprobs, teacher_forced(new, [ps[2]] * 2, got[2].token_ids, 1.0)):
+        np.testing.assert_allclose(lp, want, rtol=0, atol=1e-6)

@@ -15,7 +15,7 @@ import torch
 from grpo.generate.backend import hf_generate
 from grpo.generate.engine import RolloutEngine
 from test_architectures import (ARCHS, EOS, NEW, PAD, ROUNDS, build, check_greedy_rounds, check_in_flight,
-                                check_sampled_rounds, prompts)
+                                check_sampled_rounds, check_swap_in_flight, prompts)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 CUDA = torch.device("cuda", 0)
@@ -63,3 +63,10 @@ def test_in_flight_equals_generate_with_graphs(arch):
     engine = RolloutEngine(model, EOS, PAD, check_every=3)
     check_in_flight(model, engine)
     assert engine.graph_failures == 0
+
+
+def test_in_flight_swaps_weights_without_draining_with_graphs(arch):
+    """New weights copied into the parameters at a check replace nothing the ring's captured step
+    holds: the same graph replays with the new weights (check_swap_in_flight)."""
+    name, model = arch
+    check_swap_in_flight(model, build(name, seed=1).to(CUDA), lambda m: RolloutEngine(m, EOS, PAD, check_every=3))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -11,8 +13,9 @@ from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 
 from grpo.generate.attention import attend_limit
 from grpo.generate.backend import hf_generate, old_logprob_source, resolve_backend
-from grpo.generate.engine import RolloutEngine, generate
+from grpo.generate.engine import RolloutEngine, generate, group_versions, token_versions
 from grpo.model import load_causal_lm, load_tokenizer, resolve_model, right_pad, token_logprobs
+from test_architectures import SwapAt, mixed_decode
 
 CPU = torch.device("cpu")
 GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
@@ -279,6 +282,9 @@ def test_stream_greedy_equals_generate_through_refills_and_ring_wraps(tiny):
     for g in got:
         assert g.token_ids == [ref[g.key]] * 2 and g.finished == [False, False]
         assert [len(lp) for lp in g.logprobs] == [12, 12] and g.decode_steps >= 11
+        # no swap: every token carries the stream's version (0 by default)
+        assert [v.tolist() for v in g.versions] == [[0] * 12] * 2 and g.versions[0].dtype == np.int32
+        assert g.min_version == g.max_version == 0
     ring = next(iter(eng._rings.values()))
     assert int(ring.t) != 0 and ring.length == 12 + 12
 
@@ -383,3 +389,109 @@ def test_hf_generate_stops_when_asked(tiny):
     cut, fin = hf_generate(tiny, ps, 30, 1.0, True, eos_id=2, pad_id=2, should_stop=stop)
     assert stop.asked == 3 and [len(r) for r in cut] == [3, 3] and fin == [False, False]
     assert [r[:3] for r in full] == cut   # greedy: the same tokens up to the stop
+
+
+# ----------------------------------------------------------------------------- weight swaps inside a stream
+def test_token_versions_hand_worked():
+    steps, vers = np.array([0, 6]), np.array([0, 1], dtype=np.int32)   # steps 7.. run with version 1
+    # refilled at step 0: token c drawn by step c, so tokens 0-6 by version 0, 7-11 by version 1
+    assert token_versions(12, 0, 0, steps, vers).tolist() == [0] * 7 + [1] * 5
+    # refilled at step 12 from a prompt prefilled before the swap: its first token is the prefill's
+    assert token_versions(12, 12, 0, steps, vers).tolist() == [0] + [1] * 11
+    assert token_versions(1, 12, 1, steps, vers).tolist() == [1]
+    assert token_versions(0, 12, 1, steps, vers).tolist() == []
+    # changes after steps 4 and 8; refilled at 3: token c at step 3 + c
+    many = token_versions(8, 3, 2, np.array([0, 4, 8]), np.array([2, 5, 9], dtype=np.int32))
+    assert many.tolist() == [2, 2, 5, 5, 5, 5, 9, 9] and many.dtype == np.int32
+    assert group_versions([np.array([3, 4], np.int32), np.array([5], np.int32)], 0) == (3, 5)
+    assert group_versions([np.array([], np.int32)], 7) == (7, 7)
+
+
+@pytest.fixture(scope="module")
+def new_weights(tiny):
+    """A second random model of tiny's config: the weights a swap copies in."""
+    torch.manual_seed(123)
+    return type(tiny)(tiny.config).eval()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_stream_swaps_weights_in_place_without_draining(tiny, new_weights, temperature):
+    """3 prompts, G=2 on 3 rows, 12 new tokens, a check every 3 steps; swap() copies new weights in
+    at its 2nd call (the check after step 6). Rows 0-2 (prompt 0's samples, prompt 1's first) span
+    the swap: tokens 0-6 (the refill's and steps 1-6) by version 0, 7-11 by version 1. Prompt 1's
+    second sample waited for a row (prefilled at version 0) and took one at step 12: its first token
+    from the old prefill's logits, the rest by version 1. Prompt 2, prefilled after the swap: all 1.
+    Every token's log-prob (and greedy pick) is that of a plain forward in which each key/value and
+    logit came from the weights in force when it was computed."""
+    model = copy.deepcopy(tiny)
+    ptrs = [p.data_ptr() for p in model.parameters()]
+    ps = prompts((5, 9, 4), seed=12)
+    greedy = temperature == 0
+    T = 1.0 if greedy else temperature
+    torch.manual_seed(4)
+    swap = SwapAt(model, new_weights, 2)
+    got = {g.key: g for g in RolloutEngine(model, 2, 2, check_every=3).stream(
+        source(list(enumerate(ps))), 2, 12, temperature=temperature, rows=3, swap=swap)}
+    assert sorted(got) == [0, 1, 2] and swap.calls == 8          # a check after steps 3, 6, ..., 24
+    assert [p.data_ptr() for p in model.parameters()] == ptrs     # copied in place
+    assert all(len(r) == 12 for g in got.values() for r in g.token_ids)   # no EOS: the hand-worked steps hold
+    span, waited, after = [0] * 7 + [1] * 5, [0] + [1] * 11, [1] * 12
+    want = {0: [span, span], 1: [span, waited], 2: [after, after]}
+    for k, g in got.items():
+        assert [v.tolist() for v in g.versions] == want[k], k
+        assert all(v.dtype == np.int32 and len(v) == len(r) == len(lp)
+                   for v, r, lp in zip(g.versions, g.token_ids, g.logprobs))
+    assert [(got[k].min_version, got[k].max_version) for k in range(3)] == [(0, 1), (0, 1), (1, 1)]
+    models = {0: tiny, 1: new_weights}
+    for k, g in got.items():
+        for r, lp, v in zip(g.token_ids, g.logprobs, g.versions):
+            ref_lp, picks = mixed_decode(models, ps[k], r, v.tolist(), T)
+            np.testing.assert_allclose(lp, ref_lp, rtol=0, atol=1e-4)
+            if greedy:
+                assert r == picks
+    # Against each version alone (teacher-forced over the same tokens): a spanning row's log-probs are
+    # the old weights' up to the swap and not after it, nor those of the new weights recomputing the
+    # prefix (the kept cache matters: the check above can tell); prompt 2's are the new weights'.
+    def alone(m, k):
+        ids, mask = right_pad([ps[k] + r for r in got[k].token_ids], 2, CPU)
+        with torch.no_grad():
+            return token_logprobs(m, ids, mask, T)[:, len(ps[k]) - 1:len(ps[k]) + 11].numpy()
+    old0, new0 = alone(tiny, 0), alone(new_weights, 0)
+    for i in range(2):
+        np.testing.assert_allclose(got[0].logprobs[i][:7], old0[i][:7], rtol=0, atol=1e-4)
+        assert np.abs(got[0].logprobs[i][7:] - old0[i][7:]).max() > 1e-2
+        assert np.abs(got[0].logprobs[i][7:] - new0[i][7:]).max() > 1e-2
+        np.testing.assert_allclose(got[2].logprobs[i], alone(new_weights, 2)[i], rtol=0, atol=1e-4)
+    if greedy:   # prompt 2 decodes as the new weights do from scratch, and not as the old ones
+        old = RolloutEngine(tiny, 2, 2).generate(ps, 12, greedy=True).token_ids
+        new = RolloutEngine(new_weights, 2, 2).generate(ps, 12, greedy=True).token_ids
+        assert got[2].token_ids == [new[2]] * 2 and new[2] != old[2]
+
+
+def test_stream_swap_without_new_weights_and_bad_swaps(tiny, new_weights):
+    """A swap that never has weights, and a start version: tokens and log-probs as without swap, every
+    token at that version. A swap saying an old version, or a non-int, or one that replaced a
+    parameter's storage (the ring's captured step would read the old memory): one clear error."""
+    ps = prompts((5, 9, 3, 7), seed=13)
+    plain = list(RolloutEngine(tiny, 2, 2, check_every=2).stream(source(list(enumerate(ps))), 2, 8, greedy=True,
+                                                                 rows=4))
+    calls = []
+    got = list(RolloutEngine(tiny, 2, 2, check_every=2).stream(source(list(enumerate(ps))), 2, 8, greedy=True,
+                                                               rows=4, swap=lambda: calls.append(1), version=5))
+    assert [g.key for g in got] == [g.key for g in plain] and len(calls) == 8   # 16 steps: 2 rounds of 4 checks
+    for a, b in zip(got, plain):
+        assert a.token_ids == b.token_ids and a.decode_steps == b.decode_steps
+        np.testing.assert_array_equal(np.stack(a.logprobs), np.stack(b.logprobs))
+        assert [v.tolist() for v in a.versions] == [[5] * 8] * 2 and (a.min_version, a.max_version) == (5, 5)
+    for answer in (5, 4, True, 6.0):
+        with pytest.raises(ValueError, match=f"swap\\(\\) returned {answer!r} at version 5; it must return None"):
+            list(RolloutEngine(tiny, 2, 2, check_every=2).stream(source(list(enumerate(ps))), 2, 8, greedy=True,
+                                                                 rows=4, swap=lambda a=answer: a, version=5))
+    model = copy.deepcopy(tiny)
+
+    def replace():
+        model.lm_head.weight = torch.nn.Parameter(new_weights.lm_head.weight.clone())
+        return 1
+    with pytest.raises(RuntimeError, match="replaced model parameters .* param.copy_"):
+        list(RolloutEngine(model, 2, 2, check_every=2).stream(source(list(enumerate(ps))), 2, 8, greedy=True,
+                                                              rows=4, swap=replace))
