@@ -3,8 +3,8 @@
 One step:
   rank 0   collect train_batch_size/G fresh groups (grpo.learner.intake: stale ones dropped and counted)
   all      broadcast the batch; each rank keeps its token-balanced shard      (sync point)
-  all      micro-steps of forward + GRPO loss + backward (ZeRO-2 reduces grads), packed by tokens
-  all      optimizer step; policy version = step count
+  all      grpo.learner.step: micro-steps of forward + GRPO loss + backward (ZeRO-2 reduces grads),
+           packed by tokens; optimizer step; the step's figures reduced by name; policy version = step count
   rank 0   snapshot the weights for the samplers; write metrics.jsonl
 """
 from __future__ import annotations
@@ -24,18 +24,18 @@ from grpo.config import LearnerConfig, micro_token_budget, resolve_precision
 from grpo.data.tasks import Curriculum
 from grpo.generate.backend import resolve_backend
 from grpo.learner.accounting import Books, MessageLedger, balance
-from grpo.learner.batch import (Batch, balanced_split, broadcast_batch, build_batch, length_buckets, micro_batch,
-                                minibatches, padded_tokens, token_buckets)
+from grpo.learner.batch import broadcast_batch, build_batch
 from grpo.learner.checkpoint import (Checkpointer, TimedWeights, load_checkpoint, parse_save_schedule,
                                     resolve_resume)
 from grpo.learner.engine import (CommunicatorWarmup, DeepSpeedEngine, TorchEngine, clear_build_locks, load_ds_config,
                                  resolve_ds_config)
 from grpo.learner.intake import Intake
 from grpo.learner.liveness import Liveness, SyncPeers
+from grpo.learner.step import TrainStep
 from grpo.learner.warmup import warm_up, warm_up_shape
-from grpo.loss import LossConfig, Norms, compute_loss
+from grpo.loss import LossConfig
 from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, start_runtime,
-                        token_logprobs, weights_checksum)
+                        weights_checksum)
 from grpo.obs.gpu import GpuMonitor, format_gpu, release_cached
 from grpo.obs.metrics import MetricsWriter
 from grpo.obs.profile import SpanProfiler
@@ -69,7 +69,6 @@ class Learner:
         self.t_created = time.time()   # --save-weights-every-s counts from here
         self.cfg = cfg
         check_loss_options(cfg)
-        self.loss_cfg = LossConfig.of(cfg)
         if cfg.save_weights_every_s < 0 or (cfg.save_weights_every_s and cfg.lora_r):
             raise ValueError(f"--save-weights-every-s {cfg.save_weights_every_s}: must be >= 0 and needs full "
                              f"fine-tuning (with --lora-r the adapter is saved at the end); drop one of them")
@@ -231,6 +230,8 @@ class Learner:
             log.info("books carried over from step %d (%d groups queued then are lost with the old learner)",
                      self.version, lost)
         self.version_at_start = self.version
+        self.step = TrainStep(cfg, self.engine, self.tok.pad_token_id, self.device, self.rank, self.world,
+                              self.micro_tokens, self.autocast)
         log.info("learner rank %d/%d on %s: batch %d completions (%d groups of %d) per step, %s",
                  self.rank, self.world, self.device, self.batch_size, self.groups_per_step,
                  cfg.num_generations, f"micro-batches of at most {self.micro_tokens} padded tokens"
@@ -241,134 +242,6 @@ class Learner:
         sid = self.publisher.peers.bound(peer) if peer is not None and self.publisher.peers else None
         self.messages.reject("sync", reason, None if sid is None else str(sid))
 
-    # ------------------------------------------------------------------ training (all ranks)
-    def train_step(self, batch: Batch) -> dict:
-        """One learner step (one policy version): --ppo-minibatches optimizer updates on the batch.
-
-        With an off-policy correction (--tis-cap, --is-mask-*) every token's proximal log-prob is
-        its log-prob under the weights before the step's first update. For the first minibatch
-        that is the forward pass it trains with; the later ones get a no-grad pass first, before
-        any update, so their trust region is around the same policy."""
-        cfg, module = self.cfg, self.engine.module
-        t_start = time.perf_counter()
-        module.train()
-        lens = batch.whole_lens()
-        parts = minibatches(batch.size // cfg.num_generations, cfg.num_generations, cfg.ppo_minibatches)
-        plans = [self._plan(lens, part) for part in parts]
-        decoupled = bool(cfg.tis_cap or cfg.is_mask_high)
-        prox: dict[tuple[int, int], torch.Tensor] = {}
-        if decoupled and len(plans) > 1:
-            with torch.no_grad():
-                for k, (mine, micro) in enumerate(plans[1:], start=1):
-                    for j, piece in enumerate(micro):
-                        if piece:
-                            mb = micro_batch(batch, [mine[i] for i in piece], self.tok.pad_token_id, self.device)
-                            with self._amp():
-                                prox[k, j] = token_logprobs(module, mb.input_ids, mb.attention, cfg.temperature)
-        # loss, kl, clipped, tokens, ratio, sequences, is_weight sum, is_weight max, is limited, entropy
-        sums = torch.zeros(10, dtype=torch.float64)
-        for k, ((mine, micro), part) in enumerate(zip(plans, parts)):
-            self._update(batch, k, part, mine, micro, prox, decoupled, sums)
-        mine_lens = [lens[i] for mine, _ in plans for i in mine]
-        # Per rank: tokens through the model (prompt + completion) over this step's train time,
-        # peak device memory and padded token slots, gathered so rank 0 can log every rank's figures.
-        mine_stats = torch.tensor([float(sum(mine_lens)), time.perf_counter() - t_start,
-                                   torch.cuda.max_memory_allocated(self.device) / 2**30
-                                   if self.device.type == "cuda" else 0.0,
-                                   float(sum(padded_tokens(lens, [[mine[i] for i in p] for p in micro])
-                                             for mine, micro in plans))], dtype=torch.float64)
-        if dist.is_initialized() and self.world > 1:
-            s = torch.cat([sums, mine_stats]).to(self.device)
-            gathered = [torch.empty_like(s) for _ in range(self.world)]
-            dist.all_gather(gathered, s)
-            per_rank = [p.cpu() for p in gathered]
-            w_max = max(float(p[7]) for p in per_rank)
-            sums = sum(p[:10] for p in per_rank)
-            sums[7] = w_max
-            ranks = [p[10:].tolist() for p in per_rank]
-        else:
-            ranks = [mine_stats.tolist()]
-        loss, kl, clipped, toks, ratio, seqs, w_sum, w_max, limited, ent = sums.tolist()
-        real, padded = sum(r[0] for r in ranks), sum(r[3] for r in ranks)
-        # beta 0: samplers send no reference log-probs (zeros stand in), so there is no KL to report.
-        return {"loss": loss / len(parts), "kl": kl / max(toks, 1) if cfg.beta > 0 else None,
-                "clip_frac": clipped / max(toks, 1), "ratio_mean": ratio / max(toks, 1),
-                "is_weight_mean": w_sum / max(toks, 1), "is_weight_max": w_max,
-                "is_limited_frac": limited / max(toks, 1), "updates": len(parts),
-                # the whole distribution's entropy per token, where --entropy-coef computes it
-                "policy_entropy": ent / max(toks, 1) if cfg.entropy_coef else None,
-                "tokens": int(toks), "sequences": int(seqs),
-                "grad_norm": self.engine.grad_norm(),
-                "pad_frac": 1.0 - real / padded if padded else 0.0,   # padding share of the model's input
-                "rank_tokens_per_s": [t / max(dt, 1e-9) for t, dt, _, _ in ranks],
-                "rank_peak_mem_gb": [m for _, _, m, _ in ranks]}
-
-    def _plan(self, lens: list[int], part: list[int]) -> tuple[list[int], list[list[int]]]:
-        """This rank's share of one minibatch (ranks: equal token loads) and its micro-steps
-        (similar lengths together): gas of them, or with token micro-batches as many as the budget
-        needs on the rank that needs most, since ZeRO-2 reduces at every micro-step on every rank
-        (a rank with fewer runs empty ones). Every rank computes every rank's plan alike."""
-        shares = balanced_split([lens[i] for i in part], self.world)
-        mine = [part[i] for i in shares[self.rank]]
-        if not self.micro_tokens:
-            return mine, length_buckets([lens[i] for i in mine], self.engine.gas)
-        packed = [token_buckets([lens[part[i]] for i in share], self.micro_tokens) for share in shares]
-        micro = packed[self.rank]   # indices into mine, as shares[rank] lists mine in order
-        return mine, micro + [[] for _ in range(max(map(len, packed)) - len(micro))]
-
-    def _amp(self):
-        return torch.autocast("cuda", dtype=torch.bfloat16) if self.autocast else contextlib.nullcontext()
-
-    def _update(self, batch: Batch, k: int, part: list[int], mine: list[int], micro: list[list[int]],
-                prox: dict, decoupled: bool, sums: torch.Tensor) -> None:
-        """Update k of the step, on one minibatch: its micro-steps of forward, loss and backward.
-        prox holds the proximal log-probs of updates 1.. by (k, micro-step)."""
-        cfg, module = self.cfg, self.engine.module
-        gen_lens = batch.meta[:, 1].tolist()
-        total_tokens = int(sum(gen_lens[i] for i in part))
-        # undo DeepSpeed's mean over ranks (and, with fixed micro-batches, its division by gas)
-        scale = self.world * self.engine.loss_divisor
-        for j, piece in enumerate(micro):
-            if not piece:
-                # This rank has fewer sequences than micro-steps. ZeRO-2 reduces gradients at
-                # every micro-step on every rank, so it still runs one: a zero-weight forward.
-                ids = torch.full((1, 2), self.tok.pad_token_id, dtype=torch.long, device=self.device)
-                with self._amp():
-                    out = module(input_ids=ids, use_cache=False).logits
-                self.engine.backward(out.float().sum() * 0.0)
-                continue
-            mb = micro_batch(batch, [mine[i] for i in piece], self.tok.pad_token_id, self.device)
-            if cfg.mask_truncated:
-                # Completions cut at --max-new-tokens: no answer yet, so no reliable reward;
-                # masked out, they still count in the normalisers (as in TRL).
-                mb.gen_mask = mb.gen_mask * mb.finished.unsqueeze(1)
-            entropy = None
-            with self._amp():
-                if cfg.entropy_coef:
-                    logp, entropy = token_logprobs(module, mb.input_ids, mb.attention, cfg.temperature,
-                                                   with_entropy=True)                      # [b, L-1] each
-                else:
-                    logp = token_logprobs(module, mb.input_ids, mb.attention, cfg.temperature)   # [b, L-1]
-            # The first update's own forward pass runs on the weights before any update: it is the
-            # proximal policy. Later minibatches use the pass made before the first update.
-            base = None
-            if decoupled:
-                base = logp.detach() if k == 0 else prox.pop((k, j))
-            share, tl = compute_loss(logp, mb.old_logp, mb.ref_logp, mb.advantages, mb.gen_mask, self.loss_cfg,
-                                     Norms(len(part), total_tokens, cfg.max_new_tokens, self.world * len(micro)),
-                                     prox_logp=base, entropy=entropy)
-            self.engine.backward(share * scale)
-            with torch.no_grad():   # one host sync per micro-step for every figure it logs
-                loss_, kl_, clip_, toks_, ratio_, w_sum, limited, w_max, ent_ = torch.stack([
-                    share.detach().float(), tl.kl.sum(), tl.clipped.sum().float(), mb.gen_mask.sum(),
-                    tl.ratio.sum(), tl.is_weight.sum(), tl.is_limited.sum().float(), tl.is_weight.max(),
-                    tl.entropy.sum()]).tolist()
-            sums[:7] += torch.tensor([loss_, kl_, clip_, toks_, ratio_, len(piece), w_sum], dtype=torch.float64)
-            sums[7] = max(float(sums[7]), w_max)
-            sums[8] += limited
-            sums[9] += ent_
-        self.engine.step()
-
     # ------------------------------------------------------------------ main loop
     def run(self) -> dict:
         if self.cfg.warm_up and self.device.type == "cuda":
@@ -376,7 +249,7 @@ class Learner:
             rows, length = warm_up_shape(min(self.ds_config["train_micro_batch_size_per_gpu"],
                                              -(-self.batch_size // self.world)),
                                          self.cfg.max_prompt_tokens, self.cfg.max_new_tokens)
-            dt = warm_up(self.engine.module, self.vocab_size, rows, length, self.device, self._amp(),
+            dt = warm_up(self.engine.module, self.vocab_size, rows, length, self.device, self.step.amp(),
                          self.cfg.temperature)
             log.info("warm-up pass (%d x %d made-up tokens, forward and backward, no update): %.2f s", rows, length,
                      dt)
@@ -403,7 +276,7 @@ class Learner:
                     break
                 # shared: the sampler reads these very weights; it waits while we step and publish.
                 with self.publisher.guard() if self.rank == 0 else contextlib.nullcontext():
-                    stats = self.train_step(batch)
+                    stats = self.step(batch)
                     self.version = step
                     t_train = time.perf_counter()
                     stall = self.publisher.publish(self.version, self.engine.module) if self.rank == 0 else 0.0
