@@ -9,7 +9,7 @@ from benchload import load_bench
 from grpo.config import LearnerConfig, SamplerConfig
 from grpo.flags import parse_config
 from grpo.launch.plan import parse, plan
-from grpo.learner.loop import check_loss_options
+from grpo.learner.setup import check_loss_options
 
 GSM8K_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
 RUN_TRANSFORM = "bench/gsm8k_curriculum.py:at_most_2_steps"

@@ -1,0 +1,339 @@
+"""Building the learner, apart from running it (grpo.learner.loop runs what this builds).
+
+build(cfg), in start-up order:
+  check     every flag that can be wrong fails here, with one line, before ports or weights
+  bind      rank 0 binds the data and sync ports first: samplers connect and queue while it loads
+  group     the process group (DeepSpeed), its first collective on a thread beside the model's loading
+  load      tokenizer and model (LoRA-wrapped with --lora-r), then the optimizer engine
+  publish   rank 0: the sync answer and the weight publisher (its thread answers at once, so it is
+            wired to the message ledger and liveness here, before it serves any weights)
+  record    metrics, tracking, checkpoints, timed weight saves
+  resume    --resume: the engine's state and the step, then the books
+  intake    rank 0's receive side, wired into the publisher's budget (QueueView)
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+from grpo.config import LearnerConfig, micro_token_budget, resolve_precision
+from grpo.data.tasks import Curriculum
+from grpo.generate.backend import resolve_backend
+from grpo.learner.accounting import Books, MessageLedger
+from grpo.learner.checkpoint import Checkpointer, TimedWeights, load_checkpoint, parse_save_schedule, resolve_resume
+from grpo.learner.engine import (CommunicatorWarmup, DeepSpeedEngine, TorchEngine, clear_build_locks, load_ds_config,
+                                 resolve_ds_config)
+from grpo.learner.intake import Intake
+from grpo.learner.liveness import Liveness, SyncPeers
+from grpo.learner.step import TrainStep
+from grpo.loss import LossConfig
+from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, start_runtime
+from grpo.obs.gpu import GpuMonitor, release_cached
+from grpo.obs.metrics import MetricsWriter
+from grpo.obs.profile import SpanProfiler
+from grpo.obs.rundir import make_run_dir
+from grpo.obs.stages import mark as mark_stage
+from grpo.obs.tracking import Tracker, parse_report_to
+from grpo.sync.answer import QueueView, SyncAnswer
+from grpo.weights import make_publisher
+from grpo.weights.methods import check_method
+from grpo.wire import messages as M
+from grpo.wire.curve import SERVER, curve_for, warn_if_exposed
+from grpo.wire.transport import DataReceiver, SyncServer, free_port
+
+log = logging.getLogger(__name__)
+
+
+def check_loss_options(cfg: LearnerConfig) -> None:
+    """Reject bad algorithm options with one line, before anything is loaded."""
+    LossConfig.of(cfg).check()
+    if cfg.ppo_minibatches < 1 or cfg.ppo_minibatches > cfg.train_batch_size // max(cfg.num_generations, 1):
+        raise ValueError(f"--ppo-minibatches {cfg.ppo_minibatches}: must be between 1 and the groups per step "
+                         f"(--train-batch-size / --num-generations = "
+                         f"{cfg.train_batch_size // max(cfg.num_generations, 1)})")
+    parse_report_to(cfg.report_to)
+
+
+def check_save_options(cfg: LearnerConfig) -> None:
+    """--save-weights-every-s and its schedule: one line each, before the model loads."""
+    if cfg.save_weights_every_s < 0 or (cfg.save_weights_every_s and cfg.lora_r):
+        raise ValueError(f"--save-weights-every-s {cfg.save_weights_every_s}: must be >= 0 and needs full "
+                         f"fine-tuning (with --lora-r the adapter is saved at the end); drop one of them")
+    if cfg.save_weights_schedule:
+        if not cfg.save_weights_every_s:
+            raise ValueError("--save-weights-schedule needs --save-weights-every-s > 0 (which turns the saves on)")
+        parse_save_schedule(cfg.save_weights_schedule)   # a bad spec fails here, before the model loads
+
+
+@dataclass
+class Placement:
+    """What the flags and the environment decide before ports or weights; building it checks them."""
+    rank: int
+    world: int
+    device: torch.device
+    device_s: float             # picking the device (on CUDA: torch's CUDA initialisation)
+    precision: str              # grpo.config.resolve_precision: bf16, autocast or fp32
+    run_dir: Path
+    ds_config: dict             # the resolved DeepSpeed config (also the --no-deepspeed engine's)
+    batch_size: int             # completions per step
+    micro_tokens: int           # --micro-batch-tokens: padded tokens per micro-batch (0 when off: gas fixed ones)
+    groups_per_step: int
+    profiler: SpanProfiler
+    curriculum: Curriculum | None
+    model_path: str             # --model resolved
+    resume_dir: Path | None     # --resume resolved
+
+
+def place(cfg: LearnerConfig) -> Placement:
+    """Rank, device, precision, run dir, DeepSpeed config and batch plan, the model and the resume
+    point: a bad flag fails here, before ports or weights."""
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    profiler = SpanProfiler(cfg.profile_steps, cfg.run_dir, f"learner{rank}")   # a bad span fails now
+    if cfg.no_deepspeed and world > 1:
+        raise ValueError("--no-deepspeed runs one process; drop it or start a single rank")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    t_device = time.perf_counter()   # on CUDA: torch's CUDA initialisation
+    device = pick_device(cfg.device, cfg.gpu_id if cfg.gpu_id >= 0 else (local if cfg.device != "cpu" else -1))
+    t_device = time.perf_counter() - t_device
+    precision = resolve_precision(cfg.precision, device.type == "cuda", bool(cfg.lora_r), not cfg.no_deepspeed)
+    check_method(cfg.weight_sync, device, bool(cfg.lora_r), precision == "bf16")
+    resolve_backend(cfg.generation_backend, device)   # a bad name fails now, not after training
+    curriculum = (Curriculum(cfg.dataset, cfg.curriculum_low, cfg.curriculum_high, cfg.curriculum_window)
+                  if cfg.curriculum else None)   # a bad --dataset or threshold fails here, before loading
+    run_dir = make_run_dir(cfg.run_dir)
+    raw_ds = load_ds_config(cfg.deepspeed_config)
+    ds_config, batch_size = resolve_ds_config(
+        raw_ds, world, cfg.train_batch_size, cfg.num_generations, cfg.learning_rate,
+        cuda=device.type == "cuda", source=cfg.deepspeed_config, precision=precision,
+        token_micro_batches=cfg.micro_batch_tokens != -1)
+    micro_tokens = micro_token_budget(cfg.micro_batch_tokens, ds_config["train_micro_batch_size_per_gpu"],
+                                      cfg.max_prompt_tokens, cfg.max_new_tokens)
+    path = resolve_model(cfg.model)  # a bad --model fails here, before ports or weights
+    resume_dir = resolve_resume(cfg.resume, run_dir, cfg.max_steps)  # so does a bad --resume
+    return Placement(rank, world, device, t_device, precision, run_dir, ds_config, batch_size, micro_tokens,
+                     batch_size // cfg.num_generations, profiler, curriculum, path, resume_dir)
+
+
+def bind_ports(cfg: LearnerConfig, run_dir: Path) -> tuple[SyncServer, DataReceiver]:
+    """Rank 0 binds both ports before loading the model, so samplers can connect and queue while
+    it loads; the ready file tells the launcher the ports are bound."""
+    curve = curve_for(cfg.curve_keys, SERVER)
+    bind = cfg.bind_host or cfg.host  # loopback unless a flag says otherwise
+    warn_if_exposed(bind, curve)
+    server = SyncServer(bind, cfg.sync_port, curve=curve)
+    receiver = DataReceiver(bind, cfg.data_port, M.Limits(group_size=cfg.num_generations),
+                            max_message_bytes=cfg.max_message_mb << 20, curve=curve)
+    (run_dir / "learner.ready").write_text(json.dumps(
+        {"host": cfg.host, "data_port": cfg.data_port, "sync_port": cfg.sync_port, "pid": os.getpid()}))
+    log.info("learner bound data %s:%d and sync %s:%d%s; run dir %s", bind, cfg.data_port,
+             bind, cfg.sync_port, " (CURVE)" if curve else "", run_dir)
+    mark_stage(run_dir, "learner0", "bound")
+    return server, receiver
+
+
+def start_process_group(cfg: LearnerConfig, device: torch.device) -> CommunicatorWarmup:
+    """DeepSpeed's process group (nccl on CUDA, gloo on CPU); its first collective then runs on a
+    thread beside the model's loading (wait() on what this returns)."""
+    import deepspeed
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", str(device.index or 0))
+    clear_build_locks()   # a build lock left by a stopped process would hang init silently
+    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo",
+                               timeout=timedelta(seconds=cfg.dist_timeout_s))
+    return CommunicatorWarmup(device, cfg.dist_timeout_s)
+
+
+def load_model(cfg: LearnerConfig, path: str, device: torch.device, precision: str,
+               times: dict[str, float]) -> tuple:
+    """(tokenizer, model) in training form; `times` gets the parts of the load by name."""
+    start_runtime(device, times, cfg.cudnn_attention)
+    t_tok = time.perf_counter()
+    tok = load_tokenizer(path)
+    times["tokenizer"] = time.perf_counter() - t_tok
+    # bf16: DeepSpeed keeps fp32 master weights in its optimizer, so the module can be bf16.
+    # autocast (and plain AdamW, which has no master copies): fp32 weights, bf16 matmuls.
+    dtype = compute_dtype(device) if precision == "bf16" else torch.float32
+    model = load_causal_lm(path, device, dtype, times=times)
+    model.config.use_cache = False
+    if cfg.lora_r:
+        from grpo.learner.lora import wrap_lora  # peft is imported only in LoRA mode
+
+        model = wrap_lora(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_target_modules, cfg.lora_dropout)
+    return tok, model
+
+
+def run_facts(cfg: LearnerConfig, vocab_size: int, device: torch.device, groups_per_step: int) -> M.RunFacts:
+    """The facts every sampler must agree with, sent in its first answer."""
+    return M.RunFacts(schema=M.SCHEMA_VERSION, model=cfg.model, vocab_size=vocab_size,
+                      dtype=str(compute_dtype(device)).removeprefix("torch."),
+                      num_generations=cfg.num_generations, max_new_tokens=cfg.max_new_tokens,
+                      max_prompt_tokens=cfg.max_prompt_tokens, temperature=cfg.temperature,
+                      needs_ref_logprobs=cfg.beta > 0, max_staleness=cfg.max_staleness,
+                      groups_per_step=groups_per_step)
+
+
+def wire_publisher(publisher, server: SyncServer, answers: SyncAnswer, liveness: Liveness, messages: MessageLedger,
+                   curriculum: Curriculum | None, max_samplers: int) -> None:
+    """Rank 0's publisher to the parts it reports to: who may speak for which sampler id, refused
+    sync messages into the message ledger, the curriculum's starting levels."""
+    publisher.peers = SyncPeers(liveness, max_peers=4 * max_samplers)
+
+    def rejected(reason: str, peer: bytes | None) -> None:
+        """A refused message on the sync port (the publisher's thread): the message ledger only."""
+        sid = publisher.peers.bound(peer) if peer is not None and publisher.peers else None
+        messages.reject("sync", reason, None if sid is None else str(sid))
+
+    publisher.on_reject = rejected
+    if curriculum is not None:
+        answers.levels = dict(curriculum.levels)
+    server.on_reject = lambda exc, peer: rejected(exc.reason, peer)
+
+
+def wire_queue_view(answers: SyncAnswer, intake: Intake, liveness: Liveness) -> None:
+    """Each answer tells its sampler how much it may generate: the budget reads the intake's queue."""
+    answers.queue_view = QueueView(queued=lambda: len(intake.queue),
+                                   received=lambda sid: intake.received_by.get(sid, 0),
+                                   samplers=lambda: max(1, liveness.count_alive()),
+                                   training=lambda: intake.taken)
+
+
+@dataclass
+class LearnerParts:
+    """Everything a learner rank runs with. Rank 0 only (None on the other ranks): server, receiver,
+    publisher, intake, metrics, tracker; fingerprints with --verify-weight-sync."""
+    cfg: LearnerConfig
+    rank: int
+    world: int
+    device: torch.device
+    run_dir: Path
+    ds_config: dict
+    batch_size: int             # completions per step
+    groups_per_step: int
+    profiler: SpanProfiler
+    curriculum: Curriculum | None
+    tok: object
+    vocab_size: int
+    engine: DeepSpeedEngine | TorchEngine
+    step: TrainStep
+    liveness: Liveness
+    books: Books
+    messages: MessageLedger
+    answers: SyncAnswer
+    gpu: GpuMonitor
+    checkpointer: Checkpointer
+    timed_weights: TimedWeights
+    version: int                # the starting version: 0, or the resumed step
+    server: SyncServer | None
+    receiver: DataReceiver | None
+    publisher: object | None
+    fingerprints: object | None
+    intake: Intake | None
+    metrics: MetricsWriter | None
+    tracker: Tracker | None
+
+
+def build(cfg: LearnerConfig) -> LearnerParts:
+    """Every part of this learner rank, built and wired in start-up order (the module's docstring)."""
+    t_created = time.time()   # --save-weights-every-s counts from here
+    check_loss_options(cfg)
+    check_save_options(cfg)
+    p = place(cfg)
+    rank, device = p.rank, p.device
+    liveness = Liveness(cfg.heartbeat_timeout_s, cfg.max_samplers)
+    books = Books(max_entries=4 * cfg.max_samplers)
+    messages = MessageLedger(max_keys=16 * cfg.max_samplers)
+    server, receiver = bind_ports(cfg, p.run_dir) if rank == 0 else (None, None)
+
+    t_dist = time.perf_counter()
+    comm_warmup = None if cfg.no_deepspeed else start_process_group(cfg, device)
+    t_model = time.perf_counter()
+    load_times: dict[str, float] = {}   # the parts of 'model' in the start-up line
+    tok, model = load_model(cfg, p.model_path, device, p.precision, load_times)
+    vocab_size = model.get_input_embeddings().weight.shape[0]
+    if receiver is not None:
+        receiver.limits = M.Limits(group_size=cfg.num_generations, vocab_size=vocab_size)
+    t_engine = time.perf_counter()
+    comm_s = None if comm_warmup is None else comm_warmup.wait()
+    engine = TorchEngine(model, p.ds_config, device) if cfg.no_deepspeed else DeepSpeedEngine(model, p.ds_config)
+    log.info("start-up: device %.1f s, DeepSpeed import and process group %.1f s, model %.1f s (%s), optimizer "
+             "engine %.1f s%s", p.device_s, t_model - t_dist, t_engine - t_model,
+             ", ".join(f"{k} {v:.1f} s" for k, v in load_times.items()), time.perf_counter() - t_engine,
+             "" if comm_s is None else f" (the communicator's first collective: {comm_s:.2f} s, beside the model)")
+    mark_stage(p.run_dir, f"learner{rank}", "engine_ready")
+    log.info("precision %s: %s", p.precision,
+             {"autocast": "float32 weights and optimizer state, bf16 matmuls under torch.autocast",
+              "bf16": "bf16 weights, fp32 master copies in DeepSpeed's optimizer",
+              "fp32": "float32 throughout"}[p.precision])
+
+    # The control fields of every answer on the sync port (facts, levels, budget): rank 0's publisher asks it.
+    answers = SyncAnswer(run_facts(cfg, vocab_size, device, p.groups_per_step))
+    publisher = None
+    if rank == 0:
+        publisher = make_publisher(cfg.weight_sync, server, engine.module, device, compute_dtype(device), cfg.host,
+                                   cfg.sync_port, cfg.ipc_ack_timeout_s, cfg.nccl_timeout_s, answers)
+        wire_publisher(publisher, server, answers, liveness, messages, p.curriculum, cfg.max_samplers)
+    fingerprints = None
+    if cfg.verify_weight_sync and rank == 0:
+        if cfg.lora_r:  # samplers get merged weights, not the module's: nothing to compare
+            log.warning("--verify-weight-sync is not supported with LoRA; not verifying")
+        else:
+            from grpo.weights.verify import PublishedFingerprints
+
+            fingerprints = PublishedFingerprints()
+    metrics = MetricsWriter(p.run_dir) if rank == 0 else None
+    tracker = Tracker(p.run_dir, cfg.report_to, dataclasses.asdict(cfg)) if rank == 0 else None
+    gpu = GpuMonitor(device)
+    checkpointer = Checkpointer(p.run_dir, cfg.save_every, cfg.keep_checkpoints, rank, p.world)
+    timed_weights = TimedWeights(p.run_dir / "weights", cfg.save_weights_every_s, t_created,
+                                 cfg.save_weights_schedule)
+
+    version, resumed = 0, None
+    if p.resume_dir is not None:
+        t_load = time.perf_counter()
+        resumed = load_checkpoint(engine, p.resume_dir, rank, p.world)
+        version = checkpointer.last_saved = int(resumed["step"])
+        log.info("resumed from %s in %.2f s: continuing at step %d", p.resume_dir,
+                 time.perf_counter() - t_load, version + 1)
+    if publisher is not None:
+        # The starting version (0, or the resumed one) is published before any step: a client
+        # with no weights (have_version -1) gets them, and resumed samplers get the resumed ones.
+        publisher.publish(version, engine.module)
+        if fingerprints is not None:
+            fingerprints.record(version, engine.module, compute_dtype(device))
+        mark_stage(p.run_dir, "learner0", "weights_published")
+    release_cached(device)   # what start-up cached, for the other process on this GPU
+
+    intake = None
+    if rank == 0:
+        intake = Intake(cfg, receiver, liveness, books, messages, fingerprints)
+        wire_queue_view(answers, intake, liveness)
+    if resumed is not None and rank == 0:
+        lost = books.restore(resumed.get("books", []), resumed.get("groups", {}), intake.counts)
+        messages.restore(resumed.get("messages", []))
+        log.info("books carried over from step %d (%d groups queued then are lost with the old learner)",
+                 version, lost)
+    step = TrainStep(cfg, engine, tok.pad_token_id, device, rank, p.world, p.micro_tokens,
+                     autocast=p.precision == "autocast")
+    log.info("learner rank %d/%d on %s: batch %d completions (%d groups of %d) per step, %s",
+             rank, p.world, device, p.batch_size, p.groups_per_step, cfg.num_generations,
+             f"micro-batches of at most {p.micro_tokens} padded tokens" if p.micro_tokens else f"gas {engine.gas}")
+    return LearnerParts(cfg=cfg, rank=rank, world=p.world, device=device, run_dir=p.run_dir, ds_config=p.ds_config,
+                        batch_size=p.batch_size, groups_per_step=p.groups_per_step, profiler=p.profiler,
+                        curriculum=p.curriculum, tok=tok, vocab_size=vocab_size, engine=engine, step=step,
+                        liveness=liveness, books=books, messages=messages, answers=answers, gpu=gpu,
+                        checkpointer=checkpointer, timed_weights=timed_weights, version=version, server=server,
+                        receiver=receiver, publisher=publisher, fingerprints=fingerprints, intake=intake,
+                        metrics=metrics, tracker=tracker)
