@@ -31,7 +31,6 @@ from grpo.evaluate import greedy_accuracy, record_eval, run_eval_problems
 from grpo.generate.backend import hf_generate, old_logprob_source, resolve_backend
 from grpo.generate.engine import RolloutEngine
 from grpo.loss import has_signal
-from grpo.stats import FIRST_SIGNAL_SHARE, FIRST_STEP_GROUPS, bucket_prompts, round_prompts
 from grpo.model import (compute_dtype, eos_ids, load_causal_lm, load_tokenizer, pick_device, resolve_model, right_pad,
                         start_runtime, token_logprobs)
 from grpo.obs.gpu import GpuMonitor, format_gpu, release_cached
@@ -40,6 +39,7 @@ from grpo.obs.progress import Progress
 from grpo.obs.stages import mark as mark_stage
 from grpo.sampler.heartbeat import ON_FULL, Heartbeat, SyncInbox, send_group, wait_send
 from grpo.sync.client import ask, await_answer
+from grpo.sync.staleness import FIRST_STEP_GROUPS, bucket_prompts, next_round_prompts, signal_share
 from grpo.weights import make_receiver
 from grpo.weights.methods import acknowledges, fallback, sampler_method
 from grpo.weights.tcp import apply_weights
@@ -253,36 +253,25 @@ class Sampler:
     def _round_prompts(self) -> int:
         """Prompts for the next round: --prompts-per-round, or fewer when the learner's queue is so
         long that more groups would reach it too stale to train on (the budget in its answer).
-        --prompts-per-round 0: enough that the groups with signal fill one learner step
-        (grpo.stats.round_prompts), within the budget."""
-        cfg, facts = self.cfg, self.run_facts
-        if cfg.prompts_per_round > 0:
-            n = cfg.prompts_per_round
-            return n if self.budget < 0 else min(n, self.budget)
-        if self.budget == 0:
-            return 0
-        if facts is None or not facts.groups_per_step:
-            return self._first_round_prompts()
-        return round_prompts(facts.groups_per_step, self._signal_share(), self.budget, cfg.max_prompts_per_round,
-                             min_prompts=self._bucket_prompts())
+        --prompts-per-round 0: enough that the groups with signal fill one learner step, within the
+        budget (grpo.sync.staleness.next_round_prompts)."""
+        step = self.run_facts.groups_per_step if self.run_facts is not None else 0   # 0: not said yet
+        return next_round_prompts(self.cfg.prompts_per_round, self.budget, step, self._signal_share(),
+                                  self.cfg.max_prompts_per_round, self._bucket_prompts())
 
     def _first_round_prompts(self) -> int:
         """Round 0's prompts, before the learner has said its step's size (FIRST_STEP_GROUPS assumed)."""
-        return round_prompts(FIRST_STEP_GROUPS, self._signal_share(), cap=self.cfg.max_prompts_per_round,
-                             min_prompts=self._bucket_prompts())
+        return next_round_prompts(0, -1, 0, self._signal_share(), self.cfg.max_prompts_per_round,
+                                  self._bucket_prompts())
 
     def _bucket_prompts(self) -> int:
-        """grpo.stats.bucket_prompts for this sampler's engine (a round of a small step's worth, 2
-        groups with the defaults, takes as long as this many)."""
+        """grpo.sync.staleness.bucket_prompts for this sampler's engine (a round of a small step's worth,
+        2 groups with the defaults, takes as long as this many)."""
         return bucket_prompts(self.engine.buckets if self.engine is not None else (), self.cfg.num_generations)
 
     def _signal_share(self) -> float:
-        """The share of the last SIGNAL_ROUNDS rounds' groups that had signal (1.0 without the filter:
-        every group is sent; FIRST_SIGNAL_SHARE before any round is scored)."""
-        if not self.cfg.filter_zero_signal:
-            return 1.0
-        total = sum(n for _, n in self._signal)
-        return sum(k for k, _ in self._signal) / total if total else FIRST_SIGNAL_SHARE
+        """The share of the last SIGNAL_ROUNDS rounds' groups that had signal (grpo.sync.staleness.signal_share)."""
+        return signal_share(self._signal, self.cfg.filter_zero_signal)
 
     def _check_run(self, facts: M.RunFacts) -> None:
         """The learner's facts, with its first answer and again with the first answer of a learner
