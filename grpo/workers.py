@@ -93,7 +93,7 @@ def sampler_main(argv: list[str] | None = None) -> int:
         sampler = Sampler(cfg)
     except _user_errors() as exc:
         return _fail(prog, exc, made)
-    from grpo.sampler.loop import AnswersRejected, NoFirstAnswer, RunMismatch
+    from grpo.sampler.weights_client import AnswersRejected, NoFirstAnswer, RunMismatch
 
     try:
         result = sampler.run()

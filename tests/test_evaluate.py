@@ -133,9 +133,9 @@ def test_eval_reports_the_answers_a_policy_gives_and_what_one_constant_answer_sc
 
 def test_eval_prompts_are_the_samplers_training_prompts():
     """For the same problems, evaluation feeds the decoder exactly the prompts a sampler's round
-    trains on (Sampler._round_problems): GSM8K style, verbatim ('plain') and chat messages."""
+    trains on (grpo.sampler.workflow.encode_prompts): GSM8K style, verbatim ('plain') and chat messages."""
     from grpo.data.prompts import PromptStream
-    from grpo.sampler.loop import Sampler
+    from grpo.sampler.workflow import encode_prompts
 
     tok = load_tokenizer(resolve_model("smollm2"))
     problems = [Problem("What is 2+2?", "#### 4"),
@@ -143,9 +143,8 @@ def test_eval_prompts_are_the_samplers_training_prompts():
                 Problem("2*3?", "6", messages=[{"role": "system", "content": "Be brief."},
                                                {"role": "user", "content": "2*3?"}], style="plain"),
                 *eval_problems("rg:spell_backward", 1)]
-    stub = SimpleNamespace(cfg=SimpleNamespace(prompts_per_round=len(problems)), tok=tok,
-                           prompts=PromptStream(problems, seed=0))
-    round_problems, _, train_ids = Sampler._round_problems(stub, len(problems))
+    round_problems = PromptStream(problems, seed=0).next_batch(len(problems))   # a round's, as the workflow takes them
+    _, train_ids = encode_prompts(tok, round_problems)
     assert sorted(p.question for p in round_problems) == sorted(p.question for p in problems)
     engine = _ScriptedEngine(tok, {tuple(ids): "#### 0" for ids in train_ids})
     greedy_accuracy(torch.nn.Module(), tok, problems, 8, batch_size=4, device=torch.device("cpu"), engine=engine)

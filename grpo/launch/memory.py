@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from grpo.config import ROW_BUCKETS, allocator_conf, expandable_segments, micro_token_budget, resolve_precision
-from grpo.stats import bucket_prompts, largest_round_prompts
+from grpo.sync.staleness import Staleness, bucket_prompts
 
 GiB = 1 << 30
 CUDA_CONTEXT = GiB // 2            # a CUDA context plus cuBLAS/NCCL workspaces: ~0.5 GiB, a stated constant
@@ -396,20 +396,23 @@ def micro_batch_size(ds_config: str, train_batch_size: int, ranks: int) -> int:
     return max(1, min(micro, share))
 
 
-def decode_rows(group: int, prompts_per_round: int = 0, in_flight_rows: int = 0, groups_per_step: int = 1,
-                max_staleness: int = 2, filter_zero_signal: bool = False, max_prompts_per_round: int = 64,
+def decode_rows(group: int, prompts_per_round: int = 0, in_flight_rows: int = 0, staleness: Staleness | None = None,
+                filter_zero_signal: bool = False, max_prompts_per_round: int = 64,
                 samplers: int = 1, cuda_graphs: bool = True) -> int:
     """The most rows a sampler's engine decodes at once, which its KV cache holds: --in-flight-rows;
     or a round's prompts x group (--prompts-per-round, or under 0 the largest round the sampler's
-    rule can choose: grpo.stats.largest_round_prompts, at least the smallest bucket's worth of
-    prompts) padded to the engine's row bucket (ROW_BUCKETS with CUDA graphs; a round above the
-    largest decodes in chunks of it), exact without graphs."""
+    rule can choose: the learner's `staleness` rule's largest_round_prompts, at least the smallest
+    bucket's worth of prompts) padded to the engine's row bucket (ROW_BUCKETS with CUDA graphs; a
+    round above the largest decodes in chunks of it), exact without graphs."""
     if in_flight_rows:
         return in_flight_rows
     buckets = ROW_BUCKETS if cuda_graphs else ()
     if not prompts_per_round:
-        prompts_per_round = largest_round_prompts(groups_per_step, max_staleness, filter_zero_signal,
-                                                  max_prompts_per_round, bucket_prompts(buckets, group), samplers)
+        if staleness is None:
+            raise ValueError("decode_rows: --prompts-per-round 0 sizes rounds by the learner's staleness rule; "
+                             "pass it (grpo.sync.staleness.Staleness)")
+        prompts_per_round = staleness.largest_round_prompts(filter_zero_signal, max_prompts_per_round,
+                                                            bucket_prompts(buckets, group), samplers)
     rows = prompts_per_round * group
     return next((b for b in buckets if b >= rows), buckets[-1]) if buckets else rows
 
@@ -418,8 +421,8 @@ def run_shape(lcfg, scfg, ranks: int, samplers: int, ds_config: str) -> RunShape
     """A RunShape from the learner's and a sampler's parsed configs (grpo.config), on CUDA."""
     method = scfg.weight_sync
     rows = decode_rows(scfg.num_generations, scfg.prompts_per_round, scfg.in_flight_rows,
-                       lcfg.train_batch_size // scfg.num_generations, lcfg.max_staleness, scfg.filter_zero_signal,
-                       scfg.max_prompts_per_round, samplers, scfg.cuda_graphs)
+                       Staleness(lcfg.max_staleness, lcfg.train_batch_size // scfg.num_generations),
+                       scfg.filter_zero_signal, scfg.max_prompts_per_round, samplers, scfg.cuda_graphs)
     micro = micro_batch_size(ds_config, lcfg.train_batch_size, ranks)
     return RunShape(ranks=ranks, lora_r=lcfg.lora_r, beta=lcfg.beta, ipc=method in ("auto", "ipc"),
                     shared=method == "shared", staging=method in ("auto", "ipc", "nccl"), rows=rows, prompt_tokens=min(PROMPT_TOKENS, lcfg.max_prompt_tokens),

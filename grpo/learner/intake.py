@@ -17,7 +17,7 @@ from grpo.config import LearnerConfig
 from grpo.learner.accounting import Books, MessageLedger
 from grpo.learner.liveness import Liveness
 from grpo.loss import has_signal
-from grpo.stats import staleness
+from grpo.sync.staleness import Staleness
 from grpo.wire import messages as M
 from grpo.wire.transport import Receiver
 
@@ -27,10 +27,8 @@ log = logging.getLogger(__name__)
 def drop_reason(g: M.Group, version: int, max_staleness: int, filter_zero_signal: bool,
                 needs_ref: bool = False) -> str | None:
     """Why a received group must not be trained on at learner `version` (None: train on it)."""
-    if g.policy_version > version:
-        return "future_version"
-    if staleness(version, g.policy_version) > max_staleness:
-        return "stale"
+    if reason := Staleness(max_staleness).drop_reason(g.policy_version, version):
+        return reason   # future_version, stale
     if len(g.prefix_token_ids) == 0:
         return "empty_prompt"
     if needs_ref and any(len(c.ref_policy_log_probs) != len(c.generated_token_ids) for c in g.completions):

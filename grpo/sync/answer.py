@@ -5,7 +5,7 @@ kind's own fields (the weights, no_update, stop).
            and in any answer to have_version -1, so a sampler checks it agrees before it sends
   levels   --curriculum: every task's current level, in every answer (a stop included)
   queued, budget
-           the learner's queue and how many groups this sampler may generate now (grpo.sync.flow),
+           the learner's queue and how many groups this sampler may generate now (grpo.sync.staleness),
            in every answer but a stop; -1 each when the learner gave no queue view
 
 The publisher's serving thread (grpo.weights.publisher) owns the socket and calls `fields` for
@@ -17,7 +17,8 @@ import collections
 from dataclasses import dataclass
 from typing import Callable
 
-from grpo.sync.flow import gap_floor, generation_budget, groups_ahead
+from grpo.sync.flow import gap_floor
+from grpo.sync.staleness import Staleness
 from grpo.wire import messages as M
 
 MAX_CONNECTIONS = 4096   # per-connection state (the gap floor) kept for the newest this many connections
@@ -84,6 +85,5 @@ class SyncAnswer:
             self._gap_floor.move_to_end(identity)
             while len(self._gap_floor) > MAX_CONNECTIONS:   # bounded: made-up connections cannot grow it
                 self._gap_floor.popitem(last=False)
-        ahead = groups_ahead(queued, in_flight, view.training())
-        return queued, generation_budget(version, sampler_version, ahead, run.groups_per_step, run.max_staleness,
-                                         view.samplers())
+        return queued, Staleness.of(run).budget(version, sampler_version, queued, in_flight, view.training(),
+                                                view.samplers())

@@ -37,12 +37,12 @@ def test_sampler_round_with_fast_backend(monkeypatch):
     try:
         assert sampler.backend == "fast" and sampler.engine is not None and sampler.old_source == "sampling"
         passes = []
-        real = sampler._logprobs
-        monkeypatch.setattr(sampler, "_logprobs", lambda model, whole, plens: passes.append(
-            "ref" if model is sampler.ref else "policy") or real(model, whole, plens))
-        groups = sampler.generate_round(0)
+        real = sampler.workflow._logprobs
+        monkeypatch.setattr(sampler.workflow, "_logprobs", lambda model, whole, plens: passes.append(
+            "ref" if model is sampler.workflow.ref else "policy") or real(model, whole, plens))
+        groups = sampler.workflow.generate_round(0)
         sampler.cfg.in_flight_rows = 4
-        groups += [g for chunk in sampler.stream_round(1, 2) for g in chunk]
+        groups += [g for chunk in sampler.workflow.stream_round(1, 2) for g in chunk]
         assert passes == ["ref", "ref"]   # the reference pass only (no learner said beta is 0)
         monkeypatch.undo()
         # The log-prob pass sorts by length into micro-batches; results come back in input
@@ -50,7 +50,7 @@ def test_sampler_round_with_fast_backend(monkeypatch):
         whole = prompts((9, 4, 12, 6, 5))
         plens = [3, 2, 5, 1, 4]
         sampler.cfg.logprob_batch_size = 2
-        got = sampler._logprobs(sampler.policy, whole, plens)
+        got = sampler.workflow._logprobs(sampler.policy, whole, plens)
         for seq, p, lp in zip(whole, plens, got):
             ids = torch.tensor([seq])
             with torch.no_grad():
@@ -96,7 +96,7 @@ def test_sampler_falls_back_at_start_up(monkeypatch):
     try:
         assert (sampler.backend, sampler.engine, sampler.old_source) == ("hf", None, "pass")
         assert sampler.eos_ids == [sampler.tok.eos_token_id]
-        groups = sampler.generate_round(0)
+        groups = sampler.workflow.generate_round(0)
     finally:
         sampler.data.close()
         sampler.sync.close()

@@ -23,7 +23,8 @@ from scripted import ScriptedLearner, facts, run_against
 
 from grpo.config import SamplerConfig
 from grpo.obs import stages
-from grpo.sampler.loop import AnswersRejected, NoFirstAnswer, RunMismatch, Sampler, rejected_streak
+from grpo.sampler.loop import Sampler
+from grpo.sampler.weights_client import AnswersRejected, NoFirstAnswer, RunMismatch, rejected_streak
 from grpo.weights.layout import plan_layout
 from grpo.weights.pack import pack
 from grpo.wire import messages as M
@@ -56,7 +57,7 @@ def test_a_stop_in_the_middle_of_a_round_ends_it_within_seconds(backend, caplog)
     """A round of 8 rows x 1500 new tokens takes tens of seconds on CPU; the learner says stop one
     second into it: the sampler abandons the round, sends its final status (nothing of the round
     counted as sent) and returns within 5 s of the stop."""
-    caplog.set_level(logging.INFO, logger="grpo.sampler.loop")
+    caplog.set_level(logging.INFO, logger="grpo.sampler")
     data_port, sync_port = free_ports(2)
     receiver = DataReceiver("127.0.0.1", data_port, M.Limits(), 1 << 26)
     s = make_sampler(data_port, sync_port, prompts_per_round=4, max_new_tokens=1500, generation_backend=backend)
@@ -122,7 +123,7 @@ def answer_after_round_0(watch: RoundWatch, receiver: DataReceiver, early: list)
 def test_round_0_is_generated_before_the_first_answer_and_sent_after_it(tmp_path, caplog, in_flight_rows):
     """The learner answers only once round 0 has been generated (it is still loading): the sampler
     did not wait for it to generate, and sent nothing before it (fixed rounds and in flight)."""
-    caplog.set_level(logging.INFO, logger="grpo.sampler.loop")
+    caplog.set_level(logging.INFO, logger="grpo.sampler")
     data_port, sync_port = free_ports(2)
     receiver = DataReceiver("127.0.0.1", data_port, M.Limits(), 1 << 26)
     s = make_sampler(data_port, sync_port, prompts_per_round=2, max_rounds=2, sync_timeout_s=0.5,
@@ -137,7 +138,7 @@ def test_round_0_is_generated_before_the_first_answer_and_sent_after_it(tmp_path
     assert final is not None and result["groups_sent"] == final.groups_sent == len(groups) == 4
     assert sorted(g.group_id for g in groups) == ["s0-r0-g0", "s0-r0-g1", "s0-r1-g0", "s0-r1-g1"]
     assert {g.policy_version for g in groups} == {0}
-    assert s.ref is None   # the facts (beta 0) were known before round 0 was finished: no reference model
+    assert s.workflow.ref is None   # the facts (beta 0) were known before round 0 was finished: no reference model
     text = caplog.text
     assert "generating round 0 with version 0" in text
     assert f"no answer from the learner at 127.0.0.1:{sync_port} yet" in text   # it said why it waits
@@ -186,7 +187,7 @@ def test_facts_that_disagree_cut_a_long_round_0_short(backend):
 def test_a_first_answer_that_never_comes_ends_it_after_the_bound(caplog):
     """No learner on the sync port: round 0 is generated, the wait is logged every --sync-timeout-s,
     and after --first-answer-timeout-s the sampler ends with one line naming the flag, nothing sent."""
-    caplog.set_level(logging.INFO, logger="grpo.sampler.loop")
+    caplog.set_level(logging.INFO, logger="grpo.sampler")
     data_port, sync_port = free_ports(2)
     receiver = DataReceiver("127.0.0.1", data_port, M.Limits(), 1 << 26)
     s = make_sampler(data_port, sync_port, prompts_per_round=2, sync_timeout_s=0.3, first_answer_timeout_s=1.5,
@@ -220,7 +221,7 @@ def test_answers_it_cannot_read_end_it_with_one_line_and_its_final_status(caplog
     """The learner's first answer is valid (round 0 goes out); every later one is a frame the codec
     rejects: the sampler ends at its third such request with one line naming the reason and the fix,
     instead of generating with version 0 for ever, and its final status still reaches the data port."""
-    caplog.set_level(logging.INFO, logger="grpo.sampler.loop")
+    caplog.set_level(logging.INFO, logger="grpo.sampler")
     data_port, sync_port = free_ports(2)
     receiver = DataReceiver("127.0.0.1", data_port, M.Limits(), 1 << 26)
     s = make_sampler(data_port, sync_port, prompts_per_round=2, sync_timeout_s=0.3, generation_backend="hf",
@@ -245,7 +246,7 @@ def test_a_learner_started_again_with_other_settings_ends_it_and_other_changes_a
     change of --max-staleness is said and followed; a change of --num-generations ends the sampler
     with one line naming it, after its final status (what it sent stays counted). Before this, facts
     after the first were taken without a check."""
-    caplog.set_level(logging.INFO, logger="grpo.sampler.loop")
+    caplog.set_level(logging.INFO, logger="grpo.sampler")
     data_port, sync_port = free_ports(2)
     receiver = DataReceiver("127.0.0.1", data_port, M.Limits(), 1 << 26)
     s = make_sampler(data_port, sync_port, prompts_per_round=2, sync_timeout_s=0.5, generation_backend="hf",
@@ -259,12 +260,12 @@ def test_a_learner_started_again_with_other_settings_ends_it_and_other_changes_a
     assert str(e.value) == ("the learner's settings changed (a learner started again on this port?): "
                             "--num-generations: 2 here, 3 at the learner: give both the same settings")
     assert "the learner's run facts changed (a learner started again on this port?): max_staleness 4 -> 7" in caplog.text
-    assert s.run_facts.max_staleness == 7 and len(learner.requests) == 5
+    assert s.client.run_facts.max_staleness == 7 and len(learner.requests) == 5
     assert final is not None and final.groups_sent == len(groups) > 0
 
 
 def test_a_stop_as_the_first_answer_abandons_round_0(caplog):
-    caplog.set_level(logging.INFO, logger="grpo.sampler.loop")
+    caplog.set_level(logging.INFO, logger="grpo.sampler")
     data_port, sync_port = free_ports(2)
     receiver = DataReceiver("127.0.0.1", data_port, M.Limits(), 1 << 26)
     s = make_sampler(data_port, sync_port, prompts_per_round=2, sync_timeout_s=0.5, generation_backend="fast")
@@ -284,7 +285,7 @@ def test_newer_weights_in_the_first_answer_abandon_round_0_which_is_generated_ag
     """A resumed learner is past version 0: its first answer carries version 3. Round 0, generated
     with version 0 meanwhile, is not sent (the learner would drop it as too stale): the sampler
     applies version 3 and generates round 0 again with it."""
-    caplog.set_level(logging.INFO, logger="grpo.sampler.loop")
+    caplog.set_level(logging.INFO, logger="grpo.sampler")
     data_port, sync_port = free_ports(2)
     receiver = DataReceiver("127.0.0.1", data_port, M.Limits(), 1 << 26)
     s = make_sampler(data_port, sync_port, prompts_per_round=2, max_rounds=1, sync_timeout_s=0.5,

@@ -51,11 +51,11 @@ def no_update_learner(s: Sampler) -> ScriptedLearner:
 def test_zero_signal_groups_cost_no_logprob_passes_and_are_not_sent(reward, monkeypatch, filt):
     s = sampler(reward, filt, *free_ports(2))
     passes = []
-    real = s._logprobs
-    monkeypatch.setattr(s, "_logprobs",
+    real = s.workflow._logprobs
+    monkeypatch.setattr(s.workflow, "_logprobs",
                         lambda model, whole, plens: passes.append(len(whole)) or real(model, whole, plens))
     try:
-        groups = s.generate_round(0)
+        groups = s.workflow.generate_round(0)
     finally:
         s.data.close()
         s.sync.close()
@@ -159,13 +159,13 @@ def test_rounds_grow_until_their_groups_with_signal_fill_a_step(reward):
     s = sampler(reward, True, *free_ports(2), max_rounds=3)
     s.cfg.prompts_per_round = 0
     sizes = []
-    real = s.generate_round
+    real = s.workflow.generate_round
 
     def counted(round_idx, n_prompts=None):
         sizes.append(n_prompts)
         return real(round_idx, n_prompts)
 
-    s.generate_round = counted
+    s.workflow.generate_round = counted
     run_against(s, ScriptedLearner(s.cfg.sync_port, facts(s, groups_per_step=2)))
     assert sizes in ([6, 12, 18], [24, 48, 32])
 
@@ -182,17 +182,17 @@ def test_round_sizes_fill_the_engines_smallest_bucket_within_the_budget(reward, 
     try:
         s.cfg.prompts_per_round = 0
         assert s.engine is not None and s.engine.buckets == ()   # CPU: no graphs, exact sizes
-        assert s._bucket_prompts() == 1
-        assert s._round_prompts() == (24 if filt else 8)          # round 0
-        s.run_facts = facts(s, groups_per_step=2)
-        assert s._round_prompts() == (6 if filt else 2)           # 2 / (1/3), or 2 / 1
+        assert s.workflow.bucket_prompts() == 1
+        assert s.workflow.round_prompts() == (24 if filt else 8)          # round 0
+        s.client.run_facts = facts(s, groups_per_step=2)
+        assert s.workflow.round_prompts() == (6 if filt else 2)           # 2 / (1/3), or 2 / 1
         s.engine.buckets = (64, 128, 256)                          # what the engine has on CUDA
-        assert s._bucket_prompts() == 32
-        assert s._round_prompts() == 32
-        s.budget = 6
-        assert s._round_prompts() == (18 if filt else 6)
-        s.run_facts = None                                          # round 0 again: no budget said yet
-        assert s._round_prompts() == 32
+        assert s.workflow.bucket_prompts() == 32
+        assert s.workflow.round_prompts() == 32
+        s.client.budget = 6
+        assert s.workflow.round_prompts() == (18 if filt else 6)
+        s.client.run_facts = None                                          # round 0 again: no budget said yet
+        assert s.workflow.round_prompts() == 32
     finally:
         s.data.close()
         s.sync.close()

@@ -14,7 +14,7 @@ import pytest
 from netutil import free_ports
 
 from grpo.config import SamplerConfig
-from grpo.sampler.loop import run_mismatches
+from grpo.sampler.weights_client import run_mismatches
 from grpo.wire import messages as M
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,0 +1,379 @@
+"""The sampler's weights client: its side of the sync port.
+
+It asks the learner for newer weights (each request says the version it runs and the groups it
+has handed to its data socket, for the budget), takes every answer's control fields (the run's
+facts, checked against this sampler's; curriculum levels; the generation budget), applies an
+announced version by its method (ipc, nccl, shared, tcp) and steps down to the next method by
+the rule both sides share when one proves impossible here.
+
+The first round does not wait for the learner (which may still be loading): the sampler loaded
+the run's checkpoint itself, so its own weights are version 0. It sends its first weights request
+and generates round 0 at once; the learner's answer, which carries the run's facts, is waited for
+before anything of the round is scored or sent (WeightsClient.first_answer, which the rollout
+workflow calls).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import fields
+from typing import Callable
+
+import torch
+
+from grpo.config import SamplerConfig
+from grpo.model import compute_dtype
+from grpo.obs.stages import mark as mark_stage
+from grpo.sampler.heartbeat import SyncInbox
+from grpo.sync.client import ask, await_answer
+from grpo.weights import make_receiver
+from grpo.weights.methods import acknowledges, fallback, sampler_method
+from grpo.weights.tcp import apply_weights
+from grpo.wire import messages as M
+from grpo.wire.transport import SyncClient
+
+log = logging.getLogger(__name__)
+
+
+# The first weights request of a sampler with weights of its own waits this long for its answer
+# (the answer of a learner that is up comes in milliseconds: a sampler restarted mid-run then
+# starts at the learner's version, as before) before round 0 is generated without it.
+FIRST_GRACE_S = 0.25
+
+
+class RunMismatch(ValueError):
+    """This sampler disagrees with the learner on a setting both must share (one line, with the fix)."""
+
+
+class NoFirstAnswer(RuntimeError):
+    """The learner never answered the first weights request within --first-answer-timeout-s (one line)."""
+
+
+class AnswersRejected(RuntimeError):
+    """The learner's answers on the sync port keep failing this sampler's checks (one line): the two
+    sides do not speak the same messages, and this sampler would generate with old weights for ever."""
+
+
+# Weight requests in a row whose only answers this sampler rejected (grpo.wire's checks) before it
+# ends: the sync port carries the learner's messages alone, so a rejected answer is the two sides
+# disagreeing on the protocol (different code, or a transfer handle longer than the codec allows),
+# which asking again does not mend. One is allowed to be chance; three in a row are not.
+REJECTED_ANSWERS_LIMIT = 3
+
+
+def rejected_streak(streak: int, answered: bool, rejected: int) -> int:
+    """Requests in a row left without a valid answer while the sync socket rejected `rejected` (> 0)
+    messages since the last count. A valid answer ends the streak; a wait in which nothing came at
+    all (the learner busy or away: its own bound, --first-answer-timeout-s or the liveness rules,
+    covers that) leaves it as it was."""
+    if answered:
+        return 0
+    return streak + 1 if rejected > 0 else streak
+
+
+def run_mismatches(facts: M.RunFacts, cfg: SamplerConfig, vocab_size: int) -> list[str]:
+    """What this sampler and the learner's run facts disagree on, each as 'flag: here vs learner'."""
+    out = []
+    if facts.vocab_size != vocab_size:
+        out.append(f"vocabulary: {vocab_size} here, {facts.vocab_size} at the learner (--model {cfg.model} "
+                   f"here, {facts.model} there)")
+    for flag, mine, theirs in (("--num-generations", cfg.num_generations, facts.num_generations),
+                               ("--max-new-tokens", cfg.max_new_tokens, facts.max_new_tokens),
+                               ("--temperature", cfg.temperature, facts.temperature)):
+        if mine != theirs:
+            out.append(f"{flag}: {mine} here, {theirs} at the learner")
+    return out
+
+
+def method_receiver(cfg: SamplerConfig, method: str, policy: torch.nn.Module, dtype: torch.dtype):
+    """The receiver of `method` (ipc, nccl, shared) for `policy`: ipc and nccl move its parameters
+    into flat buckets so that a version is one copy (so it is made before the rollout engine, which
+    reads the parameters where they live)."""
+    receiver = make_receiver(method, policy, dtype, cfg.sync_port, cfg.sync_timeout_s * 12)
+    log.info("weight sync: %s (--weight-sync %s)", method, cfg.weight_sync)
+    return receiver
+
+
+def start_receiver(cfg: SamplerConfig, policy: torch.nn.Module, device: torch.device):
+    """(receiver, method) this sampler starts with: --weight-sync's choice on this device (tcp: no receiver)."""
+    method = sampler_method(cfg.weight_sync, device)
+    if method == M.TCP:
+        return None, M.TCP
+    return method_receiver(cfg, method, policy, compute_dtype(device)), method
+
+
+class WeightsClient:
+    """The sampler's side of the sync port (the module's docstring), used from the main thread only.
+
+    version: the policy version this sampler runs. run_facts: the learner's, from its first answer.
+    budget: groups the learner's last answer let this sampler generate (-1: no limit said).
+    `handed()` gives the groups this process has handed to its data socket (each request says it);
+    `on_levels(levels)` is called with the curriculum's levels of every answer that carries them.
+    `stats` is the sampler's stats dict: sync_s, apply_s, weight_syncs, weight_bytes and the
+    --verify-weight-sync fields are written here.
+    """
+    _inbox: SyncInbox | None = None   # made on first use around self.sync (see inbox)
+    # Round 0 goes out before the learner's first answer (sync_weights, first_answer):
+    _heard = False                    # any answer from the learner yet
+    _first_request: int | None = None   # the first request's id while its answer is awaited
+    _first_asked = 0.0                # when it was sent (time.monotonic())
+    _held: M.WeightsAnnounce | None = None   # newer weights in that answer, applied by the next sync_weights
+    _rejected_streak = 0              # requests in a row answered only by rejected messages (rejected_streak)
+    _rejected_seen = 0                # the sync socket's rejections counted so far
+
+    def __init__(self, cfg: SamplerConfig, sync: SyncClient, policy: torch.nn.Module, device: torch.device,
+                 vocab_size: int, receiver, method: str, stats: dict, handed: Callable[[], int],
+                 on_levels: Callable[[dict[str, int]], None]):
+        self.cfg, self.sync, self.policy, self.device, self.vocab_size = cfg, sync, policy, device, vocab_size
+        self.receiver, self.sync_method = receiver, method
+        self.stats, self.handed, self.on_levels = stats, handed, on_levels
+        self.name = f"sampler{cfg.sampler_id}"
+        self.version = 0
+        self.run_facts: M.RunFacts | None = None
+        self.budget = -1
+        self._request_id = 0
+
+    @property
+    def inbox(self) -> SyncInbox:
+        """The sync socket as the main thread reads it: answers, and the learner's stop mid-round."""
+        if self._inbox is None:
+            self._inbox = SyncInbox(self.sync)
+        return self._inbox
+
+    @property
+    def stop(self) -> M.Stop | None:
+        """The learner's stop, once it has been read (in an answer or in the middle of a round)."""
+        return self.inbox.stop
+
+    @property
+    def awaiting_first(self) -> bool:
+        """Round 0 is generated while the learner's first answer is on its way (sync_weights)."""
+        return self._first_request is not None
+
+    @property
+    def holds_newer(self) -> bool:
+        """The learner's first answer carried weights newer than round 0's: that round was abandoned
+        and the next sync_weights applies them (first_answer)."""
+        return self._held is not None
+
+    def answers_waiting(self) -> bool:
+        """Whether answers have arrived that no wait has read yet (reads the socket without waiting)."""
+        return bool(self.inbox.peek())
+
+    def round_guard(self):
+        """Held around a round: with shared weights the sampler reads the learner's live weights, so
+        the learner must not step during it (sync, evaluation, generation, old log-probs)."""
+        return self.receiver.guard() if self.sync_method == M.SHARED else contextlib.nullcontext()
+
+    # ------------------------------------------------------------------ answers
+    def _on_answer(self, msg: M.Message) -> None:
+        """Every answer on the sync channel: the run's facts (first), curriculum levels, the budget."""
+        self._heard = True
+        if getattr(msg, "run", None) is not None:
+            self._check_run(msg.run)
+        if getattr(msg, "levels", None) is not None:
+            self.on_levels(msg.levels)
+        if isinstance(msg, (M.WeightsAnnounce, M.NoUpdate)):
+            self.budget = msg.budget   # -1: the learner set no limit
+
+    def _check_run(self, facts: M.RunFacts) -> None:
+        """The learner's facts, with its first answer and again with the first answer of a learner
+        that started since (resumed, or restarted by hand, on the same port): they must agree with
+        ours, or no group of ours is valid. Other changes (staleness, step size, reference log-probs,
+        which the next round follows) are said in one line."""
+        if problems := run_mismatches(facts, self.cfg, self.vocab_size):
+            raise RunMismatch(("the learner's settings changed (a learner started again on this port?): "
+                               if self.run_facts is not None else "this sampler disagrees with the learner; ")
+                              + "; ".join(problems) + ": give both the same settings")
+        if self.run_facts is not None and facts != self.run_facts:
+            changed = [f"{f.name} {getattr(self.run_facts, f.name)} -> {getattr(facts, f.name)}"
+                       for f in fields(facts) if getattr(self.run_facts, f.name) != getattr(facts, f.name)]
+            log.info("the learner's run facts changed (a learner started again on this port?): %s; this sampler "
+                     "follows them", ", ".join(changed))
+        if self.run_facts is None:
+            log.info("learner's run: model %s, vocabulary %d, %s weights, G=%d, up to %d new tokens, temperature "
+                     "%g, %s reference log-probs, staleness <= %d", facts.model, facts.vocab_size, facts.dtype,
+                     facts.num_generations, facts.max_new_tokens, facts.temperature,
+                     "needs" if facts.needs_ref_logprobs else "does not need", facts.max_staleness)
+            mark_stage(self.cfg.run_dir, self.name, "connected")
+            if not facts.needs_ref_logprobs:
+                log.info("reference log-probs: not used by this run (the learner's beta is 0): no reference model, "
+                         "no reference pass; groups carry none")
+        self.run_facts = facts
+
+    # ------------------------------------------------------------------ requests
+    def sync_weights(self) -> bool:
+        """Ask for newer weights and apply the newest answer; False when the learner says stop.
+
+        Waits (up to sync_timeout_s) for the answer to *this* request, recognised by its
+        request id; answers to earlier requests that arrive meanwhile are used too if they
+        carry newer weights, but never mistaken for this one.
+
+        The first request, before the learner has ever answered, waits only FIRST_GRACE_S when
+        this sampler has weights of its own (every method but shared, whose sampler uses the
+        learner's): unanswered by then, round 0 is generated with version 0, the checkpoint this
+        sampler loaded, while the answer is on its way, and first_answer waits for it before
+        anything of the round is scored or sent. A shared sampler waits sync_timeout_s first, and
+        then does the same. Either way nothing is sent before the learner's facts are checked.
+        """
+        t0 = time.perf_counter()
+        if (held := self._held) is not None:   # the first answer's newer weights (see first_answer)
+            self._held = None
+            self._apply(held)   # the request below acknowledges them (ipc, nccl) and asks for anything newer
+        # ipc: after applying, ask once more at once. That request acknowledges the version
+        # (the learner may then reuse its slot) and picks up anything newer; a copy spoiled
+        # by a slot rewrite (stamp changed) is retried the same way.
+        for _attempt in range(3):
+            first = not self._heard
+            self._request_id += 1
+            ask(self.inbox, self.cfg.sampler_id, self.version, self._request_id, self.sync_method,
+                sent=self.handed())
+            asked = time.monotonic()
+            wait = self.cfg.sync_timeout_s
+            if first and self.sync_method != M.SHARED:
+                wait = min(wait, FIRST_GRACE_S)
+            answered, newest, stop = await_answer(self.inbox, self.version, self._request_id, wait,
+                                                  on_answer=self._on_answer)
+            self._count_rejections(answered)
+            if stop is not None:
+                log.info("learner says stop (%s) at version %d", stop.reason, stop.version)
+                return False
+            if not answered and first:
+                self._first_request, self._first_asked = self._request_id, asked
+                log.info("no answer from the learner at %s:%d within %.2f s: generating round 0 with version %d (the "
+                         "weights loaded here) while its first answer is on its way; nothing is sent before it comes",
+                         self.cfg.host, self.cfg.sync_port, wait, self.version)
+                break
+            if not answered:
+                log.info("no answer from the learner at %s:%d within %.1f s; generating with version %d",
+                         self.cfg.host, self.cfg.sync_port, self.cfg.sync_timeout_s, self.version)
+            if newest is None or not self._apply(newest):
+                break
+        self.stats["sync_s"] += time.perf_counter() - t0
+        return True
+
+    def first_answer(self) -> bool:
+        """Round 0 was generated while the learner's first answer was on its way (sync_weights):
+        wait for that answer before anything of the round is scored or sent. It carries the run's
+        facts, checked as it arrives (_on_answer: a RunMismatch ends the sampler with nothing
+        sent). The wait is logged every --sync-timeout-s and ends, after --first-answer-timeout-s
+        from the request, in NoFirstAnswer.
+
+        True: finish and send the round (at once when nothing is awaited). False: abandon it,
+        nothing of it counted or sent, when the learner said stop (then inbox.stop is set, as for
+        a stop in the middle of a round), or when its answer carries weights newer than version 0
+        (a resumed learner, or this sampler restarted in the middle of a run). Those weights are
+        not applied to a round that version 0 generated (its old log-probs must come from the
+        weights that sampled it), and its groups are not sent either, since the learner would
+        drop them as too stale: the next sync_weights applies them (they must be taken: an nccl
+        learner's sync thread waits for this sampler to receive them) and round 0 is generated
+        again with them.
+        """
+        rid = self._first_request
+        if rid is None:
+            return True
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        newest: M.WeightsAnnounce | None = None
+        while True:
+            waited = time.monotonic() - self._first_asked
+            if waited >= cfg.first_answer_timeout_s:
+                raise NoFirstAnswer(f"no answer from the learner at {cfg.host}:{cfg.sync_port} within "
+                                    f"{cfg.first_answer_timeout_s:g} s of this sampler's first weights request "
+                                    f"(--first-answer-timeout-s); nothing was sent. Is the learner running, on "
+                                    f"this --host and --sync-port?")
+            window = min(max(cfg.sync_timeout_s, 0.1), cfg.first_answer_timeout_s - waited)
+            answered, got, stop = await_answer(self.inbox, self.version, rid, window, on_answer=self._on_answer)
+            self._count_rejections(answered)
+            if got is not None and (newest is None or got.version > newest.version):
+                newest = got
+            if answered:
+                break
+            log.info("no answer from the learner at %s:%d yet (%.0f s); round 0 is generated and waits for the run's "
+                     "facts before anything is sent", cfg.host, cfg.sync_port, time.monotonic() - self._first_asked)
+        self._first_request = None
+        self.stats["sync_s"] += time.perf_counter() - t0
+        if stop is not None:
+            self.inbox.stop = stop   # the loop abandons the round and ends
+            return False
+        if newest is not None:
+            self._held = newest
+            log.info("the learner's first answer: it is at version %d, past the version %d this sampler loaded; round "
+                     "0 is abandoned (nothing of it sent) and generated again with version %d", newest.version,
+                     self.version, newest.version)
+            return False
+        return True
+
+    def _count_rejections(self, answered: bool) -> None:
+        """After each wait for an answer: end the sampler (AnswersRejected) once REJECTED_ANSWERS_LIMIT
+        requests in a row were answered only by messages that failed this side's checks."""
+        total = sum(self.sync.rejected.values())
+        self._rejected_streak = rejected_streak(self._rejected_streak, answered, total - self._rejected_seen)
+        self._rejected_seen = total
+        if self._rejected_streak >= REJECTED_ANSWERS_LIMIT:
+            reasons = ", ".join(f"{reason} x{n}" for reason, n in sorted(self.sync.rejected.items()))
+            raise AnswersRejected(
+                f"{self._rejected_streak} weight requests in a row got only answers this sampler rejected ({reasons}; "
+                f"the warning above gives the first one's detail): the learner at {self.cfg.host}:{self.cfg.sync_port} "
+                f"sends messages this code does not accept, so this sampler would go on generating with version "
+                f"{self.version}; run the same version of this code on both sides, or another --weight-sync")
+
+    def _ends_round_0(self, msg: M.Message) -> bool:
+        """Whether the learner's first answer, read during round 0, makes first_answer abandon the
+        round or end the sampler anyway (newer weights, facts we disagree with): then generation
+        stops at once instead of finishing the round first."""
+        if isinstance(msg, M.WeightsAnnounce) and msg.version > self.version:
+            return True
+        run = getattr(msg, "run", None)
+        return run is not None and bool(run_mismatches(run, self.cfg, self.vocab_size))
+
+    def stop_said(self) -> bool:
+        """Between decode chunks: has the learner said stop? (then the round is abandoned) Or, in
+        round 0 before the learner's first answer, has that answer come and ends the round?"""
+        if self.inbox.stopped():
+            return True
+        return self._first_request is not None and any(self._ends_round_0(m) for m in self.inbox.peek())
+
+    # ------------------------------------------------------------------ applying a version
+    def _apply(self, newest: M.WeightsAnnounce) -> bool:
+        """Apply one announced version; True if a follow-up request should be sent (ipc)."""
+        t_apply = time.perf_counter()
+        if newest.method in (M.IPC, M.NCCL, M.SHARED):
+            try:
+                ok = self.receiver.apply(newest)
+            except RuntimeError as exc:
+                self._fall_back(str(exc))
+                return True   # ask again, the new way
+            if not ok:
+                log.info("%s transfer of version %d did not complete (slot rewritten or peer gone); asking again",
+                         newest.method, newest.version)
+                return True
+        else:
+            apply_weights(self.policy, newest)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()  # count the copy, not just its launch
+        dt = time.perf_counter() - t_apply
+        self.stats["apply_s"] += dt
+        self.stats["weight_syncs"] += 1
+        self.version = newest.version
+        self.stats["weight_bytes"] += sum(newest.bucket_nbytes)
+        if self.cfg.verify_weight_sync:  # after the apply's timing: not part of apply_s
+            from grpo.weights.verify import fingerprint
+
+            self.stats["verified_checksum"] = fingerprint(self.policy, compute_dtype(self.device))
+            self.stats["verified_version"] = float(self.version)
+        log.info("now running policy version %d (%.1f MB by %s applied in %.4f s)", self.version,
+                 sum(newest.bucket_nbytes) / 1e6, newest.method, dt)
+        return acknowledges(newest.method)   # the follow-up request acknowledges the version
+
+    def _fall_back(self, why: str) -> None:
+        """The current method proved impossible here: step down by the rule both sides share."""
+        method = fallback(self.sync_method, self.cfg.weight_sync)
+        log.warning("%s unavailable (%s); asking for weights by %s from now on%s", self.sync_method, why, method,
+                    " (auto: the learner is on another host)" if method == M.NCCL else "")
+        if method == M.TCP:
+            self.sync_method = M.TCP
+        else:
+            self.receiver = method_receiver(self.cfg, method, self.policy, compute_dtype(self.device))
+            self.sync_method = method

@@ -1,0 +1,296 @@
+"""The rollout workflow: prompts in, scored groups out (the job of AReaL's RLVRWorkflow.arun_episode).
+
+One round: take the next prompts of this sampler's shard, generate G completions each (one fixed
+batch, or streamed through in-flight batching), score them, drop zero-signal groups
+(--filter-zero-signal) before any log-prob pass, take or compute the behaviour (old) log-probs and
+compute the reference ones when the run needs them, and build the wire's Groups.
+
+Weights are swapped only between rounds (never while a round generates), so every token of a
+round was sampled by one policy version, which is the version the groups carry. Round 0 may be
+generated before the learner's first answer (grpo.sampler.weights_client): nothing of it is scored
+or sent before that answer has come and the run's facts are checked.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+
+from grpo.config import SamplerConfig
+from grpo.data.prompts import PromptStream, problem_prompt
+from grpo.data.sources import load_problems, shard
+from grpo.data.tasks import SuccessWindow, start_levels
+from grpo.generate.backend import hf_generate
+from grpo.generate.engine import RolloutEngine
+from grpo.loss import has_signal
+from grpo.model import compute_dtype, load_causal_lm, right_pad, token_logprobs
+from grpo.obs.gpu import GpuMonitor, format_gpu
+from grpo.sampler.weights_client import WeightsClient
+from grpo.sync.staleness import FIRST_STEP_GROUPS, bucket_prompts, next_round_prompts, signal_share
+from grpo.wire import messages as M
+
+log = logging.getLogger(__name__)
+
+SIGNAL_ROUNDS = 4   # the rounds whose groups give the share of groups with signal
+
+
+def encode_prompts(tok, problems: list) -> tuple[list[str], list[list[int]]]:
+    """The prompts of a round's problems, as text and token ids (what evaluation decodes too)."""
+    prompts = [problem_prompt(tok, p) for p in problems]
+    return prompts, [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+
+
+class Prompts:
+    """This sampler's shard of the train split as its prompt stream, at the curriculum's levels
+    (--curriculum: every task starts at level 0; the learner's answers move the levels)."""
+
+    def __init__(self, cfg: SamplerConfig):
+        self.cfg = cfg
+        self.levels = start_levels(cfg.dataset) if cfg.curriculum else None
+        self.window = SuccessWindow(cfg.curriculum_window)
+        self.mine = self._load()
+
+    def _load(self) -> list:
+        cfg = self.cfg
+        problems = load_problems(cfg.dataset, "train", limit=cfg.dataset_limit or None, seed=cfg.seed,
+                                 transform=cfg.dataset_transform, levels=self.levels)
+        mine = shard(problems, cfg.sampler_id, cfg.num_samplers)
+        if not mine:
+            raise ValueError(f"sampler {cfg.sampler_id} of {cfg.num_samplers} got no prompts "
+                             f"from {len(problems)} problems; use fewer samplers or more data")
+        for task, level in (self.levels or {}).items():
+            self.window.set_level(task, level)
+        self.stream = PromptStream(mine, seed=cfg.seed + cfg.sampler_id)
+        return mine
+
+    def set_levels(self, levels: dict[str, int]) -> None:
+        """The learner moved the curriculum: from the next round, prompts come from the new levels."""
+        if self.levels is None or levels == self.levels:
+            return
+        moved = ", ".join(f"{t} {self.levels.get(t)} -> {lv}" for t, lv in levels.items() if self.levels.get(t) != lv)
+        self.levels = {t: int(levels.get(t, lv)) for t, lv in self.levels.items()}
+        self.mine = self._load()
+        log.info("curriculum: %s (prompts regenerated at the new levels)", moved)
+
+
+class RolloutWorkflow:
+    """Prompts in, scored groups out (the module's docstring).
+
+    The weights client gives the version the groups carry, the run's facts (reference log-probs
+    needed? the step's size) and the budget, and holds a round back until the learner's first
+    answer. `stats` is the sampler's stats dict (samples, tokens, timings, peaks, the curriculum
+    window). `on_filtered(n)`: n groups were made and filtered as zero-signal here; they count as
+    offered (the caller's groups_sent) and dropped (stats dropped_zero_signal) together.
+    """
+
+    def __init__(self, cfg: SamplerConfig, prompts: Prompts, rewards, tok, policy: torch.nn.Module,
+                 engine: RolloutEngine | None, eos_ids: list[int], old_source: str, device: torch.device,
+                 model_path, client: WeightsClient, stats: dict, gpu: GpuMonitor, incarnation: int,
+                 on_filtered: Callable[[int], None]):
+        self.cfg, self.prompts, self.rewards, self.tok, self.policy = cfg, prompts, rewards, tok, policy
+        self.engine, self.eos_ids, self.old_source, self.device = engine, eos_ids, old_source, device
+        self.client, self.stats, self.gpu, self.incarnation = client, stats, gpu, incarnation
+        self.on_filtered = on_filtered
+        # The frozen reference model is loaded only once the learner says the run needs its
+        # log-probs (beta > 0; RunFacts.needs_ref_logprobs), or if it never says.
+        self._model_path, self.ref = model_path, None
+        self._signal: collections.deque[tuple[int, int]] = collections.deque(maxlen=SIGNAL_ROUNDS)  # (kept, groups)
+
+    # ------------------------------------------------------------------ round size
+    def round_prompts(self) -> int:
+        """Prompts for the next round: --prompts-per-round, or fewer when the learner's queue is so
+        long that more groups would reach it too stale to train on (the budget in its answer).
+        --prompts-per-round 0: enough that the groups with signal fill one learner step, within the
+        budget (grpo.sync.staleness.next_round_prompts). 0: wait."""
+        facts = self.client.run_facts
+        step = facts.groups_per_step if facts is not None else 0   # 0: not said yet
+        return next_round_prompts(self.cfg.prompts_per_round, self.client.budget, step, self.signal_share(),
+                                  self.cfg.max_prompts_per_round, self.bucket_prompts())
+
+    def _first_round_prompts(self) -> int:
+        """Round 0's prompts, before the learner has said its step's size (FIRST_STEP_GROUPS assumed)."""
+        return next_round_prompts(0, -1, 0, self.signal_share(), self.cfg.max_prompts_per_round, self.bucket_prompts())
+
+    def bucket_prompts(self) -> int:
+        """grpo.sync.staleness.bucket_prompts for this sampler's engine (a round of a small step's worth,
+        2 groups with the defaults, takes as long as this many)."""
+        return bucket_prompts(self.engine.buckets if self.engine is not None else (), self.cfg.num_generations)
+
+    def signal_share(self) -> float:
+        """The share of the last SIGNAL_ROUNDS rounds' groups that had signal (grpo.sync.staleness.signal_share)."""
+        return signal_share(self._signal, self.cfg.filter_zero_signal)
+
+    def _round_problems(self, n_prompts: int | None):
+        if n_prompts is None:
+            n_prompts = self.cfg.prompts_per_round or self._first_round_prompts()
+        problems = self.prompts.stream.next_batch(n_prompts)
+        return (problems, *encode_prompts(self.tok, problems))
+
+    # ------------------------------------------------------------------ one round
+    @torch.no_grad()
+    def generate_round(self, round_idx: int, n_prompts: int | None = None) -> list[M.Group]:
+        """One round as one fixed batch: every prompt's G rows decode until the longest ends."""
+        cfg, tok, client = self.cfg, self.tok, self.client
+        problems, prompts, prompt_ids = self._round_problems(n_prompts)
+        G = cfg.num_generations
+        t0 = time.perf_counter()
+        rows = [p for p in prompt_ids for _ in range(G)]
+        sampled_lp = None
+        if self.engine is not None:
+            out = self.engine.generate(rows, cfg.max_new_tokens, cfg.temperature, should_stop=client.stop_said)
+            completions, sampled_lp = list(zip(out.token_ids, out.finished)), out.logprobs
+        else:
+            completions = list(zip(*hf_generate(self.policy, rows, cfg.max_new_tokens, cfg.temperature, False,
+                                                self.eos_ids, tok.pad_token_id, should_stop=client.stop_said)))
+        gen_s = time.perf_counter() - t0
+        # Round 0 before the learner's first answer: the answer (the run's facts) before anything is scored or sent.
+        if not client.first_answer() or client.stop is not None:
+            return []   # cut short or abandoned: nothing of this round is scored, counted or sent
+        return self._finish(round_idx, problems, prompts, prompt_ids, list(range(len(problems))), completions,
+                            gen_s, sampled_lp)
+
+    @torch.no_grad()
+    def stream_round(self, round_idx: int, n_prompts: int):
+        """One round through in-flight batching (--in-flight-rows): yields lists of finished groups,
+        scored and with their log-probs, as soon as a learner step's worth has ended (or the round
+        has), while the engine gives the rows their samples freed to the round's next samples.
+        Weights do not change during a round, so every token of every group is sampled by one version."""
+        cfg, client = self.cfg, self.client
+        problems, prompts, prompt_ids = self._round_problems(n_prompts)
+        G = cfg.num_generations
+        def chunk() -> int:   # (round 0 may learn the run's facts, and so the step's size, as it goes)
+            return max(1, client.run_facts.groups_per_step if client.run_facts is not None
+                       else cfg.prompts_per_round or FIRST_STEP_GROUPS)
+        queue = iter(enumerate(prompt_ids))
+        gis: list[int] = []
+        completions: list[tuple[list[int], bool]] = []
+        sampled_lp: list[np.ndarray] = []
+        t0 = time.perf_counter()
+        stream = self.engine.stream(lambda: next(queue, None), G, cfg.max_new_tokens, cfg.temperature,
+                                    rows=cfg.in_flight_rows, should_stop=client.stop_said)
+        for fg in itertools.chain(stream, [None]):   # None: the round has ended, send what is left
+            if fg is not None:
+                gis.append(fg.key)
+                completions.extend(zip(fg.token_ids, fg.finished))
+                sampled_lp.extend(fg.logprobs)
+            # Round 0 before the learner's first answer: the answer is taken as soon as it has come,
+            # and waited for before anything is finished (scored, sent) and at the round's end.
+            if client.awaiting_first and (fg is None or len(gis) >= chunk() or client.answers_waiting()):
+                t_wait = time.perf_counter()
+                if not client.first_answer():
+                    return   # abandoned: nothing of this round was or is sent
+                t0 += time.perf_counter() - t_wait   # (waiting is not generating)
+            if fg is None and client.stop is not None:
+                return   # cut short: the groups not yet sent are not scored, counted or sent
+            if gis and (fg is None or len(gis) >= chunk()):
+                yield self._finish(round_idx, problems, prompts, prompt_ids, gis, completions, time.perf_counter() - t0,
+                                   sampled_lp)
+                gis, completions, sampled_lp, t0 = [], [], [], time.perf_counter()
+
+    def _finish(self, round_idx: int, problems: list, prompts: list[str], prompt_ids: list[list[int]],
+                gis: list[int], completions: list[tuple[list[int], bool]], gen_s: float,
+                sampled_lp: list[np.ndarray] | None = None) -> list[M.Group]:
+        """Groups gis of the round (G rows each, in `completions`): score, count for the curriculum,
+        drop zero-signal ones (--filter-zero-signal), take or compute old (and compute reference)
+        log-probs, build. sampled_lp: the engine's log-prob of each sampled token, per completion."""
+        cfg, tok, version, facts = self.cfg, self.tok, self.client.version, self.client.run_facts
+        G = cfg.num_generations
+        whole = [prompt_ids[gis[k // G]] + c for k, (c, _) in enumerate(completions)]
+        t1 = time.perf_counter()
+        texts = [tok.decode(c, skip_special_tokens=True) for c, _ in completions]
+        scores = self.rewards.score([problems[gis[k // G]] for k in range(len(completions))], texts,
+                                    [c for c, _ in completions])
+        window = self.prompts.window
+        if self.prompts.levels is not None:   # every group counts for its task, before any filter
+            for j, gi in enumerate(gis):
+                window.add(problems[gi].columns.get("rg_task", ""),
+                           sum(sc.info.get("correct", 0.0) for sc in scores[j * G:(j + 1) * G]), G)
+            self.stats.update(window.stats())
+        # Scored before the log-prob passes, so that with --filter-zero-signal a group whose
+        # rewards are all equal (zero advantage: the learner would drop it) costs no passes and
+        # is not sent; it still counts as offered, and the learner's books see it as dropped.
+        keep = [j for j in range(len(gis))
+                if not cfg.filter_zero_signal or has_signal([sc.reward for sc in scores[j * G:(j + 1) * G]])]
+        rows_kept = [k for j in keep for k in range(j * G, (j + 1) * G)]
+        t2 = time.perf_counter()
+        kept_whole = [whole[k] for k in rows_kept]
+        kept_plens = [len(prompt_ids[gis[k // G]]) for k in rows_kept]
+        if self.old_source == "sampling" and sampled_lp is not None:   # --old-logprobs: exact, or asked for
+            old_lp = {k: sampled_lp[k] for k in rows_kept}
+        else:
+            old_lp = dict(zip(rows_kept, self._logprobs(self.policy, kept_whole, kept_plens)))
+        if facts is None or facts.needs_ref_logprobs:
+            if self.ref is None:
+                self.ref = load_causal_lm(self._model_path, self.device, compute_dtype(self.device)).eval()
+            ref_lp = dict(zip(rows_kept, self._logprobs(self.ref, kept_whole, kept_plens)))
+        else:   # not needed: the reference pass is skipped and the group carries none
+            ref_lp = {k: np.zeros(0, np.float32) for k in rows_kept}
+        reward_s, logprob_s = t2 - t1, time.perf_counter() - t2   # (_logprobs ends in .cpu(): done by now)
+        # A filtered group was offered and dropped here: on_filtered moves both counts together, so
+        # every status (a heartbeat may read them at any moment) has sent >= what it says it dropped,
+        # and a round filtered whole is counted although nothing of it is sent.
+        self.on_filtered(len(gis) - len(keep))
+        self._signal.append((len(keep), len(gis)))
+        groups = []
+        for j in keep:
+            gi = gis[j]
+            problem, prompt, pids = problems[gi], prompts[gi], prompt_ids[gi]
+            comps = []
+            for k in range(j * G, (j + 1) * G):
+                gen_ids, finished = completions[k]
+                text, scored = texts[k], scores[k]
+                comps.append(M.Completion(
+                    generated_token_ids=np.asarray(gen_ids, dtype=np.int32),
+                    old_policy_log_probs=old_lp[k], ref_policy_log_probs=ref_lp[k],
+                    whole_token_ids=np.asarray(whole[k], dtype=np.int32), text=text,
+                    reward=float(scored.reward), reward_info=dict(scored.info), is_finished=finished))
+            groups.append(M.Group(
+                sampler_id=cfg.sampler_id, group_id=f"s{cfg.sampler_id}-r{round_idx}-g{gi}",
+                policy_version=version, prefix=prompt,
+                prefix_tokens=tok.convert_ids_to_tokens(pids), prefix_token_ids=np.asarray(pids, dtype=np.int32),
+                completions=comps, meta={"answer": problem.answer.split("####")[-1].strip()[:64],
+                                         **({"task": problem.columns["rg_task"]} if "rg_task" in problem.columns
+                                            else {})},
+                incarnation=self.incarnation))
+        n_tokens = sum(len(c) for c, _ in completions)
+        self.stats["samples"] += len(completions)
+        self.stats["tokens"] += n_tokens
+        self.stats["gen_s"] += gen_s
+        self.stats["logprob_s"] += logprob_s
+        self.stats["reward_s"] += reward_s
+        if self.device.type == "cuda":
+            # torch's peak counters cover the time since the last self.gpu.sample() (it resets them,
+            # below): one round. The run's peak is the largest of them.
+            self.stats["peak_mem_gb"] = max(self.stats["peak_mem_gb"], torch.cuda.max_memory_allocated(self.device) / 2**30)
+            self.stats["peak_reserved_gb"] = max(self.stats["peak_reserved_gb"],
+                                                 torch.cuda.max_memory_reserved(self.device) / 2**30)
+        rewards = [sc.reward for sc in scores]   # every completion, filtered or not: the train reward
+        dropped = (f", {len(gis) - len(keep)} of {len(gis)} groups zero-signal"
+                   if cfg.filter_zero_signal else "")
+        log.info("round %d (v%d): %d completions, %d tokens in %.2f s (%.0f tok/s); log-probs %.2f s, "
+                 "rewards %.2f s; reward mean %.3f%s%s", round_idx, version, len(completions), n_tokens, gen_s,
+                 n_tokens / max(gen_s, 1e-9), logprob_s, reward_s, float(np.mean(rewards)), dropped,
+                 format_gpu(self.gpu.sample()))
+        return groups
+
+    @torch.no_grad()
+    def _logprobs(self, model, whole: list[list[int]], prompt_lens: list[int]) -> list[np.ndarray]:
+        """Per generated token log-probs from a teacher-forced pass, in micro-batches of
+        similar lengths (sorted first, so each pads only to its own longest sequence)."""
+        out: list[np.ndarray | None] = [None] * len(whole)
+        order = sorted(range(len(whole)), key=lambda i: len(whole[i]))
+        bs = self.cfg.logprob_batch_size
+        for s in range(0, len(order), bs):
+            idx = order[s:s + bs]
+            ids, mask = right_pad([whole[i] for i in idx], self.tok.pad_token_id, self.device)
+            lp = token_logprobs(model, ids, mask, self.cfg.temperature).cpu()   # [b, L-1]
+            for j, i in enumerate(idx):
+                p = prompt_lens[i]
+                # token t (t >= p) is predicted at position t-1
+                out[i] = lp[j, p - 1:len(whole[i]) - 1].numpy().astype(np.float32)
+        return out

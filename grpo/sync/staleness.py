@@ -1,0 +1,156 @@
+"""The staleness and generation-budget owner: pure rules, no I/O, no torch or numpy (the launcher's
+memory plan imports it), no state beyond the run's two settings (the callers keep their counts).
+
+Every module that asks how old a trained group may be, or how many groups a sampler may make,
+asks here (the job of AReaL's staleness manager):
+
+  drop     the learner at version V trains a group of version v only if 0 <= V - v <= max_staleness:
+           older is `stale`, newer than V is `future_version` (grpo.learner.intake)
+  budget   how many groups one sampler may generate now with none certain to be dropped as stale;
+           every answer on the sync port carries it (grpo.sync.answer)
+  rounds   how many prompts a sampler's round takes: enough that its groups with signal fill one
+           learner step, within that budget (grpo.sampler); and the most a round can ever take,
+           which the memory plan sizes the KV cache for (grpo.launch.memory)
+
+A group's age, V - v, is grpo.stats.staleness: the step record's staleness_mean and staleness_max
+are computed in grpo.stats, a layer below this one that cannot import it, so the one definition
+sits there and the rules here use it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+from grpo.stats import staleness
+
+# --prompts-per-round 0: the share of groups with signal assumed until a round has been scored (under
+# --filter-zero-signal; without it every group is sent, a share of 1), and the step's size assumed
+# until the learner's answer says it (the benchmark's: 128 completions, G=16). Round 0 is generated
+# before that answer, with round_prompts' rule on the two: 8 / (1/3) = 24 prompts, 8 without the filter.
+# The first optimizer step waits for round 0 to yield a step's worth of groups with signal; a round
+# 0 that falls short costs a second round, about 4 s of the first step on an H200 (where 1,024 rows
+# took 3.5-6.4 s and 256 took 2.2-3.8 s). Round 0's share with signal was 0.44-0.56 on basic_arithmetic
+# and 0.69-0.81 on letter_counting (docs/benchmarks.md); at an assumed half, 16 prompts gave 7 of 8.
+# A round 0 larger than the learner's staleness bound can take is dropped as stale in part: with the
+# defaults (steps of 2 groups of 8, --max-staleness 2) the learner trains 6 groups of version 0, and
+# 24 prompts unfiltered lost 20 of them (bench/results/scale_NVIDIA_H200.json,
+# row smollm2_exp).
+FIRST_SIGNAL_SHARE = 1 / 3
+FIRST_STEP_GROUPS = 8
+# The lowest share of groups with signal a round is sized for: a round that found none cannot ask
+# for unboundedly many.
+MIN_SIGNAL_SHARE = 1 / 16
+
+
+@dataclass(frozen=True)
+class Staleness:
+    """The run's staleness bound and step size, and the rules that follow from them (module docstring)."""
+    max_staleness: int        # a group more than this many versions older than the learner that trains it is dropped
+    groups_per_step: int = 0  # groups one learner step trains (its train batch / G); 0: not known
+
+    @classmethod
+    def of(cls, facts) -> Staleness:
+        """The rule of the learner's run facts (grpo.wire.messages.RunFacts)."""
+        return cls(facts.max_staleness, facts.groups_per_step)
+
+    def drop_reason(self, group_version: int, learner_version: int) -> str | None:
+        """Why the learner at `learner_version` must not train on a group of `group_version` for its
+        age ('future_version', 'stale'), or None."""
+        if group_version > learner_version:
+            return "future_version"
+        if staleness(learner_version, group_version) > self.max_staleness:
+            return "stale"
+        return None
+
+    def budget(self, version: int, sampler_version: int, queued: int = 0, in_flight: int = 0, training: int = 0,
+               samplers: int = 1) -> int:
+        """How many groups one sampler may generate now with none of them certain to be dropped as stale.
+
+        A group made from `sampler_version` joins the learner's line behind the groups ahead of it:
+        `queued`, this sampler's still `in_flight` (grpo.sync.flow.gap_floor), and those already
+        taken for the step being collected or trained (`training`: they fill its batch before any
+        queued group). The learner, at `version`, trains groups_per_step a step, so the group at
+        position p (0-based) of that line is trained at version + p // groups_per_step and is stale
+        once that is more than sampler_version + max_staleness. Positions
+        p < (max_staleness - lag + 1) * groups_per_step are safe (lag = version - sampler_version):
+        AReaL's bound of (staleness + 1) x batch rollouts in flight, less what is ahead. Samplers
+        on one port share it evenly.
+        """
+        lag = max(0, version - sampler_version)
+        room = (self.max_staleness - lag + 1) * self.groups_per_step - (queued + in_flight + training)
+        return max(0, room) // max(1, samplers)
+
+    def largest_budget(self, samplers: int = 1) -> int:
+        """The largest budget a learner answers: that of an empty line and a sampler at its version,
+        (max_staleness + 1) x groups_per_step shared by the samplers."""
+        return self.budget(0, 0, samplers=samplers)
+
+    def round_prompts(self, signal_share: float, budget: int = -1, cap: int = 64, min_prompts: int = 1) -> int:
+        """round_prompts for a step of this rule's groups_per_step."""
+        return round_prompts(self.groups_per_step, signal_share, budget, cap, min_prompts=min_prompts)
+
+    def largest_round_prompts(self, filter_zero_signal: bool, cap: int = 64, min_prompts: int = 1,
+                              samplers: int = 1) -> int:
+        """The most prompts a sampler's round can take under --prompts-per-round 0 (what the memory
+        plan sizes its KV cache for): the larger of round 0 (FIRST_STEP_GROUPS at FIRST_SIGNAL_SHARE,
+        no budget yet) and a later round at the lowest share round_prompts counts (1 without
+        --filter-zero-signal: every group is sent) within the largest budget."""
+        first_share, share = (FIRST_SIGNAL_SHARE, MIN_SIGNAL_SHARE) if filter_zero_signal else (1.0, 1.0)
+        first = round_prompts(FIRST_STEP_GROUPS, first_share, cap=cap, min_prompts=min_prompts)
+        return max(first, self.round_prompts(share, self.largest_budget(samplers), cap, min_prompts))
+
+
+def round_prompts(groups_per_step: int, signal_share: float, budget: int = -1, cap: int = 64,
+                  min_share: float = MIN_SIGNAL_SHARE, min_prompts: int = 1) -> int:
+    """Prompts for a sampler's next round (--prompts-per-round 0): enough that the groups with
+    signal it yields fill one learner step, whatever the zero-signal share.
+
+    signal_share: the share of recent groups that had signal (1.0 without --filter-zero-signal,
+    where every group is sent), floored at min_share so a round that found none cannot ask for
+    unboundedly many. min_prompts: a round has at least these (the sampler's: enough to fill the
+    decode step's smallest row bucket, which costs the same for fewer rows). budget: groups the
+    learner can still queue before they go stale (-1: no limit); it counts groups that reach its
+    queue, so it allows budget / share prompts, and it bounds min_prompts too: no round makes a
+    group certain to go stale. At least 1 (a budget of 0 is the caller's to handle: it waits), at
+    most cap.
+    """
+    share = min(1.0, max(signal_share, min_share))
+    want = max(math.ceil(groups_per_step / share - 1e-9), min_prompts)
+    if budget >= 0:
+        want = min(want, math.ceil(budget / share - 1e-9))
+    return max(1, min(cap, want))
+
+
+def next_round_prompts(prompts_per_round: int, budget: int, groups_per_step: int, signal_share: float,
+                       cap: int = 64, min_prompts: int = 1) -> int:
+    """A sampler's next round: --prompts-per-round when set (> 0), cut to the learner's budget;
+    under 0, round_prompts for the learner's step within that budget, or, while the step's size is
+    not known (groups_per_step 0: before the learner's first answer), for FIRST_STEP_GROUPS with no
+    budget. 0: the budget is 0, and the sampler waits.
+
+    budget: the learner's last answer's (-1: no limit said)."""
+    if prompts_per_round > 0:
+        return prompts_per_round if budget < 0 else min(prompts_per_round, budget)
+    if budget == 0:
+        return 0
+    if not groups_per_step:
+        return round_prompts(FIRST_STEP_GROUPS, signal_share, cap=cap, min_prompts=min_prompts)
+    return round_prompts(groups_per_step, signal_share, budget, cap, min_prompts=min_prompts)
+
+
+def signal_share(recent: Iterable[tuple[int, int]], filter_zero_signal: bool) -> float:
+    """The share of the recent rounds' groups that had signal, from (kept, groups) per round: 1.0
+    without --filter-zero-signal (every group is sent), FIRST_SIGNAL_SHARE before any round is scored."""
+    if not filter_zero_signal:
+        return 1.0
+    recent = list(recent)
+    total = sum(n for _, n in recent)
+    return sum(k for k, _ in recent) / total if total else FIRST_SIGNAL_SHARE
+
+
+def bucket_prompts(buckets: tuple[int, ...], group: int) -> int:
+    """Prompts that fill the smallest of the engine's row buckets (64 rows with CUDA graphs: 8 at
+    G=8): a decode step of fewer rows is padded to it and costs the same, so a round of fewer
+    prompts takes as long as this many. 1 without buckets (hf, eager)."""
+    return math.ceil(buckets[0] / group) if buckets else 1

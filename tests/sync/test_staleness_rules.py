@@ -1,0 +1,167 @@
+"""grpo.sync.staleness, the one owner of the staleness rule and the generation budget, with numbers
+worked by hand. (Named _rules: tests/e2e/test_staleness.py, the end-to-end run, has the plain name,
+and pytest collects one basename once.)"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from grpo.config import ROW_BUCKETS
+from grpo.sync.staleness import (FIRST_SIGNAL_SHARE, Staleness, bucket_prompts, next_round_prompts, round_prompts,
+                                 signal_share)
+
+
+def test_drop_reason_by_hand():
+    rule = Staleness(max_staleness=2, groups_per_step=8)
+    assert rule.drop_reason(10, 10) is None                # sampled by the very weights being trained
+    assert rule.drop_reason(8, 10) is None                 # 10 - 8 = 2: exactly the bound
+    assert rule.drop_reason(7, 10) == "stale"              # 10 - 7 = 3 > 2
+    assert rule.drop_reason(11, 10) == "future_version"    # newer than the learner: never trained
+    assert Staleness(0).drop_reason(4, 4) is None and Staleness(0).drop_reason(3, 4) == "stale"
+
+
+def test_of_reads_the_learners_run_facts():
+    facts = SimpleNamespace(max_staleness=2, groups_per_step=8)
+    assert Staleness.of(facts) == Staleness(2, 8)
+
+
+def test_budget_by_hand():
+    rule = Staleness(max_staleness=2, groups_per_step=8)
+    # learner at 10, sampler at 10, nothing ahead: (2 + 1) x 8 = 24 positions are trained by version 12
+    assert rule.budget(10, 10) == 24
+    # 5 queued ahead: 24 - 5 = 19
+    assert rule.budget(10, 10, queued=5) == 19
+    # the sampler one version behind (lag 1): (2 - 1 + 1) x 8 - 5 = 11
+    assert rule.budget(10, 9, queued=5) == 11
+    assert rule.budget(10, 8) == 8                          # lag 2: only the next step's batch, (2 - 2 + 1) x 8
+    assert rule.budget(10, 7) == 0                          # lag 3: anything it makes now is stale when trained
+    assert rule.budget(10, 12) == 24                        # a sampler ahead of the learner counts as lag 0
+    # ahead = queued + this sampler's in flight + those taken for the step in progress: 10 + 4 + 8 = 22
+    assert rule.budget(10, 10, queued=10, in_flight=4, training=8) == 2
+    assert rule.budget(10, 10, queued=30) == 0              # more ahead than can ever be trained in time
+    assert rule.budget(10, 10, samplers=3) == 8             # 24 shared by three samplers
+    assert rule.budget(10, 10, queued=5, samplers=2) == 9   # 19 // 2
+    assert rule.largest_budget() == 24 and rule.largest_budget(samplers=2) == 12
+
+
+def test_budget_by_hand_small_steps():
+    # staleness 4, 2 groups a step, nothing queued, sampler current: (4 + 1) * 2 = 10 groups
+    rule = Staleness(max_staleness=4, groups_per_step=2)
+    assert rule.budget(version=7, sampler_version=7, queued=0) == 10
+    # 6 queued ahead: positions 6..9 are still trained by version 7 + 4 = 11
+    assert rule.budget(7, 7, 6) == 4
+    # the sampler's weights are 3 versions old: only (4 - 3 + 1) * 2 - 0 = 4 positions are safe
+    assert rule.budget(7, 4, 0) == 4
+    assert rule.budget(7, 2, 0) == 0          # 5 behind: nothing it makes now can be trained
+    assert rule.budget(7, 7, 11) == 0         # more queued than it can ever train in time
+    assert rule.budget(7, 7, 0, samplers=3) == 3   # 10 shared by three samplers
+    # 1 queued, 2 of this sampler in flight, 2 taken for the step being collected: 5 ahead, 10 - 5
+    assert rule.budget(7, 7, 1, 2, 2) == 5
+    # staleness 0: only the next step's batch, and a step in progress (2 ahead) leaves no room
+    assert Staleness(0, 2).budget(0, 0) == 2 and Staleness(0, 2).budget(0, 0, training=2) == 0
+
+
+def test_the_budget_never_makes_a_group_the_learner_drops():
+    """The two rules agree: a group at position p of the line (0-based) is trained at version
+    V + p // groups_per_step; every position the budget allows is trained, and the first one past it
+    is stale: the budget is exactly the room the drop rule leaves."""
+    for stale, gps in [(2, 8), (0, 2), (4, 2), (1, 3)]:
+        rule = Staleness(stale, gps)
+        for version in (5, 6):
+            for sampler_version in range(version - stale - 2, version + 1):
+                for ahead in range(0, 3 * gps):
+                    room = rule.budget(version, sampler_version, queued=ahead)
+                    trained_at = [version + (ahead + k) // gps for k in range(room + 1)]
+                    assert all(rule.drop_reason(sampler_version, v) is None for v in trained_at[:room])
+                    assert rule.drop_reason(sampler_version, trained_at[room]) == "stale"
+
+
+def test_round_prompts_by_hand():
+    # 8 groups a step, every group has signal: 8 prompts fill a step
+    assert round_prompts(8, 1.0) == 8
+    # half the groups have signal: 16 prompts yield 8 with signal
+    assert round_prompts(8, 0.5) == 16
+    # 3 of 10 with signal: ceil(8 / 0.3) = ceil(26.67) = 27
+    assert round_prompts(8, 0.3) == 27
+    # no signal at all: floored at 1/16, so 8 * 16 = 128, then the cap of 64
+    assert round_prompts(8, 0.0) == 64
+    assert round_prompts(8, 0.0, cap=200) == 128
+    # a budget of 6 queued groups at share 0.5 allows ceil(6 / 0.5) = 12 prompts (fewer than 16)
+    assert round_prompts(8, 0.5, budget=6) == 12
+    # a budget larger than a step's worth does not raise the round past one step
+    assert round_prompts(8, 0.5, budget=40) == 16
+    # never fewer than 1
+    assert round_prompts(8, 1.0, budget=0) == 1
+    # exact divisions do not round up by floating-point error: 6 / 0.75 = 8
+    assert round_prompts(6, 0.75) == 8
+    # the defaults' step of 2 groups (G=8), every group sent: 2 prompts, 16 rows; a floor of 8 prompts
+    # (the 64-row bucket those 16 rows are padded to) fills the bucket, within the budget: with 6
+    # groups of room (--max-staleness 2: 3 steps of 2) 6 prompts, with room for 10 the whole 8
+    assert round_prompts(2, 1.0) == 2
+    assert round_prompts(2, 1.0, min_prompts=8) == 8
+    assert round_prompts(2, 1.0, budget=6, min_prompts=8) == 6
+    assert round_prompts(2, 1.0, budget=10, min_prompts=8) == 8
+    # at share 0.5 the budget of 3 groups allows ceil(3 / 0.5) = 6 prompts, the floor asks for 8
+    assert round_prompts(2, 0.5, budget=3, min_prompts=8) == 6
+    # a round already past the floor is not changed by it; the cap still bounds it
+    assert round_prompts(8, 0.5, min_prompts=8) == 16
+    assert round_prompts(2, 1.0, min_prompts=100) == 64
+    # the rule's own step: Staleness(2, 8) at share 0.5 within a budget of 6 is round_prompts(8, 0.5, 6)
+    assert Staleness(2, 8).round_prompts(0.5, budget=6) == 12
+
+
+def test_next_round_prompts_by_hand():
+    """A sampler's round: (prompts_per_round, budget, the learner's groups_per_step, share, cap, floor)."""
+    # --prompts-per-round 5: 5, cut to the budget; a budget of 0 waits (0)
+    assert next_round_prompts(5, -1, 8, 1.0) == 5
+    assert next_round_prompts(5, 3, 8, 1.0) == 3 and next_round_prompts(5, 0, 8, 1.0) == 0
+    # --prompts-per-round 0 before the learner said its step (0): FIRST_STEP_GROUPS, 8 / (1/3) = 24
+    # under the filter (FIRST_SIGNAL_SHARE), 8 without; no budget applies yet
+    assert next_round_prompts(0, -1, 0, FIRST_SIGNAL_SHARE) == 24 and next_round_prompts(0, -1, 0, 1.0) == 8
+    assert next_round_prompts(0, 6, 0, 1.0, min_prompts=32) == 32
+    # a step of 2 groups: 2 / (1/3) = 6, or 2; a 32-prompt floor within a budget of 6: 6, or 18 at share 1/3
+    assert next_round_prompts(0, -1, 2, FIRST_SIGNAL_SHARE) == 6 and next_round_prompts(0, -1, 2, 1.0) == 2
+    assert next_round_prompts(0, 6, 2, 1.0, min_prompts=32) == 6
+    assert next_round_prompts(0, 6, 2, FIRST_SIGNAL_SHARE, min_prompts=32) == 18
+    # a budget of 0 waits, whatever the step
+    assert next_round_prompts(0, 0, 8, 1.0) == 0 and next_round_prompts(0, 0, 0, 1.0) == 0
+
+
+def test_signal_share_by_hand():
+    assert signal_share([], True) == FIRST_SIGNAL_SHARE          # nothing scored yet
+    assert signal_share([(1, 6)], True) == 1 / 6
+    assert signal_share([(1, 6), (1, 12)], True) == 2 / 18       # groups, not rounds, weigh
+    assert signal_share([(0, 5)], False) == 1.0                  # without the filter every group is sent
+
+
+def test_bucket_prompts_by_hand():
+    assert bucket_prompts(ROW_BUCKETS, 8) == 8      # 64 rows / 8
+    assert bucket_prompts(ROW_BUCKETS, 16) == 4
+    assert bucket_prompts(ROW_BUCKETS, 3) == 22     # ceil(64 / 3)
+    assert bucket_prompts((), 8) == 1               # no buckets (hf, eager): no floor
+
+
+def test_largest_round_prompts_by_hand():
+    """The most prompts a round can take (the memory plan's KV cache): round 0 (8 groups at share 1/3
+    under the filter, 1 without) or a later round at share 1/16 (1 without) within the largest
+    budget, (max_staleness + 1) x groups a step over the samplers, whichever is larger."""
+    # the defaults (G=8, 16 rows a step: 2 groups; --max-staleness 2), a floor of 8 prompts (the
+    # 64-row bucket): round 0 max(8, 8) = 8; later rounds min(max(2, 8), budget 6) = 6. So 8.
+    assert Staleness(2, 2).largest_round_prompts(False, 64, min_prompts=8) == 8
+    # the same under --filter-zero-signal: round 0 ceil(8 / (1/3)) = 24; later ceil(2 x 16) = 32,
+    # within ceil(6 x 16) = 96. So 32.
+    assert Staleness(2, 2).largest_round_prompts(True, 64, min_prompts=8) == 32
+    # the benchmark's (G=16, 128 rows: 8 groups a step, floor 4): later 8 x 16 = 128, capped at 64
+    assert Staleness(2, 8).largest_round_prompts(True, 64, min_prompts=4) == 64
+    # without the filter, a step of 8 groups: round 0 and later rounds both 8
+    assert Staleness(2, 8).largest_round_prompts(False, 64, min_prompts=4) == 8
+    # --max-staleness 0 and two samplers on the port, no filter, step of 4: budget 4 // 2 = 2, so
+    # later rounds take 2 (the floor of 8 is bounded by it), round 0 takes 8
+    assert Staleness(0, 4).largest_round_prompts(False, 64, min_prompts=8, samplers=2) == 8
+    # a step of 16 groups, two samplers, no floor: later rounds min(16, budget 16 // 2 = 8) = 8, round 0
+    # 8 too; with --max-staleness 1 the budget is 32 // 2 = 16, so later rounds take 16
+    assert Staleness(0, 16).largest_round_prompts(False, 64, samplers=2) == 8
+    assert Staleness(1, 16).largest_round_prompts(False, 64, samplers=2) == 16
+    # the budget it uses is the learner's for an empty line and a sampler at its version
+    for gps, stale, n in [(2, 2, 1), (8, 0, 2), (5, 3, 3)]:
+        assert Staleness(stale, gps).largest_budget(n) == Staleness(stale, gps).budget(7, 7, samplers=n) \
+            == (stale + 1) * gps // n
