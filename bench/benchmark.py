@@ -1,35 +1,39 @@
-"""The real workload: a Qwen-class instruct model learning GSM8K, ours against TRL, one row at a time.
+"""The benchmark: a Qwen-class instruct model learning GSM8K, ours against TRL, one row at a time.
 
-A row is model x layout x trainer x seed. Each runs for --seconds from its launch and saves its
-policy (bf16) on --save-schedule; nothing is evaluated while it runs. Afterwards every save, and
-the base model, is scored by the project's own evaluator (grpo.evaluate: the training prompt and
-correctness rules, greedy, the rollout engine, bf16) on the first 500 GSM8K test problems with
-512 new tokens, spread over --gpus. A point is (seconds from the row's launch to the end of that
-save, accuracy).
+A row is MODEL:LAYOUT:TRAINER:SEED. Each runs for --seconds from its launch and saves its policy
+(bf16) on --save-schedule; nothing is evaluated while it runs. Afterwards every save, and the base
+model, is scored by the project's own evaluator (grpo.evaluate: the training prompt and correctness
+rules, greedy, the rollout engine, bf16) on the first 500 GSM8K test problems with 512 new tokens,
+spread over --gpus. A point is (seconds from the row's launch to the end of that save, accuracy).
 
-    python bench/real_workload.py all --rows "0.5b:seed:ours:42 0.5b:seed:trl:42" --seconds 600 \\
-        --work-dir runs/rw --gpus 0,1,2,3       # the rows one after another, then score, then summarise
-    python bench/real_workload.py run --row 0.5b:1gpu:ours:42 --seconds 600 --work-dir runs/rw
-    python bench/real_workload.py score --work-dir runs/rw --gpus 0,1,2,3
-    python bench/real_workload.py summarise --work-dir runs/rw
+    python bench/benchmark.py rows                    # the standard rows (STANDARD_ROWS below)
+    python bench/benchmark.py all --work-dir runs/bm --gpus 0,1,2,3      # run them, each scored and
+                                                      # summarised before the next starts
+    python bench/benchmark.py all --rows "0.5b:seed:ours:42 0.5b:seed:trl:42" --seconds 600
+    python bench/benchmark.py run --row 0.5b:1gpu:ours:42 --work-dir runs/bm
+    python bench/benchmark.py score --work-dir runs/bm --gpus 0,1,2,3
+    python bench/benchmark.py summarise --work-dir runs/bm
 
-Rows: MODEL:LAYOUT:TRAINER:SEED. MODEL: 0.5b or 1.5b (Qwen2.5-Coder-Instruct, the GGUF files of
-bench/fetch_models.py, looked up in $GRPO_GGUF_DIR, /tmp/gguf and $GRPO_CACHE/gguf), or any --model
-value (tiny-random for a CPU check). LAYOUT: 1gpu (ours: sampler and learner share GPU 0; TRL: one
-process) or seed (ours: `--sampling-gpu 0 --training-gpus 1,2,3`; TRL: DDP over 4 processes through
-torchrun). TRAINER: ours or trl. Both get the same model, prompts (grpo.data.prompts), reward
-(grpo.data.rewards' correctness), G, completions a step, new tokens, learning rate, beta,
-loss and temperature (SHARED).
+MODEL: 0.5b or 1.5b (Qwen2.5-Coder-Instruct, the GGUF files of bench/fetch_models.py, looked up in
+$GRPO_GGUF_DIR, /tmp/gguf and $GRPO_CACHE/gguf), or any --model value (tiny-random for a CPU check).
+LAYOUT: 1gpu (ours: sampler and learner share GPU 0; TRL: one process) or seed (ours:
+`--sampling-gpu 0 --training-gpus 1,2,3`; TRL: DDP over 4 processes through torchrun). TRAINER: ours
+or trl (bench/trl_grpo.py). Both get the same model, prompts (grpo.data.prompts), reward
+(grpo.data.rewards' correctness), G, completions a step, new tokens, learning rate, beta, loss and
+temperature (SHARED). On the GPU machine bench/benchmark.sh runs rows as a device plan.
 
-Writes bench/results/real_workload_<device>.json: `rows`, one per row (a row run again replaces
-its entry; --label keeps both), with the fields the real-workload issue names, and one PNG per
-model of accuracy against seconds. CPU check: --device cpu with tiny-random and short --seconds.
+Writes bench/results/real_workload_<device>.json: `rows`, one per row (a row run again replaces its
+entry; --label keeps both), and one PNG per model of accuracy against seconds. CPU check: --device
+cpu with tiny-random and short --seconds.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import json
+import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -37,9 +41,21 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import time_to_accuracy as tta  # noqa: E402  (its launch, save flags, scoring helpers and books)
-from benchutil import ROOT, read_run_file, versions  # noqa: E402
+from benchutil import ROOT, read_run_file, versions  # noqa: E402  (also puts the repo root on sys.path)
 from fetch_models import MODELS  # noqa: E402
+
+from grpo.learner.checkpoint import parse_save_schedule  # noqa: E402
+from grpo.obs.rundir import git_head  # noqa: E402
+
+# The standard rows, the set the docs report: `all` without --rows runs them one after another;
+# `rows` prints them for bench/benchmark.sh, one-GPU rows side by side on a four-GPU host.
+STANDARD_ROWS = (
+    "0.5b:seed:ours:42", "0.5b:seed:trl:42",
+    "1.5b:seed:ours:42", "1.5b:seed:trl:42",
+    "0.5b:1gpu:ours:42", "0.5b:1gpu:trl:42",
+    "1.5b:1gpu:ours:42", "1.5b:1gpu:trl:42",
+)
+HOST_GPUS = 4   # GPUs of the host that bench/benchmark.sh fills with one-GPU rows side by side
 
 SHARED = {"num_generations": 16, "train_batch_size": 128, "max_new_tokens": 512, "learning_rate": 2e-6,
           "beta": 0.0, "loss_type": "dapo", "temperature": 1.0}
@@ -67,7 +83,7 @@ def parse_row(spec: str) -> dict:
     """'0.5b:seed:ours:42' -> {model, layout, trainer, seed, name}; a bad spec exits 2 naming it."""
     parts = spec.split(":")
     if len(parts) != 4 or parts[1] not in LAYOUTS or parts[2] not in TRAINERS or not parts[3].isdigit():
-        raise SystemExit(f"real_workload: row {spec!r} is not MODEL:LAYOUT:TRAINER:SEED with LAYOUT in "
+        raise SystemExit(f"benchmark: row {spec!r} is not MODEL:LAYOUT:TRAINER:SEED with LAYOUT in "
                          f"{'/'.join(LAYOUTS)} and TRAINER in {'/'.join(TRAINERS)}, e.g. 0.5b:seed:ours:42")
     model, layout, trainer, seed = parts[0], parts[1], parts[2], int(parts[3])
     slug = "".join(c if c.isalnum() or c in "._-" else "_" for c in model)
@@ -75,17 +91,55 @@ def parse_row(spec: str) -> dict:
             "name": f"{slug}_{layout}_{trainer}_s{seed}"}
 
 
+def recipe_groups(specs) -> list[str]:
+    """The rows as bench/benchmark.sh takes them: one-GPU rows in a row joined by '+' (side by side,
+    each on a GPU of its own) up to HOST_GPUS a group; every other row alone, in the given order.
+    ('0.5b:seed:ours:42', '0.5b:1gpu:ours:42', '0.5b:1gpu:trl:42') -> ['0.5b:seed:ours:42',
+    '0.5b:1gpu:ours:42+0.5b:1gpu:trl:42']"""
+    groups: list[list[str]] = []
+    for spec in specs:
+        one = parse_row(spec)["layout"] == "1gpu"
+        if one and groups and parse_row(groups[-1][0])["layout"] == "1gpu" and len(groups[-1]) < HOST_GPUS:
+            groups[-1].append(spec)
+        else:
+            groups.append([spec])
+    return ["+".join(g) for g in groups]
+
+
+def wilson(correct: int, n: int, z: float = 1.96) -> list[float]:
+    """The 95% Wilson score interval of a binomial proportion (sound near 0, unlike p +- 2se)."""
+    if n == 0:
+        return [0.0, 1.0]
+    p = correct / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]
+
+
+def seconds_to(points: list[dict], target: float) -> float | None:
+    """The first point's seconds whose accuracy is at least `target` (> 0); None if none is."""
+    if target <= 0:
+        return None
+    return next((p["seconds"] for p in sorted(points, key=lambda p: p["seconds"]) if p["accuracy"] >= target), None)
+
+
+def accuracy_at(points: list[dict], seconds: float) -> float | None:
+    """The accuracy of the newest weights saved by `seconds` (a run that ended before: its last)."""
+    done = [p for p in points if p["seconds"] <= seconds]
+    return max(done, key=lambda p: p["seconds"])["accuracy"] if done else None
+
+
 def seconds_to_gain(points: list[dict], baseline: float, gain: float) -> float | None:
     """Seconds of the first save whose accuracy is at least baseline + gain (the float sum's rounding
     aside); None if none is. The base model's point at 0 s is no save."""
-    return tta.seconds_to([p for p in points if p["step"] > 0], baseline + gain - 1e-9)
+    return seconds_to([p for p in points if p["step"] > 0], baseline + gain - 1e-9)
 
 
 def accuracy_marks(saves: list[dict], run_s: float | None, marks=MARKS_S) -> dict[str, float | None]:
     """{'60': accuracy, ...}: the newest save at or before each mark; None for a mark the row did not
     run to (past its --seconds and its last save) or before its first save."""
     last = max((p["seconds"] for p in saves), default=0.0)
-    return {str(m): tta.accuracy_at(saves, float(m)) if m <= max(run_s or 0.0, last) else None for m in marks}
+    return {str(m): accuracy_at(saves, float(m)) if m <= max(run_s or 0.0, last) else None for m in marks}
 
 
 def split_items(items: list, workers: int) -> list[list]:
@@ -123,6 +177,34 @@ def trl_rates(steps: list[dict], gpus: int) -> dict:
             "gen_tokens_per_s_per_gpu": round(tokens / ends[-1] / gpus, 1) if ends and ends[-1] else None}
 
 
+def ours_save_flags(spec: str) -> list[str]:
+    """The learner's flags for a save schedule: a constant one is --save-weights-every-s alone; a
+    changing one also passes itself as --save-weights-schedule, and --save-weights-every-s its first
+    period (that flag turns the saves on)."""
+    sched = parse_save_schedule(spec)
+    every = ["--save-weights-every-s", f"{sched[0][0]:g}"]
+    return every if len(sched) == 1 else every + ["--save-weights-schedule", spec]
+
+
+def logged_steps(text: str, batch: int) -> list[dict]:
+    """The per-step records of a TRL run that died before writing steps.json, from the dicts the
+    Trainer printed to its log (logging_steps=1; plain literals, read with ast.literal_eval)."""
+    steps = []
+    for line in text.splitlines():
+        if line.startswith("{'loss'"):
+            log = {k: float(v) for k, v in ast.literal_eval(line).items()}
+            steps.append({"step": len(steps) + 1, "completions": batch, "reward_mean": log.get("reward"),
+                          "frac_reward_zero_std": log.get("frac_reward_zero_std"),
+                          "grad_norm": log.get("grad_norm"), "entropy": log.get("entropy")})
+    return steps
+
+
+def last_error(text: str) -> str | None:
+    """The exception a command died of: the last 'SomeError: message' line of its log."""
+    found = re.findall(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception): .*)$", text, flags=re.M)
+    return found[-1][:200] if found else None
+
+
 # ----------------------------------------------------------------------------- running
 def model_path(model: str) -> str:
     """A row's MODEL as --model takes it: the GGUF file of 0.5b / 1.5b, else the value itself."""
@@ -134,7 +216,7 @@ def model_path(model: str) -> str:
     for d in filter(None, dirs):
         if (Path(d) / spec["file"]).is_file():
             return str(Path(d) / spec["file"])
-    raise SystemExit(f"real_workload: {spec['file']} is in none of {', '.join(filter(None, dirs))}; "
+    raise SystemExit(f"benchmark: {spec['file']} is in none of {', '.join(filter(None, dirs))}; "
                      f"run `python bench/fetch_models.py get {SHORT[model]}` (or set GRPO_GGUF_DIR)")
 
 
@@ -170,7 +252,7 @@ def ours_command(args, row: dict, run_dir: Path) -> list[str]:
     ports[2:2] = ["--sync-port"]
     return [sys.executable, str(ROOT / "run_distributed.py"), "--model", model_path(row["model"]), *ports,
             "--dataset", args.dataset, *shared, *only, *layout, *cpu, "--eval-size", str(args.eval_size),
-            "--max-time-s", str(args.seconds), "--max-steps", "100000", *tta.ours_save_flags(args.save_schedule),
+            "--max-time-s", str(args.seconds), "--max-steps", "100000", *ours_save_flags(args.save_schedule),
             "--seed", str(row["seed"]), "--run-dir", str(run_dir), *args.ours_flags.split()]
 
 
@@ -187,22 +269,57 @@ def trl_command(args, row: dict, run_dir: Path) -> list[str]:
             *(["--device", "cpu"] if args.device == "cpu" else [])]
 
 
+def check_ours(cmd: list[str]) -> None:
+    """Parse ours' command as the launcher will (grpo.launch.plan.parse; nothing starts), so that a
+    flag it does not know (a typo in --ours-flags) stops this script before any row runs."""
+    from grpo.launch.plan import parse
+
+    try:
+        parse(cmd[2:])
+    except SystemExit as e:
+        if e.code:
+            raise SystemExit(f"benchmark: run_distributed.py refuses ours' command (its message is above); "
+                             f"nothing was run: {' '.join(cmd[2:])}") from None
+
+
+def launch(cmd: list[str], run_dir: Path, trainer: str, extra: dict) -> dict:
+    """Run one row's command with its output in run_dir/command.log; record the launch time (every
+    point's clock starts here), the command as run and `extra` (seed, commit, ...) in
+    run_dir/launch.json. '{launch}' in the command becomes the launch's Unix time."""
+    if (run_dir / "launch.json").exists():
+        # A second run in the same folder would append to the first's metrics and logs and mix
+        # their saves under one launch time.
+        raise SystemExit(f"benchmark: {run_dir} already holds a run (launch.json); give another --work-dir "
+                         f"or remove that folder")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    cmd = [c.replace("{launch}", f"{t0:.3f}") for c in cmd]
+    print(f"benchmark: {trainer}: {' '.join(cmd)}", flush=True)
+    with open(run_dir / "command.log", "w") as log:
+        code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    rec = {"system": trainer, "launch_time": t0, "wall_s": time.time() - t0, "exit_code": code,
+           "command": cmd, **extra}
+    (run_dir / "launch.json").write_text(json.dumps(rec, indent=2) + "\n")
+    print(f"benchmark: {trainer} exited {code} after {rec['wall_s']:.0f} s", flush=True)
+    return rec
+
+
 def run_row(args, spec: str) -> dict:
     row = parse_row(spec)
     run_dir = Path(args.work_dir) / row["name"]
     cmd = (ours_command if row["trainer"] == "ours" else trl_command)(args, row, run_dir)
     if row["trainer"] == "ours":
-        tta.check_ours(cmd)
-    commit = args.git_commit or tta.git_head(ROOT)[0]
-    # --first-gpu: a row beside another on one host (real_workload.sh's ROW+ROW) takes the GPUs from there
+        check_ours(cmd)
+    commit = args.git_commit or git_head(ROOT)[0]
+    # --first-gpu: a row beside another on one host (benchmark.sh's ROW+ROW) takes the GPUs from there
     env_gpus = ",".join(str(args.first_gpu + i) for i in range(LAYOUTS[row["layout"]]["gpus"]))
     os.environ.setdefault("GRPO_GIT_COMMIT", commit or "")
     if args.device != "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = env_gpus
     try:
-        return tta._launch(cmd, run_dir, row["trainer"], {**row, "commit": commit, "save_schedule": args.save_schedule,
-                                                          "seconds": args.seconds, "row": spec,
-                                                          "eval_tokens": eval_tokens(args)})
+        return launch(cmd, run_dir, row["trainer"], {**row, "commit": commit, "save_schedule": args.save_schedule,
+                                                     "seconds": args.seconds, "row": spec,
+                                                     "eval_tokens": eval_tokens(args)})
     finally:
         os.environ.pop("CUDA_VISIBLE_DEVICES", None)
 
@@ -216,11 +333,32 @@ def prepare(args, models: list[str]) -> dict:
         t = time.perf_counter()
         resolve_model(model_path(m))
         out[m] = round(time.perf_counter() - t, 1)
-        print(f"real_workload: {m} ready in {out[m]} s", flush=True)
+        print(f"benchmark: {m} ready in {out[m]} s", flush=True)
     return out
 
 
 # ----------------------------------------------------------------------------- scoring
+def load_into(model, folder: Path) -> None:
+    """Copy a saved version's tensors into `model`'s parameters in place (the engine's captured
+    graphs read that memory), cast to its dtype. Every parameter must be there; a tied head is one
+    parameter."""
+    import torch
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    with torch.no_grad():
+        missing = []
+        for name, p in model.named_parameters():
+            if name in tensors:
+                p.copy_(tensors[name].to(p.dtype))
+            else:
+                missing.append(name)
+    if missing:
+        raise SystemExit(f"benchmark: {folder} lacks {len(missing)} parameters, e.g. {missing[0]}")
+
+
 def score(args) -> None:
     """Score each model's base weights once and every unscored save, spread over --gpus (one process each)."""
     work = Path(args.work_dir)
@@ -237,7 +375,7 @@ def score(args) -> None:
         if not (work / f"base_{model}.json").is_file():
             items.append((model, "", "", 0, 0.0))
     if not items:
-        print("real_workload: nothing to score", flush=True)
+        print("benchmark: nothing to score", flush=True)
         return
     gpus = args.gpus.split(",") if args.device != "cpu" else ["cpu"]
     procs = []
@@ -251,7 +389,7 @@ def score(args) -> None:
         procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT))
     codes = [p.wait() for p in procs]
     if any(codes):
-        raise SystemExit(f"real_workload: a scoring process failed (exit codes {codes})")
+        raise SystemExit(f"benchmark: a scoring process failed (exit codes {codes})")
 
 
 def score_worker(args) -> None:
@@ -273,7 +411,7 @@ def score_worker(args) -> None:
             loaded, fresh = model, True
         if folder:
             t0 = time.perf_counter()
-            tta.load_into(net, Path(folder))
+            load_into(net, Path(folder))
             fresh = False
             load_s = time.perf_counter() - t0
         elif not fresh:   # the base model after a save in this process: load its weights again
@@ -290,15 +428,99 @@ def score_worker(args) -> None:
             line = {"step": step, "seconds": round(seconds, 2), **keep, "load_s": round(load_s, 2)}
             with open(Path(run) / f"scores_w{args.worker}.jsonl", "a") as fh:
                 fh.write(json.dumps(line) + "\n")
-            print(f"real_workload: {Path(run).name} step {step} at {seconds:.0f} s: {r['accuracy']:.3f}", flush=True)
+            print(f"benchmark: {Path(run).name} step {step} at {seconds:.0f} s: {r['accuracy']:.3f}", flush=True)
         else:
             (Path(args.work_dir) / f"base_{model}.json").write_text(json.dumps({"model": model, **keep}) + "\n")
-            print(f"real_workload: {model} base {r['accuracy']:.3f}", flush=True)
+            print(f"benchmark: {model} base {r['accuracy']:.3f}", flush=True)
     if device.type == "cuda":
         torch.cuda.synchronize()
 
 
 # ----------------------------------------------------------------------------- the result
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.is_file() else []
+
+
+def run_points(run: Path, base: dict) -> list[dict]:
+    """The run's curve: the base model at 0 s (the weights every run launches with), then each save
+    from every scores*.jsonl (one file per scoring process)."""
+    pts = [{"seconds": 0.0, "step": 0, "accuracy": base["accuracy"], "ci95": wilson(base["correct"], base["n"])}]
+    for x in (x for f in sorted(run.glob("scores*.jsonl")) for x in _lines(f)):
+        s = json.loads(x)
+        pts.append({"seconds": s["seconds"], "step": s["step"], "accuracy": s["accuracy"],
+                    "ci95": wilson(s["correct"], s["n"]),
+                    **({"top_answers": s["top_answers"]} if "top_answers" in s else {})})
+    return sorted(pts, key=lambda p: p["seconds"])
+
+
+def ours_books(run: Path) -> dict:
+    """The learner's accounting (summary.json), and the stale and zero-signal shares of groups sent."""
+    try:
+        summary = json.loads(read_run_file(run, "summary.json"))
+    except FileNotFoundError:
+        return {"groups": None, "stale_fraction": None, "zero_signal_fraction": None}
+    g = summary["groups"]
+    sent = max(g.get("sent") or 0, 1)
+    return {"groups": g, "steps": summary.get("steps"), "stale_fraction": round(g["dropped"].get("stale", 0) / sent, 4),
+            "zero_signal_fraction": round(g["dropped"].get("sampler_zero_signal", 0) / sent, 4)}
+
+
+def first_step_ours(run: Path, launch_time: float) -> tuple[float | None, str | None]:
+    """Seconds from the command's launch to the learner's first optimizer step, and where from: the
+    first 'first_step' stage mark at or after the launch (a run dir may keep an earlier launch's
+    marks), from stages/learner0.json (its newest mark, and all of them under "history") or else
+    summary.json's "stages"; else summary.json's first_step_s, which counts from the first process's
+    start, not from launch. (None, None) when none of them says."""
+    try:
+        summary = json.loads(read_run_file(run, "summary.json"))
+    except FileNotFoundError:
+        summary = {}
+    sources = []
+    path = run / "stages" / "learner0.json"
+    if path.is_file():
+        rec = json.loads(path.read_text())
+        sources.append(("stages/learner0.json", rec.get("history") or [rec]))
+    sources.append(("summary.json stages", (summary.get("stages") or {}).get("learner0") or []))
+    for source, marks in sources:
+        t = min((float(m["time"]) for m in marks if m.get("stage") == "first_step"
+                 and float(m["time"]) >= launch_time), default=None)
+        if t is not None:
+            return round(t - launch_time, 2), source
+    if summary.get("first_step_s") is not None:
+        return round(float(summary["first_step_s"]), 2), "summary.json first_step_s (from the first process's start)"
+    return None, None
+
+
+def first_step_trl(doc: dict, launch_time: float) -> tuple[float | None, str | None]:
+    """TRL: the first step's end from launch, where steps.json stamps its steps with Unix times
+    ("wall_time"); its "time_s" counts from the start of training, not from launch."""
+    steps = doc.get("steps") or []
+    if steps and steps[0].get("wall_time") is not None:
+        return round(float(steps[0]["wall_time"]) - launch_time, 2), "steps.json"
+    return None, None
+
+
+def trl_books(run: Path, launch: dict) -> dict:
+    """TRL trains every group it generates, on-policy: nothing is stale; its zero-signal share is the
+    mean of its own frac_reward_zero_std over steps (those groups cost generation and add nothing).
+    A run that failed (exit code not 0) gets its error, and its steps from the log if it wrote none."""
+    log = read_run_file(run, "command.log") if launch["exit_code"] else ""
+    if (run / "steps.json").is_file():
+        doc, source = json.loads((run / "steps.json").read_text()), "steps.json"
+    else:
+        doc = {"steps": logged_steps(log, SHARED["train_batch_size"])}
+        source = "command.log (the run wrote no steps.json)"
+    steps = doc["steps"]
+    first, first_from = first_step_trl(doc, launch["launch_time"]) if "launch_time" in launch else (None, None)
+    zs = [s["frac_reward_zero_std"] for s in steps if s.get("frac_reward_zero_std") is not None]
+    bad = [s["step"] for s in steps if s.get("grad_norm") is not None and not math.isfinite(float(s["grad_norm"]))]
+    return {"steps": len(steps), "completions_trained": sum(s["completions"] for s in steps),
+            "stale_fraction": 0.0, "zero_signal_fraction": round(sum(zs) / len(zs), 4) if zs else None,
+            "nonfinite_grad_steps": bad, "books_from": source, "first_step_s": first, "first_step_from": first_from,
+            "error": doc.get("error") or (last_error(log) if launch["exit_code"] else None),
+            "config": doc.get("config")}
+
+
 def _run_json(run: Path, name: str, lines: bool = False):
     """A run file's JSON (a list of its lines' for .jsonl); None where a failed row wrote none."""
     try:
@@ -324,22 +546,22 @@ def _evals(run: Path) -> dict:
 def row_result(run: Path, work: Path, device: dict) -> dict:
     launch = json.loads((run / "launch.json").read_text())
     base = json.loads((work / f"base_{launch['model']}.json").read_text())
-    pts = tta.run_points(run, base)
+    pts = run_points(run, base)
     gpus = LAYOUTS[launch["layout"]]["gpus"]
     saves = [p for p in pts if p["step"] > 0]
     out = {"model": launch["model"], "layout": launch["layout"], "trainer": launch["trainer"], "gpus": gpus,
            "seed": launch["seed"], "seconds": launch.get("seconds"), "exit_code": launch["exit_code"],
            "wall_s": round(launch["wall_s"], 1)}
     if launch["trainer"] == "ours":
-        books = tta.ours_books(run)
+        books = ours_books(run)
         metrics, summary = _run_json(run, "metrics.jsonl", lines=True) or [], _run_json(run, "summary.json") or {}
         steps, rates = summary.get("steps"), ours_rates(metrics, summary, gpus)
-        first, _ = tta.first_step_ours(run, launch["launch_time"])
+        first, _ = first_step_ours(run, launch["launch_time"])
         last_end = max((m["time_s"] for m in metrics if "step" in m and "time_s" in m), default=None)
         extra = {"books": books.get("groups"), "evals": _evals(run)}
         stale, zero = books.get("stale_fraction"), books.get("zero_signal_fraction")
     else:
-        books = tta.trl_books(run, launch)
+        books = trl_books(run, launch)
         doc = json.loads((run / "steps.json").read_text()) if (run / "steps.json").is_file() else {"steps": []}
         steps, rates = books["steps"], trl_rates(doc["steps"], gpus)
         first = books.get("first_step_s")
@@ -436,17 +658,24 @@ def record_device(args, prepare_s: dict) -> None:
     name = torch.cuda.get_device_name(0) if torch.cuda.is_available() and args.device != "cpu" else "cpu"
     count = torch.cuda.device_count() if name != "cpu" else 0
     (work / "device.json").write_text(json.dumps({"device": f"{count}x {name}" if count > 1 else name,
-                                                  "versions": versions(("trl",) if tta._has("trl") else ()),
+                                                  "versions": versions(("trl",) if _has("trl") else ()),
                                                   "prepare_s": prepare_s, **provenance()}, indent=2) + "\n")
+
+
+def _has(mod: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(mod) is not None
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("step", choices=["all", "run", "score", "summarise", "score-worker"])
-    ap.add_argument("--rows", default="", help="`all`: rows MODEL:LAYOUT:TRAINER:SEED, space-separated")
+    ap.add_argument("step", choices=["rows", "all", "run", "score", "summarise", "score-worker"])
+    ap.add_argument("--rows", default="", help="`all`: rows MODEL:LAYOUT:TRAINER:SEED, space-separated "
+                                               "(default: the standard rows, `rows` lists them)")
     ap.add_argument("--row", default="", help="`run`: one row")
     ap.add_argument("--seconds", type=float, default=600.0, help="each row: seconds of training from its launch")
-    ap.add_argument("--work-dir", default="runs/real_workload")
+    ap.add_argument("--work-dir", default="runs/benchmark")
     ap.add_argument("--dataset", default=str(ROOT.parent / "shared" / "data" / "gsm8k"))
     ap.add_argument("--save-schedule", default=SAVE_SCHEDULE)
     ap.add_argument("--eval-size", type=int, default=EVAL_SIZE)
@@ -464,17 +693,23 @@ def main(argv=None) -> int:
     ap.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--eval-tokens", type=int, default=EVAL_TOKENS, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.step == "score-worker":
+    try:
+        parse_save_schedule(args.save_schedule)
+    except ValueError as e:
+        ap.error(f"--save-schedule: {e}")
+    if args.step == "rows":
+        print(" ".join(recipe_groups(args.rows.split() or STANDARD_ROWS)))
+    elif args.step == "score-worker":
         score_worker(args)
     elif args.step == "score":
         score(args)
     elif args.step == "summarise":
         summarise(args)
     else:
-        specs = args.rows.split() if args.step == "all" else [args.row]
+        specs = (args.rows.split() or list(STANDARD_ROWS)) if args.step == "all" else [args.row]
         rows = [parse_row(s) for s in specs if s]
         if not rows:
-            ap.error("give --rows (all) or --row (run)")
+            ap.error("`run` needs --row MODEL:LAYOUT:TRAINER:SEED")
         record_device(args, prepare(args, sorted({r["model"] for r in rows})))
         for spec in specs:
             run_row(args, spec)
