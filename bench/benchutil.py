@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import platform
-import re
 import shlex
 import sys
 import time
@@ -25,41 +24,6 @@ def read_run_file(run: Path, name: str) -> str:
 
     plain, packed = run / name, run / (name + ".gz")
     return plain.read_text() if plain.is_file() else gzip.decompress(packed.read_bytes()).decode()
-
-
-# A sampler's round line: its clock (HH:MM:SS, where the log has one), round, generating version,
-# completions, their mean reward and, under --filter-zero-signal, how many groups had none.
-ROUND = re.compile(r"^(?:(\d\d):(\d\d):(\d\d) )?.*?round (\d+) \(v(\d+)\): (\d+) completions.*?reward mean ([-\d.]+)"
-                   r"(?:, (\d+) of (\d+) groups zero-signal)?", re.M)
-
-
-def rounds_of(log_text: str) -> list[dict]:
-    """The sampler's round lines: version that generated the round, completions, their mean reward
-    (and zero_signal of groups where the line counts them)."""
-    return [{"round": int(r), "version": int(v), "n": int(n), "reward_mean": float(m),
-             **({"clock_s": int(hh) * 3600 + int(mm) * 60 + int(ss)} if hh else {}),
-             **({"zero_signal": int(z), "groups": int(g)} if g else {})}
-            for hh, mm, ss, r, v, n, m, z, g in ROUND.findall(log_text)]
-
-
-def reward_by_time(rounds: list[dict], start_clock: int, bucket_s: int = 30) -> list[dict]:
-    """Completion-weighted mean sampled reward per window of wall time since start_clock, a round
-    counted in the window in which its line was logged: learning per second, start-up included
-    when start_clock is the launch. Where the lines count groups without signal, each window also
-    gives their share."""
-    out: dict[int, list[float]] = {}
-    for r in rounds:
-        if "clock_s" not in r:
-            continue
-        k = ((r["clock_s"] - start_clock) % 86400) // bucket_s   # a run may pass midnight
-        acc = out.setdefault(k, [0.0, 0, 0, 0])
-        acc[0] += r["reward_mean"] * r["n"]
-        acc[1] += r["n"]
-        acc[2] += r.get("zero_signal", 0)
-        acc[3] += r.get("groups", 0)
-    return [{"seconds": f"{k * bucket_s}-{(k + 1) * bucket_s}", "reward_mean": s / n, "completions": n,
-             **({"zero_signal_share": z / g, "groups": g} if g else {})}
-            for k, (s, n, z, g) in sorted(out.items())]
 
 
 def versions(extra: tuple[str, ...] = ()) -> dict:

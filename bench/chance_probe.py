@@ -30,7 +30,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import ROOT, write_result  # noqa: E402
-from gsm8k_curriculum import solution_steps  # noqa: E402
 from signal_probe import sample  # noqa: E402 - the same sampling loop, with greedy at temperature 0
 
 from grpo.data.gsm8k import _numbers, extract_gsm8k_answer  # noqa: E402
@@ -39,6 +38,12 @@ from grpo.model import compute_dtype, eos_ids, load_causal_lm, load_tokenizer, r
 from grpo.generate.engine import RolloutEngine  # noqa: E402
 
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
+
+
+def solution_steps(answer: str) -> int:
+    """Reasoning steps of a GSM8K reference solution: its non-empty lines before '####'."""
+    body = answer.rsplit("####", 1)[0]
+    return sum(1 for line in body.splitlines() if line.strip())
 
 
 def answer_stats(questions: list[str], golds: list[str], answers: list[str | None], per: int,

@@ -4,7 +4,7 @@
 # machine goes back 30 s after a call returns, so each wait call must follow the last at once;
 # the plan dies with the machine.
 #
-#   bash bench/device_bg.sh start 'OUT=/tmp/bg/out LABEL=x bash bench/startup_runs.sh'
+#   bash bench/device_bg.sh start 'COMMIT=<sha> OUT_DIR=/tmp/bg/out bash bench/benchmark.sh'
 #   bash bench/device_bg.sh wait 560     # up to 560 s, then returns what the plan has written
 #
 # The plan writes what it keeps under /tmp/bg/out (give it OUT=/tmp/bg/out); `wait` packs that

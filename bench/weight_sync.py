@@ -270,7 +270,7 @@ def main() -> int:
         return 0
 
     import torch
-    from run_e2e import device_name, versions
+    from benchutil import versions
 
     n = torch.cuda.device_count()
     if n == 0:
@@ -311,10 +311,11 @@ def main() -> int:
         for k, v in floors.items():
             print(f"{model_name:14} {k:22} {'':8} {'':9} {'':8} {v:9.3f}")
         results[model_name] = entry
-    doc = {"device": device_name(), "versions": versions(), "syncs": args.syncs, "learner_layout": args.learner_layout,
+    device = f"{n}x {torch.cuda.get_device_name(0)}"
+    doc = {"device": device, "versions": versions(("zmq",)), "syncs": args.syncs, "learner_layout": args.learner_layout,
            "placement": {"learner_gpu": learner_gpu, "sampler_gpu": sampler_gpu}, "results": results}
     path = Path(args.out) if args.out else ROOT / "bench" / "results" / \
-        f"weight_sync_{device_name().replace(' ', '_').replace('/', '_')}.json"
+        f"weight_sync_{device.replace(' ', '_').replace('/', '_')}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {path}")

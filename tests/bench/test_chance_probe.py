@@ -12,6 +12,12 @@ from grpo.generate.engine import RolloutEngine
 GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
 
 
+def test_solution_steps_are_the_lines_before_the_answer():
+    cp = load_bench("chance_probe")
+    solutions = ["A<<1+1=2>>2\n#### 2", "A\nB\n#### 3", "A\nB\n\nC\n#### 4"]
+    assert [cp.solution_steps(a) for a in solutions] == [1, 2, 3]   # the blank line is no step
+
+
 def test_answer_stats_hand_worked():
     cp = load_bench("chance_probe")
     # Q0's numbers are 3, 4, 12 and its gold 12 is among them; Q1's are 5, 2 and its gold 7 is not.

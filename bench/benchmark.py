@@ -1,0 +1,723 @@
+"""The benchmark: a Qwen-class instruct model learning GSM8K, ours against TRL, one row at a time.
+
+A row is MODEL:LAYOUT:TRAINER:SEED. Each runs for --seconds from its launch and saves its policy
+(bf16) on --save-schedule; nothing is evaluated while it runs. Afterwards every save, and the base
+model, is scored by the project's own evaluator (grpo.evaluate: the training prompt and correctness
+rules, greedy, the rollout engine, bf16) on the first 500 GSM8K test problems with 512 new tokens,
+spread over --gpus. A point is (seconds from the row's launch to the end of that save, accuracy).
+
+    python bench/benchmark.py rows                    # the standard rows (STANDARD_ROWS below)
+    python bench/benchmark.py all --work-dir runs/bm --gpus 0,1,2,3      # run them, each scored and
+                                                      # summarised before the next starts
+    python bench/benchmark.py all --rows "0.5b:seed:ours:42 0.5b:seed:trl:42" --seconds 600
+    python bench/benchmark.py run --row 0.5b:1gpu:ours:42 --work-dir runs/bm
+    python bench/benchmark.py score --work-dir runs/bm --gpus 0,1,2,3
+    python bench/benchmark.py summarise --work-dir runs/bm
+
+MODEL: 0.5b or 1.5b (Qwen2.5-Coder-Instruct, the GGUF files of bench/fetch_models.py, looked up in
+$GRPO_GGUF_DIR, /tmp/gguf and $GRPO_CACHE/gguf), or any --model value (tiny-random for a CPU check).
+LAYOUT: 1gpu (ours: sampler and learner share GPU 0; TRL: one process) or seed (ours:
+`--sampling-gpu 0 --training-gpus 1,2,3`; TRL: DDP over 4 processes through torchrun). TRAINER: ours
+or trl (bench/trl_grpo.py). Both get the same model, prompts (grpo.data.prompts), reward
+(grpo.data.rewards' correctness), G, completions a step, new tokens, learning rate, beta, loss and
+temperature (SHARED). On the GPU machine bench/benchmark.sh runs rows as a device plan.
+
+Writes bench/results/real_workload_<device>.json: `rows`, one per row (a row run again replaces its
+entry; --label keeps both), and one PNG per model of accuracy against seconds. CPU check: --device
+cpu with tiny-random and short --seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchutil import ROOT, read_run_file, versions  # noqa: E402  (also puts the repo root on sys.path)
+from fetch_models import MODELS  # noqa: E402
+
+from grpo.learner.checkpoint import parse_save_schedule  # noqa: E402
+from grpo.obs.rundir import git_head  # noqa: E402
+
+# The standard rows, the set the docs report: `all` without --rows runs them one after another;
+# `rows` prints them for bench/benchmark.sh, one-GPU rows side by side on a four-GPU host.
+STANDARD_ROWS = (
+    "0.5b:seed:ours:42", "0.5b:seed:trl:42",
+    "1.5b:seed:ours:42", "1.5b:seed:trl:42",
+    "0.5b:1gpu:ours:42", "0.5b:1gpu:trl:42",
+    "1.5b:1gpu:ours:42", "1.5b:1gpu:trl:42",
+)
+HOST_GPUS = 4   # GPUs of the host that bench/benchmark.sh fills with one-GPU rows side by side
+
+SHARED = {"num_generations": 16, "train_batch_size": 128, "max_new_tokens": 512, "learning_rate": 2e-6,
+          "beta": 0.0, "loss_type": "dapo", "temperature": 1.0}
+# A CPU check of the whole path (--device cpu, tiny-random): the same rows at sizes a CPU finishes,
+# without --filter-zero-signal (a random model's groups all lack signal: the filter would send none).
+SMALL = {"num_generations": 4, "train_batch_size": 8, "max_new_tokens": 16, "learning_rate": 2e-6,
+         "beta": 0.0, "loss_type": "dapo", "temperature": 1.0}
+# Ours only: how the samplers feed the learner (TRL has no counterpart: it trains every group it
+# generates, zero-signal ones included). --eval-every past the run's end: sampler 0 scores the base
+# model and the learner its final weights, on the same problems, so a row also measures the
+# learner's final evaluation against sampler 0's baseline.
+OURS_ONLY = ["--generation-backend", "fast", "--filter-zero-signal", "--reward", "correctness",
+             "--eval-every", "100000"]
+LAYOUTS = {"1gpu": {"gpus": 1, "ours": ["--sampling-gpu", "0", "--training-gpus", "0", "--share-gpus"]},
+           "seed": {"gpus": 4, "ours": ["--sampling-gpu", "0", "--training-gpus", "1,2,3"]}}
+TRAINERS = ("ours", "trl")
+SHORT = {"0.5b": "qwen2.5-coder-0.5b", "1.5b": "qwen2.5-coder-1.5b"}
+SAVE_SCHEDULE = "30x4,60"     # 30, 60, 90, 120 s, then every 60 s
+MARKS_S = (60, 120, 240, 600)
+EVAL_SIZE, EVAL_TOKENS = 500, 512
+
+
+# ----------------------------------------------------------------------------- pure rules
+def parse_row(spec: str) -> dict:
+    """'0.5b:seed:ours:42' -> {model, layout, trainer, seed, name}; a bad spec exits 2 naming it."""
+    parts = spec.split(":")
+    if len(parts) != 4 or parts[1] not in LAYOUTS or parts[2] not in TRAINERS or not parts[3].isdigit():
+        raise SystemExit(f"benchmark: row {spec!r} is not MODEL:LAYOUT:TRAINER:SEED with LAYOUT in "
+                         f"{'/'.join(LAYOUTS)} and TRAINER in {'/'.join(TRAINERS)}, e.g. 0.5b:seed:ours:42")
+    model, layout, trainer, seed = parts[0], parts[1], parts[2], int(parts[3])
+    slug = "".join(c if c.isalnum() or c in "._-" else "_" for c in model)
+    return {"model": model, "layout": layout, "trainer": trainer, "seed": seed,
+            "name": f"{slug}_{layout}_{trainer}_s{seed}"}
+
+
+def recipe_groups(specs) -> list[str]:
+    """The rows as bench/benchmark.sh takes them: one-GPU rows in a row joined by '+' (side by side,
+    each on a GPU of its own) up to HOST_GPUS a group; every other row alone, in the given order.
+    ('0.5b:seed:ours:42', '0.5b:1gpu:ours:42', '0.5b:1gpu:trl:42') -> ['0.5b:seed:ours:42',
+    '0.5b:1gpu:ours:42+0.5b:1gpu:trl:42']"""
+    groups: list[list[str]] = []
+    for spec in specs:
+        one = parse_row(spec)["layout"] == "1gpu"
+        if one and groups and parse_row(groups[-1][0])["layout"] == "1gpu" and len(groups[-1]) < HOST_GPUS:
+            groups[-1].append(spec)
+        else:
+            groups.append([spec])
+    return ["+".join(g) for g in groups]
+
+
+def wilson(correct: int, n: int, z: float = 1.96) -> list[float]:
+    """The 95% Wilson score interval of a binomial proportion (sound near 0, unlike p +- 2se)."""
+    if n == 0:
+        return [0.0, 1.0]
+    p = correct / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]
+
+
+def seconds_to(points: list[dict], target: float) -> float | None:
+    """The first point's seconds whose accuracy is at least `target` (> 0); None if none is."""
+    if target <= 0:
+        return None
+    return next((p["seconds"] for p in sorted(points, key=lambda p: p["seconds"]) if p["accuracy"] >= target), None)
+
+
+def accuracy_at(points: list[dict], seconds: float) -> float | None:
+    """The accuracy of the newest weights saved by `seconds` (a run that ended before: its last)."""
+    done = [p for p in points if p["seconds"] <= seconds]
+    return max(done, key=lambda p: p["seconds"])["accuracy"] if done else None
+
+
+def seconds_to_gain(points: list[dict], baseline: float, gain: float) -> float | None:
+    """Seconds of the first save whose accuracy is at least baseline + gain (the float sum's rounding
+    aside); None if none is. The base model's point at 0 s is no save."""
+    return seconds_to([p for p in points if p["step"] > 0], baseline + gain - 1e-9)
+
+
+def accuracy_marks(saves: list[dict], run_s: float | None, marks=MARKS_S) -> dict[str, float | None]:
+    """{'60': accuracy, ...}: the newest save at or before each mark; None for a mark the row did not
+    run to (past its --seconds and its last save) or before its first save."""
+    last = max((p["seconds"] for p in saves), default=0.0)
+    return {str(m): accuracy_at(saves, float(m)) if m <= max(run_s or 0.0, last) else None for m in marks}
+
+
+def split_items(items: list, workers: int) -> list[list]:
+    """Round-robin shares, every worker's items of one model together (each worker loads a model once
+    per model it scores): items are (model, ...) tuples, sorted by model first."""
+    shares = [[] for _ in range(max(1, workers))]
+    for i, item in enumerate(sorted(items, key=lambda x: (x[0], x[2] != ""))):   # a model's base first
+        shares[i % len(shares)].append(item)
+    return [s for s in shares if s]
+
+
+def ours_rates(metrics: list[dict], summary: dict, gpus: int) -> dict:
+    """Ours' step figures from metrics.jsonl's step records and summary.json: the median step (the
+    first, which waits for the first groups, left out), the learner's busy share (seconds training
+    over seconds of its steps) and generated tokens/s per GPU of the row (all samplers' tokens over
+    the learner's elapsed time, over every GPU of the row)."""
+    steps = [m for m in metrics if "step" in m and "step_time_s" in m]
+    later = steps[1:] or steps
+    tokens = sum(s["stats"].get("tokens", 0.0) for s in (summary.get("samplers") or {}).values())
+    elapsed = summary.get("elapsed_s") or (steps[-1]["time_s"] if steps else 0.0)
+    return {"median_step_s": round(statistics.median(s["step_time_s"] for s in later), 3) if later else None,
+            "learner_busy_share": round(sum(s["train_s"] for s in later) / sum(s["step_time_s"] for s in later), 3)
+            if later else None,
+            "gen_tokens_per_s_per_gpu": round(tokens / elapsed / gpus, 1) if elapsed else None}
+
+
+def trl_rates(steps: list[dict], gpus: int) -> dict:
+    """TRL's: the median gap between step ends (the first from the start of training), generated
+    tokens/s per GPU (completions x mean length over the training time). TRL's ranks generate and
+    train in turn on every GPU: no learner is separately busy (None)."""
+    ends = [s["time_s"] for s in steps]
+    gaps = [b - a for a, b in zip([0.0, *ends], ends)][1:] or ends
+    tokens = sum(s["tokens"] or 0.0 for s in steps)
+    return {"median_step_s": round(statistics.median(gaps), 3) if gaps else None, "learner_busy_share": None,
+            "gen_tokens_per_s_per_gpu": round(tokens / ends[-1] / gpus, 1) if ends and ends[-1] else None}
+
+
+def ours_save_flags(spec: str) -> list[str]:
+    """The learner's flags for a save schedule: a constant one is --save-weights-every-s alone; a
+    changing one also passes itself as --save-weights-schedule, and --save-weights-every-s its first
+    period (that flag turns the saves on)."""
+    sched = parse_save_schedule(spec)
+    every = ["--save-weights-every-s", f"{sched[0][0]:g}"]
+    return every if len(sched) == 1 else every + ["--save-weights-schedule", spec]
+
+
+def logged_steps(text: str, batch: int) -> list[dict]:
+    """The per-step records of a TRL run that died before writing steps.json, from the dicts the
+    Trainer printed to its log (logging_steps=1; plain literals, read with ast.literal_eval)."""
+    steps = []
+    for line in text.splitlines():
+        if line.startswith("{'loss'"):
+            log = {k: float(v) for k, v in ast.literal_eval(line).items()}
+            steps.append({"step": len(steps) + 1, "completions": batch, "reward_mean": log.get("reward"),
+                          "frac_reward_zero_std": log.get("frac_reward_zero_std"),
+                          "grad_norm": log.get("grad_norm"), "entropy": log.get("entropy")})
+    return steps
+
+
+def last_error(text: str) -> str | None:
+    """The exception a command died of: the last 'SomeError: message' line of its log."""
+    found = re.findall(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception): .*)$", text, flags=re.M)
+    return found[-1][:200] if found else None
+
+
+# ----------------------------------------------------------------------------- running
+def model_path(model: str) -> str:
+    """A row's MODEL as --model takes it: the GGUF file of 0.5b / 1.5b, else the value itself."""
+    if model not in SHORT:
+        return model
+    spec = MODELS[SHORT[model]]
+    dirs = [os.environ.get("GRPO_GGUF_DIR", ""), "/tmp/gguf",
+            str(Path(os.environ.get("GRPO_CACHE", Path.home() / ".cache" / "grpo")) / "gguf")]
+    for d in filter(None, dirs):
+        if (Path(d) / spec["file"]).is_file():
+            return str(Path(d) / spec["file"])
+    raise SystemExit(f"benchmark: {spec['file']} is in none of {', '.join(filter(None, dirs))}; "
+                     f"run `python bench/fetch_models.py get {SHORT[model]}` (or set GRPO_GGUF_DIR)")
+
+
+def shared_flags(args) -> list[str]:
+    return [f"--{k.replace('_', '-')}={v}" for k, v in (SMALL if args.device == "cpu" else SHARED).items()]
+
+
+def eval_tokens(args) -> int:
+    return SMALL["max_new_tokens"] if args.device == "cpu" else EVAL_TOKENS
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct ports free now, for a row's data and sync sockets: rows side by side on one host must
+    not share the defaults (the launcher checks them free before it starts anything)."""
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def ours_command(args, row: dict, run_dir: Path) -> list[str]:
+    shared = shared_flags(args)
+    cpu = ["--device", "cpu", "--prompts-per-round", "2"] if args.device == "cpu" else []
+    only = OURS_ONLY if args.device != "cpu" else [f for f in OURS_ONLY if f != "--filter-zero-signal"]
+    layout = [] if args.device == "cpu" else LAYOUTS[row["layout"]]["ours"]
+    ports = ["--data-port", *map(str, free_ports(2))]
+    ports[2:2] = ["--sync-port"]
+    return [sys.executable, str(ROOT / "run_distributed.py"), "--model", model_path(row["model"]), *ports,
+            "--dataset", args.dataset, *shared, *only, *layout, *cpu, "--eval-size", str(args.eval_size),
+            "--max-time-s", str(args.seconds), "--max-steps", "100000", *ours_save_flags(args.save_schedule),
+            "--seed", str(row["seed"]), "--run-dir", str(run_dir), *args.ours_flags.split()]
+
+
+def trl_command(args, row: dict, run_dir: Path) -> list[str]:
+    ranks = LAYOUTS[row["layout"]]["gpus"] if args.device != "cpu" else 1
+    head = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+            if ranks > 1 else [sys.executable])
+    batch = (SMALL if args.device == "cpu" else SHARED)["train_batch_size"]
+    micro = min(args.trl_micro_batch, batch // ranks)
+    return [*head, str(ROOT / "bench" / "trl_grpo.py"), "--model", model_path(row["model"]), "--dataset", args.dataset,
+            *shared_flags(args), "--dtype", "float32", "--micro-batch", str(micro), "--gradient-checkpointing",
+            "--seconds", str(args.seconds), "--launch-time", "{launch}", "--save-schedule", args.save_schedule,
+            "--save-dir", str(run_dir / "weights"), "--seed", str(row["seed"]), "--out", str(run_dir / "steps.json"),
+            *(["--device", "cpu"] if args.device == "cpu" else [])]
+
+
+def check_ours(cmd: list[str]) -> None:
+    """Parse ours' command as the launcher will (grpo.launch.plan.parse; nothing starts), so that a
+    flag it does not know (a typo in --ours-flags) stops this script before any row runs."""
+    from grpo.launch.plan import parse
+
+    try:
+        parse(cmd[2:])
+    except SystemExit as e:
+        if e.code:
+            raise SystemExit(f"benchmark: run_distributed.py refuses ours' command (its message is above); "
+                             f"nothing was run: {' '.join(cmd[2:])}") from None
+
+
+def launch(cmd: list[str], run_dir: Path, trainer: str, extra: dict) -> dict:
+    """Run one row's command with its output in run_dir/command.log; record the launch time (every
+    point's clock starts here), the command as run and `extra` (seed, commit, ...) in
+    run_dir/launch.json. '{launch}' in the command becomes the launch's Unix time."""
+    if (run_dir / "launch.json").exists():
+        # A second run in the same folder would append to the first's metrics and logs and mix
+        # their saves under one launch time.
+        raise SystemExit(f"benchmark: {run_dir} already holds a run (launch.json); give another --work-dir "
+                         f"or remove that folder")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    cmd = [c.replace("{launch}", f"{t0:.3f}") for c in cmd]
+    print(f"benchmark: {trainer}: {' '.join(cmd)}", flush=True)
+    with open(run_dir / "command.log", "w") as log:
+        code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    rec = {"system": trainer, "launch_time": t0, "wall_s": time.time() - t0, "exit_code": code,
+           "command": cmd, **extra}
+    (run_dir / "launch.json").write_text(json.dumps(rec, indent=2) + "\n")
+    print(f"benchmark: {trainer} exited {code} after {rec['wall_s']:.0f} s", flush=True)
+    return rec
+
+
+def run_row(args, spec: str) -> dict:
+    row = parse_row(spec)
+    run_dir = Path(args.work_dir) / row["name"]
+    cmd = (ours_command if row["trainer"] == "ours" else trl_command)(args, row, run_dir)
+    if row["trainer"] == "ours":
+        check_ours(cmd)
+    commit = args.git_commit or git_head(ROOT)[0]
+    # --first-gpu: a row beside another on one host (benchmark.sh's ROW+ROW) takes the GPUs from there
+    env_gpus = ",".join(str(args.first_gpu + i) for i in range(LAYOUTS[row["layout"]]["gpus"]))
+    os.environ.setdefault("GRPO_GIT_COMMIT", commit or "")
+    if args.device != "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = env_gpus
+    try:
+        return launch(cmd, run_dir, row["trainer"], {**row, "commit": commit, "save_schedule": args.save_schedule,
+                                                     "seconds": args.seconds, "row": spec,
+                                                     "eval_tokens": eval_tokens(args)})
+    finally:
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+
+
+def prepare(args, models: list[str]) -> dict:
+    """Convert each model's GGUF once (into the model cache) before any row, so no row's clock pays it."""
+    from grpo.model import resolve_model
+
+    out = {}
+    for m in models:
+        t = time.perf_counter()
+        resolve_model(model_path(m))
+        out[m] = round(time.perf_counter() - t, 1)
+        print(f"benchmark: {m} ready in {out[m]} s", flush=True)
+    return out
+
+
+# ----------------------------------------------------------------------------- scoring
+def load_into(model, folder: Path) -> None:
+    """Copy a saved version's tensors into `model`'s parameters in place (the engine's captured
+    graphs read that memory), cast to its dtype. Every parameter must be there; a tied head is one
+    parameter."""
+    import torch
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    with torch.no_grad():
+        missing = []
+        for name, p in model.named_parameters():
+            if name in tensors:
+                p.copy_(tensors[name].to(p.dtype))
+            else:
+                missing.append(name)
+    if missing:
+        raise SystemExit(f"benchmark: {folder} lacks {len(missing)} parameters, e.g. {missing[0]}")
+
+
+def score(args) -> None:
+    """Score each model's base weights once and every unscored save, spread over --gpus (one process each)."""
+    work = Path(args.work_dir)
+    items = []
+    for launch_file in sorted(work.glob("*/launch.json")):
+        run, launch = launch_file.parent, json.loads(launch_file.read_text())
+        done = {json.loads(x)["step"] for f in run.glob("scores*.jsonl") for x in f.read_text().splitlines() if x}
+        for meta in sorted((run / "weights").glob("step_*/weights.json")):
+            rec = json.loads(meta.read_text())
+            if rec["step"] not in done:
+                items.append((launch["model"], str(run), str(meta.parent), rec["step"],
+                              rec["wall_time"] - launch["launch_time"]))
+    for model in sorted({i[0] for i in items} | {json.loads(f.read_text())["model"] for f in work.glob("*/launch.json")}):
+        if not (work / f"base_{model}.json").is_file():
+            items.append((model, "", "", 0, 0.0))
+    if not items:
+        print("benchmark: nothing to score", flush=True)
+        return
+    gpus = args.gpus.split(",") if args.device != "cpu" else ["cpu"]
+    procs = []
+    for k, share in enumerate(split_items(items, len(gpus))):
+        todo = work / f".score_{k}.json"
+        todo.write_text(json.dumps(share))
+        env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": gpus[k]} if gpus[k] != "cpu" else {})}
+        cmd = [sys.executable, __file__, "score-worker", "--items", str(todo), "--work-dir", str(work),
+               "--eval-tokens", str(eval_tokens(args)),
+               "--dataset", args.dataset, "--eval-size", str(args.eval_size), "--device", args.device, "--worker", str(k)]
+        procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT))
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise SystemExit(f"benchmark: a scoring process failed (exit codes {codes})")
+
+
+def score_worker(args) -> None:
+    import torch
+
+    from grpo.evaluate import eval_engine, eval_problems, greedy_accuracy
+    from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, start_runtime
+
+    device = pick_device(args.device, -1 if args.device == "cpu" else 0)
+    start_runtime(device, {})   # the workers' attention kernels (no cuDNN), as python -m grpo.evaluate
+    problems = eval_problems(args.dataset, args.eval_size)
+    loaded = None
+    for model, run, folder, step, seconds in json.loads(Path(args.items).read_text()):
+        if loaded != model:
+            path = resolve_model(model_path(model))
+            tok = load_tokenizer(path)
+            net = load_causal_lm(path, device, compute_dtype(device))
+            engine = eval_engine(net, tok, "auto", device)
+            loaded, fresh = model, True
+        if folder:
+            t0 = time.perf_counter()
+            load_into(net, Path(folder))
+            fresh = False
+            load_s = time.perf_counter() - t0
+        elif not fresh:   # the base model after a save in this process: load its weights again
+            net = load_causal_lm(path, device, compute_dtype(device))
+            engine = eval_engine(net, tok, "auto", device)
+            fresh, load_s = True, 0.0
+        else:
+            load_s = 0.0
+        r = greedy_accuracy(net, tok, problems, args.eval_tokens, 64, device, engine)
+        keep = {k: r[k] for k in ("accuracy", "correct", "n", "truncated_frac", "mean_completion_len", "top_answers",
+                                  "decoder", "decode_s") if k in r}
+        keep["eval_s"] = r.get("seconds")   # the evaluation's own time; "seconds" is the save's, from launch
+        if folder:
+            line = {"step": step, "seconds": round(seconds, 2), **keep, "load_s": round(load_s, 2)}
+            with open(Path(run) / f"scores_w{args.worker}.jsonl", "a") as fh:
+                fh.write(json.dumps(line) + "\n")
+            print(f"benchmark: {Path(run).name} step {step} at {seconds:.0f} s: {r['accuracy']:.3f}", flush=True)
+        else:
+            (Path(args.work_dir) / f"base_{model}.json").write_text(json.dumps({"model": model, **keep}) + "\n")
+            print(f"benchmark: {model} base {r['accuracy']:.3f}", flush=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+# ----------------------------------------------------------------------------- the result
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.is_file() else []
+
+
+def run_points(run: Path, base: dict) -> list[dict]:
+    """The run's curve: the base model at 0 s (the weights every run launches with), then each save
+    from every scores*.jsonl (one file per scoring process)."""
+    pts = [{"seconds": 0.0, "step": 0, "accuracy": base["accuracy"], "ci95": wilson(base["correct"], base["n"])}]
+    for x in (x for f in sorted(run.glob("scores*.jsonl")) for x in _lines(f)):
+        s = json.loads(x)
+        pts.append({"seconds": s["seconds"], "step": s["step"], "accuracy": s["accuracy"],
+                    "ci95": wilson(s["correct"], s["n"]),
+                    **({"top_answers": s["top_answers"]} if "top_answers" in s else {})})
+    return sorted(pts, key=lambda p: p["seconds"])
+
+
+def ours_books(run: Path) -> dict:
+    """The learner's accounting (summary.json), and the stale and zero-signal shares of groups sent."""
+    try:
+        summary = json.loads(read_run_file(run, "summary.json"))
+    except FileNotFoundError:
+        return {"groups": None, "stale_fraction": None, "zero_signal_fraction": None}
+    g = summary["groups"]
+    sent = max(g.get("sent") or 0, 1)
+    return {"groups": g, "steps": summary.get("steps"), "stale_fraction": round(g["dropped"].get("stale", 0) / sent, 4),
+            "zero_signal_fraction": round(g["dropped"].get("sampler_zero_signal", 0) / sent, 4)}
+
+
+def first_step_ours(run: Path, launch_time: float) -> tuple[float | None, str | None]:
+    """Seconds from the command's launch to the learner's first optimizer step, and where from: the
+    first 'first_step' stage mark at or after the launch (a run dir may keep an earlier launch's
+    marks), from stages/learner0.json (its newest mark, and all of them under "history") or else
+    summary.json's "stages"; else summary.json's first_step_s, which counts from the first process's
+    start, not from launch. (None, None) when none of them says."""
+    try:
+        summary = json.loads(read_run_file(run, "summary.json"))
+    except FileNotFoundError:
+        summary = {}
+    sources = []
+    path = run / "stages" / "learner0.json"
+    if path.is_file():
+        rec = json.loads(path.read_text())
+        sources.append(("stages/learner0.json", rec.get("history") or [rec]))
+    sources.append(("summary.json stages", (summary.get("stages") or {}).get("learner0") or []))
+    for source, marks in sources:
+        t = min((float(m["time"]) for m in marks if m.get("stage") == "first_step"
+                 and float(m["time"]) >= launch_time), default=None)
+        if t is not None:
+            return round(t - launch_time, 2), source
+    if summary.get("first_step_s") is not None:
+        return round(float(summary["first_step_s"]), 2), "summary.json first_step_s (from the first process's start)"
+    return None, None
+
+
+def first_step_trl(doc: dict, launch_time: float) -> tuple[float | None, str | None]:
+    """TRL: the first step's end from launch, where steps.json stamps its steps with Unix times
+    ("wall_time"); its "time_s" counts from the start of training, not from launch."""
+    steps = doc.get("steps") or []
+    if steps and steps[0].get("wall_time") is not None:
+        return round(float(steps[0]["wall_time"]) - launch_time, 2), "steps.json"
+    return None, None
+
+
+def trl_books(run: Path, launch: dict) -> dict:
+    """TRL trains every group it generates, on-policy: nothing is stale; its zero-signal share is the
+    mean of its own frac_reward_zero_std over steps (those groups cost generation and add nothing).
+    A run that failed (exit code not 0) gets its error, and its steps from the log if it wrote none."""
+    log = read_run_file(run, "command.log") if launch["exit_code"] else ""
+    if (run / "steps.json").is_file():
+        doc, source = json.loads((run / "steps.json").read_text()), "steps.json"
+    else:
+        doc = {"steps": logged_steps(log, SHARED["train_batch_size"])}
+        source = "command.log (the run wrote no steps.json)"
+    steps = doc["steps"]
+    first, first_from = first_step_trl(doc, launch["launch_time"]) if "launch_time" in launch else (None, None)
+    zs = [s["frac_reward_zero_std"] for s in steps if s.get("frac_reward_zero_std") is not None]
+    bad = [s["step"] for s in steps if s.get("grad_norm") is not None and not math.isfinite(float(s["grad_norm"]))]
+    return {"steps": len(steps), "completions_trained": sum(s["completions"] for s in steps),
+            "stale_fraction": 0.0, "zero_signal_fraction": round(sum(zs) / len(zs), 4) if zs else None,
+            "nonfinite_grad_steps": bad, "books_from": source, "first_step_s": first, "first_step_from": first_from,
+            "error": doc.get("error") or (last_error(log) if launch["exit_code"] else None),
+            "config": doc.get("config")}
+
+
+def _run_json(run: Path, name: str, lines: bool = False):
+    """A run file's JSON (a list of its lines' for .jsonl); None where a failed row wrote none."""
+    try:
+        text = read_run_file(run, name)
+    except FileNotFoundError:
+        return None
+    return [json.loads(x) for x in text.splitlines() if x] if lines else json.loads(text)
+
+
+def _evals(run: Path) -> dict:
+    """Ours: sampler 0's baseline and the learner's final evaluation from eval.jsonl (accuracy, decode seconds)."""
+    try:
+        lines = [json.loads(x) for x in read_run_file(run, "eval.jsonl").splitlines() if x]
+    except FileNotFoundError:
+        return {}
+    pick = {"sampler0_baseline": [e for e in lines if e["by"] == "sampler0" and e["version"] == 0],
+            "learner_final": [e for e in lines if e["by"] == "learner"]}
+    return {k: {"version": v[-1]["version"], "accuracy": v[-1]["accuracy"], "seconds": round(v[-1]["seconds"], 2),
+                "decode_s": round(v[-1].get("decode_s", v[-1]["seconds"]), 2)}
+            for k, v in pick.items() if v}
+
+
+def row_result(run: Path, work: Path, device: dict) -> dict:
+    launch = json.loads((run / "launch.json").read_text())
+    base = json.loads((work / f"base_{launch['model']}.json").read_text())
+    pts = run_points(run, base)
+    gpus = LAYOUTS[launch["layout"]]["gpus"]
+    saves = [p for p in pts if p["step"] > 0]
+    out = {"model": launch["model"], "layout": launch["layout"], "trainer": launch["trainer"], "gpus": gpus,
+           "seed": launch["seed"], "seconds": launch.get("seconds"), "exit_code": launch["exit_code"],
+           "wall_s": round(launch["wall_s"], 1)}
+    if launch["trainer"] == "ours":
+        books = ours_books(run)
+        metrics, summary = _run_json(run, "metrics.jsonl", lines=True) or [], _run_json(run, "summary.json") or {}
+        steps, rates = summary.get("steps"), ours_rates(metrics, summary, gpus)
+        first, _ = first_step_ours(run, launch["launch_time"])
+        last_end = max((m["time_s"] for m in metrics if "step" in m and "time_s" in m), default=None)
+        extra = {"books": books.get("groups"), "evals": _evals(run)}
+        stale, zero = books.get("stale_fraction"), books.get("zero_signal_fraction")
+    else:
+        books = trl_books(run, launch)
+        doc = json.loads((run / "steps.json").read_text()) if (run / "steps.json").is_file() else {"steps": []}
+        steps, rates = books["steps"], trl_rates(doc["steps"], gpus)
+        first = books.get("first_step_s")
+        last_end = doc["steps"][-1]["time_s"] if doc["steps"] else None
+        extra = {"error": books.get("error"), "trl_config": books.get("config")}
+        stale, zero = 0.0, books.get("zero_signal_fraction")
+    span = (first or 0.0) if last_end is None else last_end
+    out.update({"steps": steps, "steps_per_s": round(steps / span, 4) if steps and span else None, **rates,
+                "first_step_s": first, "stale_share": stale, "zero_signal_share": zero,
+                "baseline_accuracy": base["accuracy"],
+                "accuracy_at_s": accuracy_marks(saves, launch.get("seconds")),
+                "best_accuracy": max((p["accuracy"] for p in saves), default=None),
+                "seconds_to_plus5": seconds_to_gain(pts, base["accuracy"], 0.05),
+                "seconds_to_plus10": seconds_to_gain(pts, base["accuracy"], 0.10),
+                "points": pts, "command": launch["command"], "commit": launch.get("commit"),
+                "save_schedule": launch.get("save_schedule"), "eval": f"first {base['n']} GSM8K test problems, greedy, "
+                f"{launch.get('eval_tokens', EVAL_TOKENS)} new tokens, {base.get('decoder')} decoder, bf16",
+                "device": device.get("device"), "versions": device.get("versions"), **extra})
+    return out
+
+
+def summarise(args) -> Path:
+    work = Path(args.work_dir)
+    device = json.loads((work / "device.json").read_text()) if (work / "device.json").is_file() else {}
+    name = args.device_name or device.get("device") or "cpu"
+    slug = name.replace(" ", "_").replace("/", "_")
+    out = Path(args.results_dir) / f"real_workload_{slug}.json"
+    doc = json.loads(out.read_text()) if out.is_file() else {"rows": []}
+    new = [row_result(p.parent, work, device) for p in sorted(work.glob("*/launch.json"))]
+    for r in new:
+        if args.label:
+            r["label"] = args.label
+    key = lambda r: (r["model"], r["layout"], r["trainer"], r["seed"], r.get("label"))  # noqa: E731
+    fresh = {key(r) for r in new}
+    doc["rows"] = [r for r in doc["rows"] if key(r) not in fresh] + new
+    doc.update({"device": name, "settings": {"shared": SHARED, "ours_only": OURS_ONLY, "layouts": LAYOUTS,
+                                             "save_schedule": args.save_schedule, "marks_s": MARKS_S},
+                "prepare_s": device.get("prepare_s"), "command_line": device.get("command")})
+    if args.note:
+        doc.setdefault("notes", []).append(args.note)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    for model in sorted({r["model"] for r in doc["rows"]}):
+        plot([r for r in doc["rows"] if r["model"] == model], out.with_name(f"{out.stem}_{model}.png"), name, model)
+    cols = ["model", "layout", "trainer", "seed", "steps", "median_step_s", "learner_busy_share",
+            "gen_tokens_per_s_per_gpu", "stale_share", "zero_signal_share", "baseline_accuracy",
+            "seconds_to_plus5", "seconds_to_plus10"]
+    from benchutil import table
+    print(table(new, cols))
+    print("accuracy_at_s:", {f"{r['trainer']}/{r['layout']}": r["accuracy_at_s"] for r in new})
+    print("wrote", out)
+    return out
+
+
+def plot(rows: list[dict], path: Path, device: str, model: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.0))
+    colours = {("ours", "seed"): "tab:blue", ("ours", "1gpu"): "tab:cyan", ("trl", "seed"): "tab:orange",
+               ("trl", "1gpu"): "tab:red"}
+    for r in rows:
+        xs, ys = [p["seconds"] for p in r["points"]], [p["accuracy"] for p in r["points"]]
+        who = "ours" if r["trainer"] == "ours" else "TRL GRPOTrainer"
+        how = "DDP" if r["trainer"] == "trl" else ("1 sampler + 3 learner ranks" if r["layout"] == "seed" else "shared")
+        label = f"{who}, {r['gpus']} GPU{'s' if r['gpus'] > 1 else ''} ({how}), seed {r['seed']}"
+        ax.plot(xs, ys, marker="o", ms=3, color=colours.get((r["trainer"], r["layout"])), label=label)
+    if rows:
+        base = rows[0]["baseline_accuracy"]
+        ax.axhline(base, color="gray", ls=":", label=f"baseline {base:.3f}")
+        ax.axhline(base + 0.10, color="gray", ls="--", lw=0.8, label="baseline + 10 points")
+    ax.set_xlabel("seconds from launch (evaluation afterwards, not counted)")
+    ax.set_ylabel("greedy accuracy, 500 GSM8K test problems")
+    title = MODELS[SHORT[model]]["file"].split("-q4")[0] if model in SHORT else model
+    ax.set_title(f"{title} on GSM8K, {device}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def record_device(args, prepare_s: dict) -> None:
+    import torch
+
+    from grpo.obs.rundir import provenance
+
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    if (work / "device.json").is_file():   # a later row's `run`: the first conversion's time stays
+        prepare_s = {**prepare_s, **json.loads((work / "device.json").read_text()).get("prepare_s", {})}
+    name = torch.cuda.get_device_name(0) if torch.cuda.is_available() and args.device != "cpu" else "cpu"
+    count = torch.cuda.device_count() if name != "cpu" else 0
+    (work / "device.json").write_text(json.dumps({"device": f"{count}x {name}" if count > 1 else name,
+                                                  "versions": versions(("trl",) if _has("trl") else ()),
+                                                  "prepare_s": prepare_s, **provenance()}, indent=2) + "\n")
+
+
+def _has(mod: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(mod) is not None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("step", choices=["rows", "all", "run", "score", "summarise", "score-worker"])
+    ap.add_argument("--rows", default="", help="`all`: rows MODEL:LAYOUT:TRAINER:SEED, space-separated "
+                                               "(default: the standard rows, `rows` lists them)")
+    ap.add_argument("--row", default="", help="`run`: one row")
+    ap.add_argument("--seconds", type=float, default=600.0, help="each row: seconds of training from its launch")
+    ap.add_argument("--work-dir", default="runs/benchmark")
+    ap.add_argument("--dataset", default=str(ROOT.parent / "shared" / "data" / "gsm8k"))
+    ap.add_argument("--save-schedule", default=SAVE_SCHEDULE)
+    ap.add_argument("--eval-size", type=int, default=EVAL_SIZE)
+    ap.add_argument("--gpus", default="0,1,2,3", help="`score`: one scoring process per GPU")
+    ap.add_argument("--first-gpu", type=int, default=0, help="`run`: the row's GPUs start here (rows side by side)")
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu"])
+    ap.add_argument("--trl-micro-batch", type=int, default=16, help="TRL: completions per device per forward")
+    ap.add_argument("--ours-flags", default="", help="flags appended to ours' command (a CPU check's smaller sizes)")
+    ap.add_argument("--git-commit", default="", help="the commit to record where the tree has no .git")
+    ap.add_argument("--label", default="", help="summarise: keep these rows beside earlier runs of the same rows")
+    ap.add_argument("--device-name", default="")
+    ap.add_argument("--note", default="", help="summarise: a note kept in the result file's notes")
+    ap.add_argument("--results-dir", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--items", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--eval-tokens", type=int, default=EVAL_TOKENS, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    try:
+        parse_save_schedule(args.save_schedule)
+    except ValueError as e:
+        ap.error(f"--save-schedule: {e}")
+    if args.step == "rows":
+        print(" ".join(recipe_groups(args.rows.split() or STANDARD_ROWS)))
+    elif args.step == "score-worker":
+        score_worker(args)
+    elif args.step == "score":
+        score(args)
+    elif args.step == "summarise":
+        summarise(args)
+    else:
+        specs = (args.rows.split() or list(STANDARD_ROWS)) if args.step == "all" else [args.row]
+        rows = [parse_row(s) for s in specs if s]
+        if not rows:
+            ap.error("`run` needs --row MODEL:LAYOUT:TRAINER:SEED")
+        record_device(args, prepare(args, sorted({r["model"] for r in rows})))
+        for spec in specs:
+            run_row(args, spec)
+            if args.step == "all":   # each row scored before the next starts: a plan cut short keeps it
+                score(args)
+                summarise(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The device recipe for bench/benchmark.py: rows one after another, each scored and summarised before
+# the next starts, its run files (without weights) copied to $OUT_DIR after each, so a plan cut short
+# keeps what it finished. ROWS defaults to the standard rows (`python3 bench/benchmark.py rows`). An
+# item is ROW, ROW@SECONDS (that row's own length) or ROW+ROW+... (side by side, each on GPUs of its
+# own). Runs from a copy of the checkout in /tmp/code (the device tool re-sends the tree with each
+# call; a row started later must not see it change under it).
+# On the GPU machine, from the repo root, once the model's chunks are received (bench/fetch_models.py)
+# and GSM8K is in /tmp/data/gsm8k:
+#   bash bench/device_bg.sh start 'ROWS="0.5b:seed:ours:42 0.5b:1gpu:ours:42+0.5b:1gpu:trl:42" SECS=600 COMMIT=<sha> \
+#       OUT_DIR=/tmp/bg/out bash bench/benchmark.sh'
+#   bash bench/device_bg.sh wait 560      # again, back to back, until the plan has ended
+set -uo pipefail
+: "${COMMIT:?COMMIT: the commit of the checkout}"
+SECS=${SECS:-600}; OUT_DIR=${OUT_DIR:-/tmp/bg/out}; WORK=${WORK:-/tmp/rw}; DATA=${DATA:-/tmp/data/gsm8k}
+CODE=/tmp/code
+rm -rf $CODE && mkdir -p $CODE $OUT_DIR/results $OUT_DIR/runs
+tar -C . --exclude=./.whl --exclude=./.chunk --exclude=./.data --exclude=./.git -cf - . | tar -C $CODE -xf -
+cd $CODE && { set +u; . bench/device_setup.sh; set -u; }
+ROWS=${ROWS:-$(python3 bench/benchmark.py rows)}
+export GRPO_GIT_COMMIT=$COMMIT
+for group in $ROWS; do
+    first=0
+    for item in ${group//+/ }; do
+        row=${item%@*}; secs=$SECS; [ "$item" != "$row" ] && secs=${item#*@}
+        echo "benchmark.sh: row $row ($secs s, GPUs from $first) at $(date +%T)"
+        python3 bench/benchmark.py run --row "$row" --seconds "$secs" --dataset "$DATA" --work-dir $WORK \
+            --git-commit "$COMMIT" --first-gpu $first > $WORK.$first.log 2>&1 || echo "benchmark.sh: row $row failed" &
+        case $row in *:1gpu:*) first=$((first + 1));; *) first=$((first + 4));; esac
+        sleep 2   # one conversion lock at a time, and launch times apart
+    done
+    wait
+    cat $WORK.*.log; rm -f $WORK.*.log
+    python3 bench/benchmark.py score --work-dir $WORK --dataset "$DATA" --gpus "${GPUS:-0,1,2,3}" \
+        || echo "benchmark.sh: scoring failed"
+    for item in ${group//+/ }; do
+        row=${item%@*}; name=$(echo "$row" | awk -F: '{print $1"_"$2"_"$3"_s"$4}')
+        last=$(ls -d $WORK/$name/weights/step_* 2>/dev/null | awk -F'step_' '{print $NF" "$0}' | sort -n | tail -1 | cut -d' ' -f2)
+        if [ "${FINAL_CHECK:-1}" = 1 ] && [ -n "$last" ] && [ "${row##*:ours:*}" = "" ]; then
+            # The learner's final evaluation against `python -m grpo.evaluate` on the last save (the same weights)
+            CUDA_VISIBLE_DEVICES=0 python3 -m grpo.evaluate --model "$last" --dataset "$DATA" --eval-size 500 \
+                --max-new-tokens 512 --out "$(dirname $(dirname $last))/eval_cli.json" 2>&1 | grep "pass@1"
+        fi
+    done
+    python3 bench/benchmark.py summarise --work-dir $WORK --results-dir $OUT_DIR/results \
+        || echo "benchmark.sh: summarise failed"
+    for run in $WORK/*/; do
+        dest=$OUT_DIR/runs/$(basename $run); mkdir -p $dest
+        (cd $run && find . -path ./weights -prune -o -path ./checkpoints -prune -o -path ./trl_output -prune \
+            -o -type f -print | tar -cf - -T - | tar -C $dest -xf -)
+    done
+    cp $WORK/device.json $WORK/base_*.json $OUT_DIR/runs/ 2>/dev/null
+done
+echo "benchmark.sh: done at $(date +%T)"

@@ -1,0 +1,301 @@
+"""bench/benchmark.py, bench/trl_grpo.py and bench/fetch_models.py: their rules by hand, the evaluator's
+load on the tiny model, chunks that reassemble, and the committed result rebuilt from its run archives."""
+import hashlib
+import json
+import tarfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from benchload import load_bench
+
+from grpo.learner.checkpoint import _save_hf, parse_save_schedule
+from grpo.model import load_causal_lm, load_tokenizer, resolve_model
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "bench" / "results"
+rw = load_bench("benchmark")
+fm = load_bench("fetch_models")
+
+
+def test_the_standard_rows_and_how_the_recipe_groups_them():
+    assert len(rw.STANDARD_ROWS) == len(set(rw.STANDARD_ROWS)) == 8
+    assert {(r["model"], r["layout"], r["trainer"]) for r in map(rw.parse_row, rw.STANDARD_ROWS)} == {
+        (m, lay, t) for m in ("0.5b", "1.5b") for lay in ("seed", "1gpu") for t in ("ours", "trl")}
+    # a four-GPU row alone; one-GPU rows in a row side by side, four to a host, the order kept
+    rows = ["0.5b:1gpu:ours:1", "0.5b:1gpu:trl:1", "1.5b:seed:ours:1", "a:1gpu:ours:1", "a:1gpu:ours:2",
+            "a:1gpu:ours:3", "a:1gpu:ours:4", "a:1gpu:ours:5"]
+    assert rw.recipe_groups(rows) == ["0.5b:1gpu:ours:1+0.5b:1gpu:trl:1", "1.5b:seed:ours:1",
+                                      "a:1gpu:ours:1+a:1gpu:ours:2+a:1gpu:ours:3+a:1gpu:ours:4", "a:1gpu:ours:5"]
+    assert rw.recipe_groups(rw.STANDARD_ROWS)[-1].count("+") == 3   # the four one-GPU rows fill one host
+
+
+def test_row_specs():
+    assert rw.parse_row("0.5b:seed:ours:42") == {"model": "0.5b", "layout": "seed", "trainer": "ours", "seed": 42,
+                                                   "name": "0.5b_seed_ours_s42"}
+    assert rw.parse_row("tiny-random:1gpu:trl:1")["name"] == "tiny-random_1gpu_trl_s1"
+    for bad in ("0.5b:seed:ours", "0.5b:two:ours:1", "0.5b:seed:verl:1", "0.5b:seed:ours:x"):
+        with pytest.raises(SystemExit):
+            rw.parse_row(bad)
+
+
+POINTS = [{"seconds": 0.0, "step": 0, "accuracy": 0.264}, {"seconds": 31.0, "step": 9, "accuracy": 0.30},
+          {"seconds": 62.0, "step": 20, "accuracy": 0.318}, {"seconds": 95.0, "step": 31, "accuracy": 0.364},
+          {"seconds": 121.0, "step": 40, "accuracy": 0.35}]
+
+
+def test_wilson_interval_hand_worked():
+    # 0/10: centre = (z^2/20)/(1 + z^2/10) = half, so [0, z^2/(10 + z^2)] = [0, 3.8416/13.8416]
+    assert rw.wilson(0, 10) == [0.0, 0.2775]
+    # 5/10: centre 0.5, half = 1.96 * sqrt(0.025 + 0.009604) / 1.38416 = 0.26341
+    assert rw.wilson(5, 10) == [0.2366, 0.7634]
+    assert rw.wilson(0, 0) == [0.0, 1.0]
+
+
+def test_seconds_to_and_accuracy_at_hand_worked():
+    pts = [{"seconds": 0.0, "accuracy": 0.15}, {"seconds": 40.0, "accuracy": 0.31},
+           {"seconds": 70.0, "accuracy": 0.29}, {"seconds": 100.0, "accuracy": 0.30}]
+    assert rw.seconds_to(pts, 0.30) == 40.0          # the first point at or above, not the last
+    assert rw.seconds_to(pts, 0.32) is None
+    assert rw.seconds_to(pts, 0.0) is None           # a zero target means nothing
+    assert rw.accuracy_at(pts, 69.9) == 0.31         # the newest weights saved by then
+    assert rw.accuracy_at(pts, 600.0) == 0.30        # a run that ended before: its last
+    assert rw.accuracy_at(pts[1:], 10.0) is None
+
+
+def test_seconds_to_a_gain_counts_saves_only():
+    assert rw.seconds_to_gain(POINTS, 0.264, 0.05) == 62.0     # 0.318 >= 0.314; 0.30 is not
+    assert rw.seconds_to_gain(POINTS, 0.264, 0.10) == 95.0     # exactly +10 points counts
+    assert rw.seconds_to_gain(POINTS, 0.264, 0.20) is None
+    assert rw.seconds_to_gain(POINTS, 0.20, 0.0) == 31.0       # the base point at 0 s is no save
+
+
+def test_accuracy_marks_stop_where_the_row_did():
+    saves = POINTS[1:]
+    assert rw.accuracy_marks(saves, 120.0) == {"60": 0.30, "120": 0.364, "240": None, "600": None}
+    assert rw.accuracy_marks(saves, 600.0) == {"60": 0.30, "120": 0.364, "240": 0.35, "600": 0.35}
+    assert rw.accuracy_marks([], 600.0) == {"60": None, "120": None, "240": None, "600": None}
+
+
+def test_scoring_shares_keep_a_models_base_first():
+    items = [("b", "r", "f1", 1, 1.0), ("a", "r", "f2", 2, 2.0), ("a", "", "", 0, 0.0), ("a", "r", "f3", 3, 3.0)]
+    shares = rw.split_items(items, 2)
+    assert shares == [[("a", "", "", 0, 0.0), ("a", "r", "f3", 3, 3.0)], [("a", "r", "f2", 2, 2.0), ("b", "r", "f1", 1, 1.0)]]
+    assert rw.split_items(items[:1], 4) == [[items[0]]]
+
+
+def test_rates_by_hand():
+    metrics = [{"step": 1, "step_time_s": 30.0, "train_s": 1.0, "time_s": 30.0},
+               {"step": 2, "step_time_s": 3.0, "train_s": 0.6, "time_s": 33.0},
+               {"step": 3, "step_time_s": 4.0, "train_s": 0.6, "time_s": 37.0},
+               {"step": 4, "step_time_s": 5.0, "train_s": 0.6, "time_s": 42.0}]
+    summary = {"elapsed_s": 50.0, "samplers": {"0": {"stats": {"tokens": 40000.0}}, "1": {"stats": {"tokens": 10000.0}}}}
+    # steps 2-4: median 4 s; 1.8 s training of 12 s; 50,000 tokens / 50 s / 4 GPUs
+    assert rw.ours_rates(metrics, summary, 4) == {"median_step_s": 4.0, "learner_busy_share": 0.15,
+                                                  "gen_tokens_per_s_per_gpu": 250.0}
+    steps = [{"time_s": 20.0, "tokens": 1000.0}, {"time_s": 32.0, "tokens": 3000.0}, {"time_s": 46.0, "tokens": 4000.0}]
+    # gaps 12 and 14 (the first step's 20 s includes the start); 8,000 tokens / 46 s / 2 GPUs
+    assert rw.trl_rates(steps, 2) == {"median_step_s": 13.0, "learner_busy_share": None,
+                                      "gen_tokens_per_s_per_gpu": 87.0}
+
+
+def test_save_flags_follow_the_schedule_and_a_bad_one_stops_at_once(capsys):
+    assert rw.ours_save_flags("30") == ["--save-weights-every-s", "30"]           # constant: every learner has it
+    assert rw.ours_save_flags("30x4,60") == ["--save-weights-every-s", "30", "--save-weights-schedule", "30x4,60"]
+    with pytest.raises(SystemExit) as e:
+        rw.main(["run", "--row", "0.5b:seed:ours:42", "--save-schedule", "30x4"])
+    assert e.value.code == 2 and "--save-schedule" in capsys.readouterr().err
+
+
+def _args(**kw):
+    base = {"device": "cpu", "dataset": "data/gsm8k", "eval_size": 8, "seconds": 30.0, "save_schedule": "30x4,60",
+            "ours_flags": "", "trl_micro_batch": 16}
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_ours_command_reaches_both_roles_and_a_typo_stops_the_script(capsys):
+    """ours' command through the launcher's parse and plan (nothing starts), for the seed layout on a
+    GPU host: one sampler on GPU 0, three learner ranks on 1-3, the shared settings in both roles,
+    --ours-flags last and winning; a flag the launcher does not know stops the script before any row."""
+    from grpo.config import LearnerConfig, SamplerConfig
+    from grpo.flags import parse_config
+    from grpo.launch.plan import parse, plan
+
+    row = rw.parse_row("0.5b:seed:ours:7")
+    args = _args(device="auto", ours_flags="--max-staleness 0")
+    cmd = rw.ours_command(args, {**row, "model": "tiny-random"}, Path("/r/x"))
+    assert cmd[-2:] == ["--max-staleness", "0"] and cmd[cmd.index("--run-dir") + 1] == "/r/x"
+    rw.check_ours(cmd)
+    launch, to_s, to_l = parse(cmd[2:])
+    specs = {p.name: p for p in plan(launch, 4, to_s, to_l, 29500)}
+    assert set(specs) == {"sampler0", "learner0", "learner1", "learner2"}
+    sampler = parse_config(SamplerConfig, specs["sampler0"].argv[2:], "s")   # [python, script, flags...]
+    learner = parse_config(LearnerConfig, specs["learner0"].argv[2:], "l")
+    for k in ("num_generations", "max_new_tokens", "temperature"):
+        assert getattr(sampler, k) == rw.SHARED[k], k
+    for k in ("train_batch_size", "max_new_tokens", "learning_rate", "beta", "loss_type"):
+        assert getattr(learner, k) == rw.SHARED[k], k
+    assert sampler.filter_zero_signal and learner.filter_zero_signal and sampler.reward == "correctness"
+    assert (learner.seed, learner.max_staleness, learner.save_weights_schedule) == (7, 0, "30x4,60")
+    with pytest.raises(SystemExit, match="refuses ours' command"):
+        rw.check_ours(rw.ours_command(_args(ours_flags="--max-stalenes 0"), row, Path("/r/x")))
+    assert "unknown flag --max-stalenes" in capsys.readouterr().err
+
+
+def test_a_row_is_not_launched_into_a_folder_that_holds_one(tmp_path, monkeypatch):
+    import subprocess
+
+    ran = []
+    monkeypatch.setattr(subprocess, "call", lambda cmd, **kw: ran.append(cmd) or 0)
+    monkeypatch.setattr(rw.time, "time", lambda: 1000.0)
+    rec = rw.launch(["x", "--launch-time", "{launch}"], tmp_path / "r", "trl", {"seed": 1})
+    assert ran == [["x", "--launch-time", "1000.000"]] and rec["launch_time"] == 1000.0
+    assert json.loads((tmp_path / "r" / "launch.json").read_text())["command"] == ran[0]
+    with pytest.raises(SystemExit, match="already holds a run"):
+        rw.launch(["x"], tmp_path / "r", "trl", {})
+    assert len(ran) == 1
+
+
+def test_first_step_from_the_stage_marks_else_the_summary(tmp_path):
+    """Launched at 1000.0 (Unix): learner0's first_step mark at 1030.5 is 30.5 s from launch; a mark
+    of an earlier launch (before 1000) is not this run's; summary.json's first_step_s last. TRL: only
+    steps.json's Unix stamps give the time from launch."""
+    run = tmp_path / "run"
+    (run / "stages").mkdir(parents=True)
+    assert rw.first_step_ours(run, 1000.0) == (None, None)
+    stage = run / "stages" / "learner0.json"
+    stage.write_text(json.dumps({"stage": "first_step", "time": 1030.5, "pid": 7}))
+    assert rw.first_step_ours(run, 1000.0) == (30.5, "stages/learner0.json")
+    stage.write_text(json.dumps({"stage": "stopping", "time": 1300.0, "pid": 8, "history": [
+        {"stage": "first_step", "time": 900.0, "pid": 6}, {"stage": "first_step", "time": 1041.25, "pid": 8}]}))
+    (run / "summary.json").write_text(json.dumps({"first_step_s": 37.0}))
+    assert rw.first_step_ours(run, 1000.0) == (41.25, "stages/learner0.json")
+    stage.unlink()
+    assert rw.first_step_ours(run, 1000.0) == (37.0, "summary.json first_step_s (from the first process's start)")
+    assert rw.first_step_trl({"steps": [{"step": 1, "time_s": 5.0}]}, 1000.0) == (None, None)
+    assert rw.first_step_trl({"steps": [{"step": 1, "time_s": 5.0, "wall_time": 1100.5}]}, 1000.0) == \
+        (100.5, "steps.json")
+
+
+def test_a_failed_trl_run_gets_its_steps_and_error_from_its_log(tmp_path):
+    """TRL died before writing steps.json (a NaN gradient, then a sampling assert): its books come
+    from the dicts the Trainer printed, and the error from the log's last line of one."""
+    run = tmp_path / "trl"
+    run.mkdir()
+    (run / "command.log").write_text(
+        "Loading weights: 100%\n"
+        "{'loss': '0.1', 'grad_norm': '0.5', 'reward': '0.25', 'frac_reward_zero_std': '0.5', 'entropy': '2'}\n"
+        "{'loss': '0', 'grad_norm': 'nan', 'reward': '0.5', 'frac_reward_zero_std': '0.25', 'entropy': '1'}\n"
+        "Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n"
+        "torch.AcceleratorError: CUDA error: device-side assert triggered\n"
+        "Search for `cudaErrorAssert' in the CUDA docs.\n")
+    books = rw.trl_books(run, {"exit_code": 1})
+    assert books["steps"] == 2 and books["completions_trained"] == 2 * rw.SHARED["train_batch_size"]
+    assert books["zero_signal_fraction"] == 0.375                      # (0.5 + 0.25) / 2
+    assert books["nonfinite_grad_steps"] == [2]
+    assert books["error"] == "AcceleratorError: CUDA error: device-side assert triggered"
+    assert books["books_from"].startswith("command.log")
+    assert rw.last_error("all fine\n") is None
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    path = resolve_model("tiny-random")
+    return path, load_tokenizer(path), load_causal_lm(path, torch.device("cpu"), torch.float32)
+
+
+def test_load_into_copies_every_parameter_in_place(tiny, tmp_path):
+    path, tok, model = tiny
+    other = load_causal_lm(path, torch.device("cpu"), torch.float32)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.5)
+    _save_hf(other, tok, tmp_path / "v")
+    target = load_causal_lm(path, torch.device("cpu"), torch.bfloat16)
+    ptrs = [p.data_ptr() for p in target.parameters()]
+    rw.load_into(target, tmp_path / "v")
+    assert [p.data_ptr() for p in target.parameters()] == ptrs          # the engine's graphs stay valid
+    for (n, a), b in zip(target.named_parameters(), other.parameters()):
+        assert torch.equal(a, b.to(torch.bfloat16)), n
+    (tmp_path / "v" / "model.safetensors").rename(tmp_path / "gone")
+    with pytest.raises(SystemExit, match="lacks"):
+        rw.load_into(target, tmp_path / "v")
+
+
+def test_trl_clock_stamps_each_step_with_the_unix_time(monkeypatch):
+    """bench/trl_grpo.py's Clock (CPU): each step's record carries its end on the Unix clock (the
+    runner's first step from launch); the run stops once `seconds` from the launch have passed."""
+    tg = load_bench("trl_grpo")
+    clock = tg.Clock(seconds=60.0, batch=128, cuda=False, launch_time=1000.0)
+    clock.on_train_begin(None, None, None)
+    control = SimpleNamespace(should_training_stop=False)
+    for step, now in ((1, 1042.5), (2, 1061.0)):
+        monkeypatch.setattr(tg.time, "time", lambda now=now: now)
+        clock.on_step_end(None, SimpleNamespace(global_step=step), control)
+        assert control.should_training_stop is (now - 1000.0 >= 60.0)
+    assert [(s["step"], s["wall_time"], s["completions"]) for s in clock.steps] == [(1, 1042.5, 128), (2, 1061.0, 128)]
+    assert rw.first_step_trl({"steps": clock.steps}, 1000.0) == (42.5, "steps.json")
+
+
+def test_trl_saves_on_the_schedule_without_catching_up(tiny, tmp_path, monkeypatch):
+    """bench/trl_grpo.py's callback on '10x2,30' from t0 = 1000: marks at 1010, 1020, 1050, 1080; a step
+    ending at 1026 (past 1020) saves once, and the next mark is 1050; the run's last step (1079.5,
+    between marks) saves too."""
+    tg = load_bench("trl_grpo")
+    path, tok, model = tiny
+    saves = tg.TimedSaves(parse_save_schedule("10x2,30"), tmp_path / "weights", 1000.0, tok)
+    stop = SimpleNamespace(should_training_stop=False)
+    for step, now in enumerate([1005.0, 1010.0, 1019.0, 1026.0, 1049.0, 1050.0, 1079.0], start=1):
+        monkeypatch.setattr(tg.time, "time", lambda now=now: now)
+        saves.on_step_end(None, SimpleNamespace(is_world_process_zero=True, global_step=step), stop, model=model)
+    monkeypatch.setattr(tg.time, "time", lambda: 1079.5)
+    saves.on_step_end(None, SimpleNamespace(is_world_process_zero=True, global_step=8),
+                      SimpleNamespace(should_training_stop=True), model=model)
+    saved = sorted(json.loads(p.read_text())["step"] for p in (tmp_path / "weights").glob("step_*/weights.json"))
+    assert saved == [2, 4, 6, 8]
+    assert [r["seconds"] for r in saves.saver.saved] == [10.0, 26.0, 50.0, 79.5]
+    assert tg.parse(["--dataset", "x", "--out", "o", "--save-every-s", "30"]).schedule == [(30.0, None)]
+    assert tg.parse(["--dataset", "x", "--out", "o", "--save-schedule", "15x8,30"]).schedule == \
+        [(15.0, 8), (30.0, None)]
+    assert tg.parse(["--dataset", "x", "--out", "o"]).schedule is None
+
+
+def test_the_committed_result_is_what_its_run_archives_say(tmp_path):
+    """bench/results/real_workload_4x_NVIDIA_H200.json, the README's table: every row's every field
+    as `summarise` computes it from the committed run archives (no weights in them; the scores are)."""
+    committed = json.loads((RESULTS / "real_workload_4x_NVIDIA_H200.json").read_text())
+    out = tmp_path / "out"
+    for archive in sorted((RESULTS / "real_workload").glob("*.tgz")):
+        work = tmp_path / archive.stem
+        with tarfile.open(archive) as t:
+            t.extractall(work, filter="data")
+        work = next(p.parent for p in work.rglob("device.json"))
+        rw.main(["summarise", "--work-dir", str(work), "--results-dir", str(out), "--device-name", committed["device"]])
+    rebuilt = json.loads((out / "real_workload_4x_NVIDIA_H200.json").read_text())
+    key = lambda r: (r["model"], r["layout"], r["trainer"], r["seed"])   # noqa: E731
+    assert sorted(map(key, rebuilt["rows"])) == sorted(map(key, committed["rows"])) and len(committed["rows"]) == 4
+    mine = {key(r): r for r in rebuilt["rows"]}
+    for row in committed["rows"]:
+        assert mine[key(row)] == row, key(row)
+    assert rebuilt["settings"] == json.loads(json.dumps({"shared": rw.SHARED, "ours_only": rw.OURS_ONLY,
+                                                         "layouts": rw.LAYOUTS, "save_schedule": rw.SAVE_SCHEDULE,
+                                                         "marks_s": rw.MARKS_S})) == committed["settings"]
+
+
+def test_chunks_reassemble_to_the_checked_file(tmp_path, monkeypatch):
+    data = bytes(range(256)) * 4099                   # 1,049,344 bytes: 1 MiB and a bit
+    spec = {"package": "x", "parts": 1, "version": "0", "file": "m.gguf", "bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest()}
+    monkeypatch.setitem(fm.MODELS, "m", spec)
+    monkeypatch.setattr(fm, "RECEIVE_DIR", tmp_path / "recv")
+    (tmp_path / "m.gguf").write_bytes(data)
+    folders = fm.chunks("m", tmp_path / "m.gguf", tmp_path / "out", chunk_mib=0.4, first_mib=0.25)
+    sizes = [(f / f"m.gguf.{i:02d}").stat().st_size for i, f in enumerate(folders)]
+    assert sizes == [262144, 419430, 367770]            # 0.25 MiB, 0.4 MiB, the rest
+    assert json.loads((folders[1] / "MANIFEST.json").read_text())["chunks"] == 3
+    assert fm.receive(folders[2]) is None and fm.receive(folders[0]) is None   # any order
+    whole = fm.receive(folders[1])
+    assert whole.read_bytes() == data and not list((tmp_path / "recv" / "parts").iterdir())
+    (tmp_path / "bad.gguf").write_bytes(data[:-1] + b"x")
+    assert "sha256" in fm.check_file(tmp_path / "bad.gguf", spec)
