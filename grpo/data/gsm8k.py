@@ -101,9 +101,8 @@ def _numeric_verdict(reference: str, prediction: str) -> bool | None:
     equal, False when they differ by more than CLEARLY_APART of the larger (and of 1), None when
     they are closer than that but not equal, or do not parse (a zero denominator): math_verify's
     to judge. Its verdict agrees with math_verify's everywhere it is given (tests/data/test_gsm8k.py),
-    without sympy's parsing: scoring a round took 0.2 s on an H100 machine with math_verify for
-    every differing pair and 0.05 s with this first (0.33-0.5 s and 0.08 s for
-    round 0's 384 completions), on the path to each round's groups (docs/benchmarks.md)."""
+    without sympy's parsing, which is most of a round's scoring time when math_verify judges every
+    differing pair; scoring is on the path to each round's groups."""
     try:
         a, b = Fraction(reference), Fraction(prediction)
     except (ValueError, ZeroDivisionError):

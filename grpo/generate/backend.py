@@ -19,9 +19,9 @@ BACKENDS = ("auto", "fast", "hf")
 
 
 def resolve_backend(name: str, device: torch.device) -> str:
-    """--generation-backend to 'fast' or 'hf'. auto: the fast engine on CUDA (its GPU tests
-    pass on H200: graph replay equals eager decoding, greedy identical to `generate` in fp32,
-    a failed capture falls back to eager decoding), `generate` on CPU, where the engine has
+    """--generation-backend to 'fast' or 'hf'. auto: the fast engine on CUDA (its GPU tests:
+    graph replay equals eager decoding, greedy identical to `generate` in fp32, a failed capture
+    falls back to eager decoding), `generate` on CPU, where the engine has
     no graphs to replay and buys little."""
     if name not in BACKENDS:
         raise ValueError(f"--generation-backend {name}: choose one of {', '.join(BACKENDS)}")
@@ -38,7 +38,7 @@ def old_logprob_source(choice: str, backend: str, dtype: torch.dtype) -> str:
     log-prob under the distribution it drew from (pure sampling at the temperature, the same
     distribution the learner scores), so in float32 it is the teacher-forced value (the tests check
     it to 1e-5) and the pass is redundant. In bf16 the decode step and a full forward sum in other
-    orders and differ (mean 0.04 nats a token on H200), so auto keeps the pass there; 'sampling'
+    orders and differ by a few hundredths of a nat a token, so auto keeps the pass there; 'sampling'
     takes the engine's values anyway. Hugging Face generate returns no log-probs: always a pass."""
     if choice not in OLD_LOGPROBS:
         raise ValueError(f"--old-logprobs {choice}: choose one of {', '.join(OLD_LOGPROBS)}")

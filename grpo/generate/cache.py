@@ -65,7 +65,7 @@ class Slot:
         # The slot's graphs (greedy, sampling; each attention length) share one memory pool, which lives as long as they
         # do. One pool handle for the whole engine broke once every graph of a freed slot was
         # gone: PyTorch releases a pool with its last graph, and capturing into the stale
-        # handle then fails an allocator assertion (seen on H100, torch 2.11).
+        # handle then fails an allocator assertion (seen with torch 2.11).
         self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
 
     def reset_cache(self) -> None:

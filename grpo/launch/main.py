@@ -150,7 +150,7 @@ def bytecode_warning(dont_write: bool, missing: list[str]) -> str | None:
         return None
     return (f"{', '.join(missing)} {'has' if len(missing) == 1 else 'have'} no bytecode and PYTHONDONTWRITEBYTECODE "
             f"(or python -B) is set, so every worker compiles {'its' if len(missing) == 1 else 'their'} imports again at each launch "
-            f"(about 3 s of each worker's start-up on an H200 machine); unset PYTHONDONTWRITEBYTECODE and set "
+            f"(seconds of each worker's start-up); unset PYTHONDONTWRITEBYTECODE and set "
             f"PYTHONPYCACHEPREFIX to a writable folder (e.g. ~/.cache/pycache), or run python -m compileall on "
             f"them once")
 

@@ -252,9 +252,8 @@ def import_muon_uncompiled(optimizer_type: str) -> bool:
     engine starts (to check that the optimizer is one ZeRO supports) and again in the first
     gradient reduction. The module decorates three functions with torch.compile at import, and
     torch.compile imports torch's inductor stack to set up its backend, on the learner's path to
-    its first step, for kernels only Muon uses: SmolLM2's engine started in 1.4 s with it and 0.55 s
-    without on a 2-core CPU (bench/startup_probe.py), and in 1.6-2.0 s without it against 2.6 s on
-    an H100 (docs/benchmarks.md). Imported here first with
+    its first step, for kernels only Muon uses (docs/benchmarks.md, "Start-up: what moved it").
+    Imported here first with
     TORCHDYNAMO_DISABLE=1 (torch.compile's own switch, read when it is called), those decorators
     return the plain functions; DeepSpeed's later imports find the module loaded. A Muon run
     imports it DeepSpeed's way, compiled."""

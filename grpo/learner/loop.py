@@ -101,8 +101,8 @@ class Learner:
         return {}
 
     def _warm_up(self) -> None:
-        """--warm-up on CUDA: round 0 is still being generated (3-4 s on an H200), so the first
-        step's one-time costs go here."""
+        """--warm-up on CUDA: round 0 is still being generated, so the first step's one-time costs
+        go here."""
         p, cfg = self.parts, self.cfg
         if not (cfg.warm_up and p.device.type == "cuda"):
             return

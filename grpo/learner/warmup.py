@@ -4,9 +4,8 @@ samplers generate round 0.
 On CUDA a process's first forward and backward pay one-time costs: the kernels' modules load on
 first use, cuBLAS makes its handles and workspaces and picks its algorithms, and the caching
 allocator grows to a micro-batch's size. In a run those costs fell on the first optimizer step,
-which took 2.1-2.5 s on an H200 against 1.4 s for the next ones of the same size, after a wait
-of 3.2-3.5 s for round 0 in which the learner did nothing (docs/benchmarks.md). The warm-up pays
-them during that wait.
+after a wait for round 0 in which the learner did nothing (docs/benchmarks.md, "First step"). The
+warm-up pays them during that wait.
 
 It leaves no trace in training: the gradient is taken with respect to a copy of the input
 embeddings alone (torch.autograd.grad), so no parameter gets a .grad, no gradient hook fires

@@ -127,11 +127,10 @@ def start_runtime(device: torch.device, times: dict[str, float], cudnn_attention
 
     On CUDA, scaled_dot_product_attention may use cuDNN's kernels only with `cudnn_attention`.
     torch prefers them on Hopper, but cuDNN builds a graph for every new shape of its inputs,
-    and the learner's micro-batches and the sampler's log-prob passes change width every step:
-    in a profile of two learner steps on an H100 (SmolLM2-135M, docs/benchmarks.md) its attention
-    took 1.6 ms of host time a call forward and backward, about a quarter of a step whose kernels
-    needed a tenth of it. Without cuDNN, SDPA takes FlashAttention or the memory-efficient
-    kernels, which need no such build."""
+    and the learner's micro-batches and the sampler's log-prob passes change width every step, so
+    the builds land on the host's time of every step (docs/benchmarks.md, "Where a learner step
+    goes"). Without cuDNN, SDPA takes FlashAttention or the memory-efficient kernels, which need
+    no such build."""
     t = time.perf_counter()
     # The package, its auto classes and its model machinery (modeling_utils brings accelerate and
     # torch's compiler stack with sympy): the first tokenizer load would import them all.

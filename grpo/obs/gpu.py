@@ -84,10 +84,8 @@ def release_cached(device: torch.device) -> tuple[float, float]:
     Start-up leaves blocks cached that the steady state may never fit into again: the learner's
     model is copied into DeepSpeed's flat buffers and float32 partitions, the sampler's into its
     weight-sync buckets. On a GPU shared by learner and sampler, what one process keeps cached
-    the other cannot have. At Qwen2.5-3B's shapes on one H200 (docs/benchmarks.md, the scale
-    table) start-up left 6.0 GiB of the learner's 40.5 reserved and 6.5 of the sampler's 18.1
-    unused, and with them handed back the sampler's peak on the driver fell from 44.8 to 28.5 GiB.
-    Called once, after start-up: empty_cache waits for the device, which is idle then."""
+    the other cannot have; how much start-up leaves unused at the sizes users train is in
+    docs/benchmarks.md ("Expandable segments, and start-up's cache handed back"). Called once, after start-up: empty_cache waits for the device, which is idle then."""
     if device.type != "cuda":
         return 0.0, 0.0
     held = torch.cuda.memory_reserved(device) / 2**30

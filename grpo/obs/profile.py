@@ -5,9 +5,8 @@ under <run_dir>/profile/:
   <name>_<a>-<b>.txt       the operators sorted by their total time on the device (CUDA) or the
                            host (CPU), as torch's key_averages table: what a step is made of
   <name>_<a>-<b>.json.gz   the Chrome trace (chrome://tracing, Perfetto), for gaps and overlap
-Off by default: a profiled step runs slower than others, and its trace is tens of MB. Writing the
-traces of two learner steps and two sampler rounds of SmolLM2-135M on an H100 stalled both
-processes for most of a minute (docs/benchmarks.md): a run that profiles is not a timed run.
+Off by default: a profiled step runs slower than others, and its trace is tens of MB; writing the
+traces stalls the processes for a while: a run that profiles is not a timed run.
 """
 from __future__ import annotations
 

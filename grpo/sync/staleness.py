@@ -29,13 +29,11 @@ from grpo.stats import staleness
 # until the learner's answer says it (the benchmark's: 128 completions, G=16). Round 0 is generated
 # before that answer, with round_prompts' rule on the two: 8 / (1/3) = 24 prompts, 8 without the filter.
 # The first optimizer step waits for round 0 to yield a step's worth of groups with signal; a round
-# 0 that falls short costs a second round, about 4 s of the first step on an H200 (where 1,024 rows
-# took 3.5-6.4 s and 256 took 2.2-3.8 s). Round 0's share with signal was 0.44-0.56 on basic_arithmetic
-# and 0.69-0.81 on letter_counting (docs/benchmarks.md); at an assumed half, 16 prompts gave 7 of 8.
+# 0 that falls short costs a second round on the first step's path (docs/benchmarks.md, "Start-up:
+# what moved it": assuming a third took that second round off the first step).
 # A round 0 larger than the learner's staleness bound can take is dropped as stale in part: with the
 # defaults (steps of 2 groups of 8, --max-staleness 2) the learner trains 6 groups of version 0, and
-# 24 prompts unfiltered lost 20 of them (bench/results/scale_NVIDIA_H200.json,
-# row smollm2_exp).
+# 24 prompts unfiltered would lose most of theirs.
 FIRST_SIGNAL_SHARE = 1 / 3
 FIRST_STEP_GROUPS = 8
 # The lowest share of groups with signal a round is sized for: a round that found none cannot ask
