@@ -52,6 +52,7 @@ from grpo.obs.rundir import git_head  # noqa: E402
 STANDARD_ROWS = (
     "0.5b:seed:ours:42", "0.5b:seed:trl:42",
     "1.5b:seed:ours:42", "1.5b:seed:trl:42",
+    "0.5b:chosen:ours:42", "1.5b:chosen:ours:42",
     "0.5b:1gpu:ours:42", "0.5b:1gpu:trl:42",
     "1.5b:1gpu:ours:42", "1.5b:1gpu:trl:42",
 )
@@ -70,7 +71,9 @@ SMALL = {"num_generations": 4, "train_batch_size": 8, "max_new_tokens": 16, "lea
 OURS_ONLY = ["--generation-backend", "fast", "--filter-zero-signal", "--reward", "correctness",
              "--eval-every", "100000"]
 LAYOUTS = {"1gpu": {"gpus": 1, "ours": ["--sampling-gpu", "0", "--training-gpus", "0", "--share-gpus"]},
-           "seed": {"gpus": 4, "ours": ["--sampling-gpu", "0", "--training-gpus", "1,2,3"]}}
+           "seed": {"gpus": 4, "ours": ["--sampling-gpu", "0", "--training-gpus", "1,2,3"]},
+           # the split run_distributed.py --gpus chooses (its layout line says which); TRL: DDP over the four
+           "chosen": {"gpus": 4, "ours": ["--gpus", "0,1,2,3"]}}
 TRAINERS = ("ours", "trl")
 SHORT = {"0.5b": "qwen2.5-coder-0.5b", "1.5b": "qwen2.5-coder-1.5b"}
 SAVE_SCHEDULE = "30x4,60"     # 30, 60, 90, 120 s, then every 60 s
@@ -623,12 +626,14 @@ def plot(rows: list[dict], path: Path, device: str, model: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.0))
-    colours = {("ours", "seed"): "tab:blue", ("ours", "1gpu"): "tab:cyan", ("trl", "seed"): "tab:orange",
+    colours = {("ours", "seed"): "tab:blue", ("ours", "1gpu"): "tab:cyan", ("ours", "chosen"): "tab:green",
+               ("trl", "seed"): "tab:orange", ("trl", "chosen"): "tab:orange",
                ("trl", "1gpu"): "tab:red"}
     for r in rows:
         xs, ys = [p["seconds"] for p in r["points"]], [p["accuracy"] for p in r["points"]]
         who = "ours" if r["trainer"] == "ours" else "TRL GRPOTrainer"
-        how = "DDP" if r["trainer"] == "trl" else ("1 sampler + 3 learner ranks" if r["layout"] == "seed" else "shared")
+        how = "DDP" if r["trainer"] == "trl" else {"seed": "1 sampler + 3 learner ranks",
+                                                   "chosen": "--gpus' split"}.get(r["layout"], "shared")
         label = f"{who}, {r['gpus']} GPU{'s' if r['gpus'] > 1 else ''} ({how}), seed {r['seed']}"
         ax.plot(xs, ys, marker="o", ms=3, color=colours.get((r["trainer"], r["layout"])), label=label)
     if rows:

@@ -20,9 +20,10 @@ fm = load_bench("fetch_models")
 
 
 def test_the_standard_rows_and_how_the_recipe_groups_them():
-    assert len(rw.STANDARD_ROWS) == len(set(rw.STANDARD_ROWS)) == 8
+    assert len(rw.STANDARD_ROWS) == len(set(rw.STANDARD_ROWS)) == 10
     assert {(r["model"], r["layout"], r["trainer"]) for r in map(rw.parse_row, rw.STANDARD_ROWS)} == {
-        (m, lay, t) for m in ("0.5b", "1.5b") for lay in ("seed", "1gpu") for t in ("ours", "trl")}
+        (m, lay, t) for m in ("0.5b", "1.5b") for lay in ("seed", "1gpu") for t in ("ours", "trl")} | {
+        ("0.5b", "chosen", "ours"), ("1.5b", "chosen", "ours")}   # --gpus' split; TRL's is its seed row
     # a four-GPU row alone; one-GPU rows in a row side by side, four to a host, the order kept
     rows = ["0.5b:1gpu:ours:1", "0.5b:1gpu:trl:1", "1.5b:seed:ours:1", "a:1gpu:ours:1", "a:1gpu:ours:2",
             "a:1gpu:ours:3", "a:1gpu:ours:4", "a:1gpu:ours:5"]
