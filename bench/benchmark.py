@@ -600,7 +600,9 @@ def summarise(args) -> Path:
     key = lambda r: (r["model"], r["layout"], r["trainer"], r["seed"], r.get("label"))  # noqa: E731
     fresh = {key(r) for r in new}
     doc["rows"] = [r for r in doc["rows"] if key(r) not in fresh] + new
-    doc.update({"device": name, "settings": {"shared": SHARED, "ours_only": OURS_ONLY, "layouts": LAYOUTS,
+    used = {r["layout"] for r in doc["rows"]}
+    doc.update({"device": name, "settings": {"shared": SHARED, "ours_only": OURS_ONLY,
+                                             "layouts": {k: v for k, v in LAYOUTS.items() if k in used},
                                              "save_schedule": args.save_schedule, "marks_s": MARKS_S},
                 "prepare_s": device.get("prepare_s"), "command_line": device.get("command")})
     if args.note:
