@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -82,17 +83,33 @@ def load_evals(run_dir: Path) -> list[dict]:
     return out
 
 
+def change_note(before: float, after: float, n: int) -> str:
+    """What a change of greedy accuracy on the same n problems shows: a change within two standard
+    errors of the difference (each score's binomial error, the pooled rate where one is 0 or 1) is
+    said to be within the noise, with the margin; a larger one as points and, from a non-zero
+    baseline, the ratio."""
+    diff = after - before
+    if diff == 0:
+        return f"no change on {n} problems"
+    p = (before + after) / 2
+    se = math.sqrt(max(before * (1 - before) + after * (1 - after), 2 * p * (1 - p)) / max(n, 1))
+    if abs(diff) <= 2 * se:
+        return f"{diff:+.3f}, within the noise of {n} problems (two standard errors: {2 * se:.3f})"
+    ratio = f", {after / before:.2f}x" if before else ""
+    return f"{diff * 100:+.1f} points{ratio} (two standard errors: {2 * se:.3f})"
+
+
 def eval_summary(evals: list[dict]) -> str | None:
-    """The baseline (version 0) and the last evaluation, and their ratio, as one line."""
+    """The baseline (version 0) and the last evaluation, and what their difference shows, as one line."""
     pts = sorted((e["version"], e.get("by", ""), e) for e in evals if isinstance(e.get("version"), int))
     base = next((e for v, _, e in pts if v == 0), None)
     if base is None or len(pts) < 2:
         return None
     last = pts[-1][2]
-    ratio = f"{last['accuracy'] / base['accuracy']:.2f}x" if base["accuracy"] else "from zero"
-    return (f"greedy accuracy on the held-out subset (first {base.get('n')} test problems): before "
+    n = int(base.get("n") or 0)
+    return (f"greedy accuracy on the held-out subset (first {n} test problems): before "
             f"{base['accuracy']:.3f} (version 0), after {last['accuracy']:.3f} (version {last['version']}, "
-            f"{last.get('by', '?')}): {ratio}")
+            f"{last.get('by', '?')}): {change_note(base['accuracy'], last['accuracy'], n)}")
 
 
 def _eval_points(steps: list[dict], evals: list[dict]) -> tuple[list[float], list[float], list[float]]:
