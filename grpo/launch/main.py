@@ -310,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                                         base)
     from grpo.obs.rundir import COMMIT_ENV, code_commit, make_run_dir, save_config
 
+    existed = bool(cfg.run_dir) and Path(cfg.run_dir).exists()
     run_dir = make_run_dir(cfg.run_dir).resolve()
     commit = code_commit()   # asked of git once; the workers' run files record it from their environment
     for spec in specs:
@@ -324,4 +325,11 @@ def main(argv: list[str] | None = None) -> int:
         pool = ThreadPoolExecutor(1, thread_name_prefix="launch-check")
         tasks_check = pool.submit(check_sampler_tasks, samplers_argv[0])
         pool.shutdown(wait=False)
-    return supervisor.run(cfg, specs, run_dir, tasks_check)
+    rc = supervisor.run(cfg, specs, run_dir, tasks_check)
+    if rc == 2 and not existed:
+        # refused (a worker's or a launch check's one-line mistake, said already): nothing is left
+        # behind, as for the mistakes found before the run folder was made
+        import shutil
+
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return rc

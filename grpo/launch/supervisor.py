@@ -78,6 +78,11 @@ class Supervisor:
                 return name, rc
         return None
 
+    def user_error(self, name: str) -> str | None:
+        """The one-line user mistake a worker reported before it exited 2 ('<prog>: error: ...'), or None."""
+        text = self.procs[name][2].read_text(errors="replace").splitlines()
+        return next((line.split(": error: ", 1)[1] for line in reversed(text) if ": error: " in line), None)
+
     def tail(self, name: str, lines: int = 15) -> str:
         path = self.procs[name][2]
         text = path.read_text(errors="replace").splitlines()
@@ -223,6 +228,10 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future |
             if _restarted(sup, bad, restarts, cfg.restart_samplers):
                 continue
             if bad or sup.stopping or time.monotonic() > deadline:
+                if bad and bad[1] == 2 and (mistake := sup.user_error(bad[0])):
+                    # a worker refused its start (a user mistake, one line): the launch is refused
+                    print(f"run_distributed.py: error: {mistake}", file=sys.stderr, flush=True)
+                    return 2
                 if bad:
                     print(f"[launcher] {bad[0]} exited with code {bad[1]} before the learner bound its ports:\n"
                           f"{sup.tail(bad[0])}", file=sys.stderr, flush=True)

@@ -166,11 +166,17 @@ def _logs(run_dir):
     (["run_distributed.py", "--device", "cpu", "--loss-type", "ppo"], "--loss-type: invalid choice: 'ppo'"),
     (["run_distributed.py", "--device", "cpu", "--dataset", "/nonexistent/gsm8k"], "'/nonexistent/gsm8k' does not exist"),
     (["sampling_worker.py", "--device", "cpu", "--generation-backend", "vllm"], "invalid choice: 'vllm'"),
+    # found by a worker after the launch: the worker's line is the launcher's, exit 2, no run folder
+    (["run_distributed.py", "--device", "cpu", "--weight-sync", "ipc", "--max-steps", "1"],
+     "run_distributed.py: error: --weight-sync ipc needs a CUDA learner"),
 ])
 def test_user_mistakes_get_one_line_and_no_traceback(args, needle, tmp_path):
     """Exit code 2, one line naming the mistake, and no run folder left behind (the workers remove
     the one they made; the launcher refuses before it makes one)."""
-    r = run([*args, "--run-dir", str(tmp_path / "run")], timeout=120)   # not runs/<id> in the checkout
+    if args[0] == "run_distributed.py":   # ports of its own, whatever holds the defaults on this host
+        d, s = free_ports(2)
+        args = [*args, "--data-port", str(d), "--sync-port", str(s)]
+    r = run([*args, "--run-dir", str(tmp_path / "run")], timeout=300)   # not runs/<id> in the checkout
     assert r.returncode == 2
     err = r.stderr.strip().splitlines()
     assert "Traceback" not in r.stderr
