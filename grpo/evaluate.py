@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import hashlib
 import json
 import logging
 import sys
@@ -171,8 +172,20 @@ def greedy_accuracy(model, tok, problems: list[Problem], max_new_tokens: int, ba
     return {"accuracy": sum(correct) / n, "correct": int(sum(correct)), "n": len(problems),
             "has_answer": sum(has_answer) / n, "mean_completion_len": sum(lengths) / n,
             "truncated_frac": truncated / n, "top_answers": top_answers(answers),
+            "completions_sha256": completions_digest(texts),
             "seconds": time.perf_counter() - t0, "decode_s": t_decoded - t0,
             "max_new_tokens": max_new_tokens, "decoder": "hf" if engine is None else "fast"}
+
+
+def completions_digest(texts: list[str]) -> str:
+    """sha256 of every completion's text in problem order: two evaluations that decoded the same
+    weights the same way give the same digest, so the learner's final evaluation and
+    `python -m grpo.evaluate` on the checkpoint it saved can be compared beyond their accuracy."""
+    h = hashlib.sha256()
+    for t in texts:
+        h.update(t.encode())
+        h.update(b"\0")
+    return h.hexdigest()
 
 
 def top_answers(answers: list[str | None], k: int = 3) -> list[list]:
