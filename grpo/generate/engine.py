@@ -22,16 +22,9 @@ attention are the model's own), but drives it the way throughput engines do:
 * with `compile_decode`, the decode step (and the in-flight ring's) goes through torch.compile
   before it is captured: one compilation per (shape, greedy, attention length).
 
-Two paths over one engine: `generate` decodes fixed batches (a Slot per shape), `stream` keeps
-rows in flight (a Ring of cache slots: a row whose sample ends takes the next one); the
-ring's bookkeeping (_ring, _prefill_prompts, _refill, _ring_step) sits beside it in the class.
-
-`stream` never has to drain for new weights: at each host check its `swap` callback may copy a
-new version into the parameters in place, and the rows in flight go on from their KV cache (keys
-and values the older version computed; the learner's off-policy correction covers the mix).
-Each token's log-prob is under the version that drew it, and each FinishedGroup carries those
-versions per token (`versions`, `min_version`, `max_version`), worked out on the host from the
-decode step that drew the token (token_versions): the captured step is the same with or without swaps.
+Two paths over one engine: `generate` decodes fixed batches (a Slot per shape), here; `stream` keeps
+rows in flight (a Ring of cache slots: a row whose sample ends takes the next one), and may take
+new weights without draining: grpo.generate.stream's RingStream, which RolloutEngine mixes in.
 
 Architectures: any decoder whose layers are full or sliding-window attention (Llama, Qwen2/3,
 Mistral, Phi-3, Gemma2/3, OLMo2 are tested: tests/generate/test_architectures.py); the attention,
@@ -68,10 +61,12 @@ from grpo.config import ROW_BUCKETS, SamplerConfig
 from grpo.generate.attention import (LayerPlan, attend_limit, layer_masks, layer_plan, register_attention,
                                      rollout_attention_on)
 from grpo.generate.backend import describe, eos_list, hf_generate
-from grpo.generate.cache import Ring, Slot, static_cache
+from grpo.generate.cache import Ring, Slot
 from grpo.generate.capture import (COMPILED_VERSIONS, CaptureFailed, allow_recompiles, capture_decode,
                                    reset_generators_after_failed_capture)
 from grpo.generate.sampling import new_generator, sample_step
+# FinishedGroup and the version rules are stream's, re-exported: callers import them from here too.
+from grpo.generate.stream import FinishedGroup, RingStream, group_versions, token_versions  # noqa: F401
 from grpo.model import left_pad
 
 log = logging.getLogger(__name__)
@@ -89,48 +84,7 @@ class Rollout:
     stats: dict = field(default_factory=dict)
 
 
-@dataclass
-class FinishedGroup:
-    """One group out of `RolloutEngine.stream`: its rows all ended (EOS or max_new_tokens)."""
-    key: object                  # what the caller's source returned with the prompt
-    token_ids: list[list[int]]   # per row, cut after the first EOS (kept)
-    finished: list[bool]         # ended with EOS
-    logprobs: list[np.ndarray]   # per generated token, under the sampling distribution of the weights that drew it
-    decode_steps: int            # steps the group was in flight (its refill to its last row's end)
-    versions: list[np.ndarray] = field(default_factory=list)   # per row, int32, aligned with token_ids: the
-    #                              weights version that drew each token (token_versions)
-    min_version: int = 0         # the oldest version over the group's tokens (its age is that of this one)
-    max_version: int = 0         # the newest
-
-
-def token_versions(n: int, started: int, first_version: int, change_steps: np.ndarray,
-                   change_versions: np.ndarray) -> np.ndarray:
-    """The weights version that drew each of a ring row's n tokens (int32 [n]).
-
-    Token 0 is drawn at the row's refill from its prompt's prefill logits: the version that
-    prefilled the prompt (`first_version`; a sample may wait for a row across a swap). Token c >= 1
-    is drawn by decode step `started + c` (steps counted from the stream's start; `started`: the
-    step count at the refill). Decode steps after change_steps[k] (ascending, change_steps[0] = 0)
-    run with change_versions[k], up to the next change: swaps happen only at host checks, between
-    steps."""
-    out = np.empty(n, dtype=np.int32)
-    if n == 0:
-        return out
-    out[0] = first_version
-    step = started + np.arange(1, n)                                   # [n - 1], each >= 1 > change_steps[0]
-    out[1:] = change_versions[np.searchsorted(change_steps, step, side="left") - 1]
-    return out
-
-
-def group_versions(versions: list[np.ndarray], default: int) -> tuple[int, int]:
-    """(oldest, newest) version over a group's tokens; `default` for a group without tokens."""
-    nonempty = [v for v in versions if v.size]
-    if not nonempty:
-        return default, default
-    return int(min(v.min() for v in nonempty)), int(max(v.max() for v in nonempty))
-
-
-class RolloutEngine:
+class RolloutEngine(RingStream):
     def __init__(self, model, eos_ids: int | list[int], pad_id: int, cuda_graphs: bool | None = None,
                  buckets: tuple[int, ...] | None = None, prompt_multiple: int | None = None,
                  check_every: int = 16, max_slots: int = 2, compile_decode: bool = False,
@@ -255,146 +209,6 @@ class RolloutEngine:
             stats["graph_failures"] = list(self.graph_failure_reasons)
         return Rollout(ids, finished, logprobs, stats)
 
-    @torch.no_grad()
-    def stream(self, next_prompt, group_size: int, max_new_tokens: int, temperature: float = 1.0,
-               greedy: bool = False, rows: int | None = None, should_stop: Callable[[], bool] | None = None,
-               swap: Callable[[], int | None] | None = None, version: int = 0):
-        """In-flight batching: yield each group as soon as all its samples have ended; a row whose
-        sample ends takes the next waiting sample at the next check, while the other rows keep
-        decoding.
-
-        next_prompt() -> (key, prompt token ids) | None is asked for a prompt whenever a row is free
-        and no sample is waiting; each prompt is prefilled once and becomes `group_size` waiting
-        samples (each draws its own tokens). None means none for now (the caller's budget, or no more
-        prompts): asked again at the next check. The stream ends when no row is busy and nothing
-        waits. Rows: `rows` (default the largest bucket's), on one ring of cache slots (Ring) of
-        the first prompts' width rounded up to prompt_multiple; a longer prompt waits until every
-        row is free, then a wider ring is made.
-
-        Weights versions: `version` is the version of the model's weights when the stream starts.
-        swap() is asked at every host check (every check_every decode steps, after the sync): it may
-        write new weights into the model's parameters in place (`param.copy_`, the same storage, in
-        stream order before the next decode step: a copy on another CUDA stream must be waited for)
-        and return their version (greater than the one before), or return None (no new weights). The
-        rows in flight are not drained: they go on from their KV cache as it is (keys and values the
-        older weights computed), and their next tokens are drawn by the new weights; a sample whose
-        prompt was prefilled before the swap and that takes a row after it draws its first token from
-        that prefill's logits (the older version). Every token's log-prob is under the weights that
-        drew it, and each FinishedGroup says which those were (`versions` per token, `min_version`,
-        `max_version`). A swap that replaces parameters (new storage) is an error: the captured
-        graphs would go on reading the old memory. Without swap, every token carries `version`.
-        On the Hugging Face fallback, swap is asked between fixed batches (its batches drain).
-
-        should_stop: asked after every decode step (as in generate); once it says True the stream
-        ends there, and the groups still in flight are not yielded."""
-        G = int(group_size)
-        if G < 1 or max_new_tokens < 1:
-            raise ValueError(f"stream needs group_size >= 1 and max_new_tokens >= 1, got {G} and {max_new_tokens}")
-        greedy = greedy or temperature == 0
-        rows = int(rows or (self.buckets[-1] if self.buckets else 8 * G))
-        if self.fallback is not None:
-            yield from self._hf_stream(next_prompt, G, max_new_tokens, temperature, greedy, rows, should_stop,
-                                       swap, int(version))
-            return
-        if self._param_ptrs() != self._ptrs:
-            self.clear()
-            self._ptrs = self._param_ptrs()
-        inv_t = 1.0 if greedy else 1.0 / temperature
-        ring: Ring | None = None
-        waiting: collections.deque = collections.deque()   # (prompt record, sample index) without a row
-        busy: dict[int, tuple[dict, int, int]] = {}        # row -> (prompt record, sample index, step of its refill)
-        pending = None                                      # a prompt too wide for the ring in use
-        steps = 0
-        # Which version drew each token is worked out on the host, not recorded per step on the
-        # device: versions change only at host checks, so a token's version follows from the decode
-        # step that drew it (its row's refill step + its column) and these change points
-        # (token_versions). No per-token buffer, nothing added to the captured step, and without
-        # swap the graphs and outputs are those of a stream without versions.
-        version = int(version)
-        change_steps, change_versions = [0], [version]   # steps after change_steps[k] ran with change_versions[k]
-        while True:
-            # Free rows take waiting samples; new prompts are asked for only when none waits.
-            free = [i for i in range(rows) if i not in busy] if ring is not None else list(range(rows))
-            fresh: list[dict] = []
-            while len(waiting) < len(free) and pending is None:
-                item = next_prompt()
-                if item is None:
-                    break          # nothing for now: asked again at the next check
-                if not item[1]:
-                    raise ValueError("stream: an empty prompt")
-                rec = {"key": item[0], "ids": list(item[1]), "out": [None] * G, "left": G, "since": steps}
-                if ring is not None and len(rec["ids"]) > ring.width:
-                    pending = rec  # waits until every row is free, for a wider ring
-                    break
-                fresh.append(rec)
-                waiting.extend((rec, j) for j in range(G))
-            if ring is None or (pending is not None and not busy):
-                if not fresh and pending is None:
-                    return
-                if pending is not None:
-                    fresh.append(pending)
-                    waiting.extend((pending, j) for j in range(G))
-                    pending = None
-                width = max(len(rec["ids"]) for rec in fresh)
-                ring = self._ring(rows, -(-width // self.prompt_multiple) * self.prompt_multiple, max_new_tokens,
-                                  inv_t, greedy)
-                free = list(range(rows))
-            if fresh:
-                self._prefill_prompts(fresh)
-                for rec in fresh:
-                    rec["version"] = version     # its keys, values and first-token logits are this version's
-            take = [(free[n], *waiting.popleft()) for n in range(min(len(free), len(waiting)))]
-            if take:
-                self._refill(ring, take, greedy)
-                busy.update((row, (rec, j, steps)) for row, rec, j in take)
-            if not busy:
-                if pending is None and not waiting:
-                    return
-                continue
-            graph = ring.graphs.get(greedy)
-            for _ in range(self.check_every):
-                graph.replay() if graph is not None else self._ring_step(ring, greedy)
-                if should_stop is not None and should_stop():
-                    return
-            steps += self.check_every
-            ended = ring.finished.cpu()                                             # the only host sync
-            if swap is not None and (new := self._swapped(swap, version)) is not None:
-                # (the device is idle here: the new weights land between two decode steps)
-                if self._param_ptrs() != self._ptrs:
-                    raise RuntimeError("stream: swap() replaced model parameters (new storage) instead of copying "
-                                       "into them, and the captured decode graphs read the old memory: write new "
-                                       "weights with param.copy_(new), or apply them between streams")
-                version = new
-                change_steps.append(steps)
-                change_versions.append(version)
-            done_rows = [i for i in sorted(busy) if ended[i]]
-            if not done_rows:
-                continue
-            idx = torch.tensor(done_rows, device=self.device)
-            ids, fin, lps = self._cut(ring.out[idx, :max_new_tokens].cpu(), ring.out_lp[idx, :max_new_tokens].cpu())
-            cs, cv = np.asarray(change_steps), np.asarray(change_versions, dtype=np.int32)
-            for n, row in enumerate(done_rows):
-                rec, j, started = busy.pop(row)
-                rec["out"][j] = (ids[n], fin[n], lps[n], token_versions(len(ids[n]), started, rec["version"], cs, cv))
-                rec["left"] -= 1
-                if rec["left"] == 0:
-                    rec.pop("kv", None)
-                    vs = [o[3] for o in rec["out"]]
-                    yield FinishedGroup(rec["key"], [o[0] for o in rec["out"]], [o[1] for o in rec["out"]],
-                                        [o[2] for o in rec["out"]], steps - rec["since"], vs,
-                                        *group_versions(vs, rec["version"]))
-
-    @staticmethod
-    def _swapped(swap: Callable[[], int | None], version: int) -> int | None:
-        """swap()'s answer at a host check of stream: None (no new weights) or the new version."""
-        new = swap()
-        if new is None:
-            return None
-        if isinstance(new, bool) or not isinstance(new, (int, np.integer)) or int(new) <= version:
-            raise ValueError(f"stream: swap() returned {new!r} at version {version}; it must return None "
-                             f"(no new weights) or the new weights' version, an int greater than {version}")
-        return int(new)
-
     def clear(self) -> None:
         """Free every cache and graph (they are rebuilt on the next call)."""
         self.slots.clear()
@@ -426,35 +240,6 @@ class RolloutEngine:
                  "tokens": sum(len(g) for g in ids), "cuda_graphs": False, "fallback": self.fallback}
         return Rollout(ids, finished, logprobs, stats)
 
-    def _hf_stream(self, next_prompt, G, max_new, temperature, greedy, rows, should_stop, swap=None, version=0):
-        """stream() for a model the engine cannot serve: the waiting prompts (up to `rows` samples)
-        as one fixed batch at a time, each group yielded once its batch is done. swap() is asked
-        after each batch (this path's host check; the batch has drained), so every token of a batch
-        is drawn by one version."""
-        while True:
-            batch = []
-            while (len(batch) + 1) * G <= max(rows, G):
-                item = next_prompt()
-                if item is None:
-                    break
-                if not item[1]:
-                    raise ValueError("stream: an empty prompt")
-                batch.append((item[0], list(item[1])))
-            if not batch:
-                return
-            rows_of = [p for _, p in batch for _ in range(G)]
-            out = self._hf_rollout(rows_of, max_new, temperature, greedy, should_stop)
-            if out.stats["stopped"]:
-                return
-            drew = version
-            if swap is not None and (new := self._swapped(swap, version)) is not None:
-                version = new
-            for n, (key, _) in enumerate(batch):
-                sl = slice(n * G, (n + 1) * G)
-                vs = [np.full(len(t), drew, dtype=np.int32) for t in out.token_ids[sl]]
-                yield FinishedGroup(key, out.token_ids[sl], out.finished[sl], out.logprobs[sl],
-                                    out.stats["decode_steps"], vs, *group_versions(vs, drew))
-
     # ------------------------------------------------------------------ internals
     def _cut(self, out: torch.Tensor, lp: torch.Tensor) -> tuple[list[list[int]], list[bool], list[np.ndarray]]:
         """Rows of generated ids (and log-probs) cut after their first EOS, which is kept."""
@@ -464,102 +249,6 @@ class RolloutEngine:
         lp = lp.numpy()
         return ([row[:c] for row, c in zip(out.tolist(), cuts)], finished.tolist(),
                 [lp[i, :c].astype(np.float32) for i, c in enumerate(cuts)])
-
-    def _ring(self, rows: int, width: int, max_new: int, inv_t: float, greedy: bool) -> Ring:
-        """A ring for this shape (kept between streams, like the slots), its cache initialised by
-        one step over free rows, and its decode step captured."""
-        # As with slots: a ring a little wider than needed serves, rather than a capture per width.
-        ring = next((r for k, r in self._rings.items()
-                     if k[0] == rows and k[2] == max_new and width <= k[1] <= width * 3 // 2), None)
-        if ring is None:
-            self.slots.clear()   # the round-based caches are not needed while streaming: free them first
-            self._rings.clear()
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
-            ring = self._rings[(rows, width, max_new)] = Ring(self.model, rows, width, max_new, self.pad_id,
-                                                               self.device, self.plan)
-            self._ring_step(ring, greedy)   # HF allocates the cache on its first write
-        ring.inv_t.fill_(inv_t)
-        if self.cuda_graphs and greedy not in ring.graphs:
-            ring.graphs[greedy] = self._capture(ring, greedy, step=self._ring_step_fn)
-        return ring
-
-    def _prefill_prompts(self, recs: list[dict]) -> None:
-        """One forward over the new prompts (left-padded together): each record keeps its keys and
-        values per layer ([1, H, P, D], its own length) and its last logits, until every sample of
-        it has a row (a prompt is prefilled once however many rows its samples take)."""
-        prompts = [rec["ids"] for rec in recs]
-        P = max(len(p) for p in prompts)
-        ids, mask = left_pad(prompts, self.pad_id, self.device, width=P)
-        valid = mask.bool()
-        q = torch.arange(P, device=self.device)
-        allowed = (q.view(1, P, 1) >= q.view(1, 1, P)) & (valid.unsqueeze(1) | (q.view(1, P, 1) == q.view(1, 1, P)))
-        pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
-        tmp = static_cache(self.model, P, self.plan)
-        with rollout_attention_on(self.model):
-            logits = self.model(input_ids=ids, position_ids=pos,
-                                attention_mask=layer_masks(self.plan, self.dtype, allowed.unsqueeze(1),
-                                                           (q.view(1, 1, P, 1) - q.view(1, 1, 1, P))),
-                                past_key_values=tmp, use_cache=True, logits_to_keep=1).logits[:, -1]   # [n, V]
-        for i, rec in enumerate(recs):
-            n = len(rec["ids"])
-            rec["kv"] = [(layer.keys[i:i + 1, :, P - n:], layer.values[i:i + 1, :, P - n:]) for layer in tmp.layers]
-            rec["logits"] = logits[i:i + 1]
-
-    def _refill(self, r: Ring, take: list[tuple[int, dict, int]], greedy: bool) -> None:
-        """Give each of `take`'s rows its sample: the prompt's keys and values copied into the ring
-        slots just before t, the row's state reset, and its first token drawn from the prompt's last
-        logits (each row its own draw)."""
-        t = int(r.t.item())
-        by_prompt: dict[int, list[int]] = {}
-        for row, rec, _ in take:
-            by_prompt.setdefault(id(rec), []).append(row)
-        recs = {id(rec): rec for _, rec, _ in take}
-        for key, rows_of in by_prompt.items():
-            rec = recs[key]
-            n = len(rec["ids"])
-            rows_t = torch.tensor(rows_of, device=self.device)
-            slots = torch.arange(t - n, t, device=self.device) % r.length
-            for (k, v), dst in zip(rec["kv"], r.cache.layers):
-                # [rows, H, P, D] at (row, slot): advanced indices on dims 0 and 2 put [rows, P] first
-                dst.keys[rows_t.view(-1, 1), :, slots.view(1, -1)] = k[0].permute(1, 0, 2).unsqueeze(0)
-                dst.values[rows_t.view(-1, 1), :, slots.view(1, -1)] = v[0].permute(1, 0, 2).unsqueeze(0)
-            r.key_valid[rows_t] = False
-            r.key_valid[rows_t.view(-1, 1), slots.view(1, -1)] = True
-            r.pos[rows_t] = n
-            r.out[rows_t] = self.pad_id
-            r.out_lp[rows_t] = 0.0
-            r.col[rows_t] = 0
-            r.finished[rows_t] = False
-            self._ring_emit(r, rec["logits"].expand(len(rows_of), -1), greedy, rows_t)
-
-    def _ring_step(self, r: Ring, greedy: bool) -> None:
-        """One token for every row of the ring (what its graph captures)."""
-        r.key_valid.index_fill_(1, r.t, True)   # this step's key is written at slot t in every row
-        # A row's sequence is contiguous around the ring, so its key at slot i is (t - i) mod length back.
-        distance = (r.t - r.key_index).remainder(r.length)                            # [L]
-        with rollout_attention_on(self.model):
-            logits = self.model(input_ids=r.tok, position_ids=r.pos,
-                                attention_mask=layer_masks(self.plan, self.dtype,
-                                                           r.key_valid.view(r.rows, 1, 1, -1), distance),
-                                past_key_values=r.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
-        for layer in r.cache.layers:            # HF advanced its write index by one: wrap it with ours
-            layer.cumulative_length.remainder_(r.length)
-        r.t.add_(1).remainder_(r.length)
-        r.pos.add_(1)
-        self._ring_emit(r, logits, greedy, slice(None))
-
-    def _ring_emit(self, r: Ring, logits: torch.Tensor, greedy: bool, rows) -> None:
-        """The ring's next token for `rows` (sample_step), written at each row's own output column;
-        a row also ends at max_new tokens, and an ended row's column moves to the spare one."""
-        col = r.col[rows]
-        nxt, lp, ended = sample_step(logits, r.inv_t, greedy, self.gen, r.finished[rows], self.pad_id, self.eos)
-        r.out[rows] = r.out[rows].scatter(1, col, nxt.unsqueeze(1))
-        r.out_lp[rows] = r.out_lp[rows].scatter(1, col, lp.unsqueeze(1))
-        ended = ended | (col.squeeze(1) + 1 >= r.max_new)
-        r.finished[rows] = ended
-        r.col[rows] = torch.where(ended.unsqueeze(1), r.max_new, col + 1)
-        r.tok[rows] = nxt.unsqueeze(1)
 
     @property
     def _eos_set(self) -> set[int]:

@@ -498,16 +498,18 @@ def test_decode_does_not_mutate_or_keep_header_state() -> None:
 
 def test_source_has_no_unsafe_deserialization_and_light_imports() -> None:
     grpo = pathlib.Path(__file__).resolve().parents[2] / "grpo"
-    for name in ("wire/messages.py", "wire/codec.py"):   # types, and the codec (encode + checking decode)
+    # types, and the codec: encode, the shared checks, each kind's decode
+    for name in ("wire/messages.py", "wire/encode.py", "wire/checks.py", "wire/codec.py"):
         src = (grpo / name).read_text()
         for bad in ("pickle", "eval(", "exec("):
             assert bad not in src, (name, bad)
         lines = [line for line in src.splitlines() if line.startswith(("import ", "from "))]
         imports = {line.split()[1] for line in lines}
-        # stdlib, numpy and msgpack only; the codec imports the messages and nothing else of ours
+        # stdlib, numpy and msgpack only; the codec's modules import the messages and each other, nothing else of ours
         assert {m.split(".")[0] for m in imports} <= {"__future__", "dataclasses", "math", "typing", "msgpack",
                                                        "numpy", "grpo"}, (name, imports)
-        assert {m for m in imports if m.startswith("grpo")} <= {"grpo.wire.messages", "grpo.wire.codec"}, name
+        assert {m for m in imports if m.startswith("grpo")} <= {"grpo.wire.messages", "grpo.wire.encode",
+                                                                "grpo.wire.checks", "grpo.wire.codec"}, name
 
 
 def test_reference_log_probs_may_be_left_out_for_the_whole_group() -> None:
