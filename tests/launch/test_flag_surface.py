@@ -52,3 +52,24 @@ if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     json.dump(surface(), sys.stdout, indent=1, sort_keys=True)
     print()
+
+
+def test_every_option_is_in_a_section_and_help_groups_them_in_order():
+    from grpo.config import SECTIONS, LaunchConfig, LearnerConfig, SamplerConfig, field_sections
+    from grpo.flags import build_parser
+
+    for cls in (SamplerConfig, LearnerConfig, LaunchConfig):
+        sections = field_sections(cls)
+        assert {n for n, title in sections.items() if title not in SECTIONS} == ({"extra"} if cls is LaunchConfig
+                                                                                 else set()), cls
+        parser = build_parser(cls, "x")
+        titles = [g.title for g in parser._action_groups if g.title in SECTIONS]
+        assert titles == [t for t in SECTIONS if t in sections.values()], cls
+        for group in parser._action_groups:
+            if group.title in SECTIONS:
+                assert group.description == SECTIONS[group.title]
+                assert {sections[a.dest] for a in group._group_actions} == {group.title}
+    assert field_sections(LearnerConfig)["loss_type"] == "loss"
+    assert field_sections(SamplerConfig)["filter_zero_signal"] == "rollout"
+    assert field_sections(LearnerConfig)["filter_zero_signal"] == "loss"
+    assert field_sections(LaunchConfig)["max_steps"] == field_sections(LearnerConfig)["max_steps"] == "training"
