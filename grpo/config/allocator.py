@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 # The caching allocator's mode. Every GPU process of a run uses expandable segments unless the
-# user set PYTORCH_CUDA_ALLOC_CONF (or torch's newer PYTORCH_ALLOC_CONF) themselves: on one H200
-# the driver then saw 18.2 GiB of a 0.5B learner against 24.2 without, 98.5 of a 3B one against
-# 105.9, for the same step times (3.28 / 3.27 s, 7.35 / 7.53 s; bench/results/scale_NVIDIA_H200.json).
-# Segments that grow in place leave fewer freed blocks too small for the next request, which is what
+# user set PYTORCH_CUDA_ALLOC_CONF (or torch's newer PYTORCH_ALLOC_CONF) themselves (the memory it
+# saves: docs/configuration.md). Segments that grow in place leave fewer freed blocks too small for the next request, which is what
 # the token budget's micro-batches of varying shape make. The workers apply it before torch loads
 # (grpo.workers); the memory plan's reserve (grpo.launch.memory) and the start-up log (grpo.obs.gpu)
 # read it. Here, in the lowest layer: torch-free, and below every module that needs it.

@@ -27,7 +27,7 @@ class LossSection:
     dual_clip: float = 0.0
     """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens at -c * A (0: off)."""
     tis_cap: float = 2.0
-    """Off-policy correction (decoupled objective): the clip is around the learner's own log-probs before the step's first update, and each token is weighted by min(pi_learner / pi_behaviour, cap) (0: off, PPO's clip around the behaviour log-probs, as TRL does). 2 learned about twice as much per version as 0 at the pipeline's staleness (bench/results/objectives_*.json)."""
+    """Off-policy correction (decoupled objective): the clip is around the learner's own log-probs before the step's first update, and each token is weighted by min(pi_learner / pi_behaviour, cap) (0: off, PPO's clip around the behaviour log-probs, as TRL does; why 2: docs/configuration.md)."""
     is_mask_low: float = 0.0
     """With --is-mask-high: tokens whose importance weight pi_learner / pi_behaviour is below this leave the loss (prime-rl's masked importance sampling)."""
     is_mask_high: float = 0.0

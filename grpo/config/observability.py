@@ -13,7 +13,7 @@ class ObservabilitySection:
     log_file: str = ""
     """Also write this process's log here (the launcher captures stderr instead)."""
     profile_steps: str = ""
-    """Record learner steps A-B and sampler rounds A-B (e.g. 20-21) with torch.profiler: each process writes its operators by device time and a Chrome trace under <run_dir>/profile/ (empty: off). For diagnosis, not for timed runs: on an H100 the traces of two steps and two rounds took tens of MB and stalled both processes for most of a minute."""
+    """Record learner steps A-B and sampler rounds A-B (e.g. 20-21) with torch.profiler: each process writes its operators by device time and a Chrome trace under <run_dir>/profile/ (empty: off). For diagnosis, not for timed runs: writing the traces stalls both processes."""
 
 
 @dataclass

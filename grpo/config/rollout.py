@@ -37,7 +37,7 @@ class SamplerRolloutSection:
     in_flight_rows: int = 0
     """In-flight batching (--generation-backend fast): decode each round on this many rows, a row taking the round's next sample as soon as its own ends, and send groups as soon as a learner step's worth has ended (0: each round is one batch that runs until its longest completion ends)."""
     old_logprobs: OldLogprobs = "auto"
-    """Where the behaviour (old) log-probs come from: 'sampling' (each token's log-prob as the fast engine drew it: no extra pass), 'pass' (one batched teacher-forced pass after generation), or 'auto': 'sampling' where that is exact (the fast engine in float32), else 'pass'. In bf16 the two differ by 0.04 nats a token on average (H200, docs/benchmarks.md), enough to move the clip."""
+    """Where the behaviour (old) log-probs come from: 'sampling' (each token's log-prob as the fast engine drew it: no extra pass), 'pass' (one batched teacher-forced pass after generation), or 'auto': 'sampling' where that is exact (the fast engine in float32), else 'pass'. In bf16 the two differ enough to move the clip (docs/configuration.md)."""
     logprob_batch_size: int = 64
     """Sequences per teacher-forced forward pass when computing old and reference log-probs (the LM head runs in row chunks, so memory grows with this times length, not times vocabulary)."""
     max_rounds: int = 0
@@ -49,4 +49,4 @@ class SamplerRolloutSection:
     compile_decode: bool = False
     """With the fast backend, compile the decode step with torch.compile before capturing it (fewer, fused kernels; slower start)."""
     attend_chunk: int = 64
-    """With the fast backend, a decode step attends only to the filled part of the cache: the prompt and the next multiple of this many generated slots, one captured graph per length (0: the whole cache at every step; 64 made fixed-length decoding 11 percent faster on an H200, docs/benchmarks.md). With --compile-decode, one compilation per length too."""
+    """With the fast backend, a decode step attends only to the filled part of the cache: the prompt and the next multiple of this many generated slots, one captured graph per length (0: the whole cache at every step; why 64: docs/configuration.md). With --compile-decode, one compilation per length too."""

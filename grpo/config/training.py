@@ -19,7 +19,7 @@ class TrainingSection:
     deepspeed_config: str = "deepspeed.json"
     """DeepSpeed config; its "auto" values are filled from these options, which own them (batch size, learning rate): a number there that contradicts one is an error naming both."""
     precision: Precision = "auto"
-    """How the learner holds its weights on CUDA: 'autocast' (float32 weights and optimizer state, bf16 matmuls under torch.autocast, as Hugging Face Trainer's --bf16 and TRL), 'bf16' (bf16 weights, fp32 master copies in DeepSpeed's optimizer), or 'auto': autocast, but bf16 with LoRA (the frozen base stays bf16). On letter_counting autocast learned about twice as much per step as bf16 (docs/benchmarks.md). CPU: fp32."""
+    """How the learner holds its weights on CUDA: 'autocast' (float32 weights and optimizer state, bf16 matmuls under torch.autocast, as Hugging Face Trainer's --bf16 and TRL), 'bf16' (bf16 weights, fp32 master copies in DeepSpeed's optimizer), or 'auto': autocast, but bf16 with LoRA (the frozen base stays bf16; why: docs/configuration.md). CPU: fp32."""
     learning_rate: float = 1e-6
     """AdamW learning rate."""
     train_batch_size: int = 16
@@ -63,9 +63,7 @@ def resolve_precision(precision: str, cuda: bool, lora: bool, deepspeed: bool) -
 
     autocast: float32 weights, gradients and optimizer state, with the forward and backward
       matmuls in bf16 under torch.autocast (Hugging Face Trainer's --bf16 without DeepSpeed, and
-      TRL's default). The default for full fine-tuning on CUDA: on letter_counting it learned as
-      much per step as TRL, about twice what bf16 weights learned (docs/benchmarks.md,
-      "What cost ours steps on letter_counting: bf16 weights").
+      TRL's default). The default for full fine-tuning on CUDA (docs/configuration.md says why).
     bf16: bf16 weights and gradients, with DeepSpeed's fp32 master copies in the optimizer
       (DeepSpeed's "bf16" mode). The default with LoRA: the frozen base stays in bf16 (half the
       memory; it is never updated), and only the adapters are trained.
