@@ -24,7 +24,7 @@ from grpo.config.observability import LearnerObservabilitySection, Observability
 from grpo.config.rollout import GenerationBackend, OldLogprobs, RolloutSection, SamplerRolloutSection
 from grpo.config.run import Device, LearnerRunSection, RunSection, SamplerRunSection
 from grpo.config.sections import SECTIONS, field_sections
-from grpo.config.training import (ASSUMED_PROMPT_TOKENS, PRECISIONS, LaunchTrainingSection, Precision,
+from grpo.config.training import (ASSUMED_PROMPT_TOKENS, DEEPSPEED, PRECISIONS, LaunchTrainingSection, Precision,
                                   TrainingSection, assumed_row_tokens, micro_token_budget, resolve_precision)
 from grpo.config.weight_sync import (LearnerWeightSyncSection, SamplerWeightSyncSection, WeightSync,
                                      WeightSyncSection)

@@ -8,6 +8,33 @@ Precision = Literal["auto", "autocast", "bf16", "fp32"]
 PRECISIONS = get_args(Precision)
 
 
+# deepspeed.json, the default --deepspeed-config, as written. Its "auto" values belong to the options
+# (--train-batch-size, --learning-rate, bf16 from --precision: grpo.learner.engine.resolve_ds_config
+# fills them); the rest are DeepSpeed's settings for this trainer, and an "auto" a user writes for
+# one of them is filled from here. The file stays a file, for users to copy and edit; a test holds
+# it equal to this.
+DEEPSPEED = {
+    "train_batch_size": "auto",
+    "train_micro_batch_size_per_gpu": 32,
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": 1.0,
+    "bf16": {"enabled": "auto"},
+    "zero_optimization": {
+        "stage": 2,
+        "overlap_comm": False,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": 50000000,
+        "allgather_bucket_size": 50000000,
+    },
+    "optimizer": {
+        "type": "AdamW",
+        "params": {"lr": "auto", "betas": [0.9, 0.99], "eps": 1e-8, "weight_decay": 0.0, "torch_adam": True},
+    },
+    "steps_per_print": 1000000,
+    "wall_clock_breakdown": False,
+}
+
+
 @dataclass
 class TrainingSection:
     """How the learner steps and for how long."""

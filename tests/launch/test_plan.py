@@ -39,6 +39,12 @@ def test_unknown_flag_is_one_line_exit_2(capsys):
     assert len(err) == 1 and "--no-such-flag" in err[0]
 
 
+def test_deepspeed_json_is_the_configs():
+    from grpo.config import DEEPSPEED
+
+    assert json.loads((ROOT / "deepspeed.json").read_text()) == DEEPSPEED   # one place: grpo/config/training.py
+
+
 def test_deepspeed_json_auto_values():
     raw = json.loads((ROOT / "deepspeed.json").read_text())
     # The flags own the batch size and the learning rate; DeepSpeed owns the micro-batch size.
