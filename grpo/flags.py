@@ -12,7 +12,7 @@ import os
 import textwrap
 import typing
 
-from grpo.config import LaunchConfig, LearnerConfig, SamplerConfig
+from grpo.config import SECTIONS, LaunchConfig, LearnerConfig, SamplerConfig, field_sections
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -32,30 +32,47 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse that reports a user mistake as one line and exit code 2, no usage dump."""
+    """argparse that reports a user mistake as one line and exit code 2, no usage dump; its usage
+    line is short, since --help lists every option in its section below it."""
+
+    def __init__(self, *args, **kw):
+        kw.setdefault("usage", "%(prog)s [options]")
+        super().__init__(*args, **kw)
 
     def error(self, message: str) -> typing.NoReturn:  # noqa: D401
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def add_fields(container, cls: type, names: list[str] | None = None,
-               aliases: dict[str, list[str]] | None = None) -> None:
-    """One ``--field-name`` option per dataclass field of `cls` (or only `names`), on a parser or
-    an argument group; the help is the docstring under the field and its default."""
+def section_groups(parser: argparse.ArgumentParser, fields: list[tuple[type, list[str]]]) -> dict:
+    """An argument group (title and one line, grpo.config.SECTIONS) for each section of the listed
+    (class, field names), made in SECTIONS's order, which is the order --help shows them in."""
+    used = {field_sections(cls)[name] for cls, names in fields for name in names}
+    return {title: parser.add_argument_group(title, line) for title, line in SECTIONS.items() if title in used}
+
+
+def add_fields(parser: argparse.ArgumentParser, cls: type, names: list[str] | None = None,
+               aliases: dict[str, list[str]] | None = None, groups: dict | None = None, note: str = "") -> None:
+    """One ``--field-name`` option per dataclass field of `cls` (or only `names`), in the argument
+    group of its section (`groups`, made here when not given; a field of no section goes on the
+    parser itself); the help is the docstring under the field, `note`, and its default."""
     docs = field_docs(cls)
     hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if names is not None and f.name not in names:
-            continue
+    sections = field_sections(cls)
+    chosen = [f for f in dataclasses.fields(cls) if names is None or f.name in names]
+    if groups is None:
+        groups = section_groups(parser, [(cls, [f.name for f in chosen])])
+    note = f"{note}; " if note else ""
+    for f in chosen:
+        container = groups.get(sections[f.name], parser)
         flag = "--" + f.name.replace("_", "-")
         opts = [flag] + (aliases or {}).get(f.name, [])
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        help_text = docs.get(f.name, "") + f" (default: {default!r})"
+        help_text = docs.get(f.name, "") + f" ({note}default: {default!r})"
         tp = hints[f.name]
         if typing.get_origin(tp) is typing.Literal:
             choices = typing.get_args(tp)
             container.add_argument(*opts, dest=f.name, type=str, choices=choices, default=default,
-                                   help=docs.get(f.name, "") + f" (one of {', '.join(choices)}; default: {default!r})",
+                                   help=docs.get(f.name, "") + f" (one of {', '.join(choices)}; {note}default: {default!r})",
                                    metavar=f.name.upper())
         elif tp is bool and f.name.startswith("no_"):
             # argparse's BooleanOptionalAction reads any "--no-..." flag as False: plain switch.

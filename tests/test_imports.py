@@ -77,7 +77,8 @@ def test_layout_has_one_folder_per_role():
     for folder in ("wire", "weights", "sync", "generate", "sampler", "learner", "data", "model", "obs", "launch"):
         assert (PKG / folder / "__init__.py").is_file(), folder
     top = sorted(p.name for p in PKG.glob("*.py"))
-    assert top == ["__init__.py", "config.py", "evaluate.py", "flags.py", "loss.py", "stats.py", "workers.py"], top
+    assert top == ["__init__.py", "evaluate.py", "flags.py", "loss.py", "stats.py", "workers.py"], top
+    assert (PKG / "config" / "__init__.py").is_file()   # the typed config: one module per section
 
 
 def test_wire_needs_no_torch():

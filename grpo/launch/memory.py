@@ -18,7 +18,8 @@ import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from grpo.config import ROW_BUCKETS, allocator_conf, expandable_segments, micro_token_budget, resolve_precision
+from grpo.config import (ROW_BUCKETS, LearnerConfig, SamplerConfig, allocator_conf, expandable_segments,
+                         micro_token_budget, resolve_precision)
 from grpo.sync.staleness import Staleness, bucket_prompts
 
 GiB = 1 << 30
@@ -179,17 +180,17 @@ def logprob_pass(s: Shape, batch: int, seq: int, chunk_elems: int = CHUNK_ELEMS)
 class RunShape:
     """What the plan needs from the run's flags (see plan_from_configs)."""
     ranks: int = 1
-    lora_r: int = 0
-    beta: float = 0.04
+    lora_r: int = LearnerConfig.lora_r
+    beta: float = LearnerConfig.beta
     ipc: bool = True           # --weight-sync resolves to ipc (the publication slots live on learner rank 0)
     shared: bool = False       # --weight-sync shared: the sampler runs on the learner's weights
     staging: bool = True       # ipc or nccl: the sampler stages each version in a second copy (grpo.weights.receiver)
     rows: int = 512            # sequences decoded at once by a sampler
     prompt_tokens: int = PROMPT_TOKENS
-    new_tokens: int = 256
+    new_tokens: int = SamplerConfig.max_new_tokens
     micro_batch: int = 16
     micro_tokens: int = 0      # the learner's budget of padded tokens per micro-batch (micro_token_budget; 0: fixed rows)
-    logprob_batch_size: int = 64
+    logprob_batch_size: int = SamplerConfig.logprob_batch_size
     samplers: int = 1
     dtype_bytes: int = 2       # bf16 on CUDA: the sampler's weights, KV cache, publications
     precision: str = "bf16"    # the learner's (grpo.config.resolve_precision): "bf16", "autocast" or "fp32"
@@ -397,8 +398,9 @@ def micro_batch_size(ds_config: str, train_batch_size: int, ranks: int) -> int:
 
 
 def decode_rows(group: int, prompts_per_round: int = 0, in_flight_rows: int = 0, staleness: Staleness | None = None,
-                filter_zero_signal: bool = False, max_prompts_per_round: int = 64,
-                samplers: int = 1, cuda_graphs: bool = True) -> int:
+                filter_zero_signal: bool = SamplerConfig.filter_zero_signal,
+                max_prompts_per_round: int = SamplerConfig.max_prompts_per_round,
+                samplers: int = 1, cuda_graphs: bool = SamplerConfig.cuda_graphs) -> int:
     """The most rows a sampler's engine decodes at once, which its KV cache holds: --in-flight-rows;
     or a round's prompts x group (--prompts-per-round, or under 0 the largest round the sampler's
     rule can choose: the learner's `staleness` rule's largest_round_prompts, at least the smallest

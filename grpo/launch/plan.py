@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo.config import CommonConfig, LaunchConfig, LearnerConfig, SamplerConfig
-from grpo.flags import add_fields, apply_config_file, build_parser, parse_config, to_flags
+from grpo.flags import (ArgumentParser, add_fields, apply_config_file, build_parser, parse_config,
+                        section_groups, to_flags)
 from grpo.launch import layout
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -216,20 +217,22 @@ def plan(cfg: LaunchConfig, cuda_count: int, sampler_flags: list[str], learner_f
 
 
 def launcher_parser(with_workers: bool = False):
-    """The launcher's own options; `with_workers` adds, for --help, the options it passes on."""
-    parser = build_parser(LaunchConfig, "run_distributed.py", aliases=ALIASES)
-    if with_workers:
-        own, samp, learn = _fields(LaunchConfig), _fields(SamplerConfig), _fields(LearnerConfig)
-        passed = [n for n in {**samp, **learn} if n not in own and n not in SET_BY_LAUNCHER]
-        groups = (("sampler options (passed to every sampler)", SamplerConfig,
-                   [n for n in passed if n in samp and n not in learn]),
-                  ("learner options (passed to every learner rank)", LearnerConfig,
-                   [n for n in passed if n in learn and n not in samp]),
-                  ("sampler and learner options (passed to both)", SamplerConfig,
-                   [n for n in passed if n in samp and n in learn]))
-        for title, cls, names in groups:
-            if names:
-                add_fields(parser.add_argument_group(title), cls, names)
+    """The launcher's own options; `with_workers` adds, for --help, the options it passes on, each
+    in its section beside the launcher's own, saying which processes receive it."""
+    if not with_workers:
+        return build_parser(LaunchConfig, "run_distributed.py", aliases=ALIASES)
+    own, samp, learn = _fields(LaunchConfig), _fields(SamplerConfig), _fields(LearnerConfig)
+    passed = [n for n in {**samp, **learn} if n not in own and n not in SET_BY_LAUNCHER]
+    parts = ((LaunchConfig, [n for n in own if n != "extra"], ""),
+             (SamplerConfig, [n for n in passed if n in samp and n not in learn], "to the samplers"),
+             (LearnerConfig, [n for n in passed if n in learn and n not in samp], "to the learner"),
+             (SamplerConfig, [n for n in passed if n in samp and n in learn], "to both"))
+    parser = ArgumentParser(prog="run_distributed.py", description=(
+        f"{LaunchConfig.__doc__} Options come in sections. The launcher passes those marked 'to the samplers', "
+        f"'to the learner' (every rank) or 'to both' on, and its own shared ones (model, device, ports, ...) to all."))
+    groups = section_groups(parser, [(cls, names) for cls, names, _ in parts])
+    for cls, names, note in parts:
+        add_fields(parser, cls, names, ALIASES, groups, note)
     return parser
 
 

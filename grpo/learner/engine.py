@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from grpo.config import DEEPSPEED
+
 log = logging.getLogger(__name__)
 
 
@@ -182,10 +184,10 @@ def resolve_ds_config(raw: dict, world: int, train_batch_size: int, group_size: 
     elif cfg.get("managed_gradient_accumulation") == "auto":
         cfg.pop("managed_gradient_accumulation")
     if cfg.get("gradient_clipping") == "auto":
-        cfg["gradient_clipping"] = 1.0
-    zero = cfg.setdefault("zero_optimization", {"stage": 2})
+        cfg["gradient_clipping"] = DEEPSPEED["gradient_clipping"]
+    zero = cfg.setdefault("zero_optimization", {"stage": DEEPSPEED["zero_optimization"]["stage"]})
     if zero.get("stage") == "auto":
-        zero["stage"] = 2
+        zero["stage"] = DEEPSPEED["zero_optimization"]["stage"]
     return cfg, batch
 
 

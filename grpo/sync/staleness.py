@@ -22,7 +22,10 @@ import math
 from dataclasses import dataclass
 from typing import Iterable
 
+from grpo.config import SamplerConfig
 from grpo.stats import staleness
+
+MAX_PROMPTS = SamplerConfig.max_prompts_per_round   # a round's cap where the caller gives none
 
 # --prompts-per-round 0: the share of groups with signal assumed until a round has been scored (under
 # --filter-zero-signal; without it every group is sent, a share of 1), and the step's size assumed
@@ -84,11 +87,11 @@ class Staleness:
         (max_staleness + 1) x groups_per_step shared by the samplers."""
         return self.budget(0, 0, samplers=samplers)
 
-    def round_prompts(self, signal_share: float, budget: int = -1, cap: int = 64, min_prompts: int = 1) -> int:
+    def round_prompts(self, signal_share: float, budget: int = -1, cap: int = MAX_PROMPTS, min_prompts: int = 1) -> int:
         """round_prompts for a step of this rule's groups_per_step."""
         return round_prompts(self.groups_per_step, signal_share, budget, cap, min_prompts=min_prompts)
 
-    def largest_round_prompts(self, filter_zero_signal: bool, cap: int = 64, min_prompts: int = 1,
+    def largest_round_prompts(self, filter_zero_signal: bool, cap: int = MAX_PROMPTS, min_prompts: int = 1,
                               samplers: int = 1) -> int:
         """The most prompts a sampler's round can take under --prompts-per-round 0 (what the memory
         plan sizes its KV cache for): the larger of round 0 (FIRST_STEP_GROUPS at FIRST_SIGNAL_SHARE,
@@ -99,7 +102,7 @@ class Staleness:
         return max(first, self.round_prompts(share, self.largest_budget(samplers), cap, min_prompts))
 
 
-def round_prompts(groups_per_step: int, signal_share: float, budget: int = -1, cap: int = 64,
+def round_prompts(groups_per_step: int, signal_share: float, budget: int = -1, cap: int = MAX_PROMPTS,
                   min_share: float = MIN_SIGNAL_SHARE, min_prompts: int = 1) -> int:
     """Prompts for a sampler's next round (--prompts-per-round 0): enough that the groups with
     signal it yields fill one learner step, whatever the zero-signal share.
@@ -121,7 +124,7 @@ def round_prompts(groups_per_step: int, signal_share: float, budget: int = -1, c
 
 
 def next_round_prompts(prompts_per_round: int, budget: int, groups_per_step: int, signal_share: float,
-                       cap: int = 64, min_prompts: int = 1) -> int:
+                       cap: int = MAX_PROMPTS, min_prompts: int = 1) -> int:
     """A sampler's next round: --prompts-per-round when set (> 0), cut to the learner's budget;
     under 0, round_prompts for the learner's step within that budget, or, while the step's size is
     not known (groups_per_step 0: before the learner's first answer), for FIRST_STEP_GROUPS with no

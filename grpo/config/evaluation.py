@@ -1,0 +1,48 @@
+"""The evaluation section: greedy pass@1 on held-out problems during a run, and python -m grpo.evaluate's options."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from grpo.config.constants import DEFAULT_DATASET, DEFAULT_MODEL
+from grpo.config.rollout import GenerationBackend
+from grpo.config.run import Device
+
+
+@dataclass
+class EvaluationSection:
+    """When a run evaluates, and on what."""
+
+    section = "evaluation"
+
+    eval_every: int = 0
+    """Sampler 0 evaluates at version 0 and whenever its version reaches a multiple of N; the learner evaluates its final weights (0: no evaluation)."""
+    eval_size: int = 500
+    """Problems in the fixed evaluation subset: the first N of the test split."""
+    eval_dataset: str = ""
+    """Data set to evaluate on (default: --dataset)."""
+    eval_batch_size: int = 256
+    """Sequences decoded together during evaluation."""
+
+
+@dataclass
+class EvalConfig:
+    """python -m grpo.evaluate: greedy pass@1 of a model on the first N test problems."""
+
+    model: str = DEFAULT_MODEL
+    """'smollm2', a Hugging Face folder (e.g. a checkpoint's hf/ folder), a hub id or a .gguf file."""
+    dataset: str = DEFAULT_DATASET
+    """'openai/gsm8k', a folder with test.jsonl (e.g. ../shared/data/gsm8k), or rg:<task>."""
+    eval_size: int = 500
+    """Evaluate on the first N problems of the test split (0: all)."""
+    eval_batch_size: int = 256
+    """Sequences decoded together."""
+    max_new_tokens: int = 256
+    """Longest completion, in tokens."""
+    device: Device = "auto"
+    """'auto', 'cuda' or 'cpu'."""
+    gpu_id: int = -1
+    """CUDA device index (-1: 0)."""
+    out: str = ""
+    """Also write the result as JSON to this file."""
+    generation_backend: GenerationBackend = "auto"
+    """Greedy decoding with 'fast' (grpo/generate/engine.py), 'hf' (Hugging Face generate) or 'auto' (fast on CUDA, hf on CPU): the decoder the training run's evaluations use."""

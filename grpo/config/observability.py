@@ -1,0 +1,26 @@
+"""The observability section: logs, metrics, profiles."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ObservabilitySection:
+    """Where each process logs, and what it records."""
+
+    section = "observability"
+
+    log_file: str = ""
+    """Also write this process's log here (the launcher captures stderr instead)."""
+    profile_steps: str = ""
+    """Record learner steps A-B and sampler rounds A-B (e.g. 20-21) with torch.profiler: each process writes its operators by device time and a Chrome trace under <run_dir>/profile/ (empty: off). For diagnosis, not for timed runs: writing the traces stalls both processes."""
+
+
+@dataclass
+class LearnerObservabilitySection:
+    """Where the learner's step metrics also go."""
+
+    section = "observability"
+
+    report_to: str = "tensorboard"
+    """Where rank 0 also logs each step: 'tensorboard' (event files in the run dir), 'wandb', both comma-separated, or 'none'."""

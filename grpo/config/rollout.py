@@ -1,0 +1,52 @@
+"""The rollout section: how the samplers generate completions (groups, rounds, the decoder, behaviour log-probs)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+GenerationBackend = Literal["auto", "fast", "hf"]
+OldLogprobs = Literal["auto", "sampling", "pass"]
+
+
+@dataclass
+class RolloutSection:
+    """What both roles must agree on about a completion, and the decoder."""
+
+    section = "rollout"
+
+    num_generations: int = 8
+    """G: completions per prompt; the group is the unit of transfer."""
+    max_new_tokens: int = 256
+    """Longest completion, in tokens."""
+    temperature: float = 1.0
+    """Sampling temperature; the learner uses it too, so both sides score the same policy."""
+    generation_backend: GenerationBackend = "auto"
+    """'fast' (grpo/generate/engine.py: static KV cache, CUDA-graph decode, sampling on the GPU), 'hf' (Hugging Face generate), or 'auto' (fast on CUDA, hf on CPU). Samplers generate with it; every greedy evaluation (sampler 0's and the learner's final one) decodes with it, so the baseline and the final accuracy come from the same decoder."""
+
+
+@dataclass
+class SamplerRolloutSection:
+    """How a sampler sizes and decodes its rounds."""
+
+    section = "rollout"
+
+    prompts_per_round: int = 0
+    """Prompts generated together in one round; weights are swapped only between rounds. 0: sized each round so that the groups with signal it yields fill one learner step (its train batch over --num-generations, divided by the share of the last rounds' groups that had signal under --filter-zero-signal), at least enough to fill the generation engine's smallest row bucket (64 rows with CUDA graphs, which a smaller round is padded to), within the learner's staleness budget, at most --max-prompts-per-round; round 0, before the learner's first answer, assumes a step of 8 groups: 24 prompts under --filter-zero-signal (a third assumed to have signal), 8 without."""
+    max_prompts_per_round: int = 64
+    """--prompts-per-round 0: the most prompts a round may have (bounds the rows generated at once, so memory, when nearly every group has zero signal)."""
+    in_flight_rows: int = 0
+    """In-flight batching (--generation-backend fast): decode each round on this many rows, a row taking the round's next sample as soon as its own ends, and send groups as soon as a learner step's worth has ended (0: each round is one batch that runs until its longest completion ends)."""
+    old_logprobs: OldLogprobs = "auto"
+    """Where the behaviour (old) log-probs come from: 'sampling' (each token's log-prob as the fast engine drew it: no extra pass), 'pass' (one batched teacher-forced pass after generation), or 'auto': 'sampling' where that is exact (the fast engine in float32), else 'pass'. In bf16 the two differ enough to move the clip (docs/configuration.md)."""
+    logprob_batch_size: int = 64
+    """Sequences per teacher-forced forward pass when computing old and reference log-probs (the LM head runs in row chunks, so memory grows with this times length, not times vocabulary)."""
+    max_rounds: int = 0
+    """Stop after this many rounds (0: until the learner says stop)."""
+    filter_zero_signal: bool = False
+    """Drop groups whose rewards are all equal before their log-prob passes (the learner's flag of the same name, applied at the source); counted as sampler_zero_signal."""
+    cuda_graphs: bool = True
+    """With the fast backend on CUDA, capture the decode step as a CUDA graph (--no-cuda-graphs: eager decode, for debugging)."""
+    compile_decode: bool = False
+    """With the fast backend, compile the decode step with torch.compile before capturing it (fewer, fused kernels; slower start)."""
+    attend_chunk: int = 64
+    """With the fast backend, a decode step attends only to the filled part of the cache: the prompt and the next multiple of this many generated slots, one captured graph per length (0: the whole cache at every step; why 64: docs/configuration.md). With --compile-decode, one compilation per length too."""

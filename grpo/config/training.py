@@ -1,0 +1,136 @@
+"""The training section: the learner's engine, optimizer, batches, precision, LoRA, and when it stops."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+Precision = Literal["auto", "autocast", "bf16", "fp32"]
+PRECISIONS = get_args(Precision)
+
+
+# deepspeed.json, the default --deepspeed-config, as written. Its "auto" values belong to the options
+# (--train-batch-size, --learning-rate, bf16 from --precision: grpo.learner.engine.resolve_ds_config
+# fills them); the rest are DeepSpeed's settings for this trainer, and an "auto" a user writes for
+# one of them is filled from here. The file stays a file, for users to copy and edit; a test holds
+# it equal to this.
+DEEPSPEED = {
+    "train_batch_size": "auto",
+    "train_micro_batch_size_per_gpu": 32,
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": 1.0,
+    "bf16": {"enabled": "auto"},
+    "zero_optimization": {
+        "stage": 2,
+        "overlap_comm": False,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": 50000000,
+        "allgather_bucket_size": 50000000,
+    },
+    "optimizer": {
+        "type": "AdamW",
+        "params": {"lr": "auto", "betas": [0.9, 0.99], "eps": 1e-8, "weight_decay": 0.0, "torch_adam": True},
+    },
+    "steps_per_print": 1000000,
+    "wall_clock_breakdown": False,
+}
+
+
+@dataclass
+class TrainingSection:
+    """How the learner steps and for how long."""
+
+    section = "training"
+
+    no_deepspeed: bool = False
+    """One plain PyTorch process with torch.optim.AdamW instead of a DeepSpeed group."""
+    deepspeed_config: str = "deepspeed.json"
+    """DeepSpeed config; its "auto" values are filled from these options, which own them (batch size, learning rate): a number there that contradicts one is an error naming both."""
+    precision: Precision = "auto"
+    """How the learner holds its weights on CUDA: 'autocast' (float32 weights and optimizer state, bf16 matmuls under torch.autocast, as Hugging Face Trainer's --bf16 and TRL), 'bf16' (bf16 weights, fp32 master copies in DeepSpeed's optimizer), or 'auto': autocast, but bf16 with LoRA (the frozen base stays bf16; why: docs/configuration.md). CPU: fp32."""
+    learning_rate: float = 1e-6
+    """AdamW learning rate."""
+    train_batch_size: int = 16
+    """Completions per optimizer step, all ranks together (a multiple of --num-generations)."""
+    ppo_minibatches: int = 1
+    """Optimizer updates per learner step: the step's groups are cut into this many minibatches of whole groups, one update each (PPO's minibatches; the clip around the proximal policy acts from the second). A policy version is one learner step."""
+    micro_batch_tokens: int = 0
+    """Padded tokens per micro-batch: each step's sequences (each rank's share) are packed by length into as few micro-batches as fit, so short sequences make one or two large micro-batches instead of gradient_accumulation_steps small ones (verl's dynamic batch size). 0: the tokens of train_micro_batch_size_per_gpu rows of a 128-token prompt and --max-new-tokens; -1: off, DeepSpeed's fixed micro-batches of train_micro_batch_size_per_gpu rows."""
+    warm_up: bool = True
+    """CUDA: before the first step, while round 0 is generated, pass one micro-batch of made-up tokens forward and backward (no update, no parameter gradient), so the first step does not pay the device's one-time costs (--no-warm-up: off)."""
+    max_staleness: int = 2
+    """Train only on groups generated at most this many versions ago; older ones are dropped and counted."""
+    max_steps: int = 100
+    """Optimizer steps to run before stopping the samplers and exiting."""
+    max_time_s: float = 0.0
+    """Also stop after the step that ends past this many seconds of training (0: no time limit)."""
+    lora_r: int = 0
+    """LoRA rank (0: full fine-tuning); with r > 0 only the adapters train, and samplers get merged weights."""
+    lora_alpha: float = 16.0
+    """LoRA scaling numerator: the update is (alpha / r) * B @ A."""
+    lora_target_modules: str = "all-linear"
+    """Comma-separated module names to adapt (e.g. q_proj,v_proj), or 'all-linear' (every linear layer but the output head)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA input; 0 keeps the learner's log-probs deterministic, like the samplers'."""
+
+
+@dataclass
+class LaunchTrainingSection:
+    """The learner settings the launcher itself reads."""
+
+    section = "training"
+
+    no_deepspeed: bool = TrainingSection.no_deepspeed
+    """Learner as one plain PyTorch process."""
+    max_steps: int = TrainingSection.max_steps
+    """Learner steps before the run stops."""
+
+
+def resolve_precision(precision: str, cuda: bool, lora: bool, deepspeed: bool) -> str:
+    """How the learner holds and computes its weights: 'autocast', 'bf16' or 'fp32'.
+
+    autocast: float32 weights, gradients and optimizer state, with the forward and backward
+      matmuls in bf16 under torch.autocast (Hugging Face Trainer's --bf16 without DeepSpeed, and
+      TRL's default). The default for full fine-tuning on CUDA (docs/configuration.md says why).
+    bf16: bf16 weights and gradients, with DeepSpeed's fp32 master copies in the optimizer
+      (DeepSpeed's "bf16" mode). The default with LoRA: the frozen base stays in bf16 (half the
+      memory; it is never updated), and only the adapters are trained.
+    fp32: everything in float32, no autocast: the CPU path (gloo).
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"--precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
+    if not cuda:
+        if precision in ("autocast", "bf16"):
+            raise ValueError(f"--precision {precision} needs a CUDA device; on CPU the learner runs in fp32: "
+                              f"drop --precision or pass --precision fp32")
+        return "fp32"
+    if precision == "auto":
+        return "bf16" if lora and deepspeed else "autocast"
+    if precision == "bf16" and not deepspeed:
+        raise ValueError("--precision bf16 keeps fp32 master copies in DeepSpeed's optimizer, which --no-deepspeed "
+                          "does not have: drop --no-deepspeed or pass --precision autocast")
+    return precision
+
+
+# Prompt tokens a micro-batch's rows are assumed to carry where no batch is known yet (the token
+# budget's default, the warm-up pass): the tasks measured here have prompts of 60-160 tokens.
+ASSUMED_PROMPT_TOKENS = 128
+
+
+def micro_token_budget(setting: int, micro_rows: int, max_prompt_tokens: int, max_new_tokens: int) -> int:
+    """--micro-batch-tokens as a budget of padded tokens per micro-batch: the setting itself when
+    positive; 0 (the default): as many tokens as `micro_rows` rows (DeepSpeed's
+    train_micro_batch_size_per_gpu) of an assumed prompt and the longest completion, so a micro-batch
+    holds no more than the fixed rows did for such prompts; -1: none (0 returned), fixed rows."""
+    if setting < -1:
+        raise ValueError(f"--micro-batch-tokens {setting}: give a budget of tokens per micro-batch, 0 for the "
+                         f"default or -1 for DeepSpeed's fixed micro-batches")
+    if setting == -1:
+        return 0
+    if setting > 0:
+        return setting
+    return max(1, micro_rows) * assumed_row_tokens(max_prompt_tokens, max_new_tokens)
+
+
+def assumed_row_tokens(max_prompt_tokens: int, max_new_tokens: int) -> int:
+    """A row's length where no batch is known yet: an assumed prompt and the longest completion."""
+    return min(max_prompt_tokens, ASSUMED_PROMPT_TOKENS) + max_new_tokens
