@@ -17,6 +17,7 @@ import os
 import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 from grpo.config import (ROW_BUCKETS, LearnerConfig, SamplerConfig, allocator_conf, expandable_segments,
                          micro_token_budget, resolve_precision)
@@ -421,13 +422,16 @@ def decode_rows(group: int, prompts_per_round: int = 0, in_flight_rows: int = 0,
 
 def run_shape(lcfg, scfg, ranks: int, samplers: int, ds_config: str) -> RunShape:
     """A RunShape from the learner's and a sampler's parsed configs (grpo.config), on CUDA."""
-    method = scfg.weight_sync
+    from grpo.weights.methods import sampler_method   # here: brings numpy
+    from grpo.wire.messages import IPC, NCCL, SHARED
+
+    method = sampler_method(scfg.weight_sync, SimpleNamespace(type="cuda"))   # the plan is for CUDA: auto is ipc
     rows = decode_rows(scfg.num_generations, scfg.prompts_per_round, scfg.in_flight_rows,
                        Staleness(lcfg.max_staleness, lcfg.train_batch_size // scfg.num_generations),
                        scfg.filter_zero_signal, scfg.max_prompts_per_round, samplers, scfg.cuda_graphs)
     micro = micro_batch_size(ds_config, lcfg.train_batch_size, ranks)
-    return RunShape(ranks=ranks, lora_r=lcfg.lora_r, beta=lcfg.beta, ipc=method in ("auto", "ipc"),
-                    shared=method == "shared", staging=method in ("auto", "ipc", "nccl"), rows=rows, prompt_tokens=min(PROMPT_TOKENS, lcfg.max_prompt_tokens),
+    return RunShape(ranks=ranks, lora_r=lcfg.lora_r, beta=lcfg.beta, ipc=method == IPC,
+                    shared=method == SHARED, staging=method in (IPC, NCCL), rows=rows, prompt_tokens=min(PROMPT_TOKENS, lcfg.max_prompt_tokens),
                     new_tokens=scfg.max_new_tokens, micro_batch=micro,
                     # the budget the learner packs by (grpo.learner.loop), from its own flags
                     micro_tokens=micro_token_budget(lcfg.micro_batch_tokens, micro, lcfg.max_prompt_tokens,

@@ -232,6 +232,7 @@ def plan_nodes(cfg: LaunchConfig, sampler_flags: list[str], learner_flags: list[
         plans[k].procs.append(Proc(f"learner{r}", "learner", k, l, env, argv))
 
     from grpo.weights.methods import check_method   # here: brings numpy
+    from grpo.wire.messages import IPC, SHARED
 
     lcfg = parse_config(LearnerConfig, plans[0].procs[0].argv[1:], "training_worker.py")
     try:
@@ -241,10 +242,10 @@ def plan_nodes(cfg: LaunchConfig, sampler_flags: list[str], learner_flags: list[
         raise LaunchError(str(exc)) from None
     for i, (k, g) in enumerate(samplers):
         method = sampler_weight_sync(cfg.weight_sync, cuda, k == 0)
-        if cfg.weight_sync == "ipc" and method != "ipc":
+        if cfg.weight_sync == IPC and method != IPC:
             raise LaunchError(f"--weight-sync ipc needs every sampler on learner rank 0's node, but sampler{i} is "
                               f"on {nodes[k].address}: use --weight-sync auto (nccl there) or tcp")
-        if method == "shared" and (k, g) != (0, 0):
+        if method == SHARED and (k, g) != (0, 0):
             raise LaunchError(f"--weight-sync shared needs every sampler on learner rank 0's GPU ({rank0} GPU 0) "
                               f"but sampler{i} is on {nodes[k].address} GPU {g}: use --weight-sync auto")
         # Its own GPU first (its cuda:0); on rank 0's node rank 0's GPU too, which CUDA IPC maps.

@@ -14,7 +14,6 @@ workflow calls).
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from dataclasses import fields
@@ -28,8 +27,7 @@ from grpo.obs.stages import mark as mark_stage
 from grpo.sampler.heartbeat import SyncInbox
 from grpo.sync.client import ask, await_answer
 from grpo.weights import make_receiver
-from grpo.weights.methods import acknowledges, fallback, sampler_method
-from grpo.weights.tcp import apply_weights
+from grpo.weights.methods import LAST_RESORT, acknowledges, fallback, own_weights, sampler_method
 from grpo.wire import messages as M
 from grpo.wire.transport import SyncClient
 
@@ -87,19 +85,18 @@ def run_mismatches(facts: M.RunFacts, cfg: SamplerConfig, vocab_size: int) -> li
 
 
 def method_receiver(cfg: SamplerConfig, method: str, policy: torch.nn.Module, dtype: torch.dtype):
-    """The receiver of `method` (ipc, nccl, shared) for `policy`: ipc and nccl move its parameters
+    """The receiver of `method` for `policy` (grpo.weights.registry): ipc and nccl move its parameters
     into flat buckets so that a version is one copy (so it is made before the rollout engine, which
     reads the parameters where they live)."""
     receiver = make_receiver(method, policy, dtype, cfg.sync_port, cfg.sync_timeout_s * 12)
-    log.info("weight sync: %s (--weight-sync %s)", method, cfg.weight_sync)
+    if method != LAST_RESORT:   # bytes set nothing up: said by the first version's line
+        log.info("weight sync: %s (--weight-sync %s)", method, cfg.weight_sync)
     return receiver
 
 
 def start_receiver(cfg: SamplerConfig, policy: torch.nn.Module, device: torch.device):
-    """(receiver, method) this sampler starts with: --weight-sync's choice on this device (tcp: no receiver)."""
+    """(receiver, method) this sampler starts with: --weight-sync's choice on this device."""
     method = sampler_method(cfg.weight_sync, device)
-    if method == M.TCP:
-        return None, M.TCP
     return method_receiver(cfg, method, policy, compute_dtype(device)), method
 
 
@@ -127,6 +124,8 @@ class WeightsClient:
                  on_levels: Callable[[dict[str, int]], None]):
         self.cfg, self.sync, self.policy, self.device, self.vocab_size = cfg, sync, policy, device, vocab_size
         self.receiver, self.sync_method = receiver, method
+        # Receivers of methods the learner answered with instead of the one asked (_receiver_of).
+        self._served: dict[str, object] = {}
         self.stats, self.handed, self.on_levels = stats, handed, on_levels
         self.name = f"sampler{cfg.sampler_id}"
         self.version = 0
@@ -164,7 +163,7 @@ class WeightsClient:
     def round_guard(self):
         """Held around a round: with shared weights the sampler reads the learner's live weights, so
         the learner must not step during it (sync, evaluation, generation, old log-probs)."""
-        return self.receiver.guard() if self.sync_method == M.SHARED else contextlib.nullcontext()
+        return self.receiver.guard()
 
     # ------------------------------------------------------------------ answers
     def _on_answer(self, msg: M.Message) -> None:
@@ -231,7 +230,7 @@ class WeightsClient:
                 sent=self.handed())
             asked = time.monotonic()
             wait = self.cfg.sync_timeout_s
-            if first and self.sync_method != M.SHARED:
+            if first and own_weights(self.sync_method):
                 wait = min(wait, FIRST_GRACE_S)
             answered, newest, stop = await_answer(self.inbox, self.version, self._request_id, wait,
                                                   on_answer=self._on_answer)
@@ -339,20 +338,17 @@ class WeightsClient:
     def _apply(self, newest: M.WeightsAnnounce) -> bool:
         """Apply one announced version; True if a follow-up request should be sent (ipc)."""
         t_apply = time.perf_counter()
-        if newest.method in (M.IPC, M.NCCL, M.SHARED):
-            try:
-                ok = self.receiver.apply(newest)
-            except RuntimeError as exc:
-                self._fall_back(str(exc))
-                return True   # ask again, the new way
-            if not ok:
-                log.info("%s transfer of version %d did not complete (slot rewritten or peer gone); asking again",
-                         newest.method, newest.version)
-                return True
-        else:
-            apply_weights(self.policy, newest)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize()  # count the copy, not just its launch
+        try:
+            ok = self._receiver_of(newest.method).apply(newest)
+        except RuntimeError as exc:
+            if fallback(newest.method, self.cfg.weight_sync) == newest.method:
+                raise   # the last resort failed: nothing to step down to
+            self._fall_back(str(exc))
+            return True   # ask again, the new way
+        if not ok:
+            log.info("%s transfer of version %d did not complete (slot rewritten or peer gone); asking again",
+                     newest.method, newest.version)
+            return True
         dt = time.perf_counter() - t_apply
         self.stats["apply_s"] += dt
         self.stats["weight_syncs"] += 1
@@ -372,8 +368,17 @@ class WeightsClient:
         method = fallback(self.sync_method, self.cfg.weight_sync)
         log.warning("%s unavailable (%s); asking for weights by %s from now on%s", self.sync_method, why, method,
                     " (auto: the learner is on another host)" if method == M.NCCL else "")
-        if method == M.TCP:
-            self.sync_method = M.TCP
-        else:
-            self.receiver = method_receiver(self.cfg, method, self.policy, compute_dtype(self.device))
-            self.sync_method = method
+        self.receiver = self._served.pop(method, None) or method_receiver(self.cfg, method, self.policy,
+                                                                          compute_dtype(self.device))
+        self.sync_method = method
+
+    def _receiver_of(self, method: str):
+        """The receiver for a version announced by `method`: this sampler's own, or, when the learner
+        answered by another method than the one asked (bytes: a CPU learner has no IPC handles, a
+        tcp learner serves nothing else), that method's, made on first use."""
+        if method == self.sync_method:
+            return self.receiver
+        if method not in self._served:
+            self._served[method] = make_receiver(method, self.policy, compute_dtype(self.device), self.cfg.sync_port,
+                                                 self.cfg.sync_timeout_s * 12)
+        return self._served[method]

@@ -1,5 +1,9 @@
 """Weight sync: every published version of the learner's weights, to every sampler.
 
+  method     what a method is: its facts and its two sides (WeightMethod, the Protocols)
+  registry   the methods, one entry each: name, facts, the factories of its two sides
+  methods    which method each side uses (pure rules over the registry's facts)
+  auto       auto's order and the fallback (pure, no registry: the slot publisher serves by it)
   layout     flat per-dtype buckets and where each tensor sits (shared by every method)
   pack       filling buckets with as few copies as the parameters' memory allows
   publisher  the learner's side of the exchange on the sync port: serves each version's bytes
@@ -11,56 +15,39 @@
   shared     one copy of the weights on one GPU, learner and sampler taking turns
   receiver   the sampler's flat weights (ipc and nccl)
   verify     --verify-weight-sync: fingerprints on both sides
-  methods    which method each side uses, and the fallback (pure)
 
-The two factories below build each side's object for a method chosen by grpo.weights.methods.
+A new method is one file here (its publisher and its receiver) and one entry in registry.py
+(docs/extending.md). The two factories below build either side of any registered method through
+its entry, for a method chosen by grpo.weights.methods.
 """
 from __future__ import annotations
 
 import logging
 
+from grpo.weights.method import PublishArgs, ReceiveArgs
 from grpo.weights.methods import learner_method
-from grpo.wire.messages import IPC, NCCL, SHARED, TCP
+from grpo.weights.registry import REGISTRY
+from grpo.wire.messages import IPC
 
 log = logging.getLogger(__name__)
 
 
 def make_publisher(requested: str, server, module, device, dtype, host: str, sync_port: int,
                    ack_timeout_s: float, nccl_timeout_s: float, answers=None):
-    """Learner rank 0's publisher: tcp on CPU or when asked; otherwise slots on the learner's
-    device (nccl on CPU runs on gloo), or the shared storages. `answers`: the control fields of
-    every answer (grpo.sync.answer.SyncAnswer: the run's facts, curriculum levels, the budget)."""
+    """Learner rank 0's publisher for --weight-sync `requested` on `device` (auto: slots on CUDA,
+    bytes on CPU). `answers`: the control fields of every answer (grpo.sync.answer.SyncAnswer: the
+    run's facts, curriculum levels, the budget)."""
     method = learner_method(requested, device)
     if method != requested:
         log.info("weight sync: %s -> %s (%s)", requested, method, "CUDA learner: samplers that see its GPU map the "
                  "weights (ipc), others on CUDA get them by nccl, the rest as bytes" if method == IPC
                  else "no CUDA: bytes over ZeroMQ")
-    if method == SHARED:
-        from grpo.weights.shared import SharedPublisher
-
-        return SharedPublisher(server, module, sync_port, answers=answers)
-    if method in (IPC, NCCL):
-        from grpo.weights.slots import SlotPublisher
-
-        return SlotPublisher(server, module, dtype, ack_timeout_s=ack_timeout_s, method=method, host=host,
-                             nccl_timeout_s=nccl_timeout_s, answers=answers)
-    from grpo.weights.tcp import TcpPublisher
-
-    return TcpPublisher(server, module, dtype, answers=answers)
+    return REGISTRY[method].publisher(PublishArgs(method, server, module, device, dtype, host, sync_port,
+                                                  ack_timeout_s, nccl_timeout_s, answers))
 
 
 def make_receiver(method: str, policy, dtype, sync_port: int, timeout_s: float):
-    """The sampler's receiver for ipc, nccl or shared (tcp needs none: grpo.weights.tcp.apply_weights)."""
-    if method == IPC:
-        from grpo.weights.ipc import IpcReceiver
-
-        return IpcReceiver(policy, dtype)
-    if method == SHARED:
-        from grpo.weights.shared import SharedReceiver
-
-        return SharedReceiver(policy, sync_port)
-    if method == NCCL:
-        from grpo.weights.nccl import NcclReceiver
-
-        return NcclReceiver(policy, dtype, timeout_s)
-    raise ValueError(f"no receiver for method {method!r} ({TCP} applies the bytes directly)")
+    """A sampler's receiver for `method` (grpo.weights.method.WeightReceiver)."""
+    if method not in REGISTRY:
+        raise ValueError(f"no weight-sync method {method!r}")
+    return REGISTRY[method].receiver(ReceiveArgs(policy, dtype, sync_port, timeout_s))

@@ -1,66 +1,43 @@
 """Which weight-sync method each side uses: pure rules, the same for the learner and the samplers.
 
---weight-sync (docs/weight-sync.md) is 'auto' or one method. The learner builds one publisher
-(`learner_method`); a CUDA learner's slots serve ipc, nccl and tcp requests alike, so each
-sampler asks for the method it can use (`sampler_method`) and the publisher serves what was
-asked (`serve_method`). When a method proves impossible (the learner's GPU is not visible, a
-CPU learner has no IPC handles), both sides step down by the same rule (`fallback`). Whether a
-sampler acknowledges a version it applied is each method's too (`acknowledges`).
+--weight-sync (docs/weight-sync.md) is 'auto' or one method of grpo.weights.registry. The learner
+builds one publisher (`learner_method`); a CUDA learner's slots serve ipc, nccl and tcp requests
+alike, so each sampler asks for the method it can use (`sampler_method`) and the publisher serves
+what was asked (`serve_method`). When a method proves impossible (the learner's GPU is not
+visible, a CPU learner has no IPC handles), both sides step down by the same rule (`fallback`).
+Each method's own facts (what a learner needs, whether a sampler acknowledges a version, whether
+it needs CUDA) are its registry entry's, read here; auto's order and the step down, which need no
+facts, are grpo.weights.auto's (gathered here, so both sides import the rules from one place).
 """
 from __future__ import annotations
 
+from grpo.weights.auto import AUTO, AUTO_ORDER, LAST_RESORT, fallback, learner_method, serve_method
+from grpo.weights.registry import REGISTRY
 from grpo.wire.messages import IPC, NCCL, SHARED, TCP
 
-AUTO = "auto"
-METHODS = (AUTO, IPC, NCCL, SHARED, TCP)
-# The methods whose receiver reads the learner's slot (grpo.weights.slots): the learner may write
-# that slot again only once every reader has acknowledged the version it holds.
-ACKNOWLEDGED = frozenset({IPC, NCCL})
+__all__ = ["AUTO", "AUTO_ORDER", "IPC", "LAST_RESORT", "METHODS", "NCCL", "SHARED", "TCP", "acknowledges",
+           "check_method", "fallback", "learner_method", "own_weights", "sampler_method", "serve_method"]
+# --weight-sync's choices as the config declares them (tests/test_choices.py); the rules below read
+# REGISTRY itself, so a method registered later is known to them too.
+METHODS = (AUTO, *REGISTRY)
 
 
 def check_method(method: str, device, lora: bool, bf16_weights: bool) -> None:
     """A bad --weight-sync for this learner (`device.type` 'cuda' or 'cpu'; `bf16_weights`: its
     --precision resolves to bf16): ValueError with the fix."""
-    if method not in METHODS:
-        raise ValueError(f"--weight-sync {method}: choose {', '.join(METHODS[:-1])} or {METHODS[-1]}")
-    if method == IPC and device.type != "cuda":
-        raise ValueError("--weight-sync ipc needs a CUDA learner; use --weight-sync tcp (or auto) on CPU")
-    if method == SHARED and (device.type != "cuda" or lora or not bf16_weights):
-        raise ValueError("--weight-sync shared needs a CUDA DeepSpeed learner with --precision bf16 and without "
-                         "LoRA (bf16 weights the sampler can use as they are); use --weight-sync ipc")
-
-
-def learner_method(requested: str, device) -> str:
-    """The publisher the learner builds: auto is the slots (ipc) on CUDA, bytes (tcp) on CPU."""
-    if requested == AUTO:
-        return IPC if device.type == "cuda" else TCP
-    return requested
+    if method != AUTO and method not in REGISTRY:
+        names = (AUTO, *REGISTRY)
+        raise ValueError(f"--weight-sync {method}: choose {', '.join(names[:-1])} or {names[-1]}")
+    if method != AUTO and (problem := REGISTRY[method].check(device.type, lora, bf16_weights)):
+        raise ValueError(problem)
 
 
 def sampler_method(requested: str, device) -> str:
-    """The method a sampler asks for first: auto and ipc are ipc on CUDA; a CPU sampler takes bytes."""
-    if requested in (NCCL, SHARED, TCP):
-        return requested
-    return IPC if device.type == "cuda" else TCP
-
-
-def fallback(current: str, requested: str) -> str:
-    """The method to use once `current` proved impossible; `requested` is what --weight-sync asked.
-
-    Under auto, ipc steps down to nccl (the learner is on another host: its GPU is not visible);
-    every other failure, and ipc asked for by name, steps down to tcp, which always works.
-    """
-    if current == IPC and requested == AUTO:
-        return NCCL
-    return TCP
-
-
-def serve_method(asked: str, offered: str, has_ipc: bool) -> str:
-    """How the publisher serves one request: what the sampler asked ('' : what it offers),
-    stepped down by `fallback` when it asked for ipc and there are no IPC handles (a CPU learner)."""
-    method = asked or offered
-    if method == IPC and not has_ipc:
-        return fallback(IPC, IPC)
+    """The method a sampler asks for first: auto is ipc on CUDA; a CPU sampler takes bytes for a
+    method only a CUDA sampler can receive by (ipc, and so auto)."""
+    method = AUTO_ORDER[0] if requested == AUTO else requested
+    if REGISTRY[method].cuda_sampler and device.type != "cuda":
+        return LAST_RESORT
     return method
 
 
@@ -69,4 +46,11 @@ def acknowledges(method: str) -> bool:
     follow-up weights_request reporting the new version, after which the learner may rewrite the
     slot it was read from (ipc, nccl). shared needs none (one copy, taken in turns under a lock),
     nor does tcp (the bytes came with the answer)."""
-    return method in ACKNOWLEDGED
+    entry = REGISTRY.get(method)
+    return entry is not None and entry.acknowledges
+
+
+def own_weights(method: str) -> bool:
+    """Whether a sampler receiving by `method` generates with weights of its own (not shared: it
+    reads the learner's, so it has nothing to generate with before the learner's first answer)."""
+    return REGISTRY[method].own_weights

@@ -5,6 +5,8 @@ The policy's parameters are re-pointed into one flat local buffer with the publi
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from grpo.weights.layout import flat_views, plan_layout
@@ -38,6 +40,10 @@ class FlatReceiver:
         if (announce.layout != self.layout or announce.bucket_nbytes != self.bucket_nbytes
                 or announce.bucket_dtypes != self.bucket_dtypes):
             raise ValueError(f"weights v{announce.version} do not match this model's layout")
+
+    def guard(self):
+        """Nothing to hold around a round: the sampler generates from its own copy."""
+        return contextlib.nullcontext()
 
     def commit(self) -> None:
         """The staged version is whole: make it the live one."""

@@ -1,5 +1,8 @@
 """Method "tcp": the bucket bytes ride the sync socket as frames (CPU learners, and the fallback).
 
+Learner side `TcpPublisher`; sampler side `TcpReceiver`, which copies the bytes that came with
+the answer into the policy's parameters where they live (casting to the sampler's dtype).
+
 Ownership: each published version gets freshly allocated CPU buckets. ZeroMQ sends them
 without copying and holds a reference until the bytes are on the wire, so the learner never
 writes into a buffer a reply may still be reading; the old snapshot is freed when the last
@@ -7,6 +10,7 @@ reply that uses it has gone.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -32,6 +36,23 @@ def apply_weights(model: torch.nn.Module, announce: M.WeightsAnnounce) -> None:
     with torch.no_grad():
         for name, view in views.items():
             params[name].copy_(view, non_blocking=False)  # casts if the learner trains in another dtype
+
+
+class TcpReceiver:
+    """Sampler side: each version's bytes arrived with the answer; they are copied into the policy."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.device = next(model.parameters()).device
+
+    def apply(self, announce: M.WeightsAnnounce) -> bool:
+        apply_weights(self.model, announce)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)   # count the copy, not just its launch
+        return True
+
+    def guard(self):
+        return contextlib.nullcontext()
 
 
 class TcpPublisher(Publisher):

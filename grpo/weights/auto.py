@@ -1,0 +1,43 @@
+"""auto's order, and the one step down both sides take when a method proves impossible (pure).
+
+These rules name methods by their place (auto's first choice, the last resort), not by their
+facts, so they need no registry: the slot publisher, which the registry builds, serves by them
+too. grpo.weights.methods gathers them with the rules that read each method's facts.
+"""
+from __future__ import annotations
+
+from grpo.wire.messages import IPC, NCCL, TCP
+
+AUTO = "auto"
+# auto on CUDA: the first method, and each sampler steps down this order when one proves
+# impossible (ipc: the learner's GPU is not visible here, so it is on another host: nccl).
+AUTO_ORDER = (IPC, NCCL, TCP)
+# Bytes over the sync socket: always works (CPU, any host), so every other failure ends here.
+LAST_RESORT = TCP
+
+
+def learner_method(requested: str, device) -> str:
+    """The publisher the learner builds: auto is the slots (ipc) on CUDA, bytes (tcp) on CPU."""
+    if requested == AUTO:
+        return AUTO_ORDER[0] if device.type == "cuda" else LAST_RESORT
+    return requested
+
+
+def fallback(current: str, requested: str) -> str:
+    """The method to use once `current` proved impossible; `requested` is what --weight-sync asked.
+
+    Under auto, ipc steps down to nccl (the learner is on another host: its GPU is not visible);
+    every other failure, and ipc asked for by name, steps down to tcp, which always works.
+    """
+    if requested == AUTO and current in AUTO_ORDER[:-1]:
+        return AUTO_ORDER[AUTO_ORDER.index(current) + 1]
+    return LAST_RESORT
+
+
+def serve_method(asked: str, offered: str, has_ipc: bool) -> str:
+    """How the publisher serves one request: what the sampler asked ('' : what it offers),
+    stepped down by `fallback` when it asked for ipc and there are no IPC handles (a CPU learner)."""
+    method = asked or offered
+    if method == IPC and not has_ipc:
+        return fallback(IPC, IPC)
+    return method
