@@ -67,6 +67,8 @@ def _encode_group(g: Group) -> list[bytes | memoryview]:
     fields = {"sampler_id": g.sampler_id, "group_id": g.group_id, "policy_version": g.policy_version,
               "prefix": g.prefix, "prefix_tokens": list(g.prefix_tokens), "meta": dict(g.meta),
               "completions": completions, "incarnation": g.incarnation}
+    if g.max_version >= 0:   # optional: a reader that predates it ignores the key
+        fields["max_version"] = g.max_version
     descs = [{"name": n, "dtype": d, "shape": [len(a)]} for (n, d), a in zip(GROUP_ARRAYS, arrays)]
     # memoryview of a contiguous array: zmq sends it with copy=False, no bytes() copy.
     return [_pack("group", fields, descs), *(memoryview(a) for a in arrays)]
@@ -352,8 +354,9 @@ def _decode_group(h: dict[str, Any], arrays: list[_Array], views: list[memoryvie
     expected = np.concatenate([part for c in completions for part in (prefix_ids, c.generated_token_ids)])
     if not np.array_equal(whole, expected):
         raise _fail("length_mismatch", "whole_token_ids != prefix ++ generated for some completion")
+    max_version = _int(h, "max_version", "group", lo=policy_version) if "max_version" in h else -1   # optional
     return Group(sampler_id, group_id, policy_version, prefix, prefix_tokens, prefix_ids, completions, meta,
-                 _incarnation(h, "group"))
+                 _incarnation(h, "group"), max_version)
 
 
 def _incarnation(h: dict[str, Any], where: str) -> int:
