@@ -22,16 +22,19 @@ class ScriptedLearner(threading.Thread):
     `answered_at`: time.monotonic() of the first answer. `garble`: every answer after the first is
     a frame no codec accepts, as from a learner that speaks other messages. `restart_with`: facts
     that the answer to the request of that index carries, as a learner started again on the same
-    port sends with its first answer."""
+    port sends with its first answer. `later`: request index -> a function of that request giving
+    its answer (say, newer weights) instead of no_update, for requests after the first."""
 
     def __init__(self, port: int, facts: M.RunFacts, ignore: int = 0, stop_after_s: float | None = None,
                  gate: Callable[[], None] | None = None, first: Callable[[int], M.Message] | None = None,
-                 garble: bool = False, restart_with: dict[int, M.RunFacts] | None = None):
+                 garble: bool = False, restart_with: dict[int, M.RunFacts] | None = None,
+                 later: dict[int, Callable[[M.WeightsRequest], M.Message]] | None = None):
         super().__init__(daemon=True)
         self.server = SyncServer("127.0.0.1", port)
         self.facts, self.ignore, self.stop_after_s = facts, ignore, stop_after_s
         self.gate, self.first, self.garble = gate, first, garble
         self.restart_with = restart_with or {}
+        self.later = later or {}
         self.answered_at = self.stopped_at = None
         self.requests: list[M.WeightsRequest] = []
         self.told: set[bytes] = set()   # connections given the facts
@@ -60,6 +63,8 @@ class ScriptedLearner(threading.Thread):
                                       M.NoUpdate(version=0, request_id=req.request_id, run=run))
                 elif self.garble:
                     self.server.sock.send_multipart([peer, b"not a message"])
+                elif (answer := self.later.get(len(self.requests) - 1)) is not None:
+                    self.server.reply(peer, answer(req))
                 else:
                     version = max(req.have_version, 0)
                     self.server.reply(peer, M.NoUpdate(version=version, request_id=req.request_id, run=run))

@@ -7,8 +7,8 @@ its groups, and report (heartbeat, status, evaluation).
                    filter zero-signal groups, old and reference log-probs, the wire's Groups
   heartbeat        liveness, backpressure (--on-full) and the sync inbox
 
-Weights are swapped only between rounds (never while a round generates), so every token of a
-round was sampled by one policy version, which is the version the groups carry. Round 0 is
+Weights are swapped between rounds, and with --swap-in-flight also between decode steps of an
+in-flight round (grpo.sampler.workflow says how groups then carry their versions). Round 0 is
 generated before the learner's first answer and sent only after it (grpo.sampler.weights_client).
 """
 from __future__ import annotations
@@ -32,7 +32,8 @@ from grpo.obs.progress import Progress
 from grpo.obs.stages import mark as mark_stage
 from grpo.sampler.heartbeat import ON_FULL, Heartbeat, send_group, wait_send
 from grpo.sampler.weights_client import AnswersRejected, RunMismatch, WeightsClient, start_receiver
-from grpo.sampler.workflow import Prompts, RolloutWorkflow
+from grpo.sampler.workflow import Prompts, RolloutWorkflow, swaps_in_flight
+from grpo.weights.methods import sampler_method
 from grpo.wire import messages as M
 from grpo.wire.curve import CLIENT, curve_for
 from grpo.wire.transport import DataSender, SyncClient
@@ -56,6 +57,9 @@ class Sampler:
                              f">= 1); or 0 for fixed rounds")
         # a bad choice fails before any loading too
         self.old_source = old_logprob_source(cfg.old_logprobs, self.backend, compute_dtype(self.device))
+        # (so does --old-logprobs pass with --swap-in-flight)
+        self.swaps = swaps_in_flight(cfg.swap_in_flight, cfg.in_flight_rows, sampler_method(cfg.weight_sync, self.device),
+                                     cfg.old_logprobs)
         torch.manual_seed(cfg.seed + 1000 * cfg.sampler_id)
         rewards = reward_set_from_config(cfg)  # a bad --reward fails here, before any model loads
         t0 = time.perf_counter()
@@ -90,6 +94,12 @@ class Sampler:
             self.old_source = "pass"
             if not cfg.in_flight_rows:
                 self.engine = None
+        if self.swaps and self.old_source != "sampling":
+            # Each token's log-prob as drawn is under the version that drew it (on the fallback, a
+            # pass over each batch before the next swap); a pass at the group's end is not.
+            log.info("--swap-in-flight: old log-probs from the sampling pass (--old-logprobs %s would choose a pass "
+                     "with the weights at each group's end)", cfg.old_logprobs)
+            self.old_source = "sampling"
         log.info("start-up: device %.1f s, problems %.1f s, reward probe %.1f s, model %.1f s (%s), weight receiver "
                  "and engine %.1f s", t_device, t_problems - t0, t_prompts - t_problems, t_model - t_prompts,
                  ", ".join(f"{k} {v:.1f} s" for k, v in load_times.items()), time.perf_counter() - t_model)
@@ -113,12 +123,13 @@ class Sampler:
                       "eval_version": -1.0, "eval_accuracy": 0.0, "eval_seconds": 0.0,
                       "verified_version": -1.0, "verified_checksum": 0.0,  # --verify-weight-sync
                       "budget_wait_s": 0.0,   # waiting for the learner's queue to have room
+                      "swaps": 0.0,   # versions applied between decode steps (--swap-in-flight)
                       **prompts.window.stats()}   # --curriculum: per task, level, groups and rate
         self.client = WeightsClient(cfg, self.sync, self.policy, self.device, self.vocab_size, receiver, method,
                                     self.stats, handed=self._handed, on_levels=prompts.set_levels)
         self.workflow = RolloutWorkflow(cfg, prompts, rewards, self.tok, self.policy, self.engine, self.eos_ids,
                                         self.old_source, self.device, path, self.client, self.stats, self.gpu,
-                                        self.incarnation, on_filtered=self._filtered)
+                                        self.incarnation, on_filtered=self._filtered, swaps=self.swaps)
         self.heartbeat = Heartbeat(DataSender(cfg.host, cfg.data_port, hwm=2, curve=curve),
                                    cfg.heartbeat_interval_s, lambda: self._status(final=False))
         self.name = f"sampler{cfg.sampler_id}"
@@ -129,7 +140,8 @@ class Sampler:
                  len(prompts.mine), path, cfg.num_generations,
                  cfg.prompts_per_round or f"a step's worth of groups with signal (at most {cfg.max_prompts_per_round})",
                  self.backend,
-                 f", in flight on {cfg.in_flight_rows} rows" if cfg.in_flight_rows else "",
+                 (f", in flight on {cfg.in_flight_rows} rows" + (", weights swapped in flight" if self.swaps else ""))
+                 if cfg.in_flight_rows else "",
                  "the sampling pass" if self.old_source == "sampling" else "a teacher-forced pass")
         release_cached(self.device)   # what start-up cached, for the other process on this GPU
         mark_stage(cfg.run_dir, self.name, "model_loaded")

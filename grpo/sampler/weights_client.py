@@ -59,6 +59,10 @@ class AnswersRejected(RuntimeError):
 # which asking again does not mend. One is allowed to be chance; three in a row are not.
 REJECTED_ANSWERS_LIMIT = 3
 
+# --swap-in-flight: the least time between two weights requests a stream sends (its host checks
+# come every few milliseconds on a GPU; the learner publishes once a step, seconds apart).
+SWAP_ASK_S = 0.2
+
 
 def rejected_streak(streak: int, answered: bool, rejected: int) -> int:
     """Requests in a row left without a valid answer while the sync socket rejected `rejected` (> 0)
@@ -335,14 +339,15 @@ class WeightsClient:
         return self._first_request is not None and any(self._ends_round_0(m) for m in self.inbox.peek())
 
     # ------------------------------------------------------------------ applying a version
-    def _apply(self, newest: M.WeightsAnnounce) -> bool:
-        """Apply one announced version; True if a follow-up request should be sent (ipc)."""
+    def _apply(self, newest: M.WeightsAnnounce, fall_back: bool = True) -> bool:
+        """Apply one announced version; True if a follow-up request should be sent (ipc).
+        fall_back=False: a method that proves impossible raises instead of stepping down."""
         t_apply = time.perf_counter()
         try:
             ok = self._receiver_of(newest.method).apply(newest)
         except RuntimeError as exc:
-            if fallback(newest.method, self.cfg.weight_sync) == newest.method:
-                raise   # the last resort failed: nothing to step down to
+            if not fall_back or fallback(newest.method, self.cfg.weight_sync) == newest.method:
+                raise   # asked not to step down, or the last resort failed: nothing to step down to
             self._fall_back(str(exc))
             return True   # ask again, the new way
         if not ok:
@@ -362,6 +367,60 @@ class WeightsClient:
         log.info("now running policy version %d (%.1f MB by %s applied in %.4f s)", self.version,
                  sum(newest.bucket_nbytes) / 1e6, newest.method, dt)
         return acknowledges(newest.method)   # the follow-up request acknowledges the version
+
+    # ------------------------------------------------------------------ swaps in flight
+    _swap_asked = -1     # the request id of the last swap request (out while no later request was sent)
+    _swap_asked_at = 0.0
+    _swap_failed = -1    # the request id current when a method failed in flight (no swaps until the next sync)
+
+    def apply_newer_now(self) -> int | None:
+        """A stream's swap() (--swap-in-flight), between two decode steps: apply the newest version
+        the learner has announced, in place (ipc and nccl copy over the live buckets, tcp copy_ into
+        the parameters), and return it; None when there is none. Never waits: it takes the answers
+        that have arrived and keeps one request out, sent at most every SWAP_ASK_S (again at once
+        after an apply, to acknowledge it, and after sync_timeout_s without an answer, which the
+        protocol may lose). Not while round 0 awaits the learner's first answer (first_answer reads
+        it), nor with shared weights (the learner steps them only outside a round). A method that
+        fails here is not stepped down from: a new receiver would move the parameters the rows in
+        flight read; the next sync_weights steps down and applies it."""
+        if self.awaiting_first or self._held is not None or self.sync_method == M.SHARED:
+            return None
+        kept = self.inbox.peek()
+        if self._swap_failed == self._request_id or any(isinstance(m, M.Stop) for m in kept):
+            return None   # a stop is left for the stream's should_stop and the loop
+        newest = None
+        for _ in kept:
+            msg = self.inbox.receive(0)
+            self._on_answer(msg)
+            if isinstance(msg, M.WeightsAnnounce) and msg.version > (newest.version if newest else self.version):
+                newest = msg
+            if getattr(msg, "request_id", -1) == self._swap_asked:
+                self._swap_asked = -1   # answered: the next request may go
+        before, again = self.version, False
+        if newest is not None and newest.method not in (self.sync_method, M.TCP) and newest.method not in self._served:
+            # a method this sampler has no receiver for yet: making one would move the parameters the
+            # rows in flight read; the next round's sync takes it
+            newest = None
+        if newest is not None:
+            try:
+                again = self._apply(newest, fall_back=False)
+            except RuntimeError as exc:
+                self._swap_failed = self._request_id
+                log.info("%s cannot apply version %d in flight (%s): the next round's sync takes it",
+                         newest.method, newest.version, exc)
+                return None
+        now = time.monotonic()
+        # Out: unanswered, not yet given up on, and no later request sent (sync_weights' reads its answer).
+        out = self._swap_asked == self._request_id and now - self._swap_asked_at < self.cfg.sync_timeout_s
+        if again or (not out and now - self._swap_asked_at >= SWAP_ASK_S):
+            self._request_id += 1
+            if ask(self.inbox, self.cfg.sampler_id, self.version, self._request_id, self.sync_method,
+                   sent=self.handed()):
+                self._swap_asked, self._swap_asked_at = self._request_id, now
+        if self.version == before:
+            return None
+        self.stats["swaps"] += 1
+        return self.version
 
     def _fall_back(self, why: str) -> None:
         """The current method proved impossible here: step down by the rule both sides share."""

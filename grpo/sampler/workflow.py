@@ -5,10 +5,15 @@ batch, or streamed through in-flight batching), score them, drop zero-signal gro
 (--filter-zero-signal) before any log-prob pass, take or compute the behaviour (old) log-probs and
 compute the reference ones when the run needs them, and build the wire's Groups.
 
-Weights are swapped only between rounds (never while a round generates), so every token of a
-round was sampled by one policy version, which is the version the groups carry. Round 0 may be
-generated before the learner's first answer (grpo.sampler.weights_client): nothing of it is scored
-or sent before that answer has come and the run's facts are checked.
+Weights are swapped between rounds, and with --swap-in-flight (in flight on --in-flight-rows) also
+between two decode steps of a round, as soon as the learner has announced a newer version
+(swaps_in_flight, WeightsClient.apply_newer_now): the rows in flight are not drained. Each token's
+sampled log-prob is then under the version that drew it, so those are the old log-probs (a pass at
+the group's end would score every token with the newest weights), and a group carries the oldest
+version among its tokens (the staleness bound's) and the newest. Without swaps every token of a
+round was sampled by one version. Round 0 may be generated before the learner's first answer
+(grpo.sampler.weights_client): nothing of it is scored or sent before that answer has come and the
+run's facts are checked.
 """
 from __future__ import annotations
 
@@ -37,6 +42,20 @@ from grpo.wire import messages as M
 log = logging.getLogger(__name__)
 
 SIGNAL_ROUNDS = 4   # the rounds whose groups give the share of groups with signal
+
+
+def swaps_in_flight(swap_in_flight: bool, in_flight_rows: int, method: str, old_logprobs: str) -> bool:
+    """Whether streams swap weights between decode steps: --swap-in-flight with --in-flight-rows
+    (fixed rounds are one batch: nothing to swap into), unless the weights are shared (the learner
+    steps those only while no round holds their guard). --old-logprobs pass is refused with it: the
+    pass would score every token with the weights at the group's end, not those that drew it."""
+    if not (swap_in_flight and in_flight_rows) or method == M.SHARED:
+        return False
+    if old_logprobs == "pass":
+        raise ValueError("--old-logprobs pass scores every token with the weights at the group's end, but with "
+                         "--swap-in-flight its early tokens were drawn by older ones: use --old-logprobs sampling "
+                         "(or auto), or --no-swap-in-flight")
+    return True
 
 
 def encode_prompts(tok, problems: list) -> tuple[list[str], list[list[int]]]:
@@ -91,9 +110,10 @@ class RolloutWorkflow:
     def __init__(self, cfg: SamplerConfig, prompts: Prompts, rewards, tok, policy: torch.nn.Module,
                  engine: RolloutEngine | None, eos_ids: list[int], old_source: str, device: torch.device,
                  model_path, client: WeightsClient, stats: dict, gpu: GpuMonitor, incarnation: int,
-                 on_filtered: Callable[[int], None]):
+                 on_filtered: Callable[[int], None], swaps: bool = False):
         self.cfg, self.prompts, self.rewards, self.tok, self.policy = cfg, prompts, rewards, tok, policy
         self.engine, self.eos_ids, self.old_source, self.device = engine, eos_ids, old_source, device
+        self.swaps = swaps   # streams swap weights in flight (swaps_in_flight; old_source is then 'sampling')
         self.client, self.stats, self.gpu, self.incarnation = client, stats, gpu, incarnation
         self.on_filtered = on_filtered
         # The frozen reference model is loaded only once the learner says the run needs its
@@ -159,7 +179,9 @@ class RolloutWorkflow:
         """One round through in-flight batching (--in-flight-rows): yields lists of finished groups,
         scored and with their log-probs, as soon as a learner step's worth has ended (or the round
         has), while the engine gives the rows their samples freed to the round's next samples.
-        Weights do not change during a round, so every token of every group is sampled by one version."""
+        With self.swaps the engine asks the weights client for a newer version at every host check
+        (apply_newer_now) and each group says the versions its tokens were drawn by; without, every
+        token of the round is sampled by one version."""
         cfg, client = self.cfg, self.client
         problems, prompts, prompt_ids = self._round_problems(n_prompts)
         G = cfg.num_generations
@@ -170,12 +192,15 @@ class RolloutWorkflow:
         gis: list[int] = []
         completions: list[tuple[list[int], bool]] = []
         sampled_lp: list[np.ndarray] = []
+        versions: list[tuple[int, int]] = []   # per group: (oldest, newest) version among its tokens
         t0 = time.perf_counter()
         stream = self.engine.stream(lambda: next(queue, None), G, cfg.max_new_tokens, cfg.temperature,
-                                    rows=cfg.in_flight_rows, should_stop=client.stop_said)
+                                    rows=cfg.in_flight_rows, should_stop=client.stop_said,
+                                    swap=client.apply_newer_now if self.swaps else None, version=client.version)
         for fg in itertools.chain(stream, [None]):   # None: the round has ended, send what is left
             if fg is not None:
                 gis.append(fg.key)
+                versions.append((fg.min_version, fg.max_version))
                 completions.extend(zip(fg.token_ids, fg.finished))
                 sampled_lp.extend(fg.logprobs)
             # Round 0 before the learner's first answer: the answer is taken as soon as it has come,
@@ -189,16 +214,22 @@ class RolloutWorkflow:
                 return   # cut short: the groups not yet sent are not scored, counted or sent
             if gis and (fg is None or len(gis) >= chunk()):
                 yield self._finish(round_idx, problems, prompts, prompt_ids, gis, completions, time.perf_counter() - t0,
-                                   sampled_lp)
-                gis, completions, sampled_lp, t0 = [], [], [], time.perf_counter()
+                                   sampled_lp, versions)
+                gis, completions, sampled_lp, versions, t0 = [], [], [], [], time.perf_counter()
 
     def _finish(self, round_idx: int, problems: list, prompts: list[str], prompt_ids: list[list[int]],
                 gis: list[int], completions: list[tuple[list[int], bool]], gen_s: float,
-                sampled_lp: list[np.ndarray] | None = None) -> list[M.Group]:
+                sampled_lp: list[np.ndarray] | None = None,
+                versions: list[tuple[int, int]] | None = None) -> list[M.Group]:
         """Groups gis of the round (G rows each, in `completions`): score, count for the curriculum,
         drop zero-signal ones (--filter-zero-signal), take or compute old (and compute reference)
-        log-probs, build. sampled_lp: the engine's log-prob of each sampled token, per completion."""
-        cfg, tok, version, facts = self.cfg, self.tok, self.client.version, self.client.run_facts
+        log-probs, build. sampled_lp: the engine's log-prob of each sampled token, per completion.
+        versions: per group, the (oldest, newest) version its tokens were drawn by (None: all the
+        client's version); a group's policy_version is the oldest, by which its age is counted."""
+        cfg, tok, facts = self.cfg, self.tok, self.client.run_facts
+        versions = versions or [(self.client.version, self.client.version)] * len(gis)
+        version = min((v for v, _ in versions), default=self.client.version)
+        newest = max((v for _, v in versions), default=version)
         G = cfg.num_generations
         whole = [prompt_ids[gis[k // G]] + c for k, (c, _) in enumerate(completions)]
         t1 = time.perf_counter()
@@ -251,7 +282,7 @@ class RolloutWorkflow:
                     reward=float(scored.reward), reward_info=dict(scored.info), is_finished=finished))
             groups.append(M.Group(
                 sampler_id=cfg.sampler_id, group_id=f"s{cfg.sampler_id}-r{round_idx}-g{gi}",
-                policy_version=version, prefix=prompt,
+                policy_version=versions[j][0], max_version=versions[j][1], prefix=prompt,
                 prefix_tokens=tok.convert_ids_to_tokens(pids), prefix_token_ids=np.asarray(pids, dtype=np.int32),
                 completions=comps, meta={"answer": problem.answer.split("####")[-1].strip()[:64],
                                          **({"task": problem.columns["rg_task"]} if "rg_task" in problem.columns
@@ -272,9 +303,10 @@ class RolloutWorkflow:
         rewards = [sc.reward for sc in scores]   # every completion, filtered or not: the train reward
         dropped = (f", {len(gis) - len(keep)} of {len(gis)} groups zero-signal"
                    if cfg.filter_zero_signal else "")
-        log.info("round %d (v%d): %d completions, %d tokens in %.2f s (%.0f tok/s); log-probs %.2f s, "
+        swapped = f" (swapped in flight: tokens of v{version}-v{newest})" if newest != version else ""
+        log.info("round %d (v%d): %d completions, %d tokens in %.2f s (%.0f tok/s)%s; log-probs %.2f s, "
                  "rewards %.2f s; reward mean %.3f%s%s", round_idx, version, len(completions), n_tokens, gen_s,
-                 n_tokens / max(gen_s, 1e-9), logprob_s, reward_s, float(np.mean(rewards)), dropped,
+                 n_tokens / max(gen_s, 1e-9), swapped, logprob_s, reward_s, float(np.mean(rewards)), dropped,
                  format_gpu(self.gpu.sample()))
         return groups
 

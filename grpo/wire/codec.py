@@ -99,8 +99,9 @@ def _decode_group(h: dict[str, Any], arrays: list[_Array], views: list[memoryvie
     expected = np.concatenate([part for c in completions for part in (prefix_ids, c.generated_token_ids)])
     if not np.array_equal(whole, expected):
         raise _fail("length_mismatch", "whole_token_ids != prefix ++ generated for some completion")
+    max_version = _int(h, "max_version", "group", lo=policy_version) if "max_version" in h else -1   # optional
     return Group(sampler_id, group_id, policy_version, prefix, prefix_tokens, prefix_ids, completions, meta,
-                 _incarnation(h, "group"))
+                 _incarnation(h, "group"), max_version)
 
 
 def _incarnation(h: dict[str, Any], where: str) -> int:

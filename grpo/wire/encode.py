@@ -55,6 +55,8 @@ def _encode_group(g: Group) -> list[bytes | memoryview]:
     fields = {"sampler_id": g.sampler_id, "group_id": g.group_id, "policy_version": g.policy_version,
               "prefix": g.prefix, "prefix_tokens": list(g.prefix_tokens), "meta": dict(g.meta),
               "completions": completions, "incarnation": g.incarnation}
+    if g.max_version >= 0:   # optional: a reader that predates it ignores the key
+        fields["max_version"] = g.max_version
     descs = [{"name": n, "dtype": d, "shape": [len(a)]} for (n, d), a in zip(GROUP_ARRAYS, arrays)]
     # memoryview of a contiguous array: zmq sends it with copy=False, no bytes() copy.
     return [_pack("group", fields, descs), *(memoryview(a) for a in arrays)]

@@ -94,6 +94,9 @@ class Group:  # the unit of transfer: all G completions of one prompt
     completions: list[Completion]
     meta: dict[str, object]  # small map str -> str|int|float|bool, e.g. {"answer": "72"}
     incarnation: int = 0  # random id of the sampler process that made it (a restart gets a new one)
+    # policy_version is the oldest version that drew any of its tokens (its age: the staleness bound's);
+    # with weights swapped in flight later tokens may come from newer ones, up to this (-1: not said).
+    max_version: int = -1
 
 
 @dataclass

@@ -69,6 +69,26 @@ def test_group_single_completion_and_empty_prefix() -> None:
     assert_groups_equal(g, codec.decode(codec.encode(g)))
 
 
+def test_group_max_version_is_optional() -> None:
+    """max_version (weights swapped in flight: the newest version among the group's tokens) rides as
+    an optional key: sent when said, absent otherwise (-1 on decode, and so to a reader of before it,
+    which ignores unknown keys); below policy_version (the oldest) is refused."""
+    g = random_group(policy_version=12)
+    assert g.max_version == -1
+    assert "max_version" not in msgpack.unpackb(bytes(codec.encode(g)[0]), raw=False)
+    assert codec.decode(codec.encode(g)).max_version == -1
+    g.max_version = 14
+    frames = codec.encode(g)
+    assert msgpack.unpackb(bytes(frames[0]), raw=False)["max_version"] == 14
+    out = codec.decode(frames)
+    assert (out.policy_version, out.max_version) == (12, 14)
+    assert_groups_equal(g, out)
+    g.max_version = 12
+    assert codec.decode(codec.encode(g)).max_version == 12
+    for bad in (11, -1, True, 13.0):
+        assert reason(rehead(frames, lambda h, b=bad: h.update(max_version=b))) == "bad_field"
+
+
 def test_group_array_frames_layout() -> None:
     g = random_group(lengths=(2, 3), prefix_len=4)
     frames = codec.encode(g)

@@ -1,0 +1,133 @@
+"""--swap-in-flight: a sampler streaming a round on the fast engine takes a version the learner
+announced between two decode steps, copied into its weights in place, without draining the rows in
+flight; each completion's old log-probs are those of the weights that drew each token, and each group
+carries the oldest (policy_version) and newest (max_version) version among its tokens. Real sampler,
+real sockets, a scripted learner whose answer carries tcp weights."""
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from netutil import free_ports, one_thread  # noqa: F401 - module-wide fixture (autouse)
+from scripted import ScriptedLearner, facts
+
+from grpo.config import SamplerConfig
+from grpo.model import right_pad, token_logprobs
+from grpo.sampler.loop import Sampler
+from grpo.sampler.workflow import swaps_in_flight
+from grpo.weights.layout import plan_layout
+from grpo.weights.pack import pack
+from grpo.wire import messages as M
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "generate"))
+from test_architectures import mixed_decode  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
+
+
+def test_swaps_in_flight_rule():
+    assert swaps_in_flight(True, 4, M.TCP, "auto") and swaps_in_flight(True, 4, M.IPC, "sampling")
+    assert swaps_in_flight(True, 1, M.NCCL, "auto")
+    assert not swaps_in_flight(True, 0, M.TCP, "pass")      # fixed rounds: one batch, nothing to swap into
+    assert not swaps_in_flight(False, 4, M.TCP, "pass")     # asked off
+    assert not swaps_in_flight(True, 4, M.SHARED, "pass")   # shared: the learner steps only between rounds
+    with pytest.raises(ValueError, match="--old-logprobs pass .* use --old-logprobs sampling .*--no-swap-in-flight"):
+        swaps_in_flight(True, 4, M.TCP, "pass")
+
+
+def tcp_announce(model: torch.nn.Module, version: int, request_id: int) -> M.WeightsAnnounce:
+    named = list(model.named_parameters())
+    layout, dtypes, nbytes = plan_layout(named)
+    return M.WeightsAnnounce(version=version, method=M.TCP, layout=layout, bucket_dtypes=dtypes, bucket_nbytes=nbytes,
+                             buckets=[memoryview(b.numpy()) for b in pack(named, layout, nbytes)],
+                             request_id=request_id)
+
+
+def test_a_version_announced_mid_stream_is_swapped_in_between_decode_steps():
+    """3 prompts, G=2 on 3 rows, 12 new tokens, a host check every 3 decode steps. Before the round the
+    sampler's swap request is out and answered with version 1's weights (tcp), so the first check
+    (after step 3) applies them. Prompt 0's samples and prompt 1's first (rows 0-2 from step 0) drew
+    tokens 0-3 (the refill's and steps 1-3) with version 0 and 4-11 with version 1; prompt 1's second
+    sample waited for a row (its prompt prefilled by version 0) and took one at step 12: token 0 from
+    that prefill, the rest by version 1; prompt 2, prefilled after the swap: all version 1."""
+    data_port, sync_port = free_ports(2)
+    s = Sampler(SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
+                              num_generations=2, max_new_tokens=12, prompts_per_round=3, in_flight_rows=3,
+                              generation_backend="fast", data_port=data_port, sync_port=sync_port,
+                              heartbeat_interval_s=0))
+    assert s.swaps and s.old_source == "sampling"
+    s.engine.check_every = 3
+    old = copy.deepcopy(s.policy)
+    torch.manual_seed(123)
+    new = type(s.policy)(s.policy.config).eval()
+    ptrs = [p.data_ptr() for p in s.policy.parameters()]
+    # request 0: sync_weights' (no_update, the run's facts); request 1: the swap request sent before the round
+    learner = ScriptedLearner(sync_port, facts(s), later={1: lambda req: tcp_announce(new, 1, req.request_id)})
+    learner.start()
+    try:
+        assert s.client.sync_weights() and s.client.version == 0 and not s.client.awaiting_first
+        assert s.client.apply_newer_now() is None   # nothing announced yet: request 1 goes out
+        deadline = time.monotonic() + 30
+        while not any(isinstance(m, M.WeightsAnnounce) for m in s.client.inbox.peek()):
+            assert time.monotonic() < deadline, "the scripted learner's answer never came"
+            time.sleep(0.05)
+        assert s.client.version == 0   # answered, not yet applied: that is the stream's to do
+        groups = {g.group_id: g for chunk in s.workflow.stream_round(0, 3) for g in chunk}
+    finally:
+        learner.done.set()
+        s.data.close()
+        s.sync.close()
+    assert s.client.version == 1 and s.stats["swaps"] == 1 and s.stats["weight_syncs"] == 1
+    assert [p.data_ptr() for p in s.policy.parameters()] == ptrs   # copied in place
+    assert all(torch.equal(p, q) for p, q in zip(s.policy.parameters(), new.parameters()))
+    assert sorted(groups) == ["s0-r0-g0", "s0-r0-g1", "s0-r0-g2"]
+    assert [(groups[f"s0-r0-g{k}"].policy_version, groups[f"s0-r0-g{k}"].max_version) for k in range(3)] == \
+        [(0, 1), (0, 1), (1, 1)]
+    span, waited, after = [0] * 4 + [1] * 8, [0] + [1] * 11, [1] * 12
+    want = {0: [span, span], 1: [span, waited], 2: [after, after]}
+    eos = set(s.eos_ids)
+    models = {0: old, 1: new}
+    for k in range(3):
+        g = groups[f"s0-r0-g{k}"]
+        prompt = g.prefix_token_ids.tolist()
+        for c, versions in zip(g.completions, want[k]):
+            tokens = c.generated_token_ids.tolist()
+            assert len(tokens) == 12 and not eos & set(tokens)   # no EOS: the hand-worked steps hold
+            # the old log-probs are the sampled ones, each under the weights that drew its token,
+            # with the rows' keys and values as those weights computed them
+            ref, _ = mixed_decode(models, prompt, tokens, versions, 1.0)
+            np.testing.assert_allclose(c.old_policy_log_probs, ref, rtol=0, atol=1e-4)
+    # Teacher-forced under one version alone: a spanning row's tokens before the swap are the old
+    # weights' and its later ones are neither version's alone (the kept cache); prompt 2's are the new ones'.
+    def alone(m, g):
+        P = len(g.prefix_token_ids)
+        ids, mask = right_pad([c.whole_token_ids.tolist() for c in g.completions], s.tok.pad_token_id,
+                              torch.device("cpu"))
+        with torch.no_grad():
+            return token_logprobs(m, ids, mask, 1.0)[:, P - 1:P + 11].numpy()
+    g0, g2 = groups["s0-r0-g0"], groups["s0-r0-g2"]
+    old0, new0, new2 = alone(old, g0), alone(new, g0), alone(new, g2)
+    for i in range(2):
+        lp = g0.completions[i].old_policy_log_probs
+        np.testing.assert_allclose(lp[:4], old0[i][:4], rtol=0, atol=1e-4)
+        assert np.abs(lp[4:] - old0[i][4:]).max() > 1e-2 and np.abs(lp[4:] - new0[i][4:]).max() > 1e-2
+        np.testing.assert_allclose(g2.completions[i].old_policy_log_probs, new2[i], rtol=0, atol=1e-4)
+
+
+def test_pass_old_logprobs_with_swaps_is_one_line_exit_2(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "sampling_worker.py"), "--device", "cpu", "--model", "tiny-random",
+                        "--dataset", str(GSM8K), "--generation-backend", "fast", "--in-flight-rows", "4",
+                        "--old-logprobs", "pass", "--run-dir", str(tmp_path / "run")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--old-logprobs pass" in lines[0] and "--no-swap-in-flight" in lines[0], r.stderr
