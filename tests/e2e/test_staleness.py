@@ -34,10 +34,16 @@ def test_no_group_is_generated_that_is_certain_to_be_dropped(tmp_path, engine):
     assert r.returncode == 0, r.stderr[-3000:]
     groups = json.loads((run_dir / "summary.json").read_text())["groups"]
     assert groups["balanced"] and groups["trained"] == 8
-    assert groups["dropped"].get("stale", 0) == 0, groups
     log = (run_dir / "sampler0.log").read_text()
     sizes = [int(n) // 2 for n in re.findall(r"round \d+ \(v\d+\): (\d+) completions", log)]
-    assert sizes and max(sizes) <= 2 < 8, sizes       # (1 + 1) x 1 group a step, never the full 8
+    assert len(sizes) > 1 and max(sizes[1:]) <= 2 < 8, sizes   # (1 + 1) x 1 group a step, never the full 8
+    if "generating round 0 with version 0" in log:
+        # the learner's first answer came after the sampler's grace (a loaded machine): round 0 was
+        # the full 8 prompts, made before the budget was known; what the budget could not take is
+        # dropped stale, and nothing after it
+        assert sizes[0] == 8 and groups["dropped"].get("stale", 0) == 8 - 2, (sizes, groups)
+    else:
+        assert sizes[0] <= 2 and groups["dropped"].get("stale", 0) == 0, (sizes, groups)
     assert "waiting: the learner's queue is full" in log
     assert ("fast generation, in flight on 3 rows" in log) == bool(engine)
     # beta 0: the run needs no reference log-probs, so the sampler loads no reference model
