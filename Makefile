@@ -24,7 +24,7 @@ comm: install
 	$(BIN)/python communication_test.py
 
 # The demo: GRPO on a reasoning-gym task where the default model has signal (chosen on train
-# problems by bench/task_probe.py; docs/benchmarks.md), greedy accuracy on a fixed held-out subset
+# problems, docs/benchmarks.md), greedy accuracy on a fixed held-out subset
 # before and after, and the learning curve in <run dir>/report.png. Offline: the task is generated.
 # `make demo` installs first; `make demo-run` runs with whatever python3 has (the GPU machine).
 PYTHON := $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)

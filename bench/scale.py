@@ -38,9 +38,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchutil import PEAK_BF16_FLOPS, ROOT, commit, versions  # noqa: E402
-
-sys.path.insert(0, str(ROOT))
+from benchutil import PEAK_BF16_FLOPS, ROOT, commit, versions  # noqa: E402  (also puts the repo root on sys.path)
 from grpo.config import ALLOC_ENV, ALLOC_ENVS, allocator_conf  # noqa: E402  (light: no torch)
 from grpo.launch.memory import RESERVE  # noqa: E402
 

@@ -140,34 +140,29 @@ def learner(args) -> None:
 
 def _nccl(rank: int, nbytes: int, args, port: int) -> list[float]:
     """Raw broadcast of nbytes from the learner to the sampler: a standalone NCCL group of two."""
-    try:
-        return _nccl_times(rank, nbytes, args, port)
-    except Exception as exc:  # noqa: BLE001 - a floor that fails is reported, the methods' results kept
-        print(f"nccl floor failed: {type(exc).__name__}: {str(exc).splitlines()[0]}", file=sys.stderr)
-        return []
-
-
-def _nccl_times(rank: int, nbytes: int, args, port: int) -> list[float]:
     import torch
     import torch.distributed as dist
 
-    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=120))
-    opts = dist.ProcessGroupNCCL.Options()
-    pg = dist.ProcessGroupNCCL(store, rank, 2, opts)
-    buf = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
-    flag = torch.zeros(1, device="cuda:0")
-    times = []
-    for i in range(args.syncs + 2):
-        # (pg.barrier() would guess the device from the rank: cuda:1 here is the learner's GPU)
+    try:
+        store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=120))
+        pg = dist.ProcessGroupNCCL(store, rank, 2, dist.ProcessGroupNCCL.Options())
+        buf = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
+        flag = torch.zeros(1, device="cuda:0")
+        times = []
+        for i in range(args.syncs + 2):
+            # (pg.barrier() would guess the device from the rank: cuda:1 here is the learner's GPU)
+            pg.allreduce([flag]).wait()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            pg.broadcast(buf, 0).wait()
+            torch.cuda.synchronize()
+            if i >= 2:
+                times.append(time.perf_counter() - t0)
         pg.allreduce([flag]).wait()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        pg.broadcast(buf, 0).wait()
-        torch.cuda.synchronize()
-        if i >= 2:
-            times.append(time.perf_counter() - t0)
-    pg.allreduce([flag]).wait()
-    return times
+        return times
+    except Exception as exc:  # noqa: BLE001 - a floor that fails is reported, the methods' results kept
+        print(f"nccl floor failed: {type(exc).__name__}: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return []
 
 
 def sampler(args) -> None:
@@ -263,9 +258,6 @@ def main() -> int:
     ap.add_argument("--role-out", default="")
     args = ap.parse_args()
     if args.role:
-        if os.environ.get("WS_DUMP_AFTER"):  # diagnosis: print every thread's stack after N s, then exit
-            import faulthandler
-            faulthandler.dump_traceback_later(float(os.environ["WS_DUMP_AFTER"]), exit=True)
         (learner if args.role == "learner" else sampler)(args)
         return 0
 

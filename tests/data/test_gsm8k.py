@@ -53,6 +53,27 @@ def test_extract_real_reference_solution():
     assert gsm8k_correct("She sold 72 clips in all.\n#### 72", row["answer"])
 
 
+def test_chance_baselines_on_the_evaluation_subset():
+    """The reference points the README sets SmolLM2's greedy 0.024 against, on the first 500 test
+    problems: always answering "4" (the train split's most common answer, 210 times) is right 15
+    times (0.030); the gold answer is a number of the question 30 times (0.06), its last number 9
+    times (0.018)."""
+    from collections import Counter
+
+    from grpo.data.gsm8k import _numbers
+    from grpo.data.sources import load_problems
+
+    if not (GSM8K_DIR / "train.jsonl").is_file():
+        pytest.skip(f"{GSM8K_DIR} is missing")
+    train = [extract_gsm8k_answer(p.answer) for p in load_problems(str(GSM8K_DIR), "train")]
+    test = load_problems(str(GSM8K_DIR), "test", limit=500)
+    golds, numbers = [extract_gsm8k_answer(p.answer) for p in test], [_numbers(p.question) for p in test]
+    assert Counter(train).most_common(1) == [("4", 210)]
+    assert sum(g == "4" for g in golds) == 15
+    assert sum(g in n for g, n in zip(golds, numbers)) == 30
+    assert sum(bool(n) and n[-1] == g for g, n in zip(golds, numbers)) == 9
+
+
 @pytest.mark.parametrize(
     ("completion", "reference", "expected"),
     [
