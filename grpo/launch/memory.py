@@ -32,21 +32,12 @@ PROMPT_TOKENS = 512                # prompt length assumed for the KV cache and 
 CHUNK_ELEMS = 1 << 27              # grpo.model.logprobs.DEFAULT_CHUNK_ELEMS: logits elements per LM-head chunk
 # The caching allocator's reserve: what the driver sees a process hold beyond the items counted
 # here and the CUDA context (freed blocks kept for reuse, split blocks that fit no later request,
-# transient buffers). ROUGH RULES, fitted on bench/results/scale_NVIDIA_H200.json and
-# scale_NVIDIA_H100_80GB_HBM3.json: Qwen2.5 shapes 0.5B-7B on one shared GPU, token-budget
-# micro-batches, 448-token sequences, and SmolLM2 with every default. With expandable segments (the
-# workers' default): the rows labelled _rr, _pin and _pin120 (commits 46c79bc, 4d8fb5e, 0aeff88),
-# which record torch's allocated and reserved peaks over the whole run. Their counted items matched
-# the allocated peak within 0.3-3.2 GiB (learners) and 0.2-4.8 GiB (samplers), and the driver saw
-# 0.3-0.8 GiB beyond the reserved peak (the context and libraries' workspaces).
-# A learner's reserve, as a share of its other items (the context left out): with expandable
-# segments 0.15-0.38 under full fine-tuning (SmolLM2, 0.5B, 1.5B and 3B over ipc and shared; at
-# 1.5B and 3B the allocator held 10-19 GiB more than it had allocated), 0.04-0.07 under LoRA (7B);
-# without them, 0.37-0.53 and 0.29 (rows _now, 8981757). A sampler's, as a share of its KV cache
-# and log-prob pass: over ipc and tcp 0.47-1.03 with expandable segments (the low end SmolLM2's,
-# whose prompts are far shorter than the 512 tokens assumed), 0.87-1.53 without; over shared
-# weights 0.18-0.62 with them and 1.06 without (one row, 3b_shared_now). Each factor is one that
-# puts the rows it was fitted on within 15% of the driver's peak.
+# transient buffers), as a share of the process's other items (the context left out); keyed by
+# whether expandable segments are on (the workers' default). ROUGH RULES, fitted on the scale
+# rows (bench/scale.py; docs/benchmarks.md, "Run-wide peaks and the memory plan", says which rows
+# and how far each share ranged): each factor puts the rows it was fitted on within 15% of the
+# driver's peak. Full fine-tuning holds far more unused reserve than LoRA; a sampler's reserve is
+# a share of its KV cache and log-prob pass, smaller over shared weights.
 RESERVE = {True: {"learner_full": 0.25, "learner_lora": 0.05, "sampler": 0.7, "sampler_shared": 0.3},
            False: {"learner_full": 0.45, "learner_lora": 0.29, "sampler": 1.5, "sampler_shared": 1.0}}
 # --model names grpo.model builds into cache folders (grpo.model.zoo._BUILDERS; a test keeps them equal)
@@ -157,10 +148,9 @@ def kv_cache(s: Shape, rows: int, seq: int, dtype_bytes: int = 2) -> int:
 
 def activations(s: Shape, micro_batch: int, seq: int) -> int:
     """A ROUGH RULE: layers x micro_batch x seq x hidden x k bytes, the activations autograd keeps
-    for backward without recomputation. k = 77, measured: the learner micro-batch sweep of
-    docs/benchmarks.md (bench/results/learner_micro_NVIDIA_H200.json, Qwen2.5-3B shapes, bf16
-    autocast, no gradient checkpointing) peaked at 65.4 GiB with 2,048-token micro-batches and
-    98.0 GiB with 8,192: 32.5 GiB / (6,144 tokens x 36 layers x 2,048 hidden) = 77 bytes. The
+    for backward without recomputation. k = 77, measured on the learner micro-batch sweep
+    (Qwen2.5-3B shapes, bf16 autocast, no gradient checkpointing: the growth of the peak between
+    two micro-batch sizes over tokens x layers x hidden; docs/benchmarks.md has the figures). The
     textbook value, 34 (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
     Transformer Models": 34sbh + 5as^2b per layer, fp16, a 4h MLP), is lower: SwiGLU's 5.4h MLP
     and the float32 norms under autocast keep more. Models of other proportions will differ."""

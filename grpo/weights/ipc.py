@@ -59,8 +59,8 @@ class IpcReceiver(FlatReceiver):
     def _open(self, h: M.IpcHandle) -> torch.Tensor:
         # The offset is part of the key: small slots share one allocator segment, so one IPC
         # handle (the segment's) with different offsets; keyed by handle alone, slot 1 would
-        # be read through slot 0's view and its stamp would never match (seen on H200 with a
-        # 0.3 MB model: the sampler never applied a version).
+        # be read through slot 0's view and its stamp would never match (a tiny model's sampler
+        # then never applies a version).
         key = (h.gpu_uuid, h.handle, h.storage_offset)
         if key not in self._opened:
             index = local_index_of(h.gpu_uuid)

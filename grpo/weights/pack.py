@@ -180,13 +180,12 @@ def pack(named: list[tuple[str, torch.Tensor]], layout: list[M.TensorSpec],
     # One allocation, the buckets back to back (the offsets the coalescer plans with); each
     # bucket a slice of it, so a reply still sending any bucket keeps the whole snapshot alive.
     # Pinned when the tensors are on CUDA: a device-to-host copy into pageable memory goes through
-    # the driver's staging buffer (7B LoRA's 15 GB took 8.8 s a version on an H100, the learner
-    # stalled throughout). Torch's caching host allocator keeps a freed pinned block for the next
-    # request of its size, so once this snapshot's last reply has let go (ZeroMQ drops its
-    # references when the frames are on the wire) the next version reuses it: pinning is paid
-    # once per snapshot alive at a time, not once a version (on an H100, 7B's publish stall went
-    # from 8.8 s to 0.31 s, after two first ones of 7.8-8.2 s that pinned the two blocks). Where the
-    # host cannot pin that much (RAM, ulimit -l), pageable memory as before.
+    # the driver's staging buffer, many times slower, and the learner stalls throughout (figures:
+    # docs/benchmarks.md, the memory-plan note). Torch's caching host allocator keeps a freed pinned
+    # block for the next request of its size, so once this snapshot's last reply has let go (ZeroMQ
+    # drops its references when the frames are on the wire) the next version reuses it: pinning is
+    # paid once per snapshot alive at a time, not once a version (the first versions are slow, the
+    # rest fast). Where the host cannot pin that much (RAM, ulimit -l), pageable memory as before.
     flat = _host_buffer(sum(bucket_nbytes), any(t.is_cuda for _, t in named) and torch.cuda.is_available())
     buckets = bucket_slices(flat, bucket_nbytes)
     if [n for n, _ in named] != [s.name for s in layout]:

@@ -30,7 +30,8 @@ MAX_MAP_ITEMS = 256  # meta / reward_info / stats are "small maps"
 MAX_REASON_CHARS = 4096
 # A CUDA IPC memory handle: 64 bytes for a plain allocation; under PYTORCH_CUDA_ALLOC_CONF=
 # expandable_segments:True torch serialises one entry per mapped page of the segment, which for
-# a slot of a 3B model's weights was over 256 bytes (seen on an H200: every version dropped).
+# a slot of a multi-billion-parameter model's weights runs to hundreds of bytes: a small limit
+# would drop every version.
 MAX_IPC_HANDLE_BYTES = 1 << 18   # within the 1 MiB header limit
 I64_MAX = (1 << 63) - 1
 
