@@ -140,6 +140,9 @@ def bind_ports(cfg: LearnerConfig, run_dir: Path) -> tuple[SyncServer, DataRecei
     return server, receiver
 
 
+SHM_COMM_OP = "deepspeed_shm_comm"   # DeepSpeed's ShareMemCommBuilder.NAME
+
+
 def start_process_group(cfg: LearnerConfig, device: torch.device) -> CommunicatorWarmup:
     """DeepSpeed's process group (nccl on CUDA, gloo on CPU); its first collective then runs on a
     thread beside the model's loading (wait() on what this returns)."""
@@ -151,6 +154,14 @@ def start_process_group(cfg: LearnerConfig, device: torch.device) -> Communicato
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", str(device.index or 0))
     clear_build_locks()   # a build lock left by a stopped process would hang init silently
+    if device.type != "cuda":
+        # DeepSpeed's CPU accelerator JIT-compiles a shared-memory allreduce (deepspeed_shm_comm)
+        # when its process group starts: a C++ build of a minute or more on a fresh machine before
+        # a CPU run (the tests, the demo) can begin, and again for each new environment. gloo does
+        # every collective a CPU learner needs, so the op is marked unavailable and not built.
+        import deepspeed.ops
+
+        deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo",
                                timeout=timedelta(seconds=cfg.dist_timeout_s))
     return CommunicatorWarmup(device, cfg.dist_timeout_s)
