@@ -18,6 +18,7 @@ import os
 import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -58,6 +59,25 @@ def lock_holders(lock: Path) -> list[int]:
         except OSError:
             continue   # gone meanwhile, or not ours to look at
     return pids
+
+
+SHM_COMM_OP = "deepspeed_shm_comm"   # DeepSpeed's ShareMemCommBuilder.NAME
+
+
+def init_process_group(device: torch.device, timeout_s: float) -> None:
+    """DeepSpeed's process group: nccl on CUDA, gloo on CPU (the rendezvous from the environment)."""
+    import deepspeed
+
+    if device.type != "cuda":
+        # DeepSpeed's CPU accelerator JIT-compiles a shared-memory allreduce (deepspeed_shm_comm)
+        # when its process group starts: a C++ build of a minute or more on a fresh machine before
+        # a CPU run (the tests, the demo) can begin, and again for each new environment. gloo does
+        # every collective a CPU learner needs, so the op is marked unavailable and not built.
+        import deepspeed.ops
+
+        deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
+    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo",
+                               timeout=timedelta(seconds=timeout_s))
 
 
 def clear_build_locks(root: Path | None = None, timeout_s: float = 600.0, note_every_s: float = 10.0) -> list[Path]:

@@ -19,7 +19,6 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -29,8 +28,8 @@ from grpo.data.tasks import Curriculum
 from grpo.generate.backend import resolve_backend
 from grpo.learner.accounting import Books, MessageLedger
 from grpo.learner.checkpoint import Checkpointer, TimedWeights, load_checkpoint, parse_save_schedule, resolve_resume
-from grpo.learner.engine import (CommunicatorWarmup, DeepSpeedEngine, TorchEngine, clear_build_locks, load_ds_config,
-                                 resolve_ds_config)
+from grpo.learner.engine import (CommunicatorWarmup, DeepSpeedEngine, TorchEngine, clear_build_locks,
+                                 init_process_group, load_ds_config, resolve_ds_config)
 from grpo.learner.intake import Intake
 from grpo.learner.liveness import Liveness, SyncPeers
 from grpo.learner.step import TrainStep
@@ -140,30 +139,16 @@ def bind_ports(cfg: LearnerConfig, run_dir: Path) -> tuple[SyncServer, DataRecei
     return server, receiver
 
 
-SHM_COMM_OP = "deepspeed_shm_comm"   # DeepSpeed's ShareMemCommBuilder.NAME
-
-
 def start_process_group(cfg: LearnerConfig, device: torch.device) -> CommunicatorWarmup:
     """DeepSpeed's process group (nccl on CUDA, gloo on CPU); its first collective then runs on a
     thread beside the model's loading (wait() on what this returns)."""
-    import deepspeed
-
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", str(device.index or 0))
     clear_build_locks()   # a build lock left by a stopped process would hang init silently
-    if device.type != "cuda":
-        # DeepSpeed's CPU accelerator JIT-compiles a shared-memory allreduce (deepspeed_shm_comm)
-        # when its process group starts: a C++ build of a minute or more on a fresh machine before
-        # a CPU run (the tests, the demo) can begin, and again for each new environment. gloo does
-        # every collective a CPU learner needs, so the op is marked unavailable and not built.
-        import deepspeed.ops
-
-        deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
-    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo",
-                               timeout=timedelta(seconds=cfg.dist_timeout_s))
+    init_process_group(device, cfg.dist_timeout_s)
     return CommunicatorWarmup(device, cfg.dist_timeout_s)
 
 

@@ -9,7 +9,7 @@ import torch
 
 from grpo.learner.checkpoint import (STATE_FILE, Checkpointer, ResumeError, list_checkpoints, load_checkpoint,
                                      resolve_resume)
-from grpo.learner.engine import DeepSpeedEngine, TorchEngine, load_ds_config, resolve_ds_config
+from grpo.learner.engine import DeepSpeedEngine, TorchEngine, init_process_group, load_ds_config, resolve_ds_config
 from grpo.model import load_causal_lm, load_tokenizer, resolve_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +33,6 @@ def _engine(kind, path, ds_config=None):
     ds_config = ds_config or _ds_config()
     if kind == "torch":
         return TorchEngine(model, ds_config, CPU)
-    import deepspeed
     from netutil import free_ports
 
     # The rendezvous variables only while the group and engine are made: left in os.environ, the
@@ -43,7 +42,7 @@ def _engine(kind, path, ds_config=None):
                       WORLD_SIZE="1", LOCAL_RANK="0")
     try:
         if not torch.distributed.is_initialized():
-            deepspeed.init_distributed(dist_backend="gloo")
+            init_process_group(torch.device("cpu"), 1800.0)   # gloo, as a CPU learner's
         return DeepSpeedEngine(model, ds_config)
     finally:
         for k, v in saved.items():

@@ -18,7 +18,7 @@ SCRIPT = r"""
 import json, os, sys
 import torch, deepspeed
 import transformers.modeling_utils   # as the learner has, before its engine starts
-from grpo.learner.engine import CommunicatorWarmup, DeepSpeedEngine, load_ds_config, resolve_ds_config
+from grpo.learner.engine import CommunicatorWarmup, DeepSpeedEngine, init_process_group, load_ds_config, resolve_ds_config
 from grpo.model import load_causal_lm, resolve_model
 
 INDUCTOR = "torch._inductor.compile_fx"
@@ -27,7 +27,7 @@ try:   # before the group exists: the thread's error comes back to the caller
     early = None
 except Exception as exc:
     early = f"{type(exc).__name__}: {exc}"
-deepspeed.init_distributed(dist_backend="gloo")
+init_process_group(torch.device("cpu"), 1800.0)   # gloo, as a CPU learner's
 warm = CommunicatorWarmup(torch.device("cpu"), 60.0)   # as the learner: beside the model's loading
 model = load_causal_lm(resolve_model("tiny-random"), torch.device("cpu"), torch.float32)
 comm_s = warm.wait()
