@@ -13,7 +13,7 @@ class CheckpointSection:
     save_every: int = 1000
     """Save a checkpoint (DeepSpeed or PyTorch state, Hugging Face policy, RNG, step) every N steps and at the end (0: only at the end)."""
     save_weights_every_s: float = 0.0
-    """Also save the policy's Hugging Face weights alone (no optimizer state) to <run_dir>/weights/step_N/ every this many seconds of wall time since the learner started, and after the last step (0: off); bench/time_to_accuracy.py scores every one."""
+    """Also save the policy's Hugging Face weights alone (no optimizer state) to <run_dir>/weights/step_N/ every this many seconds of wall time since the learner started, and after the last step (0: off); bench/benchmark.py scores every one."""
     save_weights_schedule: str = ""
     """With --save-weights-every-s: save on a schedule of periods instead, 'PxN,...,P' (every P seconds N times, ..., then every P to the end), e.g. '15x8,30': every 15 s for the first 2 minutes, then every 30 s. Empty: every --save-weights-every-s seconds."""
     keep_checkpoints: int = 3

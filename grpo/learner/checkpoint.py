@@ -248,7 +248,7 @@ def next_save_mark(schedule: list[tuple[float, int | None]], elapsed: float) -> 
 
 class TimedWeights:
     """--save-weights-every-s: the policy's weights alone, every N seconds of wall time, for curves of
-    accuracy against time (bench/time_to_accuracy.py scores each one afterwards, so no evaluation
+    accuracy against time (bench/benchmark.py scores each one afterwards, so no evaluation
     runs inside the timed run). `root/step_N/` (the learner's root: <run_dir>/weights) holds
     save_pretrained's files and weights.json {step, wall_time (time.time() when the save ended),
     seconds (since `t0`)}. bench/trl_grpo.py saves TRL's policy through this class too.

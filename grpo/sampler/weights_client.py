@@ -383,7 +383,7 @@ class WeightsClient:
         it), nor with shared weights (the learner steps them only outside a round). A method that
         fails here is not stepped down from: a new receiver would move the parameters the rows in
         flight read; the next sync_weights steps down and applies it."""
-        if self.awaiting_first or self._held is not None or self.sync_method == M.SHARED:
+        if self.awaiting_first or self._held is not None or not own_weights(self.sync_method):
             return None
         kept = self.inbox.peek()
         if self._swap_failed == self._request_id or any(isinstance(m, M.Stop) for m in kept):
@@ -438,6 +438,5 @@ class WeightsClient:
         if method == self.sync_method:
             return self.receiver
         if method not in self._served:
-            self._served[method] = make_receiver(method, self.policy, compute_dtype(self.device), self.cfg.sync_port,
-                                                 self.cfg.sync_timeout_s * 12)
+            self._served[method] = method_receiver(self.cfg, method, self.policy, compute_dtype(self.device))
         return self._served[method]

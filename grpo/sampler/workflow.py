@@ -36,6 +36,7 @@ from grpo.loss import has_signal
 from grpo.model import compute_dtype, load_causal_lm, right_pad, token_logprobs
 from grpo.obs.gpu import GpuMonitor, format_gpu
 from grpo.sampler.weights_client import WeightsClient
+from grpo.weights.methods import own_weights
 from grpo.sync.staleness import FIRST_STEP_GROUPS, bucket_prompts, next_round_prompts, signal_share
 from grpo.wire import messages as M
 
@@ -49,7 +50,7 @@ def swaps_in_flight(swap_in_flight: bool, in_flight_rows: int, method: str, old_
     (fixed rounds are one batch: nothing to swap into), unless the weights are shared (the learner
     steps those only while no round holds their guard). --old-logprobs pass is refused with it: the
     pass would score every token with the weights at the group's end, not those that drew it."""
-    if not (swap_in_flight and in_flight_rows) or method == M.SHARED:
+    if not (swap_in_flight and in_flight_rows) or not own_weights(method):
         return False
     if old_logprobs == "pass":
         raise ValueError("--old-logprobs pass scores every token with the weights at the group's end, but with "
