@@ -111,9 +111,10 @@ class PairGroups:
         if ok:
             self.sent += 1
         else:
-            self.failed += 1
             log.warning("nccl: sampler did not receive within %.0f s; dropping its pair group", self.timeout_s)
             self.drop(identity)
+            # Counted after the drop: a reader on another thread that sees the count sees the pair gone.
+            self.failed += 1
         return ok
 
     def drop(self, identity: bytes) -> None:
