@@ -634,8 +634,8 @@ def plot(rows: list[dict], path: Path, device: str, model: str) -> None:
     for r in rows:
         xs, ys = [p["seconds"] for p in r["points"]], [p["accuracy"] for p in r["points"]]
         who = "ours" if r["trainer"] == "ours" else "TRL GRPOTrainer"
-        how = "DDP" if r["trainer"] == "trl" else {"seed": "1 sampler + 3 learner ranks",
-                                                   "chosen": "--gpus' split"}.get(r["layout"], "shared")
+        how = ("DDP" if r["gpus"] > 1 else "one process") if r["trainer"] == "trl" else \
+            {"seed": "1 sampler + 3 learner ranks", "chosen": "--gpus' split"}.get(r["layout"], "shared")
         label = f"{who}, {r['gpus']} GPU{'s' if r['gpus'] > 1 else ''} ({how}), seed {r['seed']}"
         ax.plot(xs, ys, marker="o", ms=3, color=colours.get((r["trainer"], r["layout"])), label=label)
     if rows:
