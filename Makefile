@@ -24,28 +24,23 @@ comm: install
 	$(BIN)/python communication_test.py
 
 # The demo: GRPO on a reasoning-gym task where the default model has signal (chosen on train
-# problems, docs/benchmarks.md), greedy accuracy on a fixed held-out subset
-# before and after, and the learning curve in <run dir>/report.png. Offline: the task is generated.
+# problems, docs/benchmarks.md), greedy accuracy on a fixed held-out subset before and after, and
+# the learning curve in <run dir>/report.png. Offline: the task is generated. Its settings are
+# configs/demo_gpu.yaml and configs/demo_cpu.yaml (a flag after them overrides a key).
 # `make demo` installs first; `make demo-run` runs with whatever python3 has (the GPU machine).
 PYTHON := $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 DEMO_RUN ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
-DEMO_TASK := rg:letter_counting
-DEMO_COMMON := --dataset $(DEMO_TASK) --reward correctness --beta 0.0 --loss-type dapo --filter-zero-signal \
-	--max-steps 100000 --run-dir $(DEMO_RUN)
 ifeq ($(HAS_GPU),1)
-DEMO_FLAGS := --sampling-gpu 0 --training-gpus 0 --share-gpus --generation-backend fast --max-time-s 240 \
-	--num-generations 16 --train-batch-size 128 --learning-rate 2e-5 \
-	--max-new-tokens 256 --eval-every 30 --eval-size 200
+DEMO_FLAGS := --config configs/demo_gpu.yaml
 else
-DEMO_FLAGS := --device cpu --max-time-s 60 --num-generations 4 --prompts-per-round 2 --train-batch-size 8 \
-	--learning-rate 2e-5 --max-new-tokens 48 --eval-every 1000 --eval-size 8 --eval-batch-size 8
+DEMO_FLAGS := --config configs/demo_cpu.yaml
 endif
 
 demo: install
 	$(MAKE) demo-run DEMO_RUN=$(DEMO_RUN)
 
 demo-run:
-	$(PYTHON) run_distributed.py $(DEMO_COMMON) $(DEMO_FLAGS)
+	$(PYTHON) run_distributed.py $(DEMO_FLAGS) --run-dir $(DEMO_RUN)
 	$(PYTHON) -m grpo.obs.report $(DEMO_RUN)
 
 clean:

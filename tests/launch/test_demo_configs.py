@@ -1,0 +1,44 @@
+"""`make demo`'s settings live in configs/demo_{gpu,cpu}.yaml: each parses for the launcher and both
+workers, every key reaches each role that has it, and the Makefile runs those files."""
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grpo.config import LearnerConfig, SamplerConfig
+from grpo.flags import parse_config
+from grpo.launch.plan import parse
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", ["demo_gpu", "demo_cpu"])
+def test_demo_config_reaches_every_role(name):
+    path = ROOT / "configs" / f"{name}.yaml"
+    data = yaml.safe_load(path.read_text())
+    launch, to_s, to_l = parse(["--config", str(path)])
+    learner = parse_config(LearnerConfig, ["--config", str(path)], "training_worker.py")
+    sampler = parse_config(SamplerConfig, ["--config", str(path)], "sampling_worker.py")
+    seen = set()
+    for cfg in (launch, learner, sampler):
+        fields = {f.name for f in dataclasses.fields(cfg)}
+        for key, value in data.items():
+            if key in fields:
+                seen.add(key)
+                got = getattr(cfg, key)
+                want = ",".join(map(str, value)) if isinstance(value, list) else value
+                assert got == want, (name, type(cfg).__name__, key, got, want)
+    assert seen == set(data)                     # no key that no role reads
+    assert learner.dataset == sampler.dataset == "rg:letter_counting" and learner.loss_type == "dapo"
+    if name == "demo_cpu":
+        assert (learner.device, learner.train_batch_size, learner.max_time_s, sampler.num_generations) == \
+            ("cpu", 8, 60.0, 4)
+    else:
+        assert (launch.sampling_gpus, launch.training_gpus, launch.share_gpus) == ("0", "0", True)
+        assert (learner.train_batch_size, learner.max_time_s, sampler.num_generations) == (128, 240.0, 16)
+
+
+def test_the_makefile_runs_the_demo_configs():
+    make = (ROOT / "Makefile").read_text()
+    assert "--config configs/demo_gpu.yaml" in make and "--config configs/demo_cpu.yaml" in make
