@@ -12,6 +12,7 @@ import os
 import sys
 
 from grpo.config import LearnerConfig, SamplerConfig
+from grpo.config.constants import NO_CUDA
 from grpo.flags import parse_config
 
 USER_ERROR_EXIT = 2
@@ -41,9 +42,17 @@ def _fail(prog: str, exc: BaseException, made: str | None = None) -> int:
 
 
 def _gpu_env(device: str, gpu_id: int) -> None:
-    """Fail fast on --gpu-id without CUDA, before torch (slow) or any model loads."""
+    """Fail fast on --gpu-id without CUDA, before torch (slow) or any model loads: the CUDA driver
+    is asked directly (grpo.launch.memory.cuda_driver, as the launcher does), and torch's own check
+    (pick_device) still follows for what the driver allows."""
     if device == "cpu" and gpu_id >= 0:
         raise ValueError("--gpu-id and --device cpu contradict each other; drop one of them")
+    if device == "cuda" or (device == "auto" and gpu_id >= 0):
+        from grpo.launch.memory import cuda_driver
+
+        driver = cuda_driver()
+        if driver is None or driver[1] == 0:
+            raise ValueError(NO_CUDA)
 
 
 def _allocator(device: str) -> None:
@@ -74,6 +83,9 @@ def sampler_main(argv: list[str] | None = None) -> int:
     made = None
     try:
         _gpu_env(cfg.device, cfg.gpu_id)
+    except ValueError as exc:   # here, not below: _user_errors() imports torch
+        return _fail(prog, exc)
+    try:
         if not 0 <= cfg.sampler_id < cfg.num_samplers:
             raise ValueError(f"--sampler-id {cfg.sampler_id} must be in 0..{cfg.num_samplers - 1} (--num-samplers)")
         from grpo.obs.rundir import make_run_dir, provenance, save_config, setup_logging
@@ -110,6 +122,9 @@ def learner_main(argv: list[str] | None = None) -> int:
     made = None
     try:
         _gpu_env(cfg.device, cfg.gpu_id)
+    except ValueError as exc:   # here, not below: _user_errors() imports torch
+        return _fail(prog, exc)
+    try:
         from grpo.obs.rundir import make_run_dir, save_config, setup_logging
         from grpo.obs.stages import mark as mark_stage
 
