@@ -125,17 +125,24 @@ def test_two_terminals_real_model_sampler_first(tmp_path):
     """The default SmolLM2-135M model, worker scripts started by hand, sampler before learner."""
     d, s = free_ports(2)
     run_dir = tmp_path / "run"
+    # groups of 2 short completions: a 135M model's decode and training steps are slow on a CPU
     common = ["--device", "cpu", "--data-port", str(d), "--sync-port", str(s), "--run-dir", str(run_dir),
-              "--num-generations", "4", "--max-new-tokens", "24"]
+              "--num-generations", "2", "--max-new-tokens", "8"]
     sampler = subprocess.Popen([PY, "sampling_worker.py", *common, "--dataset", str(GSM8K),
                                 "--prompts-per-round", "1"], cwd=ROOT, env=env(),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    time.sleep(3)  # the sampler is up (loading) before the learner exists: ZeroMQ connects later
     try:
+        # the sampler is up (its start marked; it goes on to load the model) before the learner
+        # exists: ZeroMQ connects later
+        deadline = time.monotonic() + 300
+        while not (run_dir / "stages" / "sampler0.json").exists():
+            assert sampler.poll() is None, sampler.communicate()[0][-4000:]
+            assert time.monotonic() < deadline, "the sampler never marked its start"
+            time.sleep(0.1)
         # --max-staleness 0: step 2 trains only on a group generated at version 1, so the sampler
         # must have applied v1 (without it, under load, both steps could use v0 groups and the
         # stop could come before the sampler ever asked for v1).
-        learner = run(["training_worker.py", *common, "--max-steps", "2", "--train-batch-size", "4",
+        learner = run(["training_worker.py", *common, "--max-steps", "2", "--train-batch-size", "2",
                        "--learning-rate", "1e-5", "--max-staleness", "0"], timeout=900)
         out, _ = sampler.communicate(timeout=300)
     finally:
