@@ -81,9 +81,13 @@ def sampler_main(argv: list[str] | None = None) -> int:
     prog = "sampling_worker.py"
     cfg = parse_config(SamplerConfig, argv, prog)
     made = None
+    from grpo.data.sources import DatasetUnavailable, local_file
+
     try:
         _gpu_env(cfg.device, cfg.gpu_id)
-    except ValueError as exc:   # here, not below: _user_errors() imports torch
+        if not cfg.dataset.startswith("rg:"):
+            local_file(cfg.dataset)   # a mistyped path, as the launcher checks it; a hub id is fetched later
+    except (ValueError, DatasetUnavailable) as exc:   # here, not below: _user_errors() imports torch
         return _fail(prog, exc)
     try:
         if not 0 <= cfg.sampler_id < cfg.num_samplers:
