@@ -55,6 +55,19 @@ def _gpu_env(device: str, gpu_id: int) -> None:
             raise ValueError(NO_CUDA)
 
 
+def _cpu_weight_sync(cfg: LearnerConfig) -> None:
+    """A CPU learner's --precision and --weight-sync, checked before torch loads by the rules the
+    learner applies later (grpo.learner.setup.place), as the launcher checks them (grpo.launch.nodes)."""
+    from types import SimpleNamespace
+
+    from grpo.config import resolve_precision
+    from grpo.weights.methods import check_method
+
+    lora = bool(cfg.lora_r)
+    precision = resolve_precision(cfg.precision, False, lora, not cfg.no_deepspeed)
+    check_method(cfg.weight_sync, SimpleNamespace(type="cpu"), lora, precision == "bf16")
+
+
 def _allocator(device: str) -> None:
     """GPU workers: expandable segments unless the user set the allocator's settings
     (grpo.config.use_allocator_default); before torch loads, which reads them once. The
@@ -126,6 +139,8 @@ def learner_main(argv: list[str] | None = None) -> int:
     made = None
     try:
         _gpu_env(cfg.device, cfg.gpu_id)
+        if cfg.device == "cpu":
+            _cpu_weight_sync(cfg)
     except ValueError as exc:   # here, not below: _user_errors() imports torch
         return _fail(prog, exc)
     try:

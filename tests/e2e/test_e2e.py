@@ -194,22 +194,26 @@ def test_user_mistakes_get_one_line_and_no_traceback(args, needle, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_no_cuda_and_a_missing_dataset_are_found_before_torch_is_imported(tmp_path):
-    """--gpu-id or --device cuda where the CUDA driver sees no GPU (here: none visible), and a
-    --dataset path that does not exist, end either worker with its one line before torch is
-    imported (seconds of a refused start), and before a run folder is made."""
+def test_worker_mistakes_known_without_torch_are_found_before_it_is_imported(tmp_path):
+    """--gpu-id or --device cuda where the CUDA driver sees no GPU (here: none visible), a --dataset
+    path that does not exist, and a CPU learner's --weight-sync ipc end either worker with its one
+    line before torch or transformers is imported (seconds of a refused start; the weight-sync rules
+    bring numpy), and before a run folder is made."""
     code = ("import sys\nfrom grpo.workers import learner_main, sampler_main\n"
             f"rc = sampler_main(['--gpu-id', '0', '--run-dir', {str(tmp_path / 's')!r}]), "
             f"learner_main(['--device', 'cuda', '--run-dir', {str(tmp_path / 'l')!r}]), "
-            f"sampler_main(['--device', 'cpu', '--dataset', '/nonexistent/gsm8k', '--run-dir', {str(tmp_path / 'd')!r}])\n"
-            "print(rc, sorted(n for n in ('torch', 'numpy', 'transformers') if n in sys.modules))\n")
+            f"sampler_main(['--device', 'cpu', '--dataset', '/nonexistent/gsm8k', '--run-dir', {str(tmp_path / 'd')!r}]), "
+            f"learner_main(['--device', 'cpu', '--weight-sync', 'ipc', '--run-dir', {str(tmp_path / 'w')!r}])\n"
+            "print(rc, sorted(n for n in ('torch', 'transformers') if n in sys.modules))\n")
     r = subprocess.run([PY, "-c", code], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=120)
-    assert r.stdout.strip() == "(2, 2, 2) []", r.stdout + r.stderr
+    assert r.stdout.strip() == "(2, 2, 2, 2) []", r.stdout + r.stderr
     err = r.stderr.splitlines()
     assert err[:2] == [f"{w}: error: CUDA is not available on this machine; use --device cpu "
                        f"(and drop --gpu-id)" for w in ("sampling_worker.py", "training_worker.py")], r.stderr
-    assert len(err) == 3 and err[2].startswith("sampling_worker.py: error: Dataset folder '/nonexistent/gsm8k' "
+    assert len(err) == 4 and err[2].startswith("sampling_worker.py: error: Dataset folder '/nonexistent/gsm8k' "
                                                "does not exist."), r.stderr
+    assert err[3] == ("training_worker.py: error: --weight-sync ipc needs a CUDA learner; use --weight-sync tcp "
+                      "(or auto) on CPU"), r.stderr
     assert list(tmp_path.iterdir()) == []
 
 
