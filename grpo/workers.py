@@ -12,6 +12,7 @@ import os
 import sys
 
 from grpo.config import LearnerConfig, SamplerConfig
+from grpo.config.constants import NO_CUDA
 from grpo.flags import parse_config
 
 USER_ERROR_EXIT = 2
@@ -41,9 +42,30 @@ def _fail(prog: str, exc: BaseException, made: str | None = None) -> int:
 
 
 def _gpu_env(device: str, gpu_id: int) -> None:
-    """Fail fast on --gpu-id without CUDA, before torch (slow) or any model loads."""
+    """Fail fast on --gpu-id without CUDA, before torch (slow) or any model loads: the CUDA driver
+    is asked directly (grpo.launch.memory.cuda_driver, as the launcher does), and torch's own check
+    (pick_device) still follows for what the driver allows."""
     if device == "cpu" and gpu_id >= 0:
         raise ValueError("--gpu-id and --device cpu contradict each other; drop one of them")
+    if device == "cuda" or (device == "auto" and gpu_id >= 0):
+        from grpo.launch.memory import cuda_driver
+
+        driver = cuda_driver()
+        if driver is None or driver[1] == 0:
+            raise ValueError(NO_CUDA)
+
+
+def _cpu_weight_sync(cfg: LearnerConfig) -> None:
+    """A CPU learner's --precision and --weight-sync, checked before torch loads by the rules the
+    learner applies later (grpo.learner.setup.place), as the launcher checks them (grpo.launch.nodes)."""
+    from types import SimpleNamespace
+
+    from grpo.config import resolve_precision
+    from grpo.weights.methods import check_method
+
+    lora = bool(cfg.lora_r)
+    precision = resolve_precision(cfg.precision, False, lora, not cfg.no_deepspeed)
+    check_method(cfg.weight_sync, SimpleNamespace(type="cpu"), lora, precision == "bf16")
 
 
 def _allocator(device: str) -> None:
@@ -72,8 +94,15 @@ def sampler_main(argv: list[str] | None = None) -> int:
     prog = "sampling_worker.py"
     cfg = parse_config(SamplerConfig, argv, prog)
     made = None
+    from grpo.data.sources import DatasetUnavailable, local_file
+
     try:
         _gpu_env(cfg.device, cfg.gpu_id)
+        if not cfg.dataset.startswith("rg:"):
+            local_file(cfg.dataset)   # a mistyped path, as the launcher checks it; a hub id is fetched later
+    except (ValueError, DatasetUnavailable) as exc:   # here, not below: _user_errors() imports torch
+        return _fail(prog, exc)
+    try:
         if not 0 <= cfg.sampler_id < cfg.num_samplers:
             raise ValueError(f"--sampler-id {cfg.sampler_id} must be in 0..{cfg.num_samplers - 1} (--num-samplers)")
         from grpo.obs.rundir import make_run_dir, provenance, save_config, setup_logging
@@ -110,6 +139,11 @@ def learner_main(argv: list[str] | None = None) -> int:
     made = None
     try:
         _gpu_env(cfg.device, cfg.gpu_id)
+        if cfg.device == "cpu":
+            _cpu_weight_sync(cfg)
+    except ValueError as exc:   # here, not below: _user_errors() imports torch
+        return _fail(prog, exc)
+    try:
         from grpo.obs.rundir import make_run_dir, save_config, setup_logging
         from grpo.obs.stages import mark as mark_stage
 

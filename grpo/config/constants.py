@@ -10,3 +10,6 @@ DEFAULT_DATASET = "openai/gsm8k"
 # in the smallest bucket of at least n (padding rows start finished), one above the largest in
 # chunks of it. Here, torch-free, for the sampler's round rule and the launcher's memory plan too.
 ROW_BUCKETS = (64, 128, 256, 512, 1024)
+# The one line for --device cuda or --gpu-id on a machine whose CUDA driver sees no GPU: the workers
+# say it before importing torch (grpo.workers), pick_device (grpo.model.load) after.
+NO_CUDA = "CUDA is not available on this machine; use --device cpu (and drop --gpu-id)"

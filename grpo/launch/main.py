@@ -60,7 +60,7 @@ def check_resume(cfg: LaunchConfig, learner_flags: list[str]) -> None:
         return
     if spec == "latest" and not cfg.run_dir:
         raise LaunchError("--resume latest needs the --run-dir of the run to resume")
-    from grpo.learner.checkpoint import resolve_resume
+    from grpo.learner.resume import resolve_resume   # torch-free: no worker has started yet
 
     try:
         resolve_resume(spec, Path(cfg.run_dir), cfg.max_steps)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from grpo.config.constants import NO_CUDA
 from grpo.model.gguf.header import ModelUnavailable
 
 log = logging.getLogger(__name__)
@@ -188,7 +189,7 @@ def pick_device(device: str, gpu_id: int) -> torch.device:
         raise ValueError(f"--device {device}: choose auto, cuda or cpu")
     if not torch.cuda.is_available():
         if device == "cuda" or gpu_id >= 0:
-            raise ValueError("CUDA is not available on this machine; use --device cpu (and drop --gpu-id)")
+            raise ValueError(NO_CUDA)
         return torch.device("cpu")
     index = max(gpu_id, 0)
     if index >= torch.cuda.device_count():

@@ -125,17 +125,24 @@ def test_two_terminals_real_model_sampler_first(tmp_path):
     """The default SmolLM2-135M model, worker scripts started by hand, sampler before learner."""
     d, s = free_ports(2)
     run_dir = tmp_path / "run"
+    # groups of 2 short completions: a 135M model's decode and training steps are slow on a CPU
     common = ["--device", "cpu", "--data-port", str(d), "--sync-port", str(s), "--run-dir", str(run_dir),
-              "--num-generations", "4", "--max-new-tokens", "24"]
+              "--num-generations", "2", "--max-new-tokens", "8"]
     sampler = subprocess.Popen([PY, "sampling_worker.py", *common, "--dataset", str(GSM8K),
                                 "--prompts-per-round", "1"], cwd=ROOT, env=env(),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    time.sleep(3)  # the sampler is up (loading) before the learner exists: ZeroMQ connects later
     try:
+        # the sampler is up (its start marked; it goes on to load the model) before the learner
+        # exists: ZeroMQ connects later
+        deadline = time.monotonic() + 300
+        while not (run_dir / "stages" / "sampler0.json").exists():
+            assert sampler.poll() is None, sampler.communicate()[0][-4000:]
+            assert time.monotonic() < deadline, "the sampler never marked its start"
+            time.sleep(0.1)
         # --max-staleness 0: step 2 trains only on a group generated at version 1, so the sampler
         # must have applied v1 (without it, under load, both steps could use v0 groups and the
         # stop could come before the sampler ever asked for v1).
-        learner = run(["training_worker.py", *common, "--max-steps", "2", "--train-batch-size", "4",
+        learner = run(["training_worker.py", *common, "--max-steps", "2", "--train-batch-size", "2",
                        "--learning-rate", "1e-5", "--max-staleness", "0"], timeout=900)
         out, _ = sampler.communicate(timeout=300)
     finally:
@@ -185,6 +192,29 @@ def test_user_mistakes_get_one_line_and_no_traceback(args, needle, tmp_path):
     assert "Traceback" not in r.stderr
     assert len(err) == 1 and needle in err[0], r.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_worker_mistakes_known_without_torch_are_found_before_it_is_imported(tmp_path):
+    """--gpu-id or --device cuda where the CUDA driver sees no GPU (here: none visible), a --dataset
+    path that does not exist, and a CPU learner's --weight-sync ipc end either worker with its one
+    line before torch or transformers is imported (seconds of a refused start; the weight-sync rules
+    bring numpy), and before a run folder is made."""
+    code = ("import sys\nfrom grpo.workers import learner_main, sampler_main\n"
+            f"rc = sampler_main(['--gpu-id', '0', '--run-dir', {str(tmp_path / 's')!r}]), "
+            f"learner_main(['--device', 'cuda', '--run-dir', {str(tmp_path / 'l')!r}]), "
+            f"sampler_main(['--device', 'cpu', '--dataset', '/nonexistent/gsm8k', '--run-dir', {str(tmp_path / 'd')!r}]), "
+            f"learner_main(['--device', 'cpu', '--weight-sync', 'ipc', '--run-dir', {str(tmp_path / 'w')!r}])\n"
+            "print(rc, sorted(n for n in ('torch', 'transformers') if n in sys.modules))\n")
+    r = subprocess.run([PY, "-c", code], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "(2, 2, 2, 2) []", r.stdout + r.stderr
+    err = r.stderr.splitlines()
+    assert err[:2] == [f"{w}: error: CUDA is not available on this machine; use --device cpu "
+                       f"(and drop --gpu-id)" for w in ("sampling_worker.py", "training_worker.py")], r.stderr
+    assert len(err) == 4 and err[2].startswith("sampling_worker.py: error: Dataset folder '/nonexistent/gsm8k' "
+                                               "does not exist."), r.stderr
+    assert err[3] == ("training_worker.py: error: --weight-sync ipc needs a CUDA learner; use --weight-sync tcp "
+                      "(or auto) on CPU"), r.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_refused_start_leaves_a_folder_that_existed_as_it_was(tmp_path):

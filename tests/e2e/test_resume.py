@@ -2,12 +2,13 @@
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from netutil import free_ports
+from netutil import free_port_run, free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
@@ -53,3 +54,23 @@ def test_resume_latest_continues_numbering(tmp_path):
     second = (run_dir / "sampler0.log").read_text().split("learner says stop")[1]
     got = [int(v) for v in re.findall(r"now running policy version (\d+)", second)]
     assert got and min(got) >= 2, got
+
+
+def test_the_launchers_resume_check_imports_no_torch(tmp_path):
+    """A --resume launch checks its checkpoint before any worker starts, without torch or numpy (their
+    import would come before every worker's own): main() in a fresh interpreter, stopped by a busy
+    data port, the last check before the workers start."""
+    step = tmp_path / "run" / "checkpoints" / "step_2"
+    step.mkdir(parents=True)
+    (step / "trainer_state.json").write_text(json.dumps({"step": 2}))
+    code = ("import sys\nfrom grpo.launch.main import main\nrc = main(sys.argv[1:])\n"
+            "print(rc, sorted(n for n in ('torch', 'numpy', 'transformers') if n in sys.modules))\n")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", free_port_run(2)))   # and the next one (the sync port) free
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = subprocess.run([sys.executable, "-c", code, "--device", "cpu", "--run-dir", str(tmp_path / "run"),
+                            "--max-steps", "4", "--resume", "latest", "--data-port", str(port),
+                            "--sync-port", str(port + 1)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert f"port {port} on 127.0.0.1 is already in use" in r.stderr, r.stdout + r.stderr
+    assert r.stdout.split(maxsplit=1) == ["2", "[]\n"], r.stdout
