@@ -71,6 +71,27 @@ def test_model_token_logprobs_uses_chunks_without_grad(model):
     assert not got.requires_grad
 
 
+def test_first_computes_only_the_positions_asked_for(model):
+    """first[b]: row b's positions before it come back 0 and never reach the LM head; the rest
+    equal the full computation."""
+    ids, mask = batch()   # lengths 11, 7, 16, 3: 10, 6, 15, 2 real targets
+    first = torch.tensor([4, 0, 10, 1])
+    head_rows = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda m, a, o: head_rows.append(a[0].shape[0]))
+    try:
+        with torch.no_grad():
+            got = chunked_token_logprobs(model, ids, mask, 0.7, chunk_elems=49152 * 5, first=first)
+    finally:
+        hook.remove()
+    with torch.no_grad():
+        ref = full_logprobs(model, ids, mask, 0.7)
+    assert sum(head_rows) == 6 + 6 + 5 + 1, head_rows     # positions 4-9, 0-5, 10-14, 1
+    want = mask[:, 1:].bool() & (torch.arange(15)[None, :] >= first[:, None])
+    assert int(want.sum()) == 18
+    assert torch.equal(got[~want], torch.zeros(int((~want).sum())))
+    torch.testing.assert_close(got[want], ref[want], rtol=0, atol=1e-6)
+
+
 def test_chunk_memory_does_not_hold_full_logits(model):
     """Autograd keeps no [N, V] tensor alive between forward and backward: the saved
     tensors of the whole graph stay far below one float32 logits matrix."""

@@ -151,6 +151,7 @@ class MicroBatch:
     ref_logp: torch.Tensor     # [b, L-1]
     advantages: torch.Tensor   # [b]
     finished: torch.Tensor     # [b] 1.0 if the completion ended with EOS, 0.0 if cut at the length cap
+    first: torch.Tensor        # [b] int64 prompt_len - 1: each row's first position gen_mask can hold
 
 
 def micro_batch(batch: Batch, index: list[int], pad_id: int, device: torch.device) -> MicroBatch:
@@ -174,4 +175,5 @@ def micro_batch(batch: Batch, index: list[int], pad_id: int, device: torch.devic
         ref[r, p - 1:p - 1 + n] = batch.floats[n_gen + gen_off[i]:n_gen + gen_off[i + 1]]
     adv = batch.scalars[index, 0]
     finished = batch.meta[index, 4].float()
-    return MicroBatch(*(t.to(device) for t in (ids, attn, gmask, old, ref, adv, finished)))
+    first = batch.meta[index, 0] - 1
+    return MicroBatch(*(t.to(device) for t in (ids, attn, gmask, old, ref, adv, finished, first)))

@@ -160,7 +160,8 @@ class TrainStep:
                         if piece:
                             mb = micro_batch(batch, [mine[i] for i in piece], self.pad_token_id, self.device)
                             with self.amp():
-                                prox[k, j] = token_logprobs(module, mb.input_ids, mb.attention, cfg.temperature)
+                                prox[k, j] = token_logprobs(module, mb.input_ids, mb.attention, cfg.temperature,
+                                                            first=mb.first)
         mine_figs = dict.fromkeys(("loss", "kl", "clipped", "tokens", "ratio", "sequences", "is_weight_sum",
                                    "is_weight_max", "is_limited", "entropy"), 0.0)
         for k, ((mine, micro), part) in enumerate(zip(plans, parts)):
@@ -202,12 +203,14 @@ class TrainStep:
                 # masked out, they still count in the normalisers (as in TRL).
                 mb.gen_mask = mb.gen_mask * mb.finished.unsqueeze(1)
             entropy = None
+            # Only the completions' positions (gen_mask's) are computed: the loss reads no other.
             with self.amp():
                 if cfg.entropy_coef:
                     logp, entropy = token_logprobs(module, mb.input_ids, mb.attention, cfg.temperature,
-                                                   with_entropy=True)                      # [b, L-1] each
+                                                   with_entropy=True, first=mb.first)      # [b, L-1] each
                 else:
-                    logp = token_logprobs(module, mb.input_ids, mb.attention, cfg.temperature)   # [b, L-1]
+                    logp = token_logprobs(module, mb.input_ids, mb.attention, cfg.temperature,
+                                          first=mb.first)                                  # [b, L-1]
             # The first update's own forward pass runs on the weights before any update: it is the
             # proximal policy. Later minibatches use the pass made before the first update.
             base = None

@@ -12,7 +12,7 @@ from torch.utils.checkpoint import checkpoint
 
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float, with_entropy: bool = False):
+                   temperature: float, with_entropy: bool = False, first: torch.Tensor | None = None):
     """log p(input_ids[:, t+1] | input_ids[:, :t+1]) for every position: [B, L-1], float32.
 
     Sampler (old and reference log-probs) and learner (current log-probs) both use this, so
@@ -20,8 +20,12 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     The LM head and log-softmax run in chunks of rows (chunked_token_logprobs below), so full-vocabulary
     logits never exist for the whole batch; positions whose target is padding are 0.
     with_entropy: also each position's entropy [B, L-1] (the learner's --entropy-coef).
+    first: [B], each row's first position wanted (prompt length - 1 for a caller that reads only
+    the completion); earlier positions come back 0 and are not computed (the LM head over a long
+    prompt is most of the cost of a short completion's pass).
     """
-    return chunked_token_logprobs(model, input_ids, attention_mask, temperature, with_entropy=with_entropy)
+    return chunked_token_logprobs(model, input_ids, attention_mask, temperature, with_entropy=with_entropy,
+                                  first=first)
 
 
 def right_pad(sequences: list[list[int]] | list[torch.Tensor], pad_id: int,
@@ -106,18 +110,23 @@ def _split_model(model):
 
 def chunked_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            temperature: float, chunk_elems: int = DEFAULT_CHUNK_ELEMS,
-                           with_entropy: bool = False):
-    """log p(input_ids[:, t+1] | input_ids[:, :t+1]): [B, L-1] float32 (0 where the target is padding).
+                           with_entropy: bool = False, first: torch.Tensor | None = None):
+    """log p(input_ids[:, t+1] | input_ids[:, :t+1]): [B, L-1] float32 (0 where the target is padding,
+    and before position first[b] of row b when first [B] is given).
     with_entropy: (that, the entropy of each position's distribution [B, L-1]), for --entropy-coef.
 
     Equal to the full-logits computation (same ops, row by row), gradients included.
     """
     B, L = input_ids.shape
+    valid = attention_mask[:, 1:].bool()                                   # [B, L-1]
+    if first is not None:
+        positions = torch.arange(L - 1, device=input_ids.device)
+        valid = valid & (positions[None, :] >= first.to(input_ids.device)[:, None])
     parts = _split_model(model)
     if parts is None:  # an unusual head: the full computation, still correct
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
         logits = logits[:, :-1, :].float() / temperature                   # [B, L-1, V]
-        keep = attention_mask[:, 1:].to(logits.dtype)                      # [B, L-1]
+        keep = valid.to(logits.dtype)                                      # [B, L-1]
         lse = torch.logsumexp(logits, dim=-1)                              # [B, L-1]
         picked = (torch.gather(logits, -1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1) - lse) * keep
         if not with_entropy:
@@ -125,7 +134,6 @@ def chunked_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch
         return picked, (lse - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)) * keep
     decoder, head = parts
     hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-    valid = attention_mask[:, 1:].bool()                                   # [B, L-1]
     rows = hidden[:, :-1][valid]                                           # [N, D] predicting positions
     targets = input_ids[:, 1:][valid]                                      # [N]
     step = max(1, chunk_elems // head.out_features)

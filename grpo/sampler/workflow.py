@@ -321,7 +321,8 @@ class RolloutWorkflow:
         for s in range(0, len(order), bs):
             idx = order[s:s + bs]
             ids, mask = right_pad([whole[i] for i in idx], self.tok.pad_token_id, self.device)
-            lp = token_logprobs(model, ids, mask, self.cfg.temperature).cpu()   # [b, L-1]
+            first = torch.tensor([prompt_lens[i] - 1 for i in idx])            # [b]: the completions only
+            lp = token_logprobs(model, ids, mask, self.cfg.temperature, first=first).cpu()   # [b, L-1]
             for j, i in enumerate(idx):
                 p = prompt_lens[i]
                 # token t (t >= p) is predicted at position t-1

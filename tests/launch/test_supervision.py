@@ -132,15 +132,16 @@ def exited(pid):
 
 @pytest.mark.slow
 def test_a_learner_that_finishes_mid_round_ends_the_run_cleanly(tmp_path):
-    """1 step; the sampler's rounds (6 rows x 1500 new tokens) take many seconds on CPU, so the
-    learner finishes while the sampler is in its second round. The sampler stops within 5 s of the
-    learner's stop, abandoning that round; the launcher exits 0; the books balance; the summary
-    carries every process's stage history and the seconds to the first step."""
+    """1 step; the sampler's rounds (4 rows x 1500 new tokens) take many seconds on CPU, so the
+    learner finishes while the sampler is in its second round (the learner's first step and final
+    save, on 1 group of 2 rows, take under half of the round's 1500 decode steps). The sampler
+    stops within 5 s of the learner's stop, abandoning that round; the launcher exits 0; the books
+    balance; the summary carries every process's stage history and the seconds to the first step."""
     ports, run_dir = free_ports(2), tmp_path / "run"
     env = dict(os.environ, PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     proc = subprocess.Popen(
         [sys.executable, "run_distributed.py", "--device", "cpu", "--model", "tiny-random", "--no-deepspeed",
-         "--dataset", str(GSM8K), "--num-generations", "2", "--prompts-per-round", "3", "--train-batch-size", "2",
+         "--dataset", str(GSM8K), "--num-generations", "2", "--prompts-per-round", "2", "--train-batch-size", "2",
          "--max-new-tokens", "1500", "--max-staleness", "10",   # room for a whole second round
          "--max-steps", "1", "--stop-timeout-s", "5", "--data-port", str(ports[0]),
          "--sync-port", str(ports[1]), "--run-dir", str(run_dir)],

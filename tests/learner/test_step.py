@@ -113,3 +113,32 @@ def test_each_rank_plans_its_share_of_a_minibatch_by_hand():
     # The second of two minibatches (sequences 2..5: 7, 5, 2, 6 tokens): 7->0, 6->1, 5->1, 2->0.
     assert plan_shard(lens, [2, 3, 4, 5], 2, 0, 0, 1) == ([2, 4], [[0, 1]])
     assert plan_shard(lens, [2, 3, 4, 5], 2, 1, 0, 1) == ([3, 5], [[0, 1]])
+
+
+def test_the_step_runs_the_lm_head_on_completion_positions_only():
+    """A real step on the tiny model (plain AdamW engine, with the entropy bonus): the loss reads
+    only the generated tokens' positions, so only those reach the LM head: 2 + 3 rows (a prompt of
+    3 tokens, completions of 2 and 3), not the 4 + 5 of every target, in the forward pass and in
+    the checkpointed chunk's recomputation alike."""
+    from builders import make_group
+
+    from grpo.learner.batch import build_batch
+    from grpo.learner.engine import TorchEngine
+    from grpo.learner.step import TrainStep
+    from grpo.model import load_causal_lm, resolve_model
+
+    torch.manual_seed(0)
+    model = load_causal_lm(resolve_model("tiny-random"), torch.device("cpu"), torch.float32)
+    engine = TorchEngine(model, {"optimizer": {"params": {"lr": 1e-3}}, "gradient_accumulation_steps": 1},
+                         torch.device("cpu"))
+    step = TrainStep(_cfg(num_generations=2), engine, 0, torch.device("cpu"), rank=0, world=1, micro_tokens=0,
+                     autocast=False)
+    g = make_group(prefix_ids=[11, 12, 13], completions=[[21, 22], [31, 32, 33]], rewards=[1.0, 0.0])
+    head_rows = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda m, a, o: head_rows.append(a[0].shape[0]))
+    try:
+        record = step(build_batch([g], group_size=2, scale_rewards=False))
+    finally:
+        hook.remove()
+    assert head_rows == [5, 5], head_rows
+    assert record["tokens"] == 5 and record["sequences"] == 2, record

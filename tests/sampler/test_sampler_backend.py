@@ -50,7 +50,15 @@ def test_sampler_round_with_fast_backend(monkeypatch):
         whole = prompts((9, 4, 12, 6, 5))
         plens = [3, 2, 5, 1, 4]
         sampler.cfg.logprob_batch_size = 2
-        got = sampler.workflow._logprobs(sampler.policy, whole, plens)
+        # Only the completions' positions reach the LM head: 6 + 2 + 7 + 5 + 1 rows, none of a prompt's.
+        head_rows = []
+        hook = sampler.policy.get_output_embeddings().register_forward_hook(
+            lambda mod, args, out: head_rows.append(args[0].shape[0]))
+        try:
+            got = sampler.workflow._logprobs(sampler.policy, whole, plens)
+        finally:
+            hook.remove()
+        assert sum(head_rows) == 21, head_rows
         for seq, p, lp in zip(whole, plens, got):
             ids = torch.tensor([seq])
             with torch.no_grad():
