@@ -5,7 +5,9 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
+from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 
 from grpo.data.formats import Problem
 from grpo.data.gsm8k import extract_gsm8k_answer
@@ -15,6 +17,14 @@ from grpo.model import load_causal_lm, load_tokenizer, resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """The real model (its greedy text has numbers to score) in fp32, and its tokenizer: loaded once
+    for the tests that decode with it (none changes its weights)."""
+    path = resolve_model("smollm2")
+    return load_causal_lm(path, torch.device("cpu"), torch.float32).eval(), load_tokenizer(path)
 
 
 def _greedy_one(model, tok, question, max_new):
@@ -27,11 +37,9 @@ def _greedy_one(model, tok, question, max_new):
     return tok.decode(row, skip_special_tokens=True), len(row)
 
 
-def test_batched_left_padded_eval_scores_like_one_at_a_time():
+def test_batched_left_padded_eval_scores_like_one_at_a_time(smollm2):
     torch.manual_seed(0)
-    path = resolve_model("smollm2")   # the real model: its greedy text has numbers to score
-    tok = load_tokenizer(path)
-    model = load_causal_lm(path, torch.device("cpu"), torch.float32).eval()
+    model, tok = smollm2
     base = eval_problems(str(GSM8K), 6)
     assert [p.question for p in base] == [p.question for p in eval_problems(str(GSM8K), 6)]  # a fixed subset
     problems, expect_correct, lengths = [], 0, []
@@ -151,16 +159,14 @@ def test_eval_prompts_are_the_samplers_training_prompts():
     assert sorted(engine.prompts) == sorted(train_ids)
 
 
-def test_final_evaluation_decodes_like_the_samplers():
+def test_final_evaluation_decodes_like_the_samplers(smollm2):
     """The learner's final evaluation picks its decoder by --generation-backend, the rule sampler 0
     scores the baseline by: 'auto' on CPU is Hugging Face generate, 'fast' the rollout engine;
     both score the same on the same weights (fp32 here)."""
     from grpo.config import LearnerConfig
     from grpo.evaluate import evaluate_module
 
-    path = resolve_model("smollm2")
-    tok = load_tokenizer(path)
-    model = load_causal_lm(path, torch.device("cpu"), torch.float32).eval()
+    model, tok = smollm2
     res = {}
     for backend in ("auto", "fast"):
         cfg = LearnerConfig(eval_dataset=str(GSM8K), eval_size=4, eval_batch_size=4, max_new_tokens=12,
@@ -174,17 +180,23 @@ def test_final_evaluation_decodes_like_the_samplers():
 
 def test_evaluate_command_writes_json(tmp_path):
     out = tmp_path / "r.json"
-    r = subprocess.run([sys.executable, "-m", "grpo.evaluate", "--model", "tiny-random", "--dataset", str(GSM8K),
-                        "--eval-size", "3", "--max-new-tokens", "4", "--device", "cpu", "--out", str(out),
-                        "--generation-backend", "fast"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
+    # Both commands at once: each is mostly its interpreter's start, which they can share the cores for.
+    procs = [subprocess.Popen([sys.executable, "-m", "grpo.evaluate", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for args in (["--model", "tiny-random", "--dataset", str(GSM8K), "--eval-size", "3",
+                           "--max-new-tokens", "4", "--device", "cpu", "--out", str(out), "--generation-backend",
+                           "fast"],
+                          ["--model", "/nonexistent/m", "--device", "cpu", "--dataset", str(GSM8K)])]
+    try:
+        (r_out, r_err), (_, bad_err) = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[0].returncode == 0, r_err
     res = json.loads(out.read_text())
     assert res["n"] == 3 and 0 <= res["correct"] <= 3 and res["split"] == "test" and res["decoder"] == "fast"
-    assert "greedy pass@1" in r.stdout
-    bad = subprocess.run([sys.executable, "-m", "grpo.evaluate", "--model", "/nonexistent/m", "--device", "cpu",
-                          "--dataset", str(GSM8K)], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    assert "greedy pass@1" in r_out
+    assert procs[1].returncode == 2 and "Traceback" not in bad_err and len(bad_err.strip().splitlines()) == 1
 
 
 def test_final_evaluation_decodes_a_copy_in_the_samplers_dtype():

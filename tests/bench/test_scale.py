@@ -46,17 +46,20 @@ def test_mfu_and_what_bound_the_step_by_hand():
 @pytest.mark.slow
 def test_a_cpu_run_of_the_tiny_model_fills_a_row(tmp_path):
     out = tmp_path / "scale.json"
-    rc = scale.main(["--sizes", "tiny", "--device", "cpu", "--max-steps", "3", "--dataset",
+    # 2 prompts x 2 completions a step in micro-batches of 2 (2 accumulated): the row's plumbing
+    # with as little CPU training as still has a group per prompt and gradient accumulation
+    rc = scale.main(["--sizes", "tiny", "--device", "cpu", "--max-steps", "3", "--micro", "2", "--dataset",
                      str(ROOT.parent / "shared" / "data" / "gsm8k"), "--work-dir", str(tmp_path), "--out", str(out),
-                     "--", "--max-new-tokens", "16", "--prompts-per-round", "2", "--train-batch-size", "16",
+                     "--", "--max-new-tokens", "16", "--prompts-per-round", "2", "--num-generations", "2",
+                     "--train-batch-size", "4",
                      *[f"--{k}-port={p}" for k, p in zip(("data", "sync"), free_ports(2))]])
     assert rc == 0
     row = json.loads(out.read_text())["rows"]["tiny"]
     assert row["exit_code"] == 0 and row["steps"] == 3 and row["balanced"] is True
     assert row["weight_sync"] == "tcp" and row["truncated_frac"] == 1.0   # random weights: no EOS in 16 tokens
-    # 16 completions a step, each 16 new tokens (the loss's tokens; prompts carry none)
-    assert row["completions_per_s"] == pytest.approx(16 / row["step_s"])
-    assert row["tokens_trained_per_s"] == pytest.approx(16 * 16 / row["step_s"])
+    # 4 completions a step, each 16 new tokens (the loss's tokens; prompts carry none)
+    assert row["completions_per_s"] == pytest.approx(4 / row["step_s"])
+    assert row["tokens_trained_per_s"] == pytest.approx(4 * 16 / row["step_s"])
     assert row["rollout_tokens_per_s"] > 0 and row["command_line"] and row["seed"] == 42
 
 

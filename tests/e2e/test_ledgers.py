@@ -29,30 +29,77 @@ ROOT = Path(__file__).resolve().parents[2]
 SID, INC = 3, 777   # the scripted sampler's id and incarnation
 
 
+class Learner:
+    """A CPU learner process (tiny model) started for one test, before that test runs."""
+
+    def __init__(self, folder: Path, data: int, sync: int, steps: int = 3):
+        self.data, self.run_dir, self.log = data, folder / "run", folder / "learner.log"
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        self.err = open(self.log, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "training_worker.py"), "--device", "cpu", "--model", "tiny-random",
+             "--no-deepspeed", "--num-generations", "2", "--train-batch-size", "2", "--max-steps", str(steps),
+             "--max-new-tokens", "8", "--heartbeat-timeout-s", "3", "--shutdown-timeout-s", "30",
+             "--report-to", "none", "--data-port", str(data), "--sync-port", str(sync), "--run-dir",
+             str(self.run_dir)],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=self.err)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.err.close()
+
+
+class Learners:
+    """The learners of this module's tests selected in this session, each started one test ahead:
+    while a test drives its learner, the next test's starts (imports, the model, the first
+    publish), so the starts overlap the tests instead of adding up."""
+
+    def __init__(self, names: list[str], tmp_path_factory):
+        self.names, self.factory, self.started = names, tmp_path_factory, {}
+
+    def _start(self, name: str) -> None:
+        if name not in self.started:
+            self.started[name] = Learner(self.factory.mktemp(name[:40]), *free_ports(2))
+
+    def __getitem__(self, name: str) -> Learner:
+        self._start(name)
+        i = self.names.index(name)
+        if i + 1 < len(self.names):
+            self._start(self.names[i + 1])
+        return self.started[name]
+
+
+@pytest.fixture(scope="module")
+def learners(request, tmp_path_factory):
+    names = [item.name for item in request.session.items if item.module is request.module]
+    ahead = Learners(names, tmp_path_factory)
+    try:
+        yield ahead
+    finally:
+        for learner in ahead.started.values():
+            learner.stop()
+
+
 @contextlib.contextmanager
-def learner_run(tmp_path: Path, steps: int = 3):
-    """A CPU learner (tiny model) ready for groups, and a way to open PUSH sockets to it; yields
+def learner_run(learners: Learners, request):
+    """This test's learner, ready for groups, and a way to open PUSH sockets to it; yields
     (connect, result) where result["summary"] is its summary.json once it has finished."""
-    data, sync = free_ports(2)
-    run_dir, log = tmp_path / "run", tmp_path / "learner.log"
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "training_worker.py"), "--device", "cpu", "--model", "tiny-random",
-         "--no-deepspeed", "--num-generations", "2", "--train-batch-size", "2", "--max-steps", str(steps),
-         "--max-new-tokens", "8", "--heartbeat-timeout-s", "3", "--shutdown-timeout-s", "30",
-         "--report-to", "none", "--data-port", str(data), "--sync-port", str(sync), "--run-dir", str(run_dir)],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
+    learner = learners[request.node.name]
+    proc, run_dir, log = learner.proc, learner.run_dir, learner.log
     ctx = zmq.Context()
     result: dict = {}
 
     def connect() -> zmq.Socket:
         s = ctx.socket(zmq.PUSH)
-        s.connect(f"tcp://127.0.0.1:{data}")
+        s.connect(f"tcp://127.0.0.1:{learner.data}")
         return s
 
     try:
         stage = run_dir / "stages" / "learner0.json"
-        deadline = time.monotonic() + 180
+        # generous: two learners start at once on a machine that may be shared
+        deadline = time.monotonic() + 600
         while not (stage.exists() and json.loads(stage.read_text())["stage"] == "weights_published"):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
@@ -60,8 +107,7 @@ def learner_run(tmp_path: Path, steps: int = 3):
         assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
         result["summary"] = json.loads((run_dir / "summary.json").read_text())
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        learner.stop()
         ctx.destroy(linger=0)
 
 
@@ -80,8 +126,8 @@ def malformed(i: int) -> list[bytes]:
 
 
 @pytest.mark.slow
-def test_sampler_sends_malformed_groups_then_vanishes(tmp_path):
-    with learner_run(tmp_path) as (connect, result):
+def test_sampler_sends_malformed_groups_then_vanishes(learners, request):
+    with learner_run(learners, request) as (connect, result):
         s = connect()
         for i in range(3):
             s.send_multipart(codec.encode(valid(i)))
@@ -119,9 +165,9 @@ def junk(r: random.Random) -> list[bytes]:
 
 
 @pytest.mark.slow
-def test_junk_from_a_socket_that_is_no_sampler(tmp_path):
+def test_junk_from_a_socket_that_is_no_sampler(learners, request):
     r = random.Random(7)
-    with learner_run(tmp_path) as (connect, result):
+    with learner_run(learners, request) as (connect, result):
         scan = connect()
         for _ in range(2000):
             scan.send_multipart(junk(r))
@@ -141,8 +187,8 @@ def test_junk_from_a_socket_that_is_no_sampler(tmp_path):
 
 
 @pytest.mark.slow
-def test_final_status_corrupted_on_the_wire(tmp_path):
-    with learner_run(tmp_path) as (connect, result):
+def test_final_status_corrupted_on_the_wire(learners, request):
+    with learner_run(learners, request) as (connect, result):
         s = connect()
         for i in range(3):
             s.send_multipart(codec.encode(valid(i)))
@@ -169,11 +215,11 @@ def wrong_schema(i: int) -> list[bytes]:
 
 
 @pytest.mark.slow
-def test_a_group_that_arrives_unattributable_is_named_in_the_summary(tmp_path):
+def test_a_group_that_arrives_unattributable_is_named_in_the_summary(learners, request):
     """3 valid groups and 1 with a wrong schema, then a final status saying 4 sent: the books are
     honestly not balanced (sent 4, accounted 3), and the summary and the learner's last log line
     say which sampler's group it was and what the learner made of it."""
-    with learner_run(tmp_path) as (connect, result):
+    with learner_run(learners, request) as (connect, result):
         s = connect()
         for i in range(3):
             s.send_multipart(codec.encode(valid(i)))
@@ -190,5 +236,5 @@ def test_a_group_that_arrives_unattributable_is_named_in_the_summary(tmp_path):
                                   "unattributable": {"bad_schema": 1},
                                   "by_process": [{"sampler_id": SID, "incarnation": INC, "sent": 4, "accounted": 3,
                                                   "gap": 1}]}
-    last = [line for line in (tmp_path / "learner.log").read_text().splitlines() if "accounting: sent" in line]
+    last = [line for line in learners[request.node.name].log.read_text().splitlines() if "accounting: sent" in line]
     assert len(last) == 1 and last[0].endswith("-> " + text), last

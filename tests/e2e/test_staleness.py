@@ -16,22 +16,47 @@ from netutil import free_ports
 ROOT = Path(__file__).resolve().parents[2]
 
 
+ENGINES = {"rounds": [], "in-flight": ["--generation-backend", "fast", "--in-flight-rows", "3"]}
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory):
+    """{engine id: (launcher process, run dir, stderr file)} for the engines selected in this session,
+    all started at once: the two runs' starts (imports, the model) overlap instead of adding up."""
+    ids = [item.callspec.id for item in request.session.items if item.module is request.module]
+    ports = free_ports(2 * len(ids))
+    started = {}
+    try:
+        for i, key in enumerate(ids):
+            folder = tmp_path_factory.mktemp(key)
+            run_dir, err = folder / "run", open(folder / "launcher.err", "w+")
+            proc = subprocess.Popen(
+                [sys.executable, str(ROOT / "run_distributed.py"), "--device", "cpu", "--model", "tiny-random",
+                 "--no-deepspeed", "--dataset", "rg:basic_arithmetic", "--num-generations", "2",
+                 "--prompts-per-round", "8", "--train-batch-size", "2", "--max-new-tokens", "8", "--max-steps", "8",
+                 "--max-staleness", "1", "--beta", "0", "--report-to", "none", "--data-port", str(ports[2 * i]),
+                 "--sync-port", str(ports[2 * i + 1]), "--run-dir", str(run_dir), *ENGINES[key]],
+                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, text=True,
+                env=dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1"))
+            started[key] = (proc, run_dir, err)
+        yield started
+    finally:
+        for proc, _, err in started.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            err.close()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", [[], ["--generation-backend", "fast", "--in-flight-rows", "3"]],
-                         ids=["rounds", "in-flight"])
-def test_no_group_is_generated_that_is_certain_to_be_dropped(tmp_path, engine):
+@pytest.mark.parametrize("engine", ["rounds", "in-flight"], ids=["rounds", "in-flight"])
+def test_no_group_is_generated_that_is_certain_to_be_dropped(runs, engine):
     """Also through in-flight batching (3 rows for groups of G=2: a group's samples share rows with
     the next prompt's, and each group is sent as soon as it has ended, one step's worth)."""
-    data, sync = free_ports(2)
-    run_dir = tmp_path / "run"
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "run_distributed.py"), "--device", "cpu", "--model", "tiny-random",
-         "--no-deepspeed", "--dataset", "rg:basic_arithmetic", "--num-generations", "2", "--prompts-per-round", "8",
-         "--train-batch-size", "2", "--max-new-tokens", "8", "--max-steps", "8", "--max-staleness", "1", "--beta", "0",
-         "--report-to", "none", "--data-port", str(data), "--sync-port", str(sync), "--run-dir", str(run_dir), *engine],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-        env=dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1"))
-    assert r.returncode == 0, r.stderr[-3000:]
+    proc, run_dir, err = runs[engine]
+    returncode = proc.wait(timeout=600)
+    err.seek(0)
+    assert returncode == 0, err.read()[-3000:]
     groups = json.loads((run_dir / "summary.json").read_text())["groups"]
     assert groups["balanced"] and groups["trained"] == 8
     log = (run_dir / "sampler0.log").read_text()
@@ -45,7 +70,7 @@ def test_no_group_is_generated_that_is_certain_to_be_dropped(tmp_path, engine):
     else:
         assert sizes[0] <= 2 and groups["dropped"].get("stale", 0) == 0, (sizes, groups)
     assert "waiting: the learner's queue is full" in log
-    assert ("fast generation, in flight on 3 rows" in log) == bool(engine)
+    assert ("fast generation, in flight on 3 rows" in log) == (engine == "in-flight")
     # beta 0: the run needs no reference log-probs, so the sampler loads no reference model
     assert "reference log-probs: not used by this run" in log
     stats = json.loads((run_dir / "summary.json").read_text())["samplers"]["0"]["stats"]
