@@ -58,14 +58,12 @@ def _gpu_env(device: str, gpu_id: int) -> None:
 def _cpu_weight_sync(cfg: LearnerConfig) -> None:
     """A CPU learner's --precision and --weight-sync, checked before torch loads by the rules the
     learner applies later (grpo.learner.setup.place), as the launcher checks them (grpo.launch.nodes)."""
-    from types import SimpleNamespace
-
     from grpo.config import resolve_precision
     from grpo.weights.methods import check_method
 
     lora = bool(cfg.lora_r)
     precision = resolve_precision(cfg.precision, False, lora, not cfg.no_deepspeed)
-    check_method(cfg.weight_sync, SimpleNamespace(type="cpu"), lora, precision == "bf16")
+    check_method(cfg.weight_sync, "cpu", lora, precision == "bf16")
 
 
 def _allocator(device: str) -> None:
@@ -98,8 +96,7 @@ def sampler_main(argv: list[str] | None = None) -> int:
 
     try:
         _gpu_env(cfg.device, cfg.gpu_id)
-        if not cfg.dataset.startswith("rg:"):
-            local_file(cfg.dataset)   # a mistyped path, as the launcher checks it; a hub id is fetched later
+        local_file(cfg.dataset)   # a mistyped path, as the launcher checks it; a hub id is fetched later
     except (ValueError, DatasetUnavailable) as exc:   # here, not below: _user_errors() imports torch
         return _fail(prog, exc)
     try:

@@ -59,9 +59,11 @@ def load_problems(
 
 
 def local_file(spec: str, split: str = "train") -> Path | None:
-    """The local file `spec` names for `split`, or None for a hub id; a local path that cannot
-    serve (no such folder, one file asked for another split) is a DatasetUnavailable. Reads no
-    data: the launcher asks it before anything starts."""
+    """The local file `spec` names for `split`, or None for a hub id or rg: tasks (generated); a
+    local path that cannot serve (no such folder, one file asked for another split) is a
+    DatasetUnavailable. Reads no data: the launcher and the sampler ask it before anything starts."""
+    if spec.startswith("rg:"):
+        return None
     path = Path(spec).expanduser()
     if path.is_dir():
         return formats.split_file(path, split) or path / f"{split}.jsonl"

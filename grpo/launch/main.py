@@ -94,8 +94,7 @@ def check_sampler_flags(flags: list[str]) -> str | None:
 
     cfg = parse_config(SamplerConfig, flags, "sampling_worker.py")
     try:
-        if not cfg.dataset.startswith("rg:"):
-            local_file(cfg.dataset)   # a mistyped path; a hub id is the sampler's to fetch
+        local_file(cfg.dataset)   # a mistyped path; a hub id is the sampler's to fetch
         reward_set_from_config(cfg)
         load_transform(cfg.dataset_transform)
         if cfg.curriculum and not cfg.dataset.startswith("rg:"):

@@ -17,7 +17,6 @@ import os
 import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import SimpleNamespace
 
 from grpo.config import (ROW_BUCKETS, LearnerConfig, SamplerConfig, allocator_conf, expandable_segments,
                          micro_token_budget, resolve_precision)
@@ -415,7 +414,7 @@ def run_shape(lcfg, scfg, ranks: int, samplers: int, ds_config: str) -> RunShape
     from grpo.weights.methods import sampler_method   # here: brings numpy
     from grpo.wire.messages import IPC, NCCL, SHARED
 
-    method = sampler_method(scfg.weight_sync, SimpleNamespace(type="cuda"))   # the plan is for CUDA: auto is ipc
+    method = sampler_method(scfg.weight_sync, "cuda")   # the plan is for CUDA: auto is ipc
     rows = decode_rows(scfg.num_generations, scfg.prompts_per_round, scfg.in_flight_rows,
                        Staleness(lcfg.max_staleness, lcfg.train_batch_size // scfg.num_generations),
                        scfg.filter_zero_signal, scfg.max_prompts_per_round, samplers, scfg.cuda_graphs)

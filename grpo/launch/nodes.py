@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import shlex
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 from grpo.config import CommonConfig, LaunchConfig, LearnerConfig, resolve_precision
 from grpo.flags import parse_config
@@ -137,7 +136,7 @@ def sampler_weight_sync(requested: str, cuda: bool, on_rank0_node: bool) -> str:
     ipc where it cannot see learner rank 0's GPU steps down by the fallback rule)."""
     from grpo.weights.methods import IPC, fallback, sampler_method   # here: brings numpy
 
-    method = sampler_method(requested, SimpleNamespace(type="cuda" if cuda else "cpu"))
+    method = sampler_method(requested, "cuda" if cuda else "cpu")
     if method == IPC and not on_rank0_node:
         method = fallback(IPC, requested)
     return method
@@ -237,7 +236,7 @@ def plan_nodes(cfg: LaunchConfig, sampler_flags: list[str], learner_flags: list[
     lcfg = parse_config(LearnerConfig, plans[0].procs[0].argv[1:], "training_worker.py")
     try:
         bf16 = resolve_precision(lcfg.precision, cuda, lcfg.lora_r > 0, not cfg.no_deepspeed) == "bf16"
-        check_method(cfg.weight_sync, SimpleNamespace(type="cuda" if cuda else "cpu"), lcfg.lora_r > 0, bf16)
+        check_method(cfg.weight_sync, "cuda" if cuda else "cpu", lcfg.lora_r > 0, bf16)
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
     for i, (k, g) in enumerate(samplers):

@@ -104,7 +104,7 @@ def place(cfg: LearnerConfig) -> Placement:
     device = pick_device(cfg.device, cfg.gpu_id if cfg.gpu_id >= 0 else (local if cfg.device != "cpu" else -1))
     t_device = time.perf_counter() - t_device
     precision = resolve_precision(cfg.precision, device.type == "cuda", bool(cfg.lora_r), not cfg.no_deepspeed)
-    check_method(cfg.weight_sync, device, bool(cfg.lora_r), precision == "bf16")
+    check_method(cfg.weight_sync, device.type, bool(cfg.lora_r), precision == "bf16")
     resolve_backend(cfg.generation_backend, device)   # a bad name fails now, not after training
     curriculum = (Curriculum(cfg.dataset, cfg.curriculum_low, cfg.curriculum_high, cfg.curriculum_window)
                   if cfg.curriculum else None)   # a bad --dataset or threshold fails here, before loading

@@ -58,7 +58,7 @@ class Sampler:
         # a bad choice fails before any loading too
         self.old_source = old_logprob_source(cfg.old_logprobs, self.backend, compute_dtype(self.device))
         # (so does --old-logprobs pass with --swap-in-flight)
-        self.swaps = swaps_in_flight(cfg.swap_in_flight, cfg.in_flight_rows, sampler_method(cfg.weight_sync, self.device),
+        self.swaps = swaps_in_flight(cfg.swap_in_flight, cfg.in_flight_rows, sampler_method(cfg.weight_sync, self.device.type),
                                      cfg.old_logprobs)
         torch.manual_seed(cfg.seed + 1000 * cfg.sampler_id)
         rewards = reward_set_from_config(cfg)  # a bad --reward fails here, before any model loads

@@ -100,7 +100,7 @@ def method_receiver(cfg: SamplerConfig, method: str, policy: torch.nn.Module, dt
 
 def start_receiver(cfg: SamplerConfig, policy: torch.nn.Module, device: torch.device):
     """(receiver, method) this sampler starts with: --weight-sync's choice on this device."""
-    method = sampler_method(cfg.weight_sync, device)
+    method = sampler_method(cfg.weight_sync, device.type)
     return method_receiver(cfg, method, policy, compute_dtype(device)), method
 
 

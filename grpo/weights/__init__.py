@@ -37,7 +37,7 @@ def make_publisher(requested: str, server, module, device, dtype, host: str, syn
     """Learner rank 0's publisher for --weight-sync `requested` on `device` (auto: slots on CUDA,
     bytes on CPU). `answers`: the control fields of every answer (grpo.sync.answer.SyncAnswer: the
     run's facts, curriculum levels, the budget)."""
-    method = learner_method(requested, device)
+    method = learner_method(requested, device.type)
     if method != requested:
         log.info("weight sync: %s -> %s (%s)", requested, method, "CUDA learner: samplers that see its GPU map the "
                  "weights (ipc), others on CUDA get them by nccl, the rest as bytes" if method == IPC

@@ -16,10 +16,11 @@ AUTO_ORDER = (IPC, NCCL, TCP)
 LAST_RESORT = TCP
 
 
-def learner_method(requested: str, device) -> str:
-    """The publisher the learner builds: auto is the slots (ipc) on CUDA, bytes (tcp) on CPU."""
+def learner_method(requested: str, device_type: str) -> str:
+    """The publisher a learner on `device_type` ('cuda' or 'cpu') builds: auto is the slots (ipc) on
+    CUDA, bytes (tcp) on CPU."""
     if requested == AUTO:
-        return AUTO_ORDER[0] if device.type == "cuda" else LAST_RESORT
+        return AUTO_ORDER[0] if device_type == "cuda" else LAST_RESORT
     return requested
 
 

@@ -22,21 +22,22 @@ __all__ = ["AUTO", "AUTO_ORDER", "IPC", "LAST_RESORT", "METHODS", "NCCL", "SHARE
 METHODS = (AUTO, *REGISTRY)
 
 
-def check_method(method: str, device, lora: bool, bf16_weights: bool) -> None:
-    """A bad --weight-sync for this learner (`device.type` 'cuda' or 'cpu'; `bf16_weights`: its
-    --precision resolves to bf16): ValueError with the fix."""
+def check_method(method: str, device_type: str, lora: bool, bf16_weights: bool) -> None:
+    """A bad --weight-sync for a learner on `device_type` ('cuda' or 'cpu'; `bf16_weights`: its
+    --precision resolves to bf16): ValueError with the fix. The rules here take a device's type, not
+    a device: the launcher and the workers apply them before torch is imported."""
     if method != AUTO and method not in REGISTRY:
         names = (AUTO, *REGISTRY)
         raise ValueError(f"--weight-sync {method}: choose {', '.join(names[:-1])} or {names[-1]}")
-    if method != AUTO and (problem := REGISTRY[method].check(device.type, lora, bf16_weights)):
+    if method != AUTO and (problem := REGISTRY[method].check(device_type, lora, bf16_weights)):
         raise ValueError(problem)
 
 
-def sampler_method(requested: str, device) -> str:
-    """The method a sampler asks for first: auto is ipc on CUDA; a CPU sampler takes bytes for a
-    method only a CUDA sampler can receive by (ipc, and so auto)."""
+def sampler_method(requested: str, device_type: str) -> str:
+    """The method a sampler on `device_type` ('cuda' or 'cpu') asks for first: auto is ipc on CUDA; a
+    CPU sampler takes bytes for a method only a CUDA sampler can receive by (ipc, and so auto)."""
     method = AUTO_ORDER[0] if requested == AUTO else requested
-    if REGISTRY[method].cuda_sampler and device.type != "cuda":
+    if REGISTRY[method].cuda_sampler and device_type != "cuda":
         return LAST_RESORT
     return method
 

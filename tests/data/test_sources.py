@@ -10,7 +10,7 @@ import pytest
 from grpo.data.formats import Problem
 from grpo.data.gsm8k import extract_gsm8k_answer
 from grpo.data.prompts import DEFAULT_INSTRUCTION, PromptStream, build_prompt
-from grpo.data.sources import DatasetUnavailable, _hub_unreachable_reason, load_problems, shard
+from grpo.data.sources import DatasetUnavailable, _hub_unreachable_reason, load_problems, local_file, shard
 
 GSM8K_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
 FIRST_TEST_QUESTION = (
@@ -203,3 +203,11 @@ def test_prompt_stream_position_restores():
     assert restored.next_batch(12) == expected
     with pytest.raises(ValueError):
         PromptStream([], seed=0)
+
+
+def test_local_file_names_a_path_and_leaves_hub_ids_and_tasks_alone(tmp_path):
+    (tmp_path / "train.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n')
+    assert local_file(str(tmp_path)) == tmp_path / "train.jsonl"
+    assert local_file("rg:basic_arithmetic") is None and local_file("openai/gsm8k") is None
+    with pytest.raises(DatasetUnavailable, match="does not exist"):
+        local_file(str(tmp_path / "missing"))

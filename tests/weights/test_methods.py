@@ -1,13 +1,11 @@
 """grpo.weights.methods: which weight-sync method each side uses, and the one fallback rule."""
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from grpo.weights.methods import fallback, learner_method, sampler_method, serve_method
 
-GPU, CPU = SimpleNamespace(type="cuda"), SimpleNamespace(type="cpu")
+GPU, CPU = "cuda", "cpu"   # the rules take a device type
 
 
 def test_fallback_by_hand():

@@ -138,15 +138,14 @@ def test_method_choice_per_side():
 
     from grpo.weights.methods import check_method, sampler_method
 
-    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
-    assert [sampler_method(m, gpu) for m in ("auto", "ipc", "nccl", "shared", "tcp")] == \
+    assert [sampler_method(m, "cuda") for m in ("auto", "ipc", "nccl", "shared", "tcp")] == \
         ["ipc", "ipc", "nccl", "shared", "tcp"]
-    assert [sampler_method(m, cpu) for m in ("auto", "ipc", "nccl", "tcp")] == ["tcp", "tcp", "nccl", "tcp"]
-    check_method("nccl", cpu, lora=False, bf16_weights=False)           # gloo on CPU: allowed
-    check_method("shared", gpu, lora=False, bf16_weights=True)
-    for method, device, lora, bf16, needle in (("pigeon", cpu, False, True, "choose auto"),
-                                               ("ipc", cpu, False, True, "needs a CUDA learner"),
-                                               ("shared", gpu, True, True, "without LoRA"),
-                                               ("shared", gpu, False, False, "--precision bf16")):
+    assert [sampler_method(m, "cpu") for m in ("auto", "ipc", "nccl", "tcp")] == ["tcp", "tcp", "nccl", "tcp"]
+    check_method("nccl", "cpu", lora=False, bf16_weights=False)           # gloo on CPU: allowed
+    check_method("shared", "cuda", lora=False, bf16_weights=True)
+    for method, device, lora, bf16, needle in (("pigeon", "cpu", False, True, "choose auto"),
+                                               ("ipc", "cpu", False, True, "needs a CUDA learner"),
+                                               ("shared", "cuda", True, True, "without LoRA"),
+                                               ("shared", "cuda", False, False, "--precision bf16")):
         with pytest.raises(ValueError, match=needle):
             check_method(method, device, lora, bf16)

@@ -21,7 +21,7 @@ from grpo.weights.tcp import TcpReceiver
 from grpo.wire import messages as M
 from grpo.wire.transport import SyncClient, SyncServer
 
-GPU, CPU = SimpleNamespace(type="cuda"), SimpleNamespace(type="cpu")
+GPU, CPU = SimpleNamespace(type="cuda"), SimpleNamespace(type="cpu")   # devices, for make_publisher
 
 
 def test_the_registry_holds_the_configs_and_the_wires_methods():
@@ -75,7 +75,7 @@ def _toy(needs_bf16: str = "toy needs bf16 weights; use --weight-sync tcp") -> W
 
 def test_a_registered_method_is_built_and_ruled_by_its_entry(monkeypatch):
     with pytest.raises(ValueError, match=r"^--weight-sync toy: choose auto, ipc, nccl, shared or tcp$"):
-        check_method("toy", CPU, False, True)
+        check_method("toy", "cpu", False, True)
     monkeypatch.setitem(REGISTRY, "toy", _toy())
 
     pub = make_publisher("toy", "server", "module", CPU, "bf16", "10.0.0.1", 7, 1.5, 2.5, answers="answers")
@@ -85,13 +85,13 @@ def test_a_registered_method_is_built_and_ruled_by_its_entry(monkeypatch):
     with pytest.raises(ValueError, match="no weight-sync method 'rdma'"):
         make_receiver("rdma", "policy", "bf16", 7, 3.0)
 
-    check_method("toy", CPU, False, True)   # its own check passes
+    check_method("toy", "cpu", False, True)   # its own check passes
     with pytest.raises(ValueError, match=r"^toy needs bf16 weights; use --weight-sync tcp$"):
-        check_method("toy", GPU, False, False)
+        check_method("toy", "cuda", False, False)
     with pytest.raises(ValueError, match=r"^--weight-sync rdma: choose auto, ipc, nccl, shared, tcp or toy$"):
-        check_method("rdma", CPU, False, True)
+        check_method("rdma", "cpu", False, True)
     assert acknowledges("toy") and not own_weights("toy")
-    assert sampler_method("toy", CPU) == learner_method("toy", GPU) == "toy"
+    assert sampler_method("toy", "cpu") == learner_method("toy", "cuda") == "toy"
     assert fallback("toy", "toy") == fallback("toy", "auto") == "tcp"   # it steps down to bytes
 
 
@@ -166,7 +166,7 @@ def test_tcp_both_sides_from_the_registry_over_a_real_socket():
     try:
         assert pub.method == "tcp"   # auto on CPU
         pub.publish(1, learner)
-        client.send(M.WeightsRequest(sampler_id=0, have_version=0, method=sampler_method("auto", CPU)))
+        client.send(M.WeightsRequest(sampler_id=0, have_version=0, method=sampler_method("auto", "cpu")))
         msg = client.receive(5.0)
         assert isinstance(msg, M.WeightsAnnounce) and (msg.version, msg.method) == (1, "tcp")
         receiver = make_receiver("tcp", sampler, torch.float32, port, 1.0)
