@@ -26,7 +26,7 @@ def evaluate(model, out):
 
 
 def finished(p, out):
-    """The evaluate command's exit code, after waiting for it; its stderr's tail on failure."""
+    """Wait for the evaluate command; a non-zero exit fails the test with its stderr's tail."""
     rc = p.wait(timeout=300)
     assert rc == 0, open(f"{out}.log").read()[-2000:]
 
