@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The device recipe for bench/benchmark.py: rows one after another, each scored and summarised before
 # the next starts, its run files (without weights) copied to $OUT_DIR after each, so a plan cut short
-# keeps what it finished. ROWS defaults to the standard rows (`python3 bench/benchmark.py rows`). An
+# keeps what it finished. ROWS defaults to the standard rows (`python3 bench/benchmark.py rows`).
+# OURS_FLAGS: flags appended to ours' command in every row; LABEL: the rows' label in the result file
+# (kept beside unlabelled runs of the same rows). An
 # item is ROW, ROW@SECONDS (that row's own length) or ROW+ROW+... (side by side, each on GPUs of its
 # own). Runs from a copy of the checkout in /tmp/code (the device tool re-sends the tree with each
 # call; a row started later must not see it change under it).
@@ -25,7 +27,8 @@ for group in $ROWS; do
         row=${item%@*}; secs=$SECS; [ "$item" != "$row" ] && secs=${item#*@}
         echo "benchmark.sh: row $row ($secs s, GPUs from $first) at $(date +%T)"
         python3 bench/benchmark.py run --row "$row" --seconds "$secs" --dataset "$DATA" --work-dir $WORK \
-            --git-commit "$COMMIT" --first-gpu $first > $WORK.$first.log 2>&1 || echo "benchmark.sh: row $row failed" &
+            --git-commit "$COMMIT" --first-gpu $first ${OURS_FLAGS:+--ours-flags "$OURS_FLAGS"} \
+            > $WORK.$first.log 2>&1 || echo "benchmark.sh: row $row failed" &
         case $row in *:1gpu:*) first=$((first + 1));; *) first=$((first + 4));; esac
         sleep 2   # one conversion lock at a time, and launch times apart
     done
@@ -42,7 +45,7 @@ for group in $ROWS; do
                 --max-new-tokens 512 --out "$(dirname $(dirname $last))/eval_cli.json" 2>&1 | grep "pass@1"
         fi
     done
-    python3 bench/benchmark.py summarise --work-dir $WORK --results-dir $OUT_DIR/results \
+    python3 bench/benchmark.py summarise --work-dir $WORK --results-dir $OUT_DIR/results ${LABEL:+--label "$LABEL"} \
         || echo "benchmark.sh: summarise failed"
     for run in $WORK/*/; do
         dest=$OUT_DIR/runs/$(basename $run); mkdir -p $dest

@@ -294,6 +294,8 @@ def main() -> int:
                     help="only the EOS workload (in-flight, fixed batches, HF generate) and the fixed-length rate "
                          "at its rows x new tokens; writes rollout_workload_<device>.json")
     ap.add_argument("--skip-hf", action="store_true", help="--workload-only: leave out Hugging Face generate")
+    ap.add_argument("--workload", default="", help="--workload-only: PROMPTS,G,ROWS,NEW instead of the plan's "
+                    "(128,8,512,256 on CUDA); the result file's name then says them")
     ap.add_argument("--window-compare", action="store_true",
                     help=f"only the sliding-window comparison: SmolLM2-135M's shapes as a random Mistral with a "
                          f"{WINDOW}-slot window on every layer against full attention; writes "
@@ -310,6 +312,15 @@ def main() -> int:
     device = pick(args.device)
     torch.manual_seed(0)
     p = plan(args.quick, device.type == "cuda")
+    if args.workload:
+        try:
+            p["workload"] = tuple(int(x) for x in args.workload.split(","))
+            assert len(p["workload"]) == 4 and min(p["workload"]) > 0
+        except (ValueError, AssertionError):
+            print(f"bench/rollout.py: error: --workload {args.workload!r}: give PROMPTS,G,ROWS,NEW, four positive "
+                  f"integers, e.g. 96,16,512,512", file=sys.stderr)
+            return 2
+        suffix += "_" + "x".join(map(str, p["workload"]))
     dtype = compute_dtype(device)
     path = resolve_model(args.model)
     tok = load_tokenizer(path)

@@ -23,18 +23,24 @@ class ScriptedLearner(threading.Thread):
     a frame no codec accepts, as from a learner that speaks other messages. `restart_with`: facts
     that the answer to the request of that index carries, as a learner started again on the same
     port sends with its first answer. `later`: request index -> a function of that request giving
-    its answer (say, newer weights) instead of no_update, for requests after the first."""
+    its answer (say, newer weights) instead of no_update, for requests after the first. `budget`: a
+    function of a request giving the budget its no_update answers carry (default: no limit said).
+    `stop_when`: a function of the requests so far; once it says True, that request and every later
+    one is answered with stop."""
 
     def __init__(self, port: int, facts: M.RunFacts, ignore: int = 0, stop_after_s: float | None = None,
                  gate: Callable[[], None] | None = None, first: Callable[[int], M.Message] | None = None,
                  garble: bool = False, restart_with: dict[int, M.RunFacts] | None = None,
-                 later: dict[int, Callable[[M.WeightsRequest], M.Message]] | None = None):
+                 later: dict[int, Callable[[M.WeightsRequest], M.Message]] | None = None,
+                 budget: Callable[[M.WeightsRequest], int] = lambda req: -1,
+                 stop_when: Callable[[list[M.WeightsRequest]], bool] = lambda requests: False):
         super().__init__(daemon=True)
         self.server = SyncServer("127.0.0.1", port)
         self.facts, self.ignore, self.stop_after_s = facts, ignore, stop_after_s
         self.gate, self.first, self.garble = gate, first, garble
         self.restart_with = restart_with or {}
         self.later = later or {}
+        self.budget, self.stop_when = budget, stop_when
         self.answered_at = self.stopped_at = None
         self.requests: list[M.WeightsRequest] = []
         self.told: set[bytes] = set()   # connections given the facts
@@ -52,6 +58,8 @@ class ScriptedLearner(threading.Thread):
                 if self.ignore > 0:
                     self.ignore -= 1
                     continue
+                if self.stopped_at is None and self.answered_at is not None and self.stop_when(self.requests):
+                    self.stopped_at = time.monotonic()
                 if self.stopped_at is not None:
                     self.server.reply(peer, M.Stop(version=0, reason="learner finished", request_id=req.request_id,
                                                    run=run))
@@ -60,14 +68,16 @@ class ScriptedLearner(threading.Thread):
                         self.gate()
                     self.answered_at = time.monotonic()
                     self.server.reply(peer, self.first(req.request_id) if self.first is not None else
-                                      M.NoUpdate(version=0, request_id=req.request_id, run=run))
+                                      M.NoUpdate(version=0, request_id=req.request_id, run=run,
+                                                 budget=self.budget(req)))
                 elif self.garble:
                     self.server.sock.send_multipart([peer, b"not a message"])
                 elif (answer := self.later.get(len(self.requests) - 1)) is not None:
                     self.server.reply(peer, answer(req))
                 else:
                     version = max(req.have_version, 0)
-                    self.server.reply(peer, M.NoUpdate(version=version, request_id=req.request_id, run=run))
+                    self.server.reply(peer, M.NoUpdate(version=version, request_id=req.request_id, run=run,
+                                                       budget=self.budget(req)))
                 self.told.add(peer)
             if (self.stop_after_s is not None and self.stopped_at is None and self.answered_at is not None
                     and time.monotonic() - self.answered_at >= self.stop_after_s):

@@ -78,7 +78,7 @@ class RingStream:
     @torch.no_grad()
     def stream(self, next_prompt, group_size: int, max_new_tokens: int, temperature: float = 1.0,
                greedy: bool = False, rows: int | None = None, should_stop: Callable[[], bool] | None = None,
-               swap: Callable[[], int | None] | None = None, version: int = 0):
+               swap: Callable[[], int | None] | None = None, version: int = 0, min_width: int = 0):
         """In-flight batching: yield each group as soon as all its samples have ended; a row whose
         sample ends takes the next waiting sample at the next check, while the other rows keep
         decoding.
@@ -88,8 +88,9 @@ class RingStream:
         samples (each draws its own tokens). None means none for now (the caller's budget, or no more
         prompts): asked again at the next check. The stream ends when no row is busy and nothing
         waits. Rows: `rows` (default the largest bucket's), on one ring of cache slots (Ring) of
-        the first prompts' width rounded up to prompt_multiple; a longer prompt waits until every
-        row is free, then a wider ring is made.
+        the first prompts' width (at least `min_width`) rounded up to prompt_multiple; a longer prompt
+        waits until every row is free, then a wider ring is made (so a caller that knows its longest
+        prompt gives it as min_width: no drain, no second capture).
 
         Weights versions: `version` is the version of the model's weights when the stream starts.
         swap() is asked at every host check (every check_every decode steps, after the sync): it may
@@ -155,7 +156,7 @@ class RingStream:
                     fresh.append(pending)
                     waiting.extend((pending, j) for j in range(G))
                     pending = None
-                width = max(len(rec["ids"]) for rec in fresh)
+                width = max(min_width, *(len(rec["ids"]) for rec in fresh))
                 ring = self._ring(rows, -(-width // self.prompt_multiple) * self.prompt_multiple, max_new_tokens,
                                   inv_t, greedy)
                 free = list(range(rows))

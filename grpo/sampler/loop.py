@@ -140,7 +140,8 @@ class Sampler:
                  len(prompts.mine), path, cfg.num_generations,
                  cfg.prompts_per_round or f"a step's worth of groups with signal (at most {cfg.max_prompts_per_round})",
                  self.backend,
-                 (f", in flight on {cfg.in_flight_rows} rows" + (", weights swapped in flight" if self.swaps else ""))
+                 (f", in flight on {cfg.in_flight_rows} rows" + (", weights swapped in flight, prompts started as "
+                                                                  "the learner's budget allows" if self.swaps else ""))
                  if cfg.in_flight_rows else "",
                  "the sampling pass" if self.old_source == "sampling" else "a teacher-forced pass")
         release_cached(self.device)   # what start-up cached, for the other process on this GPU
@@ -197,16 +198,26 @@ class Sampler:
                      "be too stale when trained); asking again every 0.2 s (%.0f s waited so far)", self.version,
                      self.stats["budget_wait_s"])
 
+    def _round_ends(self) -> bool:
+        """A streaming round takes no more prompts: an evaluation is due, or a version the learner
+        announced waits for the sync between rounds."""
+        return self.eval_due() or self.client.round_sync_wanted()
+
     @property
     def _where(self) -> str:
         return f"{self.cfg.host}:{self.cfg.data_port}"
 
-    def maybe_evaluate(self) -> None:
-        """Between rounds: evaluate the policy now running if its version is due (v0: the baseline)."""
+    def eval_due(self) -> bool:
+        """Whether the policy now running is due for an evaluation (v0: the baseline; then every
+        --eval-every versions). A streaming round ends for it (workflow.stream_round's `ends`)."""
         if self.eval_set is None or self.version == self._evaluated_at:
-            return
+            return False
         every = self.cfg.eval_every
-        if self._evaluated_at >= 0 and self.version // every == self._evaluated_at // every:
+        return not (self._evaluated_at >= 0 and self.version // every == self._evaluated_at // every)
+
+    def maybe_evaluate(self) -> None:
+        """Between rounds: evaluate the policy now running if its version is due (eval_due)."""
+        if not self.eval_due():
             return
         result = greedy_accuracy(self.policy, self.tok, self.eval_set, self.cfg.max_new_tokens,
                                  self.cfg.eval_batch_size, self.device, engine=self.engine)
@@ -243,7 +254,7 @@ class Sampler:
                             if cfg.in_flight_rows:
                                 # Each chunk leaves as soon as it is complete, inside the guard (with
                                 # shared weights the learner waits for the round either way).
-                                for chunk in workflow.stream_round(rounds, n):
+                                for chunk in workflow.stream_round(rounds, n, ends=self._round_ends):
                                     self._send(chunk)
                             else:
                                 groups = workflow.generate_round(rounds, n)

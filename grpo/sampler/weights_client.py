@@ -25,7 +25,7 @@ from grpo.config import SamplerConfig
 from grpo.model import compute_dtype
 from grpo.obs.stages import mark as mark_stage
 from grpo.sampler.heartbeat import SyncInbox
-from grpo.sync.client import ask, await_answer
+from grpo.sync.client import REJECTED_ANSWERS_LIMIT, ask, await_answer, rejected_streak
 from grpo.weights import make_receiver
 from grpo.weights.methods import LAST_RESORT, acknowledges, fallback, own_weights, sampler_method
 from grpo.wire import messages as M
@@ -53,25 +53,9 @@ class AnswersRejected(RuntimeError):
     sides do not speak the same messages, and this sampler would generate with old weights for ever."""
 
 
-# Weight requests in a row whose only answers this sampler rejected (grpo.wire's checks) before it
-# ends: the sync port carries the learner's messages alone, so a rejected answer is the two sides
-# disagreeing on the protocol (different code, or a transfer handle longer than the codec allows),
-# which asking again does not mend. One is allowed to be chance; three in a row are not.
-REJECTED_ANSWERS_LIMIT = 3
-
 # --swap-in-flight: the least time between two weights requests a stream sends (its host checks
 # come every few milliseconds on a GPU; the learner publishes once a step, seconds apart).
 SWAP_ASK_S = 0.2
-
-
-def rejected_streak(streak: int, answered: bool, rejected: int) -> int:
-    """Requests in a row left without a valid answer while the sync socket rejected `rejected` (> 0)
-    messages since the last count. A valid answer ends the streak; a wait in which nothing came at
-    all (the learner busy or away: its own bound, --first-answer-timeout-s or the liveness rules,
-    covers that) leaves it as it was."""
-    if answered:
-        return 0
-    return streak + 1 if rejected > 0 else streak
 
 
 def run_mismatches(facts: M.RunFacts, cfg: SamplerConfig, vocab_size: int) -> list[str]:
@@ -135,6 +119,8 @@ class WeightsClient:
         self.version = 0
         self.run_facts: M.RunFacts | None = None
         self.budget = -1
+        self._budget_handed = 0            # groups handed when the request the budget answers was sent
+        self._asked: dict[int, int] = {}   # request id -> groups handed when it was sent
         self._request_id = 0
 
     @property
@@ -179,6 +165,12 @@ class WeightsClient:
             self.on_levels(msg.levels)
         if isinstance(msg, (M.WeightsAnnounce, M.NoUpdate)):
             self.budget = msg.budget   # -1: the learner set no limit
+            self._budget_handed = self._asked.get(msg.request_id, self.handed())
+
+    def live_budget(self) -> int:
+        """The last answer's budget less the groups handed since the request it answered: those the
+        learner had not counted yet (-1: no limit said)."""
+        return -1 if self.budget < 0 else max(0, self.budget - (self.handed() - self._budget_handed))
 
     def _check_run(self, facts: M.RunFacts) -> None:
         """The learner's facts, with its first answer and again with the first answer of a learner
@@ -206,6 +198,13 @@ class WeightsClient:
         self.run_facts = facts
 
     # ------------------------------------------------------------------ requests
+    def _ask(self) -> bool:
+        """Send the next weights request, saying the groups handed so far (remembered for live_budget)."""
+        self._request_id += 1
+        self._asked[self._request_id] = handed = self.handed()
+        self._asked.pop(self._request_id - 64, None)   # answers come in order: older ones are long answered
+        return ask(self.inbox, self.cfg.sampler_id, self.version, self._request_id, self.sync_method, sent=handed)
+
     def sync_weights(self) -> bool:
         """Ask for newer weights and apply the newest answer; False when the learner says stop.
 
@@ -229,9 +228,7 @@ class WeightsClient:
         # by a slot rewrite (stamp changed) is retried the same way.
         for _attempt in range(3):
             first = not self._heard
-            self._request_id += 1
-            ask(self.inbox, self.cfg.sampler_id, self.version, self._request_id, self.sync_method,
-                sent=self.handed())
+            self._ask()
             asked = time.monotonic()
             wait = self.cfg.sync_timeout_s
             if first and own_weights(self.sync_method):
@@ -373,6 +370,11 @@ class WeightsClient:
     _swap_asked_at = 0.0
     _swap_failed = -1    # the request id current when a method failed in flight (no swaps until the next sync)
 
+    def round_sync_wanted(self) -> bool:
+        """Whether a version the learner announced can be taken only by the sync between two rounds
+        (round 0's newer weights; a method that failed in flight or has no receiver here yet)."""
+        return self._held is not None or self._swap_failed == self._request_id
+
     def apply_newer_now(self) -> int | None:
         """A stream's swap() (--swap-in-flight), between two decode steps: apply the newest version
         the learner has announced, in place (ipc and nccl copy over the live buckets, tcp copy_ into
@@ -399,8 +401,8 @@ class WeightsClient:
         before, again = self.version, False
         if newest is not None and newest.method not in (self.sync_method, M.TCP) and newest.method not in self._served:
             # a method this sampler has no receiver for yet: making one would move the parameters the
-            # rows in flight read; the next round's sync takes it
-            newest = None
+            # rows in flight read; the next round's sync takes it (no swaps until then)
+            newest, self._swap_failed = None, self._request_id
         if newest is not None:
             try:
                 again = self._apply(newest, fall_back=False)
@@ -413,9 +415,7 @@ class WeightsClient:
         # Out: unanswered, not yet given up on, and no later request sent (sync_weights' reads its answer).
         out = self._swap_asked == self._request_id and now - self._swap_asked_at < self.cfg.sync_timeout_s
         if again or (not out and now - self._swap_asked_at >= SWAP_ASK_S):
-            self._request_id += 1
-            if ask(self.inbox, self.cfg.sampler_id, self.version, self._request_id, self.sync_method,
-                   sent=self.handed()):
+            if self._ask():
                 self._swap_asked, self._swap_asked_at = self._request_id, now
         if self.version == before:
             return None

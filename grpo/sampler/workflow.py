@@ -37,7 +37,7 @@ from grpo.model import compute_dtype, load_causal_lm, right_pad, token_logprobs
 from grpo.obs.gpu import GpuMonitor, format_gpu
 from grpo.sampler.weights_client import WeightsClient
 from grpo.weights.methods import own_weights
-from grpo.sync.staleness import FIRST_STEP_GROUPS, bucket_prompts, next_round_prompts, signal_share
+from grpo.sync.staleness import FIRST_STEP_GROUPS, bucket_prompts, next_round_prompts, pool_room, signal_share
 from grpo.wire import messages as M
 
 log = logging.getLogger(__name__)
@@ -121,6 +121,7 @@ class RolloutWorkflow:
         # log-probs (beta > 0; RunFacts.needs_ref_logprobs), or if it never says.
         self._model_path, self.ref = model_path, None
         self._signal: collections.deque[tuple[int, int]] = collections.deque(maxlen=SIGNAL_ROUNDS)  # (kept, groups)
+        self._longest: tuple[list | None, int] = (None, 0)   # (the shard, its longest prompt): longest_prompt
 
     # ------------------------------------------------------------------ round size
     def round_prompts(self) -> int:
@@ -145,6 +146,15 @@ class RolloutWorkflow:
     def signal_share(self) -> float:
         """The share of the last SIGNAL_ROUNDS rounds' groups that had signal (grpo.sync.staleness.signal_share)."""
         return signal_share(self._signal, self.cfg.filter_zero_signal)
+
+    def longest_prompt(self) -> int:
+        """The longest prompt of this sampler's shard, in tokens (at its curriculum levels): a stream's
+        ring is made that wide at once, so that no later prompt makes it drain for a wider one."""
+        mine = self.prompts.mine
+        if self._longest[0] is not mine:
+            self._longest = (mine, max(map(len, self.tok([problem_prompt(self.tok, p) for p in mine],
+                                                         add_special_tokens=False)["input_ids"])))
+        return self._longest[1]
 
     def _round_problems(self, n_prompts: int | None):
         if n_prompts is None:
@@ -176,28 +186,60 @@ class RolloutWorkflow:
                             gen_s, sampled_lp)
 
     @torch.no_grad()
-    def stream_round(self, round_idx: int, n_prompts: int):
+    def stream_round(self, round_idx: int, n_prompts: int, ends: Callable[[], bool] = lambda: False):
         """One round through in-flight batching (--in-flight-rows): yields lists of finished groups,
         scored and with their log-probs, as soon as a learner step's worth has ended (or the round
         has), while the engine gives the rows their samples freed to the round's next samples.
-        With self.swaps the engine asks the weights client for a newer version at every host check
-        (apply_newer_now) and each group says the versions its tokens were drawn by; without, every
-        token of the round is sampled by one version."""
+
+        Without self.swaps the round is n_prompts prompts, every token sampled by one version. With
+        it the engine asks the weights client for a newer version at every host check
+        (apply_newer_now), each group says the versions its tokens were drawn by, and the round has
+        no fixed size: once the learner's first answer has come, a prompt starts whenever a row is
+        free and the pool of groups not yet sent fits the learner's budget (pool_room on the
+        client's live_budget), until `ends()` says so (an evaluation is due, a version waits for the
+        sync between rounds) or --prompts-per-round prompts when set. The round ends when its rows
+        are free and no prompt may start: the budget is 0 (the loop waits for room), or it ended.
+        Groups then leave in chunks of this sampler's share of a step, so that the learner's next
+        step is not kept waiting for one sampler's chunk."""
         cfg, client = self.cfg, self.client
-        problems, prompts, prompt_ids = self._round_problems(n_prompts)
         G = cfg.num_generations
-        def chunk() -> int:   # (round 0 may learn the run's facts, and so the step's size, as it goes)
-            return max(1, client.run_facts.groups_per_step if client.run_facts is not None
-                       else cfg.prompts_per_round or FIRST_STEP_GROUPS)
-        queue = iter(enumerate(prompt_ids))
+        # The round's prompts by their index, from when they start until their group has been finished.
+        problems: dict[int, object] = {}
+        prompts: dict[int, str] = {}
+        prompt_ids: dict[int, list[int]] = {}
+        taken = done = 0   # prompts started; groups finished (sent or filtered)
+
+        def streaming() -> bool:   # (round 0 may learn the run's facts, and so the step's size, as it goes)
+            return self.swaps and not client.awaiting_first
+
+        def chunk() -> int:
+            step = (client.run_facts.groups_per_step if client.run_facts is not None
+                    else cfg.prompts_per_round or FIRST_STEP_GROUPS)
+            return max(1, -(-step // cfg.num_samplers) if streaming() else step)
+
+        def next_prompt():
+            nonlocal taken
+            if not streaming():
+                if taken >= n_prompts:
+                    return None
+            elif ((cfg.prompts_per_round and taken >= cfg.prompts_per_round) or ends()
+                  or pool_room(client.live_budget(), taken - done, self.signal_share()) == 0):
+                return None
+            problem = self.prompts.stream.next_batch(1)[0]
+            text, ids = encode_prompts(self.tok, [problem])
+            problems[taken], prompts[taken], prompt_ids[taken] = problem, text[0], ids[0]
+            taken += 1
+            return taken - 1, ids[0]
+
         gis: list[int] = []
         completions: list[tuple[list[int], bool]] = []
         sampled_lp: list[np.ndarray] = []
         versions: list[tuple[int, int]] = []   # per group: (oldest, newest) version among its tokens
         t0 = time.perf_counter()
-        stream = self.engine.stream(lambda: next(queue, None), G, cfg.max_new_tokens, cfg.temperature,
+        stream = self.engine.stream(next_prompt, G, cfg.max_new_tokens, cfg.temperature,
                                     rows=cfg.in_flight_rows, should_stop=client.stop_said,
-                                    swap=client.apply_newer_now if self.swaps else None, version=client.version)
+                                    swap=client.apply_newer_now if self.swaps else None, version=client.version,
+                                    min_width=self.longest_prompt() if self.swaps else 0)
         for fg in itertools.chain(stream, [None]):   # None: the round has ended, send what is left
             if fg is not None:
                 gis.append(fg.key)
@@ -216,15 +258,19 @@ class RolloutWorkflow:
             if gis and (fg is None or len(gis) >= chunk()):
                 yield self._finish(round_idx, problems, prompts, prompt_ids, gis, completions, time.perf_counter() - t0,
                                    sampled_lp, versions)
+                done += len(gis)   # (sent by now: the caller sends a chunk before asking for the next)
+                for gi in gis:
+                    del problems[gi], prompts[gi], prompt_ids[gi]
                 gis, completions, sampled_lp, versions, t0 = [], [], [], [], time.perf_counter()
 
-    def _finish(self, round_idx: int, problems: list, prompts: list[str], prompt_ids: list[list[int]],
+    def _finish(self, round_idx: int, problems, prompts, prompt_ids,
                 gis: list[int], completions: list[tuple[list[int], bool]], gen_s: float,
                 sampled_lp: list[np.ndarray] | None = None,
                 versions: list[tuple[int, int]] | None = None) -> list[M.Group]:
         """Groups gis of the round (G rows each, in `completions`): score, count for the curriculum,
         drop zero-signal ones (--filter-zero-signal), take or compute old (and compute reference)
-        log-probs, build. sampled_lp: the engine's log-prob of each sampled token, per completion.
+        log-probs, build. problems, prompts, prompt_ids: the round's, by prompt index (a list, or a
+        streaming round's dict). sampled_lp: the engine's log-prob of each sampled token, per completion.
         versions: per group, the (oldest, newest) version its tokens were drawn by (None: all the
         client's version); a group's policy_version is the oldest, by which its age is counted."""
         cfg, tok, facts = self.cfg, self.tok, self.client.run_facts

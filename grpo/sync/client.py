@@ -12,6 +12,22 @@ from typing import Callable
 from grpo.wire import messages as M
 from grpo.wire.transport import Transport
 
+# Weight requests in a row whose only answers this sampler rejected (grpo.wire's checks) before it
+# ends: the sync port carries the learner's messages alone, so a rejected answer is the two sides
+# disagreeing on the protocol (different code, or a transfer handle longer than the codec allows),
+# which asking again does not mend. One is allowed to be chance; three in a row are not.
+REJECTED_ANSWERS_LIMIT = 3
+
+
+def rejected_streak(streak: int, answered: bool, rejected: int) -> int:
+    """Requests in a row left without a valid answer while the sync socket rejected `rejected` (> 0)
+    messages since the last count. A valid answer ends the streak; a wait in which nothing came at
+    all (the learner busy or away: its own bound, --first-answer-timeout-s or the liveness rules,
+    covers that) leaves it as it was."""
+    if answered:
+        return 0
+    return streak + 1 if rejected > 0 else streak
+
 
 def ask(client: Transport, sampler_id: int, have_version: int, request_id: int, method: str = "",
         sent: int = -1) -> bool:

@@ -11,6 +11,8 @@ asks here (the job of AReaL's staleness manager):
   rounds   how many prompts a sampler's round takes: enough that its groups with signal fill one
            learner step, within that budget (grpo.sampler); and the most a round can ever take,
            which the memory plan sizes the KV cache for (grpo.launch.memory)
+  pool     a sampler that streams without rounds (in flight, swapping weights between decode
+           steps) starts a prompt whenever its pool of groups not yet ended fits that budget
 
 A group's age, V - v, is grpo.stats.staleness: the step record's staleness_mean and staleness_max
 are computed in grpo.stats, a layer below this one that cannot import it, so the one definition
@@ -138,6 +140,24 @@ def next_round_prompts(prompts_per_round: int, budget: int, groups_per_step: int
     if not groups_per_step:
         return round_prompts(FIRST_STEP_GROUPS, signal_share, cap=cap, min_prompts=min_prompts)
     return round_prompts(groups_per_step, signal_share, budget, cap, min_prompts=min_prompts)
+
+
+def pool_room(budget: int, in_pool: int, signal_share: float, min_share: float = MIN_SIGNAL_SHARE) -> int:
+    """How many more prompts a sampler streaming without rounds may start now (-1: no limit).
+
+    budget: groups the learner can still take from this sampler before they go stale, as its last
+    answer said less the groups handed to the data socket since the request it answered (-1: no
+    limit said); in_pool: prompts started whose groups have not ended yet. Those groups are not yet
+    in the learner's count, and a share signal_share of each prompt's groups will reach it (floored
+    at min_share, as round_prompts does), so the pool may hold ceil(budget / share) prompts, the
+    most a round would take on that budget: budget 8 at a share of 0.7 allows 12, so with 5 in the
+    pool 7 more may start; a pool already past it (the budget fell) starts none and shrinks as
+    its groups end.
+    """
+    if budget < 0:
+        return -1
+    share = min(1.0, max(signal_share, min_share))
+    return max(0, math.ceil(budget / share - 1e-9) - in_pool)
 
 
 def signal_share(recent: Iterable[tuple[int, int]], filter_zero_signal: bool) -> float:

@@ -1,7 +1,8 @@
 """--swap-in-flight end to end on CPU: a learner and a sampler as real processes over tcp weights.
-The sampler streams its rounds on 2 rows (one group of G=2 at a time) while the learner trains one
-group a step, so versions are published while a round decodes and the sampler takes them between
-decode steps; every group still reaches the learner's books, which balance."""
+The sampler streams on 2 rows (one group of G=2 at a time) while the learner trains one group a
+step, so versions are published while it decodes and the sampler takes them between decode steps;
+with --prompts-per-round 0 it never ends its round: a prompt starts whenever a row is free and the
+learner's budget allows. Every group still reaches the learner's books, which balance."""
 from __future__ import annotations
 
 import json
@@ -23,7 +24,7 @@ def test_a_run_swaps_weights_in_flight_and_its_books_balance(tmp_path):
     run_dir = tmp_path / "run"
     r = subprocess.run(
         [sys.executable, str(ROOT / "run_distributed.py"), "--device", "cpu", "--model", "tiny-random",
-         "--no-deepspeed", "--dataset", "rg:basic_arithmetic", "--num-generations", "2", "--prompts-per-round", "8",
+         "--no-deepspeed", "--dataset", "rg:basic_arithmetic", "--num-generations", "2", "--prompts-per-round", "0",
          "--train-batch-size", "2", "--max-new-tokens", "64", "--max-steps", "8", "--max-staleness", "4",
          "--beta", "0", "--generation-backend", "fast", "--in-flight-rows", "2", "--swap-in-flight",
          "--report-to", "none", "--data-port", str(data), "--sync-port", str(sync), "--run-dir", str(run_dir)],
@@ -35,8 +36,13 @@ def test_a_run_swaps_weights_in_flight_and_its_books_balance(tmp_path):
     assert groups["balanced"] and groups["trained"] == 8, groups
     stats = summary["samplers"]["0"]["stats"]
     log = (run_dir / "sampler0.log").read_text()
-    assert "fast generation, in flight on 2 rows, weights swapped in flight" in log
+    assert "fast generation, in flight on 2 rows, weights swapped in flight, prompts started as the learner's budget allows" in log
     assert stats["swaps"] >= 1, stats
+    # --prompts-per-round 0 with swaps: no round boundaries. Every chunk of groups the run sent came
+    # out of round 0, across the versions the learner published while it streamed
+    rounds = [(int(r), int(v)) for r, v in re.findall(r"round (\d+) \(v(\d+)\): ", log)]
+    assert {r for r, _ in rounds} == {0} and stats["rounds"] == 0, rounds
+    assert rounds[0][1] == 0 and rounds[-1][1] >= 4, rounds
     # a swap between rounds is a weight sync too, never more swaps than syncs
     assert stats["weight_syncs"] >= stats["swaps"]
     assert stats["weight_syncs"] == len(re.findall(r"now running policy version \d+", log))

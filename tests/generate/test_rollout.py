@@ -333,6 +333,20 @@ def test_stream_makes_a_wider_ring_for_a_longer_prompt(tiny):
     assert list(eng.stream(source([]), 2, 4, rows=4)) == []
 
 
+@pytest.mark.parametrize("min_width,made", [(0, [4, 20]), (20, [20]), (24, [24])])
+def test_stream_min_width_makes_the_ring_wide_enough_at_once(tiny, min_width, made):
+    """The ring is as wide as the first prompts (4 tokens here) unless min_width says more: then the
+    20-token prompt takes a row as soon as one is free, without a drain and a second ring."""
+    ps = prompts((3, 4, 20, 2), seed=8)
+    ref = RolloutEngine(tiny, 2, 2).generate(ps, 8, greedy=True).token_ids
+    eng = RolloutEngine(tiny, 2, 2)
+    widths, ring = [], eng._ring
+    eng._ring = lambda rows, width, *rest: (widths.append(width), ring(rows, width, *rest))[1]
+    got = {g.key: g.token_ids[0] for g in eng.stream(source(list(enumerate(ps))), 1, 8, greedy=True, rows=2,
+                                                     min_width=min_width)}
+    assert got == dict(enumerate(ref)) and widths == made
+
+
 def test_stream_spreads_a_group_over_whichever_rows_are_free(tiny):
     """Rows are handed out one sample at a time: 3 rows for groups of 2, so a group's samples sit in
     rows freed at different times, and a prompt's second sample may wait for a row."""

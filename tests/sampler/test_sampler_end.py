@@ -24,7 +24,8 @@ from scripted import ScriptedLearner, facts, run_against
 from grpo.config import SamplerConfig
 from grpo.obs import stages
 from grpo.sampler.loop import Sampler
-from grpo.sampler.weights_client import AnswersRejected, NoFirstAnswer, RunMismatch, rejected_streak
+from grpo.sampler.weights_client import AnswersRejected, NoFirstAnswer, RunMismatch
+from grpo.sync.client import rejected_streak
 from grpo.weights.layout import plan_layout
 from grpo.weights.pack import pack
 from grpo.wire import messages as M

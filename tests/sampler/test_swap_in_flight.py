@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from netutil import free_ports, one_thread  # noqa: F401 - module-wide fixture (autouse)
-from scripted import ScriptedLearner, facts
+from scripted import ScriptedLearner, facts, run_against
 
 from grpo.config import SamplerConfig
 from grpo.model import right_pad, token_logprobs
@@ -131,3 +131,27 @@ def test_pass_old_logprobs_with_swaps_is_one_line_exit_2(tmp_path):
     assert r.returncode == 2, r.stderr[-2000:]
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "--old-logprobs pass" in lines[0] and "--no-swap-in-flight" in lines[0], r.stderr
+
+
+def test_a_streaming_round_takes_prompts_as_the_budget_allows_and_no_more():
+    """--in-flight-rows with swaps and --prompts-per-round 0: no fixed rounds. The scripted learner
+    will take K = 6 groups in all: every answer's budget is K less the groups the request says were
+    handed (what a learner with an empty line and nothing received would answer). The pool's room
+    is then K - handed - (taken - done) = K - taken at every moment (no filter: every finished
+    group is handed), so exactly 6 prompts start, 2 at a time on 4 rows (G=2), all in one round
+    that lasts while rows come free; then the budget is 0 and the sampler waits until the stop.
+    With rounds (one learner step of 1 group each) the same budget would have taken 6 rounds."""
+    K = 6
+    data_port, sync_port = free_ports(2)
+    s = Sampler(SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=16,
+                              num_generations=2, max_new_tokens=6, in_flight_rows=4, generation_backend="fast",
+                              data_port=data_port, sync_port=sync_port, heartbeat_interval_s=0))
+    assert s.swaps and s.cfg.prompts_per_round == 0
+    # stop once three requests have said all K were handed: two of them asked for room in vain
+    learner = ScriptedLearner(sync_port, facts(s), budget=lambda req: max(0, K - max(req.sent, 0)),
+                              stop_when=lambda reqs: sum(r.sent == K for r in reqs) >= 3)
+    result = run_against(s, learner)
+    assert result["groups_sent"] == K and result["rounds"] == 1, result
+    assert result["budget_wait_s"] > 0, result   # it waited for room once the 6 were out
+    sent = [r.sent for r in learner.requests]
+    assert sent == sorted(sent) and max(sent) == K, sent   # every request said the groups handed so far

@@ -6,8 +6,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from grpo.config import ROW_BUCKETS
-from grpo.sync.staleness import (FIRST_SIGNAL_SHARE, Staleness, bucket_prompts, next_round_prompts, round_prompts,
-                                 signal_share)
+from grpo.sync.staleness import (FIRST_SIGNAL_SHARE, Staleness, bucket_prompts, next_round_prompts, pool_room,
+                                 round_prompts, signal_share)
 
 
 def test_drop_reason_by_hand():
@@ -165,3 +165,22 @@ def test_largest_round_prompts_by_hand():
     for gps, stale, n in [(2, 2, 1), (8, 0, 2), (5, 3, 3)]:
         assert Staleness(stale, gps).largest_budget(n) == Staleness(stale, gps).budget(7, 7, samplers=n) \
             == (stale + 1) * gps // n
+
+
+def test_pool_room_by_hand():
+    # budget 8 at a share of 0.7: ceil(8 / 0.7) = ceil(11.43) = 12 prompts may be in the pool
+    assert pool_room(8, 0, 0.7) == 12 and pool_room(8, 5, 0.7) == 7 and pool_room(8, 12, 0.7) == 0
+    assert pool_room(8, 15, 0.7) == 0            # the budget fell below the pool: none until it shrinks
+    assert pool_room(0, 0, 1.0) == 0             # the learner's line is full
+    assert pool_room(-1, 400, 0.5) == -1         # no limit said
+    assert pool_room(3, 1, 1.0) == 2             # every group sent (no filter): one prompt a group
+    assert pool_room(7, 0, 0.5) == 14 and pool_room(7, 0, 0.4) == 18   # ceil(17.5)
+    assert pool_room(1, 0, 0.0) == 16            # a share floored at 1/16: 1 / (1/16)
+
+
+def test_a_pool_within_the_room_never_holds_more_than_a_round_would():
+    # pool_room's bound is round_prompts' cut at the same budget (no cap, no step size in the way)
+    for budget in range(0, 40):
+        for share in (1 / 16, 0.1, 1 / 3, 0.5, 0.7, 1.0):
+            room = pool_room(budget, 0, share)
+            assert room == (round_prompts(10 ** 6, share, budget, cap=10 ** 6) if budget else 0)
