@@ -197,7 +197,8 @@ class RolloutWorkflow:
         no fixed size: once the learner's first answer has come, a prompt starts whenever a row is
         free and the pool of groups not yet sent fits the learner's budget (pool_room on the
         client's live_budget), until `ends()` says so (an evaluation is due, a version waits for the
-        sync between rounds) or --prompts-per-round prompts when set. The round ends when its rows
+        sync between rounds; no version is swapped in from then on) or --prompts-per-round prompts
+        when set. The round ends when its rows
         are free and no prompt may start: the budget is 0 (the loop waits for room), or it ended.
         Groups then leave in chunks of this sampler's share of a step, so that the learner's next
         step is not kept waiting for one sampler's chunk."""
@@ -231,6 +232,11 @@ class RolloutWorkflow:
             taken += 1
             return taken - 1, ids[0]
 
+        def swap() -> int | None:
+            # Once the round is ending for an evaluation, the weights stay at the version due for it
+            # (the baseline is version 0's) while the rows in flight end.
+            return None if ends() else client.apply_newer_now()
+
         gis: list[int] = []
         completions: list[tuple[list[int], bool]] = []
         sampled_lp: list[np.ndarray] = []
@@ -238,7 +244,7 @@ class RolloutWorkflow:
         t0 = time.perf_counter()
         stream = self.engine.stream(next_prompt, G, cfg.max_new_tokens, cfg.temperature,
                                     rows=cfg.in_flight_rows, should_stop=client.stop_said,
-                                    swap=client.apply_newer_now if self.swaps else None, version=client.version,
+                                    swap=swap if self.swaps else None, version=client.version,
                                     min_width=self.longest_prompt() if self.swaps else 0)
         for fg in itertools.chain(stream, [None]):   # None: the round has ended, send what is left
             if fg is not None:

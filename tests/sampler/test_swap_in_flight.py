@@ -155,3 +155,38 @@ def test_a_streaming_round_takes_prompts_as_the_budget_allows_and_no_more():
     assert result["budget_wait_s"] > 0, result   # it waited for room once the 6 were out
     sent = [r.sent for r in learner.requests]
     assert sent == sorted(sent) and max(sent) == K, sent   # every request said the groups handed so far
+
+
+def test_a_round_ending_for_an_evaluation_swaps_nothing_in_while_its_rows_end():
+    """The same announced version 1 as above, on 6 rows, but the round's `ends` says stop taking
+    prompts after the third, which the rows take at once (an evaluation of version 0 is due): from
+    then on, the first host check included, no version is swapped in, so every token of the round
+    is version 0's and the evaluation that follows scores version 0. The announcement is not lost:
+    the next swap request applies it."""
+    data_port, sync_port = free_ports(2)
+    s = Sampler(SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
+                              num_generations=2, max_new_tokens=12, in_flight_rows=6, generation_backend="fast",
+                              data_port=data_port, sync_port=sync_port, heartbeat_interval_s=0))
+    s.engine.check_every = 3
+    torch.manual_seed(123)
+    new = type(s.policy)(s.policy.config).eval()
+    learner = ScriptedLearner(sync_port, facts(s), later={1: lambda req: tcp_announce(new, 1, req.request_id)})
+    learner.start()
+    asked = []
+    try:
+        assert s.client.sync_weights() and s.client.apply_newer_now() is None   # request 1 goes out
+        deadline = time.monotonic() + 30
+        while not any(isinstance(m, M.WeightsAnnounce) for m in s.client.inbox.peek()):
+            assert time.monotonic() < deadline, "the scripted learner's answer never came"
+            time.sleep(0.05)
+        take = s.workflow.prompts.stream.next_batch   # counted: the round ends once it has taken three prompts
+        s.workflow.prompts.stream.next_batch = lambda n: asked.append(n) or take(n)
+        ends = lambda: len(asked) >= 3   # noqa: E731
+        groups = [g for chunk in s.workflow.stream_round(0, 0, ends=ends) for g in chunk]
+        assert s.client.version == 0 and s.stats["swaps"] == 0
+        assert len(groups) == 3 and all((g.policy_version, g.max_version) == (0, 0) for g in groups)
+        assert s.client.apply_newer_now() == 1   # taken once the round is over
+    finally:
+        learner.done.set()
+        s.data.close()
+        s.sync.close()
