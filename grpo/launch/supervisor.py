@@ -272,8 +272,9 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future |
                     note = done.get("balance", {}).get("text")
                     print(f"[launcher] done: {json.dumps(done['groups'])}" + (f" ({note})" if note else ""),
                           flush=True)
-                    if line := layout_note(cfg, run_dir, done):
-                        print(f"[launcher] {line}", flush=True)
+                    for line in (layout_note(cfg, run_dir, done), done.get("staleness_note")):
+                        if line:
+                            print(f"[launcher] {line}", flush=True)
                 bad = sup.failed()
                 if bad:
                     print(f"[launcher] {bad[0]} exited with code {bad[1]}:\n{sup.tail(bad[0])}",

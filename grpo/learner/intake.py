@@ -51,6 +51,7 @@ class Intake:
         self.fingerprints = fingerprints   # --verify-weight-sync: checks what samplers report
         self.queue: collections.deque[M.Group] = collections.deque()
         self.counts = collections.Counter()   # received, trained, dropped_<reason>
+        self.ages = collections.Counter()     # groups judged for training, by age (version - theirs)
         # Groups that reached us per sampler id (valid or rejected): the publisher's budget reads it.
         self.received_by: collections.Counter[int] = collections.Counter()
         # Groups taken off the queue for the step being collected or trained (the learner sets it
@@ -95,6 +96,8 @@ class Intake:
 
     def _fresh(self, g: M.Group, version: int) -> bool:
         reason = drop_reason(g, version, self.cfg.max_staleness, self.cfg.filter_zero_signal, self.cfg.beta > 0)
+        if version >= g.policy_version:
+            self.ages[version - g.policy_version] += 1
         if reason:
             self.counts["dropped_" + reason] += 1
         return reason is None

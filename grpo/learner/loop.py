@@ -31,6 +31,7 @@ from grpo.obs.progress import Progress
 from grpo.obs.rundir import provenance
 from grpo.obs.stages import first_step_s, history as stage_history, mark as mark_stage
 from grpo.stats import ZERO_SIGNAL_ALARM_GROUPS, group_stats, zero_signal_alarm
+from grpo.sync.staleness import staleness_advice
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +280,8 @@ class Learner:
         missing = sorted(i for i, e in latest.items() if not e.final)
         dropped_total = sum(acc["dropped"].values())
         summary = {"steps": self.version, "optimizer_updates": p.engine.updates, "elapsed_s": elapsed,
-                   "groups": acc, "balance": books_say,
+                   "groups": acc, "balance": books_say, "ages": dict(sorted(p.intake.ages.items())),
+                   "staleness_note": staleness_advice(p.intake.ages, self.cfg.max_staleness),
                    "stages": stages, "first_step_s": first_step_s(stages, os.getpid()),
                    "samplers": {i: {"version": e.status.policy_version, "groups_sent": e.status.groups_sent,
                                     "final": e.final, "stats": e.status.stats}
@@ -305,6 +307,8 @@ class Learner:
         log.info("accounting: sent %d = trained %d + dropped %d %s + queued %d -> %s%s", acc["sent"],
                  acc["trained"], dropped_total, acc["dropped"], acc["queued"], books_say["text"],
                  f" (no final status from samplers {missing})" if missing else "")
+        if summary["staleness_note"]:
+            log.info("%s", summary["staleness_note"])
         p.publisher.close()
         p.receiver.close()
         p.metrics.close()

@@ -13,6 +13,9 @@ asks here (the job of AReaL's staleness manager):
            which the memory plan sizes the KV cache for (grpo.launch.memory)
   pool     a sampler that streams without rounds (in flight, swapping weights between decode
            steps) starts a prompt whenever its pool of groups not yet ended fits that budget
+  advice   at the run's end, when more groups were dropped as stale than a run should lose: the
+           bound that the ages the learner saw fit in (the budget counts the line ahead of a
+           group, not how long its longest completion takes to generate)
 
 A group's age, V - v, is grpo.stats.staleness: the step record's staleness_mean and staleness_max
 are computed in grpo.stats, a layer below this one that cannot import it, so the one definition
@@ -158,6 +161,34 @@ def pool_room(budget: int, in_pool: int, signal_share: float, min_share: float =
         return -1
     share = min(1.0, max(signal_share, min_share))
     return max(0, math.ceil(budget / share - 1e-9) - in_pool)
+
+
+# A run that drops more than this share of the groups it judged as stale gets a line at its end.
+STALE_SHARE_NOTE = 0.02
+
+
+def staleness_advice(ages: dict[int, int], max_staleness: int, keep: float = 1 - STALE_SHARE_NOTE) -> str | None:
+    """One line when more than 1 - keep of the groups the learner judged were older than
+    max_staleness (dropped as stale): the share, the ages, and the smallest bound that `keep` of
+    those ages fit in. ages: age (learner version - group version, >= 0) -> groups judged at it.
+    {0: 10, 1: 30, 2: 40, 3: 15, 4: 5} at 2: 20% older; 95% are at most 3 and 100% at most 4, so 4.
+    None when the share is within it, or nothing was judged."""
+    total = sum(ages.values())
+    stale = sum(n for a, n in ages.items() if a > max_staleness)
+    if not total or stale <= (1 - keep) * total + 1e-9:
+        return None
+    seen, fit = 0, max(ages)
+    for age in sorted(ages):
+        seen += ages[age]
+        if seen >= keep * total - 1e-9:
+            fit = age
+            break
+    spread = ", ".join(f"{a}: {n}" for a, n in sorted(ages.items()))
+    return (f"staleness: {stale / total:.0%} of the {total} groups judged were older than --max-staleness "
+            f"{max_staleness} and dropped (groups by age in versions: {spread}); {keep:.0%} of them were at most "
+            f"{fit} versions old, so --max-staleness {fit} would have trained them (a group is as old as its "
+            f"first token, and in flight its longest completion takes versions to generate; a larger bound "
+            f"also lets each sampler keep more rows in flight, with the off-policy correction of --tis-cap)")
 
 
 def signal_share(recent: Iterable[tuple[int, int]], filter_zero_signal: bool) -> float:

@@ -35,6 +35,9 @@ def test_a_run_swaps_weights_in_flight_and_its_books_balance(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     groups = summary["groups"]
     assert groups["balanced"] and groups["trained"] == 8, groups
+    # every group judged for training is counted at its age, none past --max-staleness 4 (none dropped)
+    assert sum(summary["ages"].values()) == 8 and max(map(int, summary["ages"])) <= 4, summary["ages"]
+    assert summary["staleness_note"] is None
     stats = summary["samplers"]["0"]["stats"]
     log = (run_dir / "sampler0.log").read_text()
     assert "fast generation, in flight on 2 rows, weights swapped in flight, prompts started as the learner's budget allows" in log

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from grpo.config import ROW_BUCKETS
 from grpo.sync.staleness import (FIRST_SIGNAL_SHARE, Staleness, bucket_prompts, next_round_prompts, pool_room,
-                                 round_prompts, signal_share)
+                                 round_prompts, signal_share, staleness_advice)
 
 
 def test_drop_reason_by_hand():
@@ -184,3 +184,17 @@ def test_a_pool_within_the_room_never_holds_more_than_a_round_would():
         for share in (1 / 16, 0.1, 1 / 3, 0.5, 0.7, 1.0):
             room = pool_room(budget, 0, share)
             assert room == (round_prompts(10 ** 6, share, budget, cap=10 ** 6) if budget else 0)
+
+
+def test_staleness_advice_by_hand():
+    ages = {0: 10, 1: 30, 2: 40, 3: 15, 4: 5}   # 100 judged; 20 older than 2: 20%
+    line = staleness_advice(ages, 2)
+    # 98 of 100 are needed: 95 are at most 3 old, all 100 at most 4
+    assert line.startswith("staleness: 20% of the 100 groups judged were older than --max-staleness 2 and dropped "
+                           "(groups by age in versions: 0: 10, 1: 30, 2: 40, 3: 15, 4: 5); 98% of them were at "
+                           "most 4 versions old, so --max-staleness 4 would have trained them"), line
+    assert "at most 3 versions old" in staleness_advice(ages, 2, keep=0.95)
+    assert staleness_advice(ages, 4) is None                      # none dropped
+    assert staleness_advice({0: 98, 1: 1, 5: 1}, 1) is None       # 1 of 100 dropped: within 2%
+    assert "at most 5 versions" in staleness_advice({0: 97, 5: 3}, 1)   # 3 of 100: 97 < 98 kept
+    assert staleness_advice({}, 2) is None
