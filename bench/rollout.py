@@ -346,7 +346,7 @@ def main() -> int:
         work["fixed_length_tok_s"] = fixed[0]["fast_tok_s"]
         work["stream_vs_fixed_length"] = work["eos_stream_tok_s"] / fixed[0]["fast_tok_s"]
         print(table([work], list(work)), flush=True)
-        settings = {"model": args.model, "dtype": str(dtype), "attend_chunk": args.attend_chunk or None,
+        settings = {"model": args.model, "dtype": str(dtype), "attend_chunk": args.attend_chunk or None, "seed": 0,
                     "compile_decode": args.compile_decode}
         print(f"wrote {write_result('rollout_workload' + suffix, device, {'settings': settings, 'eos_workload': work})}")
         return 0
