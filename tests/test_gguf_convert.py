@@ -1,5 +1,6 @@
 """The fast GGUF -> Hugging Face conversion of the default model gives the folder transformers' own
 GGUF loading gives: the same tensors bit for bit, config, generation config and tokenizer."""
+import functools
 import logging
 import random
 
@@ -11,6 +12,26 @@ from grpo.model import zoo
 from grpo.model.gguf import convert as G
 
 BOOKKEEPING = {"transformers_version", "_name_or_path", "quantization_config", "dtype", "torch_dtype"}
+
+
+def _share_transformers_reads(m):
+    """transformers' GGUF loading opens the file with gguf.GGUFReader three times (config, tokenizer,
+    weights) and builds gguf's tensor-name table once per module of the model: pure reads of the same
+    file and the same (architecture, blocks), so the reference conversion shares one of each. What
+    transformers computes from them is its own code, unchanged."""
+    import gguf
+
+    readers = {}
+
+    def reader(path, *args, **kwargs):
+        key = (str(path), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = real_reader(path, *args, **kwargs)
+        return readers[key]
+
+    real_reader = gguf.GGUFReader
+    m.setattr(gguf, "GGUFReader", reader)
+    m.setattr(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map))
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +63,7 @@ def folders(tmp_path_factory):
         try:
             with pytest.MonkeyPatch.context() as m:
                 m.setattr(G, "_gguf_to_hf_fast", broken)
+                _share_transformers_reads(m)
                 zoo._convert_smollm2(cache / "reference")
         finally:
             G.log.removeHandler(handler)

@@ -132,9 +132,9 @@ def exited(pid):
 
 @pytest.mark.slow
 def test_a_learner_that_finishes_mid_round_ends_the_run_cleanly(tmp_path):
-    """1 step; the sampler's rounds (4 rows x 1500 new tokens) take many seconds on CPU, so the
-    learner finishes while the sampler is in its second round (the learner's first step and final
-    save, on 1 group of 2 rows, take under half of the round's 1500 decode steps). The sampler
+    """1 step; the sampler's rounds (4 rows x 500 new tokens, then a teacher-forced pass over them)
+    take many seconds on CPU, so the learner finishes while the sampler is in its second round (the
+    learner's first step and final save, on 1 group of 2 rows, take under half of such a round). The sampler
     stops within 5 s of the learner's stop, abandoning that round; the launcher exits 0; the books
     balance; the summary carries every process's stage history and the seconds to the first step."""
     ports, run_dir = free_ports(2), tmp_path / "run"
@@ -142,7 +142,7 @@ def test_a_learner_that_finishes_mid_round_ends_the_run_cleanly(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "run_distributed.py", "--device", "cpu", "--model", "tiny-random", "--no-deepspeed",
          "--dataset", str(GSM8K), "--num-generations", "2", "--prompts-per-round", "2", "--train-batch-size", "2",
-         "--max-new-tokens", "1500", "--max-staleness", "10",   # room for a whole second round
+         "--max-new-tokens", "500", "--max-staleness", "10",   # room for a whole second round
          "--max-steps", "1", "--stop-timeout-s", "5", "--data-port", str(ports[0]),
          "--sync-port", str(ports[1]), "--run-dir", str(run_dir)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
