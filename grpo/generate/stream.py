@@ -43,6 +43,7 @@ class FinishedGroup:
     #                              weights version that drew each token (token_versions)
     min_version: int = 0         # the oldest version over the group's tokens (its age is that of this one)
     max_version: int = 0         # the newest
+    last_in_check: bool = True   # no other group ended at the host check that ended this one
 
 
 def token_versions(n: int, started: int, first_version: int, change_steps: np.ndarray,
@@ -194,6 +195,7 @@ class RingStream:
             idx = torch.tensor(done_rows, device=self.device)
             ids, fin, lps = self._cut(ring.out[idx, :max_new_tokens].cpu(), ring.out_lp[idx, :max_new_tokens].cpu())
             cs, cv = np.asarray(change_steps), np.asarray(change_versions, dtype=np.int32)
+            ended_groups: list[FinishedGroup] = []
             for n, row in enumerate(done_rows):
                 rec, j, started = busy.pop(row)
                 rec["out"][j] = (ids[n], fin[n], lps[n], token_versions(len(ids[n]), started, rec["version"], cs, cv))
@@ -201,9 +203,13 @@ class RingStream:
                 if rec["left"] == 0:
                     rec.pop("kv", None)
                     vs = [o[3] for o in rec["out"]]
-                    yield FinishedGroup(rec["key"], [o[0] for o in rec["out"]], [o[1] for o in rec["out"]],
-                                        [o[2] for o in rec["out"]], steps - rec["since"], vs,
-                                        *group_versions(vs, rec["version"]))
+                    ended_groups.append(FinishedGroup(rec["key"], [o[0] for o in rec["out"]],
+                                                      [o[1] for o in rec["out"]], [o[2] for o in rec["out"]],
+                                                      steps - rec["since"], vs, *group_versions(vs, rec["version"]),
+                                                      last_in_check=False))
+            if ended_groups:   # the caller may send what it holds once a check's groups are all out
+                ended_groups[-1].last_in_check = True
+            yield from ended_groups
 
     @staticmethod
     def _swapped(swap: Callable[[], int | None], version: int) -> int | None:
@@ -244,7 +250,8 @@ class RingStream:
                 sl = slice(n * G, (n + 1) * G)
                 vs = [np.full(len(t), drew, dtype=np.int32) for t in out.token_ids[sl]]
                 yield FinishedGroup(key, out.token_ids[sl], out.finished[sl], out.logprobs[sl],
-                                    out.stats["decode_steps"], vs, *group_versions(vs, drew))
+                                    out.stats["decode_steps"], vs, *group_versions(vs, drew),
+                                    last_in_check=n == len(batch) - 1)
 
     # ------------------------------------------------------------------ the ring
     def _ring(self, rows: int, width: int, max_new: int, inv_t: float, greedy: bool) -> Ring:

@@ -198,10 +198,10 @@ class RolloutWorkflow:
         free and the pool of groups not yet sent fits the learner's budget (pool_room on the
         client's live_budget), until `ends()` says so (an evaluation is due, a version waits for the
         sync between rounds; no version is swapped in from then on) or --prompts-per-round prompts
-        when set. The round ends when its rows
-        are free and no prompt may start: the budget is 0 (the loop waits for room), or it ended.
-        Groups then leave in chunks of this sampler's share of a step, so that the learner's next
-        step is not kept waiting for one sampler's chunk."""
+        when set. The round ends when its rows are free and no prompt may start: the budget is 0
+        (the loop waits for room), or it ended.
+        Groups then leave at the end of each host check that ended some (at most this sampler's
+        share of a step at a time): a group held back would age, and keep the learner waiting."""
         cfg, client = self.cfg, self.client
         G = cfg.num_generations
         # The round's prompts by their index, from when they start until their group has been finished.
@@ -261,7 +261,9 @@ class RolloutWorkflow:
                 t0 += time.perf_counter() - t_wait   # (waiting is not generating)
             if fg is None and client.stop is not None:
                 return   # cut short: the groups not yet sent are not scored, counted or sent
-            if gis and (fg is None or len(gis) >= chunk()):
+            # Streaming, what has ended leaves at the end of each host check that ended something:
+            # a group held back for a fuller chunk would only age.
+            if gis and (fg is None or len(gis) >= chunk() or (streaming() and fg.last_in_check)):
                 yield self._finish(round_idx, problems, prompts, prompt_ids, gis, completions, time.perf_counter() - t0,
                                    sampled_lp, versions)
                 done += len(gis)   # (sent by now: the caller sends a chunk before asking for the next)

@@ -6,7 +6,9 @@ real sockets, a scripted learner whose answer carries tcp weights."""
 from __future__ import annotations
 
 import copy
+import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -133,7 +135,7 @@ def test_pass_old_logprobs_with_swaps_is_one_line_exit_2(tmp_path):
     assert len(lines) == 1 and "--old-logprobs pass" in lines[0] and "--no-swap-in-flight" in lines[0], r.stderr
 
 
-def test_a_streaming_round_takes_prompts_as_the_budget_allows_and_no_more():
+def test_a_streaming_round_takes_prompts_as_the_budget_allows_and_no_more(caplog):
     """--in-flight-rows with swaps and --prompts-per-round 0: no fixed rounds. The scripted learner
     will take K = 6 groups in all: every answer's budget is K less the groups the request says were
     handed (what a learner with an empty line and nothing received would answer). The pool's room
@@ -148,10 +150,15 @@ def test_a_streaming_round_takes_prompts_as_the_budget_allows_and_no_more():
                               data_port=data_port, sync_port=sync_port, heartbeat_interval_s=0))
     assert s.swaps and s.cfg.prompts_per_round == 0
     # stop once three requests have said all K were handed: two of them asked for room in vain
-    learner = ScriptedLearner(sync_port, facts(s), budget=lambda req: max(0, K - max(req.sent, 0)),
+    learner = ScriptedLearner(sync_port, facts(s, groups_per_step=4), budget=lambda req: max(0, K - max(req.sent, 0)),
                               stop_when=lambda reqs: sum(r.sent == K for r in reqs) >= 3)
-    result = run_against(s, learner)
+    with caplog.at_level(logging.INFO, logger="grpo.sampler.workflow"):
+        result = run_against(s, learner)
     assert result["groups_sent"] == K and result["rounds"] == 1, result
+    # A step of 4 groups, but what ended leaves at the end of its host check: with 2 prompts in
+    # flight at a time, at most 2 groups a chunk, so at least 3 chunks (a step's worth: 4 + 2)
+    chunks = [int(n) for n in re.findall(r"round 0 \(v0\): (\d+) completions", caplog.text)]
+    assert sum(chunks) == 2 * K and max(chunks) <= 4 and len(chunks) >= 3, chunks
     assert result["budget_wait_s"] > 0, result   # it waited for room once the 6 were out
     sent = [r.sent for r in learner.requests]
     assert sent == sorted(sent) and max(sent) == K, sent   # every request said the groups handed so far
