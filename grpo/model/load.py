@@ -218,7 +218,26 @@ def weights_checksum(model: torch.nn.Module, dtype: torch.dtype | None = None) -
             t = p.detach()
             if dtype is not None and t.is_floating_point():
                 t = t.to(dtype)
-            bits = t.contiguous().view(-1).view(ints[t.element_size()]).to(torch.int64)
-            weights = torch.arange(bits.numel(), device=bits.device, dtype=torch.int64) % 65521 + 1
-            total = (total * 1000003 + int((bits * weights).sum()) + i) % (1 << 61)
+            bits = t.contiguous().view(-1).view(ints[t.element_size()])
+            total = (total * 1000003 + _position_weighted_sum(bits) + i) % (1 << 61)
     return f"{total:016x}"
+
+
+CHECKSUM_PERIOD = 65521
+
+
+def _position_weighted_sum(bits: torch.Tensor) -> int:
+    """sum(bits[k] * (k % CHECKSUM_PERIOD + 1)) in wrapping int64 arithmetic; bits: [n] integers.
+
+    The weights repeat every CHECKSUM_PERIOD positions, so the bits are summed column-wise over
+    rows of that length first (one int64 pass, no n-long weight tensor) and the period's weights
+    applied to the column sums: the same value modulo 2**64, as integer addition is associative."""
+    n, period = bits.numel(), CHECKSUM_PERIOD
+    full = n - n % period
+    cols = torch.zeros(period, dtype=torch.int64, device=bits.device)               # [period]
+    if full:
+        cols += bits[:full].view(-1, period).sum(0, dtype=torch.int64)
+    if full < n:
+        cols[:n - full] += bits[full:].to(torch.int64)
+    weights = torch.arange(1, period + 1, dtype=torch.int64, device=bits.device)   # [period]
+    return int((cols * weights).sum())
