@@ -22,11 +22,13 @@ stream again from its start.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import random
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -141,6 +143,30 @@ def save_checkpoint(engine, tokenizer, step_dir: Path, state: dict, rank: int) -
     return out
 
 
+@contextlib.contextmanager
+def _no_deepspeed_import():
+    """save_pretrained unwraps the module through accelerate, which imports DeepSpeed (seconds of
+    CPU) only to add DeepSpeedEngine to an isinstance check. In a process that never imported
+    DeepSpeed (--no-deepspeed) no DeepSpeedEngine exists, so the check is told DeepSpeed is absent
+    and the save skips the import; every other unwrap (compiled, DDP, FSDP) is as before."""
+    if "deepspeed" in sys.modules:
+        yield
+        return
+    try:
+        from accelerate.utils import other
+    except ImportError:   # no accelerate: transformers unwraps on its own, without DeepSpeed
+        yield
+        return
+    if not hasattr(other, "is_deepspeed_available"):
+        yield
+        return
+    asked, other.is_deepspeed_available = other.is_deepspeed_available, lambda: False
+    try:
+        yield
+    finally:
+        other.is_deepspeed_available = asked
+
+
 def _save_hf(module: torch.nn.Module, tokenizer, dest: Path, state_dict: dict | None = None) -> None:
     cfg = module.config
     use_cache, random_init = cfg.use_cache, getattr(cfg, "grpo_random_init", None)
@@ -148,7 +174,8 @@ def _save_hf(module: torch.nn.Module, tokenizer, dest: Path, state_dict: dict | 
     if random_init is not None:
         del cfg.grpo_random_init   # these are trained weights now: load them, do not redraw
     try:
-        module.save_pretrained(dest, state_dict=state_dict, safe_serialization=True)
+        with _no_deepspeed_import():
+            module.save_pretrained(dest, state_dict=state_dict, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(dest)
     finally:

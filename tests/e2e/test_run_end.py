@@ -42,8 +42,10 @@ def timed_out_run(tmp_path_factory):
         # Sampler 0 makes 2 rounds of one group and exits; each step takes one group; the learner
         # trains 2 steps, then waits for data until --max-time-s is up. No timed save falls due
         # before the end (1000 s), so the only saves are the ones the end makes. A large step:
-        # the saved weights are not the base model's.
-        c.learner("--max-steps", "50", "--train-batch-size", "4", "--max-time-s", "40", "--eval-every", "1000",
+        # the saved weights are not the base model's. The clock starts once the learner is up, by
+        # when the sampler (started with it) is up too: its 2 rounds of 4 x 12 tokens and the 2
+        # steps take about 1 s of the 15.
+        c.learner("--max-steps", "50", "--train-batch-size", "4", "--max-time-s", "15", "--eval-every", "1000",
                   "--save-weights-every-s", "1000", "--save-every", "1000", "--learning-rate", "1e-2", *EV)
         # the tiny random model never answers right: a reward of the completion's own token ids gives
         # its groups signal, so the two steps move the weights
