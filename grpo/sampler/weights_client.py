@@ -24,6 +24,7 @@ import torch
 from grpo.config import SamplerConfig
 from grpo.model import compute_dtype
 from grpo.obs.stages import mark as mark_stage
+from grpo.sampler import drill
 from grpo.sampler.heartbeat import SyncInbox
 from grpo.sync.client import REJECTED_ANSWERS_LIMIT, ask, await_answer, rejected_streak
 from grpo.weights import make_receiver
@@ -354,6 +355,7 @@ class WeightsClient:
         dt = time.perf_counter() - t_apply
         self.stats["apply_s"] += dt
         self.stats["weight_syncs"] += 1
+        drill.maybe_die(int(self.stats["weight_syncs"]))   # only where GRPO_DRILL_DIE_IN_SWAP is set
         self.version = newest.version
         self.stats["weight_bytes"] += sum(newest.bucket_nbytes)
         if self.cfg.verify_weight_sync:  # after the apply's timing: not part of apply_s
