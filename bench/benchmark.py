@@ -17,7 +17,9 @@ spread over --gpus. A point is (seconds from the row's launch to the end of that
 MODEL: 0.5b or 1.5b (Qwen2.5-Coder-Instruct, the GGUF files of bench/fetch_models.py, looked up in
 $GRPO_GGUF_DIR, /tmp/gguf and $GRPO_CACHE/gguf), or any --model value (tiny-random for a CPU check).
 LAYOUT: 1gpu (ours: sampler and learner share GPU 0; TRL: one process) or seed (ours:
-`--sampling-gpu 0 --training-gpus 1,2,3`; TRL: DDP over 4 processes through torchrun). TRAINER: ours
+`--sampling-gpu 0 --training-gpus 1,2,3`; TRL: DDP over 4 processes through torchrun), chosen
+(ours: `--gpus 0,1,2,3`) or 2gpu (a two-GPU host; ours: `--sampling-gpu 0 --training-gpus 1`; TRL:
+DDP over 2). TRAINER: ours
 or trl (bench/trl_grpo.py). Both get the same model, prompts (grpo.data.prompts), reward
 (grpo.data.rewards' correctness), G, completions a step, new tokens, learning rate, beta, loss and
 temperature (SHARED). On the GPU machine bench/benchmark.sh runs rows as a device plan.
@@ -72,6 +74,8 @@ OURS_ONLY = ["--generation-backend", "fast", "--filter-zero-signal", "--reward",
              "--eval-every", "100000"]
 LAYOUTS = {"1gpu": {"gpus": 1, "ours": ["--sampling-gpu", "0", "--training-gpus", "0", "--share-gpus"]},
            "seed": {"gpus": 4, "ours": ["--sampling-gpu", "0", "--training-gpus", "1,2,3"]},
+           # a host of two GPUs: one sampler, one learner rank; TRL: DDP over the two
+           "2gpu": {"gpus": 2, "ours": ["--sampling-gpu", "0", "--training-gpus", "1"]},
            # the split run_distributed.py --gpus chooses (its layout line says which); TRL: DDP over the four
            "chosen": {"gpus": 4, "ours": ["--gpus", "0,1,2,3"]}}
 TRAINERS = ("ours", "trl")
@@ -630,12 +634,13 @@ def plot(rows: list[dict], path: Path, device: str, model: str) -> None:
     fig, ax = plt.subplots(figsize=(7.5, 4.0))
     colours = {("ours", "seed"): "tab:blue", ("ours", "1gpu"): "tab:cyan", ("ours", "chosen"): "tab:green",
                ("trl", "seed"): "tab:orange", ("trl", "chosen"): "tab:orange",
-               ("trl", "1gpu"): "tab:red"}
+               ("trl", "1gpu"): "tab:red", ("ours", "2gpu"): "tab:purple", ("trl", "2gpu"): "tab:brown"}
     for r in rows:
         xs, ys = [p["seconds"] for p in r["points"]], [p["accuracy"] for p in r["points"]]
         who = "ours" if r["trainer"] == "ours" else "TRL GRPOTrainer"
         how = ("DDP" if r["gpus"] > 1 else "one process") if r["trainer"] == "trl" else \
-            {"seed": "1 sampler + 3 learner ranks", "chosen": "--gpus' split"}.get(r["layout"], "shared")
+            {"seed": "1 sampler + 3 learner ranks", "chosen": "--gpus' split",
+             "2gpu": "1 sampler + 1 learner rank"}.get(r["layout"], "shared")
         label = f"{who}, {r['gpus']} GPU{'s' if r['gpus'] > 1 else ''} ({how}), seed {r['seed']}"
         ax.plot(xs, ys, marker="o", ms=3, color=colours.get((r["trainer"], r["layout"])), label=label)
     if rows:

@@ -2,7 +2,8 @@
 # The device recipe for bench/benchmark.py: rows one after another, each scored and summarised before
 # the next starts, its run files (without weights) copied to $OUT_DIR after each, so a plan cut short
 # keeps what it finished. ROWS defaults to the standard rows (`python3 bench/benchmark.py rows`).
-# OURS_FLAGS: flags appended to ours' command in every row; LABEL: the rows' label in the result file
+# OURS_FLAGS: flags appended to ours' command in every row; SAVE_SCHEDULE: benchmark.py's --save-schedule;
+# GPUS: the GPUs that score (0,1,2,3; 0,1 on a two-GPU host); LABEL: the rows' label in the result file
 # (kept beside unlabelled runs of the same rows). An
 # item is ROW, ROW@SECONDS (that row's own length) or ROW+ROW+... (side by side, each on GPUs of its
 # own). Runs from a copy of the checkout in /tmp/code (the device tool re-sends the tree with each
@@ -28,8 +29,9 @@ for group in $ROWS; do
         echo "benchmark.sh: row $row ($secs s, GPUs from $first) at $(date +%T)"
         python3 bench/benchmark.py run --row "$row" --seconds "$secs" --dataset "$DATA" --work-dir $WORK \
             --git-commit "$COMMIT" --first-gpu $first ${OURS_FLAGS:+--ours-flags "$OURS_FLAGS"} \
+            ${SAVE_SCHEDULE:+--save-schedule "$SAVE_SCHEDULE"} \
             > $WORK.$first.log 2>&1 || echo "benchmark.sh: row $row failed" &
-        case $row in *:1gpu:*) first=$((first + 1));; *) first=$((first + 4));; esac
+        case $row in *:1gpu:*) first=$((first + 1));; *:2gpu:*) first=$((first + 2));; *) first=$((first + 4));; esac
         sleep 2   # one conversion lock at a time, and launch times apart
     done
     wait
