@@ -12,7 +12,8 @@ Ownership: a slot belongs to the learner, which writes it; after it announces ve
 slot s, samplers may read s until they acknowledge v (their next weights_request reports
 have_version >= v; the sampler sends one right after applying). Before writing s again
 the learner waits for those acknowledgements, up to `ack_timeout_s`; a sampler that has
-not answered by then is taken for gone (logged). As a last guard an ipc reader checks the
+not answered by then is taken for gone (logged), and one whose sampler id asks again on a new
+connection (a restarted process) is released at once. As a last guard an ipc reader checks the
 stamp before and after its copy (a seqlock, grpo.weights.ipc), so no torn version is ever
 generated with.
 """
@@ -67,6 +68,7 @@ class SlotPublisher(Publisher):
         self.pairs = PairGroups(host, "nccl" if cuda else "gloo", nccl_timeout_s)
         self.slot_version = [-1] * SLOTS
         self.pending: list[set[bytes]] = [set() for _ in range(SLOTS)]   # readers that have not acked
+        self._reader_of: dict[int, bytes] = {}   # sampler id -> the connection it last asked on
         self._cv = threading.Condition(self._lock)
         self.ack_waits_s: list[float] = []
         self._ready: torch.cuda.Event | None = None
@@ -115,6 +117,15 @@ class SlotPublisher(Publisher):
 
     def _on_request(self, identity: bytes, msg: M.WeightsRequest) -> None:
         with self._cv:
+            # A sampler id asking on a new connection is a restarted process (--restart-samplers):
+            # the one it replaces is dead and will never acknowledge what it was reading, so its
+            # reads end here rather than holding the next publish for ack_timeout_s.
+            old = self._reader_of.get(msg.sampler_id)
+            if old is not None and old != identity:
+                for s in range(SLOTS):
+                    self.pending[s].discard(old)
+                self._cv.notify_all()
+            self._reader_of[msg.sampler_id] = identity
             for s in range(SLOTS):
                 if identity in self.pending[s] and msg.have_version >= self.slot_version[s]:
                     self.pending[s].discard(identity)

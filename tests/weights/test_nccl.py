@@ -133,6 +133,44 @@ def test_slot_publisher_answers_tcp_and_waits_for_acknowledgements():
         pub.close()
 
 
+def test_a_restarted_sampler_releases_the_slot_its_dead_process_was_reading():
+    """Sampler 0 reads v1 from slot 0 and dies before acknowledging it; its restart (same id, new
+    connection) takes v2 from slot 1 and acknowledges it. Publishing v3 into slot 0 must not wait
+    ack_timeout_s for the dead process: its reads ended when its id asked on a new connection."""
+    learner, sampler, restarted = _model(6), _model(7), _model(8)
+    port = free_ports(1)[0]
+    pub = SlotPublisher(SyncServer("127.0.0.1", port), learner, torch.float32, ack_timeout_s=2.0,
+                       method="nccl", nccl_timeout_s=10.0)
+    rx, rx2 = NcclReceiver(sampler, torch.float32, timeout_s=10.0), NcclReceiver(restarted, torch.float32, timeout_s=10.0)
+    dead, client = _client(port), None
+    try:
+        _step(learner, 1)
+        pub.publish(1, learner)                                    # slot 0
+        _, newest, _ = request_weights(dead, 0, 0, 1, 10.0, "nccl")
+        assert newest.version == 1 and rx.apply(newest)            # read, never acknowledged
+        dead.close()
+        assert pub.pending[0] and not pub.pending[1]
+        _step(learner, 2)
+        pub.publish(2, learner)                                    # slot 1: free
+        client = _client(port)                                     # the restarted process, sampler id 0
+        _, newest, _ = request_weights(client, 0, -1, 1, 10.0, "nccl")
+        assert newest.version == 2 and rx2.apply(newest)
+        assert not pub.pending[0]                                  # the dead reader's slot is released
+        answered, newest, _ = request_weights(client, 0, 2, 2, 10.0, "nccl")   # acknowledges v2
+        assert answered and newest is None and not pub.pending[1]
+        _step(learner, 3)
+        t0 = time.monotonic()
+        pub.publish(3, learner)                                    # slot 0 again
+        assert time.monotonic() - t0 < 1.0 and pub.ack_waits_s[-1] < 1.0
+        assert weights_checksum(restarted) != weights_checksum(learner)   # v3 is new to it
+    finally:
+        if client is not None:
+            client.close()
+        rx.close()
+        rx2.close()
+        pub.close()
+
+
 def test_method_choice_per_side():
     import pytest
 
