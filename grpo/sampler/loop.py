@@ -138,7 +138,8 @@ class Sampler:
         log.info("sampler %d/%d on %s: %d prompts in its shard, model %s, G=%d, %s prompts per round, "
                  "%s generation%s, old log-probs from %s", cfg.sampler_id, cfg.num_samplers, self.device,
                  len(prompts.mine), path, cfg.num_generations,
-                 cfg.prompts_per_round or f"a step's worth of groups with signal (at most {cfg.max_prompts_per_round})",
+                 cfg.prompts_per_round or ("no fixed number of" if self.swaps else
+                                           f"a step's worth of groups with signal (at most {cfg.max_prompts_per_round})"),
                  self.backend,
                  (f", in flight on {cfg.in_flight_rows} rows" + (", weights swapped in flight, prompts started as "
                                                                   "the learner's budget allows" if self.swaps else ""))
