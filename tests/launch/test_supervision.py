@@ -132,7 +132,7 @@ def exited(pid):
 
 @pytest.mark.slow
 def test_a_learner_that_finishes_mid_round_ends_the_run_cleanly(tmp_path):
-    """1 step; the sampler's rounds (4 rows x 500 new tokens, then a teacher-forced pass over them)
+    """1 step; the sampler's rounds (4 rows x 300 new tokens, then a teacher-forced pass over them)
     take many seconds on CPU, so the learner finishes while the sampler is in its second round (the
     learner's first step and final save, on 1 group of 2 rows, take under half of such a round). The sampler
     stops within 5 s of the learner's stop, abandoning that round; the launcher exits 0; the books
@@ -142,7 +142,7 @@ def test_a_learner_that_finishes_mid_round_ends_the_run_cleanly(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "run_distributed.py", "--device", "cpu", "--model", "tiny-random", "--no-deepspeed",
          "--dataset", str(GSM8K), "--num-generations", "2", "--prompts-per-round", "2", "--train-batch-size", "2",
-         "--max-new-tokens", "500", "--max-staleness", "10",   # room for a whole second round
+         "--max-new-tokens", "300", "--max-staleness", "10",   # room for a whole second round
          "--max-steps", "1", "--stop-timeout-s", "5", "--data-port", str(ports[0]),
          "--sync-port", str(ports[1]), "--run-dir", str(run_dir)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
