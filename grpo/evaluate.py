@@ -219,6 +219,17 @@ def record_eval(run_dir: str, version: int, result: dict, by: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    finally:
+        # The command's output is written by now: the interpreter's last collection at exit is skipped,
+        # as the workers skip it (grpo.workers.freeze_for_exit), for it only frees what the OS takes back.
+        import gc
+
+        gc.freeze()
+
+
+def _main(argv: list[str] | None = None) -> int:
     cfg = parse_config(EvalConfig, argv, "python -m grpo.evaluate")
     from grpo.data.sources import DatasetUnavailable
     from grpo.model import (ModelUnavailable, compute_dtype, load_causal_lm, load_tokenizer, pick_device,

@@ -88,7 +88,27 @@ def seed_all(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
+def freeze_for_exit() -> None:
+    """Called last by a worker whose work is written and closed: frozen, the objects torch and
+    transformers made are skipped by the interpreter's last collection at exit, which would
+    otherwise walk them all only to free memory the OS takes back anyway: seconds on a busy CPU
+    that the launcher (or whoever waits for this process) would wait too."""
+    import gc
+
+    gc.freeze()
+
+
 def sampler_main(argv: list[str] | None = None) -> int:
+    """The sampler process; however it ends (done, stopped, a user mistake), its exit skips the
+    last collection (freeze_for_exit): by then every file it writes is written and closed, and
+    Sampler.run has closed its sockets (the data socket's linger flushes what it still holds)."""
+    try:
+        return _sampler_main(argv)
+    finally:
+        freeze_for_exit()
+
+
+def _sampler_main(argv: list[str] | None = None) -> int:
     prog = "sampling_worker.py"
     cfg = parse_config(SamplerConfig, argv, prog)
     made = None
@@ -170,11 +190,6 @@ def learner_main(argv: list[str] | None = None) -> int:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     # Everything the run leaves is written and closed above (summary, metrics, checkpoints, logs;
-    # the sockets close with linger 0). Frozen, the objects torch and transformers made are skipped
-    # by the interpreter's last collection at exit, which would otherwise walk them all only to free
-    # memory the OS takes back anyway: seconds on a busy CPU that the launcher, waiting for this
-    # process to exit, would wait too.
-    import gc
-
-    gc.freeze()
+    # the sockets close with linger 0).
+    freeze_for_exit()
     return 0

@@ -22,7 +22,13 @@ def start(run_dir, ports, *extra):
             "--dataset", str(GSM8K), "--num-generations", "2", "--prompts-per-round", "1", "--train-batch-size", "2",
             "--max-new-tokens", "4", "--max-steps", "100000", "--save-every", "0", "--data-port", str(ports[0]),
             "--sync-port", str(ports[1]), "--run-dir", str(run_dir), *extra]
-    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # The launcher's output goes to a file (finish reads it): a run may go on for a while before its
+    # test looks at it, and a full pipe would block the launcher's status lines.
+    out_path = run_dir.parent / "launcher.out"
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+    proc.out_path = out_path
+    return proc
 
 
 def wait_for(pred, timeout, what):
@@ -67,18 +73,44 @@ def assert_clean(all_pids, ports):
 
 
 def finish(proc, timeout=120):
+    """The launcher's output, once it has exited (killed if it has not within `timeout`)."""
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
     finally:
         if proc.poll() is None:
             proc.kill()
-    return out
+    return proc.out_path.read_text()
+
+
+# The runs of the two tests below, by test name: each test's launcher arguments beyond start()'s.
+RUNS = {"test_dead_sampler_is_restarted_then_failure_stops_everything": ["--restart-samplers", "1"],
+        "test_sigterm_stops_every_process_and_frees_the_ports": []}
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory):
+    """{test name: (launcher process, run dir, ports)} for the tests of RUNS selected in this session,
+    all started at once: the runs' starts (imports, the model) overlap instead of adding up. Each test
+    ends its own run; what is still running at the module's end is killed."""
+    names = [item.originalname for item in request.session.items
+             if item.module is request.module and item.originalname in RUNS]
+    ports = free_ports(2 * len(names))
+    started = {}
+    try:
+        for i, name in enumerate(names):
+            run_dir = tmp_path_factory.mktemp(name[5:25]) / "run"
+            started[name] = (start(run_dir, ports[2 * i:2 * i + 2], *RUNS[name]), run_dir, ports[2 * i:2 * i + 2])
+        yield started
+    finally:
+        for proc, _, _ in started.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 @pytest.mark.slow
-def test_dead_sampler_is_restarted_then_failure_stops_everything(tmp_path):
-    ports, run_dir = free_ports(2), tmp_path / "run"
-    proc = start(run_dir, ports, "--restart-samplers", "1")
+def test_dead_sampler_is_restarted_then_failure_stops_everything(runs):
+    proc, run_dir, ports = runs["test_dead_sampler_is_restarted_then_failure_stops_everything"]
     seen = set()
     try:
         wait_for(lambda: sampler_running(run_dir), 300, "the sampler's first round")
@@ -102,9 +134,8 @@ def test_dead_sampler_is_restarted_then_failure_stops_everything(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_stops_every_process_and_frees_the_ports(tmp_path):
-    ports, run_dir = free_ports(2), tmp_path / "run"
-    proc = start(run_dir, ports)
+def test_sigterm_stops_every_process_and_frees_the_ports(runs):
+    proc, run_dir, ports = runs["test_sigterm_stops_every_process_and_frees_the_ports"]
     try:
         wait_for(lambda: sampler_running(run_dir), 300, "the sampler's first round")
         children = [p for n, p in pids(run_dir).items() if n != "launcher"]
@@ -132,7 +163,7 @@ def exited(pid):
 
 @pytest.mark.slow
 def test_a_learner_that_finishes_mid_round_ends_the_run_cleanly(tmp_path):
-    """1 step; the sampler's rounds (4 rows x 500 new tokens, then a teacher-forced pass over them)
+    """1 step; the sampler's rounds (4 rows x 300 new tokens, then a teacher-forced pass over them)
     take many seconds on CPU, so the learner finishes while the sampler is in its second round (the
     learner's first step and final save, on 1 group of 2 rows, take under half of such a round). The sampler
     stops within 5 s of the learner's stop, abandoning that round; the launcher exits 0; the books
@@ -142,7 +173,7 @@ def test_a_learner_that_finishes_mid_round_ends_the_run_cleanly(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "run_distributed.py", "--device", "cpu", "--model", "tiny-random", "--no-deepspeed",
          "--dataset", str(GSM8K), "--num-generations", "2", "--prompts-per-round", "2", "--train-batch-size", "2",
-         "--max-new-tokens", "500", "--max-staleness", "10",   # room for a whole second round
+         "--max-new-tokens", "300", "--max-staleness", "10",   # room for a whole second round
          "--max-steps", "1", "--stop-timeout-s", "5", "--data-port", str(ports[0]),
          "--sync-port", str(ports[1]), "--run-dir", str(run_dir)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -93,23 +93,6 @@ def origin_of(frames) -> M.Origin | None:
 @pytest.mark.slow
 def test_fuzz_data_port_then_valid_group_is_trained(tmp_path):
     t_start = time.monotonic()
-    cases = data_cases(N_DATA)
-    expected = Counter(reason for _, _, reason in cases)
-    assert len(cases) >= 10_000
-    assert WIRE_REASONS <= set(expected), sorted(WIRE_REASONS - set(expected))
-    r, nrng = random.Random(SEED + 1), np.random.default_rng(SEED + 1)
-    oversized = oversized_messages(r, nrng, MAX_MESSAGE_MB)
-    valid = fuzz_group(nrng, f"s{SAMPLER_ID}-valid")
-    assert codec.decode(frames_of(valid), DATA_LIMITS).group_id == valid.group_id
-    # Which malformed messages name this sampler process in a valid header: its groups among them
-    # are charged to its books as "rejected" (so they count in its groups_sent); the rest of what
-    # names it is shown under its id in the message ledger, and all else under "unknown".
-    named = [origin_of(frames) for _, frames, _ in cases]
-    ours = sum(1 for o in named if o is not None and (o.sampler_id, o.incarnation) == (SAMPLER_ID, 0))
-    tied = sum(1 for o in named if o is not None and (o.sampler_id, o.incarnation, o.kind) == (SAMPLER_ID, 0, "group"))
-    assert 0 < tied < ours < len(cases)
-    t_gen = time.monotonic() - t_start
-
     data_port, sync_port = free_ports(2)
     run_dir = tmp_path / "run"
     err_path, out_path = tmp_path / "learner.stderr", tmp_path / "learner.stdout"
@@ -118,9 +101,29 @@ def test_fuzz_data_port_then_valid_group_is_trained(tmp_path):
            str(sync_port), "--run-dir", str(run_dir), "--shutdown-timeout-s", "10",
            "--max-message-mb", str(MAX_MESSAGE_MB)]
     ctx = zmq.Context()
+    # The learner starts first: its imports and model load take one core while the cases are made on
+    # the other (nothing is sent to it before they are all made and checked).
     with open(err_path, "w") as err, open(out_path, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=out, stderr=err)
     try:
+        cases = data_cases(N_DATA)
+        expected = Counter(reason for _, _, reason in cases)
+        assert len(cases) >= 10_000
+        assert WIRE_REASONS <= set(expected), sorted(WIRE_REASONS - set(expected))
+        r, nrng = random.Random(SEED + 1), np.random.default_rng(SEED + 1)
+        oversized = oversized_messages(r, nrng, MAX_MESSAGE_MB)
+        valid = fuzz_group(nrng, f"s{SAMPLER_ID}-valid")
+        assert codec.decode(frames_of(valid), DATA_LIMITS).group_id == valid.group_id
+        # Which malformed messages name this sampler process in a valid header: its groups among them
+        # are charged to its books as "rejected" (so they count in its groups_sent); the rest of what
+        # names it is shown under its id in the message ledger, and all else under "unknown".
+        named = [origin_of(frames) for _, frames, _ in cases]
+        ours = sum(1 for o in named if o is not None and (o.sampler_id, o.incarnation) == (SAMPLER_ID, 0))
+        tied = sum(1 for o in named
+                   if o is not None and (o.sampler_id, o.incarnation, o.kind) == (SAMPLER_ID, 0, "group"))
+        assert 0 < tied < ours < len(cases)
+        t_gen = time.monotonic() - t_start
+
         deadline = time.monotonic() + 120
         while not (run_dir / "learner.ready").exists():
             assert proc.poll() is None, err_path.read_text()[-4000:]

@@ -19,6 +19,8 @@ from grpo.wire import messages as M
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "protocol.md"
+# A local file: the disagreeing sampler reaches the learner without importing reasoning-gym's tasks.
+GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
 
@@ -76,7 +78,7 @@ def test_a_sampler_that_disagrees_with_the_learner_stops_with_one_line(tmp_path)
     try:
         out = subprocess.run(
             [sys.executable, str(ROOT / "sampling_worker.py"), "--device", "cpu", "--model", "tiny-random",
-             "--dataset", "rg:basic_arithmetic", "--dataset-limit", "8", "--num-generations", "4",
+             "--dataset", str(GSM8K), "--dataset-limit", "8", "--num-generations", "4",
              "--max-new-tokens", "8", "--data-port", str(data), "--sync-port", str(sync),
              "--run-dir", str(tmp_path / "run")], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     finally:
