@@ -125,10 +125,19 @@ def test_two_terminals_real_model_sampler_first(tmp_path):
     """The default SmolLM2-135M model, worker scripts started by hand, sampler before learner."""
     d, s = free_ports(2)
     run_dir = tmp_path / "run"
+    # Short problems in GSM8K's form (a folder of train/test.jsonl): ~50 prompt tokens where
+    # GSM8K's average ~105, and a 135M model's CPU passes (prefill, both log-prob passes,
+    # training) take time in proportion to the tokens
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = "".join(json.dumps({"question": f"What is {a} + {b}?", "answer": f"{a} + {b} = {a + b}\n#### {a + b}"})
+                   + "\n" for a, b in ((2, 3), (4, 1), (6, 7), (9, 2)))
+    for split in ("train", "test"):
+        (data / f"{split}.jsonl").write_text(rows)
     # groups of 2 short completions: a 135M model's decode and training steps are slow on a CPU
     common = ["--device", "cpu", "--data-port", str(d), "--sync-port", str(s), "--run-dir", str(run_dir),
               "--num-generations", "2", "--max-new-tokens", "8"]
-    sampler = subprocess.Popen([PY, "sampling_worker.py", *common, "--dataset", str(GSM8K),
+    sampler = subprocess.Popen([PY, "sampling_worker.py", *common, "--dataset", str(data),
                                 "--prompts-per-round", "1"], cwd=ROOT, env=env(),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -11,13 +11,13 @@ queued, which are counted as queued, not vanished.
 """
 import json
 import re
+from pathlib import Path
 
 import pytest
-import torch
 from faultutil import Cluster, check_books, peak_rss_kb
 from scripted import ScriptedLearner
 
-from grpo.model import load_causal_lm, resolve_model
+from grpo.model import resolve_model
 from grpo.wire import messages as M
 
 HWM = 2
@@ -29,8 +29,9 @@ def test_absent_then_slow_learner_bounded_queues_and_books(tmp_path):
     opts = ["--prompts-per-round", "4", "--send-hwm", str(HWM), "--sync-timeout-s", "1",
             "--heartbeat-interval-s", "1"]
     samplers = ("sampler0", "sampler1")
-    vocab = load_causal_lm(resolve_model("tiny-random"), torch.device("cpu"), torch.float32).get_input_embeddings()
-    facts = M.RunFacts(schema=M.SCHEMA_VERSION, model="tiny-random", vocab_size=vocab.weight.shape[0],
+    # the model's vocabulary (its embedding rows) from its config: no model (nor transformers) loaded here
+    vocab_size = json.loads((Path(resolve_model("tiny-random")) / "config.json").read_text())["vocab_size"]
+    facts = M.RunFacts(schema=M.SCHEMA_VERSION, model="tiny-random", vocab_size=vocab_size,
                        dtype="float32", num_generations=4, max_new_tokens=8, max_prompt_tokens=4096, temperature=1.0,
                        needs_ref_logprobs=True, max_staleness=4)
     stand_in = ScriptedLearner(c.sync_port, facts)   # answers no_update, with the facts first

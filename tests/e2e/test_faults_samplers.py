@@ -27,7 +27,7 @@ def test_sampler_killed_restarted_and_stopped(tmp_path):
     c = Cluster(tmp_path, 2, ["--num-generations", "4", "--max-new-tokens", "8"])
     try:
         c.learner("--max-steps", "10", "--train-batch-size", "4", "--heartbeat-timeout-s", str(HB_TIMEOUT),
-                  "--data-timeout-s", "3", "--shutdown-timeout-s", "60")
+                  "--data-timeout-s", "1", "--shutdown-timeout-s", "60")
         hb = ["--prompts-per-round", "1", "--heartbeat-interval-s", "0.5", "--sync-timeout-s", "2"]
         c.sampler(0, *hb, "--max-rounds", "4")
         c.sampler(1, *hb)
@@ -41,9 +41,11 @@ def test_sampler_killed_restarted_and_stopped(tmp_path):
         c.wait_log("learner", r"sampler 1 silent for \d+ s .* counted as gone", timeout=60)
         # Sampler 0 finishes its 4 rounds and exits cleanly; the learner trains on or waits.
         assert c.procs["sampler0"].wait(timeout=240) == 0, c.logs()
+        waits_before = c.count("learner", r"no data for \d+ s")
         c.wait("the learner to train on or wait for data",
                lambda: len(c.steps()) > killed_at_steps or "no data for" in c.log("learner"))
-        c.wait_log("learner", r"no data for \d+ s")
+        # a wait logged after sampler 0 left (--data-timeout-s 1: within a second of it)
+        c.wait_log("learner", r"no data for \d+ s", count=waits_before + 1)
         version_before_restart = len(c.steps())
 
         # 2. Restart sampler 1 (same id): a new process, welcomed back.

@@ -39,7 +39,7 @@ class Learner:
         self.proc = subprocess.Popen(
             [sys.executable, str(ROOT / "training_worker.py"), "--device", "cpu", "--model", "tiny-random",
              "--no-deepspeed", "--num-generations", "2", "--train-batch-size", "2", "--max-steps", str(steps),
-             "--max-new-tokens", "8", "--heartbeat-timeout-s", "3", "--shutdown-timeout-s", "30",
+             "--max-new-tokens", "8", "--heartbeat-timeout-s", "1.5", "--shutdown-timeout-s", "30",
              "--report-to", "none", "--data-port", str(data), "--sync-port", str(sync), "--run-dir",
              str(self.run_dir)],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=self.err)
