@@ -147,13 +147,6 @@ def _sampler_main(argv: list[str] | None = None) -> int:
         return _fail(prog, exc)
     (run_dir / f"sampler{cfg.sampler_id}_result.json").write_text(json.dumps({**result, **provenance()}, indent=2,
                                                                              default=str))
-    # The result and every log are written and the sockets closed (what they still hold leaves
-    # within their linger, as before). Frozen, the objects torch and transformers made are skipped
-    # by the interpreter's last collection, which would only walk them to free memory the OS takes
-    # back anyway, while the launcher or a test waits for this process to exit (as learner_main).
-    import gc
-
-    gc.freeze()
     return 0
 
 
