@@ -69,9 +69,17 @@ def test_no_group_is_generated_that_is_certain_to_be_dropped(runs, engine):
         assert sizes[0] == 8 and groups["dropped"].get("stale", 0) == 8 - 2, (sizes, groups)
     else:
         assert sizes[0] <= 2 and groups["dropped"].get("stale", 0) == 0, (sizes, groups)
-    assert "waiting: the learner's queue is full" in log
+    stats = json.loads((run_dir / "summary.json").read_text())["samplers"]["0"]["stats"]
+    waited = "waiting: the learner's queue is full" in log
+    if engine == "rounds":
+        # a round's two groups reach the learner together, one more than it can train before they go
+        # stale: the next round always finds the budget at 0 and waits
+        assert waited and stats["budget_wait_s"] > 0
+    else:
+        # in flight the second group ends a host check later than the first; whether the learner has
+        # taken the first by then is a matter of timing, so only the line and the figure must agree
+        assert waited == (stats["budget_wait_s"] > 0), (waited, stats["budget_wait_s"])
     assert ("fast generation, in flight on 3 rows" in log) == (engine == "in-flight")
     # beta 0: the run needs no reference log-probs, so the sampler loads no reference model
     assert "reference log-probs: not used by this run" in log
-    stats = json.loads((run_dir / "summary.json").read_text())["samplers"]["0"]["stats"]
-    assert stats["logprob_s"] > 0 and stats["budget_wait_s"] > 0
+    assert stats["logprob_s"] > 0
