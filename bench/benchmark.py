@@ -326,7 +326,8 @@ def run_row(args, spec: str) -> dict:
     try:
         return launch(cmd, run_dir, row["trainer"], {**row, "commit": commit, "save_schedule": args.save_schedule,
                                                      "seconds": args.seconds, "row": spec,
-                                                     "eval_tokens": eval_tokens(args)})
+                                                     "eval_tokens": eval_tokens(args),
+                                                     **({"label": args.label} if args.label else {})})
     finally:
         os.environ.pop("CUDA_VISIBLE_DEVICES", None)
 
@@ -587,7 +588,16 @@ def row_result(run: Path, work: Path, device: dict) -> dict:
                 "save_schedule": launch.get("save_schedule"), "eval": f"first {base['n']} GSM8K test problems, greedy, "
                 f"{launch.get('eval_tokens', EVAL_TOKENS)} new tokens, {base.get('decoder')} decoder, bf16",
                 "device": device.get("device"), "versions": device.get("versions"), **extra})
+    if launch.get("label"):   # given to `run` (benchmark.sh's LABEL): the row keeps it wherever it is summarised
+        out["label"] = launch["label"]
     return out
+
+
+def rows_schedule(rows: list[dict]) -> str | list[str]:
+    """The save schedule the rows ran on (each row's launch records its own): one string where they
+    agree, else the sorted distinct ones. ['30x4,60', '30x4,60'] -> '30x4,60'"""
+    seen = sorted({r["save_schedule"] for r in rows if r.get("save_schedule")}) or [SAVE_SCHEDULE]
+    return seen[0] if len(seen) == 1 else seen
 
 
 def summarise(args) -> Path:
@@ -607,7 +617,7 @@ def summarise(args) -> Path:
     used = {r["layout"] for r in doc["rows"]}
     doc.update({"device": name, "settings": {"shared": SHARED, "ours_only": OURS_ONLY,
                                              "layouts": {k: v for k, v in LAYOUTS.items() if k in used},
-                                             "save_schedule": args.save_schedule, "marks_s": MARKS_S},
+                                             "save_schedule": rows_schedule(doc["rows"]), "marks_s": MARKS_S},
                 "prepare_s": device.get("prepare_s"), "command_line": device.get("command")})
     if args.note:
         doc.setdefault("notes", []).append(args.note)
@@ -697,7 +707,8 @@ def main(argv=None) -> int:
     ap.add_argument("--trl-micro-batch", type=int, default=16, help="TRL: completions per device per forward")
     ap.add_argument("--ours-flags", default="", help="flags appended to ours' command (a CPU check's smaller sizes)")
     ap.add_argument("--git-commit", default="", help="the commit to record where the tree has no .git")
-    ap.add_argument("--label", default="", help="summarise: keep these rows beside earlier runs of the same rows")
+    ap.add_argument("--label", default="", help="run: recorded with the row; summarise: given to every row "
+                    "summarised (kept beside earlier runs of the same rows)")
     ap.add_argument("--device-name", default="")
     ap.add_argument("--note", default="", help="summarise: a note kept in the result file's notes")
     ap.add_argument("--results-dir", default=str(ROOT / "bench" / "results"))

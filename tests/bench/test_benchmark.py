@@ -200,6 +200,12 @@ def test_a_failed_trl_run_gets_its_steps_and_error_from_its_log(tmp_path):
     assert rw.last_error("all fine\n") is None
 
 
+def test_rows_schedule_is_the_rows_own():
+    assert rw.rows_schedule([{"save_schedule": "60x2,120"}, {"save_schedule": "60x2,120"}]) == "60x2,120"
+    assert rw.rows_schedule([{"save_schedule": "60"}, {"save_schedule": "30x4,60"}, {}]) == ["30x4,60", "60"]
+    assert rw.rows_schedule([{}]) == rw.SAVE_SCHEDULE
+
+
 @pytest.fixture(scope="module")
 def tiny():
     path = resolve_model("tiny-random")
@@ -287,7 +293,7 @@ def test_the_committed_result_is_what_its_run_archives_say(tmp_path, result):
     layouts = {r["layout"] for r in committed["rows"]}
     assert rebuilt["settings"] == json.loads(json.dumps({"shared": rw.SHARED, "ours_only": rw.OURS_ONLY,
                                                          "layouts": {k: rw.LAYOUTS[k] for k in sorted(layouts)},
-                                                         "save_schedule": rw.SAVE_SCHEDULE,
+                                                         "save_schedule": rw.rows_schedule(committed["rows"]),
                                                          "marks_s": rw.MARKS_S})) == committed["settings"]
 
 
