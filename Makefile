@@ -17,8 +17,11 @@ $(STAMP): requirements.txt
 
 install: $(STAMP)
 
+# Two test processes (pytest-xdist), each taking whole files (its module fixtures start once): most
+# tests wait on processes they started, so one alone keeps about one core of two busy.
+TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadfile
 
 comm: install
 	$(BIN)/python communication_test.py
