@@ -30,6 +30,7 @@ from grpo.data.tasks import start_levels
 from grpo.flags import parse_config
 from grpo.model import eos_ids, left_pad
 from grpo.obs.progress import Progress
+from grpo.obs.rundir import freeze_for_exit
 
 log = logging.getLogger(__name__)
 
@@ -222,11 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
     finally:
-        # The command's output is written by now: the interpreter's last collection at exit is skipped,
-        # as the workers skip it (grpo.workers.freeze_for_exit), for it only frees what the OS takes back.
-        import gc
-
-        gc.freeze()
+        freeze_for_exit()   # the command's output is written by now
 
 
 def _main(argv: list[str] | None = None) -> int:

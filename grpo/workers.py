@@ -14,6 +14,7 @@ import sys
 from grpo.config import LearnerConfig, SamplerConfig
 from grpo.config.constants import NO_CUDA
 from grpo.flags import parse_config
+from grpo.obs.rundir import freeze_for_exit
 
 USER_ERROR_EXIT = 2
 
@@ -86,16 +87,6 @@ def seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device
-
-
-def freeze_for_exit() -> None:
-    """Called last by a worker whose work is written and closed: frozen, the objects torch and
-    transformers made are skipped by the interpreter's last collection at exit, which would
-    otherwise walk them all only to free memory the OS takes back anyway: seconds on a busy CPU
-    that the launcher (or whoever waits for this process) would wait too."""
-    import gc
-
-    gc.freeze()
 
 
 def sampler_main(argv: list[str] | None = None) -> int:
