@@ -19,8 +19,8 @@ $GRPO_GGUF_DIR, /tmp/gguf and $GRPO_CACHE/gguf), or any --model value (tiny-rand
 LAYOUT: 1gpu (ours: sampler and learner share GPU 0; TRL: one process) or seed (ours:
 `--sampling-gpu 0 --training-gpus 1,2,3`; TRL: DDP over 4 processes through torchrun), chosen
 (ours: `--gpus 0,1,2,3`) or 2gpu (a two-GPU host; ours: `--sampling-gpu 0 --training-gpus 1`; TRL:
-DDP over 2). TRAINER: ours
-or trl (bench/trl_grpo.py). Both get the same model, prompts (grpo.data.prompts), reward
+DDP over 2). TRAINER: ours,
+trl (bench/trl_grpo.py, Hugging Face generate) or trl-vllm (the same with vLLM in TRL's colocate mode). Both get the same model, prompts (grpo.data.prompts), reward
 (grpo.data.rewards' correctness), G, completions a step, new tokens, learning rate, beta, loss and
 temperature (SHARED). On the GPU machine bench/benchmark.sh runs rows as a device plan.
 
@@ -78,7 +78,7 @@ LAYOUTS = {"1gpu": {"gpus": 1, "ours": ["--sampling-gpu", "0", "--training-gpus"
            "2gpu": {"gpus": 2, "ours": ["--sampling-gpu", "0", "--training-gpus", "1"]},
            # the split run_distributed.py --gpus chooses (its layout line says which); TRL: DDP over the four
            "chosen": {"gpus": 4, "ours": ["--gpus", "0,1,2,3"]}}
-TRAINERS = ("ours", "trl")
+TRAINERS = ("ours", "trl", "trl-vllm")   # trl-vllm: TRL generating with vLLM (colocate)
 SHORT = {"0.5b": "qwen2.5-coder-0.5b", "1.5b": "qwen2.5-coder-1.5b"}
 SAVE_SCHEDULE = "30x4,60"     # 30, 60, 90, 120 s, then every 60 s
 MARKS_S = (60, 120, 240, 600)
@@ -273,7 +273,8 @@ def trl_command(args, row: dict, run_dir: Path) -> list[str]:
             *shared_flags(args), "--dtype", "float32", "--micro-batch", str(micro), "--gradient-checkpointing",
             "--seconds", str(args.seconds), "--launch-time", "{launch}", "--save-schedule", args.save_schedule,
             "--save-dir", str(run_dir / "weights"), "--seed", str(row["seed"]), "--out", str(run_dir / "steps.json"),
-            *(["--device", "cpu"] if args.device == "cpu" else [])]
+            *(["--device", "cpu"] if args.device == "cpu" else []),
+            *(["--use-vllm"] if row["trainer"] == "trl-vllm" else [])]
 
 
 def check_ours(cmd: list[str]) -> None:
@@ -644,11 +645,12 @@ def plot(rows: list[dict], path: Path, device: str, model: str) -> None:
     fig, ax = plt.subplots(figsize=(7.5, 4.0))
     colours = {("ours", "seed"): "tab:blue", ("ours", "1gpu"): "tab:cyan", ("ours", "chosen"): "tab:green",
                ("trl", "seed"): "tab:orange", ("trl", "chosen"): "tab:orange",
-               ("trl", "1gpu"): "tab:red", ("ours", "2gpu"): "tab:purple", ("trl", "2gpu"): "tab:brown"}
+               ("trl", "1gpu"): "tab:red", ("ours", "2gpu"): "tab:purple", ("trl", "2gpu"): "tab:brown",
+               ("trl-vllm", "1gpu"): "tab:olive", ("trl-vllm", "2gpu"): "tab:olive", ("trl-vllm", "seed"): "tab:olive"}
     for r in rows:
         xs, ys = [p["seconds"] for p in r["points"]], [p["accuracy"] for p in r["points"]]
-        who = "ours" if r["trainer"] == "ours" else "TRL GRPOTrainer"
-        how = ("DDP" if r["gpus"] > 1 else "one process") if r["trainer"] == "trl" else \
+        who = {"ours": "ours", "trl": "TRL GRPOTrainer"}.get(r["trainer"], "TRL GRPOTrainer + vLLM colocate")
+        how = ("DDP" if r["gpus"] > 1 else "one process") if r["trainer"] != "ours" else \
             {"seed": "1 sampler + 3 learner ranks", "chosen": "--gpus' split",
              "2gpu": "1 sampler + 1 learner rank"}.get(r["layout"], "shared")
         label = f"{who}, {r['gpus']} GPU{'s' if r['gpus'] > 1 else ''} ({how}), seed {r['seed']}"
@@ -680,7 +682,7 @@ def record_device(args, prepare_s: dict) -> None:
     name = torch.cuda.get_device_name(0) if torch.cuda.is_available() and args.device != "cpu" else "cpu"
     count = torch.cuda.device_count() if name != "cpu" else 0
     (work / "device.json").write_text(json.dumps({"device": f"{count}x {name}" if count > 1 else name,
-                                                  "versions": versions(("trl",) if _has("trl") else ()),
+                                                  "versions": versions(tuple(m for m in ("trl", "vllm") if _has(m))),
                                                   "prepare_s": prepare_s, **provenance()}, indent=2) + "\n")
 
 

@@ -1,6 +1,7 @@
 """Shared helpers of the bench/ scripts: device and version info, timing, the results file."""
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import platform
 import shlex
@@ -28,11 +29,19 @@ def read_run_file(run: Path, name: str) -> str:
 
 def versions(extra: tuple[str, ...] = ()) -> dict:
     out = {"python": platform.python_version()}
-    for mod in ("torch", "transformers", "deepspeed", *extra):
+    for mod in ("torch", "transformers", "deepspeed"):
         try:
             out[mod] = __import__(mod).__version__
         except Exception as exc:  # noqa: BLE001 - a missing package is reported, not fatal
             out[mod] = f"unavailable ({type(exc).__name__})"
+    for mod in extra:   # the installed metadata first: importing vllm would start its whole runtime
+        try:
+            out[mod] = importlib.metadata.version(mod)
+        except importlib.metadata.PackageNotFoundError:   # a module named unlike its package (zmq: pyzmq)
+            try:
+                out[mod] = __import__(mod).__version__
+            except Exception as exc:  # noqa: BLE001 - a missing package is reported, not fatal
+                out[mod] = f"unavailable ({type(exc).__name__})"
     return out
 
 

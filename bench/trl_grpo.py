@@ -1,7 +1,8 @@
 """TRL's GRPOTrainer on this repo's GSM8K prompts and correctness reward: the trl rows of bench/benchmark.py.
 
 bench/benchmark.py launches it as plain DDP through torchrun, one process per GPU, each generating
-its share of the batch with Hugging Face `generate` (no vLLM) and training on it:
+its share of the batch with Hugging Face `generate` (with --use-vllm: vLLM in TRL's colocate mode)
+and training on it:
   python -m torch.distributed.run --standalone --nproc_per_node 2 bench/trl_grpo.py \
       --dataset .data/gsm8k --out runs/trl/steps.json [--seconds 150 --train-batch-size 64 ...]
 CPU smoke check (a tiny random model, gloo):  add --device cpu --model tiny-random --max-steps 3
@@ -80,6 +81,11 @@ def parse(argv=None) -> argparse.Namespace:
                          "generation and one optimizer step")
     ap.add_argument("--gradient-checkpointing", action="store_true",
                     help="TRL's default for GRPOConfig; off unless given (a 135M model does not need it)")
+    ap.add_argument("--use-vllm", action="store_true",
+                    help="generate with vLLM in TRL's colocate mode (vllm_mode='colocate': an engine inside "
+                         "each training process, weights copied into it every step) instead of Hugging Face generate")
+    ap.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.3,
+                    help="--use-vllm: the share of the GPU vLLM may take (TRL's default)")
     ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--out", required=True, help="JSON file for the per-step records (rank 0)")
@@ -207,7 +213,8 @@ def main(argv=None) -> int:
         per_device_train_batch_size=micro, gradient_accumulation_steps=accum,
         steps_per_generation=accum, num_iterations=1, num_generations=G,
         max_completion_length=args.max_new_tokens, temperature=args.temperature, top_p=1.0, top_k=0,
-        use_vllm=False, learning_rate=args.learning_rate, lr_scheduler_type="constant", warmup_steps=0,
+        use_vllm=args.use_vllm, vllm_mode="colocate", vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        learning_rate=args.learning_rate, lr_scheduler_type="constant", warmup_steps=0,
         adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0,
         beta=args.beta, epsilon=0.2, loss_type=args.loss_type, scale_rewards="group",
         max_steps=args.max_steps, log_completions=False, dataloader_num_workers=0,
@@ -248,14 +255,16 @@ def _write_steps(args, clock, cfg, trl_version, world, model_path, problems, set
                           "frac_reward_zero_std": log.get("frac_reward_zero_std"), "grad_norm": log.get("grad_norm"),
                           "entropy": log.get("entropy")})
         # the command line, the code's commit and the seed: what makes this run again
-        doc = {**provenance(), "seed": args.seed, "trl": trl_version, "versions": {**versions(), "trl": trl_version},
+        doc = {**provenance(), "seed": args.seed, "trl": trl_version,
+               "versions": {**versions(("vllm",) if args.use_vllm else ()), "trl": trl_version},
                "world_size": world, "per_device_batch": B // world, "model": model_path,
                "problems": problems, "setup_s": setup_s, "total_s": time.perf_counter() - t_start, "error": error,
                "config": {k: getattr(cfg, k) for k in (
                    "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
                    "generation_batch_size", "num_iterations", "num_generations", "max_completion_length",
                    "temperature", "top_p", "top_k", "learning_rate", "beta", "loss_type", "epsilon", "bf16",
-                   "gradient_checkpointing", "use_vllm", "model_init_kwargs")},
+                   "gradient_checkpointing", "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization",
+                   "vllm_importance_sampling_correction", "model_init_kwargs")},
                "steps": steps}
         Path(args.out).write_text(json.dumps(doc, indent=2, default=str) + "\n")
         print(f"trl_grpo: {len(steps)} steps in {steps[-1]['time_s'] if steps else 0:.1f} s of training; "

@@ -313,3 +313,34 @@ def test_chunks_reassemble_to_the_checked_file(tmp_path, monkeypatch):
     assert whole.read_bytes() == data and not list((tmp_path / "recv" / "parts").iterdir())
     (tmp_path / "bad.gguf").write_bytes(data[:-1] + b"x")
     assert "sha256" in fm.check_file(tmp_path / "bad.gguf", spec)
+
+
+def test_any_file_splits_and_reassembles_with_its_own_checksum(tmp_path, monkeypatch):
+    data = bytes(range(256)) * 2000                   # 512,000 bytes
+    monkeypatch.setattr(fm, "RECEIVE_DIR", tmp_path / "recv")
+    (tmp_path / "w.tar").write_bytes(data)
+    folders = fm.split(tmp_path / "w.tar", tmp_path / "out", chunk_mib=0.2)
+    assert [f.name for f in folders] == ["c00", "c01", "c02"]     # 209,715 + 209,715 + 92,570
+    manifest = json.loads((folders[0] / "MANIFEST.json").read_text())
+    assert manifest["bytes"] == 512000 and manifest["sha256"] == hashlib.sha256(data).hexdigest()
+    assert fm.receive(folders[1]) is None and fm.receive(folders[2]) is None
+    assert fm.receive(folders[0]).read_bytes() == data
+    (folders[0] / "w.tar.00").write_bytes(b"x" + data[1:209715])  # a chunk spoilt on the way
+    for f in folders:
+        fm.receive(f) if f is not folders[-1] else None
+    with pytest.raises(SystemExit, match="sha256"):
+        fm.receive(folders[-1])
+
+
+def test_a_trl_vllm_row_is_trls_command_with_vllm_colocate_and_nothing_else_changed():
+    """trl-vllm differs from trl by --use-vllm alone: same model, prompts, G, batch, tokens, loss."""
+    tg = load_bench("trl_grpo")
+    args = _args(device="auto")
+    trl = rw.trl_command(args, {**rw.parse_row("tiny-random:2gpu:trl:3")}, Path("/r/a"))
+    vllm = rw.trl_command(args, {**rw.parse_row("tiny-random:2gpu:trl-vllm:3")}, Path("/r/a"))
+    assert vllm == trl + ["--use-vllm"]
+    assert trl[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    # after [python, -m, torch.distributed.run, ..., trl_grpo.py], with the launch time as `launch` puts it
+    parsed, plain = (tg.parse([c.replace("{launch}", "1000.0") for c in cmd[6:]]) for cmd in (vllm, trl))
+    assert parsed.use_vllm and parsed.vllm_gpu_memory_utilization == 0.3 and not plain.use_vllm
+    assert rw.parse_row("0.5b:1gpu:trl-vllm:42")["name"] == "0.5b_1gpu_trl-vllm_s42"
