@@ -54,7 +54,7 @@ class TrainingSection:
     ppo_minibatches: int = 1
     """Optimizer updates per learner step: the step's groups are cut into this many minibatches of whole groups, one update each (PPO's minibatches; the clip around the proximal policy acts from the second). A policy version is one learner step."""
     micro_batch_tokens: int = 0
-    """Padded tokens per micro-batch: each step's sequences (each rank's share) are packed by length into as few micro-batches as fit, so short sequences make one or two large micro-batches instead of gradient_accumulation_steps small ones (verl's dynamic batch size). 0: the tokens of train_micro_batch_size_per_gpu rows of a 128-token prompt and --max-new-tokens; -1: off, DeepSpeed's fixed micro-batches of train_micro_batch_size_per_gpu rows."""
+    """Padded tokens per micro-batch: each step's sequences (each rank's share) are packed by length into as few micro-batches as fit, so short sequences make one or two large micro-batches instead of gradient_accumulation_steps small ones (verl's dynamic batch size). 0: the tokens of train_micro_batch_size_per_gpu rows of a 128-token prompt and --max-new-tokens, halved by run_distributed.py until its memory plan fits the GPUs (it says so); -1: off, DeepSpeed's fixed micro-batches of train_micro_batch_size_per_gpu rows."""
     warm_up: bool = True
     """CUDA: before the first step, while round 0 is generated, pass one micro-batch of made-up tokens forward and backward (no update, no parameter gradient), so the first step does not pay the device's one-time costs (--no-warm-up: off)."""
     max_staleness: int = 2

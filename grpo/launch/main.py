@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from grpo.config import LaunchConfig
@@ -232,6 +233,15 @@ def print_node_plan(cfg: LaunchConfig, to_s: list[str], to_l: list[str]) -> int:
     return 0
 
 
+def default_micro_tokens(learner_flags: list[str]) -> bool:
+    """Whether the learner's --micro-batch-tokens is left at its default (0: a budget the launcher
+    may shrink to fit); a budget the user gave, or -1 (fixed micro-batches), is kept as given."""
+    from grpo.config import LearnerConfig
+    from grpo.flags import parse_config
+
+    return parse_config(LearnerConfig, learner_flags, "training_worker.py").micro_batch_tokens == 0
+
+
 def check_memory(cfg: LaunchConfig, specs: list) -> None:
     """CUDA runs: log the memory plan (grpo.launch.memory), one line per process, and refuse one
     that will not fit its GPUs. Reads the model's config.json (or the GGUF header of the default model
@@ -243,19 +253,31 @@ def check_memory(cfg: LaunchConfig, specs: list) -> None:
     inputs = memory_inputs(cfg, learners[0].argv[2:], samplers[0].argv[2:], len(learners), len(samplers))
     if inputs is None:
         return
-    p = memory.plan(*inputs)
-    print(memory.format_plan(p), file=sys.stderr)
     # learner rank r runs on the r-th GPU of its list; a sampler on the first of its own
     placement = {s.name: int(s.env["CUDA_VISIBLE_DEVICES"].split(",")[r]) for r, s in enumerate(learners)}
     placement.update({s.name: int(s.env["CUDA_VISIBLE_DEVICES"].split(",")[0]) for s in samplers})
+    gpu_bytes = memory.gpu_total_bytes()
+    shrink = None if cfg.no_memory_check or not default_micro_tokens(learners[0].argv[2:]) else \
+        memory.fitting_micro_tokens(*inputs, gpu_bytes, placement)
+    if shrink:
+        # the default budget is sized for a GPU of its own; where it does not fit (a learner
+        # sharing its GPU with a sampler, say) the learner packs smaller micro-batches instead
+        before = inputs[1].micro_tokens
+        inputs = (inputs[0], replace(inputs[1], micro_tokens=shrink))
+        for s in learners:
+            s.argv += ["--micro-batch-tokens", str(shrink)]
+        print(f"run_distributed.py: learner micro-batches of at most {shrink} tokens, not the default {before}: "
+              f"the default's plan does not fit (--micro-batch-tokens sets it)", file=sys.stderr)
+    p = memory.plan(*inputs)
+    print(memory.format_plan(p), file=sys.stderr)
     # float32 weights (autocast, the full fine-tuning default) may be all that keeps a plan off its
     # GPUs: the refusal then says that --precision bf16 fits
-    if problem := memory.check_fits(p, memory.gpu_total_bytes(), placement, bf16=memory.bf16_plan(*inputs)):
+    if problem := memory.check_fits(p, gpu_bytes, placement, bf16=memory.bf16_plan(*inputs)):
         if cfg.no_memory_check:
             print(f"run_distributed.py: warning: {problem} (starting anyway: --no-memory-check)", file=sys.stderr)
         else:
             raise LaunchError(problem + "; or pass --no-memory-check to start anyway")
-    elif tight := memory.check_tight(p, memory.gpu_total_bytes(), placement):
+    elif tight := memory.check_tight(p, gpu_bytes, placement):
         print(f"run_distributed.py: warning: {tight}", file=sys.stderr)
 
 

@@ -354,13 +354,15 @@ def test_the_launcher_passes_the_bf16_plan_to_the_refusal(monkeypatch, capsys, c
     monkeypatch.setattr(memory, "check_fits", lambda p, gpus, placement, bf16=None: seen.append((p, bf16)) or "no")
     argv = ["--model", str(config_folder), "--sampling-gpus", "0", "--training-gpus", "1"]
     assert launch_main.main(argv) == 2
-    # full fine-tuning defaults to autocast: float32 weights; the alternative holds them in bf16
-    (p, bf16), = seen
+    # full fine-tuning defaults to autocast: float32 weights; the alternative holds them in bf16. The
+    # last check is the refusal's (the ones before it tried smaller micro-batches, fitting_micro_tokens)
+    p, bf16 = seen[-1]
+    assert all(b is None for _, b in seen[:-1])
     params = memory.shape_from_config(json.loads((config_folder / "config.json").read_text())).params
     assert items(p, "learner0")["weights"] == 4 * params and items(bf16, "learner0")["weights"] == 2 * params
     seen.clear()
     assert launch_main.main(argv + ["--precision", "bf16"]) == 2
-    assert seen[0][1] is None
+    assert seen[-1][1] is None
     assert "error: no; or pass --no-memory-check" in capsys.readouterr().err
 
 
@@ -505,3 +507,57 @@ def test_workers_set_the_allocator_before_torch_loads():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+# ---------------------------------------------------------------- a default micro-batch that does not fit
+
+# Activations dominate: 10 layers of hidden 1000; seq = 10 + 6 = 16 tokens a row.
+WIDE = Shape(params=1_000_000, layers=10, hidden=1000, kv_dim=32, q_dim=64, intermediate=256, vocab=1000)
+
+
+def test_fitting_micro_tokens_halves_the_budget_until_the_counted_items_fit():
+    """A learner sharing GPU 0 with its sampler, a budget of 64 tokens (4 rows of 16). Halving it
+    saves, by hand, the activations 10 layers x 32 tokens x 1000 x 77 = 24,640,000 bytes and the
+    logits chunk 2 x 32 x 1000 x 4 = 256,000: 24,896,000 bytes from 64 to 32 tokens, and half that,
+    12,448,000, from 32 to 16."""
+    r = RunShape(ranks=1, ipc=False, staging=False, rows=2, micro_batch=4, micro_tokens=64, prompt_tokens=10,
+                 new_tokens=6, precision="autocast")
+    shared = {"learner0": 0, "sampler0": 0}
+    need = {t: memory._counted(memory.plan(WIDE, replace(r, micro_tokens=t)), shared, 0) for t in (64, 32, 16)}
+    assert need[64] - need[32] == 24_896_000 and need[32] - need[16] == 12_448_000
+    fit = lambda cap: memory.fitting_micro_tokens(WIDE, r, {0: cap}, shared)  # noqa: E731
+    assert fit(need[64]) is None                 # it fits as it is: nothing to change
+    assert fit(need[64] - 1) == 32               # over by a byte: half the budget
+    assert fit(need[32]) == 32
+    assert fit(need[32] - 1) == 16               # one row of 16 tokens: the floor
+    assert fit(need[16] - 1) is None             # not even one row: the refusal stands
+    assert memory.fitting_micro_tokens(WIDE, replace(r, micro_tokens=0), {0: need[64] - 1}, shared) is None
+
+
+def test_the_launcher_gives_every_rank_the_halved_budget_and_says_so(monkeypatch, capsys, config_folder):
+    """The default budget (the default --train-batch-size 16 on one rank: 16 rows of 128 + 1024
+    tokens) on a GPU that holds only half of it: the learner gets --micro-batch-tokens 9216 and one
+    line says why; a budget given by hand is kept and refused as before."""
+    from grpo.launch.plan import parse, plan
+
+    def specs_for(extra):
+        cfg, to_s, to_l = parse(["--model", str(config_folder), "--sampling-gpus", "0", "--training-gpus", "0",
+                                 "--share-gpus", "--max-new-tokens", "1024", *extra])
+        return cfg, plan(cfg, 1, to_s, to_l, 29500)
+
+    cfg, specs = specs_for([])
+    learner = next(s for s in specs if s.role == "learner")
+    sampler = next(s for s in specs if s.role == "sampler")
+    shape, r = launch_main.memory_inputs(cfg, learner.argv[2:], sampler.argv[2:], 1, 1)
+    assert r.micro_tokens == 16 * (128 + 1024) == 18432
+    shared = {"learner0": 0, "sampler0": 0}
+    half = memory._counted(memory.plan(shape, replace(r, micro_tokens=9216)), shared, 0)
+    monkeypatch.setattr(memory, "gpu_total_bytes", lambda: {0: half})
+    launch_main.check_memory(cfg, specs)
+    assert learner.argv[-2:] == ["--micro-batch-tokens", "9216"] and "--micro-batch-tokens" not in sampler.argv
+    err = capsys.readouterr().err
+    assert "learner micro-batches of at most 9216 tokens, not the default 18432" in err
+    assert "memory plan: learner0" in err and "does not fit GPU" not in err
+    cfg, specs = specs_for(["--micro-batch-tokens", "18432"])
+    with pytest.raises(launch_main.LaunchError, match="does not fit GPU 0"):
+        launch_main.check_memory(cfg, specs)
