@@ -19,8 +19,6 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
-
 from grpo.config import EvalConfig
 from grpo.data.formats import Problem
 from grpo.data.prompts import problem_prompt
@@ -28,7 +26,6 @@ from grpo.data.rewards import final_answer, score_correctness
 from grpo.data.sources import load_problems
 from grpo.data.tasks import start_levels
 from grpo.flags import parse_config
-from grpo.model import eos_ids, left_pad
 from grpo.obs.progress import Progress
 from grpo.obs.rundir import freeze_for_exit
 
@@ -46,6 +43,7 @@ def eval_engine(model, tok, backend: str, device: torch.device):
     if resolve_backend(backend, device) != "fast":
         return None
     from grpo.generate.engine import RolloutEngine
+    from grpo.model import eos_ids
 
     return RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id, cuda_graphs=device.type == "cuda")
 
@@ -58,6 +56,8 @@ def evaluate_module(module, tok, cfg, device: torch.device, autocast: bool = Fal
     result is that of the weights a sampler would run and of the checkpoint saved in that dtype;
     `autocast` is then moot. A module that cannot be copied so (LoRA adapters) decodes as it is,
     its fp32 matmuls under bf16 autocast on Hugging Face `generate`."""
+    import torch
+
     from grpo.model import compute_dtype
 
     module.config.use_cache = True
@@ -78,6 +78,7 @@ def decode_copy(module, dtype: torch.dtype):
     the module already is in `dtype`, or is not a plain transformers model: a PEFT wrapper, say).
     Built from the module's config and filled from its state dict (copy_ casts each tensor), so the
     copy holds exactly the bits a sampler gets when these weights are published in `dtype`."""
+    import torch
     from transformers import AutoModelForCausalLM, PreTrainedModel
 
     param = next(module.parameters())
@@ -110,7 +111,6 @@ def eval_problems(dataset: str, size: int, seed: int = 0, levels: dict[str, int]
     return load_problems(dataset, "test", limit=size or None, seed=seed, levels=levels)
 
 
-@torch.no_grad()
 def greedy_accuracy(model, tok, problems: list[Problem], max_new_tokens: int, batch_size: int,
                     device: torch.device, engine=None) -> dict:
     """Greedy decoding of every problem; the share whose final answer is correct.
@@ -124,6 +124,15 @@ def greedy_accuracy(model, tok, problems: list[Problem], max_new_tokens: int, ba
     not depend on the batch it runs in beyond float rounding, so the order does not change
     which problems are solved in any systematic way.
     """
+    import torch
+
+    with torch.no_grad():
+        return _greedy_accuracy(model, tok, problems, max_new_tokens, batch_size, device, engine)
+
+
+def _greedy_accuracy(model, tok, problems, max_new_tokens, batch_size, device, engine) -> dict:
+    from grpo.model import eos_ids, left_pad
+
     was_training = model.training
     model.eval()
     t0 = time.perf_counter()
@@ -229,17 +238,19 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None = None) -> int:
     cfg = parse_config(EvalConfig, argv, "python -m grpo.evaluate")
     from grpo.data.sources import DatasetUnavailable
-    from grpo.model import (ModelUnavailable, compute_dtype, load_causal_lm, load_tokenizer, pick_device,
-                            resolve_model, start_runtime)
+    from grpo.model.gguf.header import ModelUnavailable
     from grpo.obs.rundir import setup_logging
 
     setup_logging("evaluate")
     try:
+        problems = eval_problems(cfg.dataset, cfg.eval_size)   # a bad --dataset ends here, before torch loads
+        from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model,
+                                start_runtime)
+
         device = pick_device(cfg.device, cfg.gpu_id)
         # The workers' attention kernels (start_runtime turns cuDNN's off on CUDA): another kernel rounds
         # bf16 otherwise, and greedy decoding then parts from the learner's and samplers' on some problems.
         start_runtime(device, {})
-        problems = eval_problems(cfg.dataset, cfg.eval_size)
         path = resolve_model(cfg.model)
         tok = load_tokenizer(path)
         model = load_causal_lm(path, device, compute_dtype(device))

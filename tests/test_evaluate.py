@@ -201,6 +201,20 @@ def test_evaluate_command_writes_json(tmp_path):
     assert procs[1].returncode == 2 and "Traceback" not in bad_err and len(bad_err.strip().splitlines()) == 1
 
 
+def test_evaluate_command_mistakes_known_without_torch_end_before_it_loads(tmp_path):
+    """A flag it does not know and a --dataset that does not exist end `python -m grpo.evaluate`
+    with its one line and exit code 2 before torch or transformers is imported (seconds of a
+    refused start)."""
+    code = ("import sys\nfrom grpo.evaluate import _main\n"
+            "try:\n    _main(['--bogus'])\nexcept SystemExit as e:\n    rc = e.code\n"
+            f"rc = rc, _main(['--dataset', {str(tmp_path / 'none')!r}, '--device', 'cpu'])\n"
+            "print(rc, sorted(n for n in ('torch', 'transformers') if n in sys.modules))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "(2, 2) []", r.stdout + r.stderr
+    err = [x for x in r.stderr.splitlines() if x.startswith("python -m grpo.evaluate: error:")]
+    assert len(err) == 2 and "--bogus" in err[0] and "does not exist" in err[1], r.stderr
+
+
 def test_final_evaluation_decodes_a_copy_in_the_samplers_dtype():
     """A learner holding weights in another dtype than its device's compute dtype (fp32 weights under
     autocast on CUDA; here bf16 weights on the CPU, whose compute dtype is fp32) is decoded from a
