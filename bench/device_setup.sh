@@ -28,6 +28,9 @@ for _ds_tar in /tmp/gguf/vllm-*-wheels.tar; do
                 --target /tmp/site_vllm /tmp/vw/*.whl && touch /tmp/site_vllm/.stamp && rm -rf /tmp/vw
     fi
     _ds_vllm="; vllm wheels $([ -f /tmp/site_vllm/.stamp ] && echo in /tmp/site_vllm || echo 'INSTALL FAILED')"
+    # flashinfer-cubin (437 MB) stays behind, so vLLM's FlashInfer top-k/top-p sampler would compile
+    # its kernel at each fresh machine's first start (92 s seen); TRL samples with top-p 1, top-k 0
+    export VLLM_USE_FLASHINFER_SAMPLER=0
     case ":${PYTHONPATH}:" in *:/tmp/site_vllm:*) ;; *) export PYTHONPATH=/tmp/site_vllm${PYTHONPATH:+:$PYTHONPATH} ;; esac
 done
 if [ -d /tmp/site ]; then
