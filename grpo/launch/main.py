@@ -105,6 +105,31 @@ def check_sampler_flags(flags: list[str]) -> str | None:
     return None
 
 
+def in_flight_note(sampler_flags: list[str], learner_flags: list[str], samplers: int) -> str | None:
+    """One line when samplers streaming in flight (--in-flight-rows with swaps) are given more rows
+    than the learner's staleness bound lets them keep decoding (Staleness.pool_rows): the rest of
+    the rows wait for budget, and generation runs at the smaller batch. None otherwise."""
+    from grpo.config import LearnerConfig, SamplerConfig
+    from grpo.flags import parse_config
+    from grpo.sync.staleness import Staleness
+
+    scfg = parse_config(SamplerConfig, sampler_flags, "sampling_worker.py")
+    if not scfg.in_flight_rows or not scfg.swap_in_flight or samplers < 1:
+        return None
+    lcfg = parse_config(LearnerConfig, learner_flags, "training_worker.py")
+    G = scfg.num_generations
+    rule = Staleness(lcfg.max_staleness, lcfg.train_batch_size // G)
+    held = rule.pool_rows(G, samplers)
+    if held >= scfg.in_flight_rows:
+        return None
+    need = rule.staleness_for_pool(scfg.in_flight_rows, G, samplers)
+    who = f"each of the {samplers} samplers" if samplers > 1 else "the sampler"
+    return (f"--in-flight-rows {scfg.in_flight_rows}: at --max-staleness {lcfg.max_staleness} the learner's budget lets "
+            f"{who} keep about {held} rows decoding (--max-staleness x {rule.groups_per_step} groups a step / "
+            f"samplers, {G} rows a group; more where zero-signal groups are filtered) and the other rows wait; "
+            f"--max-staleness {need} would keep all {scfg.in_flight_rows} decoding, with groups up to {need} versions old")
+
+
 def check_sampler_tasks(flags: list[str]) -> str | None:
     """The one-line error a sampler started with `flags` would give for its rg: tasks and their
     settings (reasoning-gym's registry and the tasks' config classes), or None. The launcher runs
@@ -310,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
                 if problem := check_sampler_flags(samplers_argv[0]):
                     raise LaunchError(problem)
             check_resume(cfg, to_l)
+            if samplers_argv and (note := in_flight_note(samplers_argv[0], next(
+                    s.argv[2:] for s in specs if s.role == "learner"), len(samplers_argv))):
+                print(f"run_distributed.py: warning: {note}", file=sys.stderr)
             check_memory(cfg, specs)
             check_port(cfg.host, cfg.data_port, "--data-port")
             check_port(cfg.host, cfg.sync_port, "--sync-port")

@@ -92,6 +92,23 @@ class Staleness:
         (max_staleness + 1) x groups_per_step shared by the samplers."""
         return self.budget(0, 0, samplers=samplers)
 
+    def pool_rows(self, group_size: int, samplers: int = 1) -> int:
+        """The most rows a streaming sampler's pool keeps decoding once the run is under way, every
+        group counted as reaching the learner: the budget of a sampler at the learner's version with
+        one step's groups taken (the step being collected or trained) and nothing queued,
+        max_staleness x groups_per_step groups shared by the samplers, group_size rows each. Steps
+        of 8 groups of 16 rows at --max-staleness 2: 2 x 8 / 2 = 8 groups, 128 rows, for each of
+        2 samplers; at 4 with one sampler, 32 groups, 512 rows. Where zero-signal groups are
+        filtered a pool holds more prompts than this (pool_room counts budget / share)."""
+        return self.max_staleness * self.groups_per_step // max(1, samplers) * group_size
+
+    def staleness_for_pool(self, rows: int, group_size: int, samplers: int = 1) -> int:
+        """The smallest max_staleness whose pool_rows reach `rows`: 320 rows of groups of 16 (20
+        groups) with steps of 8 groups take ceil(20 x 2 / 8) = 5 for 2 samplers, ceil(20 / 8) = 3
+        for one."""
+        groups = -(-rows // max(1, group_size))
+        return max(1, -(-groups * max(1, samplers) // max(1, self.groups_per_step)))
+
     def round_prompts(self, signal_share: float, budget: int = -1, cap: int = MAX_PROMPTS, min_prompts: int = 1) -> int:
         """round_prompts for a step of this rule's groups_per_step."""
         return round_prompts(self.groups_per_step, signal_share, budget, cap, min_prompts=min_prompts)

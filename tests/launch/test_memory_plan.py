@@ -561,3 +561,28 @@ def test_the_launcher_gives_every_rank_the_halved_budget_and_says_so(monkeypatch
     cfg, specs = specs_for(["--micro-batch-tokens", "18432"])
     with pytest.raises(launch_main.LaunchError, match="does not fit GPU 0"):
         launch_main.check_memory(cfg, specs)
+
+
+def test_in_flight_rows_the_staleness_bound_cannot_fill_are_said_in_one_line(monkeypatch, capsys):
+    """320 rows in flight for 2 samplers, steps of 128 completions in groups of 16, --max-staleness 2:
+    2 x 8 / 2 = 8 groups, 128 rows each (Staleness.pool_rows); 5 would fill them. At 5, or without
+    swaps in flight (rounds stream through the rows), nothing is said."""
+    S = ["--num-generations", "16", "--in-flight-rows", "320", "--generation-backend", "fast"]
+    L = ["--train-batch-size", "128"]
+    assert launch_main.in_flight_note(S, L, 2) == (
+        "--in-flight-rows 320: at --max-staleness 2 the learner's budget lets each of the 2 samplers keep about "
+        "128 rows decoding (--max-staleness x 8 groups a step / samplers, 16 rows a group; more where zero-signal "
+        "groups are filtered) and the other rows wait; --max-staleness 5 would keep all 320 decoding, with groups "
+        "up to 5 versions old")
+    assert "the sampler keep about 256 rows" in launch_main.in_flight_note(S, L, 1)
+    assert launch_main.in_flight_note(S, L + ["--max-staleness", "5"], 2) is None
+    assert launch_main.in_flight_note(S + ["--no-swap-in-flight"], L, 2) is None
+    assert launch_main.in_flight_note(S[:2], L, 2) is None                   # rounds: no rows in flight
+
+    def stop(host, port, flag):
+        raise launch_main.LaunchError("port check reached")
+
+    monkeypatch.setattr(launch_main, "check_port", stop)
+    assert launch_main.main(["--device", "cpu", "--model", "tiny-random", "--train-batch-size", "128", *S]) == 2
+    err = capsys.readouterr().err
+    assert "run_distributed.py: warning: --in-flight-rows 320: at --max-staleness 2" in err and "port check reached" in err

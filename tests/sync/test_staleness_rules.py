@@ -198,3 +198,22 @@ def test_staleness_advice_by_hand():
     assert staleness_advice({0: 98, 1: 1, 5: 1}, 1) is None       # 1 of 100 dropped: within 2%
     assert "at most 5 versions" in staleness_advice({0: 97, 5: 3}, 1)   # 3 of 100: 97 < 98 kept
     assert staleness_advice({}, 2) is None
+
+
+def test_pool_rows_by_hand():
+    """Steps of 128 completions in groups of 16 (8 groups a step). A pool's steady budget is the
+    learner's with one step's groups taken and nothing queued, lag 0: (s + 1) x 8 - 8 = s x 8 groups,
+    shared by the samplers, 16 rows each."""
+    rule = Staleness(max_staleness=2, groups_per_step=8)
+    assert rule.budget(5, 5, training=8) == 16 == 2 * 8            # the budget pool_rows is drawn from
+    assert rule.pool_rows(16, samplers=1) == 16 * 16 == 256
+    assert rule.pool_rows(16, samplers=2) == 8 * 16 == 128
+    assert Staleness(4, 8).pool_rows(16, samplers=1) == 32 * 16 == 512
+    assert Staleness(2, 8).pool_rows(16, samplers=3) == 5 * 16     # 16 groups over 3: 5 each (floor)
+    # the smallest bound that keeps 320 rows (20 groups of 16) decoding
+    assert Staleness(2, 8).staleness_for_pool(320, 16, samplers=2) == 5      # 5 x 8 / 2 = 20 groups
+    assert Staleness(2, 8).staleness_for_pool(320, 16, samplers=1) == 3      # 3 x 8 = 24 >= 20; 2 x 8 = 16 < 20
+    assert Staleness(2, 8).staleness_for_pool(8, 16, samplers=1) == 1        # never below 1
+    for s, n in ((2, 1), (2, 2), (4, 3)):
+        need = Staleness(s, 8).staleness_for_pool(300, 16, samplers=n)
+        assert Staleness(need, 8).pool_rows(16, n) >= 300 > Staleness(need - 1, 8).pool_rows(16, n)
