@@ -288,11 +288,13 @@ def check_memory(cfg: LaunchConfig, specs: list) -> None:
         # the default budget is sized for a GPU of its own; where it does not fit (a learner
         # sharing its GPU with a sampler, say) the learner packs smaller micro-batches instead
         before = inputs[1].micro_tokens
+        why = memory.check_fits(memory.plan(*inputs), gpu_bytes, placement).split("; ")[0]
         inputs = (inputs[0], replace(inputs[1], micro_tokens=shrink))
         for s in learners:
             s.argv += ["--micro-batch-tokens", str(shrink)]
         print(f"run_distributed.py: learner micro-batches of at most {shrink} tokens, not the default {before}: "
-              f"the default's plan does not fit (--micro-batch-tokens sets it)", file=sys.stderr)
+              f"{why.replace('the memory plan does not fit', 'at the default the plan does not fit')} "
+              f"(--micro-batch-tokens sets it)", file=sys.stderr)
     p = memory.plan(*inputs)
     print(memory.format_plan(p), file=sys.stderr)
     # float32 weights (autocast, the full fine-tuning default) may be all that keeps a plan off its

@@ -556,8 +556,9 @@ def test_the_launcher_gives_every_rank_the_halved_budget_and_says_so(monkeypatch
     launch_main.check_memory(cfg, specs)
     assert learner.argv[-2:] == ["--micro-batch-tokens", "9216"] and "--micro-batch-tokens" not in sampler.argv
     err = capsys.readouterr().err
-    assert "learner micro-batches of at most 9216 tokens, not the default 18432" in err
-    assert "memory plan: learner0" in err and "does not fit GPU" not in err
+    assert "learner micro-batches of at most 9216 tokens, not the default 18432: at the default the plan does not " \
+           "fit GPU 0: learner0 + sampler0 need about" in err and "(--micro-batch-tokens sets it)" in err
+    assert "memory plan: learner0" in err and "error" not in err and err.count("does not fit GPU") == 1
     cfg, specs = specs_for(["--micro-batch-tokens", "18432"])
     with pytest.raises(launch_main.LaunchError, match="does not fit GPU 0"):
         launch_main.check_memory(cfg, specs)
