@@ -53,7 +53,11 @@ def test_the_documented_client_drives_a_learner_to_n_steps(tmp_path):
     first = out.stdout.splitlines()[0]
     assert re.fullmatch(r"learner: model tiny-random, vocabulary 49152, G=2, version 0 in [1-9]\d* bucket\(s\)",
                         first), out.stdout
-    assert out.stdout.splitlines()[-1].startswith("stopped at version 3 after sending ")
+    # The last version the client holds is whichever the learner had published when it last asked:
+    # a learner that trains its last steps between two requests answers the next one with stop
+    # (seen: version 2 of 3), so any version up to the last.
+    last = re.fullmatch(r"stopped at version (\d+) after sending (\d+) groups", out.stdout.splitlines()[-1])
+    assert last and int(last[1]) <= 3 and int(last[2]) >= 3 * 2, out.stdout
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["groups"]["trained"] == 3 * 2
     assert summary["groups"]["balanced"] and summary["samplers_without_final_status"] == []
