@@ -105,10 +105,17 @@ def check_sampler_flags(flags: list[str]) -> str | None:
     return None
 
 
-def in_flight_note(sampler_flags: list[str], learner_flags: list[str], samplers: int) -> str | None:
-    """One line when samplers streaming in flight (--in-flight-rows with swaps) are given more rows
-    than the learner's staleness bound lets them keep decoding (Staleness.pool_rows): the rest of
-    the rows wait for budget, and generation runs at the smaller batch. None otherwise."""
+# The highest --max-staleness the launcher sets by itself so that in-flight rows are kept decoding,
+# where the user left the bound at its default: the highest that runs with rows in flight have been
+# measured at (docs/benchmarks.md). Past it the launcher only says which bound would fill the rows.
+AUTO_STALENESS_MAX = 4
+
+
+def in_flight_note(sampler_flags: list[str], learner_flags: list[str], samplers: int) -> tuple[int, str] | None:
+    """When samplers streaming in flight (--in-flight-rows with swaps) are given more rows than the
+    learner's staleness bound lets them keep decoding (Staleness.pool_rows), the rest of the rows
+    wait for budget and generation runs at the smaller batch: (the smallest bound that would keep
+    them all decoding, the clause that says why). None otherwise."""
     from grpo.config import LearnerConfig, SamplerConfig
     from grpo.flags import parse_config
     from grpo.sync.staleness import Staleness
@@ -124,10 +131,46 @@ def in_flight_note(sampler_flags: list[str], learner_flags: list[str], samplers:
         return None
     need = rule.staleness_for_pool(scfg.in_flight_rows, G, samplers)
     who = f"each of the {samplers} samplers" if samplers > 1 else "the sampler"
-    return (f"--in-flight-rows {scfg.in_flight_rows}: at --max-staleness {lcfg.max_staleness} the learner's budget lets "
-            f"{who} keep about {held} rows decoding (--max-staleness x {rule.groups_per_step} groups a step / "
-            f"samplers, {G} rows a group; more where zero-signal groups are filtered) and the other rows wait; "
-            f"--max-staleness {need} would keep all {scfg.in_flight_rows} decoding, with groups up to {need} versions old")
+    why = (f"at --max-staleness {lcfg.max_staleness} the learner's budget lets {who} keep about {held} of its "
+           f"{scfg.in_flight_rows} --in-flight-rows decoding (--max-staleness x {rule.groups_per_step} groups a step / "
+           f"samplers, {G} rows a group; more where zero-signal groups are filtered)")
+    return need, why
+
+
+def staleness_left_default(learner_flags: list[str]) -> bool:
+    """Whether the learner's --max-staleness is its default, given neither as a flag nor (possibly)
+    in a --config file: only then may the launcher choose it."""
+    from grpo.config import LearnerConfig
+    from grpo.flags import parse_config
+
+    if any(f.startswith("--max-staleness") for f in learner_flags):
+        return False
+    lcfg = parse_config(LearnerConfig, learner_flags, "training_worker.py")
+    return not lcfg.config and lcfg.max_staleness == LearnerConfig.max_staleness
+
+
+def fill_in_flight_rows(specs: list) -> None:
+    """Where streaming samplers' rows would wait on the staleness bound (in_flight_note): raise a
+    default bound to the one that keeps them decoding, up to AUTO_STALENESS_MAX, on every learner
+    rank, and say so; otherwise say which bound would. One line either way."""
+    from grpo.config import LearnerConfig
+
+    samplers = [s for s in specs if s.role == "sampler"]
+    learners = [s for s in specs if s.role == "learner"]
+    if not samplers or not learners:
+        return
+    found = in_flight_note(samplers[0].argv[2:], learners[0].argv[2:], len(samplers))
+    if found is None:
+        return
+    need, why = found
+    if need <= AUTO_STALENESS_MAX and staleness_left_default(learners[0].argv[2:]):
+        for s in learners:
+            s.argv += ["--max-staleness", str(need)]
+        print(f"run_distributed.py: --max-staleness {need}, not the default {LearnerConfig.max_staleness}, so that every "
+              f"in-flight row is kept decoding: {why}; give --max-staleness to choose", file=sys.stderr)
+    else:
+        print(f"run_distributed.py: warning: {why}, and the other rows wait; --max-staleness {need} would keep all of "
+              f"them decoding, with groups up to {need} versions old", file=sys.stderr)
 
 
 def check_sampler_tasks(flags: list[str]) -> str | None:
@@ -337,9 +380,7 @@ def main(argv: list[str] | None = None) -> int:
                 if problem := check_sampler_flags(samplers_argv[0]):
                     raise LaunchError(problem)
             check_resume(cfg, to_l)
-            if samplers_argv and (note := in_flight_note(samplers_argv[0], next(
-                    s.argv[2:] for s in specs if s.role == "learner"), len(samplers_argv))):
-                print(f"run_distributed.py: warning: {note}", file=sys.stderr)
+            fill_in_flight_rows(specs)
             check_memory(cfg, specs)
             check_port(cfg.host, cfg.data_port, "--data-port")
             check_port(cfg.host, cfg.sync_port, "--sync-port")

@@ -564,26 +564,51 @@ def test_the_launcher_gives_every_rank_the_halved_budget_and_says_so(monkeypatch
         launch_main.check_memory(cfg, specs)
 
 
-def test_in_flight_rows_the_staleness_bound_cannot_fill_are_said_in_one_line(monkeypatch, capsys):
-    """320 rows in flight for 2 samplers, steps of 128 completions in groups of 16, --max-staleness 2:
-    2 x 8 / 2 = 8 groups, 128 rows each (Staleness.pool_rows); 5 would fill them. At 5, or without
-    swaps in flight (rounds stream through the rows), nothing is said."""
+def test_in_flight_rows_the_staleness_bound_cannot_fill_raise_a_default_bound_or_are_said(monkeypatch, capsys, tmp_path):
+    """320 rows in flight, steps of 128 completions in groups of 16 (8 groups), --max-staleness 2
+    (Staleness.pool_rows): one sampler keeps 2 x 8 = 16 groups, 256 rows, decoding, and 3 would keep
+    all 320 (20 groups); two samplers keep 128 rows each and need 5. A default bound is raised to 3
+    on every learner rank and said; 5 is past AUTO_STALENESS_MAX, and a bound given by hand (or in a
+    --config file) is kept: then the line only says which bound would fill the rows. Rounds (no rows
+    in flight, or no swaps) are left alone."""
+    from grpo.launch.plan import parse, plan
+
     S = ["--num-generations", "16", "--in-flight-rows", "320", "--generation-backend", "fast"]
     L = ["--train-batch-size", "128"]
-    assert launch_main.in_flight_note(S, L, 2) == (
-        "--in-flight-rows 320: at --max-staleness 2 the learner's budget lets each of the 2 samplers keep about "
-        "128 rows decoding (--max-staleness x 8 groups a step / samplers, 16 rows a group; more where zero-signal "
-        "groups are filtered) and the other rows wait; --max-staleness 5 would keep all 320 decoding, with groups "
-        "up to 5 versions old")
-    assert "the sampler keep about 256 rows" in launch_main.in_flight_note(S, L, 1)
+    need, why = launch_main.in_flight_note(S, L, 2)
+    assert need == 5 and why == (
+        "at --max-staleness 2 the learner's budget lets each of the 2 samplers keep about 128 of its 320 "
+        "--in-flight-rows decoding (--max-staleness x 8 groups a step / samplers, 16 rows a group; more where "
+        "zero-signal groups are filtered)")
+    assert launch_main.in_flight_note(S, L, 1)[0] == 3
     assert launch_main.in_flight_note(S, L + ["--max-staleness", "5"], 2) is None
     assert launch_main.in_flight_note(S + ["--no-swap-in-flight"], L, 2) is None
     assert launch_main.in_flight_note(S[:2], L, 2) is None                   # rounds: no rows in flight
+
+    def learner_flags_after(*extra):
+        cfg, to_s, to_l = parse(["--device", "cpu", "--model", "tiny-random", *L, *S, *extra])
+        specs = plan(cfg, 0, to_s, to_l, 29500)
+        launch_main.fill_in_flight_rows(specs)
+        return [s.argv for s in specs if s.role == "learner"][0], capsys.readouterr().err
+
+    argv, err = learner_flags_after()
+    assert argv[-2:] == ["--max-staleness", "3"]
+    assert err.startswith("run_distributed.py: --max-staleness 3, not the default 2, so that every in-flight row is "
+                          "kept decoding: at --max-staleness 2 the learner's budget lets the sampler keep about 256")
+    argv, err = learner_flags_after("--max-staleness", "2")
+    assert argv.count("--max-staleness") == 1 and "warning: at --max-staleness 2" in err
+    assert "--max-staleness 3 would keep all of them decoding, with groups up to 3 versions old" in err
+    config = tmp_path / "c.yaml"
+    config.write_text("train_batch_size: 128\n")
+    argv, err = learner_flags_after("--config", str(config))
+    assert "--max-staleness" not in argv and "warning: at --max-staleness 2" in err
+    argv, err = learner_flags_after("--train-batch-size", "64")         # 4 groups a step: 5 needed, past 4
+    assert "--max-staleness" not in argv and "--max-staleness 5 would keep all of them" in err
 
     def stop(host, port, flag):
         raise launch_main.LaunchError("port check reached")
 
     monkeypatch.setattr(launch_main, "check_port", stop)
-    assert launch_main.main(["--device", "cpu", "--model", "tiny-random", "--train-batch-size", "128", *S]) == 2
+    assert launch_main.main(["--device", "cpu", "--model", "tiny-random", *L, *S]) == 2
     err = capsys.readouterr().err
-    assert "run_distributed.py: warning: --in-flight-rows 320: at --max-staleness 2" in err and "port check reached" in err
+    assert "run_distributed.py: --max-staleness 3, not the default 2" in err and "port check reached" in err
