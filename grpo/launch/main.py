@@ -325,24 +325,25 @@ def check_memory(cfg: LaunchConfig, specs: list) -> None:
     placement = {s.name: int(s.env["CUDA_VISIBLE_DEVICES"].split(",")[r]) for r, s in enumerate(learners)}
     placement.update({s.name: int(s.env["CUDA_VISIBLE_DEVICES"].split(",")[0]) for s in samplers})
     gpu_bytes = memory.gpu_total_bytes()
-    shrink = None if cfg.no_memory_check or not default_micro_tokens(learners[0].argv[2:]) else \
-        memory.fitting_micro_tokens(*inputs, gpu_bytes, placement)
-    if shrink:
+    p = memory.plan(*inputs)
+    # float32 weights (autocast, the full fine-tuning default) may be all that keeps a plan off its
+    # GPUs: the refusal then says that --precision bf16 fits
+    problem = memory.check_fits(p, gpu_bytes, placement, bf16=memory.bf16_plan(*inputs))
+    if problem and not cfg.no_memory_check and default_micro_tokens(learners[0].argv[2:]) and \
+            (shrink := memory.fitting_micro_tokens(*inputs, gpu_bytes, placement)):
         # the default budget is sized for a GPU of its own; where it does not fit (a learner
         # sharing its GPU with a sampler, say) the learner packs smaller micro-batches instead
-        before = inputs[1].micro_tokens
-        why = memory.check_fits(memory.plan(*inputs), gpu_bytes, placement).split("; ")[0]
+        print(f"run_distributed.py: learner micro-batches of at most {shrink} tokens, not the default "
+              f"{inputs[1].micro_tokens}: "
+              f"{problem.split('; ')[0].replace('the memory plan does not fit', 'at the default the plan does not fit')} "
+              f"(--micro-batch-tokens sets it)", file=sys.stderr)
         inputs = (inputs[0], replace(inputs[1], micro_tokens=shrink))
         for s in learners:
             s.argv += ["--micro-batch-tokens", str(shrink)]
-        print(f"run_distributed.py: learner micro-batches of at most {shrink} tokens, not the default {before}: "
-              f"{why.replace('the memory plan does not fit', 'at the default the plan does not fit')} "
-              f"(--micro-batch-tokens sets it)", file=sys.stderr)
-    p = memory.plan(*inputs)
+        p = memory.plan(*inputs)
+        problem = memory.check_fits(p, gpu_bytes, placement, bf16=memory.bf16_plan(*inputs))
     print(memory.format_plan(p), file=sys.stderr)
-    # float32 weights (autocast, the full fine-tuning default) may be all that keeps a plan off its
-    # GPUs: the refusal then says that --precision bf16 fits
-    if problem := memory.check_fits(p, gpu_bytes, placement, bf16=memory.bf16_plan(*inputs)):
+    if problem:
         if cfg.no_memory_check:
             print(f"run_distributed.py: warning: {problem} (starting anyway: --no-memory-check)", file=sys.stderr)
         else:

@@ -355,14 +355,14 @@ def test_the_launcher_passes_the_bf16_plan_to_the_refusal(monkeypatch, capsys, c
     argv = ["--model", str(config_folder), "--sampling-gpus", "0", "--training-gpus", "1"]
     assert launch_main.main(argv) == 2
     # full fine-tuning defaults to autocast: float32 weights; the alternative holds them in bf16. The
-    # last check is the refusal's (the ones before it tried smaller micro-batches, fitting_micro_tokens)
-    p, bf16 = seen[-1]
-    assert all(b is None for _, b in seen[:-1])
+    # first check is the refusal's (the ones after it tried smaller micro-batches, fitting_micro_tokens)
+    p, bf16 = seen[0]
+    assert all(b is None for _, b in seen[1:])
     params = memory.shape_from_config(json.loads((config_folder / "config.json").read_text())).params
     assert items(p, "learner0")["weights"] == 4 * params and items(bf16, "learner0")["weights"] == 2 * params
     seen.clear()
     assert launch_main.main(argv + ["--precision", "bf16"]) == 2
-    assert seen[-1][1] is None
+    assert seen[0][1] is None
     assert "error: no; or pass --no-memory-check" in capsys.readouterr().err
 
 
