@@ -344,3 +344,14 @@ def test_a_trl_vllm_row_is_trls_command_with_vllm_colocate_and_nothing_else_chan
     parsed, plain = (tg.parse([c.replace("{launch}", "1000.0") for c in cmd[6:]]) for cmd in (vllm, trl))
     assert parsed.use_vllm and parsed.vllm_gpu_memory_utilization == 0.3 and not plain.use_vllm
     assert rw.parse_row("0.5b:1gpu:trl-vllm:42")["name"] == "0.5b_1gpu_trl-vllm_s42"
+
+
+def test_the_trl_vllm_probe_figures_are_trl_rates_of_its_own_steps():
+    """bench/results/trl_vllm_probe_0.5b_NVIDIA_H200.json: its summary is the benchmark's TRL rule
+    (trl_rates) applied to the per-step records trl_grpo.py wrote, rounded as the file rounds."""
+    doc = json.loads((Path(rw.ROOT) / "bench" / "results" / "trl_vllm_probe_0.5b_NVIDIA_H200.json").read_text())
+    rates = rw.trl_rates(doc["per_step"], 1)
+    assert round(rates["median_step_s"], 2) == doc["median_step_s"]
+    assert round(rates["gen_tokens_per_s_per_gpu"]) == doc["completion_tokens_per_s_training"]
+    assert doc["steps"] == len(doc["per_step"]) and doc["training_s"] == round(doc["per_step"][-1]["time_s"], 1)
+    assert doc["config"]["use_vllm"] and "--use-vllm" in doc["command"] and doc["commit"] and doc["seed"] == 42
