@@ -9,7 +9,9 @@
 #
 # The plan writes what it keeps under /tmp/bg/out (give it OUT=/tmp/bg/out); `wait` packs that
 # folder and the plan's log into $OUT/bg_<n>.tgz (the call returns at most 8 files), says whether
-# the plan has ended and with what exit status, and shows the log's last lines.
+# the plan has ended and with what exit status, and shows the log's last lines. It packs the small
+# files of the runs in progress too ($SNAP, default /tmp/rw, less weights and checkpoints): a plan
+# copies its runs to out/ only once a row is scored, and a machine lost before then took every log.
 set -uo pipefail
 BG=${DEVICE_BG_DIR:-/tmp/bg}   # the plan's folder (its log, exit status and out/)
 case "${1:-}" in
@@ -29,7 +31,13 @@ wait)
     t0=$(date +%s)
     while [ ! -f $BG/rc ] && [ $(( $(date +%s) - t0 )) -lt "$limit" ]; do sleep 5; done
     n=$(ls "${OUT:-/tmp}"/bg_*.tgz 2>/dev/null | wc -l)
-    if [ -n "${OUT:-}" ]; then tar czf "$OUT/bg_$n.tgz" -C $BG out log 2>/dev/null; fi
+    if [ -n "${OUT:-}" ]; then
+        rm -rf $BG/snap; mkdir -p $BG/snap
+        snap=${SNAP:-/tmp/rw}
+        [ -d "$snap" ] && (cd "$snap" && find . \( -name weights -o -name checkpoints -o -name trl_output \) -prune \
+            -o -type f -size -20M -print | tar -cf - -T - 2>/dev/null | tar -C $BG/snap -xf -)
+        tar czf "$OUT/bg_$n.tgz" -C $BG out log snap 2>/dev/null
+    fi
     if [ -f $BG/rc ]; then echo "device_bg: the plan ended, exit $(cat $BG/rc)"; else
         echo "device_bg: still running after ${limit} s of waiting"; fi
     tail -25 $BG/log
