@@ -44,3 +44,28 @@ def test_start_without_a_plan_is_refused_in_one_line(tmp_path):
     env = {**os.environ, "DEVICE_BG_DIR": str(tmp_path / "bg")}
     r = bg("start", env=env)
     assert r.returncode == 2 and r.stderr.strip() == "device_bg: start needs the plan's command line"
+
+
+def test_wait_packs_the_small_files_of_rows_still_running_without_their_weights(tmp_path):
+    # benchmark.sh copies a row's files to out/ only once it is scored: a machine lost before then
+    # must still leave the running rows' logs and metrics in the last pack a wait returned.
+    out, work = tmp_path / "out", tmp_path / "rw"
+    out.mkdir()
+    (work / "row" / "weights" / "step_3").mkdir(parents=True)
+    (work / "row" / "weights" / "step_3" / "model.safetensors").write_bytes(b"w" * 100)
+    (work / "row" / "checkpoints").mkdir()
+    (work / "row" / "checkpoints" / "state.pt").write_bytes(b"c")
+    (work / "row" / "metrics.jsonl").write_text('{"step": 3}\n')
+    (work / "row" / "big.bin").write_bytes(b"\0" * (21 << 20))
+    env = {**os.environ, "DEVICE_BG_DIR": str(tmp_path / "bg"), "OUT": str(out), "SNAP": str(work)}
+    assert bg("start", "sleep 30", env=env).returncode == 0
+    try:
+        r = bg("wait", "0", env=env)
+        assert "still running" in r.stdout
+        with tarfile.open(out / "bg_0.tgz") as tar:
+            files = sorted(n for n in tar.getnames() if tar.getmember(n).isfile() and n.startswith("snap/"))
+            assert files == ["snap/row/metrics.jsonl"]
+            assert tar.extractfile("snap/row/metrics.jsonl").read() == b'{"step": 3}\n'
+    finally:
+        pid = (tmp_path / "bg" / "pid").read_text().strip()
+        subprocess.run(["kill", "--", f"-{pid}"], capture_output=True)
