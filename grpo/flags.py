@@ -13,6 +13,7 @@ import textwrap
 import typing
 
 from grpo.config import SECTIONS, LaunchConfig, LearnerConfig, SamplerConfig, field_sections
+from grpo.config.bounds import Bounds, bounds_of
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -81,8 +82,21 @@ def add_fields(parser: argparse.ArgumentParser, cls: type, names: list[str] | No
             container.add_argument(*opts, dest=f.name, action=argparse.BooleanOptionalAction,
                                    default=default, help=help_text)
         else:
-            container.add_argument(*opts, dest=f.name, type=tp, default=default, help=help_text,
-                                   metavar=f.name.upper())
+            bounds = bounds_of(f)
+            container.add_argument(*opts, dest=f.name, type=tp if bounds is None else in_range(tp, bounds),
+                                   default=default, help=help_text, metavar=f.name.upper())
+
+
+def in_range(tp: type, bounds: Bounds):
+    """An argparse type: `tp` of the text, refused in one line when outside `bounds`."""
+    def convert(text: str):
+        value = tp(text)   # a ValueError here reads "invalid int value", as for a plain type
+        if problem := bounds.problem(value):
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+    convert.__name__ = tp.__name__
+    return convert
 
 
 def build_parser(cls: type, prog: str, description: str = "",
@@ -172,6 +186,8 @@ def load_config_file(path: str, cls: type) -> dict:
             hint = f"; did you mean {near[0]}?" if near else "; see --help for the options"
             raise ConfigFileError(f"--config {path}: unknown key {raw_key!r}{hint}")
         value = _coerce(key, value, hints[key], path)
+        if (bounds := bounds_of(known[key])) and (problem := bounds.problem(value)):
+            raise ConfigFileError(f"--config {path}: {key}: {problem}")
         if key in mine:
             out[key] = value
     return out

@@ -2,7 +2,8 @@
 
 Each section is a module of dataclasses (grpo/config/rollout.py, loss.py, ...); a role's config is
 composed of the sections it reads, by inheritance, so a field is read as `cfg.name` wherever it is
-declared. A choice among a fixed set is a Literal declared beside its field, in its section.
+declared. A choice among a fixed set is a Literal declared beside its field, in its section; a
+numeric range is declared there too (grpo.config.bounds: ``at_least(2, 8)``).
 Command-line flags are derived from the dataclass fields (``--field-name``) by grpo.flags, and
 the help text of each flag is the docstring written under the field, as in cleanrl's ``Args``;
 --help groups them by section.

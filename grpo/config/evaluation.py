@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from grpo.config.bounds import at_least
 from grpo.config.constants import DEFAULT_DATASET, DEFAULT_MODEL
 from grpo.config.rollout import GenerationBackend
 from grpo.config.run import Device
@@ -14,13 +15,13 @@ class EvaluationSection:
 
     section = "evaluation"
 
-    eval_every: int = 0
+    eval_every: int = at_least(0, 0, "0: no evaluation")
     """Sampler 0 evaluates at version 0 and whenever its version reaches a multiple of N; the learner evaluates its final weights (0: no evaluation)."""
     eval_size: int = 500
     """Problems in the fixed evaluation subset: the first N of the test split."""
     eval_dataset: str = ""
     """Data set to evaluate on (default: --dataset)."""
-    eval_batch_size: int = 256
+    eval_batch_size: int = at_least(1, 256)
     """Sequences decoded together during evaluation."""
 
 

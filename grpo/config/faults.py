@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from grpo.config.bounds import at_least, positive
+
 OnFull = Literal["block", "drop"]
 
 
@@ -29,7 +31,7 @@ class SamplerFaultsSection:
     """At the high-water mark: 'block' (wait, up to --send-timeout-s) or 'drop' (drop the group at once); dropped groups are counted."""
     send_timeout_s: float = 600.0
     """With --on-full block: the longest one group waits at the high-water mark before it is dropped and counted (0: no limit)."""
-    heartbeat_interval_s: float = 2.0
+    heartbeat_interval_s: float = at_least(0, 2.0, "0: off")
     """Send a status (heartbeat) to the learner this often, from a thread of its own (0: off)."""
 
 
@@ -41,11 +43,11 @@ class LearnerFaultsSection:
 
     bind_host: str = ""
     """Address rank 0 binds its two ports on (empty: --host, itself 127.0.0.1 by default); e.g. 0.0.0.0 when samplers reach the learner by name. Anything but loopback is logged as a warning (use --curve-keys across hosts)."""
-    heartbeat_timeout_s: float = 30.0
+    heartbeat_timeout_s: float = positive(30.0)
     """A sampler silent this long is counted as gone (logged) and not waited for; it is welcomed back when it speaks again."""
-    buffer_size: int = 1024
+    buffer_size: int = at_least(1, 1024)
     """Received groups waiting to be trained, at most (a FIFO): beyond it the oldest is dropped and counted as buffer_full."""
-    max_samplers: int = 256
+    max_samplers: int = at_least(1, 256)
     """Sampler ids must be below this; messages naming others are dropped, so no peer can grow the learner's tables."""
     max_prompt_tokens: int = 4096
     """Groups whose prompt is longer (or whose completions exceed --max-new-tokens) are dropped as too_long before training."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from grpo.config.bounds import at_least
 from grpo.config.constants import MASTER_PORT
 from grpo.config.run import SamplerRunSection
 
@@ -21,9 +22,9 @@ class PlacementSection:
     """Comma-separated GPU ids for the whole run, or 'all' (every GPU here; with --nodes, every node's): the launcher chooses how many sample and how many train from the model's size and the step's settings (grpo/launch/layout.py) and says its choice in one line at start. Instead of --sampling-gpus/--training-gpus/--share-gpus (with --nodes: of --training-ranks/--num-samplers)."""
     layout_from: str = ""
     """With --gpus: an earlier run's folder (same model and step settings, samplers and learner ranks on GPUs of their own) whose measured rates cost the split instead of the default ones."""
-    training_ranks: int = 1
+    training_ranks: int = at_least(1, 1)
     """Learner ranks on CPU (--device cpu) and with --nodes; on one GPU host, one rank per training GPU."""
-    num_samplers: int = SamplerRunSection.num_samplers
+    num_samplers: int = at_least(1, SamplerRunSection.num_samplers)
     """Samplers on CPU (--device cpu) and with --nodes; on one GPU host, one per sampling GPU."""
     share_gpus: bool = False
     """Allow a GPU in both --sampling-gpus and --training-gpus (otherwise an overlap is refused)."""
@@ -43,7 +44,7 @@ class SupervisionSection:
     """A process that has not reached its next startup stage after this long (learner: ports bound, engine ready, version 0 published, first step; sampler: model loaded, the learner's first answer, first group) is named, with what it is doing and its last log lines, and again every as long; the run goes on (0: never)."""
     stop_timeout_s: float = 30.0
     """After a stop, how long each process gets to exit before it is killed."""
-    restart_samplers: int = 0
+    restart_samplers: int = at_least(0, 0, "0: a sampler's death stops the run")
     """Restart a sampler that dies up to N times (each sampler) instead of stopping the run (0: stop the run)."""
 
 
@@ -53,7 +54,7 @@ class InstancesSection:
 
     section = "seeded instances"
 
-    instances: int = 1
+    instances: int = at_least(1, 1)
     """Independent runs started together, each with its own GPUs, ports and run directory (see --seeds)."""
     seeds: str = ""
     """Comma-separated seeds, one per instance, e.g. 42,1337 (implies --instances; default: --seed, --seed+1, ...)."""

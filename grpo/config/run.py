@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from grpo.config.bounds import at_least
 from grpo.config.constants import DATA_PORT, DEFAULT_MODEL, SYNC_PORT
 
 Device = Literal["auto", "cuda", "cpu"]
@@ -43,9 +44,9 @@ class SamplerRunSection:
 
     gpu_id: int = -1
     """CUDA device index for this sampler (-1: device 0 when CUDA is used)."""
-    sampler_id: int = 0
+    sampler_id: int = at_least(0, 0)
     """This sampler's index; with --num-samplers it picks a disjoint shard of the prompts."""
-    num_samplers: int = 1
+    num_samplers: int = at_least(1, 1)
     """How many samplers share the data set (prompts are sharded i %% num_samplers)."""
 
 

@@ -82,6 +82,18 @@ def check_model(model: str) -> None:
         raise LaunchError(str(exc)) from None
 
 
+def check_role_flags(specs: list) -> None:
+    """Each role's flags parsed as its worker will parse them, before anything starts: a value out
+    of its range (grpo.config.bounds) or of its type is one line and exit code 2 here, rather than
+    a worker that fails after the launch, or a run that waits on a count no process can meet."""
+    from grpo.config import LearnerConfig, SamplerConfig
+    from grpo.flags import parse_config
+
+    for role, cls in (("learner", LearnerConfig), ("sampler", SamplerConfig)):
+        if argv := next((s.argv[2:] for s in specs if s.role == role), None):
+            parse_config(cls, argv, "run_distributed.py")
+
+
 def check_sampler_flags(flags: list[str]) -> str | None:
     """For the launcher, before anything starts: the one-line error a sampler started with `flags`
     would give for its --reward / --dataset-transform choice (imports and names only), or None."""
@@ -375,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
             instances = plan_instances(cfg, cuda_count)
         else:
             specs = plan(cfg, cuda_count, to_s, to_l, free_port())
+            check_role_flags(specs)
             # a bad --reward fails before any model loads
 
             if samplers_argv := [s.argv[2:] for s in specs if s.role == "sampler"]:
