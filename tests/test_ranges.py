@@ -45,7 +45,7 @@ def test_every_default_lies_in_its_own_range(cls):
     (config.LearnerConfig, "--max-staleness", "0", "-1", "must be at least 0"),
     (config.LearnerConfig, "--micro-batch-tokens", "-1", "-2", "must be at least -1"),
     (config.LearnerConfig, "--lora-dropout", "0.5", "1", "must be below 1"),
-    (config.LearnerConfig, "--curriculum-high", "1", "1.2", "must be at most 1"),
+    (config.LearnerConfig, "--eval-batch-size", "1", "0", "must be at least 1"),
     (config.LaunchConfig, "--training-ranks", "1", "0", "must be at least 1"),
 ])
 def test_a_value_outside_its_range_is_refused_at_parse_time(cls, flag, edge, outside, says, capsys):

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from grpo.config.bounds import at_least, bounded
+from grpo.config.bounds import at_least
 from grpo.config.constants import DEFAULT_DATASET
 
 FormatStyle = Literal["auto", "gsm8k", "think"]
@@ -56,7 +56,7 @@ class LearnerDataSection:
 
     section = "data and rewards"
 
-    curriculum_low: float = bounded(0.1, least=0, most=1)
+    curriculum_low: float = 0.1
     """--curriculum: lower a task's level when its success rate is below this."""
-    curriculum_high: float = bounded(0.7, least=0, most=1)
+    curriculum_high: float = 0.7
     """--curriculum: raise a task's level when its success rate is above this."""

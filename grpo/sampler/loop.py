@@ -52,9 +52,9 @@ class Sampler:
         self.device = pick_device(cfg.device, cfg.gpu_id)   # on CUDA: torch's CUDA initialisation
         t_device = time.perf_counter() - t_device
         self.backend = resolve_backend(cfg.generation_backend, self.device)  # a bad name fails before any loading
-        if cfg.in_flight_rows < 0 or (cfg.in_flight_rows and self.backend != "fast"):
-            raise ValueError(f"--in-flight-rows {cfg.in_flight_rows}: needs --generation-backend fast (and a count "
-                             f">= 1); or 0 for fixed rounds")
+        if cfg.in_flight_rows and self.backend != "fast":   # a negative count is refused with the flag
+            raise ValueError(f"--in-flight-rows {cfg.in_flight_rows}: needs --generation-backend fast (here it is "
+                             f"{self.backend}); or 0 for fixed rounds")
         # a bad choice fails before any loading too
         self.old_source = old_logprob_source(cfg.old_logprobs, self.backend, compute_dtype(self.device))
         # (so does --old-logprobs pass with --swap-in-flight)
