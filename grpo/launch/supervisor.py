@@ -255,6 +255,12 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future |
                 return 2
             if _restarted(sup, bad, restarts, cfg.restart_samplers):
                 continue
+            if bad and bad[1] == 2 and stages.first_step_s(stages.history(run_dir)) is None and \
+                    (mistake := sup.user_error(bad[0])):
+                # a worker refused its flags after the learner bound its ports but before any step
+                # (a sampler's model loads after that): still a refused launch, as above
+                print(f"run_distributed.py: error: {mistake}", file=sys.stderr, flush=True)
+                return 2
             if bad:
                 print(f"[launcher] {bad[0]} {describe_exit(bad[1])}; stopping the run. "
                       f"Last lines of {bad[0]}.log:\n{sup.tail(bad[0])}", file=sys.stderr, flush=True)

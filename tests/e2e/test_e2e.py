@@ -188,6 +188,10 @@ def _logs(run_dir):
     # found by a worker after the launch: the worker's line is the launcher's, exit 2, no run folder
     (["run_distributed.py", "--device", "cpu", "--weight-sync", "ipc", "--max-steps", "1"],
      "run_distributed.py: error: --weight-sync ipc needs a CUDA learner"),
+    # found by a sampler after the learner bound its ports (its model loads after that), before any step
+    (["run_distributed.py", "--device", "cpu", "--model", "tiny-random", "--in-flight-rows", "64",
+      "--max-staleness", "4", "--max-steps", "1"],
+     "run_distributed.py: error: --in-flight-rows 64: needs --generation-backend fast (here it is hf)"),
 ])
 def test_user_mistakes_get_one_line_and_no_traceback(args, needle, tmp_path):
     """Exit code 2, one line naming the mistake, and no run folder left behind (the workers remove
