@@ -83,6 +83,8 @@ def add_fields(parser: argparse.ArgumentParser, cls: type, names: list[str] | No
                                    default=default, help=help_text)
         else:
             bounds = bounds_of(f)
+            if bounds is not None:
+                help_text = docs.get(f.name, "") + f" ({note}{bounds.describe()}; default: {default!r})"
             container.add_argument(*opts, dest=f.name, type=tp if bounds is None else in_range(tp, bounds),
                                    default=default, help=help_text, metavar=f.name.upper())
 

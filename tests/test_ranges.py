@@ -26,6 +26,16 @@ def test_bounds_worked_by_hand():
     half_open = Bounds(least=0, below=1)
     assert half_open.problem(0.999) is None and half_open.problem(1.0) == "1.0 must be below 1"
     assert Bounds(least=-1).problem(-2) == "-2 must be at least -1"
+    assert [b.describe() for b in (Bounds(least=2), Bounds(above=0), Bounds(least=1, most=65535), half_open)] == \
+        ["at least 2", "above 0", "1 to 65535", "at least 0 and below 1"]
+
+
+def test_help_says_each_range_beside_the_default(capsys):
+    from grpo.flags import build_parser
+
+    text = " ".join(build_parser(config.LearnerConfig, "prog").format_help().split())
+    assert "(at least 0; default: 2)" in text            # --max-staleness
+    assert "(1 to 65535; default: 5555)" in text         # --data-port
 
 
 @pytest.mark.parametrize("cls", [config.SamplerConfig, config.LearnerConfig, config.LaunchConfig])

@@ -35,6 +35,16 @@ class Bounds:
         return f"{value!r} must be {need}" + (f" ({self.why})" if self.why else "")
 
 
+    def describe(self) -> str:
+        """The range in words, for --help: 'at least 2', 'above 0', '1 to 65535', 'at least 0 and below 1'."""
+        if self.least is not None and self.most is not None:
+            return f"{self.least:g} to {self.most:g}"
+        parts = [f"{word} {edge:g}" for word, edge in (("at least", self.least), ("above", self.above),
+                                                        ("at most", self.most), ("below", self.below))
+                 if edge is not None]
+        return " and ".join(parts)
+
+
 def bounded(default, *, why: str = "", **edges) -> dataclasses.Field:
     """A dataclass field with `default` whose flag refuses values outside `edges` (Bounds' names)."""
     return dataclasses.field(default=default, metadata={"bounds": Bounds(**edges, why=why)})

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from grpo.config.bounds import at_least
+from grpo.config.bounds import at_least, positive
 from grpo.config.constants import DEFAULT_DATASET
 
 FormatStyle = Literal["auto", "gsm8k", "think"]
@@ -40,9 +40,9 @@ class SamplerDataSection:
     """Answer form the format reward wants: 'gsm8k' (a final '#### <number>' line), 'think' ('<think>...</think>' then the answer), or 'auto' (gsm8k for question/answer and rg: data, think otherwise)."""
     overlong_buffer: int = at_least(0, 64)
     """The overlong reward (DAPO): completions longer than max_new_tokens minus this many tokens get a linear penalty down to -1."""
-    code_timeout_s: float = 5.0
+    code_timeout_s: float = positive(5.0)
     """The code reward: wall-time limit per completion's test run, in seconds."""
-    code_memory_mb: int = 1024
+    code_memory_mb: int = at_least(1, 1024)
     """The code reward: address-space limit of the test process, in MiB."""
     code_workers: int = at_least(1, 4)
     """The code reward: test processes run at the same time."""

@@ -25,11 +25,11 @@ class SamplerFaultsSection:
 
     section = "faults and security"
 
-    send_hwm: int = 16
+    send_hwm: int = at_least(1, 16)
     """High-water mark of the data socket in groups: beyond it a send blocks (backpressure) instead of growing memory."""
     on_full: OnFull = "block"
     """At the high-water mark: 'block' (wait, up to --send-timeout-s) or 'drop' (drop the group at once); dropped groups are counted."""
-    send_timeout_s: float = 600.0
+    send_timeout_s: float = at_least(0, 600.0, "0: no limit")
     """With --on-full block: the longest one group waits at the high-water mark before it is dropped and counted (0: no limit)."""
     heartbeat_interval_s: float = at_least(0, 2.0, "0: off")
     """Send a status (heartbeat) to the learner this often, from a thread of its own (0: off)."""
@@ -49,13 +49,13 @@ class LearnerFaultsSection:
     """Received groups waiting to be trained, at most (a FIFO): beyond it the oldest is dropped and counted as buffer_full."""
     max_samplers: int = at_least(1, 256)
     """Sampler ids must be below this; messages naming others are dropped, so no peer can grow the learner's tables."""
-    max_prompt_tokens: int = 4096
+    max_prompt_tokens: int = at_least(1, 4096)
     """Groups whose prompt is longer (or whose completions exceed --max-new-tokens) are dropped as too_long before training."""
-    max_message_mb: int = 64
+    max_message_mb: int = at_least(1, 64)
     """Largest data message accepted, in MiB; larger ones are dropped by ZeroMQ before allocation."""
-    data_timeout_s: float = 60.0
+    data_timeout_s: float = positive(60.0)
     """Log 'no data for N s' at this interval while waiting for groups."""
-    shutdown_timeout_s: float = 120.0
+    shutdown_timeout_s: float = at_least(0, 120.0)
     """At the end, how long to wait for every sampler's final status so every group is accounted for."""
-    dist_timeout_s: float = 3600.0
+    dist_timeout_s: float = positive(3600.0)
     """Timeout of the learner's process-group collectives (waiting for data counts against it)."""

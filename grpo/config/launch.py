@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from grpo.config.bounds import at_least
+from grpo.config.bounds import at_least, bounded, positive
 from grpo.config.constants import MASTER_PORT
 from grpo.config.run import SamplerRunSection
 
@@ -38,11 +38,11 @@ class SupervisionSection:
 
     section = "supervision"
 
-    ready_timeout_s: float = 600.0
+    ready_timeout_s: float = positive(600.0)
     """How long to wait for the learner to bind its ports."""
-    stage_timeout_s: float = 60.0
+    stage_timeout_s: float = at_least(0, 60.0, "0: never")
     """A process that has not reached its next startup stage after this long (learner: ports bound, engine ready, version 0 published, first step; sampler: model loaded, the learner's first answer, first group) is named, with what it is doing and its last log lines, and again every as long; the run goes on (0: never)."""
-    stop_timeout_s: float = 30.0
+    stop_timeout_s: float = at_least(0, 30.0)
     """After a stop, how long each process gets to exit before it is killed."""
     restart_samplers: int = at_least(0, 0, "0: a sampler's death stops the run")
     """Restart a sampler that dies up to N times (each sampler) instead of stopping the run (0: stop the run)."""
@@ -70,7 +70,7 @@ class NodesSection:
 
     nodes: str = ""
     """Print the plan of a run over several machines and start nothing: the nodes in order as ADDRESS:GPUS,... (e.g. 10.0.0.1:8,10.0.0.2:8,10.0.0.3:8; on --device cpu, process slots). The --training-ranks learner ranks fill the first nodes from GPU 0, --ranks-per-node a node (DeepSpeed runs one --num_gpus on every node); the --num-samplers samplers take the GPUs after them. Prints each node's commands, hostfile, GPU layout, weight-sync method per sampler and memory per GPU."""
-    ranks_per_node: int = 0
+    ranks_per_node: int = at_least(0, 0)
     """With --nodes: learner ranks on each learner node, GPUs 0..N-1 (0: as many as the first node has GPUs, at most --training-ranks); the GPUs after them take samplers."""
-    master_port: int = MASTER_PORT
+    master_port: int = bounded(MASTER_PORT, least=1, most=65535)
     """With --nodes: the learner group's rendezvous port (MASTER_PORT) on the first node (one host alone picks a free one)."""

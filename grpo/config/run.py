@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from grpo.config.bounds import at_least
+from grpo.config.bounds import at_least, bounded
 from grpo.config.constants import DATA_PORT, DEFAULT_MODEL, SYNC_PORT
 
 Device = Literal["auto", "cuda", "cpu"]
@@ -22,9 +22,9 @@ class RunSection:
     """'auto' (CUDA when present, else CPU), 'cuda' or 'cpu' (gloo)."""
     host: str = "127.0.0.1"
     """Address of the learner: samplers connect to it, learner rank 0 binds it."""
-    data_port: int = DATA_PORT
+    data_port: int = bounded(DATA_PORT, least=1, most=65535)
     """Port of the data channel (learner PULL, samplers PUSH)."""
-    sync_port: int = SYNC_PORT
+    sync_port: int = bounded(SYNC_PORT, least=1, most=65535)
     """Port of the weight channel (learner ROUTER, samplers DEALER)."""
     run_dir: str = ""
     """Run directory (default runs/<run_id>/, made when empty)."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from grpo.config.bounds import at_least, positive
+
 WeightSync = Literal["auto", "ipc", "nccl", "shared", "tcp"]
 
 
@@ -25,9 +27,9 @@ class SamplerWeightSyncSection:
 
     section = "weight sync"
 
-    sync_timeout_s: float = 5.0
+    sync_timeout_s: float = at_least(0, 5.0)
     """How long to wait for the learner's answer to a weights request before generating with the current weights."""
-    first_answer_timeout_s: float = 600.0
+    first_answer_timeout_s: float = at_least(0, 600.0)
     """The learner's first answer carries the run's facts, which a sampler checks before it sends anything: it generates its first round while the answer is on its way, then waits for it (logging every --sync-timeout-s) and gives up with an error after this long."""
 
 
@@ -37,7 +39,7 @@ class LearnerWeightSyncSection:
 
     section = "weight sync"
 
-    ipc_ack_timeout_s: float = 10.0
+    ipc_ack_timeout_s: float = at_least(0, 10.0)
     """ipc: before reusing a weights slot, wait this long for samplers that read it to acknowledge; then take them for gone."""
-    nccl_timeout_s: float = 60.0
+    nccl_timeout_s: float = positive(60.0)
     """nccl: longest wait for a sampler to join its pair group or take a version; then the pair is dropped."""

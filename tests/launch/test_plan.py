@@ -200,9 +200,9 @@ def test_launcher_help_lists_the_options_it_passes_on_by_section(capsys):
         return " ".join(text[start:end if end > 0 else len(text)].split())
 
     assert "(to the samplers; default: 'correctness')" in option("data and rewards", "--reward ")
-    assert "to the samplers; default: 0)" in option("rollout", "--prompts-per-round")
-    assert "(to the learner; default: 1e-06)" in option("training", "--learning-rate")
-    assert "(to the learner; default: 0)" in option("training", "--lora-r")
+    assert "to the samplers; at least 0; default: 0)" in option("rollout", "--prompts-per-round")
+    assert "(to the learner; at least 0; default: 1e-06)" in option("training", "--learning-rate")
+    assert "(to the learner; at least 0; default: 0)" in option("training", "--lora-r")
     assert "to both; default: False)" in option("rollout", "--filter-zero-signal")
     assert "--filter-zero-signal" not in section["loss"]               # both roles' option: listed once
     assert "default: 'openai/gsm8k')" in option("data and rewards", "--dataset ")       # common: the launcher's own
