@@ -34,7 +34,6 @@ class Bounds:
             return None
         return f"{value!r} must be {need}" + (f" ({self.why})" if self.why else "")
 
-
     def describe(self) -> str:
         """The range in words, for --help: 'at least 2', 'above 0', '1 to 65535', 'at least 0 and below 1'."""
         if self.least is not None and self.most is not None:
@@ -51,10 +50,12 @@ def bounded(default, *, why: str = "", **edges) -> dataclasses.Field:
 
 
 def at_least(least, default, why: str = "") -> dataclasses.Field:
+    """value >= least."""
     return bounded(default, least=least, why=why)
 
 
 def positive(default, why: str = "") -> dataclasses.Field:
+    """value > 0."""
     return bounded(default, above=0, why=why)
 
 
