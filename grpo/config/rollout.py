@@ -7,6 +7,15 @@ from typing import Literal
 from grpo.config.bounds import at_least, positive
 
 GenerationBackend = Literal["auto", "fast", "hf"]
+
+
+def backend_for(choice: str, device_type: str) -> str:
+    """The decoder --generation-backend `choice` gives a process on `device_type` ('cuda' or 'cpu'):
+    auto is the fast engine on CUDA and Hugging Face generate on CPU (why: grpo.generate.backend).
+    Here, without torch, so the launcher can tell whether a sampler will have rows in flight."""
+    if choice == "auto":
+        return "fast" if device_type == "cuda" else "hf"
+    return choice
 OldLogprobs = Literal["auto", "sampling", "pass"]
 
 

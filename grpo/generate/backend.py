@@ -13,6 +13,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from grpo.config.rollout import backend_for
 from grpo.model import left_pad
 
 BACKENDS = ("auto", "fast", "hf")
@@ -25,9 +26,7 @@ def resolve_backend(name: str, device: torch.device) -> str:
     no graphs to replay and buys little."""
     if name not in BACKENDS:
         raise ValueError(f"--generation-backend {name}: choose one of {', '.join(BACKENDS)}")
-    if name == "auto":
-        return "fast" if device.type == "cuda" else "hf"
-    return name
+    return backend_for(name, device.type)
 
 
 OLD_LOGPROBS = ("auto", "sampling", "pass")

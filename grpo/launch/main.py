@@ -129,12 +129,15 @@ def in_flight_note(sampler_flags: list[str], learner_flags: list[str], samplers:
     wait for budget and generation runs at the smaller batch: (the smallest bound that would keep
     them all decoding, the clause that says why). None otherwise."""
     from grpo.config import LearnerConfig, SamplerConfig
+    from grpo.config.rollout import backend_for
     from grpo.flags import parse_config
     from grpo.sync.staleness import Staleness
 
     scfg = parse_config(SamplerConfig, sampler_flags, "sampling_worker.py")
     if not scfg.in_flight_rows or not scfg.swap_in_flight or samplers < 1:
         return None
+    if backend_for(scfg.generation_backend, "cpu" if scfg.device == "cpu" else "cuda") != "fast":
+        return None   # Hugging Face generate has no rows in flight (the sampler refuses the flag)
     lcfg = parse_config(LearnerConfig, learner_flags, "training_worker.py")
     G = scfg.num_generations
     rule = Staleness(lcfg.max_staleness, lcfg.train_batch_size // G)

@@ -584,6 +584,8 @@ def test_in_flight_rows_the_staleness_bound_cannot_fill_raise_a_default_bound_or
     assert launch_main.in_flight_note(S, L + ["--max-staleness", "5"], 2) is None
     assert launch_main.in_flight_note(S + ["--no-swap-in-flight"], L, 2) is None
     assert launch_main.in_flight_note(S[:2], L, 2) is None                   # rounds: no rows in flight
+    assert launch_main.in_flight_note([*S[:4], "--device", "cpu"], L, 2) is None   # auto on CPU: hf, no rows
+    assert launch_main.in_flight_note([*S[:4], "--device", "auto"], L, 2)[0] == 5  # auto on CUDA: the engine
 
     def learner_flags_after(*extra):
         cfg, to_s, to_l = parse(["--device", "cpu", "--model", "tiny-random", *L, *S, *extra])
