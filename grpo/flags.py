@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import functools
 import inspect
 import os
 import textwrap
@@ -16,8 +17,10 @@ from grpo.config import SECTIONS, LaunchConfig, LearnerConfig, SamplerConfig, fi
 from grpo.config.bounds import Bounds, bounds_of
 
 
+@functools.cache
 def field_docs(cls: type) -> dict[str, str]:
-    """Docstrings written under dataclass fields (this class and its bases)."""
+    """Docstrings written under dataclass fields (this class and its bases). Cached: reading them
+    parses the classes' source, and every parse of a role's flags asks; callers only read it."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):

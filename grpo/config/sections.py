@@ -7,6 +7,7 @@ config is composed of the classes of its role). A field's section is the class t
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 SECTIONS = {
     "run": "the model, the device, the run directory, the learner's address and ports",
@@ -26,9 +27,11 @@ SECTIONS = {
 }
 
 
+@functools.cache
 def field_sections(cls: type) -> dict[str, str]:
     """Each field of dataclass `cls` -> the title of its section ("" for a field the role class
-    declares itself, outside every section)."""
+    declares itself, outside every section). Cached: a class's fields do not change, and every
+    parse asks (the launcher parses each role's flags several times); callers only read it."""
     out = {}
     for f in dataclasses.fields(cls):
         owner = next(k for k in cls.__mro__ if f.name in k.__dict__.get("__annotations__", {}))
