@@ -198,6 +198,15 @@ def layout_note(cfg: LaunchConfig, run_dir: Path, summary: dict) -> str | None:
     return advice(rates, sampling, training) if rates else None
 
 
+def _refused(sup: Supervisor, bad: tuple[str, int]) -> bool:
+    """Whether the failed worker refused its start (exit 2 with its one-line user mistake), which
+    then is the launcher's own line: the launch is refused (exit 2), not a run that failed."""
+    if bad[1] != 2 or not (mistake := sup.user_error(bad[0])):
+        return False
+    print(f"run_distributed.py: error: {mistake}", file=sys.stderr, flush=True)
+    return True
+
+
 def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future | None = None) -> int:
     """One run: start the learner group, then the samplers, and watch them to the end. `check`: a
     launch check still running as they start (its result: None, or a one-line problem); if it
@@ -228,9 +237,7 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future |
             if _restarted(sup, bad, restarts, cfg.restart_samplers):
                 continue
             if bad or sup.stopping or time.monotonic() > deadline:
-                if bad and bad[1] == 2 and (mistake := sup.user_error(bad[0])):
-                    # a worker refused its start (a user mistake, one line): the launch is refused
-                    print(f"run_distributed.py: error: {mistake}", file=sys.stderr, flush=True)
+                if bad and _refused(sup, bad):
                     return 2
                 if bad:
                     print(f"[launcher] {bad[0]} exited with code {bad[1]} before the learner bound its ports:\n"
@@ -255,11 +262,9 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future |
                 return 2
             if _restarted(sup, bad, restarts, cfg.restart_samplers):
                 continue
-            if bad and bad[1] == 2 and stages.first_step_s(stages.history(run_dir)) is None and \
-                    (mistake := sup.user_error(bad[0])):
-                # a worker refused its flags after the learner bound its ports but before any step
-                # (a sampler's model loads after that): still a refused launch, as above
-                print(f"run_distributed.py: error: {mistake}", file=sys.stderr, flush=True)
+            # after the learner bound its ports but before any step (a sampler's model loads after
+            # that), a worker's refusal is still a refused launch
+            if bad and stages.first_step_s(stages.history(run_dir)) is None and _refused(sup, bad):
                 return 2
             if bad:
                 print(f"[launcher] {bad[0]} {describe_exit(bad[1])}; stopping the run. "
