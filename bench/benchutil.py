@@ -29,15 +29,12 @@ def read_run_file(run: Path, name: str) -> str:
 
 def versions(extra: tuple[str, ...] = ()) -> dict:
     out = {"python": platform.python_version()}
-    for mod in ("torch", "transformers", "deepspeed"):
-        try:
-            out[mod] = __import__(mod).__version__
-        except Exception as exc:  # noqa: BLE001 - a missing package is reported, not fatal
-            out[mod] = f"unavailable ({type(exc).__name__})"
-    for mod in extra:   # the installed metadata first: importing vllm would start its whole runtime
+    for mod in ("torch", "transformers", "deepspeed", *extra):
+        # the installed metadata first (the same version string): importing vllm would start its
+        # whole runtime; the module's own __version__ where it is named unlike its package (zmq: pyzmq)
         try:
             out[mod] = importlib.metadata.version(mod)
-        except importlib.metadata.PackageNotFoundError:   # a module named unlike its package (zmq: pyzmq)
+        except importlib.metadata.PackageNotFoundError:
             try:
                 out[mod] = __import__(mod).__version__
             except Exception as exc:  # noqa: BLE001 - a missing package is reported, not fatal
