@@ -160,8 +160,7 @@ def staleness_left_default(learner_flags: list[str]) -> bool:
 
     if any(f.startswith("--max-staleness") for f in learner_flags):
         return False
-    lcfg = parse_config(LearnerConfig, learner_flags, "training_worker.py")
-    return not lcfg.config and lcfg.max_staleness == LearnerConfig.max_staleness
+    return not parse_config(LearnerConfig, learner_flags, "training_worker.py").config
 
 
 def fill_in_flight_rows(specs: list) -> None:
