@@ -138,19 +138,37 @@ def _signal_group(p: subprocess.Popen, sig: int) -> None:
         pass
 
 
+def _num(value, places: int) -> str:
+    """A step record's figure for the status line: metrics.jsonl writes NaN and infinities as null."""
+    return "nan" if value is None else f"{value:.{places}f}"
+
+
 def _status_line(run_dir: Path, seen: int) -> tuple[int, str | None]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
+    """The launcher's line for the newest step record that metrics.jsonl gained since byte `seen`,
+    and the bytes read so far. Only whole lines count: the learner appends a record while this
+    reads, and a read that races that write can return its first part only, so the part after
+    the last newline is left for the next poll. A whole line that
+    does not parse, or lacks a step's figures, is passed over: the status line is only news, and
+    must never end the run it reports on."""
+    try:
+        with open(run_dir / "metrics.jsonl", "rb") as fh:
+            fh.seek(seen)
+            chunk = fh.read()
+    except FileNotFoundError:
         return seen, None
-    lines = path.read_text().splitlines()
-    if len(lines) <= seen:
-        return seen, None
-    rec = json.loads(lines[-1])
-    if rec.get("final"):
-        return len(lines), None
-    return len(lines), (f"[launcher] step {rec['step']} loss {rec['loss']:.4f} reward {rec['reward_mean']:.3f} "
-                        f"acc {rec['accuracy']:.3f} {rec['samples_per_s']:.1f} samples/s "
-                        f"samplers at {rec['sampler_versions']} groups {rec['groups']}")
+    end = chunk.rfind(b"\n") + 1
+    for raw in reversed(chunk[:end].splitlines()):
+        try:
+            rec = json.loads(raw)
+            if rec.get("final"):
+                return seen + end, None
+            return seen + end, (f"[launcher] step {rec['step']} loss {_num(rec['loss'], 4)} reward "
+                                f"{_num(rec['reward_mean'], 3)} acc {_num(rec['accuracy'], 3)} "
+                                f"{_num(rec['samples_per_s'], 1)} samples/s samplers at {rec['sampler_versions']} "
+                                f"groups {rec['groups']}")
+        except (ValueError, KeyError, AttributeError):
+            continue
+    return seen + end, None
 
 
 def _restarted(sup: Supervisor, bad: tuple[str, int] | None, restarts: dict[str, int], allowed: int) -> bool:

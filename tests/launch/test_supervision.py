@@ -242,3 +242,35 @@ sys.exit(run(LaunchConfig(stop_timeout_s=1.0, stage_timeout_s=0), specs, run_dir
     assert '[launcher] done: {"sent": 0} (balanced)' in out
     assert time.monotonic() - t0 < 30
     assert not alive(json.loads((run_dir / "pids.json").read_text())["sampler0"])
+
+
+def test_status_line_reads_whole_records_only(tmp_path):
+    """The launcher polls metrics.jsonl while the learner appends to it: a record caught half
+    written is left for the next poll, a damaged line is passed over, and a null figure prints as
+    nan; none of them may end the run."""
+    from grpo.launch.supervisor import _status_line
+
+    def rec(step, loss=0.5):
+        return json.dumps({"step": step, "loss": loss, "reward_mean": 0.25, "accuracy": 0.125,
+                           "samples_per_s": 12.0, "sampler_versions": {"0": step - 1},
+                           "groups": {"received": 2 * step}}) + "\n"
+
+    path = tmp_path / "metrics.jsonl"
+    assert _status_line(tmp_path, 0) == (0, None)               # no file yet
+    one, two = rec(1), rec(2)
+    path.write_text(one + two[:40])                              # step 2 half written
+    seen, line = _status_line(tmp_path, 0)
+    assert seen == len(one)
+    assert line == ("[launcher] step 1 loss 0.5000 reward 0.250 acc 0.125 12.0 samples/s samplers at "
+                    "{'0': 0} groups {'received': 2}")
+    assert _status_line(tmp_path, seen) == (seen, None)          # still half: nothing new, nothing lost
+    path.write_text(one + two)
+    seen, line = _status_line(tmp_path, seen)
+    assert seen == len(one + two) and line.startswith("[launcher] step 2 loss 0.5000 ")
+    with open(path, "a") as fh:                                  # a damaged line after a good one
+        fh.write(rec(3, loss=None) + "{not json\n")
+    seen, line = _status_line(tmp_path, seen)
+    assert seen == path.stat().st_size and line.startswith("[launcher] step 3 loss nan reward 0.250 ")
+    with open(path, "a") as fh:
+        fh.write(json.dumps({"final": True, "steps": 3}) + "\n")
+    assert _status_line(tmp_path, seen) == (path.stat().st_size, None)
