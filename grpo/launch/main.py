@@ -120,7 +120,12 @@ def check_sampler_flags(flags: list[str]) -> str | None:
 # The highest --max-staleness the launcher sets by itself so that in-flight rows are kept decoding,
 # where the user left the bound at its default: the highest that runs with rows in flight have been
 # measured at (docs/benchmarks.md). Past it the launcher only says which bound would fill the rows.
-AUTO_STALENESS_MAX = 4
+AUTO_STALENESS_MAX = 6
+
+# The rows each sampler keeps in flight where the launcher chooses the layout (--gpus) and the user
+# chose no --in-flight-rows: the pool the four- and two-GPU runs with rows in flight decoded
+# (docs/benchmarks.md); its KV cache is in the memory plan like any other.
+AUTO_IN_FLIGHT_ROWS = 320
 
 
 def in_flight_note(sampler_flags: list[str], learner_flags: list[str], samplers: int) -> tuple[int, str] | None:
@@ -129,14 +134,11 @@ def in_flight_note(sampler_flags: list[str], learner_flags: list[str], samplers:
     wait for budget and generation runs at the smaller batch: (the smallest bound that would keep
     them all decoding, the clause that says why). None otherwise."""
     from grpo.config import LearnerConfig, SamplerConfig
-    from grpo.config.rollout import backend_for
     from grpo.flags import parse_config
     from grpo.sync.staleness import Staleness
 
     scfg = parse_config(SamplerConfig, sampler_flags, "sampling_worker.py")
-    if not scfg.in_flight_rows or not scfg.swap_in_flight or samplers < 1:
-        return None
-    if backend_for(scfg.generation_backend, "cpu" if scfg.device == "cpu" else "cuda") != "fast":
+    if not scfg.in_flight_rows or not scfg.swap_in_flight or samplers < 1 or not decodes_with_engine(scfg):
         return None   # Hugging Face generate has no rows in flight (the sampler refuses the flag)
     lcfg = parse_config(LearnerConfig, learner_flags, "training_worker.py")
     G = scfg.num_generations
@@ -152,22 +154,75 @@ def in_flight_note(sampler_flags: list[str], learner_flags: list[str], samplers:
     return need, why
 
 
-def staleness_left_default(learner_flags: list[str]) -> bool:
-    """Whether the learner's --max-staleness is its default, given neither as a flag nor (possibly)
-    in a --config file: only then may the launcher choose it."""
-    from grpo.config import LearnerConfig
+def decodes_with_engine(scfg) -> bool:
+    """Whether a sampler of this parsed config decodes with the fast engine (the only backend with
+    rows in flight): its --generation-backend on its device, auto meaning the engine on CUDA."""
+    from grpo.config.rollout import backend_for
+
+    return backend_for(scfg.generation_backend, "cpu" if scfg.device == "cpu" else "cuda") == "fast"
+
+
+def left_default(flags: list[str], option: str, cls, prog: str) -> bool:
+    """Whether `option` (a --flag of config class `cls`) is at its default: given neither as a flag
+    nor (possibly) in a --config file. Only then may the launcher choose it."""
     from grpo.flags import parse_config
 
-    if any(f.startswith("--max-staleness") for f in learner_flags):
+    if any(f == option or f.startswith(option + "=") for f in flags):
         return False
-    return not parse_config(LearnerConfig, learner_flags, "training_worker.py").config
+    return not parse_config(cls, flags, prog).config
+
+
+def staleness_left_default(learner_flags: list[str]) -> bool:
+    """Whether the learner's --max-staleness is its default (left_default)."""
+    from grpo.config import LearnerConfig
+
+    return left_default(learner_flags, "--max-staleness", LearnerConfig, "training_worker.py")
+
+
+def choose_in_flight(specs: list) -> None:
+    """--gpus chooses how samplers decode too: where each has a GPU of its own, decodes with the
+    engine and swaps weights in place (own_weights: ipc, nccl, tcp), and the user chose no
+    --in-flight-rows, every sampler keeps AUTO_IN_FLIGHT_ROWS rows in flight instead of fixed
+    rounds (a round's rows idle through its longest completion), said in one line; but only where
+    the staleness bound keeps them decoding, as given or as fill_in_flight_rows may raise it
+    (small steps would hold a pool of a few rows, and rounds are left as they are)."""
+    from grpo.config import SamplerConfig
+    from grpo.flags import parse_config
+    from grpo.sync.staleness import IN_FLIGHT_SPAN
+    from grpo.weights.methods import own_weights, sampler_method
+
+    samplers = [s for s in specs if s.role == "sampler"]
+    learners = [s for s in specs if s.role == "learner"]
+    learner_gpus = {g for s in learners for g in s.env.get("CUDA_VISIBLE_DEVICES", "").split(",")}
+    if not samplers or not learners or any(not s.env.get("CUDA_VISIBLE_DEVICES") or
+                                           s.env["CUDA_VISIBLE_DEVICES"].split(",")[0] in learner_gpus for s in samplers):
+        return   # on CPU, or a sampler beside learner ranks: they take turns on its GPU between rounds
+    flags, learner_flags = samplers[0].argv[2:], learners[0].argv[2:]
+    scfg = parse_config(SamplerConfig, flags, "sampling_worker.py")
+    if (not left_default(flags, "--in-flight-rows", SamplerConfig, "sampling_worker.py") or not scfg.swap_in_flight
+            or not own_weights(sampler_method(scfg.weight_sync, "cuda"))):
+        return
+    rows = ["--in-flight-rows", str(AUTO_IN_FLIGHT_ROWS)]
+    if found := in_flight_note(flags + rows, learner_flags, len(samplers)):
+        if found[0] + IN_FLIGHT_SPAN > AUTO_STALENESS_MAX or not staleness_left_default(learner_flags):
+            return
+    elif not decodes_with_engine(scfg):
+        return   # in_flight_note is None for hf too
+    for s in samplers:
+        s.argv += rows
+    print(f"run_distributed.py: --in-flight-rows {AUTO_IN_FLIGHT_ROWS} on each sampler: they decode with the engine "
+          f"on GPUs of their own and swap weights between decode steps, so a row starts its next sample as soon as "
+          f"its own ends instead of waiting for its round's longest (--in-flight-rows 0 for fixed rounds)",
+          file=sys.stderr)
 
 
 def fill_in_flight_rows(specs: list) -> None:
     """Where streaming samplers' rows would wait on the staleness bound (in_flight_note): raise a
-    default bound to the one that keeps them decoding, up to AUTO_STALENESS_MAX, on every learner
-    rank, and say so; otherwise say which bound would. One line either way."""
+    default bound to the one that keeps them decoding and IN_FLIGHT_SPAN more, up to
+    AUTO_STALENESS_MAX, on every learner rank, and say so; otherwise say which bound would fill
+    them. One line either way."""
     from grpo.config import LearnerConfig
+    from grpo.sync.staleness import IN_FLIGHT_SPAN
 
     samplers = [s for s in specs if s.role == "sampler"]
     learners = [s for s in specs if s.role == "learner"]
@@ -177,11 +232,13 @@ def fill_in_flight_rows(specs: list) -> None:
     if found is None:
         return
     need, why = found
-    if need <= AUTO_STALENESS_MAX and staleness_left_default(learners[0].argv[2:]):
+    bound = need + IN_FLIGHT_SPAN
+    if bound <= AUTO_STALENESS_MAX and staleness_left_default(learners[0].argv[2:]):
         for s in learners:
-            s.argv += ["--max-staleness", str(need)]
-        print(f"run_distributed.py: --max-staleness {need}, not the default {LearnerConfig.max_staleness}, so that every "
-              f"in-flight row is kept decoding: {why}; give --max-staleness to choose", file=sys.stderr)
+            s.argv += ["--max-staleness", str(bound)]
+        print(f"run_distributed.py: --max-staleness {bound}, not the default {LearnerConfig.max_staleness}, so that every "
+              f"in-flight row is kept decoding: {why}; {need} fills them, and {IN_FLIGHT_SPAN} more is for the versions a "
+              f"group's longest completion takes to generate; give --max-staleness to choose", file=sys.stderr)
     else:
         print(f"run_distributed.py: warning: {why}, and the other rows wait; --max-staleness {need} would keep all of "
               f"them decoding, with groups up to {need} versions old", file=sys.stderr)
@@ -381,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_model(cfg.model)
         cuda_count = 0 if cfg.device == "cpu" else cuda_device_count()
+        chosen = bool(cfg.gpus)   # the layout is the launcher's to choose, how samplers decode included
         if cfg.gpus:
             # from here on, the run of the explicit flags the choice stands for
             cfg, line = choose_gpus(cfg, cuda_count, *layout_inputs(cfg, to_l), read_rates(cfg.layout_from))
@@ -396,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
                 if problem := check_sampler_flags(samplers_argv[0]):
                     raise LaunchError(problem)
             check_resume(cfg, to_l)
+            if chosen:
+                choose_in_flight(specs)
             fill_in_flight_rows(specs)
             check_memory(cfg, specs)
             check_port(cfg.host, cfg.data_port, "--data-port")

@@ -5,7 +5,8 @@ Every module that asks how old a trained group may be, or how many groups a samp
 asks here (the job of AReaL's staleness manager):
 
   drop     the learner at version V trains a group of version v only if 0 <= V - v <= max_staleness:
-           older is `stale`, newer than V is `future_version` (grpo.learner.intake)
+           older is `stale`, newer than V is `future_version`; it takes the oldest waiting first,
+           the nearest to that bound (grpo.learner.intake)
   budget   how many groups one sampler may generate now with none certain to be dropped as stale;
            every answer on the sync port carries it (grpo.sync.answer)
   rounds   how many prompts a sampler's round takes: enough that its groups with signal fill one
@@ -179,6 +180,12 @@ def pool_room(budget: int, in_pool: int, signal_share: float, min_share: float =
     share = min(1.0, max(signal_share, min_share))
     return max(0, math.ceil(budget / share - 1e-9) - in_pool)
 
+
+# Versions beyond the bound that fills a streaming pool (Staleness.staleness_for_pool) that the
+# launcher gives a default bound: a group is as old as its first token, and its longest completion
+# ends versions after that, while the learner steps on younger groups. Both configurations measured
+# with rows in flight ran at fill + 1 (one sampler at 4, two at 6; docs/benchmarks.md).
+IN_FLIGHT_SPAN = 1
 
 # A run that drops more than this share of the groups it judged as stale gets a line at its end.
 STALE_SHARE_NOTE = 0.02

@@ -69,6 +69,43 @@ def test_the_choice_is_the_plan_of_the_explicit_flags(gpus, params, explicit):
     assert "\n" not in line
 
 
+@pytest.mark.parametrize("gpus, extra, rows, bound", [
+    ("0,1,2,3", [], 320, 6),                      # 2+2: 20 groups of 16 rows each at steps of 8 groups: 5 fill, +1
+    ("0,1", [], 320, 4),                          # 1+1: 3 fill, +1
+    ("0,1", ["--max-staleness", "5"], 320, None),  # 5 keeps 320 rows decoding: kept as given
+    ("0,1,2,3", ["--max-staleness", "4"], 0, None),  # 4 keeps 256 of each 320: rounds, bound kept
+    ("0,1,2,3", ["--train-batch-size", "64"], 0, None),  # 4 groups a step: 10 fill, past 6: rounds
+    ("0", [], 0, None),                           # one GPU: sampler and learner take turns on it
+    ("0,1,2,3", ["--in-flight-rows", "0"], 0, None),  # the user's rounds
+    ("0,1,2,3", ["--in-flight-rows", "64"], 64, None),  # the user's rows (the bound fills 64)
+    ("0,1,2,3", ["--generation-backend", "hf"], 0, None),
+    ("0,1,2,3", ["--weight-sync", "shared"], 0, None),  # shared weights swap only between rounds
+    ("0,1,2,3", ["--no-swap-in-flight"], 0, None),
+])
+def test_the_chosen_layout_keeps_rows_in_flight_where_the_bound_fills_them(capsys, gpus, extra, rows, bound):
+    """--gpus chooses how samplers decode too: on the real workload's steps (128 completions in groups
+    of 16, 8 groups a step), samplers on GPUs of their own keep 320 rows in flight, and a default
+    bound becomes the one that fills them, +1; where that would pass 6, where the user chose the rows
+    or the bound, or where the sampler cannot swap in flight, nothing is added."""
+    cfg, to_s, to_l = parse(["--gpus", gpus, *WORKLOAD, "--train-batch-size", "128", *extra])
+    chosen, _ = choose_gpus(cfg, 4, Q05, 128)
+    specs = plan(chosen, 4, to_s, to_l, 29999)
+    launch_main.choose_in_flight(specs)
+    launch_main.fill_in_flight_rows(specs)
+    err = capsys.readouterr().err
+
+    def last(argv, flag):
+        return int(argv[len(argv) - 1 - argv[::-1].index(flag) + 1]) if flag in argv else None
+
+    assert {last(s.argv, "--in-flight-rows") or 0 for s in specs if s.role == "sampler"} == {rows}
+    set_bound = {last(s.argv, "--max-staleness") for s in specs if s.role == "learner"}
+    assert set_bound == {bound or (int(extra[1]) if "--max-staleness" in extra else None)}
+    said = "run_distributed.py: --in-flight-rows 320 on each sampler: they decode with the engine" in err
+    assert said == (rows == 320 and "--in-flight-rows" not in extra)
+    if bound:
+        assert f"run_distributed.py: --max-staleness {bound}, not the default 2" in err
+
+
 def test_measured_rates_move_the_choice():
     cfg = parse(["--gpus", "0,1,2,3", *WORKLOAD])[0]
     # generation 10 s a step on one GPU, training 1.8 s on one rank: 3+1 (3.33 s) against 2+2 (5 s)
