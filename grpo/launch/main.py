@@ -120,7 +120,7 @@ def check_sampler_flags(flags: list[str]) -> str | None:
 # The highest --max-staleness the launcher sets by itself so that in-flight rows are kept decoding,
 # where the user left the bound at its default: the highest that runs with rows in flight have been
 # measured at (docs/benchmarks.md). Past it the launcher only says which bound would fill the rows.
-AUTO_STALENESS_MAX = 6
+AUTO_STALENESS_MAX = 8
 
 # The rows each sampler keeps in flight where the launcher chooses the layout (--gpus) and the user
 # chose no --in-flight-rows: the pool the four- and two-GPU runs with rows in flight decoded
@@ -237,7 +237,7 @@ def fill_in_flight_rows(specs: list) -> None:
         for s in learners:
             s.argv += ["--max-staleness", str(bound)]
         print(f"run_distributed.py: --max-staleness {bound}, not the default {LearnerConfig.max_staleness}, so that every "
-              f"in-flight row is kept decoding: {why}; {need} fills them, and {IN_FLIGHT_SPAN} more is for the versions a "
+              f"in-flight row is kept decoding: {why}; {need} fills them, and {IN_FLIGHT_SPAN} more are for the versions a "
               f"group's longest completion takes to generate; give --max-staleness to choose", file=sys.stderr)
     else:
         print(f"run_distributed.py: warning: {why}, and the other rows wait; --max-staleness {need} would keep all of "

@@ -70,11 +70,11 @@ def test_the_choice_is_the_plan_of_the_explicit_flags(gpus, params, explicit):
 
 
 @pytest.mark.parametrize("gpus, extra, rows, bound", [
-    ("0,1,2,3", [], 320, 6),                      # 2+2: 20 groups of 16 rows each at steps of 8 groups: 5 fill, +1
-    ("0,1", [], 320, 4),                          # 1+1: 3 fill, +1
+    ("0,1,2,3", [], 320, 7),                      # 2+2: 20 groups of 16 rows each at steps of 8 groups: 5 fill, +2
+    ("0,1", [], 320, 5),                          # 1+1: 3 fill, +2
     ("0,1", ["--max-staleness", "5"], 320, None),  # 5 keeps 320 rows decoding: kept as given
     ("0,1,2,3", ["--max-staleness", "4"], 0, None),  # 4 keeps 256 of each 320: rounds, bound kept
-    ("0,1,2,3", ["--train-batch-size", "64"], 0, None),  # 4 groups a step: 10 fill, past 6: rounds
+    ("0,1,2,3", ["--train-batch-size", "64"], 0, None),  # 4 groups a step: 10 fill, 12 past 8: rounds
     ("0", [], 0, None),                           # one GPU: sampler and learner take turns on it
     ("0,1,2,3", ["--in-flight-rows", "0"], 0, None),  # the user's rounds
     ("0,1,2,3", ["--in-flight-rows", "64"], 64, None),  # the user's rows (the bound fills 64)
@@ -85,7 +85,7 @@ def test_the_choice_is_the_plan_of_the_explicit_flags(gpus, params, explicit):
 def test_the_chosen_layout_keeps_rows_in_flight_where_the_bound_fills_them(capsys, gpus, extra, rows, bound):
     """--gpus chooses how samplers decode too: on the real workload's steps (128 completions in groups
     of 16, 8 groups a step), samplers on GPUs of their own keep 320 rows in flight, and a default
-    bound becomes the one that fills them, +1; where that would pass 6, where the user chose the rows
+    bound becomes the one that fills them, +2; where that would pass 8, where the user chose the rows
     or the bound, or where the sampler cannot swap in flight, nothing is added."""
     cfg, to_s, to_l = parse(["--gpus", gpus, *WORKLOAD, "--train-batch-size", "128", *extra])
     chosen, _ = choose_gpus(cfg, 4, Q05, 128)

@@ -568,8 +568,8 @@ def test_in_flight_rows_the_staleness_bound_cannot_fill_raise_a_default_bound_or
     """320 rows in flight, steps of 128 completions in groups of 16 (8 groups), --max-staleness 2
     (Staleness.pool_rows): one sampler keeps 2 x 8 = 16 groups, 256 rows, decoding, and 3 would keep
     all 320 (20 groups); two samplers keep 128 rows each and need 5. A default bound is raised to
-    that and IN_FLIGHT_SPAN (1) more, 4, on every learner rank and said; with steps of 2 groups one
-    sampler needs 10, and 11 is past AUTO_STALENESS_MAX (6); a bound given by hand (or in a
+    that and IN_FLIGHT_SPAN (2) more, 5, on every learner rank and said; with steps of 2 groups one
+    sampler needs 10, and 12 is past AUTO_STALENESS_MAX (8); a bound given by hand (or in a
     --config file) is kept: then the line only says which bound would fill the rows. Rounds (no rows
     in flight, or no swaps) are left alone."""
     from grpo.launch.plan import parse, plan
@@ -595,11 +595,11 @@ def test_in_flight_rows_the_staleness_bound_cannot_fill_raise_a_default_bound_or
         return [s.argv for s in specs if s.role == "learner"][0], capsys.readouterr().err
 
     argv, err = learner_flags_after()
-    assert argv[-2:] == ["--max-staleness", "4"]
-    assert err.startswith("run_distributed.py: --max-staleness 4, not the default 2, so that every in-flight row is "
+    assert argv[-2:] == ["--max-staleness", "5"]
+    assert err.startswith("run_distributed.py: --max-staleness 5, not the default 2, so that every in-flight row is "
                           "kept decoding: at --max-staleness 2 the learner's budget lets the sampler keep about 256")
     assert "decoding (--max-staleness x 8 groups a step / samplers, 16 rows a group; more where zero-signal groups " \
-           "are filtered); 3 fills them, and 1 more is for the versions a group's longest completion takes" in err
+           "are filtered); 3 fills them, and 2 more are for the versions a group's longest completion takes" in err
     argv, err = learner_flags_after("--max-staleness", "2")
     assert argv.count("--max-staleness") == 1 and "warning: at --max-staleness 2" in err
     assert "--max-staleness 3 would keep all of them decoding, with groups up to 3 versions old" in err
@@ -607,9 +607,9 @@ def test_in_flight_rows_the_staleness_bound_cannot_fill_raise_a_default_bound_or
     config.write_text("train_batch_size: 128\n")
     argv, err = learner_flags_after("--config", str(config))
     assert "--max-staleness" not in argv and "warning: at --max-staleness 2" in err
-    argv, err = learner_flags_after("--train-batch-size", "64")         # 4 groups a step: 5 fill, 6 set
-    assert argv[-2:] == ["--max-staleness", "6"]
-    argv, err = learner_flags_after("--train-batch-size", "32")         # 2 groups a step: 10 fill, 11 past 6
+    argv, err = learner_flags_after("--train-batch-size", "64")         # 4 groups a step: 5 fill, 7 set
+    assert argv[-2:] == ["--max-staleness", "7"]
+    argv, err = learner_flags_after("--train-batch-size", "32")         # 2 groups a step: 10 fill, 12 past 8
     assert "--max-staleness" not in argv and "--max-staleness 10 would keep all of them" in err
 
     def stop(host, port, flag):
@@ -618,4 +618,4 @@ def test_in_flight_rows_the_staleness_bound_cannot_fill_raise_a_default_bound_or
     monkeypatch.setattr(launch_main, "check_port", stop)
     assert launch_main.main(["--device", "cpu", "--model", "tiny-random", *L, *S]) == 2
     err = capsys.readouterr().err
-    assert "run_distributed.py: --max-staleness 4, not the default 2" in err and "port check reached" in err
+    assert "run_distributed.py: --max-staleness 5, not the default 2" in err and "port check reached" in err
