@@ -46,7 +46,7 @@ class LearnerFaultsSection:
     heartbeat_timeout_s: float = positive(30.0)
     """A sampler silent this long is counted as gone (logged) and not waited for; it is welcomed back when it speaks again."""
     buffer_size: int = at_least(1, 1024)
-    """Received groups waiting to be trained, at most (queued oldest version first, as they are trained): beyond it the stalest is dropped and counted as buffer_full."""
+    """Received groups waiting to be trained, at most (a FIFO): beyond it the oldest is dropped and counted as buffer_full."""
     max_samplers: int = at_least(1, 256)
     """Sampler ids must be below this; messages naming others are dropped, so no peer can grow the learner's tables."""
     max_prompt_tokens: int = at_least(1, 4096)

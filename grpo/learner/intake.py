@@ -1,22 +1,13 @@
 """Learner rank 0's side of the data channel: what arrived, what waits, what was dropped and why.
 
 The intake reads groups and sampler statuses off the data channel (a transport Receiver), keeps received groups in a
-bounded queue ordered by policy version, oldest first (`--buffer-size`: when full the stalest
-goes), records every group and status in the books, and hands the learner a step's worth of
-groups it may train on at its current version (`drop_reason`), oldest first.
-
-Oldest first, not first come: a group is as old as its first token, and with rows in flight a
-sampler's long completions end versions after the short ones started beside or after them, so
-groups arrive out of version order. A group of version v must be trained by learner version
-v + max_staleness: taking the earliest of those deadlines first trains a late long group before
-the younger groups that overtook it, where arrival order would let those go first and the long
-one go stale (among the groups waiting, no order trains more of them in time).
-
-Its counts (received, trained, dropped_<reason>) and the books give the end-of-run accounting: sent = trained + dropped + queued.
+bounded FIFO (`--buffer-size`: when full the oldest, i.e. stalest, goes), records every group
+and status in the books, and hands the learner a step's worth of groups it may train on at
+its current version (`drop_reason`). Its counts (received, trained, dropped_<reason>) and the
+books give the end-of-run accounting: sent = trained + dropped + queued.
 """
 from __future__ import annotations
 
-import bisect
 import collections
 import logging
 import math
@@ -90,10 +81,10 @@ class Intake:
                     or max(len(c.generated_token_ids) for c in msg.completions) > self.cfg.max_new_tokens):
                 self.counts["dropped_too_long"] += 1  # valid on the wire, but not ours to train on
                 return
-            self._enqueue(msg)
-            if len(self.queue) > self.cfg.buffer_size > 0:
-                self.queue.popleft()  # the stalest, perhaps the group just queued
+            if len(self.queue) >= self.cfg.buffer_size > 0:
+                self.queue.popleft()  # FIFO: the oldest is the stalest
                 self.counts["dropped_buffer_full"] += 1
+            self.queue.append(msg)
         elif isinstance(msg, M.SamplerStatus):
             # A heartbeat may overtake the final status (its own socket): the books keep the
             # final one, and liveness asks them, so a finished process stays finished.
@@ -102,11 +93,6 @@ class Intake:
                 self.fingerprints.check(msg.sampler_id, msg.stats)
         elif msg is not None:
             self.messages.reject("data", "unexpected_kind")   # valid, but no kind a sampler sends here
-
-    def _enqueue(self, g: M.Group) -> None:
-        """Into the queue by policy version, after those of its own version (oldest first, and in
-        arrival order within a version)."""
-        self.queue.insert(bisect.bisect_right(self.queue, g.policy_version, key=lambda q: q.policy_version), g)
 
     def _fresh(self, g: M.Group, version: int) -> bool:
         reason = drop_reason(g, version, self.cfg.max_staleness, self.cfg.filter_zero_signal, self.cfg.beta > 0)
@@ -120,15 +106,14 @@ class Intake:
         """`n` groups the learner may train on at `version`, waiting as long as it takes (a note
         in the log every --data-timeout-s, naming the samplers alive and gone), or at most
         `within_s` seconds (what is left of --max-time-s): then None, and the groups taken so far go
-        back into the queue, where the books count them as queued."""
+        back to the front of the queue, where the books count them as queued."""
         groups: list[M.Group] = []
         waited_since = time.monotonic()
         next_note = waited_since + self.cfg.data_timeout_s
         deadline = math.inf if within_s is None else waited_since + max(within_s, 0.0)
         while len(groups) < n:
             if time.monotonic() >= deadline:
-                for g in groups:
-                    self._enqueue(g)
+                self.queue.extendleft(reversed(groups))
                 self.taken -= len(groups)
                 log.info("--max-time-s reached while waiting for data (had %d of %d groups for step %d)",
                          len(groups), n, version + 1)

@@ -5,8 +5,7 @@ Every module that asks how old a trained group may be, or how many groups a samp
 asks here (the job of AReaL's staleness manager):
 
   drop     the learner at version V trains a group of version v only if 0 <= V - v <= max_staleness:
-           older is `stale`, newer than V is `future_version`; it takes the oldest waiting first,
-           the nearest to that bound (grpo.learner.intake)
+           older is `stale`, newer than V is `future_version` (grpo.learner.intake)
   budget   how many groups one sampler may generate now with none certain to be dropped as stale;
            every answer on the sync port carries it (grpo.sync.answer)
   rounds   how many prompts a sampler's round takes: enough that its groups with signal fill one

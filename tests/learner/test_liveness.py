@@ -196,33 +196,3 @@ def test_learner_intake_bounds_its_fifo_and_drops_what_it_would_not_train():
     # what the end-of-run accounting makes of it (the bad ids' messages never reached the group books)
     assert lrn.accounting() == {"received": 6, "trained": 0, "queued": 2, "sent": 6, "balanced": True,
                                 "dropped": {"buffer_full": 2, "too_long": 2}}
-
-
-def test_learner_trains_the_oldest_waiting_groups_first():
-    """Groups arrive out of version order (with rows in flight a long completion ends versions after
-    shorter ones that started later): the intake keeps them oldest first, arrival order within a
-    version, and a step takes the oldest it may still train, so a late old group is trained before
-    the younger ones that overtook it instead of going stale behind them."""
-    import collections
-    from types import SimpleNamespace
-
-    from grpo.config import LearnerConfig
-    from grpo.learner.intake import Intake
-
-    quiet = SimpleNamespace(rejected=collections.Counter(), receive=lambda timeout_s: None, poll=lambda t: False)
-    cfg = LearnerConfig(buffer_size=5, max_staleness=4)
-    lrn = Intake(cfg, quiet, Liveness(30.0, 4), Books(), MessageLedger())
-    arrivals = [(3, "a"), (1, "b"), (2, "c"), (1, "d"), (5, "e")]   # (policy version, group id)
-    for v, gid in arrivals:
-        lrn.take(make_group(sampler_id=0, incarnation=1, policy_version=v, group_id=gid), version=5)
-    assert [(g.policy_version, g.group_id) for g in lrn.queue] == [(1, "b"), (1, "d"), (2, "c"), (3, "a"), (5, "e")]
-    # A sixth group, older than every one queued, overfills --buffer-size 5: it is itself the stalest and goes.
-    lrn.take(make_group(sampler_id=0, incarnation=1, policy_version=0, group_id="f"), version=5)
-    assert [g.group_id for g in lrn.queue] == ["b", "d", "c", "a", "e"] and lrn.counts["dropped_buffer_full"] == 1
-    # At version 6 with --max-staleness 4 the groups of version 1 are 5 old: stale. A step of one group
-    # takes version 2 (4 old: its last chance), and the next, at version 7, version 3 (4 old). Arrival
-    # order would have trained 3 at version 6, and 2 would have been 5 old at version 7.
-    assert [g.group_id for g in lrn.collect(1, version=6)] == ["c"]
-    assert [g.group_id for g in lrn.collect(1, version=7)] == ["a"]
-    assert lrn.counts["dropped_stale"] == 2 and [g.group_id for g in lrn.queue] == ["e"]
-    assert lrn.ages == {5: 2, 4: 2}
