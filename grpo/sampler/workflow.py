@@ -37,12 +37,12 @@ from grpo.model import compute_dtype, load_causal_lm, right_pad, token_logprobs
 from grpo.obs.gpu import GpuMonitor, format_gpu
 from grpo.sampler.weights_client import WeightsClient
 from grpo.weights.methods import own_weights
-from grpo.sync.staleness import FIRST_STEP_GROUPS, bucket_prompts, next_round_prompts, pool_room, signal_share
+from grpo.sync.staleness import (FIRST_STEP_GROUPS, SIGNAL_GROUPS, bucket_prompts, next_round_prompts, pool_room,
+                                  signal_share)
 from grpo.wire import messages as M
 
 log = logging.getLogger(__name__)
 
-SIGNAL_ROUNDS = 4   # the rounds whose groups give the share of groups with signal
 
 
 def swaps_in_flight(swap_in_flight: bool, in_flight_rows: int, method: str, old_logprobs: str) -> bool:
@@ -120,7 +120,9 @@ class RolloutWorkflow:
         # The frozen reference model is loaded only once the learner says the run needs its
         # log-probs (beta > 0; RunFacts.needs_ref_logprobs), or if it never says.
         self._model_path, self.ref = model_path, None
-        self._signal: collections.deque[tuple[int, int]] = collections.deque(maxlen=SIGNAL_ROUNDS)  # (kept, groups)
+        # (kept, groups) per chunk finished: a chunk holds a group at least, so SIGNAL_GROUPS of them
+        # hold the groups signal_share weighs
+        self._signal: collections.deque[tuple[int, int]] = collections.deque(maxlen=SIGNAL_GROUPS)
         self._longest: tuple[list | None, int] = (None, 0)   # (the shard, its longest prompt): longest_prompt
 
     # ------------------------------------------------------------------ round size
@@ -144,7 +146,7 @@ class RolloutWorkflow:
         return bucket_prompts(self.engine.buckets if self.engine is not None else (), self.cfg.num_generations)
 
     def signal_share(self) -> float:
-        """The share of the last SIGNAL_ROUNDS rounds' groups that had signal (grpo.sync.staleness.signal_share)."""
+        """The share of the last SIGNAL_GROUPS groups scored that had signal (grpo.sync.staleness.signal_share)."""
         return signal_share(self._signal, self.cfg.filter_zero_signal)
 
     def longest_prompt(self) -> int:

@@ -215,14 +215,28 @@ def staleness_advice(ages: dict[int, int], max_staleness: int, keep: float = 1 -
             f"also lets each sampler keep more rows in flight, with the off-policy correction of --tis-cap)")
 
 
-def signal_share(recent: Iterable[tuple[int, int]], filter_zero_signal: bool) -> float:
-    """The share of the recent rounds' groups that had signal, from (kept, groups) per round: 1.0
-    without --filter-zero-signal (every group is sent), FIRST_SIGNAL_SHARE before any round is scored."""
+# The share of groups with signal is taken over at least this many of the newest groups scored.
+# It sizes what a sampler starts by its reciprocal (round_prompts, pool_room), and a streaming
+# sampler finishes groups one or two at a time: over its last four chunks the share swung so far
+# that its reciprocal averaged 11-18% above the run's own on 4x H200, and the extra groups waited
+# in a line already at the budget's length; over 64 groups, 1% above (docs/benchmarks.md).
+SIGNAL_GROUPS = 64
+
+
+def signal_share(recent: Iterable[tuple[int, int]], filter_zero_signal: bool, min_groups: int = SIGNAL_GROUPS) -> float:
+    """The share of the newest groups scored that had signal, from (kept, groups) per chunk of
+    groups finished, oldest first: the newest chunks back until they hold at least min_groups
+    groups (all of them while fewer were scored). 1.0 without --filter-zero-signal (every group is
+    sent), FIRST_SIGNAL_SHARE before any group is scored. [(0, 4), (3, 4), (1, 2)] over 6 groups:
+    the last two chunks, 4 / 6."""
     if not filter_zero_signal:
         return 1.0
-    recent = list(recent)
-    total = sum(n for _, n in recent)
-    return sum(k for k, _ in recent) / total if total else FIRST_SIGNAL_SHARE
+    kept = total = 0
+    for k, n in reversed(list(recent)):
+        kept, total = kept + k, total + n
+        if total >= min_groups:
+            break
+    return kept / total if total else FIRST_SIGNAL_SHARE
 
 
 def bucket_prompts(buckets: tuple[int, ...], group: int) -> int:

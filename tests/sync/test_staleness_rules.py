@@ -131,6 +131,13 @@ def test_signal_share_by_hand():
     assert signal_share([(1, 6)], True) == 1 / 6
     assert signal_share([(1, 6), (1, 12)], True) == 2 / 18       # groups, not rounds, weigh
     assert signal_share([(0, 5)], False) == 1.0                  # without the filter every group is sent
+    # the newest chunks back until they hold min_groups groups: over 6, the last two of these
+    assert signal_share([(0, 4), (3, 4), (1, 2)], True, min_groups=6) == 4 / 6
+    assert signal_share([(0, 4), (3, 4), (1, 2)], True, min_groups=7) == 4 / 10   # all: 6 is not 7
+    assert signal_share([(0, 4), (3, 4), (1, 2)], True, min_groups=2) == 1 / 2
+    # a streaming sampler's chunks of one group: 64 of them weigh, not the last four
+    ones = [(1, 1)] * 60 + [(0, 1)] * 4
+    assert signal_share(ones, True) == 60 / 64 and signal_share(ones[1:], True) == 59 / 63
 
 
 def test_bucket_prompts_by_hand():
