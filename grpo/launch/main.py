@@ -179,41 +179,49 @@ def staleness_left_default(learner_flags: list[str]) -> bool:
     return left_default(learner_flags, "--max-staleness", LearnerConfig, "training_worker.py")
 
 
-def choose_in_flight(specs: list) -> None:
-    """--gpus chooses how samplers decode too: where each has a GPU of its own, decodes with the
-    engine and swaps weights in place (own_weights: ipc, nccl, tcp), and the user chose no
-    --in-flight-rows, every sampler keeps AUTO_IN_FLIGHT_ROWS rows in flight instead of fixed
-    rounds (a round's rows idle through its longest completion), said in one line; but only where
-    the staleness bound keeps them decoding, as given or as fill_in_flight_rows may raise it
-    (small steps would hold a pool of a few rows, and rounds are left as they are)."""
+def in_flight_fits(specs: list) -> bool:
+    """Whether AUTO_IN_FLIGHT_ROWS rows in flight suit these samplers: each has a GPU of its own
+    (beside learner ranks they take turns on it between rounds), decodes with the engine and swaps
+    weights in place (every method but shared: grpo.weights.methods.own_weights), the user chose no --in-flight-rows, and the
+    staleness bound keeps all the rows decoding, as given or as fill_in_flight_rows may raise it
+    (small steps would hold a pool of a few rows)."""
     from grpo.config import SamplerConfig
     from grpo.flags import parse_config
     from grpo.sync.staleness import IN_FLIGHT_SPAN
-    from grpo.weights.methods import own_weights, sampler_method
 
     samplers = [s for s in specs if s.role == "sampler"]
     learners = [s for s in specs if s.role == "learner"]
     learner_gpus = {g for s in learners for g in s.env.get("CUDA_VISIBLE_DEVICES", "").split(",")}
     if not samplers or not learners or any(not s.env.get("CUDA_VISIBLE_DEVICES") or
                                            s.env["CUDA_VISIBLE_DEVICES"].split(",")[0] in learner_gpus for s in samplers):
-        return   # on CPU, or a sampler beside learner ranks: they take turns on its GPU between rounds
+        return False
     flags, learner_flags = samplers[0].argv[2:], learners[0].argv[2:]
     scfg = parse_config(SamplerConfig, flags, "sampling_worker.py")
     if (not left_default(flags, "--in-flight-rows", SamplerConfig, "sampling_worker.py") or not scfg.swap_in_flight
-            or not own_weights(sampler_method(scfg.weight_sync, "cuda"))):
+            or scfg.weight_sync == "shared" or not decodes_with_engine(scfg)):   # (numpy-free own_weights)
+        return False
+    found = in_flight_note(flags + ["--in-flight-rows", str(AUTO_IN_FLIGHT_ROWS)], learner_flags, len(samplers))
+    return found is None or (found[0] + IN_FLIGHT_SPAN <= AUTO_STALENESS_MAX and staleness_left_default(learner_flags))
+
+
+def choose_in_flight(specs: list, chosen: bool) -> None:
+    """Where in_flight_fits: with the layout the launcher's to choose (--gpus), every sampler keeps
+    AUTO_IN_FLIGHT_ROWS rows in flight instead of fixed rounds (a round's rows idle through its
+    longest completion), said in one line; with a layout given by hand, the line only says so."""
+    if not in_flight_fits(specs):
         return
     rows = ["--in-flight-rows", str(AUTO_IN_FLIGHT_ROWS)]
-    if found := in_flight_note(flags + rows, learner_flags, len(samplers)):
-        if found[0] + IN_FLIGHT_SPAN > AUTO_STALENESS_MAX or not staleness_left_default(learner_flags):
-            return
-    elif not decodes_with_engine(scfg):
-        return   # in_flight_note is None for hf too
-    for s in samplers:
-        s.argv += rows
-    print(f"run_distributed.py: --in-flight-rows {AUTO_IN_FLIGHT_ROWS} on each sampler: they decode with the engine "
-          f"on GPUs of their own and swap weights between decode steps, so a row starts its next sample as soon as "
-          f"its own ends instead of waiting for its round's longest (--in-flight-rows 0 for fixed rounds)",
-          file=sys.stderr)
+    if not chosen:
+        print(f"run_distributed.py: note: the samplers decode in rounds, each row idle from its own end to its round's "
+              f"longest; {' '.join(rows)} would keep every row decoding, weights swapped between decode steps "
+              f"(--gpus chooses it)", file=sys.stderr)
+        return
+    for s in specs:
+        if s.role == "sampler":
+            s.argv += rows
+    print(f"run_distributed.py: {' '.join(rows)} on each sampler: they decode with the engine on GPUs of their own "
+          f"and swap weights between decode steps, so a row starts its next sample as soon as its own ends instead of "
+          f"waiting for its round's longest (--in-flight-rows 0 for fixed rounds)", file=sys.stderr)
 
 
 def fill_in_flight_rows(specs: list) -> None:
@@ -454,8 +462,7 @@ def main(argv: list[str] | None = None) -> int:
                 if problem := check_sampler_flags(samplers_argv[0]):
                     raise LaunchError(problem)
             check_resume(cfg, to_l)
-            if chosen:
-                choose_in_flight(specs)
+            choose_in_flight(specs, chosen)
             fill_in_flight_rows(specs)
             check_memory(cfg, specs)
             check_port(cfg.host, cfg.data_port, "--data-port")
