@@ -64,9 +64,16 @@ def test_no_group_is_generated_that_is_certain_to_be_dropped(runs, engine):
     assert len(sizes) > 1 and max(sizes[1:]) <= 2 < 8, sizes   # (1 + 1) x 1 group a step, never the full 8
     if "generating round 0 with version 0" in log:
         # the learner's first answer came after the sampler's grace (a loaded machine): round 0 was
-        # the full 8 prompts, made before the budget was known; what the budget could not take is
-        # dropped stale, and nothing after it
-        assert sizes[0] == 8 and groups["dropped"].get("stale", 0) == 8 - 2, (sizes, groups)
+        # made before the budget was known; what the budget could not take is dropped stale, and
+        # nothing after it. Rounds: the full 8 prompts, one chunk. In flight: round 0's groups leave
+        # one by one, and once the answer has come no prompt starts that the budget cannot take, so
+        # it may hold fewer than 8 (seen: 5, 3 of them stale)
+        first = sum(int(n) // 2 for n in re.findall(r"round 0 \(v\d+\): (\d+) completions", log))
+        stale = groups["dropped"].get("stale", 0)
+        if engine == "rounds":
+            assert sizes[0] == first == 8 and stale == 8 - 2, (sizes, groups)
+        else:
+            assert 2 <= first <= 8 and stale <= first - 2, (first, groups)
     else:
         assert sizes[0] <= 2 and groups["dropped"].get("stale", 0) == 0, (sizes, groups)
     stats = json.loads((run_dir / "summary.json").read_text())["samplers"]["0"]["stats"]
