@@ -186,10 +186,9 @@ def learner_main(argv: list[str] | None = None) -> int:
     freeze_for_exit()
     if rank > 0:
         # A rank other than 0 has nothing left to write after its last collective, so it skips the
-        # interpreter's finalization: rank 1 of a two-rank CPU run still aborted after
-        # destroy_process_group (SIGABRT, "terminate called without an active exception"; once in
-        # a fresh-clone CI run, once locally on 2026-11-28), which finalization can cause when a
-        # group some other object still references is freed with its gloo threads unjoined.
+        # interpreter's finalization, which can abort the process (SIGABRT, "terminate called
+        # without an active exception") when a process group some object still references is freed
+        # with its gloo threads unjoined.
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

@@ -7,6 +7,7 @@ from typing import Literal
 from grpo.config.bounds import at_least, positive
 
 GenerationBackend = Literal["auto", "fast", "hf"]
+OldLogprobs = Literal["auto", "sampling", "pass"]
 
 
 def backend_for(choice: str, device_type: str) -> str:
@@ -16,7 +17,6 @@ def backend_for(choice: str, device_type: str) -> str:
     if choice == "auto":
         return "fast" if device_type == "cuda" else "hf"
     return choice
-OldLogprobs = Literal["auto", "sampling", "pass"]
 
 
 @dataclass

@@ -147,9 +147,9 @@ def _status_line(run_dir: Path, seen: int) -> tuple[int, str | None]:
     """The launcher's line for the newest step record that metrics.jsonl gained since byte `seen`,
     and the bytes read so far. Only whole lines count: the learner appends a record while this
     reads, and a read that races that write can return its first part only, so the part after
-    the last newline is left for the next poll. A whole line that
-    does not parse, or lacks a step's figures, is passed over: the status line is only news, and
-    must never end the run it reports on."""
+    the last newline is left for the next poll. A whole line that does not parse, or lacks a
+    step's figures, is passed over: the status line is only news, and must never end the run it
+    reports on."""
     try:
         with open(run_dir / "metrics.jsonl", "rb") as fh:
             fh.seek(seen)

@@ -44,7 +44,6 @@ from grpo.wire import messages as M
 log = logging.getLogger(__name__)
 
 
-
 def swaps_in_flight(swap_in_flight: bool, in_flight_rows: int, method: str, old_logprobs: str) -> bool:
     """Whether streams swap weights between decode steps: --swap-in-flight with --in-flight-rows
     (fixed rounds are one batch: nothing to swap into), unless the weights are shared (the learner

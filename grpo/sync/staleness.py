@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Reversible
 
 from grpo.config import SamplerConfig
 from grpo.stats import staleness
@@ -223,7 +223,8 @@ def staleness_advice(ages: dict[int, int], max_staleness: int, keep: float = 1 -
 SIGNAL_GROUPS = 64
 
 
-def signal_share(recent: Iterable[tuple[int, int]], filter_zero_signal: bool, min_groups: int = SIGNAL_GROUPS) -> float:
+def signal_share(recent: Reversible[tuple[int, int]], filter_zero_signal: bool,
+                 min_groups: int = SIGNAL_GROUPS) -> float:
     """The share of the newest groups scored that had signal, from (kept, groups) per chunk of
     groups finished, oldest first: the newest chunks back until they hold at least min_groups
     groups (all of them while fewer were scored). 1.0 without --filter-zero-signal (every group is
@@ -232,7 +233,7 @@ def signal_share(recent: Iterable[tuple[int, int]], filter_zero_signal: bool, mi
     if not filter_zero_signal:
         return 1.0
     kept = total = 0
-    for k, n in reversed(list(recent)):
+    for k, n in reversed(recent):   # a deque or list: no copy (asked at every prompt a stream may start)
         kept, total = kept + k, total + n
         if total >= min_groups:
             break
