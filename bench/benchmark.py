@@ -13,6 +13,8 @@ spread over --gpus. A point is (seconds from the row's launch to the end of that
     python bench/benchmark.py run --row 0.5b:1gpu:ours:42 --work-dir runs/bm
     python bench/benchmark.py score --work-dir runs/bm --gpus 0,1,2,3
     python bench/benchmark.py summarise --work-dir runs/bm
+    python bench/benchmark.py figures --work-dir runs/bm   # each run's figures from its running files
+                                                      # (a run cut short included), one JSON line each
 
 MODEL: 0.5b or 1.5b (Qwen2.5-Coder-Instruct, the GGUF files of bench/fetch_models.py, looked up in
 $GRPO_GGUF_DIR, /tmp/gguf and $GRPO_CACHE/gguf), or any --model value (tiny-random for a CPU check).
@@ -171,6 +173,51 @@ def ours_rates(metrics: list[dict], summary: dict, gpus: int) -> dict:
             "learner_busy_share": round(sum(s["train_s"] for s in later) / sum(s["step_time_s"] for s in later), 3)
             if later else None,
             "gen_tokens_per_s_per_gpu": round(tokens / elapsed / gpus, 1) if elapsed else None}
+
+
+DECODE_LINE = re.compile(r"completions, (\d+) tokens in ([\d.]+) s")   # a sampler log's round/chunk line
+
+
+def run_figures(run: Path) -> dict:
+    """Ours' figures from the files a run writes while it runs (metrics.jsonl's step records, the
+    samplers' logs, eval.jsonl), so that a run cut short (its machine taken back before the row
+    ended) still gives them; summary.json, written at the end, is not needed. Steps/s is steps over
+    the last step's time_s, as row_result; median step and learner busy leave out the first step
+    (it waits for the first groups); the groups' shares are the last step's books: stale over sent
+    and over judged (trained + stale), zero-signal over sent; decode tokens/s per sampler is its
+    log's tokens over its generating seconds (what summary.json's tokens / gen_s give)."""
+    # whole lines only: a snapshot taken while the learner appended may end in half a record
+    text = (run / "metrics.jsonl").read_text() if (run / "metrics.jsonl").is_file() else ""
+    metrics = [json.loads(x) for x in text.split("\n")[:-1] if x.strip()]
+    steps = [m for m in metrics if "step" in m and "step_time_s" in m]
+    if not steps:
+        raise ValueError(f"{run}: no step records in metrics.jsonl")
+    later, last = steps[1:] or steps, steps[-1]
+    g = last.get("groups") or {}
+    drop = g.get("dropped") or {}
+    sent, stale = g.get("sent") or 0, drop.get("stale", 0)
+    judged = (g.get("trained") or 0) + stale
+    decode = {}
+    for log in sorted(run.glob("sampler*.log")):
+        found = [(int(m[1]), float(m[2])) for m in map(DECODE_LINE.search, _lines(log)) if m]
+        secs = sum(s for _, s in found)
+        if secs:
+            decode[log.stem] = {"tokens": sum(t for t, _ in found), "seconds": round(secs, 1),
+                                "tokens_per_s": round(sum(t for t, _ in found) / secs)}
+    evals = [json.loads(x) for x in _lines(run / "eval.jsonl") if x.strip()]
+    base = [e for e in evals if e.get("by") == "sampler0" and e.get("version") == 0]
+    final = [e for e in evals if e.get("by") == "learner"]
+    return {"steps": len(steps), "last_step_s": round(last["time_s"], 1),
+            "steps_per_s": round(len(steps) / last["time_s"], 4),
+            "median_step_s": round(statistics.median(s["step_time_s"] for s in later), 3),
+            "learner_busy_share": round(sum(s["train_s"] for s in later) / sum(s["step_time_s"] for s in later), 3),
+            "sampler_busy_share": last.get("sampler_busy_share"), "groups": g,
+            "stale_of_sent": round(stale / sent, 4) if sent else None,
+            "stale_of_judged": round(stale / judged, 4) if judged else None,
+            "zero_signal_of_sent": round(drop.get("sampler_zero_signal", 0) / sent, 4) if sent else None,
+            "decode": decode, "baseline_accuracy": base[-1]["accuracy"] if base else None,
+            "learner_final": {"version": final[-1]["version"], "accuracy": final[-1]["accuracy"]} if final else None,
+            "ended": any(m.get("final") for m in metrics)}
 
 
 def trl_rates(steps: list[dict], gpus: int) -> dict:
@@ -694,7 +741,7 @@ def _has(mod: str) -> bool:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("step", choices=["rows", "all", "run", "score", "summarise", "score-worker"])
+    ap.add_argument("step", choices=["rows", "all", "run", "score", "summarise", "figures", "score-worker"])
     ap.add_argument("--rows", default="", help="`all`: rows MODEL:LAYOUT:TRAINER:SEED, space-separated "
                                                "(default: the standard rows, `rows` lists them)")
     ap.add_argument("--row", default="", help="`run`: one row")
@@ -730,6 +777,14 @@ def main(argv=None) -> int:
         score(args)
     elif args.step == "summarise":
         summarise(args)
+    elif args.step == "figures":   # each run under --work-dir (or --work-dir itself, a run): JSON lines
+        work = Path(args.work_dir)
+        runs = [work] if (work / "metrics.jsonl").is_file() else sorted(p.parent for p in work.glob("*/metrics.jsonl"))
+        if not runs:
+            raise SystemExit(f"benchmark: no run under {work} (a folder with metrics.jsonl); give --work-dir a run "
+                             f"folder or the folder of runs")
+        for run in runs:
+            print(json.dumps({"run": run.name, **run_figures(run)}))
     else:
         specs = (args.rows.split() or list(STANDARD_ROWS)) if args.step == "all" else [args.row]
         rows = [parse_row(s) for s in specs if s]

@@ -101,6 +101,37 @@ def test_rates_by_hand():
                                       "gen_tokens_per_s_per_gpu": 87.0}
 
 
+def test_figures_of_a_run_cut_short_by_hand(tmp_path, capsys):
+    """A run whose machine was taken back: no summary.json, a half-written last line; its figures
+    come from metrics.jsonl, the samplers' logs and eval.jsonl."""
+    run = tmp_path / "1.5b_chosen_ours_s42"
+    run.mkdir()
+    books = {"received": 30, "trained": 24, "dropped": {"stale": 3, "sampler_zero_signal": 10}, "queued": 3,
+             "sent": 40, "balanced": True}
+    steps = [{"step": 1, "step_time_s": 20.0, "train_s": 1.0, "time_s": 20.0},
+             {"step": 2, "step_time_s": 2.0, "train_s": 1.0, "time_s": 22.0},
+             {"step": 3, "step_time_s": 4.0, "train_s": 1.0, "time_s": 26.0},
+             {"step": 4, "step_time_s": 6.0, "train_s": 1.5, "time_s": 32.0,
+              "sampler_busy_share": {"0": 0.9}, "groups": books}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in steps) + '{"step": 5, "step_ti')
+    (run / "sampler0.log").write_text(
+        "12:00:01 sampler0 INFO round 1 (v0): 16 completions, 6000 tokens in 0.5 s (12000 tok/s) ...\n"
+        "12:00:02 sampler0 INFO now running policy version 1\n"
+        "12:00:03 sampler0 INFO round 1 (v1): 48 completions, 9000 tokens in 1.0 s (9000 tok/s) ...\n")
+    (run / "eval.jsonl").write_text(json.dumps({"version": 0, "by": "sampler0", "accuracy": 0.5}) + "\n")
+    rw.main(["figures", "--work-dir", str(tmp_path)])
+    got = json.loads(capsys.readouterr().out)
+    # the half line (a snapshot taken mid-append) passed over; 4 steps over 32 s; steps 2-4: median 4 s, 3.5 s training of 12 s; 3 stale of 40 sent and of
+    # 27 judged (24 trained + 3); 15,000 tokens in 1.5 s of generating
+    assert got == {"run": run.name, "steps": 4, "last_step_s": 32.0, "steps_per_s": 0.125, "median_step_s": 4.0,
+                   "learner_busy_share": 0.292, "sampler_busy_share": {"0": 0.9}, "groups": books,
+                   "stale_of_sent": 0.075, "stale_of_judged": 0.1111, "zero_signal_of_sent": 0.25,
+                   "decode": {"sampler0": {"tokens": 15000, "seconds": 1.5, "tokens_per_s": 10000}},
+                   "baseline_accuracy": 0.5, "learner_final": None, "ended": False}
+    with pytest.raises(SystemExit, match="no run under"):
+        rw.main(["figures", "--work-dir", str(tmp_path / "none")])
+
+
 def test_save_flags_follow_the_schedule_and_a_bad_one_stops_at_once(capsys):
     assert rw.ours_save_flags("30") == ["--save-weights-every-s", "30"]           # constant: every learner has it
     assert rw.ours_save_flags("30x4,60") == ["--save-weights-every-s", "30", "--save-weights-schedule", "30x4,60"]
@@ -295,6 +326,21 @@ def test_the_committed_result_is_what_its_run_archives_say(tmp_path, result):
                                                          "layouts": {k: rw.LAYOUTS[k] for k in sorted(layouts)},
                                                          "save_schedule": rw.rows_schedule(committed["rows"]),
                                                          "marks_s": rw.MARKS_S})) == committed["settings"]
+
+
+def test_the_chosen_layout_result_is_what_its_run_archive_says(tmp_path):
+    """bench/results/chosen_4x_NVIDIA_H200_600s.json: its rows as `summarise` and its figures as
+    `figures` compute them from the committed archive (the 1.5B run in it was cut short: no
+    launch.json or summary.json, so it has figures and no row)."""
+    committed = json.loads((RESULTS / "chosen_4x_NVIDIA_H200_600s.json").read_text())
+    with tarfile.open(RESULTS / "real_workload" / "chosen_4x_NVIDIA_H200_600s_2bc9c28.tgz") as t:
+        t.extractall(tmp_path / "w", filter="data")
+    rw.main(["summarise", "--work-dir", str(tmp_path / "w"), "--results-dir", str(tmp_path / "out"),
+             "--device-name", committed["device"]])
+    assert json.loads((tmp_path / "out" / "real_workload_4x_NVIDIA_H200.json").read_text())["rows"] == committed["rows"]
+    figures = {run: rw.run_figures(tmp_path / "w" / run) for run in committed["figures_from_run_files"]}
+    assert figures == committed["figures_from_run_files"]
+    assert [r["steps"] for r in figures.values()] == [602, 313] and not figures["1.5b_chosen_ours_s42"]["ended"]
 
 
 def test_chunks_reassemble_to_the_checked_file(tmp_path, monkeypatch):
