@@ -18,6 +18,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 from grpo.config import LaunchConfig
 from grpo.launch import layout, memory, nodes
@@ -361,10 +362,29 @@ def read_rates(run_dir: str) -> layout.Rates | None:
             from None
 
 
-def print_node_plan(cfg: LaunchConfig, to_s: list[str], to_l: list[str]) -> int:
-    """--nodes: print each node's processes, commands and memory (grpo.launch.nodes); start nothing."""
+def node_in_flight(cfg: LaunchConfig, mp: nodes.MultiNodePlan, to_s: list[str], to_l: list[str],
+                   chosen: bool) -> nodes.MultiNodePlan:
+    """--nodes: choose_in_flight and fill_in_flight_rows, the one-host rules, on the plan's processes
+    (each GPU named by its node and index, so a sampler has a GPU of its own where no learner rank is
+    on that node's GPU); the plan again with the flags they add, or the same plan where they add none."""
+    if not mp.cuda:
+        return mp
+    views = [SimpleNamespace(role=p.role, argv=["python", *p.argv], env={"CUDA_VISIBLE_DEVICES": f"{p.node}:{p.gpu}"})
+             for p in mp.procs()]
+    before = [len(v.argv) for v in views]
+    choose_in_flight(views, chosen)
+    fill_in_flight_rows(views)
+    added = {v.role: v.argv[n:] for v, n in zip(views, before)}   # the same flags for every process of a role
+    if not any(added.values()):
+        return mp
+    return nodes.plan_nodes(cfg, to_s + added["sampler"], to_l + added["learner"])
+
+
+def print_node_plan(cfg: LaunchConfig, to_s: list[str], to_l: list[str], chosen: bool = False) -> int:
+    """--nodes: print each node's processes, commands and memory (grpo.launch.nodes); start nothing.
+    chosen: --gpus all chose the split, so the samplers' decoding is the launcher's to choose too."""
     try:
-        mp = nodes.plan_nodes(cfg, to_s, to_l)
+        mp = node_in_flight(cfg, nodes.plan_nodes(cfg, to_s, to_l), to_s, to_l, chosen)
         learners, samplers = mp.procs("learner"), mp.procs("sampler")
         if problem := check_sampler_flags(samplers[0].argv[1:]):
             raise LaunchError(problem)
@@ -433,6 +453,7 @@ def check_memory(cfg: LaunchConfig, specs: list) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     cfg, to_s, to_l = parse(argv)
+    chosen = bool(cfg.gpus)   # the layout is the launcher's to choose, how samplers decode included
     try:
         check_gpus_flags(cfg)
         if cfg.nodes and cfg.gpus:
@@ -442,11 +463,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run_distributed.py: error: {exc}", file=sys.stderr)
         return 2
     if cfg.nodes:
-        return print_node_plan(cfg, to_s, to_l)
+        return print_node_plan(cfg, to_s, to_l, chosen)
     try:
         check_model(cfg.model)
         cuda_count = 0 if cfg.device == "cpu" else cuda_device_count()
-        chosen = bool(cfg.gpus)   # the layout is the launcher's to choose, how samplers decode included
         if cfg.gpus:
             # from here on, the run of the explicit flags the choice stands for
             cfg, line = choose_gpus(cfg, cuda_count, *layout_inputs(cfg, to_l), read_rates(cfg.layout_from))

@@ -220,3 +220,29 @@ def test_a_layout_given_by_hand_keeps_its_rounds_and_is_told_of_rows_in_flight(c
     cfg, to_s, to_l = parse(["--sampling-gpu", "0", "--training-gpus", "0", "--share-gpus", *WORKLOAD])
     launch_main.choose_in_flight(plan(cfg, 4, to_s, to_l, 29999), chosen=False)   # one shared GPU: no line
     assert capsys.readouterr().err == ""
+
+
+def test_gpus_all_over_nodes_keeps_rows_in_flight_by_the_one_host_rule(capsys):
+    """--nodes: the same in-flight choice and bound as one host, on each node's GPUs. 2 learner ranks on
+    node a, 2 samplers on node b (GPUs of their own, weights by nccl): 320 rows, bound 7, in the printed
+    commands; a sampler beside a learner rank (--share-gpus, one node of one GPU), a layout given by
+    hand, and 3 samplers (bound 10 would be needed, past 8) keep their rounds."""
+    argv = ["--nodes", "a:2,b:2", "--training-ranks", "2", "--num-samplers", "2", *WORKLOAD, "--train-batch-size", "128"]
+    cfg, to_s, to_l = parse(argv)
+    mp = launch_main.node_in_flight(cfg, plan_nodes(cfg, to_s, to_l), to_s, to_l, chosen=True)
+    want = plan_nodes(cfg, to_s + ["--in-flight-rows", "320"], to_l + ["--max-staleness", "7"])
+    assert mp == want
+    assert all(p.argv[-2:] == ["--in-flight-rows", "320"] for p in mp.procs("sampler"))
+    assert all(p.argv[-2:] == ["--max-staleness", "7"] for p in mp.procs("learner"))
+    assert "--in-flight-rows 320" in mp.nodes[1].commands[2] and "--max-staleness 7" in mp.nodes[0].commands[2]
+    err = capsys.readouterr().err
+    assert "--in-flight-rows 320 on each sampler" in err and "--max-staleness 7, not the default 2" in err
+    plain = plan_nodes(cfg, to_s, to_l)
+    assert launch_main.node_in_flight(cfg, plain, to_s, to_l, chosen=False) is plain   # by hand: a note only
+    assert "note: the samplers decode in rounds" in capsys.readouterr().err
+    for other in (["--nodes", "a:1", "--training-ranks", "1", "--num-samplers", "1", "--share-gpus"],
+                  ["--nodes", "a:2,b:2", "--training-ranks", "1", "--num-samplers", "3"]):
+        cfg, to_s, to_l = parse([*other, *WORKLOAD, "--train-batch-size", "128"])
+        plain = plan_nodes(cfg, to_s, to_l)
+        assert launch_main.node_in_flight(cfg, plain, to_s, to_l, chosen=True) is plain
+    assert "--in-flight-rows 320 on each sampler" not in capsys.readouterr().err
