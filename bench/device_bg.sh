@@ -8,7 +8,8 @@
 #   bash bench/device_bg.sh wait 560     # up to 560 s, then returns what the plan has written
 #
 # The plan writes what it keeps under /tmp/bg/out (give it OUT=/tmp/bg/out); `wait` packs that
-# folder and the plan's log into $OUT/bg_<n>.tgz (the call returns at most 8 files), says whether
+# folder and the plan's log into $OUT/bg_<n>.tgz (the call returns at most 8 files; packed again
+# every PACK_EVERY seconds, 60 by default, so a call cut off returns the last pack), says whether
 # the plan has ended and with what exit status, and shows the log's last lines. It packs the small
 # files of the runs in progress too ($SNAP, default /tmp/rw, less weights and checkpoints): a plan
 # copies its runs to out/ only once a row is scored, and a machine lost before then took every log.
@@ -28,16 +29,24 @@ start)
     ;;
 wait)
     limit=${2:-560}
-    t0=$(date +%s)
-    while [ ! -f $BG/rc ] && [ $(( $(date +%s) - t0 )) -lt "$limit" ]; do sleep 5; done
     n=$(ls "${OUT:-/tmp}"/bg_*.tgz 2>/dev/null | wc -l)
-    if [ -n "${OUT:-}" ]; then
+    pack() {   # what the plan has so far, as $OUT/bg_<n>.tgz (whole: packed aside, then moved in)
+        [ -n "${OUT:-}" ] || return 0
         rm -rf $BG/snap; mkdir -p $BG/snap
         snap=${SNAP:-/tmp/rw}
         [ -d "$snap" ] && (cd "$snap" && find . \( -name weights -o -name checkpoints -o -name trl_output \) -prune \
             -o -type f -size -20M -print | tar -cf - -T - 2>/dev/null | tar -C $BG/snap -xf -)
-        tar czf "$OUT/bg_$n.tgz" -C $BG out log snap 2>/dev/null
-    fi
+        tar czf $BG/pack.tgz -C $BG out log snap 2>/dev/null && mv -f $BG/pack.tgz "$OUT/bg_$n.tgz"
+    }
+    # Packed again every PACK_EVERY seconds while waiting: a call cut off (the session's device time
+    # spent, the call's own limit) still returns what is under $OUT, so it returns the last pack.
+    every=${PACK_EVERY:-60}
+    t0=$(date +%s); last=$t0
+    while [ ! -f $BG/rc ] && [ $(( $(date +%s) - t0 )) -lt "$limit" ]; do
+        sleep 5
+        if [ $(( $(date +%s) - last )) -ge "$every" ]; then pack; last=$(date +%s); fi
+    done
+    pack
     if [ -f $BG/rc ]; then echo "device_bg: the plan ended, exit $(cat $BG/rc)"; else
         echo "device_bg: still running after ${limit} s of waiting"; fi
     tail -25 $BG/log

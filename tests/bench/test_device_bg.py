@@ -69,3 +69,28 @@ def test_wait_packs_the_small_files_of_rows_still_running_without_their_weights(
     finally:
         pid = (tmp_path / "bg" / "pid").read_text().strip()
         subprocess.run(["kill", "--", f"-{pid}"], capture_output=True)
+
+
+def test_a_wait_cut_off_leaves_its_latest_pack(tmp_path):
+    # The device tool returns what is under $OUT when it kills a call at its limit (the session's device
+    # time spent): a wait packs again every PACK_EVERY seconds, so that pack is at most that old.
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "DEVICE_BG_DIR": str(tmp_path / "bg"), "OUT": str(out), "PACK_EVERY": "1",
+           "SNAP": str(tmp_path / "none")}
+    progress = tmp_path / "bg" / "out" / "progress.txt"
+    plan = f"for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do echo $i >> {progress}; sleep 1; done"
+    assert bg("start", plan, env=env).returncode == 0
+    waiter = subprocess.Popen(["bash", str(SCRIPT), "wait", "60"], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        time.sleep(13)
+        os.killpg(waiter.pid, 9)   # cut off, as the device tool cuts a call: no final pack
+        waiter.wait(timeout=10)
+        with tarfile.open(out / "bg_0.tgz") as tar:   # whole (packed aside, moved in): it opens
+            seen = tar.extractfile("out/progress.txt").read().decode().split()
+        assert 5 <= len(seen) <= 13 and seen == [str(i) for i in range(1, len(seen) + 1)]
+        assert sorted(p.name for p in out.iterdir()) == ["bg_0.tgz"]   # one pack, replaced in place
+    finally:
+        pid = (tmp_path / "bg" / "pid").read_text().strip()
+        subprocess.run(["kill", "--", f"-{pid}"], capture_output=True)
