@@ -180,38 +180,51 @@ def staleness_left_default(learner_flags: list[str]) -> bool:
     return left_default(learner_flags, "--max-staleness", LearnerConfig, "training_worker.py")
 
 
-def in_flight_fits(specs: list) -> bool:
-    """Whether AUTO_IN_FLIGHT_ROWS rows in flight suit these samplers: each has a GPU of its own
-    (beside learner ranks they take turns on it between rounds), decodes with the engine and swaps
-    weights in place (every method but shared: grpo.weights.methods.own_weights), the user chose no --in-flight-rows, and the
-    staleness bound keeps all the rows decoding, as given or as fill_in_flight_rows may raise it
-    (small steps would hold a pool of a few rows)."""
-    from grpo.config import SamplerConfig
+def in_flight_rows(specs: list) -> int:
+    """The rows in flight that suit these samplers, 0 for rounds. Rows need each sampler on a GPU of
+    its own (beside learner ranks they take turns on it between rounds), decoding with the engine and
+    swapping weights in place (every method but shared: grpo.weights.methods.own_weights), with no
+    --in-flight-rows of the user's. Then AUTO_IN_FLIGHT_ROWS where the staleness bound keeps them
+    all decoding, as given or as fill_in_flight_rows may raise a default one (up to
+    AUTO_STALENESS_MAX); with a default bound where it cannot (more samplers share a step's groups,
+    or steps are small), the rows AUTO_STALENESS_MAX - IN_FLIGHT_SPAN keeps decoding, whole groups,
+    at least one: a smaller pool that never drains, where rounds would be budget-sized as well."""
+    from grpo.config import LearnerConfig, SamplerConfig
     from grpo.flags import parse_config
-    from grpo.sync.staleness import IN_FLIGHT_SPAN
+    from grpo.sync.staleness import IN_FLIGHT_SPAN, Staleness
 
     samplers = [s for s in specs if s.role == "sampler"]
     learners = [s for s in specs if s.role == "learner"]
     learner_gpus = {g for s in learners for g in s.env.get("CUDA_VISIBLE_DEVICES", "").split(",")}
     if not samplers or not learners or any(not s.env.get("CUDA_VISIBLE_DEVICES") or
                                            s.env["CUDA_VISIBLE_DEVICES"].split(",")[0] in learner_gpus for s in samplers):
-        return False
+        return 0
     flags, learner_flags = samplers[0].argv[2:], learners[0].argv[2:]
     scfg = parse_config(SamplerConfig, flags, "sampling_worker.py")
     if (not left_default(flags, "--in-flight-rows", SamplerConfig, "sampling_worker.py") or not scfg.swap_in_flight
             or scfg.weight_sync == "shared" or not decodes_with_engine(scfg)):   # (numpy-free own_weights)
-        return False
+        return 0
     found = in_flight_note(flags + ["--in-flight-rows", str(AUTO_IN_FLIGHT_ROWS)], learner_flags, len(samplers))
-    return found is None or (found[0] + IN_FLIGHT_SPAN <= AUTO_STALENESS_MAX and staleness_left_default(learner_flags))
+    if found is None:
+        return AUTO_IN_FLIGHT_ROWS
+    if not staleness_left_default(learner_flags):
+        return 0
+    if found[0] + IN_FLIGHT_SPAN <= AUTO_STALENESS_MAX:
+        return AUTO_IN_FLIGHT_ROWS
+    lcfg = parse_config(LearnerConfig, learner_flags, "training_worker.py")
+    G = scfg.num_generations
+    rows = Staleness(AUTO_STALENESS_MAX - IN_FLIGHT_SPAN, lcfg.train_batch_size // G).pool_rows(G, len(samplers))
+    return rows if rows >= G else 0
 
 
 def choose_in_flight(specs: list, chosen: bool) -> None:
-    """Where in_flight_fits: with the layout the launcher's to choose (--gpus), every sampler keeps
-    AUTO_IN_FLIGHT_ROWS rows in flight instead of fixed rounds (a round's rows idle through its
-    longest completion), said in one line; with a layout given by hand, the line only says so."""
-    if not in_flight_fits(specs):
+    """Where in_flight_rows gives rows: with the layout the launcher's to choose (--gpus), every
+    sampler keeps them in flight instead of fixed rounds (a round's rows idle through its longest
+    completion), said in one line; with a layout given by hand, the line only says so."""
+    n = in_flight_rows(specs)
+    if not n:
         return
-    rows = ["--in-flight-rows", str(AUTO_IN_FLIGHT_ROWS)]
+    rows = ["--in-flight-rows", str(n)]
     if not chosen:
         print(f"run_distributed.py: note: the samplers decode in rounds, each row idle from its own end to its round's "
               f"longest; {' '.join(rows)} would keep every row decoding, weights swapped between decode steps "
@@ -220,9 +233,11 @@ def choose_in_flight(specs: list, chosen: bool) -> None:
     for s in specs:
         if s.role == "sampler":
             s.argv += rows
-    print(f"run_distributed.py: {' '.join(rows)} on each sampler: they decode with the engine on GPUs of their own "
-          f"and swap weights between decode steps, so a row starts its next sample as soon as its own ends instead of "
-          f"waiting for its round's longest (--in-flight-rows 0 for fixed rounds)", file=sys.stderr)
+    fewer = (f"; not {AUTO_IN_FLIGHT_ROWS}, which would need a --max-staleness past {AUTO_STALENESS_MAX} to keep "
+             f"decoding" if n < AUTO_IN_FLIGHT_ROWS else "")
+    print(f"run_distributed.py: {' '.join(rows)} on each sampler: they decode with the engine on GPUs of their "
+          f"own and swap weights between decode steps, so a row starts its next sample as soon as its own ends instead "
+          f"of waiting for its round's longest (--in-flight-rows 0 for fixed rounds){fewer}", file=sys.stderr)
 
 
 def fill_in_flight_rows(specs: list) -> None:

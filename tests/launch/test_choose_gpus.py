@@ -74,7 +74,10 @@ def test_the_choice_is_the_plan_of_the_explicit_flags(gpus, params, explicit):
     ("0,1", [], 320, 5),                          # 1+1: 3 fill, +2
     ("0,1", ["--max-staleness", "5"], 320, None),  # 5 keeps 320 rows decoding: kept as given
     ("0,1,2,3", ["--max-staleness", "4"], 0, None),  # 4 keeps 256 of each 320: rounds, bound kept
-    ("0,1,2,3", ["--train-batch-size", "64"], 0, None),  # 4 groups a step: 10 fill, 12 past 8: rounds
+    # 4 groups a step: 320 rows need 10, 12 is past 8; bound 6 fills 6 x 4 / 2 = 12 groups, 192 rows
+    ("0,1,2,3", ["--train-batch-size", "64"], 192, 8),
+    ("0,1,2,3", ["--train-batch-size", "16"], 48, 8),   # 1 group a step: 6 x 1 / 2 = 3 groups
+    ("0,1,2,3", ["--train-batch-size", "16", "--max-staleness", "2"], 0, None),   # the user's bound: rounds
     ("0", [], 0, None),                           # one GPU: sampler and learner take turns on it
     ("0,1,2,3", ["--in-flight-rows", "0"], 0, None),  # the user's rounds
     ("0,1,2,3", ["--in-flight-rows", "64"], 64, None),  # the user's rows (the bound fills 64)
@@ -99,9 +102,12 @@ def test_the_chosen_layout_keeps_rows_in_flight_where_the_bound_fills_them(capsy
 
     assert {last(s.argv, "--in-flight-rows") or 0 for s in specs if s.role == "sampler"} == {rows}
     set_bound = {last(s.argv, "--max-staleness") for s in specs if s.role == "learner"}
-    assert set_bound == {bound or (int(extra[1]) if "--max-staleness" in extra else None)}
+    assert set_bound == {bound or last(extra, "--max-staleness")}
     said = "run_distributed.py: --in-flight-rows 320 on each sampler: they decode with the engine" in err
     assert said == (rows == 320 and "--in-flight-rows" not in extra)
+    fewer = f"run_distributed.py: --in-flight-rows {rows} on each sampler: they decode" in err and \
+        "; not 320, which would need a --max-staleness past 8 to keep decoding\n" in err
+    assert fewer == (0 < rows < 320 and "--in-flight-rows" not in extra)
     if bound:
         assert f"run_distributed.py: --max-staleness {bound}, not the default 2" in err
 
@@ -225,8 +231,9 @@ def test_a_layout_given_by_hand_keeps_its_rounds_and_is_told_of_rows_in_flight(c
 def test_gpus_all_over_nodes_keeps_rows_in_flight_by_the_one_host_rule(capsys):
     """--nodes: the same in-flight choice and bound as one host, on each node's GPUs. 2 learner ranks on
     node a, 2 samplers on node b (GPUs of their own, weights by nccl): 320 rows, bound 7, in the printed
-    commands; a sampler beside a learner rank (--share-gpus, one node of one GPU), a layout given by
-    hand, and 3 samplers (bound 10 would be needed, past 8) keep their rounds."""
+    commands; 3 samplers (320 rows would need bound 10, past 8) keep the 256 rows bound 6 fills, at 8;
+    a sampler beside a learner rank (--share-gpus, one node of one GPU) and a layout given by hand keep
+    their rounds."""
     argv = ["--nodes", "a:2,b:2", "--training-ranks", "2", "--num-samplers", "2", *WORKLOAD, "--train-batch-size", "128"]
     cfg, to_s, to_l = parse(argv)
     mp = launch_main.node_in_flight(cfg, plan_nodes(cfg, to_s, to_l), to_s, to_l, chosen=True)
@@ -240,9 +247,13 @@ def test_gpus_all_over_nodes_keeps_rows_in_flight_by_the_one_host_rule(capsys):
     plain = plan_nodes(cfg, to_s, to_l)
     assert launch_main.node_in_flight(cfg, plain, to_s, to_l, chosen=False) is plain   # by hand: a note only
     assert "note: the samplers decode in rounds" in capsys.readouterr().err
-    for other in (["--nodes", "a:1", "--training-ranks", "1", "--num-samplers", "1", "--share-gpus"],
-                  ["--nodes", "a:2,b:2", "--training-ranks", "1", "--num-samplers", "3"]):
-        cfg, to_s, to_l = parse([*other, *WORKLOAD, "--train-batch-size", "128"])
-        plain = plan_nodes(cfg, to_s, to_l)
-        assert launch_main.node_in_flight(cfg, plain, to_s, to_l, chosen=True) is plain
-    assert "--in-flight-rows 320 on each sampler" not in capsys.readouterr().err
+    cfg, to_s, to_l = parse(["--nodes", "a:2,b:2", "--training-ranks", "1", "--num-samplers", "3", *WORKLOAD,
+                             "--train-batch-size", "128"])
+    mp = launch_main.node_in_flight(cfg, plan_nodes(cfg, to_s, to_l), to_s, to_l, chosen=True)
+    assert mp == plan_nodes(cfg, to_s + ["--in-flight-rows", "256"], to_l + ["--max-staleness", "8"])
+    capsys.readouterr()
+    cfg, to_s, to_l = parse(["--nodes", "a:1", "--training-ranks", "1", "--num-samplers", "1", "--share-gpus",
+                             *WORKLOAD, "--train-batch-size", "128"])
+    plain = plan_nodes(cfg, to_s, to_l)
+    assert launch_main.node_in_flight(cfg, plain, to_s, to_l, chosen=True) is plain
+    assert capsys.readouterr().err == ""
