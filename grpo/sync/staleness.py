@@ -208,7 +208,8 @@ def staleness_advice(ages: dict[int, int], max_staleness: int, keep: float = 1 -
             fit = age
             break
     spread = ", ".join(f"{a}: {n}" for a, n in sorted(ages.items()))
-    return (f"staleness: {stale / total:.0%} of the {total} groups judged were older than --max-staleness "
+    share = f"{stale / total:.1%}" if stale < 0.1 * total else f"{stale / total:.0%}"   # 2.4%, not 2%, near 2%
+    return (f"staleness: {share} of the {total} groups judged were older than --max-staleness "
             f"{max_staleness} and dropped (groups by age in versions: {spread}); {keep:.0%} of them were at most "
             f"{fit} versions old, so --max-staleness {fit} would have trained them (a group is as old as its "
             f"first token, and in flight its longest completion takes versions to generate; a larger bound "

@@ -204,6 +204,10 @@ def test_staleness_advice_by_hand():
     assert staleness_advice(ages, 4) is None                      # none dropped
     assert staleness_advice({0: 98, 1: 1, 5: 1}, 1) is None       # 1 of 100 dropped: within 2%
     assert "at most 5 versions" in staleness_advice({0: 97, 5: 3}, 1)   # 3 of 100: 97 < 98 kept
+    # the 4x H200 0.5B run at bound 7: 121 of 4,944, 2.4%, which a whole percent would print as 2%
+    run = {0: 8, 1: 10, 2: 55, 3: 443, 4: 1194, 5: 1430, 6: 1095, 7: 588, 8: 110, 9: 11}
+    assert staleness_advice(run, 7).startswith("staleness: 2.4% of the 4944 groups judged were older than "
+                                               "--max-staleness 7")
     assert staleness_advice({}, 2) is None
 
 
