@@ -360,10 +360,12 @@ class RolloutWorkflow:
         dropped = (f", {len(gis) - len(keep)} of {len(gis)} groups zero-signal"
                    if cfg.filter_zero_signal else "")
         swapped = f" (swapped in flight: tokens of v{version}-v{newest})" if newest != version else ""
-        log.info("round %d (v%d): %d completions, %d tokens in %.2f s (%.0f tok/s)%s; log-probs %.2f s, "
+        # A streaming sampler's chunk counts the seconds since its last chunk: groups that ended at the
+        # same host check as the last ones have next to none, and a rate over them would be noise.
+        rate = f"{n_tokens / gen_s:.0f} tok/s" if gen_s >= 0.01 else "same check as the last"
+        log.info("round %d (v%d): %d completions, %d tokens in %.2f s (%s)%s; log-probs %.2f s, "
                  "rewards %.2f s; reward mean %.3f%s%s", round_idx, version, len(completions), n_tokens, gen_s,
-                 n_tokens / max(gen_s, 1e-9), swapped, logprob_s, reward_s, float(np.mean(rewards)), dropped,
-                 format_gpu(self.gpu.sample()))
+                 rate, swapped, logprob_s, reward_s, float(np.mean(rewards)), dropped, format_gpu(self.gpu.sample()))
         return groups
 
     @torch.no_grad()
