@@ -192,7 +192,8 @@ def run_figures(run: Path) -> dict:
     steps = [m for m in metrics if "step" in m and "step_time_s" in m]
     if not steps:
         raise ValueError(f"{run}: no step records in metrics.jsonl")
-    later, last = steps[1:] or steps, steps[-1]
+    last = steps[-1]
+    rates = ours_rates(steps, {}, 1)   # its median step and learner busy share (tokens need summary.json)
     g = last.get("groups") or {}
     drop = g.get("dropped") or {}
     sent, stale = g.get("sent") or 0, drop.get("stale", 0)
@@ -200,23 +201,20 @@ def run_figures(run: Path) -> dict:
     decode = {}
     for log in sorted(run.glob("sampler*.log")):
         found = [(int(m[1]), float(m[2])) for m in map(DECODE_LINE.search, _lines(log)) if m]
-        secs = sum(s for _, s in found)
+        tokens, secs = sum(t for t, _ in found), sum(s for _, s in found)
         if secs:
-            decode[log.stem] = {"tokens": sum(t for t, _ in found), "seconds": round(secs, 1),
-                                "tokens_per_s": round(sum(t for t, _ in found) / secs)}
-    evals = [json.loads(x) for x in _lines(run / "eval.jsonl") if x.strip()]
-    base = [e for e in evals if e.get("by") == "sampler0" and e.get("version") == 0]
-    final = [e for e in evals if e.get("by") == "learner"]
+            decode[log.stem] = {"tokens": tokens, "seconds": round(secs, 1), "tokens_per_s": round(tokens / secs)}
+    evals = _evals(run)
+    final = evals.get("learner_final")
     return {"steps": len(steps), "last_step_s": round(last["time_s"], 1),
             "steps_per_s": round(len(steps) / last["time_s"], 4),
-            "median_step_s": round(statistics.median(s["step_time_s"] for s in later), 3),
-            "learner_busy_share": round(sum(s["train_s"] for s in later) / sum(s["step_time_s"] for s in later), 3),
+            "median_step_s": rates["median_step_s"], "learner_busy_share": rates["learner_busy_share"],
             "sampler_busy_share": last.get("sampler_busy_share"), "groups": g,
             "stale_of_sent": round(stale / sent, 4) if sent else None,
             "stale_of_judged": round(stale / judged, 4) if judged else None,
             "zero_signal_of_sent": round(drop.get("sampler_zero_signal", 0) / sent, 4) if sent else None,
-            "decode": decode, "baseline_accuracy": base[-1]["accuracy"] if base else None,
-            "learner_final": {"version": final[-1]["version"], "accuracy": final[-1]["accuracy"]} if final else None,
+            "decode": decode, "baseline_accuracy": evals.get("sampler0_baseline", {}).get("accuracy"),
+            "learner_final": {"version": final["version"], "accuracy": final["accuracy"]} if final else None,
             "ended": any(m.get("final") for m in metrics)}
 
 

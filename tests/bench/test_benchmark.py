@@ -118,7 +118,7 @@ def test_figures_of_a_run_cut_short_by_hand(tmp_path, capsys):
         "12:00:01 sampler0 INFO round 1 (v0): 16 completions, 6000 tokens in 0.5 s (12000 tok/s) ...\n"
         "12:00:02 sampler0 INFO now running policy version 1\n"
         "12:00:03 sampler0 INFO round 1 (v1): 48 completions, 9000 tokens in 1.0 s (9000 tok/s) ...\n")
-    (run / "eval.jsonl").write_text(json.dumps({"version": 0, "by": "sampler0", "accuracy": 0.5}) + "\n")
+    (run / "eval.jsonl").write_text(json.dumps({"version": 0, "by": "sampler0", "accuracy": 0.5, "seconds": 7.7}) + "\n")
     rw.main(["figures", "--work-dir", str(tmp_path)])
     got = json.loads(capsys.readouterr().out)
     # the half line (a snapshot taken mid-append) passed over; 4 steps over 32 s; steps 2-4: median 4 s, 3.5 s training of 12 s; 3 stale of 40 sent and of
