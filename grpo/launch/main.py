@@ -18,7 +18,6 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 from grpo.config import LaunchConfig
 from grpo.launch import layout, memory, nodes
@@ -180,12 +179,12 @@ def staleness_left_default(learner_flags: list[str]) -> bool:
     return left_default(learner_flags, "--max-staleness", LearnerConfig, "training_worker.py")
 
 
-def in_flight_rows(specs: list) -> int:
+def in_flight_rows(sampler_flags: list[str], learner_flags: list[str], samplers: int, own_gpus: bool) -> int:
     """The rows in flight that suit these samplers, 0 for rounds. Rows need each sampler on a GPU of
-    its own (beside learner ranks they take turns on it between rounds), decoding with the engine and
-    swapping weights in place (every method but shared: grpo.weights.methods.own_weights), with no
-    --in-flight-rows of the user's. Then AUTO_IN_FLIGHT_ROWS where the staleness bound keeps them
-    all decoding, as given or as fill_in_flight_rows may raise a default one (up to
+    its own (own_gpus; beside learner ranks they take turns on it between rounds), decoding with the
+    engine and swapping weights in place (every method but shared: grpo.weights.methods.own_weights),
+    with no --in-flight-rows of the user's. Then AUTO_IN_FLIGHT_ROWS where the staleness bound keeps
+    them all decoding, as given or as fill_in_flight_rows may raise a default one (up to
     AUTO_STALENESS_MAX); with a default bound where it cannot (more samplers share a step's groups,
     or steps are small), the rows AUTO_STALENESS_MAX - IN_FLIGHT_SPAN keeps decoding, whole groups,
     at least one: a smaller pool that never drains, where rounds would be budget-sized as well."""
@@ -193,18 +192,14 @@ def in_flight_rows(specs: list) -> int:
     from grpo.flags import parse_config
     from grpo.sync.staleness import IN_FLIGHT_SPAN, Staleness
 
-    samplers = [s for s in specs if s.role == "sampler"]
-    learners = [s for s in specs if s.role == "learner"]
-    learner_gpus = {g for s in learners for g in s.env.get("CUDA_VISIBLE_DEVICES", "").split(",")}
-    if not samplers or not learners or any(not s.env.get("CUDA_VISIBLE_DEVICES") or
-                                           s.env["CUDA_VISIBLE_DEVICES"].split(",")[0] in learner_gpus for s in samplers):
+    if not own_gpus or samplers < 1:
         return 0
-    flags, learner_flags = samplers[0].argv[2:], learners[0].argv[2:]
-    scfg = parse_config(SamplerConfig, flags, "sampling_worker.py")
-    if (not left_default(flags, "--in-flight-rows", SamplerConfig, "sampling_worker.py") or not scfg.swap_in_flight
-            or scfg.weight_sync == "shared" or not decodes_with_engine(scfg)):   # (numpy-free own_weights)
+    scfg = parse_config(SamplerConfig, sampler_flags, "sampling_worker.py")
+    if (not left_default(sampler_flags, "--in-flight-rows", SamplerConfig, "sampling_worker.py")
+            or not scfg.swap_in_flight or scfg.weight_sync == "shared"
+            or not decodes_with_engine(scfg)):   # (numpy-free own_weights)
         return 0
-    found = in_flight_note(flags + ["--in-flight-rows", str(AUTO_IN_FLIGHT_ROWS)], learner_flags, len(samplers))
+    found = in_flight_note(sampler_flags + ["--in-flight-rows", str(AUTO_IN_FLIGHT_ROWS)], learner_flags, samplers)
     if found is None:
         return AUTO_IN_FLIGHT_ROWS
     if not staleness_left_default(learner_flags):
@@ -213,59 +208,79 @@ def in_flight_rows(specs: list) -> int:
         return AUTO_IN_FLIGHT_ROWS
     lcfg = parse_config(LearnerConfig, learner_flags, "training_worker.py")
     G = scfg.num_generations
-    rows = Staleness(AUTO_STALENESS_MAX - IN_FLIGHT_SPAN, lcfg.train_batch_size // G).pool_rows(G, len(samplers))
+    rows = Staleness(AUTO_STALENESS_MAX - IN_FLIGHT_SPAN, lcfg.train_batch_size // G).pool_rows(G, samplers)
     return rows if rows >= G else 0
 
 
-def choose_in_flight(specs: list, chosen: bool) -> None:
-    """Where in_flight_rows gives rows: with the layout the launcher's to choose (--gpus), every
-    sampler keeps them in flight instead of fixed rounds (a round's rows idle through its longest
-    completion), said in one line; with a layout given by hand, the line only says so."""
-    n = in_flight_rows(specs)
+def choose_in_flight(sampler_flags: list[str], learner_flags: list[str], samplers: int, own_gpus: bool,
+                     chosen: bool) -> list[str]:
+    """The flags every sampler gets: where in_flight_rows gives rows and the layout is the launcher's
+    to choose (--gpus), --in-flight-rows instead of fixed rounds (a round's rows idle through its
+    longest completion), said in one line; with a layout given by hand none, and the line only says
+    they would suit it."""
+    n = in_flight_rows(sampler_flags, learner_flags, samplers, own_gpus)
     if not n:
-        return
+        return []
     rows = ["--in-flight-rows", str(n)]
     if not chosen:
         print(f"run_distributed.py: note: the samplers decode in rounds, each row idle from its own end to its round's "
               f"longest; {' '.join(rows)} would keep every row decoding, weights swapped between decode steps "
               f"(--gpus chooses it)", file=sys.stderr)
-        return
-    for s in specs:
-        if s.role == "sampler":
-            s.argv += rows
+        return []
     fewer = (f"; not {AUTO_IN_FLIGHT_ROWS}, which would need a --max-staleness past {AUTO_STALENESS_MAX} to keep "
              f"decoding" if n < AUTO_IN_FLIGHT_ROWS else "")
     print(f"run_distributed.py: {' '.join(rows)} on each sampler: they decode with the engine on GPUs of their "
           f"own and swap weights between decode steps, so a row starts its next sample as soon as its own ends instead "
           f"of waiting for its round's longest (--in-flight-rows 0 for fixed rounds){fewer}", file=sys.stderr)
+    return rows
 
 
-def fill_in_flight_rows(specs: list) -> None:
-    """Where streaming samplers' rows would wait on the staleness bound (in_flight_note): raise a
-    default bound to the one that keeps them decoding and IN_FLIGHT_SPAN more, up to
-    AUTO_STALENESS_MAX, on every learner rank, and say so; otherwise say which bound would fill
-    them. One line either way."""
+def fill_in_flight_rows(sampler_flags: list[str], learner_flags: list[str], samplers: int) -> list[str]:
+    """The flags every learner rank gets: where streaming samplers' rows would wait on the staleness
+    bound (in_flight_note), a default bound raised to the one that keeps them decoding and
+    IN_FLIGHT_SPAN more, up to AUTO_STALENESS_MAX, said in one line; otherwise none, and the line
+    says which bound would fill them."""
     from grpo.config import LearnerConfig
     from grpo.sync.staleness import IN_FLIGHT_SPAN
 
+    found = in_flight_note(sampler_flags, learner_flags, samplers) if samplers else None
+    if found is None:
+        return []
+    need, why = found
+    bound = need + IN_FLIGHT_SPAN
+    if bound <= AUTO_STALENESS_MAX and staleness_left_default(learner_flags):
+        print(f"run_distributed.py: --max-staleness {bound}, not the default {LearnerConfig.max_staleness}, so that every "
+              f"in-flight row is kept decoding: {why}; {need} fills them, and {IN_FLIGHT_SPAN} more are for the versions a "
+              f"group's longest completion takes to generate; give --max-staleness to choose", file=sys.stderr)
+        return ["--max-staleness", str(bound)]
+    print(f"run_distributed.py: warning: {why}, and the other rows wait; --max-staleness {need} would keep all of "
+          f"them decoding, with groups up to {need} versions old", file=sys.stderr)
+    return []
+
+
+def in_flight_flags(sampler_flags: list[str], learner_flags: list[str], samplers: int, own_gpus: bool,
+                    chosen: bool) -> tuple[list[str], list[str]]:
+    """(the flags every sampler gets, those every learner rank gets): choose_in_flight, then
+    fill_in_flight_rows for the rows the samplers end up with. One rule for one host and --nodes."""
+    more = choose_in_flight(sampler_flags, learner_flags, samplers, own_gpus, chosen)
+    return more, fill_in_flight_rows(sampler_flags + more, learner_flags, samplers)
+
+
+def apply_in_flight(specs: list, chosen: bool) -> None:
+    """in_flight_flags on one host's processes: a sampler has a GPU of its own where its first
+    visible GPU is no learner rank's."""
     samplers = [s for s in specs if s.role == "sampler"]
     learners = [s for s in specs if s.role == "learner"]
     if not samplers or not learners:
         return
-    found = in_flight_note(samplers[0].argv[2:], learners[0].argv[2:], len(samplers))
-    if found is None:
-        return
-    need, why = found
-    bound = need + IN_FLIGHT_SPAN
-    if bound <= AUTO_STALENESS_MAX and staleness_left_default(learners[0].argv[2:]):
-        for s in learners:
-            s.argv += ["--max-staleness", str(bound)]
-        print(f"run_distributed.py: --max-staleness {bound}, not the default {LearnerConfig.max_staleness}, so that every "
-              f"in-flight row is kept decoding: {why}; {need} fills them, and {IN_FLIGHT_SPAN} more are for the versions a "
-              f"group's longest completion takes to generate; give --max-staleness to choose", file=sys.stderr)
-    else:
-        print(f"run_distributed.py: warning: {why}, and the other rows wait; --max-staleness {need} would keep all of "
-              f"them decoding, with groups up to {need} versions old", file=sys.stderr)
+    taken = {g for s in learners for g in s.env.get("CUDA_VISIBLE_DEVICES", "").split(",")}
+    own = all(s.env.get("CUDA_VISIBLE_DEVICES") and s.env["CUDA_VISIBLE_DEVICES"].split(",")[0] not in taken
+              for s in samplers)
+    more_s, more_l = in_flight_flags(samplers[0].argv[2:], learners[0].argv[2:], len(samplers), own, chosen)
+    for s in samplers:
+        s.argv += more_s
+    for s in learners:
+        s.argv += more_l
 
 
 def check_sampler_tasks(flags: list[str]) -> str | None:
@@ -379,20 +394,14 @@ def read_rates(run_dir: str) -> layout.Rates | None:
 
 def node_in_flight(cfg: LaunchConfig, mp: nodes.MultiNodePlan, to_s: list[str], to_l: list[str],
                    chosen: bool) -> nodes.MultiNodePlan:
-    """--nodes: choose_in_flight and fill_in_flight_rows, the one-host rules, on the plan's processes
-    (each GPU named by its node and index, so a sampler has a GPU of its own where no learner rank is
-    on that node's GPU); the plan again with the flags they add, or the same plan where they add none."""
+    """--nodes: in_flight_flags, the one-host rule, on the plan (a sampler has a GPU of its own where no
+    learner rank is on that node's GPU); the plan again with the flags it adds, or the same plan."""
     if not mp.cuda:
         return mp
-    views = [SimpleNamespace(role=p.role, argv=["python", *p.argv], env={"CUDA_VISIBLE_DEVICES": f"{p.node}:{p.gpu}"})
-             for p in mp.procs()]
-    before = [len(v.argv) for v in views]
-    choose_in_flight(views, chosen)
-    fill_in_flight_rows(views)
-    added = {v.role: v.argv[n:] for v, n in zip(views, before)}   # the same flags for every process of a role
-    if not any(added.values()):
-        return mp
-    return nodes.plan_nodes(cfg, to_s + added["sampler"], to_l + added["learner"])
+    learners, samplers = mp.procs("learner"), mp.procs("sampler")
+    own = not {(p.node, p.gpu) for p in samplers} & {(p.node, p.gpu) for p in learners}
+    more_s, more_l = in_flight_flags(samplers[0].argv[1:], learners[0].argv[1:], len(samplers), own, chosen)
+    return nodes.plan_nodes(cfg, to_s + more_s, to_l + more_l) if more_s or more_l else mp
 
 
 def print_node_plan(cfg: LaunchConfig, to_s: list[str], to_l: list[str], chosen: bool = False) -> int:
@@ -497,8 +506,7 @@ def main(argv: list[str] | None = None) -> int:
                 if problem := check_sampler_flags(samplers_argv[0]):
                     raise LaunchError(problem)
             check_resume(cfg, to_l)
-            choose_in_flight(specs, chosen)
-            fill_in_flight_rows(specs)
+            apply_in_flight(specs, chosen)
             check_memory(cfg, specs)
             check_port(cfg.host, cfg.data_port, "--data-port")
             check_port(cfg.host, cfg.sync_port, "--sync-port")

@@ -93,8 +93,7 @@ def test_the_chosen_layout_keeps_rows_in_flight_where_the_bound_fills_them(capsy
     cfg, to_s, to_l = parse(["--gpus", gpus, *WORKLOAD, "--train-batch-size", "128", *extra])
     chosen, _ = choose_gpus(cfg, 4, Q05, 128)
     specs = plan(chosen, 4, to_s, to_l, 29999)
-    launch_main.choose_in_flight(specs, chosen=True)
-    launch_main.fill_in_flight_rows(specs)
+    launch_main.apply_in_flight(specs, chosen=True)
     err = capsys.readouterr().err
 
     def last(argv, flag):
@@ -217,14 +216,14 @@ def test_a_layout_given_by_hand_keeps_its_rounds_and_is_told_of_rows_in_flight(c
     cfg, to_s, to_l = parse(["--sampling-gpu", "0", "--training-gpus", "1,2,3", *WORKLOAD, "--train-batch-size", "128"])
     specs = plan(cfg, 4, to_s, to_l, 29999)
     before = [list(s.argv) for s in specs]
-    launch_main.choose_in_flight(specs, chosen=False)
+    launch_main.apply_in_flight(specs, chosen=False)
     assert [s.argv for s in specs] == before
     assert capsys.readouterr().err == (
         "run_distributed.py: note: the samplers decode in rounds, each row idle from its own end to its round's "
         "longest; --in-flight-rows 320 would keep every row decoding, weights swapped between decode steps "
         "(--gpus chooses it)\n")
     cfg, to_s, to_l = parse(["--sampling-gpu", "0", "--training-gpus", "0", "--share-gpus", *WORKLOAD])
-    launch_main.choose_in_flight(plan(cfg, 4, to_s, to_l, 29999), chosen=False)   # one shared GPU: no line
+    launch_main.apply_in_flight(plan(cfg, 4, to_s, to_l, 29999), chosen=False)   # one shared GPU: no line
     assert capsys.readouterr().err == ""
 
 

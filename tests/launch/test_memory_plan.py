@@ -591,7 +591,7 @@ def test_in_flight_rows_the_staleness_bound_cannot_fill_raise_a_default_bound_or
     def learner_flags_after(*extra):
         cfg, to_s, to_l = parse(["--device", "cpu", "--model", "tiny-random", *L, *S, *extra])
         specs = plan(cfg, 0, to_s, to_l, 29500)
-        launch_main.fill_in_flight_rows(specs)
+        launch_main.apply_in_flight(specs, chosen=False)
         return [s.argv for s in specs if s.role == "learner"][0], capsys.readouterr().err
 
     argv, err = learner_flags_after()
