@@ -66,7 +66,8 @@ from grpo.generate.capture import (COMPILED_VERSIONS, CaptureFailed, allow_recom
                                    reset_generators_after_failed_capture)
 from grpo.generate.sampling import new_generator, sample_step
 # FinishedGroup and the version rules are stream's, re-exported: callers import them from here too.
-from grpo.generate.stream import FinishedGroup, RingStream, group_versions, token_versions  # noqa: F401
+from grpo.generate.stream import (STREAM_COUNTS, FinishedGroup, RingStream, group_versions,  # noqa: F401
+                                  token_versions)
 from grpo.model import left_pad
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class RolloutEngine(RingStream):
     def __init__(self, model, eos_ids: int | list[int], pad_id: int, cuda_graphs: bool | None = None,
                  buckets: tuple[int, ...] | None = None, prompt_multiple: int | None = None,
                  check_every: int = 16, max_slots: int = 2, compile_decode: bool = False,
-                 attend_chunk: int | None = DEFAULT_ATTEND_CHUNK):
+                 attend_chunk: int | None = DEFAULT_ATTEND_CHUNK, compile_ring: bool = False):
         """cuda_graphs: capture the decode step (default: on CUDA). compile_decode: run the
         decode step through torch.compile first (fuses the many small kernels of a small
         model; compiled in the graph warm-up, then captured as usual). buckets / prompt_multiple:
@@ -97,7 +98,9 @@ class RolloutEngine(RingStream):
         shapes keep their cache and graphs (least recently used ones are freed). attend_chunk: a
         decode step of generate() reads the cache only up to the next multiple of this many slots
         past the prompt (attend_limit), one captured graph per such length (with compile_decode, one
-        compilation each too); None or 0: the whole cache at every step.
+        compilation each too); None or 0: the whole cache at every step. compile_ring: compile only
+        stream()'s step (implied by compile_decode): a ring has one shape, so one compilation, and
+        generate() (evaluations, fixed rounds) keeps its plain captured steps.
 
         A model the engine cannot serve (layer_plan's reasons: chunked or linear attention, sinks,
         an encoder-decoder...; or a first tiny decode that raises) is said in one warning here, and
@@ -125,6 +128,7 @@ class RolloutEngine(RingStream):
         self.max_slots = max(1, max_slots)
         self.slots: collections.OrderedDict[tuple[int, int, int], Slot] = collections.OrderedDict()
         self._rings: dict[tuple[int, int, int], Ring] = {}   # stream()'s; one at a time
+        self.stream_counts = dict.fromkeys(STREAM_COUNTS, 0.0)   # where stream()'s time went (STREAM_COUNTS)
         self._ptrs = self._param_ptrs()
         self.graph_failures = 0
         self.graph_failure_reasons: list[str] = []
@@ -136,10 +140,11 @@ class RolloutEngine(RingStream):
         # torch.compile specialises on shapes (dynamic=False): one compilation per bucket shape,
         # greedy flag and attention length (COMPILED_VERSIONS).
         self.compile_decode = compile_decode
-        if compile_decode:
+        self.compile_ring = compile_ring or compile_decode
+        if self.compile_ring:
             allow_recompiles(COMPILED_VERSIONS)
         self._step = torch.compile(self._decode, dynamic=False) if compile_decode else self._decode
-        self._ring_step_fn = torch.compile(self._ring_step, dynamic=False) if compile_decode else self._ring_step
+        self._ring_step_fn = torch.compile(self._ring_step, dynamic=False) if self.compile_ring else self._ring_step
         self.plan: LayerPlan | None = None
         self.fallback: str | None = None
         try:
@@ -359,10 +364,12 @@ class RolloutEngine(RingStream):
         s.finished.copy_(ended)
         s.tok.copy_(nxt.unsqueeze(1))
 
-    def _capture(self, s, greedy: bool, step=None, limit: int | None = None):
-        """Capture one decode step (capture_decode); None (eager decoding) if capture fails."""
+    def _capture(self, s, greedy: bool, step=None, limit: int | None = None, compiled: bool | None = None):
+        """Capture one decode step (capture_decode; `compiled`: whether `step` is torch.compile'd,
+        default compile_decode); None (eager decoding) if capture fails."""
         try:
-            return capture_decode(step or self._step, s, greedy, self.gen, self.compile_decode, limit)
+            return capture_decode(step or self._step, s, greedy, self.gen,
+                                  self.compile_decode if compiled is None else compiled, limit)
         except CaptureFailed as exc:
             self.graph_failures += 1
             self.graph_failure_reasons.append(str(exc))

@@ -19,6 +19,7 @@ use the engine's model, caches, generator and helpers (_cut, _capture, _hf_rollo
 from __future__ import annotations
 
 import collections
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -71,6 +72,33 @@ def group_versions(versions: list[np.ndarray], default: int) -> tuple[int, int]:
     if not nonempty:
         return default, default
     return int(min(v.min() for v in nonempty)), int(max(v.max() for v in nonempty))
+
+
+class _StepTimer:
+    """The device time of a host check's decode steps: CUDA events around them (read once the check's
+    sync has passed them), or the wall time on CPU, where the steps run as they are called."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        self.t0 = time.perf_counter()
+
+    def queued(self) -> None:
+        if self.cuda:
+            self.end.record()
+        self.t1 = time.perf_counter()
+
+    def seconds(self) -> float:
+        return self.start.elapsed_time(self.end) / 1e3 if self.cuda else self.t1 - self.t0
+
+
+STREAM_COUNTS = ("steps", "row_steps", "busy_row_steps", "decode_s", "refill_s", "check_s", "prompts")
+"""RolloutEngine.stream_counts, over the engine's streams: decode steps; rows x steps; busy rows x
+steps (a row is busy from its refill to the check that sees it ended); the device seconds of the
+steps; host seconds asking for prompts, prefilling and refilling rows (no step is queued then);
+host seconds at checks after the sync (swap, copying ended rows out); prompts prefilled."""
 
 
 class RingStream:
@@ -134,7 +162,13 @@ class RingStream:
         # swap the graphs and outputs are those of a stream without versions.
         version = int(version)
         change_steps, change_versions = [0], [version]   # steps after change_steps[k] ran with change_versions[k]
+        counts = self.stream_counts
+        # What ended at a host check is cut into groups and yielded only once the next check_every steps
+        # are queued: the caller's work on them (scoring, sending) then runs while the GPU decodes,
+        # instead of between two checks with the GPU idle. Its rows are refilled first, as before.
+        ended_at: list[tuple] = []
         while True:
+            t_top = time.perf_counter()
             # Free rows take waiting samples; new prompts are asked for only when none waits.
             free = [i for i in range(rows) if i not in busy] if ring is not None else list(range(rows))
             fresh: list[dict] = []
@@ -152,6 +186,7 @@ class RingStream:
                 waiting.extend((rec, j) for j in range(G))
             if ring is None or (pending is not None and not busy):
                 if not fresh and pending is None:
+                    yield from self._groups(ended_at)
                     return
                 if pending is not None:
                     fresh.append(pending)
@@ -169,17 +204,31 @@ class RingStream:
             if take:
                 self._refill(ring, take, greedy)
                 busy.update((row, (rec, j, steps)) for row, rec, j in take)
+            counts["prompts"] += len(fresh)
+            counts["refill_s"] += time.perf_counter() - t_top
             if not busy:
+                yield from self._groups(ended_at)
+                ended_at = []
                 if pending is None and not waiting:
                     return
                 continue
             graph = ring.graphs.get(greedy)
+            timer = _StepTimer(self.device)
             for _ in range(self.check_every):
-                graph.replay() if graph is not None else self._ring_step(ring, greedy)
+                graph.replay() if graph is not None else self._ring_step_fn(ring, greedy)
                 if should_stop is not None and should_stop():
+                    yield from self._groups(ended_at)
                     return
+            timer.queued()
             steps += self.check_every
+            counts["steps"] += self.check_every
+            counts["row_steps"] += rows * self.check_every
+            counts["busy_row_steps"] += len(busy) * self.check_every
+            yield from self._groups(ended_at)                                   # while the steps run
+            ended_at = []
             ended = ring.finished.cpu()                                             # the only host sync
+            counts["decode_s"] += timer.seconds()
+            t_check = time.perf_counter()
             if swap is not None and (new := self._swapped(swap, version)) is not None:
                 # (the device is idle here: the new weights land between two decode steps)
                 if self._param_ptrs() != self._ptrs:
@@ -190,14 +239,22 @@ class RingStream:
                 change_steps.append(steps)
                 change_versions.append(version)
             done_rows = [i for i in sorted(busy) if ended[i]]
-            if not done_rows:
-                continue
-            idx = torch.tensor(done_rows, device=self.device)
-            ids, fin, lps = self._cut(ring.out[idx, :max_new_tokens].cpu(), ring.out_lp[idx, :max_new_tokens].cpu())
-            cs, cv = np.asarray(change_steps), np.asarray(change_versions, dtype=np.int32)
+            if done_rows:
+                idx = torch.tensor(done_rows, device=self.device)
+                # Copied out now (the rows are refilled before the next steps), cut into groups later.
+                ended_at.append(([busy.pop(row) for row in done_rows], ring.out[idx, :max_new_tokens].cpu(),
+                                 ring.out_lp[idx, :max_new_tokens].cpu(), np.asarray(change_steps),
+                                 np.asarray(change_versions, dtype=np.int32), steps))
+            counts["check_s"] += time.perf_counter() - t_check
+
+    def _groups(self, ended_at: list[tuple]):
+        """The groups that the rows ended at host checks complete (stream's ended_at: per check, the
+        ended rows' (record, sample, refill step), their output and log-prob rows, the version change
+        points then and the step count), each yielded once all its samples have ended."""
+        for samples, out, out_lp, cs, cv, steps in ended_at:
+            ids, fin, lps = self._cut(out, out_lp)
             ended_groups: list[FinishedGroup] = []
-            for n, row in enumerate(done_rows):
-                rec, j, started = busy.pop(row)
+            for n, (rec, j, started) in enumerate(samples):
                 rec["out"][j] = (ids[n], fin[n], lps[n], token_versions(len(ids[n]), started, rec["version"], cs, cv))
                 rec["left"] -= 1
                 if rec["left"] == 0:
@@ -270,7 +327,7 @@ class RingStream:
             self._ring_step(ring, greedy)   # HF allocates the cache on its first write
         ring.inv_t.fill_(inv_t)
         if self.cuda_graphs and greedy not in ring.graphs:
-            ring.graphs[greedy] = self._capture(ring, greedy, step=self._ring_step_fn)
+            ring.graphs[greedy] = self._capture(ring, greedy, step=self._ring_step_fn, compiled=self.compile_ring)
         return ring
 
     def _prefill_prompts(self, recs: list[dict]) -> None:

@@ -25,6 +25,7 @@ from grpo.data.rewards import reward_set_from_config
 from grpo.evaluate import greedy_accuracy, record_eval, run_eval_problems
 from grpo.generate.backend import old_logprob_source, resolve_backend
 from grpo.generate.engine import RolloutEngine
+from grpo.generate.stream import STREAM_COUNTS
 from grpo.model import compute_dtype, eos_ids, load_causal_lm, load_tokenizer, pick_device, resolve_model, start_runtime
 from grpo.obs.gpu import GpuMonitor, release_cached
 from grpo.obs.profile import SpanProfiler
@@ -32,7 +33,7 @@ from grpo.obs.progress import Progress
 from grpo.obs.stages import mark as mark_stage
 from grpo.sampler.heartbeat import ON_FULL, Heartbeat, send_group, wait_send
 from grpo.sampler.weights_client import AnswersRejected, RunMismatch, WeightsClient, start_receiver
-from grpo.sampler.workflow import Prompts, RolloutWorkflow, swaps_in_flight
+from grpo.sampler.workflow import Prompts, RolloutWorkflow, stream_line, swaps_in_flight
 from grpo.weights.methods import sampler_method
 from grpo.wire import messages as M
 from grpo.wire.curve import CLIENT, curve_for
@@ -84,7 +85,8 @@ class Sampler:
         self.eos_ids = eos_ids(self.tok, self.policy)
         self.engine = (RolloutEngine(self.policy, self.eos_ids, self.tok.pad_token_id,
                                      cuda_graphs=cfg.cuda_graphs and self.device.type == "cuda",
-                                     compile_decode=cfg.compile_decode, attend_chunk=cfg.attend_chunk or None)
+                                     compile_decode=cfg.compile_decode, attend_chunk=cfg.attend_chunk or None,
+                                     compile_ring=cfg.compile_ring and cfg.in_flight_rows > 0)
                        if self.backend == "fast" else None)
         if self.engine is not None and self.engine.fallback is not None:
             # An architecture the engine cannot serve (its warning said why): Hugging Face generate,
@@ -124,6 +126,8 @@ class Sampler:
                       "verified_version": -1.0, "verified_checksum": 0.0,  # --verify-weight-sync
                       "budget_wait_s": 0.0,   # waiting for the learner's queue to have room
                       "swaps": 0.0,   # versions applied between decode steps (--swap-in-flight)
+                      # --in-flight-rows: the engine's stream_counts (grpo.generate.stream.STREAM_COUNTS)
+                      **{f"stream_{k}": 0.0 for k in STREAM_COUNTS},
                       **prompts.window.stats()}   # --curriculum: per task, level, groups and rate
         self.client = WeightsClient(cfg, self.sync, self.policy, self.device, self.vocab_size, receiver, method,
                                     self.stats, handed=self._handed, on_levels=prompts.set_levels)
@@ -294,6 +298,8 @@ class Sampler:
             log.info("sampler %d done: %d rounds, %d groups sent, %.1f samples/s, %.2f MB sent, "
                      "last version %d", cfg.sampler_id, rounds, self.groups_sent,
                      self.stats["samples"] / max(elapsed, 1e-9), self.data.bytes_sent / 1e6, self.version)
+            if (line := stream_line(self.stats, elapsed)):
+                log.info("%s", line)
             self.data.close()  # LINGER lets queued groups reach the learner
             self.sync.close()
         return {"rounds": rounds, "groups_sent": self.groups_sent, "version": self.version,

@@ -64,6 +64,21 @@ def encode_prompts(tok, problems: list) -> tuple[list[str], list[list[int]]]:
     return prompts, [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
 
 
+def stream_line(stats: dict, elapsed: float) -> str:
+    """The run's in-flight decoding in one line, from the stream_* stats (empty without streams):
+    steps and their device time, the share of the run's seconds they cover, the share of row-steps
+    that had a sample, and the host seconds with no step queued (asking for prompts, prefill and
+    refill; the checks)."""
+    steps = stats.get("stream_steps", 0.0)
+    if not steps:
+        return ""
+    dev = stats["stream_decode_s"]
+    return (f"stream: {steps:,.0f} decode steps, {dev / steps * 1e3:.2f} ms each on the device ({dev:.0f} s, "
+            f"{dev / max(elapsed, 1e-9):.0%} of {elapsed:.0f} s), rows busy {stats['stream_busy_row_steps'] / max(stats['stream_row_steps'], 1):.1%}; "
+            f"{stats['stream_prompts']:,.0f} prompts prefilled and refilled in {stats['stream_refill_s']:.1f} s, "
+            f"checks {stats['stream_check_s']:.1f} s (host, no step queued)")
+
+
 class Prompts:
     """This sampler's shard of the train split as its prompt stream, at the curriculum's levels
     (--curriculum: every task starts at level 0; the learner's answers move the levels)."""
@@ -345,6 +360,8 @@ class RolloutWorkflow:
                                             else {})},
                 incarnation=self.incarnation))
         n_tokens = sum(len(c) for c, _ in completions)
+        if self.engine is not None:
+            self.stats.update({f"stream_{k}": float(v) for k, v in self.engine.stream_counts.items()})
         self.stats["samples"] += len(completions)
         self.stats["tokens"] += n_tokens
         self.stats["gen_s"] += gen_s

@@ -253,6 +253,28 @@ def test_compiled_decode_step_gives_the_same_tokens(tiny):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.slow
+def test_compiled_ring_step_streams_the_same_tokens_and_leaves_generate_plain(tiny):
+    """compile_ring=True compiles only stream()'s step: the same samples and log-probs from the same
+    seed as the plain stream, through refills and ring wraps (5 prompts, G=2 on 4 rows), while
+    generate() (evaluations) keeps the plain step."""
+    ps = prompts((6, 3, 10, 4, 8), seed=5)
+
+    def run(**kw):
+        torch.manual_seed(7)
+        eng = RolloutEngine(tiny, 2, 2, cuda_graphs=False, check_every=3, **kw)
+        return eng, {g.key: g for g in eng.stream(source(list(enumerate(ps))), 2, 12, temperature=0.9, rows=4)}
+
+    _, want = run()
+    eng, got = run(compile_ring=True)
+    assert eng._step == eng._decode and eng._ring_step_fn != eng._ring_step and not eng.compile_decode
+    assert sorted(got) == sorted(want) == [0, 1, 2, 3, 4]
+    for k in want:
+        assert got[k].token_ids == want[k].token_ids
+        for a, b in zip(got[k].logprobs, want[k].logprobs):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+
+
 # ----------------------------------------------------------------------------- in-flight batching (stream)
 def source(items, gaps=()):
     """next_prompt for stream(): (key, ids) in order; None once at each index in `gaps` (a budget
@@ -287,6 +309,33 @@ def test_stream_greedy_equals_generate_through_refills_and_ring_wraps(tiny):
         assert g.min_version == g.max_version == 0
     ring = next(iter(eng._rings.values()))
     assert int(ring.t) != 0 and ring.length == 12 + 12
+
+
+def test_stream_yields_a_checks_groups_once_the_next_steps_are_queued_and_counts_them(tiny):
+    """3 rows, G=1, 4 new tokens, checks every 2 steps, 4 prompts (no EOS in 4 greedy tokens). Rows
+    0-2 take prompts 0-2 and end at step 3 (their first token is drawn at the refill), seen at the
+    check after step 4; there prompt 3 takes a row, and only once steps 5-6 are queued are groups
+    0-2 yielded, so the caller's work on them overlaps those steps. Prompt 3 ends at step 7, seen
+    after step 8, and is yielded at the end. The counts: 8 steps, 3 rows x 8, busy rows 3 x 4 +
+    1 x 4, 4 prompts."""
+    ps = prompts((5, 3, 8, 6), seed=9)
+    ref = RolloutEngine(tiny, 2, 2).generate(ps, 4, greedy=True).token_ids
+    eng = RolloutEngine(tiny, 2, 2, check_every=2)
+    ran, asked = [0], []
+    step = eng._ring_step
+    eng._ring_step = lambda *a: (ran.__setitem__(0, ran[0] + 1), step(*a))[1]
+    src = source(list(enumerate(ps)))
+    seen = []
+    for g in eng.stream(lambda: (asked.append(ran[0]), src())[1], 1, 4, greedy=True, rows=3):
+        seen.append((g.key, ran[0], len(asked)))
+        assert g.token_ids == [ref[g.key]]
+    warm = 1                      # the ring's first step, over free rows, before the stream's own
+    assert [(k, at - warm) for k, at, _ in seen] == [(0, 6), (1, 6), (2, 6), (3, 8)]
+    assert ran[0] == 8 + warm
+    assert seen[0][2] == 5        # prompt 3 (the 4th ask; the 5th found none) came before group 0
+    c = eng.stream_counts
+    assert (c["steps"], c["row_steps"], c["busy_row_steps"], c["prompts"]) == (8, 24, 16, 4)
+    assert c["decode_s"] > 0 and c["refill_s"] > 0 and c["check_s"] > 0
 
 
 def test_stream_eos_frees_rows_early_and_cuts_like_generate(tiny):

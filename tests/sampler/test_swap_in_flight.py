@@ -23,7 +23,7 @@ from scripted import ScriptedLearner, facts, run_against
 from grpo.config import SamplerConfig
 from grpo.model import right_pad, token_logprobs
 from grpo.sampler.loop import Sampler
-from grpo.sampler.workflow import swaps_in_flight
+from grpo.sampler.workflow import stream_line, swaps_in_flight
 from grpo.weights.layout import plan_layout
 from grpo.weights.pack import pack
 from grpo.wire import messages as M
@@ -162,6 +162,13 @@ def test_a_streaming_round_takes_prompts_as_the_budget_allows_and_no_more(caplog
     assert result["budget_wait_s"] > 0, result   # it waited for room once the 6 were out
     sent = [r.sent for r in learner.requests]
     assert sent == sorted(sent) and max(sent) == K, sent   # every request said the groups handed so far
+    # the engine's counts reach the result: K prompts prefilled, 4 rows at every step, at most 2 x G busy
+    steps = result["stream_steps"]
+    assert result["stream_prompts"] == K and steps % s.engine.check_every == 0 and steps >= 6
+    assert result["stream_row_steps"] == 4 * steps and 0 < result["stream_busy_row_steps"] <= 4 * steps
+    line = stream_line(result, 10.0)
+    assert line.startswith(f"stream: {steps:,.0f} decode steps") and f"{K} prompts prefilled" in line, line
+    assert stream_line({"stream_steps": 0.0}, 10.0) == ""
 
 
 def test_a_round_ending_for_an_evaluation_swaps_nothing_in_while_its_rows_end():
