@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -196,29 +197,39 @@ def window_compare(tok, device, dtype, configs) -> dict:
     return {"layer_kinds": kinds, "rows": rows_out}
 
 
-def eos_workload(model, tok, device, n_prompts: int, G: int, rows: int, new: int, hf: bool = True) -> dict:
+def eos_workload(model, tok, device, n_prompts: int, G: int, rows: int, new: int, hf: bool = True,
+                 consumer_ms: float = 0.0) -> dict:
     """The rollouts issue's workload: n_prompts GSM8K train prompts x G samples with EOS allowed,
     up to `new` tokens, through `rows` rows, timed to the last completion; useful tokens = tokens
     kept (up to and including EOS). Three ways: the engine's in-flight batching (`stream`: a group
     leaves when its rows end and the next prompt takes them), the same engine in fixed batches of
     `rows` (`generate`), and Hugging Face `generate` in batches of `rows`. Each engine runs the
-    workload once untimed first (graph capture), then timed."""
+    workload once untimed first (graph capture), then timed. consumer_ms: the stream's caller sleeps
+    this long for each group it is given (a stand-in for a sampler's scoring and sending, which
+    run while the stream is suspended)."""
     prompts = gsm8k_prompts(tok, "train", n_prompts)
     flat = [p for p in prompts for _ in range(G)]
-    out = {"prompts": n_prompts, "G": G, "rows": rows, "max_new_tokens": new}
+    out = {"prompts": n_prompts, "G": G, "rows": rows, "max_new_tokens": new, "consumer_ms": consumer_ms}
 
     def streamed(engine):
         it = iter(enumerate(prompts))
-        return sum(len(r) for g in engine.stream(lambda: next(it, None), G, new, temperature=1.0, rows=rows)
-                   for r in g.token_ids)
+        tokens = 0
+        for g in engine.stream(lambda: next(it, None), G, new, temperature=1.0, rows=rows):
+            tokens += sum(len(r) for r in g.token_ids)
+            if consumer_ms:
+                time.sleep(consumer_ms / 1e3)
+        return tokens
 
     stream_engine = RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id, **ENGINE_KW)
     with Timer(device) as first:   # captures (and with compile_decode compiles) the ring's step
         streamed(stream_engine)
     out["eos_stream_first_call_s"] = first.s
+    before = dict(stream_engine.stream_counts)
     with Timer(device) as t:
         tokens = streamed(stream_engine)
-    out.update(eos_stream_tok_s=tokens / t.s, eos_stream_tokens=tokens, eos_stream_s=t.s)
+    out.update(eos_stream_tok_s=tokens / t.s, eos_stream_tokens=tokens, eos_stream_s=t.s,
+               # where the timed stream's seconds went (grpo.generate.stream.STREAM_COUNTS)
+               eos_stream_counts={k: v - before[k] for k, v in stream_engine.stream_counts.items()})
     stream_engine.clear()
     fixed = RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id,
                           buckets=(rows,) if device.type == "cuda" else None, **ENGINE_KW)
@@ -290,12 +301,18 @@ def main() -> int:
     ap.add_argument("--compile-decode", action="store_true",
                     help="every engine runs its decode step through torch.compile before capture (the sampler's "
                          "--compile-decode); the result files get a _compiled suffix")
+    ap.add_argument("--compile-ring", action="store_true",
+                    help="every engine compiles its in-flight (stream) step only (the sampler's --compile-ring); the "
+                         "result files get a _ring_compiled suffix")
     ap.add_argument("--workload-only", action="store_true",
                     help="only the EOS workload (in-flight, fixed batches, HF generate) and the fixed-length rate "
                          "at its rows x new tokens; writes rollout_workload_<device>.json")
     ap.add_argument("--skip-hf", action="store_true", help="--workload-only: leave out Hugging Face generate")
     ap.add_argument("--workload", default="", help="--workload-only: PROMPTS,G,ROWS,NEW instead of the plan's "
                     "(128,8,512,256 on CUDA); the result file's name then says them")
+    ap.add_argument("--consumer-ms", type=float, default=0.0,
+                    help="--workload-only: the in-flight stream's caller sleeps this many ms per group it is given "
+                         "(a stand-in for a sampler's scoring and sending); the result file gets a _consumerN suffix")
     ap.add_argument("--window-compare", action="store_true",
                     help=f"only the sliding-window comparison: SmolLM2-135M's shapes as a random Mistral with a "
                          f"{WINDOW}-slot window on every layer against full attention; writes "
@@ -305,6 +322,9 @@ def main() -> int:
     ENGINE_KW["attend_chunk"] = args.attend_chunk or None   # 0: the whole cache (the engine's default is 64)
     if args.compile_decode:
         ENGINE_KW["compile_decode"] = True
+    if args.compile_ring:
+        ENGINE_KW["compile_ring"] = True
+        suffix += "_ring_compiled"
     GSM8K = Path(args.dataset)
     if not (GSM8K / "train.jsonl").is_file():
         print(f"bench/rollout.py: error: no train.jsonl in {GSM8K}; pass --dataset PATH_TO_GSM8K", file=sys.stderr)
@@ -321,6 +341,8 @@ def main() -> int:
                   f"integers, e.g. 96,16,512,512", file=sys.stderr)
             return 2
         suffix += "_" + "x".join(map(str, p["workload"]))
+    if args.consumer_ms:
+        suffix += f"_consumer{args.consumer_ms:g}"
     dtype = compute_dtype(device)
     path = resolve_model(args.model)
     tok = load_tokenizer(path)
@@ -342,12 +364,12 @@ def main() -> int:
     if args.workload_only:
         _, _, rows_n, new_n = p["workload"]
         fixed = throughput(args.model, model, tok, device, p, [(rows_n, new_n)], [], [])
-        work = eos_workload(model, tok, device, *p["workload"], hf=not args.skip_hf)
+        work = eos_workload(model, tok, device, *p["workload"], hf=not args.skip_hf, consumer_ms=args.consumer_ms)
         work["fixed_length_tok_s"] = fixed[0]["fast_tok_s"]
         work["stream_vs_fixed_length"] = work["eos_stream_tok_s"] / fixed[0]["fast_tok_s"]
         print(table([work], list(work)), flush=True)
         settings = {"model": args.model, "dtype": str(dtype), "attend_chunk": args.attend_chunk or None, "seed": 0,
-                    "compile_decode": args.compile_decode}
+                    "compile_decode": args.compile_decode, "compile_ring": args.compile_ring}
         print(f"wrote {write_result('rollout_workload' + suffix, device, {'settings': settings, 'eos_workload': work})}")
         return 0
     rows = throughput(args.model, model, tok, device, p, fast_cfgs, p["hf"], p["eos"],
