@@ -198,7 +198,7 @@ def window_compare(tok, device, dtype, configs) -> dict:
 
 
 def eos_workload(model, tok, device, n_prompts: int, G: int, rows: int, new: int, hf: bool = True,
-                 consumer_ms: float = 0.0) -> dict:
+                 consumer_ms: float = 0.0, fixed: bool = True) -> dict:
     """The rollouts issue's workload: n_prompts GSM8K train prompts x G samples with EOS allowed,
     up to `new` tokens, through `rows` rows, timed to the last completion; useful tokens = tokens
     kept (up to and including EOS). Three ways: the engine's in-flight batching (`stream`: a group
@@ -206,7 +206,7 @@ def eos_workload(model, tok, device, n_prompts: int, G: int, rows: int, new: int
     `rows` (`generate`), and Hugging Face `generate` in batches of `rows`. Each engine runs the
     workload once untimed first (graph capture), then timed. consumer_ms: the stream's caller sleeps
     this long for each group it is given (a stand-in for a sampler's scoring and sending, which
-    run while the stream is suspended)."""
+    run while the stream is suspended). fixed=False: the stream alone (no fixed batches, no HF)."""
     prompts = gsm8k_prompts(tok, "train", n_prompts)
     flat = [p for p in prompts for _ in range(G)]
     out = {"prompts": n_prompts, "G": G, "rows": rows, "max_new_tokens": new, "consumer_ms": consumer_ms}
@@ -231,6 +231,8 @@ def eos_workload(model, tok, device, n_prompts: int, G: int, rows: int, new: int
                # where the timed stream's seconds went (grpo.generate.stream.STREAM_COUNTS)
                eos_stream_counts={k: v - before[k] for k, v in stream_engine.stream_counts.items()})
     stream_engine.clear()
+    if not fixed:
+        return out
     fixed = RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id,
                           buckets=(rows,) if device.type == "cuda" else None, **ENGINE_KW)
     with Timer(device) as first:
@@ -304,6 +306,14 @@ def main() -> int:
     ap.add_argument("--compile-ring", action="store_true",
                     help="every engine compiles its in-flight (stream) step only (the sampler's --compile-ring); the "
                          "result files get a _ring_compiled suffix")
+    ap.add_argument("--refill-behind", action="store_true",
+                    help="every engine's in-flight stream queues a check's decode steps before its refill (the "
+                         "engine's refill_behind); the result files get a _refill_behind suffix")
+    ap.add_argument("--check-every", type=int, default=0,
+                    help="decode steps between the engines' host checks (default: the engine's, 16); the result "
+                         "files get a _checkN suffix")
+    ap.add_argument("--stream-only", action="store_true",
+                    help="--workload-only: the in-flight stream alone (no fixed batches, no fixed-length rate)")
     ap.add_argument("--workload-only", action="store_true",
                     help="only the EOS workload (in-flight, fixed batches, HF generate) and the fixed-length rate "
                          "at its rows x new tokens; writes rollout_workload_<device>.json")
@@ -325,6 +335,12 @@ def main() -> int:
     if args.compile_ring:
         ENGINE_KW["compile_ring"] = True
         suffix += "_ring_compiled"
+    if args.refill_behind:
+        ENGINE_KW["refill_behind"] = True
+        suffix += "_refill_behind"
+    if args.check_every:
+        ENGINE_KW["check_every"] = args.check_every
+        suffix += f"_check{args.check_every}"
     GSM8K = Path(args.dataset)
     if not (GSM8K / "train.jsonl").is_file():
         print(f"bench/rollout.py: error: no train.jsonl in {GSM8K}; pass --dataset PATH_TO_GSM8K", file=sys.stderr)
@@ -363,13 +379,19 @@ def main() -> int:
     fast_cfgs = [(b, n) for b in p["batches"] for n in p["new"]]
     if args.workload_only:
         _, _, rows_n, new_n = p["workload"]
-        fixed = throughput(args.model, model, tok, device, p, [(rows_n, new_n)], [], [])
-        work = eos_workload(model, tok, device, *p["workload"], hf=not args.skip_hf, consumer_ms=args.consumer_ms)
-        work["fixed_length_tok_s"] = fixed[0]["fast_tok_s"]
-        work["stream_vs_fixed_length"] = work["eos_stream_tok_s"] / fixed[0]["fast_tok_s"]
-        print(table([work], list(work)), flush=True)
+        work = eos_workload(model, tok, device, *p["workload"], hf=not args.skip_hf, consumer_ms=args.consumer_ms,
+                            fixed=not args.stream_only)
+        if not args.stream_only:
+            fixed = throughput(args.model, model, tok, device, p, [(rows_n, new_n)], [], [])
+            work["fixed_length_tok_s"] = fixed[0]["fast_tok_s"]
+            work["stream_vs_fixed_length"] = work["eos_stream_tok_s"] / fixed[0]["fast_tok_s"]
+        print(table([{k: v for k, v in work.items() if not isinstance(v, dict)}],
+                    [k for k, v in work.items() if not isinstance(v, dict)]), flush=True)
+        print("stream counts: " + ", ".join(f"{k} {v:.6g}" for k, v in work["eos_stream_counts"].items()), flush=True)
         settings = {"model": args.model, "dtype": str(dtype), "attend_chunk": args.attend_chunk or None, "seed": 0,
-                    "compile_decode": args.compile_decode, "compile_ring": args.compile_ring}
+                    "compile_decode": args.compile_decode, "compile_ring": args.compile_ring,
+                    "refill_behind": args.refill_behind, "check_every": args.check_every or 16,
+                    "stream_only": args.stream_only}
         print(f"wrote {write_result('rollout_workload' + suffix, device, {'settings': settings, 'eos_workload': work})}")
         return 0
     rows = throughput(args.model, model, tok, device, p, fast_cfgs, p["hf"], p["eos"],

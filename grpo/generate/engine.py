@@ -89,7 +89,8 @@ class RolloutEngine(RingStream):
     def __init__(self, model, eos_ids: int | list[int], pad_id: int, cuda_graphs: bool | None = None,
                  buckets: tuple[int, ...] | None = None, prompt_multiple: int | None = None,
                  check_every: int = 16, max_slots: int = 2, compile_decode: bool = False,
-                 attend_chunk: int | None = DEFAULT_ATTEND_CHUNK, compile_ring: bool = False):
+                 attend_chunk: int | None = DEFAULT_ATTEND_CHUNK, compile_ring: bool = False,
+                 refill_behind: bool = False):
         """cuda_graphs: capture the decode step (default: on CUDA). compile_decode: run the
         decode step through torch.compile first (fuses the many small kernels of a small
         model; compiled in the graph warm-up, then captured as usual). buckets / prompt_multiple:
@@ -100,7 +101,10 @@ class RolloutEngine(RingStream):
         past the prompt (attend_limit), one captured graph per such length (with compile_decode, one
         compilation each too); None or 0: the whole cache at every step. compile_ring: compile only
         stream()'s step (implied by compile_decode): a ring has one shape, so one compilation, and
-        generate() (evaluations, fixed rounds) keeps its plain captured steps.
+        generate() (evaluations, fixed rounds) keeps its plain captured steps. refill_behind: at each
+        host check of stream(), queue the next check_every steps before prefilling new prompts and
+        refilling the rows that ended, so the host's refill runs while the GPU decodes (otherwise the
+        GPU waits for it); the rows refilled join one check later.
 
         A model the engine cannot serve (layer_plan's reasons: chunked or linear attention, sinks,
         an encoder-decoder...; or a first tiny decode that raises) is said in one warning here, and
@@ -124,6 +128,7 @@ class RolloutEngine(RingStream):
         self.buckets = tuple(sorted(buckets)) if buckets else (ROW_BUCKETS if cuda_graphs else ())
         self.prompt_multiple = prompt_multiple or (64 if cuda_graphs else 1)
         self.check_every = max(1, check_every)
+        self.refill_behind = bool(refill_behind)
         self.attend_chunk = int(attend_chunk) if attend_chunk else None
         self.max_slots = max(1, max_slots)
         self.slots: collections.OrderedDict[tuple[int, int, int], Slot] = collections.OrderedDict()

@@ -94,11 +94,13 @@ class _StepTimer:
         return self.start.elapsed_time(self.end) / 1e3 if self.cuda else self.t1 - self.t0
 
 
-STREAM_COUNTS = ("steps", "row_steps", "busy_row_steps", "decode_s", "refill_s", "check_s", "prompts")
+STREAM_COUNTS = ("steps", "row_steps", "busy_row_steps", "decode_s", "refill_s", "check_s", "sync_s", "prompts")
 """RolloutEngine.stream_counts, over the engine's streams: decode steps; rows x steps; busy rows x
 steps (a row is busy from its refill to the check that sees it ended); the device seconds of the
-steps; host seconds asking for prompts, prefilling and refilling rows (no step is queued then);
-host seconds at checks after the sync (swap, copying ended rows out); prompts prefilled."""
+steps; host seconds asking for prompts, prefilling and refilling rows (with refill_behind the
+check's steps are queued ahead of them, otherwise none is); host seconds at checks after the sync
+(swap, copying ended rows out); host seconds waiting at the sync for the queued work (near zero:
+the host is the bottleneck); prompts prefilled."""
 
 
 class RingStream:
@@ -167,7 +169,17 @@ class RingStream:
         # are queued: the caller's work on them (scoring, sending) then runs while the GPU decodes,
         # instead of between two checks with the GPU idle. Its rows are refilled first, as before.
         ended_at: list[tuple] = []
+        slot = 0          # the ring slot the next queued step writes (ring.t), followed on the host: no sync
+        behind = self.refill_behind
         while True:
+            timer = None
+            if behind and busy:
+                # The check's steps go first and the refill is queued behind them: the host prefills and
+                # refills while the GPU decodes, and the rows it gives join at the next check.
+                if (timer := self._queue_steps(ring, greedy, should_stop)) is None:
+                    yield from self._groups(ended_at)
+                    return
+                steps, slot = self._count_steps(steps, slot, ring, len(busy))
             t_top = time.perf_counter()
             # Free rows take waiting samples; new prompts are asked for only when none waits.
             free = [i for i in range(rows) if i not in busy] if ring is not None else list(range(rows))
@@ -184,7 +196,7 @@ class RingStream:
                     break
                 fresh.append(rec)
                 waiting.extend((rec, j) for j in range(G))
-            if ring is None or (pending is not None and not busy):
+            if ring is None or (pending is not None and not busy):   # (no steps are queued: nothing is busy)
                 if not fresh and pending is None:
                     yield from self._groups(ended_at)
                     return
@@ -195,6 +207,7 @@ class RingStream:
                 width = max(min_width, *(len(rec["ids"]) for rec in fresh))
                 ring = self._ring(rows, -(-width // self.prompt_multiple) * self.prompt_multiple, max_new_tokens,
                                   inv_t, greedy)
+                slot = int(ring.t.item())   # (a new or reused ring: read once, then followed on the host)
                 free = list(range(rows))
             if fresh:
                 self._prefill_prompts(fresh)
@@ -202,7 +215,7 @@ class RingStream:
                     rec["version"] = version     # its keys, values and first-token logits are this version's
             take = [(free[n], *waiting.popleft()) for n in range(min(len(free), len(waiting)))]
             if take:
-                self._refill(ring, take, greedy)
+                self._refill(ring, take, greedy, slot)
                 busy.update((row, (rec, j, steps)) for row, rec, j in take)
             counts["prompts"] += len(fresh)
             counts["refill_s"] += time.perf_counter() - t_top
@@ -212,21 +225,16 @@ class RingStream:
                 if pending is None and not waiting:
                     return
                 continue
-            graph = ring.graphs.get(greedy)
-            timer = _StepTimer(self.device)
-            for _ in range(self.check_every):
-                graph.replay() if graph is not None else self._ring_step_fn(ring, greedy)
-                if should_stop is not None and should_stop():
+            if timer is None:   # the refill went first: the steps follow it
+                if (timer := self._queue_steps(ring, greedy, should_stop)) is None:
                     yield from self._groups(ended_at)
                     return
-            timer.queued()
-            steps += self.check_every
-            counts["steps"] += self.check_every
-            counts["row_steps"] += rows * self.check_every
-            counts["busy_row_steps"] += len(busy) * self.check_every
+                steps, slot = self._count_steps(steps, slot, ring, len(busy))
             yield from self._groups(ended_at)                                   # while the steps run
             ended_at = []
+            t_sync = time.perf_counter()
             ended = ring.finished.cpu()                                             # the only host sync
+            counts["sync_s"] += time.perf_counter() - t_sync
             counts["decode_s"] += timer.seconds()
             t_check = time.perf_counter()
             if swap is not None and (new := self._swapped(swap, version)) is not None:
@@ -246,6 +254,27 @@ class RingStream:
                                  ring.out_lp[idx, :max_new_tokens].cpu(), np.asarray(change_steps),
                                  np.asarray(change_versions, dtype=np.int32), steps))
             counts["check_s"] += time.perf_counter() - t_check
+
+    def _queue_steps(self, ring: Ring, greedy: bool, should_stop) -> _StepTimer | None:
+        """Queue a host check's decode steps (the ring's graph, or its step eagerly); None if
+        should_stop, asked after each, said stop."""
+        graph = ring.graphs.get(greedy)
+        timer = _StepTimer(self.device)
+        for _ in range(self.check_every):
+            graph.replay() if graph is not None else self._ring_step_fn(ring, greedy)
+            if should_stop is not None and should_stop():
+                return None
+        timer.queued()
+        return timer
+
+    def _count_steps(self, steps: int, slot: int, ring: Ring, busy: int) -> tuple[int, int]:
+        """After a check's steps are queued: the step count and the ring slot the next step writes."""
+        n = self.check_every
+        counts = self.stream_counts
+        counts["steps"] += n
+        counts["row_steps"] += ring.rows * n
+        counts["busy_row_steps"] += busy * n
+        return steps + n, (slot + n) % ring.length
 
     def _groups(self, ended_at: list[tuple]):
         """The groups that the rows ended at host checks complete (stream's ended_at: per check, the
@@ -336,7 +365,7 @@ class RingStream:
         it has a row (a prompt is prefilled once however many rows its samples take)."""
         prompts = [rec["ids"] for rec in recs]
         P = max(len(p) for p in prompts)
-        ids, mask = left_pad(prompts, self.pad_id, self.device, width=P)
+        ids, mask = (self._to_device(x) for x in left_pad(prompts, self.pad_id, torch.device("cpu"), width=P))
         valid = mask.bool()
         q = torch.arange(P, device=self.device)
         allowed = (q.view(1, P, 1) >= q.view(1, 1, P)) & (valid.unsqueeze(1) | (q.view(1, P, 1) == q.view(1, 1, P)))
@@ -352,11 +381,20 @@ class RingStream:
             rec["kv"] = [(layer.keys[i:i + 1, :, P - n:], layer.values[i:i + 1, :, P - n:]) for layer in tmp.layers]
             rec["logits"] = logits[i:i + 1]
 
-    def _refill(self, r: Ring, take: list[tuple[int, dict, int]], greedy: bool) -> None:
+    def _to_device(self, x: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the engine's device without waiting for the device: a copy from pageable
+        memory waits for every step queued ahead (refill_behind queues a check's steps first), so on
+        CUDA it goes from pinned memory, asynchronously; the pinned block is not reused before the
+        copy has run (torch's host caching allocator records the stream)."""
+        if self.device.type != "cuda":
+            return x.to(self.device)
+        return x.pin_memory().to(self.device, non_blocking=True)
+
+    def _refill(self, r: Ring, take: list[tuple[int, dict, int]], greedy: bool, t: int) -> None:
         """Give each of `take`'s rows its sample: the prompt's keys and values copied into the ring
-        slots just before t, the row's state reset, and its first token drawn from the prompt's last
-        logits (each row its own draw)."""
-        t = int(r.t.item())
+        slots just before t (the slot the next step writes: r.t once the steps queued ahead have
+        run), the row's state reset, and its first token drawn from the prompt's last logits (each
+        row its own draw)."""
         by_prompt: dict[int, list[int]] = {}
         for row, rec, _ in take:
             by_prompt.setdefault(id(rec), []).append(row)
@@ -364,7 +402,7 @@ class RingStream:
         for key, rows_of in by_prompt.items():
             rec = recs[key]
             n = len(rec["ids"])
-            rows_t = torch.tensor(rows_of, device=self.device)
+            rows_t = self._to_device(torch.tensor(rows_of))
             slots = torch.arange(t - n, t, device=self.device) % r.length
             for (k, v), dst in zip(rec["kv"], r.cache.layers):
                 # [rows, H, P, D] at (row, slot): advanced indices on dims 0 and 2 put [rows, P] first

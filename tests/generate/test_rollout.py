@@ -293,12 +293,14 @@ def source(items, gaps=()):
     return next_prompt
 
 
-def test_stream_greedy_equals_generate_through_refills_and_ring_wraps(tiny):
+@pytest.mark.parametrize("behind", [False, True])
+def test_stream_greedy_equals_generate_through_refills_and_ring_wraps(tiny, behind):
     """7 prompts, G=2 on 4 rows: rows refilled while others still decode, the ring of (width + 12)
-    slots wrapping several times; every group once, each row what generate gives."""
+    slots wrapping several times; every group once, each row what generate gives. Refilled behind
+    the check's steps too: the slot a refill writes before is followed on the host."""
     ps = prompts((5, 9, 3, 12, 1, 7, 4), seed=2)
     ref = RolloutEngine(tiny, 2, 2).generate(ps, 12, greedy=True).token_ids
-    eng = RolloutEngine(tiny, 2, 2, check_every=3)
+    eng = RolloutEngine(tiny, 2, 2, check_every=3, refill_behind=behind)
     got = list(eng.stream(source([(k, p) for k, p in enumerate(ps)], gaps=(3,)), 2, 12, greedy=True, rows=4))
     assert sorted(g.key for g in got) == list(range(7))
     for g in got:
@@ -335,6 +337,50 @@ def test_stream_yields_a_checks_groups_once_the_next_steps_are_queued_and_counts
     c = eng.stream_counts
     assert (c["steps"], c["row_steps"], c["busy_row_steps"], c["prompts"]) == (8, 24, 16, 4)
     assert c["decode_s"] > 0 and c["refill_s"] > 0 and c["check_s"] > 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_refill_behind_queues_the_steps_first_and_its_rows_join_a_check_later(tiny, new_weights, temperature):
+    """refill_behind: 2 rows, G=1, 4 new tokens, checks every 2 steps, 3 prompts; the source has none
+    for a moment at its 2nd ask, and swap() copies new weights in at its 2nd call (the check after
+    step 4). Check by check (steps queued first whenever a row is busy, then the refill):
+      1: nothing busy, no steps first; p0 takes row 0 (refilled at step 0), steps 1-2 follow.
+      2: steps 3-4, then p1 takes row 1 (refilled at 4, prefilled before the swap: version 0);
+         the sync sees p0 ended (its 4th token at step 3); the swap: steps 5.. run version 1.
+      3: steps 5-6, then p2 takes row 0 (refilled at 6, prefilled at version 1); p0 is yielded.
+      4: steps 7-8; p1 ends at step 7.  5: steps 9-10, p1 yielded; p2 ends at step 9.
+      6: nothing busy, p2 yielded. 10 steps, busy rows 1+1+1+2+1 per step, 2 steps a check.
+    Refilled first (as by default) the same stream takes 8 steps: a row joins when the check frees it.
+    Tokens, log-probs and versions are those of a forward with each token's weights (mixed_decode)."""
+    ps = prompts((6, 5, 4), seed=15)   # none wider than the first: one ring
+    greedy = temperature == 0
+    T = 1.0 if greedy else temperature
+    runs = {}
+    for behind in (True, False):
+        model = copy.deepcopy(tiny)
+        eng = RolloutEngine(model, 2, 2, check_every=2, refill_behind=behind)
+        ran, seen = [0], []
+        step = eng._ring_step_fn
+        eng._ring_step_fn = lambda *a: (ran.__setitem__(0, ran[0] + 1), step(*a))[1]
+        torch.manual_seed(7)
+        swap = SwapAt(model, new_weights, 2)
+        for g in eng.stream(source(list(enumerate(ps)), gaps=(1,)), 1, 4, temperature=temperature, rows=2,
+                            swap=swap):
+            seen.append((g.key, ran[0], g.decode_steps, [v.tolist() for v in g.versions][0]))
+            assert len(g.token_ids[0]) == 4 and g.finished == [False]   # no EOS: the hand-worked steps hold
+            ref_lp, picks = mixed_decode({0: tiny, 1: new_weights}, ps[g.key], g.token_ids[0],
+                                         g.versions[0].tolist(), T)
+            np.testing.assert_allclose(g.logprobs[0], ref_lp, rtol=0, atol=1e-4)
+            if greedy:
+                assert g.token_ids[0] == picks
+        runs[behind] = seen, dict(eng.stream_counts)
+    seen, c = runs[True]
+    assert seen == [(0, 6, 4, [0, 0, 0, 0]), (1, 10, 4, [0, 1, 1, 1]), (2, 10, 4, [1, 1, 1, 1])]
+    assert (c["steps"], c["row_steps"], c["busy_row_steps"], c["prompts"]) == (10, 20, 12, 3)
+    # refilled first: p1 at step 2 and p2 at 4, each a check sooner (the swap after step 4 as well)
+    seen, c = runs[False]
+    assert seen == [(0, 6, 4, [0, 0, 0, 0]), (1, 8, 4, [0, 0, 0, 1]), (2, 8, 4, [1, 1, 1, 1])]
+    assert (c["steps"], c["row_steps"], c["busy_row_steps"], c["prompts"]) == (8, 16, 12, 3)   # 1+2+2+1 busy
 
 
 def test_stream_eos_frees_rows_early_and_cuts_like_generate(tiny):
