@@ -370,7 +370,7 @@ class RingStream:
         q = torch.arange(P, device=self.device)
         allowed = (q.view(1, P, 1) >= q.view(1, 1, P)) & (valid.unsqueeze(1) | (q.view(1, P, 1) == q.view(1, 1, P)))
         pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
-        tmp = static_cache(self.model, P, self.plan)
+        tmp = static_cache(self.model, P, self.plan, self.device)
         with rollout_attention_on(self.model):
             logits = self.model(input_ids=ids, position_ids=pos,
                                 attention_mask=layer_masks(self.plan, self.dtype, allowed.unsqueeze(1),
@@ -408,13 +408,15 @@ class RingStream:
                 # [rows, H, P, D] at (row, slot): advanced indices on dims 0 and 2 put [rows, P] first
                 dst.keys[rows_t.view(-1, 1), :, slots.view(1, -1)] = k[0].permute(1, 0, 2).unsqueeze(0)
                 dst.values[rows_t.view(-1, 1), :, slots.view(1, -1)] = v[0].permute(1, 0, 2).unsqueeze(0)
-            r.key_valid[rows_t] = False
-            r.key_valid[rows_t.view(-1, 1), slots.view(1, -1)] = True
-            r.pos[rows_t] = n
-            r.out[rows_t] = self.pad_id
-            r.out_lp[rows_t] = 0.0
-            r.col[rows_t] = 0
-            r.finished[rows_t] = False
+            # index_fill_ and a device-side True, not `x[rows] = scalar`: that copies the scalar over
+            # from the host, which waits for the steps queued ahead
+            r.key_valid.index_fill_(0, rows_t, False)
+            r.key_valid.index_put_((rows_t.view(-1, 1), slots.view(1, -1)), r.key_valid.new_ones(()))
+            r.pos.index_fill_(0, rows_t, n)
+            r.out.index_fill_(0, rows_t, self.pad_id)
+            r.out_lp.index_fill_(0, rows_t, 0.0)
+            r.col.index_fill_(0, rows_t, 0)
+            r.finished.index_fill_(0, rows_t, False)
             self._ring_emit(r, rec["logits"].expand(len(rows_of), -1), greedy, rows_t)
 
     def _ring_step(self, r: Ring, greedy: bool) -> None:
