@@ -86,7 +86,8 @@ class Sampler:
         self.engine = (RolloutEngine(self.policy, self.eos_ids, self.tok.pad_token_id,
                                      cuda_graphs=cfg.cuda_graphs and self.device.type == "cuda",
                                      compile_decode=cfg.compile_decode, attend_chunk=cfg.attend_chunk or None,
-                                     compile_ring=cfg.compile_ring and cfg.in_flight_rows > 0)
+                                     compile_ring=cfg.compile_ring and cfg.in_flight_rows > 0,
+                                     refill_behind=cfg.refill_behind)
                        if self.backend == "fast" else None)
         if self.engine is not None and self.engine.fallback is not None:
             # An architecture the engine cannot serve (its warning said why): Hugging Face generate,

@@ -67,8 +67,9 @@ def encode_prompts(tok, problems: list) -> tuple[list[str], list[list[int]]]:
 def stream_line(stats: dict, elapsed: float) -> str:
     """The run's in-flight decoding in one line, from the stream_* stats (empty without streams):
     steps and their device time, the share of the run's seconds they cover, the share of row-steps
-    that had a sample, and the host seconds with no step queued (asking for prompts, prefill and
-    refill; the checks)."""
+    that had a sample, the host seconds asking for prompts, prefilling and refilling (with
+    --refill-behind while a check's steps run, otherwise with none queued) and at the checks, and
+    the host's wait for the queued work at the checks' syncs."""
     steps = stats.get("stream_steps", 0.0)
     if not steps:
         return ""
@@ -76,7 +77,7 @@ def stream_line(stats: dict, elapsed: float) -> str:
     return (f"stream: {steps:,.0f} decode steps, {dev / steps * 1e3:.2f} ms each on the device ({dev:.0f} s, "
             f"{dev / max(elapsed, 1e-9):.0%} of {elapsed:.0f} s), rows busy {stats['stream_busy_row_steps'] / max(stats['stream_row_steps'], 1):.1%}; "
             f"{stats['stream_prompts']:,.0f} prompts prefilled and refilled in {stats['stream_refill_s']:.1f} s, "
-            f"checks {stats['stream_check_s']:.1f} s (host, no step queued)")
+            f"checks {stats['stream_check_s']:.1f} s, waiting at the syncs {stats.get('stream_sync_s', 0.0):.1f} s (host)")
 
 
 class Prompts:
