@@ -63,7 +63,7 @@ class SamplerRolloutSection:
     """With the fast backend, compile the decode step with torch.compile before capturing it (fewer, fused kernels; slower start): every shape's, evaluations' included (implies --compile-ring)."""
     compile_ring: bool = False
     """With --in-flight-rows on the fast backend, compile only the in-flight decode step (one shape, so one compilation at the first round) before capturing it; evaluations and fixed rounds keep their plain steps (docs/configuration.md: what it buys and costs)."""
-    refill_behind: bool = False
-    """With --in-flight-rows on the fast backend, queue each host check's decode steps before prefilling new prompts and refilling the rows that ended, so that the host's refill runs while the GPU decodes; the refilled rows start a check later (docs/configuration.md: what it buys and costs)."""
+    refill_behind: bool = True
+    """With --in-flight-rows on the fast backend, queue each host check's decode steps before prefilling new prompts and refilling the rows that ended, so that the host's refill runs while the GPU decodes; the refilled rows start a check later (--no-refill-behind: refill first, with the GPU idle meanwhile; docs/configuration.md)."""
     attend_chunk: int = at_least(0, 64, "0: the whole cache at every step")
     """With the fast backend, a decode step attends only to the filled part of the cache: the prompt and the next multiple of this many generated slots, one captured graph per length (0: the whole cache at every step; why 64: docs/configuration.md). With --compile-decode, one compilation per length too."""
