@@ -4,7 +4,8 @@ whose sample ends takes the next one), and says which weights version drew each 
 Each prompt is prefilled once (_prefill_prompts) and its keys and values are copied into the ring
 slots of every row its samples take (_refill); one decode step moves every row by a token
 (_ring_step, what the ring's graph captures) and writes it at the row's own output column
-(_ring_emit). The host looks at the rows only every `check_every` steps.
+(_ring_emit). The host looks at the rows only every `check_every` steps; with `refill_behind` it
+queues a check's steps before it prefills and refills, so that the GPU decodes while it does.
 
 `stream` never has to drain for new weights: at each host check its `swap` callback may copy a
 new version into the parameters in place, and the rows in flight go on from their KV cache (keys
@@ -167,7 +168,8 @@ class RingStream:
         counts = self.stream_counts
         # What ended at a host check is cut into groups and yielded only once the next check_every steps
         # are queued: the caller's work on them (scoring, sending) then runs while the GPU decodes,
-        # instead of between two checks with the GPU idle. Its rows are refilled first, as before.
+        # instead of between two checks with the GPU idle. Its rows are refilled before those steps are
+        # queued, or, with refill_behind, after them (and join a check later).
         ended_at: list[tuple] = []
         slot = 0          # the ring slot the next queued step writes (ring.t), followed on the host: no sync
         behind = self.refill_behind

@@ -36,6 +36,7 @@ def test_sampler_round_with_fast_backend(monkeypatch):
     sampler = Sampler(cfg)
     try:
         assert sampler.backend == "fast" and sampler.engine is not None and sampler.old_source == "sampling"
+        assert sampler.engine.refill_behind is True   # --refill-behind, the default: the in-flight round below
         passes = []
         real = sampler.workflow._logprobs
         monkeypatch.setattr(sampler.workflow, "_logprobs", lambda model, whole, plens: passes.append(
@@ -82,6 +83,13 @@ def test_sampler_round_with_fast_backend(monkeypatch):
     with pytest.raises(ValueError, match="--generation-backend"):
         Sampler(SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
                               generation_backend="turbo", data_port=d, sync_port=s))
+    first = Sampler(SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
+                                  generation_backend="fast", refill_behind=False, data_port=d, sync_port=s))
+    try:
+        assert first.engine.refill_behind is False   # --no-refill-behind reaches the engine
+    finally:
+        first.data.close()
+        first.sync.close()
 
 
 def test_sampler_falls_back_at_start_up(monkeypatch):
