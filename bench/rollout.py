@@ -198,7 +198,7 @@ def window_compare(tok, device, dtype, configs) -> dict:
 
 
 def eos_workload(model, tok, device, n_prompts: int, G: int, rows: int, new: int, hf: bool = True,
-                 consumer_ms: float = 0.0, fixed: bool = True) -> dict:
+                 consumer_ms: float = 0.0, stream_only: bool = False) -> dict:
     """The rollouts issue's workload: n_prompts GSM8K train prompts x G samples with EOS allowed,
     up to `new` tokens, through `rows` rows, timed to the last completion; useful tokens = tokens
     kept (up to and including EOS). Three ways: the engine's in-flight batching (`stream`: a group
@@ -206,7 +206,7 @@ def eos_workload(model, tok, device, n_prompts: int, G: int, rows: int, new: int
     `rows` (`generate`), and Hugging Face `generate` in batches of `rows`. Each engine runs the
     workload once untimed first (graph capture), then timed. consumer_ms: the stream's caller sleeps
     this long for each group it is given (a stand-in for a sampler's scoring and sending, which
-    run while the stream is suspended). fixed=False: the stream alone (no fixed batches, no HF)."""
+    run while the stream is suspended). stream_only: the stream alone (no fixed batches, no HF)."""
     prompts = gsm8k_prompts(tok, "train", n_prompts)
     flat = [p for p in prompts for _ in range(G)]
     out = {"prompts": n_prompts, "G": G, "rows": rows, "max_new_tokens": new, "consumer_ms": consumer_ms}
@@ -229,9 +229,10 @@ def eos_workload(model, tok, device, n_prompts: int, G: int, rows: int, new: int
         tokens = streamed(stream_engine)
     out.update(eos_stream_tok_s=tokens / t.s, eos_stream_tokens=tokens, eos_stream_s=t.s,
                # where the timed stream's seconds went (grpo.generate.stream.STREAM_COUNTS)
-               eos_stream_counts={k: v - before[k] for k, v in stream_engine.stream_counts.items()})
+               eos_stream_counts={k: v - before[k] for k, v in stream_engine.stream_counts.items()},
+               check_every=stream_engine.check_every)
     stream_engine.clear()
-    if not fixed:
+    if stream_only:
         return out
     fixed = RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id,
                           buckets=(rows,) if device.type == "cuda" else None, **ENGINE_KW)
@@ -380,18 +381,17 @@ def main() -> int:
     if args.workload_only:
         _, _, rows_n, new_n = p["workload"]
         work = eos_workload(model, tok, device, *p["workload"], hf=not args.skip_hf, consumer_ms=args.consumer_ms,
-                            fixed=not args.stream_only)
+                            stream_only=args.stream_only)
         if not args.stream_only:
             fixed = throughput(args.model, model, tok, device, p, [(rows_n, new_n)], [], [])
             work["fixed_length_tok_s"] = fixed[0]["fast_tok_s"]
             work["stream_vs_fixed_length"] = work["eos_stream_tok_s"] / fixed[0]["fast_tok_s"]
-        print(table([{k: v for k, v in work.items() if not isinstance(v, dict)}],
-                    [k for k, v in work.items() if not isinstance(v, dict)]), flush=True)
+        row = {k: v for k, v in work.items() if not isinstance(v, dict)}
+        print(table([row], list(row)), flush=True)
         print("stream counts: " + ", ".join(f"{k} {v:.6g}" for k, v in work["eos_stream_counts"].items()), flush=True)
         settings = {"model": args.model, "dtype": str(dtype), "attend_chunk": args.attend_chunk or None, "seed": 0,
                     "compile_decode": args.compile_decode, "compile_ring": args.compile_ring,
-                    "refill_behind": args.refill_behind, "check_every": args.check_every or 16,
-                    "stream_only": args.stream_only}
+                    "refill_behind": args.refill_behind, "stream_only": args.stream_only}
         print(f"wrote {write_result('rollout_workload' + suffix, device, {'settings': settings, 'eos_workload': work})}")
         return 0
     rows = throughput(args.model, model, tok, device, p, fast_cfgs, p["hf"], p["eos"],

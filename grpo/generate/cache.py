@@ -10,23 +10,22 @@ import torch
 from grpo.generate.attention import LayerPlan, layer_plan
 
 
-def static_cache(model, length: int, plan: LayerPlan | None = None, device: torch.device | None = None):
+def static_cache(model, length: int, device: torch.device, plan: LayerPlan | None = None):
     """A StaticCache of `length` slots in every layer, sliding ones included (transformers' own gives
     those a StaticSlidingWindowLayer of `window` slots, which rolls its keys and keeps a Python-side
     counter): slot i holds position i in every layer, and the sliding layers' window is in the mask.
 
-    device: where each layer's write index lives from the start. transformers makes it on the CPU
-    and moves it at the layer's first write, a pageable copy that waits for all queued work: with
-    the index already there, a prefill queued behind decode steps does not wait for them."""
+    Each layer's write index is made on `device`: transformers makes it on the CPU and moves it at
+    the layer's first write, a pageable copy that waits for all queued work, so a prefill queued
+    behind decode steps would wait for them."""
     from transformers import StaticCache
     from transformers.cache_utils import Cache, StaticLayer
 
     plan = plan or layer_plan(model)
     cache = StaticCache.__new__(StaticCache)
     layers = [StaticLayer(max_cache_len=length) for _ in plan.kinds]
-    if device is not None:
-        for layer in layers:
-            layer.cumulative_length = torch.zeros_like(layer.cumulative_length, device=device)
+    for layer in layers:
+        layer.cumulative_length = torch.zeros_like(layer.cumulative_length, device=device)
     Cache.__init__(cache, layers=layers)
     return cache
 
@@ -57,7 +56,7 @@ class Slot:
                  plan: LayerPlan | None = None):
         self.rows, self.width, self.max_new = rows, width, max_new
         length = width + max_new
-        self.cache = static_cache(model, length, plan, device)
+        self.cache = static_cache(model, length, device, plan)
         kw = dict(device=device)
         self.key_valid = torch.zeros((rows, length), dtype=torch.bool, **kw)    # real prompt tokens + all generated slots
         self.key_index = torch.arange(length, **kw)                             # [L]
@@ -94,7 +93,7 @@ class Ring:
     def __init__(self, model, rows: int, width: int, max_new: int, pad_id: int, device: torch.device,
                  plan: LayerPlan | None = None):
         self.rows, self.width, self.max_new, self.length = rows, width, max_new, width + max_new
-        self.cache = static_cache(model, self.length, plan, device)
+        self.cache = static_cache(model, self.length, device, plan)
         kw = dict(device=device)
         self.key_valid = torch.zeros((rows, self.length), dtype=torch.bool, **kw)   # slots of the row's sequence
         self.key_index = torch.arange(self.length, **kw)                            # [L]

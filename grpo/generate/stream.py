@@ -251,7 +251,7 @@ class RingStream:
             done_rows = [i for i in sorted(busy) if ended[i]]
             if done_rows:
                 idx = torch.tensor(done_rows, device=self.device)
-                # Copied out now (the rows are refilled before the next steps), cut into groups later.
+                # Copied out now (before a refill resets these rows), cut into groups later.
                 ended_at.append(([busy.pop(row) for row in done_rows], ring.out[idx, :max_new_tokens].cpu(),
                                  ring.out_lp[idx, :max_new_tokens].cpu(), np.asarray(change_steps),
                                  np.asarray(change_versions, dtype=np.int32), steps))
@@ -372,7 +372,7 @@ class RingStream:
         q = torch.arange(P, device=self.device)
         allowed = (q.view(1, P, 1) >= q.view(1, 1, P)) & (valid.unsqueeze(1) | (q.view(1, P, 1) == q.view(1, 1, P)))
         pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
-        tmp = static_cache(self.model, P, self.plan, self.device)
+        tmp = static_cache(self.model, P, self.device, self.plan)
         with rollout_attention_on(self.model):
             logits = self.model(input_ids=ids, position_ids=pos,
                                 attention_mask=layer_masks(self.plan, self.dtype, allowed.unsqueeze(1),

@@ -77,7 +77,7 @@ def stream_line(stats: dict, elapsed: float) -> str:
     return (f"stream: {steps:,.0f} decode steps, {dev / steps * 1e3:.2f} ms each on the device ({dev:.0f} s, "
             f"{dev / max(elapsed, 1e-9):.0%} of {elapsed:.0f} s), rows busy {stats['stream_busy_row_steps'] / max(stats['stream_row_steps'], 1):.1%}; "
             f"{stats['stream_prompts']:,.0f} prompts prefilled and refilled in {stats['stream_refill_s']:.1f} s, "
-            f"checks {stats['stream_check_s']:.1f} s, waiting at the syncs {stats.get('stream_sync_s', 0.0):.1f} s (host)")
+            f"checks {stats['stream_check_s']:.1f} s, waiting at the syncs {stats['stream_sync_s']:.1f} s (host)")
 
 
 class Prompts:

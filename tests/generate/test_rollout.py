@@ -293,6 +293,14 @@ def source(items, gaps=()):
     return next_prompt
 
 
+def count_steps(eng) -> list[int]:
+    """Counts the decode steps eng's streams run (what stream() runs without a captured graph, on
+    CPU): [n], updated as they run."""
+    ran, step = [0], eng._ring_step_fn
+    eng._ring_step_fn = lambda *a: (ran.__setitem__(0, ran[0] + 1), step(*a))[1]
+    return ran
+
+
 @pytest.mark.parametrize("behind", [False, True])
 def test_stream_greedy_equals_generate_through_refills_and_ring_wraps(tiny, behind):
     """7 prompts, G=2 on 4 rows: rows refilled while others still decode, the ring of (width + 12)
@@ -323,9 +331,7 @@ def test_stream_yields_a_checks_groups_once_the_next_steps_are_queued_and_counts
     ps = prompts((5, 3, 8, 6), seed=9)
     ref = RolloutEngine(tiny, 2, 2).generate(ps, 4, greedy=True).token_ids
     eng = RolloutEngine(tiny, 2, 2, check_every=2)
-    ran, asked = [0], []
-    step = eng._ring_step_fn      # what stream() runs without a captured graph (on CPU)
-    eng._ring_step_fn = lambda *a: (ran.__setitem__(0, ran[0] + 1), step(*a))[1]
+    ran, asked = count_steps(eng), []
     src = source(list(enumerate(ps)))
     seen = []
     for g in eng.stream(lambda: (asked.append(ran[0]), src())[1], 1, 4, greedy=True, rows=3):
@@ -359,9 +365,7 @@ def test_refill_behind_queues_the_steps_first_and_its_rows_join_a_check_later(ti
     for behind in (True, False):
         model = copy.deepcopy(tiny)
         eng = RolloutEngine(model, 2, 2, check_every=2, refill_behind=behind)
-        ran, seen = [0], []
-        step = eng._ring_step_fn
-        eng._ring_step_fn = lambda *a: (ran.__setitem__(0, ran[0] + 1), step(*a))[1]
+        ran, seen = count_steps(eng), []
         torch.manual_seed(7)
         swap = SwapAt(model, new_weights, 2)
         for g in eng.stream(source(list(enumerate(ps)), gaps=(1,)), 1, 4, temperature=temperature, rows=2,
