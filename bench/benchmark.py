@@ -476,7 +476,7 @@ def score_worker(args) -> None:
             load_s = 0.0
         r = greedy_accuracy(net, tok, problems, args.eval_tokens, 64, device, engine)
         keep = {k: r[k] for k in ("accuracy", "correct", "n", "truncated_frac", "mean_completion_len", "top_answers",
-                                  "decoder", "decode_s") if k in r}
+                                  "decoder", "decode_s", "reward_failures", "reward_failed") if k in r}
         keep["eval_s"] = r.get("seconds")   # the evaluation's own time; "seconds" is the save's, from launch
         if folder:
             line = {"step": step, "seconds": round(seconds, 2), **keep, "load_s": round(load_s, 2)}

@@ -22,7 +22,7 @@ from pathlib import Path
 from grpo.config import EvalConfig
 from grpo.data.formats import Problem
 from grpo.data.prompts import problem_prompt
-from grpo.data.rewards import final_answer, score_correctness
+from grpo.data.rewards import correctness_scorer, final_answer, score_correctness
 from grpo.data.sources import load_problems
 from grpo.data.tasks import start_levels
 from grpo.flags import parse_config
@@ -172,7 +172,8 @@ def _greedy_accuracy(model, tok, problems, max_new_tokens, batch_size, device, e
         bar.update(len(rows))
     bar.close()
     t_decoded = time.perf_counter()
-    scored = score_correctness(problems, texts)
+    scorer = correctness_scorer()   # a completion it cannot score counts as wrong, and is counted
+    scored = scorer.score(problems, texts, [[] for _ in texts])
     correct = [sc.info["correct"] for sc in scored]
     answers = [final_answer(p, t) for p, t in zip(problems, texts)]
     has_answer = [sc.info["has_answer"] for sc in scored]
@@ -184,7 +185,8 @@ def _greedy_accuracy(model, tok, problems, max_new_tokens, batch_size, device, e
             "truncated_frac": truncated / n, "top_answers": top_answers(answers),
             "completions_sha256": completions_digest(texts),
             "seconds": time.perf_counter() - t0, "decode_s": t_decoded - t0,
-            "max_new_tokens": max_new_tokens, "decoder": "hf" if engine is None else "fast"}
+            "max_new_tokens": max_new_tokens, "decoder": "hf" if engine is None else "fast",
+            "reward_failures": int(sum(scorer.faults.counts.values())), "reward_failed": scorer.faults.summary()}
 
 
 def completions_digest(texts: list[str]) -> str:

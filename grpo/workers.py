@@ -131,11 +131,12 @@ def _sampler_main(argv: list[str] | None = None) -> int:
         sampler = Sampler(cfg)
     except _user_errors() as exc:
         return _fail(prog, exc, made)
+    from grpo.data.rewards import RewardBroken
     from grpo.sampler.weights_client import AnswersRejected, NoFirstAnswer, RunMismatch
 
     try:
         result = sampler.run()
-    except (RunMismatch, NoFirstAnswer, AnswersRejected) as exc:
+    except (RunMismatch, NoFirstAnswer, AnswersRejected, RewardBroken) as exc:
         return _fail(prog, exc)
     (run_dir / f"sampler{cfg.sampler_id}_result.json").write_text(json.dumps({**result, **provenance()}, indent=2,
                                                                              default=str))

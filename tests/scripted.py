@@ -1,9 +1,11 @@
 """A scripted learner's sync side, for tests that run a real sampler (grpo.sampler.loop.Sampler)
-over real ZeroMQ sockets: ``from scripted import ScriptedLearner, facts``."""
+over real ZeroMQ sockets: ``from scripted import ScriptedLearner, facts``; and a scripted rollout
+engine for evaluation tests (``ScriptedEngine``)."""
 from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 from typing import Callable
 
 from grpo.wire import messages as M
@@ -103,3 +105,18 @@ def run_against(s, learner: ScriptedLearner) -> dict:
     finally:
         learner.done.set()
         learner.join(timeout=10)
+
+
+class ScriptedEngine:
+    """A stand-in rollout engine for greedy evaluation: answers each prompt with the completion
+    scripted for it (text keyed by the prompt's ids), EOS-terminated, and records the prompts it was
+    given."""
+
+    def __init__(self, tok, script: dict[tuple[int, ...], str]):
+        self.tok, self.script, self.prompts = tok, script, []
+
+    def generate(self, prompts, max_new_tokens, *args, **kwargs):
+        self.prompts += [list(p) for p in prompts]
+        rows = [self.tok(self.script.get(tuple(p), ""), add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+                for p in prompts]
+        return SimpleNamespace(token_ids=rows, finished=[True] * len(rows))

@@ -3,11 +3,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
+from scripted import ScriptedEngine
 
 from grpo.data.formats import Problem
 from grpo.data.gsm8k import extract_gsm8k_answer
@@ -70,20 +70,6 @@ def test_batched_left_padded_eval_scores_like_one_at_a_time(smollm2):
         (res["correct"], res["mean_completion_len"], res["truncated_frac"])
 
 
-class _ScriptedEngine:
-    """A stand-in rollout engine: answers each prompt with the completion scripted for it (text
-    keyed by the prompt's ids), EOS-terminated, and records the prompts it was given."""
-
-    def __init__(self, tok, script):
-        self.tok, self.script, self.prompts = tok, script, []
-
-    def generate(self, prompts, max_new_tokens, *args, **kwargs):
-        self.prompts += [list(p) for p in prompts]
-        rows = [self.tok(self.script.get(tuple(p), ""), add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
-                for p in prompts]
-        return SimpleNamespace(token_ids=rows, finished=[True] * len(rows))
-
-
 def test_eval_scores_rg_answers_by_the_tasks_own_scorer():
     """Held-out accuracy on rg: tasks whose answers are not numbers is training's correctness
     (reasoning-gym's score_answer), not the GSM8K final-number parser: completions right by the
@@ -111,7 +97,7 @@ def test_eval_scores_rg_answers_by_the_tasks_own_scorer():
     problems = [p for p, _ in cases]
     script = {tuple(tok(problem_prompt(tok, p), add_special_tokens=False)["input_ids"]): t for p, t in cases}
     res = greedy_accuracy(torch.nn.Module(), tok, problems, 32, batch_size=4, device=torch.device("cpu"),
-                          engine=_ScriptedEngine(tok, script))
+                          engine=ScriptedEngine(tok, script))
     assert (res["correct"], res["n"]) == (5, 6) and abs(res["accuracy"] - 5 / 6) < 1e-12
     assert res["has_answer"] == 1.0   # every completion marks an answer after '####'
 
@@ -131,7 +117,7 @@ def test_eval_reports_the_answers_a_policy_gives_and_what_one_constant_answer_sc
     script = {tuple(tok(problem_prompt(tok, p), add_special_tokens=False)["input_ids"]): t
               for p, t in zip(problems, texts)}
     res = greedy_accuracy(torch.nn.Module(), tok, problems, 16, batch_size=4, device=torch.device("cpu"),
-                          engine=_ScriptedEngine(tok, script))
+                          engine=ScriptedEngine(tok, script))
     assert res["top_answers"] == [["1", 0.5], ["3", 1 / 6], ["7", 1 / 6]]
     assert res["correct"] == 4   # problems 0, 1, 4, 5
     assert constant_answer_baseline(problems) == {"answer": "1", "accuracy": 0.5}
@@ -156,7 +142,7 @@ def test_eval_prompts_are_the_samplers_training_prompts():
     round_problems = PromptStream(problems, seed=0).next_batch(len(problems))   # a round's, as the workflow takes them
     _, train_ids = encode_prompts(tok, round_problems)
     assert sorted(p.question for p in round_problems) == sorted(p.question for p in problems)
-    engine = _ScriptedEngine(tok, {tuple(ids): "#### 0" for ids in train_ids})
+    engine = ScriptedEngine(tok, {tuple(ids): "#### 0" for ids in train_ids})
     greedy_accuracy(torch.nn.Module(), tok, problems, 8, batch_size=4, device=torch.device("cpu"), engine=engine)
     assert sorted(engine.prompts) == sorted(train_ids)
 

@@ -1,7 +1,10 @@
 """GSM8K answer extraction and the 0/1 correctness reward.
 
 Rewards are computed inside sampler/learner worker threads, so nothing here may rely on
-signal.alarm (math_verify's default timeout), which only works in the main thread.
+signal.alarm (math_verify's default timeout), which only works in the main thread. Instead every
+completion is judged within a bound by construction: the answer regex is linear in the text, an
+answer longer than MAX_ANSWER_CHARS is compared as text alone, and math_verify only sees two short
+plain numbers that exact rationals could not decide.
 """
 
 from __future__ import annotations
@@ -92,17 +95,26 @@ def _math_verify_equal(reference: str, prediction: str) -> bool:
 
 
 # math_verify takes numbers within about 1e-6 of each other (relative) as equal: 0.333333 is 1/3 there.
-# Answers further apart than this are unequal without asking it (see _numeric_verdict).
-CLEARLY_APART = 1e-4
+# Answers further apart than this are unequal without asking it (see _numeric_verdict). A Fraction,
+# not a float: a product with a float turns the other side into a float, and a number of more than
+# 308 digits then raises OverflowError.
+CLEARLY_APART = Fraction(1, 10_000)
+
+# An extracted answer longer than this (digits, separators, a point, a sign) is equal to the
+# reference only as the same text: no GSM8K answer comes near it, exact rationals of such numbers
+# cost time that grows with their length, and Python refuses int() of more than 4300 digits.
+MAX_ANSWER_CHARS = 100
 
 
 def _numeric_verdict(reference: str, prediction: str) -> bool | None:
     """Two extracted answers (decimals or simple fractions) compared as exact rationals: True when
     equal, False when they differ by more than CLEARLY_APART of the larger (and of 1), None when
     they are closer than that but not equal, or do not parse (a zero denominator): math_verify's
-    to judge. Its verdict agrees with math_verify's everywhere it is given (tests/data/test_gsm8k.py),
+    to judge. An answer longer than MAX_ANSWER_CHARS is equal only as the same text. Its verdict agrees with math_verify's everywhere it is given (tests/data/test_gsm8k.py),
     without sympy's parsing, which is most of a round's scoring time when math_verify judges every
     differing pair; scoring is on the path to each round's groups."""
+    if max(len(reference), len(prediction)) > MAX_ANSWER_CHARS:
+        return reference == prediction
     try:
         a, b = Fraction(reference), Fraction(prediction)
     except (ValueError, ZeroDivisionError):

@@ -35,16 +35,30 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from grpo.data.bounded import run_bounded
+from grpo.data.faults import RewardFaults, first_line, kind_of
 from grpo.data.gsm8k import RewardResult, extract_gsm8k_answer, gsm8k_correct
 from grpo.data.plugins import PluginError, load_callable
 from grpo.data.sandbox import SandboxLimits, code_reward
 
-__all__ = ["BUILTINS", "RewardError", "RewardSet", "correctness_reward", "format_reward",
+__all__ = ["BUILTINS", "RewardBroken", "RewardError", "RewardSet", "correctness_reward", "format_reward",
            "overlong_reward", "score_correctness"]
 
 
 class RewardError(ValueError):
     """A reward choice or reward function that cannot be used; one line naming it and the fix."""
+
+
+class RewardBroken(RewardError):
+    """A reward failed on most of its recent completions (grpo.data.faults): the run stops."""
+
+
+# reasoning-gym's scorers parse answers with sympy, which can compute for ever on a short one
+# ("9**9**9**9"): each runs in a forked child (grpo.data.bounded) with this many seconds per completion.
+RG_SCORE_LIMIT_S = 10.0
+# reasoning-gym judges the line after the last '####' up to this many characters; a longer answer
+# scores 0 without a call (no task's answer comes near it, and sympy's parse time grows with it).
+RG_MAX_ANSWER_CHARS = 10_000
 
 
 def _text(completion: Any) -> str:
@@ -78,23 +92,49 @@ def _rg_judged(answer: str, task: Any, entry: Any) -> bool:
     return bool(task) and entry is not None and not _NUMBER.fullmatch(answer)
 
 
-def correctness_reward(prompts: list, completions: list, answer: list[str], **kwargs: Any) -> list[float]:
+def correctness_reward(prompts: list, completions: list, answer: list[str], errors: list | None = None,
+                       **kwargs: Any) -> list[float]:
     """1.0 when the completion's final answer equals the reference answer (GSM8K rules). For
     reasoning-gym rows (rg_task/rg_entry columns) whose answer is not a number, the task's own
-    score_answer judges the text after '####' (in [0, 1]; some tasks give partial credit)."""
+    score_answer judges the text after '####' (in [0, 1]; some tasks give partial credit), each
+    within RG_SCORE_LIMIT_S. A completion the scorer fails on (raises, or passes the limit) scores
+    0.0; with `errors` (a list of len(completions), as RewardSet passes it) its exception goes there."""
     tasks = kwargs.get("rg_task") or [None] * len(completions)
     entries = kwargs.get("rg_entry") or [None] * len(completions)
-    out = []
-    for c, a, task, entry in zip(completions, answer, tasks, entries):
+    out: list[float] = []
+    rg_calls, rg_at = [], []
+    for i, (c, a, task, entry) in enumerate(zip(completions, answer, tasks, entries)):
         text = _text(c)
         if _rg_judged(a, task, entry):
-            out.append(float(_rg_scorer(task)(_marked_answer(text), entry)))
+            marked = _marked_answer(text)
+            if marked is not None and len(marked) > RG_MAX_ANSWER_CHARS:
+                out.append(0.0)
+                continue
+            scorer = _rg_scorer(task)   # here: the child then inherits reasoning-gym's import
+            rg_calls.append(functools.partial(scorer, marked, entry))
+            rg_at.append(i)
+            out.append(0.0)   # (replaced below)
         else:
             out.append(float(gsm8k_correct(text, a)))
+    for i, value in zip(rg_at, run_bounded(rg_calls, RG_SCORE_LIMIT_S)):
+        if isinstance(value, BaseException):
+            if errors is not None:
+                errors[i] = value   # RewardSet.score counts it: that completion alone is lost
+        else:
+            out[i] = value
     return out
 
 
-_GSM8K_FORM = re.compile(r"####[ \t]*[-\u2212]?\$?[ \t]?\d[\d,]*(?:\.\d+)?[^\n\d]*\s*\Z")
+# '#### <number>' on the text's last line that is not blank, with no digit after the number. Matched
+# against that line alone: over the whole text, a trailing part that both [^\n\d]* and \s* can take
+# (a long run of spaces before a last word) made the search quadratic, minutes on 100,000 characters.
+_GSM8K_FORM = re.compile(r"####[ \t]*[-\u2212]?\$?[ \t]?\d[\d,]*(?:\.\d+)?[^\d]*\Z")
+
+
+def _gsm8k_form(text: str) -> bool:
+    """Whether the text ends with a '#### <number>' line (units after the number allowed)."""
+    body = text.rstrip()
+    return _GSM8K_FORM.search(body, body.rfind("\n") + 1) is not None
 _THINK_FORM = re.compile(r"\A\s*<think>(?:(?!<think>|</think>).)+</think>\s*\S.*\Z", re.DOTALL)
 _THINK_AGAIN = re.compile(r"</?think>")
 
@@ -108,7 +148,7 @@ def format_reward(prompts: list, completions: list, style: Sequence[str] | None 
     for i, c in enumerate(completions):
         text = _text(c)
         if (style[i] if style else "gsm8k") == "gsm8k":
-            out.append(1.0 if _GSM8K_FORM.search(text) else 0.0)
+            out.append(1.0 if _gsm8k_form(text) else 0.0)
         else:
             m = _THINK_FORM.match(text)
             after = text[text.find("</think>") + len("</think>"):] if m else ""
@@ -189,6 +229,7 @@ class RewardSet:
             raise RewardError(f"--format-style must be auto, gsm8k or think, not {format_style!r}")
         self.format_style = format_style
         self.parts: list[_Part] = []
+        self.faults = RewardFaults()   # the completions each reward failed on, and whether it is broken
         for target, weight in parse_reward_spec(spec, weights):
             if target in BUILTINS:
                 name, fn, builtin = target, BUILTINS[target], target
@@ -228,8 +269,15 @@ class RewardSet:
         return "gsm8k" if problem_style == "gsm8k" else "think"
 
     def score(self, problems: Sequence[Any], texts: Sequence[str],
-              completion_ids: Sequence[Sequence[int]]) -> list[RewardResult]:
-        """One RewardResult per completion; problems[i] is the Problem completion i answers."""
+              completion_ids: Sequence[Sequence[int]], strict: bool = False) -> list[RewardResult]:
+        """One RewardResult per completion; problems[i] is the Problem completion i answers.
+
+        A reward that fails on a completion (raises, returns a value that is not a finite number)
+        costs that completion alone: a batch call that raises is made again one completion at a
+        time, and each completion a reward failed on gets the reward's failure value (0.0, or the
+        function's `failure_value` attribute; None leaves it out), counted in `faults`. RewardBroken
+        when a reward failed on most of its recent completions (grpo.data.faults). `strict` (the
+        start-up probe): the first failure raises RewardError instead."""
         n = len(texts)
         if not len(problems) == len(completion_ids) == n:
             raise ValueError(f"{len(problems)} problems, {len(texts)} texts, {len(completion_ids)} id lists")
@@ -245,18 +293,16 @@ class RewardSet:
         columns["completion_ids"] = [list(ids) for ids in completion_ids]
         results = [RewardResult(0.0, {}) for _ in range(n)]
         for part in self.parts:
-            kwargs = dict(columns)
+            rows = dict(columns)   # one value per completion: what a call on one completion takes a slice of
+            rows["prompts"], rows["completions"] = prompts, completions
             if part.builtin == "format":
-                kwargs["style"] = [self._style(p.style) for p in problems]
-            kwargs.update(self._internal.get(part.builtin or "", {}))
-            try:
-                values = part.fn(prompts=prompts, completions=completions, **kwargs)
-            except RewardError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - report which reward failed, in one line
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                raise RewardError(f"reward {part.name!r} raised {type(exc).__name__}: {first}") from exc
-            for i, value in enumerate(self._check(part, values, n)):
+                rows["style"] = [self._style(p.style) for p in problems]
+            values, errors = self._values(part, rows, self._internal.get(part.builtin or "", {}), n, strict)
+            if not strict:   # (the probe's made-up completions are not the run's)
+                self.faults.record(part.name, errors, list(texts))
+            for i, (value, exc) in enumerate(zip(values, errors)):
+                if exc is not None:
+                    value = getattr(part.fn, "failure_value", 0.0) if part.builtin is None else 0.0
                 if value is None:
                     continue
                 results[i].reward += part.weight * value
@@ -266,10 +312,50 @@ class RewardSet:
             for r, t, p in zip(results, texts, problems):
                 r.info["correct"] = float(r.info[name] == 1.0)
                 r.info["has_answer"] = float(final_answer(p, t) is not None)
+        if (line := self.faults.broken()) is not None:
+            raise RewardBroken(line)
         return results
 
+    def _values(self, part: _Part, rows: dict[str, list], internal: dict, n: int,
+                strict: bool) -> tuple[list[float | None], list[BaseException | None]]:
+        """One reward's value and failure (None: none) for each completion: the whole batch in one
+        call, and where that call raises, one call per completion."""
+        try:
+            return self._call(part, rows, internal, n, strict)
+        except Exception as exc:  # noqa: BLE001 - whatever a reward raises costs its completions, not the run
+            if strict:
+                if isinstance(exc, RewardError):
+                    raise
+                raise RewardError(f"reward {part.name!r} raised {type(exc).__name__}: {first_line(exc)}") from exc
+            if n == 1:
+                return [None], [exc]
+        values: list[float | None] = []
+        errors: list[BaseException | None] = []
+        for i in range(n):
+            try:
+                (v,), (e,) = self._call(part, {k: [col[i]] for k, col in rows.items()}, internal, 1, False)
+            except Exception as exc:  # noqa: BLE001
+                v, e = None, exc
+            values.append(v)
+            errors.append(e)
+        return values, errors
+
+    def _call(self, part: _Part, rows: dict[str, list], internal: dict, n: int,
+              strict: bool) -> tuple[list[float | None], list[BaseException | None]]:
+        errors: list[BaseException | None] = [None] * n
+        extra = {"errors": errors} if part.builtin == "correctness" else {}   # its failures, one by one
+        values = part.fn(**rows, **internal, **extra)
+        checked = self._check(part, values, n, errors, strict)
+        if strict and (e := next((e for e in errors if e is not None), None)) is not None:
+            raise RewardError(f"reward {part.name!r} raised {kind_of(e)}: {first_line(e)}")
+        return checked, errors
+
     @staticmethod
-    def _check(part: _Part, values: Any, n: int) -> list[float | None]:
+    def _check(part: _Part, values: Any, n: int, errors: list[BaseException | None],
+               strict: bool) -> list[float | None]:
+        """The values as floats (None kept); a value that is not a finite number is that
+        completion's failure in `errors` (with `strict`, a RewardError); a result that is not n
+        values is the call's failure (RewardError)."""
         if not isinstance(values, (list, tuple)) and not hasattr(values, "tolist"):
             raise RewardError(f"reward {part.name!r} returned {type(values).__name__}, expected a list "
                               f"of {n} floats (one per completion)")
@@ -278,22 +364,23 @@ class RewardSet:
             raise RewardError(f"reward {part.name!r} returned {len(values)} values for {n} completions")
         out: list[float | None] = []
         for i, v in enumerate(values):
-            if v is None:
+            if v is None or errors[i] is not None:
                 out.append(None)
                 continue
             if not isinstance(v, numbers.Real) or not math.isfinite(v):
-                raise RewardError(f"reward {part.name!r} returned {v!r} at index {i}; rewards must be "
-                                  "finite numbers (or None to skip)")
+                msg = f"reward {part.name!r} returned {v!r} at index {i}; rewards must be finite numbers (or None to skip)"
+                if strict:
+                    raise RewardError(msg)
+                errors[i] = ValueError(msg)
+                out.append(None)
+                continue
             out.append(float(v))
         return out
 
     def probe(self, problem: Any) -> None:
         """Call every reward once on two made-up completions of `problem`, so a broken function
         fails at start-up (before any model loads) instead of mid-run."""
-        self.score([problem, problem], ["", "#### 0"], [[], [0]])
-
-
-_CORRECTNESS = RewardSet("correctness")   # score_correctness's: the correctness part on its own
+        self.score([problem, problem], ["", "#### 0"], [[], [0]], strict=True)
 
 
 def final_answer(problem: Any, text: str) -> str | None:
@@ -310,8 +397,14 @@ def score_correctness(problems: Sequence[Any], texts: Sequence[str]) -> list[Rew
     reward is exactly 1.0) and 'has_answer', as RewardSet.score fills them for the curriculum and
     the learner's accuracy. Held-out evaluation (grpo.evaluate) scores with this, so a task is
     measured by the rule it trains on: reasoning-gym's score_answer for rg: answers that are not
-    numbers, the GSM8K final-number rule otherwise."""
-    return _CORRECTNESS.score(problems, texts, [[] for _ in texts])
+    numbers, the GSM8K final-number rule otherwise. Its failures: correctness_scorer's faults."""
+    return correctness_scorer().score(problems, texts, [[] for _ in texts])
+
+
+def correctness_scorer() -> RewardSet:
+    """The correctness part alone, with books of its own (RewardSet.faults): an evaluation that
+    scores with it reports the completions it could not score."""
+    return RewardSet("correctness")
 
 
 def reward_set_from_config(cfg: Any) -> RewardSet:

@@ -24,7 +24,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from grpo.config import LaunchConfig
-from grpo.launch.plan import ROOT, Instance, ProcSpec
+from grpo.launch.plan import Instance, ProcSpec
 from grpo.obs import stages
 
 
@@ -50,8 +50,11 @@ class Supervisor:
         log_path = log_path or self.run_dir / f"{spec.name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as fh:
+            # In the launcher's folder: a relative path the user gave (--reward ./mine.py:fn, --dataset
+            # ./data) means there what it meant where the launcher checked it; the entry scripts are
+            # absolute, and the default deepspeed.json is found beside them (load_ds_config).
             p = subprocess.Popen(spec.argv, env=spec.env, stdout=fh, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=os.getcwd(),
                                  preexec_fn=_die_with_parent)
         self.procs[spec.name] = (p, spec, log_path)
         self.started[spec.name] = time.time()
@@ -301,7 +304,11 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future |
                     note = done.get("balance", {}).get("text")
                     print(f"[launcher] done: {json.dumps(done['groups'])}" + (f" ({note})" if note else ""),
                           flush=True)
-                    for line in (layout_note(cfg, run_dir, done), done.get("staleness_note")):
+                    failed = done.get("reward_failures") or {}
+                    failed_line = (f"reward failures: {sum(failed.values())} completions scored their reward's "
+                                   f"failure value ({', '.join(f'{k} {n}' for k, n in failed.items())})"
+                                   if failed else None)
+                    for line in (layout_note(cfg, run_dir, done), done.get("staleness_note"), failed_line):
                         if line:
                             print(f"[launcher] {line}", flush=True)
                 bad = sup.failed()

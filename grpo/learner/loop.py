@@ -36,6 +36,18 @@ from grpo.sync.staleness import staleness_advice
 log = logging.getLogger(__name__)
 
 
+def reward_failures(reports: list[dict]) -> dict[str, int]:
+    """The samplers' reward failures, summed, by '<reward>/<exception type>' (their statuses'
+    reward_failures/<reward>/<type>: grpo.data.faults)."""
+    out: dict[str, int] = {}
+    for stats in reports:
+        for key, n in stats.items():
+            if key.startswith("reward_failures/"):
+                name = key.split("/", 1)[1]
+                out[name] = out.get(name, 0) + int(n)
+    return dict(sorted(out.items()))
+
+
 class Learner:
     """One learner rank: built by grpo.learner.setup.build, run by run() until --max-steps or
     --max-time-s; rank 0 then evaluates and writes summary.json."""
@@ -213,6 +225,8 @@ class Learner:
                "samplers_alive": len(p.intake.alive(self.version)), "samplers_gone": len(p.liveness.gone),
                "sync_bytes_served": p.publisher.bytes_served, "data_bytes_received": p.receiver.bytes,
                "time_s": now - t_start, **group_stats(groups, self.version)}
+        if failures := reward_failures([e.status.stats for e in p.books.latest().values() if e.status is not None]):
+            rec["reward_failures"] = failures   # so far, by '<reward>/<exception type>'
         if p.curriculum is not None:
             rec.update({f"curriculum/{t}": lv for t, lv in p.curriculum.levels.items()})
             rec["curriculum_changes"] = [c for c in p.curriculum.changes if c["step"] == step]
@@ -279,6 +293,7 @@ class Learner:
         latest = p.books.latest()
         missing = sorted(i for i, e in latest.items() if not e.final)
         dropped_total = sum(acc["dropped"].values())
+        failures = reward_failures([e.status.stats for e in latest.values() if e.status is not None])
         summary = {"steps": self.version, "optimizer_updates": p.engine.updates, "elapsed_s": elapsed,
                    "groups": acc, "balance": books_say, "ages": dict(sorted(p.intake.ages.items())),
                    "staleness_note": staleness_advice(p.intake.ages, self.cfg.max_staleness),
@@ -291,6 +306,7 @@ class Learner:
                    "sync": {"bytes_served": p.publisher.bytes_served, **p.publisher.replies},
                    "messages": p.messages.report(p.books),
                    "final_eval": final_eval,
+                   "reward_failures": failures,
                    "curriculum": ({"levels": dict(p.curriculum.levels), "changes": p.curriculum.changes}
                                   if p.curriculum is not None else None),
                    "weight_sync_verified": p.fingerprints.report() if p.fingerprints is not None else None,
@@ -309,6 +325,10 @@ class Learner:
                  f" (no final status from samplers {missing})" if missing else "")
         if summary["staleness_note"]:
             log.info("%s", summary["staleness_note"])
+        if failures:
+            log.info("reward failures: %d completions scored their reward's failure value (%s); each kind's first "
+                     "example is in the samplers' logs", sum(failures.values()),
+                     ", ".join(f"{k.replace('/', ' ')} {n}" for k, n in failures.items()))
         p.publisher.close()
         p.receiver.close()
         p.metrics.close()

@@ -21,7 +21,7 @@ from dataclasses import asdict
 import torch
 
 from grpo.config import SamplerConfig
-from grpo.data.rewards import reward_set_from_config
+from grpo.data.rewards import RewardBroken, reward_set_from_config
 from grpo.evaluate import greedy_accuracy, record_eval, run_eval_problems
 from grpo.generate.backend import old_logprob_source, resolve_backend
 from grpo.generate.engine import RolloutEngine
@@ -118,7 +118,8 @@ class Sampler:
         self.eval_set = run_eval_problems(cfg) if cfg.eval_every > 0 and cfg.sampler_id == 0 else None
         self._evaluated_at = -1
         self.gpu = GpuMonitor(self.device)
-        # A fixed key set: the heartbeat thread reads this dict while the main thread updates it.
+        # A fixed key set, but for reward_failures/<reward>/<type> (grpo.data.faults): the heartbeat
+        # thread copies this dict (list(items()), one step under the GIL) while the main thread updates it.
         self.stats = {"samples": 0.0, "tokens": 0.0, "gen_s": 0.0, "logprob_s": 0.0, "reward_s": 0.0,
                       "sync_s": 0.0, "weight_bytes": 0.0, "weight_syncs": 0.0, "apply_s": 0.0, "rounds": 0.0,
                       "dropped_full": 0.0, "dropped_send_timeout": 0.0, "dropped_zero_signal": 0.0,
@@ -127,6 +128,7 @@ class Sampler:
                       "verified_version": -1.0, "verified_checksum": 0.0,  # --verify-weight-sync
                       "budget_wait_s": 0.0,   # waiting for the learner's queue to have room
                       "swaps": 0.0,   # versions applied between decode steps (--swap-in-flight)
+                      "reward_failures": 0.0,   # completions a reward could not score (their failure value counted)
                       # --in-flight-rows: the engine's stream_counts (grpo.generate.stream.STREAM_COUNTS)
                       **{f"stream_{k}": 0.0 for k in STREAM_COUNTS},
                       **prompts.window.stats()}   # --curriculum: per task, level, groups and rate
@@ -284,7 +286,7 @@ class Sampler:
                     self.send_status(final=False)
             self.heartbeat.stop()  # no heartbeat may follow the final status
             self.send_status(final=True)
-        except (AnswersRejected, RunMismatch):
+        except (AnswersRejected, RunMismatch, RewardBroken):
             # What was sent stays sent: the final status closes this sampler's books at the learner
             # (its data port still works), then the one line ends the process. A sampler that never
             # agreed with a learner sends nothing (a mismatch in the first answer).

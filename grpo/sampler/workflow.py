@@ -306,8 +306,11 @@ class RolloutWorkflow:
         whole = [prompt_ids[gis[k // G]] + c for k, (c, _) in enumerate(completions)]
         t1 = time.perf_counter()
         texts = [tok.decode(c, skip_special_tokens=True) for c, _ in completions]
+        # A completion a reward fails on costs that completion its score (counted here, in the
+        # status the learner books); RewardBroken, when a reward fails on most, ends the sampler.
         scores = self.rewards.score([problems[gis[k // G]] for k in range(len(completions))], texts,
                                     [c for c, _ in completions])
+        self.stats.update(self.rewards.faults.stats())
         window = self.prompts.window
         if self.prompts.levels is not None:   # every group counts for its task, before any filter
             for j, gi in enumerate(gis):
