@@ -1,4 +1,4 @@
-"""The suite runs as on a fresh machine (tests/conftest.py): every place a library of ours would read
+"""The suite runs as on a fresh machine (tests/freshenv.py, set by tests/conftest.py): every place a library of ours would read
 a cached model, GGUF, dataset or build from is inside this session's own folder, in this process and
 in the processes tests start, and nothing in that folder is older than the session: a file left on
 this machine by an earlier run cannot stand in for one the repository, ../shared or a test makes."""
@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from benchload import load_bench
-from conftest import SESSION_ENV, SESSION_START_ENV, session_caches
+from freshenv import SESSION_ENV, SESSION_START_ENV, session_caches
 
 ROOT = Path(__file__).resolve().parents[1]
 
