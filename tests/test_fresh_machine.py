@@ -1,7 +1,8 @@
-"""The suite runs as on a fresh machine (tests/freshenv.py, set by tests/conftest.py): every place a library of ours would read
-a cached model, GGUF, dataset or build from is inside this session's own folder, in this process and
-in the processes tests start, and nothing in that folder is older than the session: a file left on
-this machine by an earlier run cannot stand in for one the repository, ../shared or a test makes."""
+"""The suite runs as on a fresh machine (tests/freshenv.py, which tests/conftest.py applies): every
+place a library of ours would read a cached model, GGUF, dataset or build from is inside this
+session's own folder, in this process and in the processes tests start, and nothing in that folder
+is older than the session: a file left on this machine by an earlier run cannot stand in for one the
+repository, ../shared or a test makes."""
 import json
 import os
 import pwd
