@@ -46,7 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import ROOT, read_run_file, versions  # noqa: E402  (also puts the repo root on sys.path)
-from fetch_models import MODELS  # noqa: E402
+from fetch_models import MODELS, RECEIVE_DIR, default_dest  # noqa: E402
 
 from grpo.learner.checkpoint import parse_save_schedule  # noqa: E402
 from grpo.obs.rundir import git_head  # noqa: E402
@@ -263,8 +263,8 @@ def model_path(model: str) -> str:
     if model not in SHORT:
         return model
     spec = MODELS[SHORT[model]]
-    dirs = [os.environ.get("GRPO_GGUF_DIR", ""), "/tmp/gguf",
-            str(Path(os.environ.get("GRPO_CACHE", Path.home() / ".cache" / "grpo")) / "gguf")]
+    # fetch_models' folders: `receive` assembles into RECEIVE_DIR, `get` downloads into default_dest()
+    dirs = [os.environ.get("GRPO_GGUF_DIR", ""), str(RECEIVE_DIR), str(default_dest())]
     for d in filter(None, dirs):
         if (Path(d) / spec["file"]).is_file():
             return str(Path(d) / spec["file"])
@@ -295,14 +295,16 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def ours_command(args, row: dict, run_dir: Path) -> list[str]:
+def ours_command(args, row: dict, run_dir: Path, model: str | None = None) -> list[str]:
+    """ours' command for a row; --model is `model` if given, else the row's MODEL looked up (model_path)."""
     shared = shared_flags(args)
     cpu = ["--device", "cpu", "--prompts-per-round", "2"] if args.device == "cpu" else []
     only = OURS_ONLY if args.device != "cpu" else [f for f in OURS_ONLY if f != "--filter-zero-signal"]
     layout = [] if args.device == "cpu" else LAYOUTS[row["layout"]]["ours"]
     ports = ["--data-port", *map(str, free_ports(2))]
     ports[2:2] = ["--sync-port"]
-    return [sys.executable, str(ROOT / "run_distributed.py"), "--model", model_path(row["model"]), *ports,
+    model = model_path(row["model"]) if model is None else model
+    return [sys.executable, str(ROOT / "run_distributed.py"), "--model", model, *ports,
             "--dataset", args.dataset, *shared, *only, *layout, *cpu, "--eval-size", str(args.eval_size),
             "--max-time-s", str(args.seconds), "--max-steps", "100000", *ours_save_flags(args.save_schedule),
             "--seed", str(row["seed"]), "--run-dir", str(run_dir), *args.ours_flags.split()]
@@ -333,6 +335,15 @@ def check_ours(cmd: list[str]) -> None:
         if e.code:
             raise SystemExit(f"benchmark: run_distributed.py refuses ours' command (its message is above); "
                              f"nothing was run: {' '.join(cmd[2:])}") from None
+
+
+def check_rows(args, rows: list[dict]) -> None:
+    """Every ours row's command through check_ours before anything else happens: a typo in --ours-flags
+    stops the script before a model is looked up or converted and before any row (a TRL row listed
+    first included) runs. --model stands as the row gives it: the launcher's parse reads flags, not files."""
+    for row in rows:
+        if row["trainer"] == "ours":
+            check_ours(ours_command(args, row, Path(args.work_dir) / row["name"], model=row["model"]))
 
 
 def launch(cmd: list[str], run_dir: Path, trainer: str, extra: dict) -> dict:
@@ -788,6 +799,7 @@ def main(argv=None) -> int:
         rows = [parse_row(s) for s in specs if s]
         if not rows:
             ap.error("`run` needs --row MODEL:LAYOUT:TRAINER:SEED")
+        check_rows(args, rows)
         record_device(args, prepare(args, sorted({r["model"] for r in rows})))
         for spec in specs:
             run_row(args, spec)

@@ -2,6 +2,7 @@
 load on the tiny model, chunks that reassemble, and the committed result rebuilt from its run archives."""
 import hashlib
 import json
+import re
 import tarfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -146,10 +147,12 @@ def _args(**kw):
     return SimpleNamespace(**{**base, **kw})
 
 
-def test_ours_command_reaches_both_roles_and_a_typo_stops_the_script(capsys):
+def test_ours_command_reaches_both_roles_and_a_typo_stops_the_script(capsys, monkeypatch, tmp_path):
     """ours' command through the launcher's parse and plan (nothing starts), for the seed layout on a
     GPU host: one sampler on GPU 0, three learner ranks on 1-3, the shared settings in both roles,
-    --ours-flags last and winning; a flag the launcher does not know stops the script before any row."""
+    --ours-flags last and winning; a flag the launcher does not know stops the script first: before
+    the rows' models are looked up (a machine without the 0.5B GGUF gets the typo, not "fetch the
+    model") and before any row, a TRL row listed first included."""
     from grpo.config import LearnerConfig, SamplerConfig
     from grpo.flags import parse_config
     from grpo.launch.plan import parse, plan
@@ -170,9 +173,34 @@ def test_ours_command_reaches_both_roles_and_a_typo_stops_the_script(capsys):
         assert getattr(learner, k) == rw.SHARED[k], k
     assert sampler.filter_zero_signal and learner.filter_zero_signal and sampler.reward == "correctness"
     assert (learner.seed, learner.max_staleness, learner.save_weights_schedule) == (7, 0, "30x4,60")
+    capsys.readouterr()
+
+    def too_soon(*a, **kw):
+        pytest.fail(f"reached before --ours-flags was checked: {a}")
+    for name in ("model_path", "prepare", "record_device", "launch"):
+        monkeypatch.setattr(rw, name, too_soon)
     with pytest.raises(SystemExit, match="refuses ours' command"):
-        rw.check_ours(rw.ours_command(_args(ours_flags="--max-stalenes 0"), row, Path("/r/x")))
+        rw.main(["all", "--rows", "0.5b:seed:trl:7 0.5b:seed:ours:7", "--ours-flags=--max-stalenes 0",
+                 "--work-dir", str(tmp_path)])
     assert "unknown flag --max-stalenes" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_gguf_files_are_looked_up_in_order(tmp_path, monkeypatch):
+    """0.5b / 1.5b: the file in $GRPO_GGUF_DIR, else fetch_models' receive folder, else $GRPO_CACHE/gguf;
+    any other MODEL is --model's value as given. The receive folder is the test's (not /tmp/gguf)."""
+    name = rw.MODELS[rw.SHORT["0.5b"]]["file"]
+    mine, received, cache = tmp_path / "mine", tmp_path / "received", tmp_path / "cache"
+    monkeypatch.setattr(rw, "RECEIVE_DIR", received)
+    monkeypatch.setenv("GRPO_GGUF_DIR", str(mine))
+    monkeypatch.setenv("GRPO_CACHE", str(cache))
+    assert rw.model_path("tiny-random") == "tiny-random"
+    with pytest.raises(SystemExit, match=re.escape(f"{name} is in none of {mine}, {received}, {cache / 'gguf'}")):
+        rw.model_path("0.5b")
+    for d in (cache / "gguf", received, mine):   # each folder, once it holds the file, wins over the later ones
+        d.mkdir(parents=True)
+        (d / name).write_bytes(b"")
+        assert rw.model_path("0.5b") == str(d / name)
 
 
 def test_a_row_is_not_launched_into_a_folder_that_holds_one(tmp_path, monkeypatch):

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from freshenv import child_env
 
 from grpo.data.formats import Problem
 from grpo.data.prompts import DEFAULT_INSTRUCTION, problem_prompt
@@ -141,7 +142,7 @@ def test_reasoning_gym_any_task():
 def validate(*args, cwd=ROOT):
     return subprocess.run([sys.executable, "-m", "grpo.data", "validate", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=120,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **child_env()})
 
 
 def test_validate_command(tmp_path):
