@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from freshenv import child_env
 from reward_fuzz import REAL, corpus
 
 import grpo.data.rewards as R
@@ -259,7 +260,7 @@ def _launch(tmp_path, reward: str, steps: int) -> subprocess.CompletedProcess:
     (tmp_path / "corpus.json").write_text(json.dumps(TEXTS))
     d, s = free_ports(2)
     env = {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
-           "HOME": str(tmp_path)}
+           **child_env()}
     return subprocess.run(
         [sys.executable, str(ROOT / "run_distributed.py"), "--device", "cpu", "--no-deepspeed",
          "--max-steps", str(steps), "--model", "tiny-random", "--dataset", str(GSM8K), "--num-generations", "4",

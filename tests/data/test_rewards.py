@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from freshenv import child_env
 
 from grpo.data.formats import Problem
 from grpo.data.gsm8k import RewardResult
@@ -156,7 +157,7 @@ def test_bad_reward_output_fails_the_probe(user_module, fn, needle):
 
 def _run(args, cwd, timeout=300):
     env = {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(ROOT)}
+           "PYTHONPATH": str(ROOT), **child_env()}
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
