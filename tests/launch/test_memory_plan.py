@@ -610,7 +610,10 @@ def test_in_flight_rows_the_staleness_bound_cannot_fill_raise_a_default_bound_or
     argv, err = learner_flags_after("--train-batch-size", "64")         # 4 groups a step: 5 fill, 7 set
     assert argv[-2:] == ["--max-staleness", "7"]
     argv, err = learner_flags_after("--train-batch-size", "32")         # 2 groups a step: 10 fill, 12 past 8
-    assert "--max-staleness" not in argv and "--max-staleness 10 would keep all of them" in err
+    assert "--max-staleness 10 would keep all of them" in err
+    # but round 0's 8 groups (fit_first_round) need (3 + 1) x 2: 3, raised for them and said
+    assert argv[-2:] == ["--max-staleness", "3"] and argv.count("--max-staleness") == 1
+    assert "run_distributed.py: --max-staleness 3, not the default 2, so that the learner trains every group" in err
 
     def stop(host, port, flag):
         raise launch_main.LaunchError("port check reached")
