@@ -265,7 +265,7 @@ def fit_first_round(sampler_flags: list[str], learner_flags: list[str], samplers
     than the bound trains (first_round_groups: 8 with the defaults, against 3 steps of 2 groups at
     --max-staleness 2, which dropped 2 of them). Where the user left the bound at its default and
     Staleness.staleness_for_first_round is above the bound in effect (the default, or `raised`:
-    fill_in_flight_rows' flags), up to AUTO_STALENESS_MAX, that bound, said in one line; otherwise
+    fill_in_flight_rows' flags), up to AUTO_STALENESS_MAX, that bound, said in one line (stdout); otherwise
     `raised` as it is (past AUTO_STALENESS_MAX, the run's end says what its groups' ages needed).
     Whatever the layout, one shared device included."""
     from grpo.config import ROW_BUCKETS, LearnerConfig, SamplerConfig
@@ -287,12 +287,14 @@ def fit_first_round(sampler_flags: list[str], learner_flags: list[str], samplers
     if need <= (int(raised[-1]) if raised else lcfg.max_staleness) or need > AUTO_STALENESS_MAX:
         return raised
     each = f"each of the {samplers} samplers may make" if samplers > 1 else "the sampler may make"
-    print(f"run_distributed.py: --max-staleness {need}, not the default {lcfg.max_staleness}, so that the learner "
-          f"trains every group of the samplers' first round: {each} it before the learner's first answer says the "
-          f"step's size and the budget, {groups} groups of version 0, and at --max-staleness {lcfg.max_staleness} the "
-          f"learner trains {rule.largest_budget()} of {groups * samplers} ({lcfg.max_staleness + 1} steps of "
-          f"{rule.groups_per_step} group{'s' * (rule.groups_per_step != 1)}); give --max-staleness to choose",
-          file=sys.stderr)
+    # On stdout with the launcher's other start-up lines (the layout it chose among them), not on
+    # stderr: this applies to nearly every default run, CPU ones included, and a launch refused
+    # for a user's mistake says that mistake alone on stderr, in one line.
+    print(f"[launcher] --max-staleness {need}, not the default {lcfg.max_staleness}, so that the learner trains every "
+          f"group of the samplers' first round: {each} it before the learner's first answer says the step's size and "
+          f"the budget, {groups} groups of version 0, and at --max-staleness {lcfg.max_staleness} the learner trains "
+          f"{rule.largest_budget()} of {groups * samplers} ({lcfg.max_staleness + 1} steps of {rule.groups_per_step} "
+          f"group{'s' * (rule.groups_per_step != 1)}); give --max-staleness to choose", flush=True)
     return ["--max-staleness", str(need)]
 
 

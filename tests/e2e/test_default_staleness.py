@@ -33,8 +33,8 @@ def test_the_default_bound_fits_one_shared_device(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=600,
         env=dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1"))
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "run_distributed.py: --max-staleness 3, not the default 2, so that the learner trains every group of " \
-           "the samplers' first round" in out.stderr
+    assert "[launcher] --max-staleness 3, not the default 2, so that the learner trains every group of the " \
+           "samplers' first round" in out.stdout
     assert json.loads((run_dir / "config_learner.json").read_text())["max_staleness"] == 3
     summary = json.loads((run_dir / "summary.json").read_text())
     groups, ages = summary["groups"], {int(a): n for a, n in summary["ages"].items()}

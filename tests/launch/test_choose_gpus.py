@@ -227,11 +227,12 @@ def test_a_layout_given_by_hand_keeps_its_rounds_and_is_told_of_rows_in_flight(c
     launch_main.apply_in_flight(specs, chosen=False)   # one shared GPU: rounds, and no word of rows in flight
     # but with the default 16 completions a step, 1 group of 16, round 0's 8 groups (made before the
     # learner's first answer) need a bound of 8 - 1 = 7 (fit_first_round)
-    assert capsys.readouterr().err == (
-        "run_distributed.py: --max-staleness 7, not the default 2, so that the learner trains every group of the "
-        "samplers' first round: the sampler may make it before the learner's first answer says the step's size and "
-        "the budget, 8 groups of version 0, and at --max-staleness 2 the learner trains 3 of 8 (3 steps of 1 group); "
-        "give --max-staleness to choose\n")
+    out, err = capsys.readouterr()
+    assert err == "" and out == (
+        "[launcher] --max-staleness 7, not the default 2, so that the learner trains every group of the samplers' "
+        "first round: the sampler may make it before the learner's first answer says the step's size and the budget, "
+        "8 groups of version 0, and at --max-staleness 2 the learner trains 3 of 8 (3 steps of 1 group); give "
+        "--max-staleness to choose\n")
     assert [s.argv[-2:] for s in specs if s.role == "learner"] == [["--max-staleness", "7"]]
     assert "--in-flight-rows" not in specs[-1].argv
 

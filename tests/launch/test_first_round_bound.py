@@ -43,20 +43,21 @@ CPU = ["--device", "cpu", "--model", "tiny-random"]
 ])
 def test_a_default_bound_is_raised_to_train_the_first_round(capsys, extra, bound):
     got, _ = bound_after([*CPU, *extra])
-    err = capsys.readouterr().err
-    assert got == bound
-    assert ("--max-staleness" in err) == (bound is not None)
+    out, err = capsys.readouterr()
+    assert got == bound and err == ""
+    assert ("--max-staleness" in out) == (bound is not None)
 
 
 def test_the_line_says_why(capsys):
+    """On stdout, with the launcher's other start-up lines: stderr is kept for a refused launch's one line."""
     bound_after(CPU)
-    assert capsys.readouterr().err == (
-        "run_distributed.py: --max-staleness 3, not the default 2, so that the learner trains every group of the "
-        "samplers' first round: the sampler may make it before the learner's first answer says the step's size and "
-        "the budget, 8 groups of version 0, and at --max-staleness 2 the learner trains 6 of 8 (3 steps of 2 groups); "
-        "give --max-staleness to choose\n")
+    assert capsys.readouterr().out == (
+        "[launcher] --max-staleness 3, not the default 2, so that the learner trains every group of the samplers' "
+        "first round: the sampler may make it before the learner's first answer says the step's size and the budget, "
+        "8 groups of version 0, and at --max-staleness 2 the learner trains 6 of 8 (3 steps of 2 groups); give "
+        "--max-staleness to choose\n")
     bound_after([*CPU, "--num-samplers", "2"])
-    assert "each of the 2 samplers may make it before" in capsys.readouterr().err
+    assert "each of the 2 samplers may make it before" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("extra, bound", [
@@ -74,16 +75,16 @@ def test_the_line_says_why(capsys):
 def test_one_shared_gpu_chosen_by_the_launcher(capsys, extra, bound):
     got, samplers = bound_after(["--gpus", "0", *extra], cuda_count=1, chosen=True)
     assert got == bound and "--in-flight-rows" not in samplers[0]   # rounds: the GPU is the learner's too
-    err = capsys.readouterr().err
-    assert (f"run_distributed.py: --max-staleness {bound}, not the default 2" in err) == (bound is not None)
+    out = capsys.readouterr().out
+    assert (f"[launcher] --max-staleness {bound}, not the default 2" in out) == (bound is not None)
 
 
 def test_rows_in_flight_keep_the_larger_bound(capsys):
     """Two GPUs chosen at the defaults: the sampler keeps 320 rows in flight, whose bound (40 groups over
     steps of 2: 20, past 8, so the 96 rows 6 keeps decoding, at 8) is above round 0's 3: one line, 8."""
     got, samplers = bound_after(["--gpus", "0,1"], cuda_count=2, chosen=True)
-    err = capsys.readouterr().err
-    assert got == 8 and samplers[0][-2:] == ["--in-flight-rows", "96"]
+    out, err = capsys.readouterr()
+    assert got == 8 and samplers[0][-2:] == ["--in-flight-rows", "96"] and "first round" not in out
     said = [line for line in err.splitlines() if line.startswith("run_distributed.py: --max-staleness")]
     assert len(said) == 1 and said[0].startswith("run_distributed.py: --max-staleness 8, not the default 2, so that "
                                                  "every in-flight row is kept decoding")
