@@ -258,12 +258,54 @@ def fill_in_flight_rows(sampler_flags: list[str], learner_flags: list[str], samp
     return []
 
 
+def fit_first_round(sampler_flags: list[str], learner_flags: list[str], samplers: int, raised: list[str]) -> list[str]:
+    """The flags every learner rank gets so that the samplers' round 0 is trained whole: a sampler
+    may make it before the learner's first answer says the step's size and the budget (it does not
+    wait for a learner still loading), and with small steps it then holds more groups of version 0
+    than the bound trains (first_round_groups: 8 with the defaults, against 3 steps of 2 groups at
+    --max-staleness 2, which dropped 2 of them). Where the user left the bound at its default and
+    Staleness.staleness_for_first_round is above the bound in effect (the default, or `raised`:
+    fill_in_flight_rows' flags), up to AUTO_STALENESS_MAX, that bound, said in one line (stdout); otherwise
+    `raised` as it is (past AUTO_STALENESS_MAX, the run's end says what its groups' ages needed).
+    Whatever the layout, one shared device included."""
+    from grpo.config import ROW_BUCKETS, LearnerConfig, SamplerConfig
+    from grpo.flags import parse_config
+    from grpo.sync.staleness import Staleness, bucket_prompts, first_round_groups
+
+    if samplers < 1 or not staleness_left_default(learner_flags):
+        return raised
+    scfg = parse_config(SamplerConfig, sampler_flags, "sampling_worker.py")
+    lcfg = parse_config(LearnerConfig, learner_flags, "training_worker.py")
+    G = scfg.num_generations
+    # the engine with CUDA graphs pads a round to its smallest row bucket, so a round takes at least
+    # that many prompts (RolloutWorkflow.bucket_prompts); Hugging Face generate and CPU have no floor
+    graphs = decodes_with_engine(scfg) and scfg.cuda_graphs and scfg.device != "cpu"
+    groups = first_round_groups(scfg.prompts_per_round, scfg.filter_zero_signal, scfg.max_prompts_per_round,
+                                bucket_prompts(ROW_BUCKETS if graphs else (), G))
+    rule = Staleness(lcfg.max_staleness, lcfg.train_batch_size // G)
+    need = rule.staleness_for_first_round(groups, samplers)
+    if need <= (int(raised[-1]) if raised else lcfg.max_staleness) or need > AUTO_STALENESS_MAX:
+        return raised
+    each = f"each of the {samplers} samplers may make" if samplers > 1 else "the sampler may make"
+    # On stdout with the launcher's other start-up lines (the layout it chose among them), not on
+    # stderr: this applies to nearly every default run, CPU ones included, and a launch refused
+    # for a user's mistake says that mistake alone on stderr, in one line.
+    print(f"[launcher] --max-staleness {need}, not the default {lcfg.max_staleness}, so that the learner trains every "
+          f"group of the samplers' first round: {each} it before the learner's first answer says the step's size and "
+          f"the budget, {groups} groups of version 0, and at --max-staleness {lcfg.max_staleness} the learner trains "
+          f"{rule.largest_budget()} of {groups * samplers} ({lcfg.max_staleness + 1} steps of {rule.groups_per_step} "
+          f"group{'s' * (rule.groups_per_step != 1)}); give --max-staleness to choose", flush=True)
+    return ["--max-staleness", str(need)]
+
+
 def in_flight_flags(sampler_flags: list[str], learner_flags: list[str], samplers: int, own_gpus: bool,
                     chosen: bool) -> tuple[list[str], list[str]]:
     """(the flags every sampler gets, those every learner rank gets): choose_in_flight, then
-    fill_in_flight_rows for the rows the samplers end up with. One rule for one host and --nodes."""
+    fill_in_flight_rows for the rows the samplers end up with, and fit_first_round for their first
+    round where that needs a larger bound still. One rule for one host and --nodes."""
     more = choose_in_flight(sampler_flags, learner_flags, samplers, own_gpus, chosen)
-    return more, fill_in_flight_rows(sampler_flags + more, learner_flags, samplers)
+    filled = fill_in_flight_rows(sampler_flags + more, learner_flags, samplers)
+    return more, fit_first_round(sampler_flags + more, learner_flags, samplers, filled)
 
 
 def apply_in_flight(specs: list, chosen: bool) -> None:

@@ -5,11 +5,12 @@ build(cfg), in start-up order:
   bind      rank 0 binds the data and sync ports first: samplers connect and queue while it loads
   group     the process group (DeepSpeed), its first collective on a thread beside the model's loading
   load      tokenizer and model (LoRA-wrapped with --lora-r), then the optimizer engine
-  publish   rank 0: the sync answer and the weight publisher (its thread answers at once, so it is
-            wired to the message ledger and liveness here, before it serves any weights)
+  publish   rank 0: the sync answer, the intake (rank 0's receive side) wired into its budget
+            (QueueView), and the weight publisher (its thread answers at once, so it is wired to the
+            message ledger and liveness here, before it serves any weights, and its first answer
+            carries a budget)
   record    metrics, tracking, checkpoints, timed weight saves
   resume    --resume: the engine's state and the step, then the books
-  intake    rank 0's receive side, wired into the publisher's budget (QueueView)
 """
 from __future__ import annotations
 
@@ -276,11 +277,6 @@ def build(cfg: LearnerConfig) -> LearnerParts:
 
     # The control fields of every answer on the sync port (facts, levels, budget): rank 0's publisher asks it.
     answers = SyncAnswer(run_facts(cfg, vocab_size, device, p.groups_per_step))
-    publisher = None
-    if rank == 0:
-        publisher = make_publisher(cfg.weight_sync, server, engine.module, device, compute_dtype(device), cfg.host,
-                                   cfg.sync_port, cfg.ipc_ack_timeout_s, cfg.nccl_timeout_s, answers)
-        wire_publisher(publisher, server, answers, liveness, messages, p.curriculum, cfg.max_samplers)
     fingerprints = None
     if cfg.verify_weight_sync and rank == 0:
         if cfg.lora_r:  # samplers get merged weights, not the module's: nothing to compare
@@ -289,6 +285,19 @@ def build(cfg: LearnerConfig) -> LearnerParts:
             from grpo.weights.verify import PublishedFingerprints
 
             fingerprints = PublishedFingerprints()
+    intake = None
+    publisher = None
+    if rank == 0:
+        # The intake is wired into the answers before the publisher's thread exists: that thread answers
+        # at once the requests that queued while the model loaded. An answer without the queue view
+        # carries no budget and sets no gap floor (grpo.sync.flow), so the sampler's next request, sent
+        # while its round 0 was still on the way, had those groups taken as lost: the budget ignored
+        # them and let it make more of version 0 than the learner trains before they go stale.
+        intake = Intake(cfg, receiver, liveness, books, messages, fingerprints)
+        wire_queue_view(answers, intake, liveness)
+        publisher = make_publisher(cfg.weight_sync, server, engine.module, device, compute_dtype(device), cfg.host,
+                                   cfg.sync_port, cfg.ipc_ack_timeout_s, cfg.nccl_timeout_s, answers)
+        wire_publisher(publisher, server, answers, liveness, messages, p.curriculum, cfg.max_samplers)
     metrics = MetricsWriter(p.run_dir) if rank == 0 else None
     tracker = Tracker(p.run_dir, cfg.report_to, dataclasses.asdict(cfg)) if rank == 0 else None
     gpu = GpuMonitor(device)
@@ -312,10 +321,6 @@ def build(cfg: LearnerConfig) -> LearnerParts:
         mark_stage(p.run_dir, "learner0", "weights_published")
     release_cached(device)   # what start-up cached, for the other process on this GPU
 
-    intake = None
-    if rank == 0:
-        intake = Intake(cfg, receiver, liveness, books, messages, fingerprints)
-        wire_queue_view(answers, intake, liveness)
     if resumed is not None and rank == 0:
         lost = books.restore(resumed.get("books", []), resumed.get("groups", {}), intake.counts)
         messages.restore(resumed.get("messages", []))

@@ -13,6 +13,8 @@ asks here (the job of AReaL's staleness manager):
            which the memory plan sizes the KV cache for (grpo.launch.memory)
   pool     a sampler that streams without rounds (in flight, swapping weights between decode
            steps) starts a prompt whenever its pool of groups not yet ended fits that budget
+  round 0  what a sampler's first round may send with no budget (made before the learner's first
+           answer), and the bound that trains all of it (the launcher raises a default bound to it)
   advice   at the run's end, when more groups were dropped as stale than a run should lose: the
            bound that the ages the learner saw fit in (the budget counts the line ahead of a
            group, not how long its longest completion takes to generate)
@@ -40,8 +42,10 @@ MAX_PROMPTS = SamplerConfig.max_prompts_per_round   # a round's cap where the ca
 # 0 that falls short costs a second round on the first step's path (docs/benchmarks.md, "Start-up:
 # what moved it": assuming a third took that second round off the first step).
 # A round 0 larger than the learner's staleness bound can take is dropped as stale in part: with the
-# defaults (steps of 2 groups of 8, --max-staleness 2) the learner trains 6 groups of version 0, and
-# 24 prompts unfiltered would lose most of theirs.
+# defaults (steps of 2 groups of 8, --max-staleness 2) the learner trains 6 groups of version 0 and
+# round 0's 8 (FIRST_STEP_GROUPS; the 64-row smallest bucket with CUDA graphs) lost 2, so the launcher
+# raises a default bound to the one that trains them all (first_round_groups,
+# Staleness.staleness_for_first_round: 3 there).
 FIRST_SIGNAL_SHARE = 1 / 3
 FIRST_STEP_GROUPS = 8
 # The lowest share of groups with signal a round is sized for: a round that found none cannot ask
@@ -109,6 +113,14 @@ class Staleness:
         groups = -(-rows // max(1, group_size))
         return max(1, -(-groups * max(1, samplers) // max(1, self.groups_per_step)))
 
+    def staleness_for_first_round(self, groups: int, samplers: int = 1) -> int:
+        """The smallest max_staleness that trains every group of the samplers' round 0, `groups` each
+        (first_round_groups), all of version 0: the learner trains groups_per_step of them a step,
+        so up to version max_staleness it trains (max_staleness + 1) x groups_per_step. 8 groups of
+        one sampler with steps of 2 groups take ceil(8 / 2) - 1 = 3; of 2 samplers, 7; with steps of
+        8 groups, 0."""
+        return max(0, -(-groups * max(1, samplers) // max(1, self.groups_per_step)) - 1)
+
     def round_prompts(self, signal_share: float, budget: int = -1, cap: int = MAX_PROMPTS, min_prompts: int = 1) -> int:
         """round_prompts for a step of this rule's groups_per_step."""
         return round_prompts(self.groups_per_step, signal_share, budget, cap, min_prompts=min_prompts)
@@ -160,6 +172,18 @@ def next_round_prompts(prompts_per_round: int, budget: int, groups_per_step: int
     if not groups_per_step:
         return round_prompts(FIRST_STEP_GROUPS, signal_share, cap=cap, min_prompts=min_prompts)
     return round_prompts(groups_per_step, signal_share, budget, cap, min_prompts=min_prompts)
+
+
+def first_round_groups(prompts_per_round: int, filter_zero_signal: bool, cap: int = MAX_PROMPTS,
+                       min_prompts: int = 1) -> int:
+    """The groups a sampler's round 0 sends when it is made before the learner's first answer, which
+    says the step's size and the budget (grpo.sampler.weights_client: a sampler does not wait for it):
+    next_round_prompts with neither, counted as reaching the learner at the share signal_share
+    assumes before any group is scored. The defaults: FIRST_STEP_GROUPS, 8; 24 prompts at a third
+    under --filter-zero-signal, 8; --prompts-per-round 12, 12 (4 filtered); 8 prompts at least where
+    the engine's smallest bucket holds 64 rows of G=8 (min_prompts, bucket_prompts)."""
+    share = signal_share((), filter_zero_signal)
+    return math.ceil(next_round_prompts(prompts_per_round, -1, 0, share, cap, min_prompts) * share - 1e-9)
 
 
 def pool_room(budget: int, in_pool: int, signal_share: float, min_share: float = MIN_SIGNAL_SHARE) -> int:

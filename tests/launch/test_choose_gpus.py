@@ -223,8 +223,18 @@ def test_a_layout_given_by_hand_keeps_its_rounds_and_is_told_of_rows_in_flight(c
         "longest; --in-flight-rows 320 would keep every row decoding, weights swapped between decode steps "
         "(--gpus chooses it)\n")
     cfg, to_s, to_l = parse(["--sampling-gpu", "0", "--training-gpus", "0", "--share-gpus", *WORKLOAD])
-    launch_main.apply_in_flight(plan(cfg, 4, to_s, to_l, 29999), chosen=False)   # one shared GPU: no line
-    assert capsys.readouterr().err == ""
+    specs = plan(cfg, 4, to_s, to_l, 29999)
+    launch_main.apply_in_flight(specs, chosen=False)   # one shared GPU: rounds, and no word of rows in flight
+    # but with the default 16 completions a step, 1 group of 16, round 0's 8 groups (made before the
+    # learner's first answer) need a bound of 8 - 1 = 7 (fit_first_round)
+    out, err = capsys.readouterr()
+    assert err == "" and out == (
+        "[launcher] --max-staleness 7, not the default 2, so that the learner trains every group of the samplers' "
+        "first round: the sampler may make it before the learner's first answer says the step's size and the budget, "
+        "8 groups of version 0, and at --max-staleness 2 the learner trains 3 of 8 (3 steps of 1 group); give "
+        "--max-staleness to choose\n")
+    assert [s.argv[-2:] for s in specs if s.role == "learner"] == [["--max-staleness", "7"]]
+    assert "--in-flight-rows" not in specs[-1].argv
 
 
 def test_gpus_all_over_nodes_keeps_rows_in_flight_by_the_one_host_rule(capsys):

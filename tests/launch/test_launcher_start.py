@@ -88,7 +88,7 @@ def test_launcher_counts_gpus_and_checks_everything_without_torch():
         out = subprocess.run([sys.executable, "-c", code, "--device", "auto", "--data-port", str(port),
                               "--sync-port", str(port + 1)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert f"port {port} on 127.0.0.1 is already in use" in out.stderr, out.stderr
-    rc, counts, heavy = out.stdout.split(maxsplit=2)
+    rc, counts, heavy = out.stdout.splitlines()[-1].split(maxsplit=2)   # after the launcher's own lines
     assert (rc, counts) == ("2", "1"), out.stdout   # exit 2 after counting the GPUs once
     assert heavy.strip() == "[]", f"the launcher imported {heavy.strip()} before starting any worker"
 

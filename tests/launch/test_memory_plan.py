@@ -588,11 +588,15 @@ def test_in_flight_rows_the_staleness_bound_cannot_fill_raise_a_default_bound_or
     assert launch_main.in_flight_note([*S[:4], "--device", "cpu"], L, 2) is None   # auto on CPU: hf, no rows
     assert launch_main.in_flight_note([*S[:4], "--device", "auto"], L, 2)[0] == 5  # auto on CUDA: the engine
 
+    said = {}   # the last call's stdout (the first round's line is there)
+
     def learner_flags_after(*extra):
         cfg, to_s, to_l = parse(["--device", "cpu", "--model", "tiny-random", *L, *S, *extra])
         specs = plan(cfg, 0, to_s, to_l, 29500)
         launch_main.apply_in_flight(specs, chosen=False)
-        return [s.argv for s in specs if s.role == "learner"][0], capsys.readouterr().err
+        captured = capsys.readouterr()
+        said["out"] = captured.out
+        return [s.argv for s in specs if s.role == "learner"][0], captured.err
 
     argv, err = learner_flags_after()
     assert argv[-2:] == ["--max-staleness", "5"]
@@ -610,7 +614,10 @@ def test_in_flight_rows_the_staleness_bound_cannot_fill_raise_a_default_bound_or
     argv, err = learner_flags_after("--train-batch-size", "64")         # 4 groups a step: 5 fill, 7 set
     assert argv[-2:] == ["--max-staleness", "7"]
     argv, err = learner_flags_after("--train-batch-size", "32")         # 2 groups a step: 10 fill, 12 past 8
-    assert "--max-staleness" not in argv and "--max-staleness 10 would keep all of them" in err
+    assert "--max-staleness 10 would keep all of them" in err
+    # but round 0's 8 groups (fit_first_round) need (3 + 1) x 2: 3, raised for them and said
+    assert argv[-2:] == ["--max-staleness", "3"] and argv.count("--max-staleness") == 1
+    assert "[launcher] --max-staleness 3, not the default 2, so that the learner trains every group" in said["out"]
 
     def stop(host, port, flag):
         raise launch_main.LaunchError("port check reached")

@@ -6,8 +6,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from grpo.config import ROW_BUCKETS
-from grpo.sync.staleness import (FIRST_SIGNAL_SHARE, Staleness, bucket_prompts, next_round_prompts, pool_room,
-                                 round_prompts, signal_share, staleness_advice)
+from grpo.sync.staleness import (FIRST_SIGNAL_SHARE, Staleness, bucket_prompts, first_round_groups, next_round_prompts,
+                                 pool_room, round_prompts, signal_share, staleness_advice)
 
 
 def test_drop_reason_by_hand():
@@ -228,3 +228,30 @@ def test_pool_rows_by_hand():
     for s, n in ((2, 1), (2, 2), (4, 3)):
         need = Staleness(s, 8).staleness_for_pool(300, 16, samplers=n)
         assert Staleness(need, 8).pool_rows(16, n) >= 300 > Staleness(need - 1, 8).pool_rows(16, n)
+
+
+def test_first_round_groups_by_hand():
+    """Round 0 made before the learner's first answer: no step size (8 groups assumed), no budget."""
+    assert first_round_groups(0, False) == 8                    # 8 prompts, every group sent
+    assert first_round_groups(0, True) == 8                     # 24 prompts at a third: 8 expected to be sent
+    assert first_round_groups(0, False, min_prompts=8) == 8     # the 64-row bucket at G=8: 8 prompts anyway
+    assert first_round_groups(0, False, min_prompts=22) == 22   # G=3: ceil(64 / 3) prompts cost the same as 8
+    assert first_round_groups(0, False, cap=4) == 4             # --max-prompts-per-round 4
+    assert first_round_groups(12, False) == 12                  # --prompts-per-round 12, as given
+    assert first_round_groups(12, True) == 4                    # 12 at a third under the filter
+
+
+def test_staleness_for_first_round_by_hand():
+    """The smallest bound under which the learner trains every group of the samplers' round 0, all of
+    version 0: (bound + 1) x groups a step of them, one step at each version 0..bound."""
+    assert Staleness(2, 2).staleness_for_first_round(8) == 3               # 4 x 2 = 8; 3 x 2 = 6 < 8
+    assert Staleness(2, 2).staleness_for_first_round(8, samplers=2) == 7   # 16 groups of version 0
+    assert Staleness(2, 2).staleness_for_first_round(6) == 2               # 3 x 2 = 6: the default fits
+    assert Staleness(2, 2).staleness_for_first_round(7) == 3               # ceil(7 / 2) - 1
+    assert Staleness(2, 8).staleness_for_first_round(8) == 0               # one step trains them all
+    assert Staleness(2, 1).staleness_for_first_round(8) == 7
+    # it is the bound whose largest budget (what an empty line lets a sampler make) first takes them
+    for gps, groups, n in [(2, 8, 1), (3, 8, 2), (1, 5, 3), (8, 24, 1)]:
+        need = Staleness(2, gps).staleness_for_first_round(groups, n)
+        assert Staleness(need, gps).largest_budget() >= groups * n
+        assert need == 0 or Staleness(need - 1, gps).largest_budget() < groups * n
