@@ -92,3 +92,29 @@ def group_stats(groups: list, version: int) -> dict:
             "staleness_mean": sum(ages) / len(ages), "staleness_max": max(ages),
             "batch_crc32": batch_crc32(groups), **reward_parts(groups),
             **{f"accuracy/{t}": sum(v) / len(v) for t, v in sorted(by_task.items()) if v}}
+
+
+# Dense bf16 matrix peaks by the vendors' datasheets, TFLOP/s (no sparsity), matched against
+# torch.cuda.get_device_name in order; measured rates run below them (an 8192^3 bf16 product on an
+# H200 of this project's machines: about 790, docs/benchmarks.md).
+BF16_PEAK_TFLOPS = (("H200", 989.4), ("H100 PCIe", 756.0), ("H100", 989.4), ("GH200", 989.4), ("B200", 2250.0),
+                    ("A100", 312.0), ("A10G", 70.0), ("L40S", 362.1), ("L4", 121.0), ("A6000", 154.8),
+                    ("RTX 4090", 165.2), ("RTX 3090", 71.0))
+
+
+def bf16_peak_tflops(device_name: str) -> float | None:
+    """The datasheet's dense bf16 peak of a GPU by its name ('NVIDIA H200' -> 989.4); None when unknown."""
+    for key, tflops in BF16_PEAK_TFLOPS:
+        if key in device_name:
+            return tflops
+    return None
+
+
+def bf16_peak_share(params: int, tokens: float, seconds: float, gpus: int, peak_tflops: float | None) -> float | None:
+    """A training step's model FLOPs over what `gpus` GPUs at their bf16 peak do in `seconds`: the
+    usual 6 x parameters x tokens (forward 2, backward 4; attention's own FLOPs left out, as in
+    most model-FLOPs utilisations). None without a peak or a time. 0.5B parameters, 40,000 tokens
+    in 2 s on one H200: 6 x 0.5e9 x 4e4 / (2 x 989.4e12) = 6.1%."""
+    if not peak_tflops or seconds <= 0 or gpus < 1:
+        return None
+    return 6.0 * params * tokens / (seconds * gpus * peak_tflops * 1e12)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from builders import make_completion, make_group
 
-from grpo.stats import batch_crc32, group_stats, reward_parts, staleness
+from grpo.stats import batch_crc32, bf16_peak_share, bf16_peak_tflops, group_stats, reward_parts, staleness
 
 
 def _c(ids, logps, finished, info):
@@ -78,3 +78,15 @@ def test_the_learner_names_a_spinning_run_about_once_a_window():
     assert look(600, 500) is None and me._zero_signal_mark == (600, 500)  # 220 / 300 = 73%: quiet, moves on
     assert look(100, 95) is None and me._zero_signal_mark == (100, 95)    # restored books: start again
     assert look(400, 390).startswith("98% of the last 300 groups")        # 295 / 300
+
+
+def test_bf16_peak_share_by_hand():
+    """6 x params x tokens over seconds x GPUs x peak: 0.5e9 parameters, 40,000 tokens in 2 s on one
+    H200 (989.4 TFLOP/s) is 1.2e17 / 1.9788e15; on two GPUs half that; nothing without a peak or a time."""
+    assert bf16_peak_tflops("NVIDIA H200") == 989.4 and bf16_peak_tflops("NVIDIA H100 80GB HBM3") == 989.4
+    assert bf16_peak_tflops("NVIDIA H100 PCIe") == 756.0 and bf16_peak_tflops("NVIDIA L4") == 121.0
+    assert bf16_peak_tflops("NVIDIA L40S") == 362.1 and bf16_peak_tflops("cpu") is None
+    share = bf16_peak_share(500_000_000, 40_000, 2.0, 1, 989.4)
+    assert share == pytest.approx(6 * 0.5e9 * 4e4 / (2 * 989.4e12)) and round(share, 4) == 0.0606
+    assert bf16_peak_share(500_000_000, 40_000, 2.0, 2, 989.4) == pytest.approx(share / 2)
+    assert bf16_peak_share(1, 1, 2.0, 1, None) is None and bf16_peak_share(1, 1, 0.0, 1, 989.4) is None

@@ -30,7 +30,7 @@ from grpo.obs.gpu import format_gpu
 from grpo.obs.progress import Progress
 from grpo.obs.rundir import provenance
 from grpo.obs.stages import first_step_s, history as stage_history, mark as mark_stage
-from grpo.stats import ZERO_SIGNAL_ALARM_GROUPS, group_stats, zero_signal_alarm
+from grpo.stats import ZERO_SIGNAL_ALARM_GROUPS, bf16_peak_share, bf16_peak_tflops, group_stats, zero_signal_alarm
 from grpo.sync.staleness import staleness_advice
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,10 @@ class Learner:
         self.rank = self.parts.rank
         self.version = self.version_at_start = self.parts.version   # policy version = optimizer steps taken
         self._zero_signal_mark = (0, 0)   # the books' (sent, zero-signal) when the alarm last looked
+        # what a step's share of the GPUs' bf16 peak is computed from (grpo.stats.bf16_peak_share)
+        self._params = sum(q.numel() for q in self.parts.engine.module.parameters())
+        self._peak = (bf16_peak_tflops(torch.cuda.get_device_name(self.parts.device))
+                      if self.parts.device.type == "cuda" else None)
 
     def run(self) -> dict:
         p, cfg = self.parts, self.cfg
@@ -225,6 +229,9 @@ class Learner:
                "samplers_alive": len(p.intake.alive(self.version)), "samplers_gone": len(p.liveness.gone),
                "sync_bytes_served": p.publisher.bytes_served, "data_bytes_received": p.receiver.bytes,
                "time_s": now - t_start, **group_stats(groups, self.version)}
+        # every rank's tokens over the step's training time on all of them, against their bf16 peak
+        rec["bf16_peak_share"] = bf16_peak_share(self._params, stats["model_tokens"], rec["train_s"], p.world,
+                                                 self._peak)
         if failures := reward_failures([e.status.stats for e in p.books.latest().values() if e.status is not None]):
             rec["reward_failures"] = failures   # so far, by '<reward>/<exception type>'
         if p.curriculum is not None:
@@ -239,12 +246,13 @@ class Learner:
         p.tracker.log(rec, step)
         log.info("step %d v%d: loss %.4f reward %.3f acc %.3f kl %s clip %.3f | %d tok, %.2f s "
                  "(wait %.2f, train %.2f, publish %.3f) | %.1f samples/s | samplers at %s | groups %s | "
-                 "%d msgs / %.1f MB in, %.1f MB weights out%s",
+                 "%d msgs / %.1f MB in, %.1f MB weights out%s%s",
                  step, self.version, stats["loss"], rec["reward_mean"], rec["accuracy"],
                  "-" if stats["kl"] is None else f"{stats['kl']:.4f}",
                  stats["clip_frac"], stats["tokens"], rec["step_time_s"], rec["data_wait_s"], rec["train_s"],
                  stall, rec["samples_per_s"], rec["sampler_versions"], rec["groups"], p.receiver.messages,
-                 p.receiver.bytes / 1e6, p.publisher.bytes_served / 1e6, format_gpu(gpu))
+                 p.receiver.bytes / 1e6, p.publisher.bytes_served / 1e6, format_gpu(gpu),
+                 "" if rec["bf16_peak_share"] is None else f" | training at {rec['bf16_peak_share']:.1%} of bf16 peak")
 
     def _zero_signal_alarm(self, books: dict) -> str | None:
         """grpo.stats.zero_signal_alarm over the groups sent since the last look; the look moves

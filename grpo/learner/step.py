@@ -99,6 +99,7 @@ def step_record(r: dict, cfg: LearnerConfig, updates: int, grad_norm: float) -> 
             # the whole distribution's entropy per token, where --entropy-coef computes it
             "policy_entropy": r["entropy"] / max(toks, 1) if cfg.entropy_coef else None,
             "tokens": int(toks), "sequences": int(r["sequences"]),
+            "model_tokens": int(r["model_tokens"]),   # prompts and completions, every rank's (the bf16 peak share's)
             "grad_norm": grad_norm,
             # padding share of the model's input
             "pad_frac": 1.0 - r["model_tokens"] / r["padded_tokens"] if r["padded_tokens"] else 0.0,

@@ -38,10 +38,10 @@ def _cfg(**kw) -> LearnerConfig:
 
 # The two ranks' figures through step_record (2 updates, grad norm 0.75), by hand: loss
 # (0.375 + 0.125) / 2; per loss token (3 + 5 = 8): kl 1/8, clipped 2/8, ratio 9/8, weight 6/8,
-# limited 1/8, entropy 4/8; the larger weight 2.5; 1 + 3 sequences; padding 1 - 30/40.
+# limited 1/8, entropy 4/8; the larger weight 2.5; 1 + 3 sequences; 10 + 20 model tokens, padding 1 - 30/40.
 TWO_RANK_RECORD = {"loss": 0.25, "kl": 0.125, "clip_frac": 0.25, "ratio_mean": 1.125, "is_weight_mean": 0.75,
                    "is_weight_max": 2.5, "is_limited_frac": 0.125, "updates": 2, "policy_entropy": 0.5,
-                   "tokens": 8, "sequences": 4, "grad_norm": 0.75, "pad_frac": 0.25,
+                   "tokens": 8, "sequences": 4, "model_tokens": 30, "grad_norm": 0.75, "pad_frac": 0.25,
                    "rank_tokens_per_s": [200.0, 400.0], "rank_peak_mem_gb": [0.0, 0.0]}
 
 
@@ -69,7 +69,8 @@ def test_step_record_by_hand():
     # ratio 5.5/5, weight 4/5, limited 1/5; padding 1 - 20/28
     assert rec == {"loss": 0.125, "kl": None, "clip_frac": 1.0 / 5, "ratio_mean": 5.5 / 5, "is_weight_mean": 4.0 / 5,
                    "is_weight_max": 2.5, "is_limited_frac": 1.0 / 5, "updates": 1, "policy_entropy": None,
-                   "tokens": 5, "sequences": 3, "grad_norm": float("inf"), "pad_frac": 1.0 - 20.0 / 28.0,
+                   "tokens": 5, "sequences": 3, "model_tokens": 20, "grad_norm": float("inf"),
+                   "pad_frac": 1.0 - 20.0 / 28.0,
                    "rank_tokens_per_s": [400.0], "rank_peak_mem_gb": [1.5]}
     empty = dict.fromkeys(RANK_FIGURES, 0.0)
     rec = step_record({**empty, "tokens_per_s": [0.0], "peak_mem_gb": [0.0]}, _cfg(), updates=1, grad_norm=0.0)
