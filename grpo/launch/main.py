@@ -179,11 +179,12 @@ def staleness_left_default(learner_flags: list[str]) -> bool:
     return left_default(learner_flags, "--max-staleness", LearnerConfig, "training_worker.py")
 
 
-def in_flight_rows(sampler_flags: list[str], learner_flags: list[str], samplers: int, own_gpus: bool) -> int:
-    """The rows in flight that suit these samplers, 0 for rounds. Rows need each sampler on a GPU of
-    its own (own_gpus; beside learner ranks they take turns on it between rounds), decoding with the
-    engine and swapping weights in place (every method but shared: grpo.weights.methods.own_weights),
-    with no --in-flight-rows of the user's. Then AUTO_IN_FLIGHT_ROWS where the staleness bound keeps
+def in_flight_rows(sampler_flags: list[str], learner_flags: list[str], samplers: int, on_gpus: bool) -> int:
+    """The rows in flight that suit these samplers, 0 for rounds. Rows need the samplers on GPUs
+    (on_gpus), decoding with the engine and swapping weights in place (every method but shared: grpo.weights.methods.own_weights),
+    with no --in-flight-rows of the user's; a sampler beside learner ranks on one GPU too, for then it
+    decodes while they train instead of taking turns with them (one H200, 0.5B: 0.39 steps/s against
+    0.23 in rounds, docs/benchmarks.md). Then AUTO_IN_FLIGHT_ROWS where the staleness bound keeps
     them all decoding, as given or as fill_in_flight_rows may raise a default one (up to
     AUTO_STALENESS_MAX); with a default bound where it cannot (more samplers share a step's groups,
     or steps are small), the rows AUTO_STALENESS_MAX - IN_FLIGHT_SPAN keeps decoding, whole groups,
@@ -192,7 +193,7 @@ def in_flight_rows(sampler_flags: list[str], learner_flags: list[str], samplers:
     from grpo.flags import parse_config
     from grpo.sync.staleness import IN_FLIGHT_SPAN, Staleness
 
-    if not own_gpus or samplers < 1:
+    if not on_gpus or samplers < 1:
         return 0
     scfg = parse_config(SamplerConfig, sampler_flags, "sampling_worker.py")
     if (not left_default(sampler_flags, "--in-flight-rows", SamplerConfig, "sampling_worker.py")
@@ -212,13 +213,13 @@ def in_flight_rows(sampler_flags: list[str], learner_flags: list[str], samplers:
     return rows if rows >= G else 0
 
 
-def choose_in_flight(sampler_flags: list[str], learner_flags: list[str], samplers: int, own_gpus: bool,
+def choose_in_flight(sampler_flags: list[str], learner_flags: list[str], samplers: int, on_gpus: bool,
                      chosen: bool) -> list[str]:
     """The flags every sampler gets: where in_flight_rows gives rows and the layout is the launcher's
     to choose (--gpus), --in-flight-rows instead of fixed rounds (a round's rows idle through its
     longest completion), said in one line; with a layout given by hand none, and the line only says
     they would suit it."""
-    n = in_flight_rows(sampler_flags, learner_flags, samplers, own_gpus)
+    n = in_flight_rows(sampler_flags, learner_flags, samplers, on_gpus)
     if not n:
         return []
     rows = ["--in-flight-rows", str(n)]
@@ -229,9 +230,10 @@ def choose_in_flight(sampler_flags: list[str], learner_flags: list[str], sampler
         return []
     fewer = (f"; not {AUTO_IN_FLIGHT_ROWS}, which would need a --max-staleness past {AUTO_STALENESS_MAX} to keep "
              f"decoding" if n < AUTO_IN_FLIGHT_ROWS else "")
-    print(f"run_distributed.py: {' '.join(rows)} on each sampler: they decode with the engine on GPUs of their "
-          f"own and swap weights between decode steps, so a row starts its next sample as soon as its own ends instead "
-          f"of waiting for its round's longest (--in-flight-rows 0 for fixed rounds){fewer}", file=sys.stderr)
+    print(f"run_distributed.py: {' '.join(rows)} on each sampler: they decode with the engine and swap weights "
+          f"between decode steps, so a row starts its next sample as soon as its own ends instead of waiting for its "
+          f"round's longest, and a sampler beside learner ranks decodes while they train (--in-flight-rows 0 for "
+          f"fixed rounds){fewer}", file=sys.stderr)
     return rows
 
 
@@ -298,27 +300,25 @@ def fit_first_round(sampler_flags: list[str], learner_flags: list[str], samplers
     return ["--max-staleness", str(need)]
 
 
-def in_flight_flags(sampler_flags: list[str], learner_flags: list[str], samplers: int, own_gpus: bool,
+def in_flight_flags(sampler_flags: list[str], learner_flags: list[str], samplers: int, on_gpus: bool,
                     chosen: bool) -> tuple[list[str], list[str]]:
     """(the flags every sampler gets, those every learner rank gets): choose_in_flight, then
     fill_in_flight_rows for the rows the samplers end up with, and fit_first_round for their first
     round where that needs a larger bound still. One rule for one host and --nodes."""
-    more = choose_in_flight(sampler_flags, learner_flags, samplers, own_gpus, chosen)
+    more = choose_in_flight(sampler_flags, learner_flags, samplers, on_gpus, chosen)
     filled = fill_in_flight_rows(sampler_flags + more, learner_flags, samplers)
     return more, fit_first_round(sampler_flags + more, learner_flags, samplers, filled)
 
 
 def apply_in_flight(specs: list, chosen: bool) -> None:
-    """in_flight_flags on one host's processes: a sampler has a GPU of its own where its first
-    visible GPU is no learner rank's."""
+    """in_flight_flags on one host's processes: the samplers are on GPUs where each sees one (its own,
+    or one beside learner ranks)."""
     samplers = [s for s in specs if s.role == "sampler"]
     learners = [s for s in specs if s.role == "learner"]
     if not samplers or not learners:
         return
-    taken = {g for s in learners for g in s.env.get("CUDA_VISIBLE_DEVICES", "").split(",")}
-    own = all(s.env.get("CUDA_VISIBLE_DEVICES") and s.env["CUDA_VISIBLE_DEVICES"].split(",")[0] not in taken
-              for s in samplers)
-    more_s, more_l = in_flight_flags(samplers[0].argv[2:], learners[0].argv[2:], len(samplers), own, chosen)
+    on_gpus = all(s.env.get("CUDA_VISIBLE_DEVICES") for s in samplers)
+    more_s, more_l = in_flight_flags(samplers[0].argv[2:], learners[0].argv[2:], len(samplers), on_gpus, chosen)
     for s in samplers:
         s.argv += more_s
     for s in learners:
@@ -436,13 +436,12 @@ def read_rates(run_dir: str) -> layout.Rates | None:
 
 def node_in_flight(cfg: LaunchConfig, mp: nodes.MultiNodePlan, to_s: list[str], to_l: list[str],
                    chosen: bool) -> nodes.MultiNodePlan:
-    """--nodes: in_flight_flags, the one-host rule, on the plan (a sampler has a GPU of its own where no
-    learner rank is on that node's GPU); the plan again with the flags it adds, or the same plan."""
+    """--nodes: in_flight_flags, the one-host rule, on the plan (CUDA plans only); the plan again with
+    the flags it adds, or the same plan."""
     if not mp.cuda:
         return mp
     learners, samplers = mp.procs("learner"), mp.procs("sampler")
-    own = not {(p.node, p.gpu) for p in samplers} & {(p.node, p.gpu) for p in learners}
-    more_s, more_l = in_flight_flags(samplers[0].argv[1:], learners[0].argv[1:], len(samplers), own, chosen)
+    more_s, more_l = in_flight_flags(samplers[0].argv[1:], learners[0].argv[1:], len(samplers), True, chosen)
     return nodes.plan_nodes(cfg, to_s + more_s, to_l + more_l) if more_s or more_l else mp
 
 

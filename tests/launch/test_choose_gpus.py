@@ -78,7 +78,8 @@ def test_the_choice_is_the_plan_of_the_explicit_flags(gpus, params, explicit):
     ("0,1,2,3", ["--train-batch-size", "64"], 192, 8),
     ("0,1,2,3", ["--train-batch-size", "16"], 48, 8),   # 1 group a step: 6 x 1 / 2 = 3 groups
     ("0,1,2,3", ["--train-batch-size", "16", "--max-staleness", "2"], 0, None),   # the user's bound: rounds
-    ("0", [], 0, None),                           # one GPU: sampler and learner take turns on it
+    ("0", [], 320, 5),                            # one GPU: the sampler decodes while the learner trains; 3 fill, +2
+    ("0", ["--weight-sync", "shared"], 0, None),  # one GPU, shared weights: the two take turns
     ("0,1,2,3", ["--in-flight-rows", "0"], 0, None),  # the user's rounds
     ("0,1,2,3", ["--in-flight-rows", "64"], 64, None),  # the user's rows (the bound fills 64)
     ("0,1,2,3", ["--generation-backend", "hf"], 0, None),
@@ -102,7 +103,7 @@ def test_the_chosen_layout_keeps_rows_in_flight_where_the_bound_fills_them(capsy
     assert {last(s.argv, "--in-flight-rows") or 0 for s in specs if s.role == "sampler"} == {rows}
     set_bound = {last(s.argv, "--max-staleness") for s in specs if s.role == "learner"}
     assert set_bound == {bound or last(extra, "--max-staleness")}
-    said = "run_distributed.py: --in-flight-rows 320 on each sampler: they decode with the engine" in err
+    said = "run_distributed.py: --in-flight-rows 320 on each sampler: they decode with the engine and swap" in err
     assert said == (rows == 320 and "--in-flight-rows" not in extra)
     fewer = f"run_distributed.py: --in-flight-rows {rows} on each sampler: they decode" in err and \
         "; not 320, which would need a --max-staleness past 8 to keep decoding\n" in err
@@ -224,11 +225,15 @@ def test_a_layout_given_by_hand_keeps_its_rounds_and_is_told_of_rows_in_flight(c
         "(--gpus chooses it)\n")
     cfg, to_s, to_l = parse(["--sampling-gpu", "0", "--training-gpus", "0", "--share-gpus", *WORKLOAD])
     specs = plan(cfg, 4, to_s, to_l, 29999)
-    launch_main.apply_in_flight(specs, chosen=False)   # one shared GPU: rounds, and no word of rows in flight
-    # but with the default 16 completions a step, 1 group of 16, round 0's 8 groups (made before the
-    # learner's first answer) need a bound of 8 - 1 = 7 (fit_first_round)
+    launch_main.apply_in_flight(specs, chosen=False)   # one shared GPU: rounds, and the same word of rows in flight
+    # (1 group of 16 a step: 320 rows would need a bound past 8, and 6 keeps 6 groups, 96 rows, decoding);
+    # with the default 16 completions a step, round 0's 8 groups (made before the learner's first
+    # answer) need a bound of 8 - 1 = 7 (fit_first_round)
     out, err = capsys.readouterr()
-    assert err == "" and out == (
+    assert err == (
+        "run_distributed.py: note: the samplers decode in rounds, each row idle from its own end to its round's "
+        "longest; --in-flight-rows 96 would keep every row decoding, weights swapped between decode steps "
+        "(--gpus chooses it)\n") and out == (
         "[launcher] --max-staleness 7, not the default 2, so that the learner trains every group of the samplers' "
         "first round: the sampler may make it before the learner's first answer says the step's size and the budget, "
         "8 groups of version 0, and at --max-staleness 2 the learner trains 3 of 8 (3 steps of 1 group); give "
@@ -241,8 +246,8 @@ def test_gpus_all_over_nodes_keeps_rows_in_flight_by_the_one_host_rule(capsys):
     """--nodes: the same in-flight choice and bound as one host, on each node's GPUs. 2 learner ranks on
     node a, 2 samplers on node b (GPUs of their own, weights by nccl): 320 rows, bound 7, in the printed
     commands; 3 samplers (320 rows would need bound 10, past 8) keep the 256 rows bound 6 fills, at 8;
-    a sampler beside a learner rank (--share-gpus, one node of one GPU) and a layout given by hand keep
-    their rounds."""
+    a sampler beside a learner rank (--share-gpus, one node of one GPU) keeps rows in flight too, and a
+    layout given by hand keeps its rounds."""
     argv = ["--nodes", "a:2,b:2", "--training-ranks", "2", "--num-samplers", "2", *WORKLOAD, "--train-batch-size", "128"]
     cfg, to_s, to_l = parse(argv)
     mp = launch_main.node_in_flight(cfg, plan_nodes(cfg, to_s, to_l), to_s, to_l, chosen=True)
@@ -263,6 +268,6 @@ def test_gpus_all_over_nodes_keeps_rows_in_flight_by_the_one_host_rule(capsys):
     capsys.readouterr()
     cfg, to_s, to_l = parse(["--nodes", "a:1", "--training-ranks", "1", "--num-samplers", "1", "--share-gpus",
                              *WORKLOAD, "--train-batch-size", "128"])
-    plain = plan_nodes(cfg, to_s, to_l)
-    assert launch_main.node_in_flight(cfg, plain, to_s, to_l, chosen=True) is plain
-    assert capsys.readouterr().err == ""
+    mp = launch_main.node_in_flight(cfg, plan_nodes(cfg, to_s, to_l), to_s, to_l, chosen=True)
+    assert mp == plan_nodes(cfg, to_s + ["--in-flight-rows", "320"], to_l + ["--max-staleness", "5"])   # 3 fill, +2
+    assert "--in-flight-rows 320 on each sampler" in capsys.readouterr().err

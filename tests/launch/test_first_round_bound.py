@@ -60,23 +60,29 @@ def test_the_line_says_why(capsys):
     assert "each of the 2 samplers may make it before" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("extra, bound", [
-    # --gpus 0 at the defaults (the one-H200 run): the sampler shares GPU 0 with the learner and decodes in
-    # rounds; the engine's smallest bucket, 64 rows, holds 8 prompts of G=8, as round 0 assumes anyway
-    ([], 3),
-    # G=4: the bucket makes a round of 16 prompts cost what 8 would, so round 0 takes 16 groups against
-    # steps of 4: (3 + 1) x 4 (on CPU, without buckets, the same flags need nothing: above)
-    (["--num-generations", "4"], 3),
-    (["--no-cuda-graphs"], 3),                    # no bucket: FIRST_STEP_GROUPS, 8
-    (["--no-cuda-graphs", "--num-generations", "4"], None),
-    (["--generation-backend", "hf"], 3),
-    (["--weight-sync", "shared"], 3),             # the sampler waits for the first answer a while, not for ever
+@pytest.mark.parametrize("extra, rows, bound", [
+    # --gpus 0 at the defaults (the one-H200 run): the sampler shares GPU 0 with the learner and keeps rows
+    # in flight, decoding while it trains: 320 rows would need a bound past 8 at steps of 2 groups of 8,
+    # so the 96 rows bound 6 keeps decoding (6 x 2 groups of 8), at 8, above round 0's 3
+    ([], 96, 8),
+    (["--num-generations", "4"], 96, 8),          # steps of 4 groups of 4: 6 x 4 groups of 4
+    (["--no-cuda-graphs"], 96, 8),
+    # rounds where the sampler cannot swap in flight: then round 0's bound alone. The engine's smallest
+    # bucket would hold 8 prompts of G=8, as round 0 assumes anyway
+    (["--generation-backend", "hf"], 0, 3),
+    (["--weight-sync", "shared"], 0, 3),          # the sampler waits for the first answer a while, not for ever
+    (["--in-flight-rows", "0"], 0, 3),
+    (["--in-flight-rows", "0", "--num-generations", "4"], 0, 3),   # 16 prompts (the bucket) against steps of 4
+    (["--in-flight-rows", "0", "--no-cuda-graphs", "--num-generations", "4"], 0, None),   # 8: fits 3 x 4
 ])
-def test_one_shared_gpu_chosen_by_the_launcher(capsys, extra, bound):
+def test_one_shared_gpu_chosen_by_the_launcher(capsys, extra, rows, bound):
     got, samplers = bound_after(["--gpus", "0", *extra], cuda_count=1, chosen=True)
-    assert got == bound and "--in-flight-rows" not in samplers[0]   # rounds: the GPU is the learner's too
+    flags = samplers[0]
+    given = "--in-flight-rows" in extra
+    kept = int(flags[len(flags) - 1 - flags[::-1].index("--in-flight-rows") + 1]) if "--in-flight-rows" in flags else 0
+    assert (got, kept) == (bound, rows) and (given or rows == 0 or flags[-2:] == ["--in-flight-rows", str(rows)])
     out = capsys.readouterr().out
-    assert (f"[launcher] --max-staleness {bound}, not the default 2" in out) == (bound is not None)
+    assert (f"[launcher] --max-staleness {bound}, not the default 2" in out) == (bound is not None and rows == 0)
 
 
 def test_rows_in_flight_keep_the_larger_bound(capsys):
