@@ -57,6 +57,8 @@ class SamplerRolloutSection:
     """Stop after this many rounds (0: until the learner says stop)."""
     filter_zero_signal: bool = False
     """Drop groups whose rewards are all equal before their log-prob passes (the learner's flag of the same name, applied at the source); counted as sampler_zero_signal."""
+    defer_zero_signal: bool = False
+    """Pass over, once, a train prompt whose last group had no signal (every completion scored alike: the policy solved it every time, or never) when the prompt stream next reaches it; counted as prompts_deferred in each sampler's status."""
     cuda_graphs: bool = True
     """With the fast backend on CUDA, capture the decode step as a CUDA graph (--no-cuda-graphs: eager decode, for debugging)."""
     compile_decode: bool = False

@@ -4,6 +4,7 @@ that feeds a sampler.
 from __future__ import annotations
 
 import random
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -45,17 +46,56 @@ def problem_prompt(tokenizer: Any, problem: Problem, system_prompt: str | None =
     return prompt
 
 
+class Deferrals:
+    """The train prompts whose last group had no signal (every completion scored alike: the policy
+    then solved it every time, or never), each passed over once when its stream next reaches it, so
+    that a sampler does not generate again, at once, a group the learner would drop. A prompt is
+    passed over once per mark: the epoch after, it is tried again (the policy moves). Prompts are
+    known by their question and answer; the marks live in the sampler process (a restart starts
+    with none)."""
+
+    def __init__(self) -> None:
+        self._marked: set[int] = set()
+        self.deferred = 0   # prompts passed over so far
+
+    @staticmethod
+    def key(problem: Problem) -> int:
+        return zlib.crc32(f"{problem.question}\0{problem.answer}".encode())
+
+    def mark(self, problem: Problem, signal: bool) -> None:
+        """What the prompt's newest group showed: with signal it is kept, without it is passed over next time."""
+        if signal:
+            self._marked.discard(self.key(problem))
+        else:
+            self._marked.add(self.key(problem))
+
+    def take(self, problem: Problem) -> bool:
+        """Whether to pass over `problem` now (its mark is used up, and counted)."""
+        k = self.key(problem)
+        if k not in self._marked:
+            return False
+        self._marked.remove(k)
+        self.deferred += 1
+        return True
+
+    def __len__(self) -> int:
+        return len(self._marked)
+
+
 class PromptStream:
     """Endless, seeded, reshuffled-every-epoch iterator over a list of Problems.
 
     The order of epoch e depends only on (seed, e), so (epoch, index) is the whole state: restoring
-    `position` after a restart replays exactly the same stream.
+    `position` after a restart replays exactly the same stream. With `deferrals`, a prompt marked
+    there is passed over once (Deferrals); each pass-over uses up its mark, so a stream whose every
+    prompt is marked still yields one within two epochs.
     """
 
-    def __init__(self, problems: list[Problem], seed: int) -> None:
+    def __init__(self, problems: list[Problem], seed: int, deferrals: Deferrals | None = None) -> None:
         if not problems:
             raise ValueError("PromptStream needs at least one problem")
         self._problems = list(problems)
+        self.deferrals = deferrals
         self._seed = seed
         self._epoch = 0
         self._index = 0
@@ -87,13 +127,15 @@ class PromptStream:
         return self
 
     def __next__(self) -> Problem:
-        if self._index >= len(self._order):
-            self._epoch += 1
-            self._index = 0
-            self._order = self._permutation(self._epoch)
-        problem = self._problems[self._order[self._index]]
-        self._index += 1
-        return problem
+        while True:   # bounded: every pass-over uses up one of at most len(problems) marks
+            if self._index >= len(self._order):
+                self._epoch += 1
+                self._index = 0
+                self._order = self._permutation(self._epoch)
+            problem = self._problems[self._order[self._index]]
+            self._index += 1
+            if self.deferrals is None or not self.deferrals.take(problem):
+                return problem
 
     def next_batch(self, n: int) -> list[Problem]:
         """The next n problems; a batch may straddle two epochs."""

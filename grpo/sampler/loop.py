@@ -129,6 +129,7 @@ class Sampler:
                       "budget_wait_s": 0.0,   # waiting for the learner's queue to have room
                       "swaps": 0.0,   # versions applied between decode steps (--swap-in-flight)
                       "reward_failures": 0.0,   # completions a reward could not score (their failure value counted)
+                      "prompts_deferred": 0.0,   # --defer-zero-signal: train prompts passed over once
                       # --in-flight-rows: the engine's stream_counts (grpo.generate.stream.STREAM_COUNTS)
                       **{f"stream_{k}": 0.0 for k in STREAM_COUNTS},
                       **prompts.window.stats()}   # --curriculum: per task, level, groups and rate

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from grpo.config import SamplerConfig
-from grpo.data.prompts import PromptStream, problem_prompt
+from grpo.data.prompts import Deferrals, PromptStream, problem_prompt
 from grpo.data.sources import load_problems, shard
 from grpo.data.tasks import SuccessWindow, start_levels
 from grpo.generate.backend import hf_generate
@@ -88,6 +88,9 @@ class Prompts:
         self.cfg = cfg
         self.levels = start_levels(cfg.dataset) if cfg.curriculum else None
         self.window = SuccessWindow(cfg.curriculum_window)
+        # --defer-zero-signal: prompts whose last group had no signal, passed over once (kept across
+        # curriculum reloads: a prompt is known by its text)
+        self.deferrals = Deferrals() if cfg.defer_zero_signal else None
         self.mine = self._load()
 
     def _load(self) -> list:
@@ -100,7 +103,7 @@ class Prompts:
                              f"from {len(problems)} problems; use fewer samplers or more data")
         for task, level in (self.levels or {}).items():
             self.window.set_level(task, level)
-        self.stream = PromptStream(mine, seed=cfg.seed + cfg.sampler_id)
+        self.stream = PromptStream(mine, seed=cfg.seed + cfg.sampler_id, deferrals=self.deferrals)
         return mine
 
     def set_levels(self, levels: dict[str, int]) -> None:
@@ -317,6 +320,10 @@ class RolloutWorkflow:
                 window.add(problems[gi].columns.get("rg_task", ""),
                            sum(sc.info.get("correct", 0.0) for sc in scores[j * G:(j + 1) * G]), G)
             self.stats.update(window.stats())
+        if (deferrals := self.prompts.deferrals) is not None:   # every group, filtered or not
+            for j, gi in enumerate(gis):
+                deferrals.mark(problems[gi], has_signal([sc.reward for sc in scores[j * G:(j + 1) * G]]))
+            self.stats["prompts_deferred"] = float(deferrals.deferred)
         # Scored before the log-prob passes, so that with --filter-zero-signal a group whose
         # rewards are all equal (zero advantage: the learner would drop it) costs no passes and
         # is not sent; it still counts as offered, and the learner's books see it as dropped.

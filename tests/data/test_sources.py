@@ -9,7 +9,7 @@ import pytest
 
 from grpo.data.formats import Problem
 from grpo.data.gsm8k import extract_gsm8k_answer
-from grpo.data.prompts import DEFAULT_INSTRUCTION, PromptStream, build_prompt
+from grpo.data.prompts import DEFAULT_INSTRUCTION, Deferrals, PromptStream, build_prompt
 from grpo.data.sources import DatasetUnavailable, _hub_unreachable_reason, load_problems, local_file, shard
 
 GSM8K_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
@@ -203,6 +203,28 @@ def test_prompt_stream_position_restores():
     assert restored.next_batch(12) == expected
     with pytest.raises(ValueError):
         PromptStream([], seed=0)
+
+
+def test_a_deferred_prompt_is_passed_over_once():
+    """--defer-zero-signal's memory: a prompt whose last group had no signal is skipped the next time
+    the stream reaches it, and only then; a group with signal clears the mark; every prompt marked
+    still yields one within two epochs."""
+    problems = make_problems(4)
+    e0, e1 = PromptStream(problems, seed=3)._permutation(0), PromptStream(problems, seed=3)._permutation(1)
+    d = Deferrals()
+    stream = PromptStream(problems, seed=3, deferrals=d)
+    d.mark(problems[e0[1]], signal=False)
+    d.mark(problems[e0[2]], signal=False)
+    d.mark(problems[e0[2]], signal=True)    # its newest group had signal: kept
+    got = stream.next_batch(4)
+    assert got == [problems[e0[0]], problems[e0[2]], problems[e0[3]], problems[e1[0]]] and d.deferred == 1
+    assert stream.position == (1, 1) and len(d) == 0
+    assert stream.next_batch(3) == [problems[i] for i in e1[1:]]   # its mark used up: back in epoch 1
+    for p in problems:
+        d.mark(p, signal=False)
+    # epoch 2 passes over all four (their marks used up), and epoch 3's first comes
+    assert next(stream) is problems[PromptStream(problems, seed=3)._permutation(3)[0]] and d.deferred == 5
+    assert Deferrals.key(Problem("q", "1")) == Deferrals.key(Problem("q", "1")) != Deferrals.key(Problem("q", "2"))
 
 
 def test_local_file_names_a_path_and_leaves_hub_ids_and_tasks_alone(tmp_path):

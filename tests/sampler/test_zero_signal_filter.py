@@ -12,6 +12,7 @@ from netutil import free_ports, one_thread  # noqa: F401 - module-wide fixture (
 from scripted import ScriptedLearner, facts, run_against
 
 from grpo.config import SamplerConfig
+from grpo.data.prompts import PromptStream
 from grpo.learner.accounting import Books
 from grpo.sampler.loop import Sampler
 from grpo.wire import messages as M
@@ -196,3 +197,37 @@ def test_round_sizes_fill_the_engines_smallest_bucket_within_the_budget(reward, 
     finally:
         s.data.close()
         s.sync.close()
+
+
+def test_deferred_prompts_are_not_generated_again_at_once_and_the_books_balance(reward):
+    """--defer-zero-signal, two real rounds over a real socket on a shard of 3 prompts: round 0's
+    groups 1 and 2 have no signal (first_only), so round 1 passes over their prompts once (2 counted)
+    and takes round 0's first prompt (epoch 1's only unmarked one) and then epoch 2's first two; all
+    6 groups are sent (no filter) and the books balance."""
+    data_port, sync_port = free_ports(2)
+    receiver = DataReceiver("127.0.0.1", data_port, M.Limits(), 1 << 26)
+    s = sampler(reward, False, data_port, sync_port, max_rounds=2, sync_timeout_s=0.2, heartbeat_interval_s=0,
+                defer_zero_signal=True)
+    prompts = s.workflow.prompts
+    prompts.mine = prompts.mine[:3]
+    prompts.stream = PromptStream(prompts.mine, seed=s.cfg.seed, deferrals=prompts.deferrals)
+    e = [[prompts.mine[i].question for i in prompts.stream._permutation(k)] for k in range(3)]
+    result = run_against(s, no_update_learner(s))
+    groups, final = [], None
+    deadline = time.monotonic() + 30
+    while final is None and time.monotonic() < deadline:
+        m = receiver.receive(timeout_s=0.5)
+        if isinstance(m, M.SamplerStatus) and m.final:
+            final = m
+        elif isinstance(m, M.Group):
+            groups.append(m)
+    receiver.close()
+    assert final is not None and result["groups_sent"] == final.groups_sent == 6
+    asked = [next(q for q in e[0] if q in g.prefix) for g in groups]
+    assert asked == [*e[0], e[0][0], *e[2][:2]] and final.stats["prompts_deferred"] == 2
+    books = Books()
+    for g in groups:
+        books.group(g, version=0)
+    books.status(final, 0)
+    sent, dropped = books.totals()
+    assert sent == 6 and dropped == {}
