@@ -68,12 +68,13 @@ class RewardFaults:
 
     def stats(self, most: int = STATS_KINDS) -> dict[str, float]:
         """The counts as flat metrics: reward_failures (all) and reward_failures/<reward>/<type> for
-        the `most` commonest pairs, the rest as reward_failures/other/other (a status's map is small:
-        grpo.wire.messages.MAX_MAP_ITEMS)."""
+        the first `most` pairs seen, any later ones summed as reward_failures/other/other (a status's
+        map is small: grpo.wire.messages.MAX_MAP_ITEMS). First seen, not commonest: a name once
+        given keeps its count, so a caller that updates its stats with these never holds a stale one."""
         out = {"reward_failures": float(sum(self.counts.values()))}
-        top = self.counts.most_common()
-        out.update({f"reward_failures/{r}/{k}": float(n) for (r, k), n in top[:most]})
-        if rest := sum(n for _, n in top[most:]):
+        seen = list(self.counts.items())   # in the order each pair first failed
+        out.update({f"reward_failures/{r}/{k}": float(n) for (r, k), n in seen[:most]})
+        if rest := sum(n for _, n in seen[most:]):
             out["reward_failures/other/other"] = float(rest)
         return out
 

@@ -190,14 +190,17 @@ def test_a_reward_that_fails_on_half_of_its_window_is_broken(flaky):
 
 
 def test_the_books_of_failures_name_at_most_sixteen_kinds_in_a_status():
+    """The first 16 pairs seen by name, the rest summed: a name once given stays, with its count."""
     faults = RewardFaults()
     errors = [type(f"E{i:02d}", (Exception,), {})("x") for i in range(20)]
     for i, e in enumerate(errors):
         faults.record("r", [e] * (i + 1), ["t"] * (i + 1))
     stats = faults.stats()
     assert len(stats) == 1 + 16 + 1 and stats["reward_failures"] == sum(range(1, 21))
-    assert stats["reward_failures/r/E19"] == 20.0 and "reward_failures/r/E03" not in stats
-    assert stats["reward_failures/other/other"] == 1 + 2 + 3 + 4
+    assert stats["reward_failures/r/E00"] == 1.0 and stats["reward_failures/r/E15"] == 16.0
+    assert "reward_failures/r/E16" not in stats and stats["reward_failures/other/other"] == 17 + 18 + 19 + 20
+    faults.record("r", [errors[0]] * 5, ["t"] * 5)
+    assert faults.stats()["reward_failures/r/E00"] == 6.0
 
 
 def test_every_evaluation_path_scores_the_corpus():
