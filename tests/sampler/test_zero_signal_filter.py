@@ -43,6 +43,20 @@ def sampler(reward: str, filt: bool, data_port: int, sync_port: int, **kw) -> Sa
                                  data_port=data_port, sync_port=sync_port, **kw))
 
 
+def drain(receiver: DataReceiver, within_s: float = 30.0) -> tuple[list[M.Group], M.SamplerStatus | None]:
+    """The groups a sampler sent, until its final status (None if none came within `within_s`); closes the receiver."""
+    groups, final = [], None
+    deadline = time.monotonic() + within_s
+    while final is None and time.monotonic() < deadline:
+        m = receiver.receive(timeout_s=0.5)
+        if isinstance(m, M.SamplerStatus) and m.final:
+            final = m
+        elif isinstance(m, M.Group):
+            groups.append(m)
+    receiver.close()
+    return groups, final
+
+
 def no_update_learner(s: Sampler) -> ScriptedLearner:
     """A scripted learner that answers every request with no update."""
     return ScriptedLearner(s.cfg.sync_port, facts(s, needs_ref_logprobs=True))
@@ -82,16 +96,7 @@ def test_filtered_groups_count_as_offered_and_the_books_balance(reward):
     receiver = DataReceiver("127.0.0.1", data_port, M.Limits(), 1 << 26)
     s = sampler(reward, True, data_port, sync_port, max_rounds=2, sync_timeout_s=0.2, heartbeat_interval_s=0)
     result = run_against(s, no_update_learner(s))
-    msgs, final = [], None
-    deadline = time.monotonic() + 30
-    while final is None and time.monotonic() < deadline:
-        m = receiver.receive(timeout_s=0.5)
-        if isinstance(m, M.SamplerStatus) and m.final:
-            final = m
-        elif m is not None:
-            msgs.append(m)
-    receiver.close()
-    groups = [m for m in msgs if isinstance(m, M.Group)]
+    groups, final = drain(receiver)
     assert final is not None and result["groups_sent"] == final.groups_sent == 6
     assert [g.group_id for g in groups] == ["s0-r0-g0", "s0-r1-g0"]
     assert final.stats["dropped_zero_signal"] == 4
@@ -129,15 +134,7 @@ def test_a_round_filtered_whole_still_counts_as_offered(tmp_path, monkeypatch):
     s = sampler("flat_round_reward:flat_second_round", True, data_port, sync_port, max_rounds=3,
                 sync_timeout_s=0.2, heartbeat_interval_s=0)
     result = run_against(s, no_update_learner(s))
-    groups, final = [], None
-    deadline = time.monotonic() + 30
-    while final is None and time.monotonic() < deadline:
-        m = receiver.receive(timeout_s=0.5)
-        if isinstance(m, M.SamplerStatus) and m.final:
-            final = m
-        elif isinstance(m, M.Group):
-            groups.append(m)
-    receiver.close()
+    groups, final = drain(receiver)
     assert final is not None, "no final status within 30 s"
     assert [g.group_id for g in groups] == ["s0-r0-g0", "s0-r2-g0"]
     assert final.stats["dropped_zero_signal"] == 7
@@ -213,15 +210,7 @@ def test_deferred_prompts_are_not_generated_again_at_once_and_the_books_balance(
     prompts.stream = PromptStream(prompts.mine, seed=s.cfg.seed, deferrals=prompts.deferrals)
     e = [[prompts.mine[i].question for i in prompts.stream._permutation(k)] for k in range(3)]
     result = run_against(s, no_update_learner(s))
-    groups, final = [], None
-    deadline = time.monotonic() + 30
-    while final is None and time.monotonic() < deadline:
-        m = receiver.receive(timeout_s=0.5)
-        if isinstance(m, M.SamplerStatus) and m.final:
-            final = m
-        elif isinstance(m, M.Group):
-            groups.append(m)
-    receiver.close()
+    groups, final = drain(receiver)
     assert final is not None and result["groups_sent"] == final.groups_sent == 6
     asked = [next(q for q in e[0] if q in g.prefix) for g in groups]
     assert asked == [*e[0], e[0][0], *e[2][:2]] and final.stats["prompts_deferred"] == 2
