@@ -135,6 +135,8 @@ def _gsm8k_form(text: str) -> bool:
     """Whether the text ends with a '#### <number>' line (units after the number allowed)."""
     body = text.rstrip()
     return _GSM8K_FORM.search(body, body.rfind("\n") + 1) is not None
+
+
 _THINK_FORM = re.compile(r"\A\s*<think>(?:(?!<think>|</think>).)+</think>\s*\S.*\Z", re.DOTALL)
 _THINK_AGAIN = re.compile(r"</?think>")
 
