@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 import logging
 
-__all__ = ["FAIL_SHARE", "FAIL_WINDOW", "RewardFaults", "kind_of"]
+__all__ = ["FAIL_SHARE", "FAIL_WINDOW", "RewardFaults", "kind_of", "reported_failures"]
 
 log = logging.getLogger(__name__)
 
@@ -81,3 +81,14 @@ class RewardFaults:
     def summary(self) -> str:
         """'correctness OverflowError 3, flaky ValueError 12' (empty without failures)."""
         return ", ".join(f"{r} {k} {n}" for (r, k), n in sorted(self.counts.items()))
+
+
+def reported_failures(reports: list[dict]) -> dict[str, int]:
+    """Several samplers' statuses' failures (RewardFaults.stats), summed by '<reward>/<exception type>'."""
+    out: dict[str, int] = {}
+    for stats in reports:
+        for key, n in stats.items():
+            if key.startswith("reward_failures/"):
+                name = key.split("/", 1)[1]
+                out[name] = out.get(name, 0) + int(n)
+    return dict(sorted(out.items()))

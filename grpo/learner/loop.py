@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from grpo.config import LearnerConfig
+from grpo.data.faults import reported_failures
 from grpo.learner.accounting import balance
 from grpo.learner.batch import Batch, broadcast_batch, build_batch
 from grpo.learner.setup import build
@@ -34,18 +35,6 @@ from grpo.stats import ZERO_SIGNAL_ALARM_GROUPS, bf16_peak_share, bf16_peak_tflo
 from grpo.sync.staleness import staleness_advice
 
 log = logging.getLogger(__name__)
-
-
-def reward_failures(reports: list[dict]) -> dict[str, int]:
-    """The samplers' reward failures, summed, by '<reward>/<exception type>' (their statuses'
-    reward_failures/<reward>/<type>: grpo.data.faults)."""
-    out: dict[str, int] = {}
-    for stats in reports:
-        for key, n in stats.items():
-            if key.startswith("reward_failures/"):
-                name = key.split("/", 1)[1]
-                out[name] = out.get(name, 0) + int(n)
-    return dict(sorted(out.items()))
 
 
 class Learner:
@@ -232,7 +221,7 @@ class Learner:
         # every rank's tokens over the step's training time on all of them, against their bf16 peak
         rec["bf16_peak_share"] = bf16_peak_share(self._params, stats["model_tokens"], rec["train_s"], p.world,
                                                  self._peak)
-        if failures := reward_failures([e.status.stats for e in p.books.latest().values() if e.status is not None]):
+        if failures := reported_failures([e.status.stats for e in p.books.latest().values() if e.status is not None]):
             rec["reward_failures"] = failures   # so far, by '<reward>/<exception type>'
         if p.curriculum is not None:
             rec.update({f"curriculum/{t}": lv for t, lv in p.curriculum.levels.items()})
@@ -301,7 +290,7 @@ class Learner:
         latest = p.books.latest()
         missing = sorted(i for i, e in latest.items() if not e.final)
         dropped_total = sum(acc["dropped"].values())
-        failures = reward_failures([e.status.stats for e in latest.values() if e.status is not None])
+        failures = reported_failures([e.status.stats for e in latest.values() if e.status is not None])
         summary = {"steps": self.version, "optimizer_updates": p.engine.updates, "elapsed_s": elapsed,
                    "groups": acc, "balance": books_say, "ages": dict(sorted(p.intake.ages.items())),
                    "staleness_note": staleness_advice(p.intake.ages, self.cfg.max_staleness),

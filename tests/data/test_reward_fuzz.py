@@ -15,7 +15,7 @@ from freshenv import child_env
 from reward_fuzz import REAL, corpus
 
 import grpo.data.rewards as R
-from grpo.data.faults import FAIL_WINDOW, RewardFaults
+from grpo.data.faults import FAIL_WINDOW, RewardFaults, reported_failures
 from grpo.data.formats import Problem
 from grpo.data.gsm8k import gsm8k_correct
 
@@ -201,6 +201,9 @@ def test_the_books_of_failures_name_at_most_sixteen_kinds_in_a_status():
     assert "reward_failures/r/E16" not in stats and stats["reward_failures/other/other"] == 17 + 18 + 19 + 20
     faults.record("r", [errors[0]] * 5, ["t"] * 5)
     assert faults.stats()["reward_failures/r/E00"] == 6.0
+    # the learner's sum over samplers: by '<reward>/<type>', the totals left out
+    assert reported_failures([faults.stats(), {"reward_failures": 3.0, "reward_failures/q/KeyError": 3.0, "rounds": 2.0}]) \
+        == {"other/other": 74, "q/KeyError": 3, **{f"r/E{i:02d}": i + 1 + 5 * (i == 0) for i in range(16)}}
 
 
 def test_every_evaluation_path_scores_the_corpus():
