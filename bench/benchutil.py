@@ -15,8 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python bench/X.py` from anywhere: import grpo from the repo
     sys.path.insert(0, str(ROOT))
 
-# Dense bf16 tensor-core peak of one H100 SXM / H200 (same chip), without sparsity.
-PEAK_BF16_FLOPS = 989e12
+from grpo.stats import bf16_peak_tflops  # noqa: E402  (the repo root is on sys.path by now)
+
+# Dense bf16 tensor-core peak of one H100 SXM / H200 (same chip), without sparsity: the learner's table.
+PEAK_BF16_FLOPS = bf16_peak_tflops("NVIDIA H200") * 1e12
 
 
 def read_run_file(run: Path, name: str) -> str:

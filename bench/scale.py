@@ -39,8 +39,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import PEAK_BF16_FLOPS, ROOT, commit, versions  # noqa: E402  (also puts the repo root on sys.path)
+
 from grpo.config import ALLOC_ENV, ALLOC_ENVS, allocator_conf  # noqa: E402  (light: no torch)
 from grpo.launch.memory import RESERVE  # noqa: E402
+from grpo.stats import bf16_peak_share  # noqa: E402
 
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 # size -> (--model, extra flags): 7B's full state (16 bytes a parameter) cannot share one GPU
@@ -133,7 +135,8 @@ def bound_by(train_s: float, data_wait_s: float, publish_s: float = 0.0) -> str:
 
 
 def mfu(params: int, tokens_per_s: float, lora: bool) -> float:
-    return (4 if lora else 6) * params * tokens_per_s / PEAK_BF16_FLOPS
+    """The learner's share of one GPU's bf16 peak at `tokens_per_s` (grpo.stats.bf16_peak_share)."""
+    return bf16_peak_share(params, tokens_per_s, 1.0, 1, PEAK_BF16_FLOPS / 1e12, lora)
 
 
 def summarise(run_dir: Path, params: int, lora: bool) -> dict:

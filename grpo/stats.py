@@ -96,8 +96,8 @@ def group_stats(groups: list, version: int) -> dict:
 
 # Dense bf16 matrix peaks by the vendors' datasheets, TFLOP/s (no sparsity), matched against
 # torch.cuda.get_device_name in order; measured rates run below them (an 8192^3 bf16 product on an
-# H200 of this project's machines: about 790, docs/benchmarks.md).
-BF16_PEAK_TFLOPS = (("H200", 989.4), ("H100 PCIe", 756.0), ("H100", 989.4), ("GH200", 989.4), ("B200", 2250.0),
+# H200 of this project's machines: about 790, docs/benchmarks.md). bench/ reads these too.
+BF16_PEAK_TFLOPS = (("H200", 989.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("B200", 2250.0),
                     ("A100", 312.0), ("A10G", 70.0), ("L40S", 362.1), ("L4", 121.0), ("A6000", 154.8),
                     ("RTX 4090", 165.2), ("RTX 3090", 71.0))
 
@@ -110,11 +110,13 @@ def bf16_peak_tflops(device_name: str) -> float | None:
     return None
 
 
-def bf16_peak_share(params: int, tokens: float, seconds: float, gpus: int, peak_tflops: float | None) -> float | None:
+def bf16_peak_share(params: int, tokens: float, seconds: float, gpus: int, peak_tflops: float | None,
+                    lora: bool = False) -> float | None:
     """A training step's model FLOPs over what `gpus` GPUs at their bf16 peak do in `seconds`: the
     usual 6 x parameters x tokens (forward 2, backward 4; attention's own FLOPs left out, as in
-    most model-FLOPs utilisations). None without a peak or a time. 0.5B parameters, 40,000 tokens
-    in 2 s on one H200: 6 x 0.5e9 x 4e4 / (2 x 989.4e12) = 6.1%."""
+    most model-FLOPs utilisations), 4 x with LoRA (frozen weights get no gradient). None without a
+    peak or a time. 0.5B parameters, 40,000 tokens in 2 s on one H200: 6 x 0.5e9 x 4e4 / (2 x 989e12)
+    = 6.1%."""
     if not peak_tflops or seconds <= 0 or gpus < 1:
         return None
-    return 6.0 * params * tokens / (seconds * gpus * peak_tflops * 1e12)
+    return (4.0 if lora else 6.0) * params * tokens / (seconds * gpus * peak_tflops * 1e12)

@@ -81,12 +81,14 @@ def test_the_learner_names_a_spinning_run_about_once_a_window():
 
 
 def test_bf16_peak_share_by_hand():
-    """6 x params x tokens over seconds x GPUs x peak: 0.5e9 parameters, 40,000 tokens in 2 s on one
-    H200 (989.4 TFLOP/s) is 1.2e17 / 1.9788e15; on two GPUs half that; nothing without a peak or a time."""
-    assert bf16_peak_tflops("NVIDIA H200") == 989.4 and bf16_peak_tflops("NVIDIA H100 80GB HBM3") == 989.4
+    """6 x params x tokens over seconds x GPUs x peak (4 x with LoRA): 0.5e9 parameters, 40,000 tokens
+    in 2 s on one H200 (989 TFLOP/s) is 1.2e17 / 1.978e15; on two GPUs half that; nothing without a
+    peak or a time."""
+    assert bf16_peak_tflops("NVIDIA H200") == 989.0 and bf16_peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
     assert bf16_peak_tflops("NVIDIA H100 PCIe") == 756.0 and bf16_peak_tflops("NVIDIA L4") == 121.0
     assert bf16_peak_tflops("NVIDIA L40S") == 362.1 and bf16_peak_tflops("cpu") is None
-    share = bf16_peak_share(500_000_000, 40_000, 2.0, 1, 989.4)
-    assert share == pytest.approx(6 * 0.5e9 * 4e4 / (2 * 989.4e12)) and round(share, 4) == 0.0606
-    assert bf16_peak_share(500_000_000, 40_000, 2.0, 2, 989.4) == pytest.approx(share / 2)
-    assert bf16_peak_share(1, 1, 2.0, 1, None) is None and bf16_peak_share(1, 1, 0.0, 1, 989.4) is None
+    share = bf16_peak_share(500_000_000, 40_000, 2.0, 1, 989.0)
+    assert share == pytest.approx(6 * 0.5e9 * 4e4 / (2 * 989e12)) and round(share, 4) == 0.0607
+    assert bf16_peak_share(500_000_000, 40_000, 2.0, 2, 989.0) == pytest.approx(share / 2)
+    assert bf16_peak_share(500_000_000, 40_000, 2.0, 1, 989.0, lora=True) == pytest.approx(share * 4 / 6)
+    assert bf16_peak_share(1, 1, 2.0, 1, None) is None and bf16_peak_share(1, 1, 0.0, 1, 989.0) is None

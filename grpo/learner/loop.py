@@ -220,7 +220,7 @@ class Learner:
                "time_s": now - t_start, **group_stats(groups, self.version)}
         # every rank's tokens over the step's training time on all of them, against their bf16 peak
         rec["bf16_peak_share"] = bf16_peak_share(self._params, stats["model_tokens"], rec["train_s"], p.world,
-                                                 self._peak)
+                                                 self._peak, lora=bool(self.cfg.lora_r))
         if failures := reported_failures([e.status.stats for e in p.books.latest().values() if e.status is not None]):
             rec["reward_failures"] = failures   # so far, by '<reward>/<exception type>'
         if p.curriculum is not None:
