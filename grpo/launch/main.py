@@ -181,10 +181,10 @@ def staleness_left_default(learner_flags: list[str]) -> bool:
 
 def in_flight_rows(sampler_flags: list[str], learner_flags: list[str], samplers: int, on_gpus: bool) -> int:
     """The rows in flight that suit these samplers, 0 for rounds. Rows need the samplers on GPUs
-    (on_gpus), decoding with the engine and swapping weights in place (every method but shared: grpo.weights.methods.own_weights),
-    with no --in-flight-rows of the user's; a sampler beside learner ranks on one GPU too, for then it
-    decodes while they train instead of taking turns with them (one H200, 0.5B: 0.39 steps/s against
-    0.23 in rounds, docs/benchmarks.md). Then AUTO_IN_FLIGHT_ROWS where the staleness bound keeps
+    (on_gpus), decoding with the engine and swapping weights in place (every method but shared:
+    grpo.weights.methods.own_weights), with no --in-flight-rows of the user's; a sampler beside
+    learner ranks on one GPU too, for then it decodes while they train instead of taking turns with
+    them (docs/benchmarks.md, "One shared GPU"). Then AUTO_IN_FLIGHT_ROWS where the staleness bound keeps
     them all decoding, as given or as fill_in_flight_rows may raise a default one (up to
     AUTO_STALENESS_MAX); with a default bound where it cannot (more samplers share a step's groups,
     or steps are small), the rows AUTO_STALENESS_MAX - IN_FLIGHT_SPAN keeps decoding, whole groups,

@@ -320,15 +320,15 @@ class RolloutWorkflow:
                 window.add(problems[gi].columns.get("rg_task", ""),
                            sum(sc.info.get("correct", 0.0) for sc in scores[j * G:(j + 1) * G]), G)
             self.stats.update(window.stats())
+        signal = [has_signal([sc.reward for sc in scores[j * G:(j + 1) * G]]) for j in range(len(gis))]
         if (deferrals := self.prompts.deferrals) is not None:   # every group, filtered or not
-            for j, gi in enumerate(gis):
-                deferrals.mark(problems[gi], has_signal([sc.reward for sc in scores[j * G:(j + 1) * G]]))
+            for gi, sig in zip(gis, signal):
+                deferrals.mark(problems[gi], sig)
             self.stats["prompts_deferred"] = float(deferrals.deferred)
         # Scored before the log-prob passes, so that with --filter-zero-signal a group whose
         # rewards are all equal (zero advantage: the learner would drop it) costs no passes and
         # is not sent; it still counts as offered, and the learner's books see it as dropped.
-        keep = [j for j in range(len(gis))
-                if not cfg.filter_zero_signal or has_signal([sc.reward for sc in scores[j * G:(j + 1) * G]])]
+        keep = [j for j in range(len(gis)) if not cfg.filter_zero_signal or signal[j]]
         rows_kept = [k for j in keep for k in range(j * G, (j + 1) * G)]
         t2 = time.perf_counter()
         kept_whole = [whole[k] for k in rows_kept]
