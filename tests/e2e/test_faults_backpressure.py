@@ -55,7 +55,9 @@ def test_absent_then_slow_learner_bounded_queues_and_books(tmp_path):
 
         stand_in.done.set()   # the sync port is the learner's from now on
         stand_in.join(timeout=10)
-        c.learner("--max-steps", "3", "--train-batch-size", "4", "--buffer-size", "2",
+        # --max-staleness 8: the budget in the learner's answers (from its first one on) lets the samplers
+        # keep generating while it trains its 3 steps, so groups are still arriving, and queue, at its end
+        c.learner("--max-steps", "3", "--train-batch-size", "4", "--buffer-size", "2", "--max-staleness", "8",
                   "--heartbeat-timeout-s", "60", "--shutdown-timeout-s", "60")
         assert c.procs["learner"].wait(timeout=400) == 0, c.logs()
         for n in samplers:
