@@ -57,8 +57,8 @@ STANDARD_ROWS = (
     "0.5b:seed:ours:42", "0.5b:seed:trl:42",
     "1.5b:seed:ours:42", "1.5b:seed:trl:42",
     "0.5b:chosen:ours:42", "1.5b:chosen:ours:42",
-    "0.5b:1gpu:ours:42", "0.5b:1gpu:trl:42",
-    "1.5b:1gpu:ours:42", "1.5b:1gpu:trl:42",
+    "0.5b:1gpu-chosen:ours:42", "0.5b:1gpu:trl-vllm:42",
+    "1.5b:1gpu-chosen:ours:42", "1.5b:1gpu:trl-vllm:42",
 )
 HOST_GPUS = 4   # GPUs of the host that bench/benchmark.sh fills with one-GPU rows side by side
 
@@ -79,7 +79,10 @@ LAYOUTS = {"1gpu": {"gpus": 1, "ours": ["--sampling-gpu", "0", "--training-gpus"
            # a host of two GPUs: one sampler, one learner rank; TRL: DDP over the two
            "2gpu": {"gpus": 2, "ours": ["--sampling-gpu", "0", "--training-gpus", "1"]},
            # the split run_distributed.py --gpus chooses (its layout line says which); TRL: DDP over the four
-           "chosen": {"gpus": 4, "ours": ["--gpus", "0,1,2,3"]}}
+           "chosen": {"gpus": 4, "ours": ["--gpus", "0,1,2,3"]},
+           # one GPU as run_distributed.py --gpus 0 uses it (sampler and learner share it, rows in
+           # flight); TRL: one process, as in 1gpu
+           "1gpu-chosen": {"gpus": 1, "ours": ["--gpus", "0"]}}
 TRAINERS = ("ours", "trl", "trl-vllm")   # trl-vllm: TRL generating with vLLM (colocate)
 SHORT = {"0.5b": "qwen2.5-coder-0.5b", "1.5b": "qwen2.5-coder-1.5b"}
 SAVE_SCHEDULE = "30x4,60"     # 30, 60, 90, 120 s, then every 60 s
@@ -107,8 +110,8 @@ def recipe_groups(specs) -> list[str]:
     '0.5b:1gpu:ours:42+0.5b:1gpu:trl:42']"""
     groups: list[list[str]] = []
     for spec in specs:
-        one = parse_row(spec)["layout"] == "1gpu"
-        if one and groups and parse_row(groups[-1][0])["layout"] == "1gpu" and len(groups[-1]) < HOST_GPUS:
+        one = LAYOUTS[parse_row(spec)["layout"]]["gpus"] == 1
+        if one and groups and LAYOUTS[parse_row(groups[-1][0])["layout"]]["gpus"] == 1 and len(groups[-1]) < HOST_GPUS:
             groups[-1].append(spec)
         else:
             groups.append([spec])
@@ -175,6 +178,18 @@ def ours_rates(metrics: list[dict], summary: dict, gpus: int) -> dict:
             "gen_tokens_per_s_per_gpu": round(tokens / elapsed / gpus, 1) if elapsed else None}
 
 
+def both_busy_medians(steps: list[dict]) -> dict[str, float]:
+    """Each sampler's median share of a step in which it and the learner were both busy (the step
+    records' both_busy_share, a lower bound; the first step left out); {} for runs made before the
+    record had it."""
+    per: dict[str, list[float]] = {}
+    for s in steps[1:] or steps:
+        for sid, v in (s.get("both_busy_share") or {}).items():
+            if v is not None:
+                per.setdefault(sid, []).append(v)
+    return {sid: round(statistics.median(v), 3) for sid, v in sorted(per.items())}
+
+
 DECODE_LINE = re.compile(r"completions, (\d+) tokens in ([\d.]+) s")   # a sampler log's round/chunk line
 
 
@@ -210,6 +225,7 @@ def run_figures(run: Path) -> dict:
             "steps_per_s": round(len(steps) / last["time_s"], 4),
             "median_step_s": rates["median_step_s"], "learner_busy_share": rates["learner_busy_share"],
             "sampler_busy_share": last.get("sampler_busy_share"), "groups": g,
+            **({"both_busy_share_median": both} if (both := both_busy_medians(steps)) else {}),
             "stale_of_sent": round(stale / sent, 4) if sent else None,
             "stale_of_judged": round(stale / judged, 4) if judged else None,
             "zero_signal_of_sent": round(drop.get("sampler_zero_signal", 0) / sent, 4) if sent else None,
@@ -699,7 +715,8 @@ def plot(rows: list[dict], path: Path, device: str, model: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.0))
-    colours = {("ours", "seed"): "tab:blue", ("ours", "1gpu"): "tab:cyan", ("ours", "chosen"): "tab:green",
+    colours = {("ours", "seed"): "tab:blue", ("ours", "1gpu"): "tab:cyan", ("ours", "1gpu-chosen"): "tab:cyan",
+               ("ours", "chosen"): "tab:green",
                ("trl", "seed"): "tab:orange", ("trl", "chosen"): "tab:orange",
                ("trl", "1gpu"): "tab:red", ("ours", "2gpu"): "tab:purple", ("trl", "2gpu"): "tab:brown",
                ("trl-vllm", "1gpu"): "tab:olive", ("trl-vllm", "2gpu"): "tab:olive", ("trl-vllm", "seed"): "tab:olive"}
@@ -708,7 +725,8 @@ def plot(rows: list[dict], path: Path, device: str, model: str) -> None:
         who = {"ours": "ours", "trl": "TRL GRPOTrainer"}.get(r["trainer"], "TRL GRPOTrainer + vLLM colocate")
         how = ("DDP" if r["gpus"] > 1 else "one process") if r["trainer"] != "ours" else \
             {"seed": "1 sampler + 3 learner ranks", "chosen": "--gpus' split",
-             "2gpu": "1 sampler + 1 learner rank"}.get(r["layout"], "shared")
+             "2gpu": "1 sampler + 1 learner rank", "1gpu-chosen": "--gpus 0: shared, rows in flight"}.get(
+                r["layout"], "shared")
         label = f"{who}, {r['gpus']} GPU{'s' if r['gpus'] > 1 else ''} ({how}), seed {r['seed']}"
         ax.plot(xs, ys, marker="o", ms=3, color=colours.get((r["trainer"], r["layout"])), label=label)
     if rows:

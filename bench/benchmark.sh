@@ -31,7 +31,7 @@ for group in $ROWS; do
             --git-commit "$COMMIT" --first-gpu $first ${OURS_FLAGS:+--ours-flags "$OURS_FLAGS"} \
             ${SAVE_SCHEDULE:+--save-schedule "$SAVE_SCHEDULE"} ${LABEL:+--label "$LABEL"} \
             > $WORK.$first.log 2>&1 || echo "benchmark.sh: row $row failed" &
-        case $row in *:1gpu:*) first=$((first + 1));; *:2gpu:*) first=$((first + 2));; *) first=$((first + 4));; esac
+        case $row in *:1gpu:*|*:1gpu-chosen:*) first=$((first + 1));; *:2gpu:*) first=$((first + 2));; *) first=$((first + 4));; esac
         sleep 2   # one conversion lock at a time, and launch times apart
     done
     wait

@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import ROOT, write_result  # noqa: E402  (also puts the repo root on sys.path)
+from benchmark import both_busy_medians  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -42,6 +43,7 @@ def summarise(run: Path) -> dict:
             "learner_busy_share_median": round(statistics.median(r["learner_busy_share"] for r in later), 3),
             "bf16_peak_share_median": (round(statistics.median(r["bf16_peak_share"] for r in later), 4)
                                        if later[0].get("bf16_peak_share") is not None else None),
+            **({"both_busy_share_median": both} if (both := both_busy_medians(steps)) else {}),
             "groups": summary["groups"], "balance": summary["balance"]["text"], "ages": summary["ages"],
             "evaluations": [{k: e[k] for k in ("version", "by", "accuracy", "correct", "n")} for e in evals]}
 

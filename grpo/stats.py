@@ -120,3 +120,29 @@ def bf16_peak_share(params: int, tokens: float, seconds: float, gpus: int, peak_
     if not peak_tflops or seconds <= 0 or gpus < 1:
         return None
     return (4.0 if lora else 6.0) * params * tokens / (seconds * gpus * peak_tflops * 1e12)
+
+
+def both_busy_share(step_s: float, learner_s: float, sampler_share: float) -> float:
+    """The least share of a step in which the learner trained and a sampler was busy at once: the
+    two busy times overlap by at least what their sum exceeds the step (inclusion-exclusion), and by
+    at most the shorter. learner_s: the step's training seconds; sampler_share: the sampler's busy
+    share over about the same span (grpo.stats.busy_rate). A 4 s step with 2 s of training and a
+    sampler busy 75% of the time: (2 + 3 - 4) / 4 = 0.25 at least."""
+    if step_s <= 0:
+        return 0.0
+    learner = min(max(learner_s, 0.0), step_s)
+    sampler = min(max(sampler_share, 0.0), 1.0) * step_s
+    return max(0.0, learner + sampler - step_s) / step_s
+
+
+def busy_rate(before: tuple[float, float] | None, now: tuple[float, float], last: float | None) -> float | None:
+    """A sampler's busy share between two of its statuses, each (its clock s, its busy s so far):
+    the busy seconds it added over the seconds its clock moved. `last` (the previous rate) when no
+    newer status came (statuses come every --heartbeat-interval-s, steps may be shorter); None
+    before a second status. (10, 4) then (14, 7): 3 / 4 = 0.75."""
+    if before is None:
+        return last
+    dt = now[0] - before[0]
+    if dt <= 0:
+        return last
+    return min(1.0, max(0.0, (now[1] - before[1]) / dt))

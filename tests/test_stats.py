@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from builders import make_completion, make_group
 
-from grpo.stats import batch_crc32, bf16_peak_share, bf16_peak_tflops, group_stats, reward_parts, staleness
+from grpo.stats import (batch_crc32, bf16_peak_share, bf16_peak_tflops, both_busy_share, busy_rate, group_stats,
+                        reward_parts, staleness)
 
 
 def _c(ids, logps, finished, info):
@@ -92,3 +93,20 @@ def test_bf16_peak_share_by_hand():
     assert bf16_peak_share(500_000_000, 40_000, 2.0, 2, 989.0) == pytest.approx(share / 2)
     assert bf16_peak_share(500_000_000, 40_000, 2.0, 1, 989.0, lora=True) == pytest.approx(share * 4 / 6)
     assert bf16_peak_share(1, 1, 2.0, 1, None) is None and bf16_peak_share(1, 1, 0.0, 1, 989.0) is None
+
+
+def test_both_busy_share_by_hand():
+    # a 4 s step: 2 s training, the sampler busy 75% (3 s): they overlap at least 2 + 3 - 4 = 1 s
+    assert both_busy_share(4.0, 2.0, 0.75) == pytest.approx(0.25)
+    # turns taken exactly: 2 s training and 2 s of the sampler fit side by side, no overlap forced
+    assert both_busy_share(4.0, 2.0, 0.5) == 0.0
+    # both busy the whole step; figures past the step are clipped to it, a zero step is no step
+    assert both_busy_share(4.0, 4.0, 1.0) == 1.0 and both_busy_share(4.0, 9.0, 3.0) == 1.0
+    assert both_busy_share(0.0, 1.0, 1.0) == 0.0
+
+
+def test_busy_rate_between_two_statuses_by_hand():
+    assert busy_rate(None, (10.0, 4.0), None) is None                # one status: no rate yet
+    assert busy_rate((10.0, 4.0), (14.0, 7.0), None) == 0.75         # 3 busy seconds of 4
+    assert busy_rate((14.0, 7.0), (14.0, 7.0), 0.75) == 0.75         # no newer status: the last rate
+    assert busy_rate((14.0, 7.0), (16.0, 12.0), 0.75) == 1.0         # a lump of busy seconds: at most 1

@@ -31,7 +31,8 @@ from grpo.obs.gpu import format_gpu
 from grpo.obs.progress import Progress
 from grpo.obs.rundir import provenance
 from grpo.obs.stages import first_step_s, history as stage_history, mark as mark_stage
-from grpo.stats import ZERO_SIGNAL_ALARM_GROUPS, bf16_peak_share, bf16_peak_tflops, group_stats, zero_signal_alarm
+from grpo.stats import (ZERO_SIGNAL_ALARM_GROUPS, bf16_peak_share, bf16_peak_tflops, both_busy_share, busy_rate,
+                        group_stats, zero_signal_alarm)
 from grpo.sync.staleness import staleness_advice
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class Learner:
         self.rank = self.parts.rank
         self.version = self.version_at_start = self.parts.version   # policy version = optimizer steps taken
         self._zero_signal_mark = (0, 0)   # the books' (sent, zero-signal) when the alarm last looked
+        # per sampler: its status's (clock_s, busy s) at the last step's record, and its busy rate then
+        self._busy_seen: dict[str, tuple[tuple[float, float], float | None]] = {}
         # what a step's share of the GPUs' bf16 peak is computed from (grpo.stats.bf16_peak_share)
         self._params = sum(q.numel() for q in self.parts.engine.module.parameters())
         self._peak = (bf16_peak_tflops(torch.cuda.get_device_name(self.parts.device))
@@ -179,6 +182,23 @@ class Learner:
             out[str(sid)] = round(min(1.0, busy / elapsed), 3) if elapsed > 0 else 0.0
         return out
 
+    def _both_busy(self, step_s: float, train_s: float) -> dict[str, float | None]:
+        """Per sampler, the least share of this step in which it and the learner were both busy
+        (grpo.stats.both_busy_share), its busy rate taken between the statuses seen at the last step
+        and at this one (None until it has sent two). On one shared GPU this is the overlap that
+        rows in flight buy: both processes had work queued on the device at once."""
+        out = {}
+        for sid, e in self.parts.books.latest().items():
+            stats = e.status.stats if e.status is not None else {}
+            if "clock_s" not in stats:
+                continue
+            now = (float(stats["clock_s"]), sum(float(stats.get(k, 0.0)) for k in ("gen_s", "logprob_s", "reward_s")))
+            before, last = self._busy_seen.get(str(sid), (None, None))
+            rate = busy_rate(before, now, last)
+            self._busy_seen[str(sid)] = (now, rate)
+            out[str(sid)] = None if rate is None else round(both_busy_share(step_s, train_s, rate), 3)
+        return out
+
     def _time_up(self, t_start: float) -> bool:
         """--max-time-s reached? Rank 0's clock decides for all, so every rank leaves the loop together."""
         p = self.parts
@@ -212,6 +232,7 @@ class Learner:
                # (generation, log-prob passes, scoring), from its latest status
                "learner_busy_share": (t_train - t_data) / (now - t0) if now > t0 else 0.0,
                "sampler_busy_share": self._sampler_busy(now - t_start),
+               "both_busy_share": self._both_busy(now - t0, t_train - t_data),
                "sync_publish_s": stall, "samples_per_s": trained_samples / (now - t_start),
                "groups": p.intake.accounting(), "sampler_versions": dict(p.publisher.sampler_versions),
                "eval": self._latest_eval(), "sync_method": p.publisher.method,

@@ -143,6 +143,7 @@ class Sampler:
         self.name = f"sampler{cfg.sampler_id}"
         self._sent_one = False       # 'first_group' marked
         self._last_wait_note = 0.0   # when _wait_for_room last said so
+        self._t_started = time.perf_counter()   # the clock of its statuses (clock_s)
         log.info("sampler %d/%d on %s: %d prompts in its shard, model %s, G=%d, %s prompts per round, "
                  "%s generation%s, old log-probs from %s", cfg.sampler_id, cfg.num_samplers, self.device,
                  len(prompts.mine), path, cfg.num_generations,
@@ -176,7 +177,10 @@ class Sampler:
     def _status(self, final: bool) -> M.SamplerStatus:
         return M.SamplerStatus(sampler_id=self.cfg.sampler_id, policy_version=self.version,
                                groups_sent=self.groups_sent, final=final,
-                               stats={k: float(v) for k, v in list(self.stats.items())},
+                               # clock_s: this sampler's own seconds, so the learner can turn its busy
+                               # seconds into a rate between two statuses (grpo.stats.busy_rate)
+                               stats={**{k: float(v) for k, v in list(self.stats.items())},
+                                      "clock_s": time.perf_counter() - self._t_started},
                                incarnation=self.incarnation)
 
     def _send(self, groups: list[M.Group]) -> None:

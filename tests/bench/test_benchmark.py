@@ -23,14 +23,17 @@ fm = load_bench("fetch_models")
 def test_the_standard_rows_and_how_the_recipe_groups_them():
     assert len(rw.STANDARD_ROWS) == len(set(rw.STANDARD_ROWS)) == 10
     assert {(r["model"], r["layout"], r["trainer"]) for r in map(rw.parse_row, rw.STANDARD_ROWS)} == {
-        (m, lay, t) for m in ("0.5b", "1.5b") for lay in ("seed", "1gpu") for t in ("ours", "trl")} | {
-        ("0.5b", "chosen", "ours"), ("1.5b", "chosen", "ours")}   # --gpus' split; TRL's is its seed row
+        (m, "seed", t) for m in ("0.5b", "1.5b") for t in ("ours", "trl")} | {
+        ("0.5b", "chosen", "ours"), ("1.5b", "chosen", "ours")} | {   # --gpus' split; TRL's is its seed row
+        # one GPU: ours as --gpus 0 runs it, against the peer users pick there, TRL generating with vLLM
+        (m, lay, t) for m in ("0.5b", "1.5b") for lay, t in (("1gpu-chosen", "ours"), ("1gpu", "trl-vllm"))}
     # a four-GPU row alone; one-GPU rows in a row side by side, four to a host, the order kept
     rows = ["0.5b:1gpu:ours:1", "0.5b:1gpu:trl:1", "1.5b:seed:ours:1", "a:1gpu:ours:1", "a:1gpu:ours:2",
             "a:1gpu:ours:3", "a:1gpu:ours:4", "a:1gpu:ours:5"]
     assert rw.recipe_groups(rows) == ["0.5b:1gpu:ours:1+0.5b:1gpu:trl:1", "1.5b:seed:ours:1",
                                       "a:1gpu:ours:1+a:1gpu:ours:2+a:1gpu:ours:3+a:1gpu:ours:4", "a:1gpu:ours:5"]
     assert rw.recipe_groups(rw.STANDARD_ROWS)[-1].count("+") == 3   # the four one-GPU rows fill one host
+    assert rw.recipe_groups(["a:1gpu-chosen:ours:1", "a:1gpu:trl-vllm:1"]) == ["a:1gpu-chosen:ours:1+a:1gpu:trl-vllm:1"]
 
 
 def test_row_specs():

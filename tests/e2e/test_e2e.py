@@ -68,6 +68,9 @@ def test_run_distributed_cpu_two_ranks_two_samplers(tmp_path):
     assert all(x["sequences"] == 8 for x in steps)          # both ranks' shards add up to the batch
     assert all(len(x["rank_tokens_per_s"]) == 2 and min(x["rank_tokens_per_s"]) > 0 for x in steps)
     assert all(0.0 <= x["pad_frac"] < 1.0 for x in steps)   # both ranks' padded slots, gathered
+    # each sampler's overlap with the learner's training, once it has sent two statuses: a share
+    assert all(set(x["both_busy_share"]) <= {"0", "1"} and all(v is None or 0.0 <= v <= 1.0
+                                                              for v in x["both_busy_share"].values()) for x in steps)
     # ZeRO-2 keeps a full copy of the (updated) weights on every rank: both fingerprints agree
     assert len(summary["rank_weight_checksums"]) == 2 and summary["ranks_identical"], summary
     acc = summary["groups"]
