@@ -1,0 +1,21 @@
+"""bench/step_profile.py's reading of a trace, by hand."""
+from benchload import load_bench
+
+sp = load_bench("step_profile")
+
+
+def test_a_trace_is_summarised_by_hand():
+    # one thread: a step (0-10 ms) holding a matmul (1-3 ms) and, after it, a loose op (12-13 ms);
+    # two kernels of 1.5 and 0.5 ms: the device busy 2 ms of the 13 ms span
+    ev = [{"ph": "X", "cat": "cpu_op", "name": "step", "ts": 0, "dur": 10_000, "tid": 1},
+          {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1_000, "dur": 2_000, "tid": 1},
+          {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "ts": 12_000, "dur": 1_000, "tid": 1},
+          {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 1_500, "dur": 1_500, "tid": 7},
+          {"ph": "X", "cat": "kernel", "name": "copy", "ts": 12_100, "dur": 500, "tid": 7},
+          {"ph": "i", "cat": "cpu_op", "name": "instant", "ts": 50, "tid": 1}]   # not a span: left out
+    got = sp.summarise_trace({"traceEvents": ev})
+    assert (got["span_ms"], got["kernels"], got["kernel_ms"], got["kernel_share_of_span"]) == (13.0, 2, 2.0, 0.154)
+    assert got["top_kernels"] == [{"name": "gemm", "ms": 1.5, "calls": 1}, {"name": "copy", "ms": 0.5, "calls": 1}]
+    # top level only: the matmul inside the step is not counted again
+    assert got["main_thread_top"] == [{"name": "step", "ms": 10.0, "calls": 1},
+                                      {"name": "aten::copy_", "ms": 1.0, "calls": 1}]
