@@ -727,7 +727,8 @@ def plot(rows: list[dict], path: Path, device: str, model: str) -> None:
             {"seed": "1 sampler + 3 learner ranks", "chosen": "--gpus' split",
              "2gpu": "1 sampler + 1 learner rank", "1gpu-chosen": "--gpus 0: shared, rows in flight"}.get(
                 r["layout"], "shared")
-        label = f"{who}, {r['gpus']} GPU{'s' if r['gpus'] > 1 else ''} ({how}), seed {r['seed']}"
+        label = f"{who}, {r['gpus']} GPU{'s' if r['gpus'] > 1 else ''} ({how}), seed {r['seed']}" + \
+            (f", {r['label']}" if r.get("label") else "")
         ax.plot(xs, ys, marker="o", ms=3, color=colours.get((r["trainer"], r["layout"])), label=label)
     if rows:
         base = rows[0]["baseline_accuracy"]

@@ -22,6 +22,17 @@ tar -C . --exclude=./.whl --exclude=./.chunk --exclude=./.data --exclude=./.git 
 cd $CODE && { set +u; . bench/device_setup.sh; set -u; }
 ROWS=${ROWS:-$(python3 bench/benchmark.py rows)}
 export GRPO_GIT_COMMIT=$COMMIT
+# The rows' GGUF files converted first, with vLLM's wheels off the path: some of them break the
+# converter's imports (transformers' language_code asks for pycountry), which ended a plan at once.
+PYTHONPATH=$(echo ":$PYTHONPATH:" | sed 's#:/tmp/site_vllm:#:#; s#^:##; s#:$##') python3 - $ROWS <<'PY' || echo "benchmark.sh: converting the models failed"
+import sys
+sys.path.insert(0, "bench")
+import benchmark as rw
+from grpo.model import resolve_model
+rows = {i.split("@")[0] for g in sys.argv[1:] for i in g.split("+")}
+for model in sorted({rw.parse_row(r)["model"] for r in rows}):
+    print("benchmark.sh: model", model, "->", resolve_model(rw.model_path(model)))
+PY
 for group in $ROWS; do
     first=0
     for item in ${group//+/ }; do

@@ -21,4 +21,6 @@ for pkg in transformers pyzmq hjson pydantic pydantic_core annotated-types typin
     python3 -m pip download -q $PLAT "$pkg==$v" 2>&1 | grep -v "^WARNING: Location" || true
 done
 $PY -m pip wheel -q --no-deps --no-build-isolation -w .whl "deepspeed==$(ver deepspeed)" 2>&1 | grep -v "^WARNING: Location" || true
+# TRL for the benchmark's trl and trl-vllm rows (.venv does not hold it; the image has accelerate)
+python3 -m pip download -q --no-deps --only-binary=:all: -d .whl trl==1.16.0 2>&1 | grep -v "^WARNING: Location" || true
 echo "device_wheels: $(ls .whl/*.whl | wc -l) wheels, $(du -sh .whl | cut -f1) in .whl/"
