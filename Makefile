@@ -56,4 +56,4 @@ demo-run:
 	$(PYTHON) -m grpo.obs.report $(DEMO_RUN)
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache *.egg-info
