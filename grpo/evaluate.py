@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from grpo.config import EvalConfig
 from grpo.data.formats import Problem
@@ -28,6 +29,9 @@ from grpo.data.tasks import start_levels
 from grpo.flags import parse_config
 from grpo.obs.progress import Progress
 from grpo.obs.rundir import freeze_for_exit
+
+if TYPE_CHECKING:   # annotations only: torch is imported where it is used, so `--help` stays instant
+    import torch
 
 log = logging.getLogger(__name__)
 

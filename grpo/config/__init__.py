@@ -61,4 +61,18 @@ class LaunchConfig(NodesSection, InstancesSection, SupervisionSection, LaunchTra
     """(internal) flags passed through to every worker."""
 
 
-__all__ = [name for name in dir() if not name.startswith("_") and name not in ("annotations", "dataclass", "field")]
+# What `from grpo.config import X` offers: the sections' names re-exported, and the role configs.
+# Written out (not computed from dir()) so that a linter sees the re-exports as meant.
+__all__ = [
+    "ALLOC_DEFAULT", "ALLOC_ENV", "ALLOC_ENVS", "ASSUMED_PROMPT_TOKENS", "CheckpointSection", "CommonConfig",
+    "DATA_PORT", "DEEPSPEED", "DEFAULT_DATASET", "DEFAULT_MODEL", "DataSection", "Device", "EvalConfig",
+    "EvaluationSection", "FaultsSection", "FormatStyle", "GenerationBackend", "InstancesSection", "KlEstimator",
+    "LaunchConfig", "LaunchTrainingSection", "LearnerConfig", "LearnerDataSection", "LearnerFaultsSection",
+    "LearnerObservabilitySection", "LearnerRunSection", "LearnerWeightSyncSection", "LossSection", "LossType",
+    "MASTER_PORT", "NodesSection", "ObservabilitySection", "OldLogprobs", "OnFull", "PRECISIONS",
+    "PlacementSection", "Precision", "ROW_BUCKETS", "RolloutSection", "RunSection", "SECTIONS", "SYNC_PORT",
+    "SamplerConfig", "SamplerDataSection", "SamplerFaultsSection", "SamplerRolloutSection", "SamplerRunSection",
+    "SamplerWeightSyncSection", "SupervisionSection", "TrainingSection", "WeightSync", "WeightSyncSection",
+    "allocator_conf", "assumed_row_tokens", "expandable_segments", "field_sections", "micro_token_budget",
+    "resolve_precision", "use_allocator_default",
+]

@@ -332,9 +332,9 @@ def test_trl_saves_on_the_schedule_without_catching_up(tiny, tmp_path, monkeypat
 
 @pytest.mark.parametrize("result", sorted(p.name for p in RESULTS.glob("real_workload_*.json")))
 def test_the_committed_result_is_what_its_run_archives_say(tmp_path, result):
-    """Each bench/results/real_workload_<device>.json (the README's tables): every row's every field as
-    `summarise` computes it from that device's committed run archives, real_workload/<device>_<commit>.tgz
-    (no weights in them; the scores are)."""
+    """Each bench/results/real_workload_<device>.json (the tables of the README and docs/benchmarks.md):
+    every row's every field as `summarise` computes it from that device's committed run archives,
+    real_workload/<device>_<commit>.tgz (no weights in them; the scores are)."""
     committed = json.loads((RESULTS / result).read_text())
     device = result[len("real_workload_"):-len(".json")]
     archives = sorted((RESULTS / "real_workload").glob(f"{device}_*.tgz"))

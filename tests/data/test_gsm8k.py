@@ -54,7 +54,7 @@ def test_extract_real_reference_solution():
 
 
 def test_chance_baselines_on_the_evaluation_subset():
-    """The reference points the README sets SmolLM2's greedy 0.024 against, on the first 500 test
+    """The reference points docs/benchmarks.md sets SmolLM2's greedy 0.024 against, on the first 500 test
     problems: always answering "4" (the train split's most common answer, 210 times) is right 15
     times (0.030); the gold answer is a number of the question 30 times (0.06), its last number 9
     times (0.018)."""

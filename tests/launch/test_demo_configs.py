@@ -1,6 +1,8 @@
 """`make demo`'s settings live in configs/demo_{gpu,cpu}.yaml: each parses for the launcher and both
-workers, every key reaches each role that has it, and the Makefile runs those files."""
+workers, every key reaches each role that has it, and the Makefile runs those files. The README's
+config example holds to the same rule."""
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -13,9 +15,9 @@ from grpo.launch.plan import parse
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("name", ["demo_gpu", "demo_cpu"])
-def test_demo_config_reaches_every_role(name):
-    path = ROOT / "configs" / f"{name}.yaml"
+def every_role_reads(path: Path) -> tuple:
+    """The file parsed by the launcher and both workers, each key's value as each role that has it
+    reads it, and every key read by some role."""
     data = yaml.safe_load(path.read_text())
     launch, to_s, to_l = parse(["--config", str(path)])
     learner = parse_config(LearnerConfig, ["--config", str(path)], "training_worker.py")
@@ -28,8 +30,14 @@ def test_demo_config_reaches_every_role(name):
                 seen.add(key)
                 got = getattr(cfg, key)
                 want = ",".join(map(str, value)) if isinstance(value, list) else value
-                assert got == want, (name, type(cfg).__name__, key, got, want)
+                assert got == want, (path.name, type(cfg).__name__, key, got, want)
     assert seen == set(data)                     # no key that no role reads
+    return launch, learner, sampler
+
+
+@pytest.mark.parametrize("name", ["demo_gpu", "demo_cpu"])
+def test_demo_config_reaches_every_role(name):
+    launch, learner, sampler = every_role_reads(ROOT / "configs" / f"{name}.yaml")
     assert learner.dataset == sampler.dataset == "rg:letter_counting" and learner.loss_type == "dapo"
     if name == "demo_cpu":
         assert (learner.device, learner.train_batch_size, learner.max_time_s, sampler.num_generations) == \
@@ -42,3 +50,10 @@ def test_demo_config_reaches_every_role(name):
 def test_the_makefile_runs_the_demo_configs():
     make = (ROOT / "Makefile").read_text()
     assert "--config configs/demo_gpu.yaml" in make and "--config configs/demo_cpu.yaml" in make
+
+
+def test_the_readmes_config_example_reaches_every_role(tmp_path):
+    (block,) = re.findall(r"```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    (tmp_path / "example.yaml").write_text(block)
+    launch, learner, sampler = every_role_reads(tmp_path / "example.yaml")
+    assert launch.gpus == "0,1,2,3" and learner.loss_type == "dapo" and sampler.reward == "correctness,format=0.2"

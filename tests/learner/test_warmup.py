@@ -17,7 +17,7 @@ def test_shape_is_a_micro_batch_of_a_short_prompt_and_the_longest_completion():
 
 
 @pytest.mark.parametrize("kind", ["torch", "deepspeed"])
-def test_warm_up_changes_nothing_training_reads(tiny, kind):
+def test_warm_up_changes_nothing_training_reads(tiny, kind):   # noqa: F811 (the fixture imported above)
     path, _ = tiny
     warmed, plain = _engine(kind, path), _engine(kind, path)
     _assert_same(_params(warmed.module), _params(plain.module), "weights before")
@@ -34,7 +34,7 @@ def test_warm_up_changes_nothing_training_reads(tiny, kind):
     _assert_same(_opt_state(warmed), _opt_state(plain), "optimizer state")
 
 
-def test_warm_up_runs_a_backward_pass_through_every_layer(tiny):
+def test_warm_up_runs_a_backward_pass_through_every_layer(tiny):   # noqa: F811 (the fixture imported above)
     """The pass reaches the first layer's weights in its graph (it is a real backward), though
     their gradients are not computed."""
     path, _ = tiny
