@@ -19,6 +19,7 @@ import zlib
 import numpy as np
 
 from grpo.config import DATA_PORT, SYNC_PORT
+from grpo.config.cli import ArgumentParser
 from grpo.wire import codec
 from grpo.wire import messages as M
 
@@ -89,7 +90,7 @@ def child(host: str, data_port: int, sync_port: int) -> int:
 
 # ---------------------------------------------------------------------- the learner side (parent)
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="communication_test.py", description=__doc__.splitlines()[0])
+    ap = ArgumentParser(prog="communication_test.py", description=__doc__.splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1", help="address to bind and connect (default 127.0.0.1)")
     ap.add_argument("--data-port", type=int, default=DATA_PORT, help=f"data port (default {DATA_PORT})")
     ap.add_argument("--sync-port", type=int, default=SYNC_PORT, help=f"sync port (default {SYNC_PORT})")
