@@ -70,14 +70,22 @@ def check_resume(cfg: LaunchConfig, learner_flags: list[str]) -> None:
 
 
 def check_model(model: str) -> None:
-    """A --model path that is neither a model folder nor a GGUF file is a one-line mistake here, before
-    any run folder or worker exists (grpo.model.gguf.header.gguf_model_file: the workers' own check, torch-free)."""
+    """A --model path that is neither a model folder nor a GGUF file, or a hub id that can be neither
+    fetched nor read from the cache, is a one-line mistake here, before any run folder or worker exists
+    (grpo.model.gguf.header.gguf_model_file and grpo.model.hub.check_hub_model: the workers' own checks,
+    torch-free)."""
     if model in memory.BUILT_FOLDERS:
         return
     from grpo.model.gguf.header import ModelUnavailable, gguf_model_file
+    from grpo.model.hub import check_hub_model
 
     try:
-        gguf_model_file(model)
+        if gguf_model_file(model) is None and not Path(model).expanduser().is_dir():
+            # a hub id: the workers' check (grpo.model.zoo.resolve_model) here first, so a hub that does
+            # not answer is one line now; when it turns offline mode on for a cached copy, the workers
+            # inherit HF_HUB_OFFLINE=1 (the plan copies this environment) and load it at once
+            if note := check_hub_model(model):
+                print(f"run_distributed.py: {note}", file=sys.stderr)
     except ModelUnavailable as exc:
         raise LaunchError(str(exc)) from None
 

@@ -10,7 +10,8 @@ import pytest
 from grpo.data.formats import Problem
 from grpo.data.gsm8k import extract_gsm8k_answer
 from grpo.data.prompts import DEFAULT_INSTRUCTION, Deferrals, PromptStream, build_prompt
-from grpo.data.sources import DatasetUnavailable, _hub_unreachable_reason, load_problems, local_file, shard
+from grpo.data.sources import DatasetUnavailable, load_problems, local_file, shard
+from grpo.model.hub import unreachable_reason
 
 GSM8K_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
 FIRST_TEST_QUESTION = (
@@ -79,7 +80,7 @@ def test_missing_path_is_one_line_error(spec):
 
 
 def test_hub_without_network_fails_fast():
-    if _hub_unreachable_reason() is None:
+    if unreachable_reason() is None:
         pytest.skip("the hub is reachable from here: this test is about a machine without network")
     start = time.monotonic()
     with pytest.raises(DatasetUnavailable) as err:
