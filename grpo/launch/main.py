@@ -40,13 +40,23 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def check_port(host: str, port: int, flag: str) -> None:
+def port_in_use(host: str, port: int) -> bool:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
-            raise LaunchError(f"port {port} on {host} is already in use; stop what holds it or pass {flag} N") from None
+            return True
+    return False
+
+
+def check_ports(host: str, ports: list[tuple[int, str]]) -> None:
+    """(port, flag) for each port the learner will bind: all are tried, then one line names every
+    one taken (grpo.wire.ports), so a second busy port is not learnt of only after the first is freed."""
+    from grpo.wire.ports import busy_ports_line
+
+    if busy := [(port, flag) for port, flag in ports if port_in_use(host, port)]:
+        raise LaunchError(busy_ports_line(host, busy))
 
 
 def check_resume(cfg: LaunchConfig, learner_flags: list[str]) -> None:
@@ -557,10 +567,9 @@ def main(argv: list[str] | None = None) -> int:
             check_resume(cfg, to_l)
             apply_in_flight(specs, chosen)
             check_memory(cfg, specs)
-            check_port(cfg.host, cfg.data_port, "--data-port")
-            check_port(cfg.host, cfg.sync_port, "--sync-port")
             if cfg.data_port == cfg.sync_port:
                 raise LaunchError("--data-port and --sync-port are equal; give them different ports")
+            check_ports(cfg.host, [(cfg.data_port, "--data-port"), (cfg.sync_port, "--sync-port")])
     except LaunchError as exc:
         print(f"run_distributed.py: error: {exc}", file=sys.stderr)
         return 2

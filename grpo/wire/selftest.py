@@ -99,11 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "sampler":
         return child(args.host, args.data_port, args.sync_port)
 
-    from grpo.wire.transport import DataReceiver, PortInUse, SyncServer
+    from grpo.wire.transport import DataReceiver, PortInUse, SyncServer, bind_each
 
-    try:
-        data = DataReceiver(args.host, args.data_port, M.Limits(group_size=G), max_message_bytes=1 << 24)
-        sync = SyncServer(args.host, args.sync_port)
+    try:   # both tried before either is refused, as the learner binds them: one line for every taken port
+        data, sync = bind_each(
+            lambda: DataReceiver(args.host, args.data_port, M.Limits(group_size=G), max_message_bytes=1 << 24),
+            lambda: SyncServer(args.host, args.sync_port))
     except PortInUse as exc:
         print(f"communication_test.py: error: {exc}", file=sys.stderr)
         return 2
