@@ -71,7 +71,9 @@ def local_file(spec: str, split: str = "train") -> Path | None:
     # "owner/name" is a hub id unless "owner" is a local folder (then a mistyped path is likelier).
     looks_like_path = spec.startswith((".", "/", "~")) or not _HUB_ID_RE.match(spec)
     if looks_like_path or ("/" in spec and Path(spec.split("/")[0]).is_dir()):
-        raise DatasetUnavailable(f"Dataset folder {spec!r} does not exist. {_FIXES}")
+        # named by what it was meant to be: a data file by its type (rows.jsonl), else a folder
+        what = "file" if path.suffix.lower() in formats.FILE_TYPES else "folder"
+        raise DatasetUnavailable(f"Dataset {what} {spec!r} does not exist. {_FIXES}")
     return None
 
 
