@@ -15,8 +15,7 @@ import typing
 
 from grpo.config import SECTIONS, LaunchConfig, LearnerConfig, SamplerConfig, field_sections
 from grpo.config.bounds import Bounds, bounds_of
-# ArgumentParser is the launcher's too (grpo.launch.plan imports it from here)
-from grpo.config.cli import ArgumentParser, did_you_mean  # noqa: F401
+from grpo.config.cli import ArgumentParser, did_you_mean
 
 
 @functools.cache

@@ -75,7 +75,7 @@ class ArgumentParser(argparse.ArgumentParser):
             self.error(unknown_arguments(extras, self.option_names()))
         return ns
 
-    def error(self, message: str) -> typing.NoReturn:  # noqa: D401
+    def error(self, message: str) -> typing.NoReturn:
         # A message that points at --help already (a caller's own) is not given a second pointer.
         hint = "" if "see --help" in message else " (see --help)"
         self.exit(2, f"{self.prog}: error: {message}{hint}\n")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from grpo.data import formats, tasks
 from grpo.data.formats import Problem
-from grpo.model.hub import unreachable_reason   # the same bounded probe as a hub --model's
+from grpo.model.hub import unreachable_reason
 
 DEFAULT_DATASET = "openai/gsm8k"
 RG_DEFAULT_SIZE = 2000
@@ -178,7 +178,7 @@ def _load_hub(spec: str, split: str, limit: int | None, fn: formats.Transform | 
         if datasets.config.HF_HUB_OFFLINE or constants.HF_HUB_OFFLINE:
             reason = "offline mode (HF_HUB_OFFLINE) is set"
         else:
-            reason = unreachable_reason()
+            reason = unreachable_reason()   # the same bounded probe as a hub --model's
         if reason is not None:
             raise DatasetUnavailable(
                 f"{name} is not reachable: no network for {spec!r} ({reason}) "

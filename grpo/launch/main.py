@@ -90,12 +90,12 @@ def check_model(model: str) -> None:
     from grpo.model.hub import check_hub_model
 
     try:
-        if gguf_model_file(model) is None and not Path(model).expanduser().is_dir():
-            # a hub id: the workers' check (grpo.model.zoo.resolve_model) here first, so a hub that does
-            # not answer is one line now; when it turns offline mode on for a cached copy, the workers
-            # inherit HF_HUB_OFFLINE=1 (the plan copies this environment) and load it at once
-            if note := check_hub_model(model):
-                print(f"run_distributed.py: {note}", file=sys.stderr)
+        hub_id = gguf_model_file(model) is None and not Path(model).expanduser().is_dir()
+        # a hub id: the workers' check (grpo.model.zoo.resolve_model) here first, so a hub that does
+        # not answer is one line now; when it turns offline mode on for a cached copy, the workers
+        # inherit HF_HUB_OFFLINE=1 (the plan copies this environment) and load it at once
+        if hub_id and (note := check_hub_model(model)):
+            print(f"run_distributed.py: {note}", file=sys.stderr)
     except ModelUnavailable as exc:
         raise LaunchError(str(exc)) from None
 

@@ -98,10 +98,10 @@ def test_the_launcher_calls_a_missing_jsonl_a_file(tmp_path):
                         "./my_rows.jsonl"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 2, r.stdout + r.stderr
-    assert r.stderr.splitlines() == [f"run_distributed.py: error: Dataset file './my_rows.jsonl' does not exist. "
-                                     f"Fix: pass --dataset PATH to a data file or a folder holding train.jsonl and "
-                                     f"test.jsonl (e.g. ../shared/data/gsm8k), or --dataset rg:gsm_symbolic for "
-                                     f"generated GSM8K-style problems."], r.stderr
+    assert r.stderr.splitlines() == [("run_distributed.py: error: Dataset file './my_rows.jsonl' does not exist. "
+                                      "Fix: pass --dataset PATH to a data file or a folder holding train.jsonl and "
+                                      "test.jsonl (e.g. ../shared/data/gsm8k), or --dataset rg:gsm_symbolic for "
+                                      "generated GSM8K-style problems.")], r.stderr
     assert list(tmp_path.iterdir()) == []
 
 
