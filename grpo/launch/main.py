@@ -584,10 +584,10 @@ def main(argv: list[str] | None = None) -> int:
         base = Path(cfg.run_dir or "runs").resolve()
         return supervisor.run_instances(cfg, instances, [instance_argv(cfg, inst, passthrough) for inst in instances],
                                         base)
-    from grpo.obs.rundir import COMMIT_ENV, code_commit, make_run_dir, save_config
+    from grpo.obs.rundir import COMMIT_ENV, code_commit, create_run_dir, remove_created, save_config
 
-    existed = bool(cfg.run_dir) and Path(cfg.run_dir).exists()
-    run_dir = make_run_dir(cfg.run_dir).resolve()
+    run_dir, made = create_run_dir(cfg.run_dir)   # made: the outermost folder this run made (runs/ on a first run)
+    run_dir = run_dir.resolve()
     commit = code_commit()   # asked of git once; the workers' run files record it from their environment
     for spec in specs:
         spec.argv += ["--run-dir", str(run_dir)]
@@ -602,10 +602,8 @@ def main(argv: list[str] | None = None) -> int:
         tasks_check = pool.submit(check_sampler_tasks, samplers_argv[0])
         pool.shutdown(wait=False)
     rc = supervisor.run(cfg, specs, run_dir, tasks_check)
-    if rc == 2 and not existed:
+    if rc == 2:
         # refused (a worker's or a launch check's one-line mistake, said already): nothing is left
-        # behind, as for the mistakes found before the run folder was made
-        import shutil
-
-        shutil.rmtree(run_dir, ignore_errors=True)
+        # behind, as for the mistakes found before the run folder was made; a folder that existed is kept
+        remove_created(run_dir, made)
     return rc

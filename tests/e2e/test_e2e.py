@@ -250,6 +250,19 @@ def test_a_refused_start_leaves_a_folder_that_existed_as_it_was(tmp_path):
     assert (run_dir / "notes.txt").read_text() == "keep"
 
 
+def test_a_refused_start_with_the_default_run_dir_leaves_no_runs_folder(tmp_path):
+    """Without --run-dir a worker makes runs/<id>; refused, it removed <id> but left an empty runs/
+    behind. Now runs/ goes too where this start made it, and stays where it held another run."""
+    args = [str(ROOT / "training_worker.py"), "--device", "cpu", "--model", "/nonexistent/model"]
+    r = subprocess.run([PY, *args], cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "/nonexistent/model" in r.stderr, r.stderr
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "runs" / "earlier").mkdir(parents=True)
+    r = subprocess.run([PY, *args], cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["earlier"]
+
+
 def test_training_worker_finds_the_default_deepspeed_config_from_another_folder(tmp_path):
     """deepspeed.json is looked up beside the entry scripts when the working directory has none:
     the error that comes is the model's, not the config's."""
