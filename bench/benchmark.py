@@ -768,7 +768,7 @@ def _has(mod: str) -> bool:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("step", choices=["rows", "all", "run", "score", "summarise", "figures", "score-worker"])
     ap.add_argument("--rows", default="", help="`all`: rows MODEL:LAYOUT:TRAINER:SEED, space-separated "
                                                "(default: the standard rows, `rows` lists them)")

@@ -202,7 +202,7 @@ def kernels(engine: RolloutEngine, rows: int, width: int, new: int, device, n: i
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto", help="auto, cuda or cpu")
     ap.add_argument("--model", default="smollm2", help="a GGUF file, folder, hub id, smollm2 or tiny-random")
     ap.add_argument("--rows", default="64,160,320,640", help="comma-separated rows counts (default 64,160,320,640)")

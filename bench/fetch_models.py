@@ -163,7 +163,7 @@ def receive(folder: Path) -> Path | None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("get")
     g.add_argument("model", choices=sorted(MODELS))

@@ -51,7 +51,7 @@ def summarise(run: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ours, flags = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--name", required=True, help="the result file: bench/results/<name>_<device>.json")
     ap.add_argument("--device-name", default="", help="the device as the file names it (default: CUDA's name)")
     ap.add_argument("--from-run", default="", help="summarise this run folder instead of running")

@@ -290,7 +290,7 @@ def agreement(model, tok, device, n: int, new: int) -> dict:
 
 def main() -> int:
     global GSM8K
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto", help="auto, cuda or cpu")
     ap.add_argument("--quick", action="store_true", help="fewer configurations (CPU: a tiny smoke run)")
     ap.add_argument("--model", default="smollm2", help="main model (default smollm2; tiny-random for a CPU smoke run)")

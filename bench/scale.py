@@ -283,7 +283,7 @@ def run_size(size: str, a, work: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="0.5b,1.5b,3b,7b", help=f"comma-separated, of {', '.join(LAYOUT)}")
     ap.add_argument("--max-time-s", type=float, default=120.0, help="seconds of training per size")
     ap.add_argument("--max-steps", type=int, default=1000)

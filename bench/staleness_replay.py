@@ -116,7 +116,7 @@ def share_bias(chunks: list[tuple[int, int]]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", help="RUN_DIR:BOUND (the run's --max-staleness)")
     ap.add_argument("--per-step", type=int, default=8, help="groups a learner step takes (train batch / G)")
     ap.add_argument("--out", help="write the figures here as JSON")

@@ -69,7 +69,7 @@ def sampler(port: int, sid: int, args: argparse.Namespace, start: mp.Event, stop
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--samplers", type=int, default=8)
     ap.add_argument("--G", type=int, default=8)
     ap.add_argument("--prompt-tokens", type=int, default=160)

@@ -47,7 +47,7 @@ from grpo.obs.rundir import provenance  # noqa: E402
 
 
 def parse(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2", help="as our --model: smollm2, tiny-random, or a path/hub id")
     ap.add_argument("--dataset", required=True)
     ap.add_argument("--dataset-limit", type=int, default=0, help="first N train problems only (0: all)")

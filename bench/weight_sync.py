@@ -244,7 +244,7 @@ def sampler(args) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="smollm2-135m,qwen2.5-3b")
     ap.add_argument("--methods", default="ipc,nccl,tcp", help="shared needs --same-gpu")
     ap.add_argument("--floors", default="nccl")

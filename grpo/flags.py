@@ -15,6 +15,7 @@ import typing
 
 from grpo.config import SECTIONS, LaunchConfig, LearnerConfig, SamplerConfig, field_sections
 from grpo.config.bounds import Bounds, bounds_of
+from grpo.config.cli import ArgumentParser, did_you_mean
 
 
 @functools.cache
@@ -33,18 +34,6 @@ def field_docs(cls: type) -> dict[str, str]:
                     and isinstance(nxt.value.value, str)):
                 docs[node.target.id] = nxt.value.value
     return docs
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse that reports a user mistake as one line and exit code 2, no usage dump; its usage
-    line is short, since --help lists every option in its section below it."""
-
-    def __init__(self, *args, **kw):
-        kw.setdefault("usage", "%(prog)s [options]")
-        super().__init__(*args, **kw)
-
-    def error(self, message: str) -> typing.NoReturn:  # noqa: D401
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def section_groups(parser: argparse.ArgumentParser, fields: list[tuple[type, list[str]]]) -> dict:
@@ -164,8 +153,6 @@ def load_config_file(path: str, cls: type) -> dict:
     valid name; keys of other roles are accepted and left to those roles (one file serves
     the launcher, the learner and the samplers).
     """
-    import difflib
-
     import yaml
 
     try:
@@ -187,8 +174,7 @@ def load_config_file(path: str, cls: type) -> dict:
     for raw_key, value in data.items():
         key = str(raw_key).replace("-", "_")
         if key not in known:
-            near = difflib.get_close_matches(key, list(known), n=1, cutoff=0.5)
-            hint = f"; did you mean {near[0]}?" if near else "; see --help for the options"
+            hint = did_you_mean(key, known, cutoff=0.5) or "; see --help for the options"
             raise ConfigFileError(f"--config {path}: unknown key {raw_key!r}{hint}")
         value = _coerce(key, value, hints[key], path)
         if (bounds := bounds_of(known[key])) and (problem := bounds.problem(value)):
@@ -200,7 +186,8 @@ def load_config_file(path: str, cls: type) -> dict:
 
 def apply_config_file(parser: argparse.ArgumentParser, cls: type, argv: list[str] | None) -> None:
     """Make the --config file's values the parser's defaults, so flags on the command line win."""
-    pre = argparse.ArgumentParser(add_help=False)
+    # exact, as the parser it serves: a prefix (--conf) is that parser's unknown flag, not a file to read
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config", default="")
     ns, _ = pre.parse_known_args(argv)
     if not ns.config:

@@ -29,17 +29,17 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (DatasetUnavailable, ConfigError, ModelUnavailable, PortInUse, ValueError)
 
 
-def _fail(prog: str, exc: BaseException, made: str | None = None) -> int:
-    """One line and exit code 2; `made`: the run folder this process created, removed again (a
-    refused start leaves nothing behind; a folder that existed before is left as it was)."""
+def _fail(prog: str, exc: BaseException, made: tuple | None = None) -> int:
+    """One line and exit code 2; `made`: the run folder and the outermost folder this process created
+    (grpo.obs.rundir.create_run_dir), removed again, runs/ included when this made it (a refused start
+    leaves nothing behind; a folder that existed before is left as it was)."""
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     print(f"{prog}: error: {msg}", file=sys.stderr)
     if made:
-        import logging
-        import shutil
+        from grpo.obs.rundir import remove_created
 
         logging.shutdown()   # this process's log file in it is closed first
-        shutil.rmtree(made, ignore_errors=True)
+        remove_created(*made)
     return USER_ERROR_EXIT
 
 
@@ -114,12 +114,11 @@ def _sampler_main(argv: list[str] | None = None) -> int:
     try:
         if not 0 <= cfg.sampler_id < cfg.num_samplers:
             raise ValueError(f"--sampler-id {cfg.sampler_id} must be in 0..{cfg.num_samplers - 1} (--num-samplers)")
-        from grpo.obs.rundir import make_run_dir, provenance, save_config, setup_logging
+        from grpo.obs.rundir import create_run_dir, provenance, save_config, setup_logging
         from grpo.obs.stages import mark as mark_stage
 
-        existed = bool(cfg.run_dir) and os.path.exists(cfg.run_dir)
-        run_dir = make_run_dir(cfg.run_dir)
-        made = None if existed else str(run_dir)
+        run_dir, top = create_run_dir(cfg.run_dir)
+        made = (run_dir, top)
         cfg.run_dir = str(run_dir)
         setup_logging(f"sampler{cfg.sampler_id}", cfg.log_file)
         mark_stage(run_dir, f"sampler{cfg.sampler_id}", "started")
@@ -154,13 +153,12 @@ def learner_main(argv: list[str] | None = None) -> int:
     except ValueError as exc:   # here, not below: _user_errors() imports torch
         return _fail(prog, exc)
     try:
-        from grpo.obs.rundir import make_run_dir, save_config, setup_logging
+        from grpo.obs.rundir import create_run_dir, save_config, setup_logging
         from grpo.obs.stages import mark as mark_stage
 
         rank = int(os.environ.get("RANK", "0"))
-        existed = bool(cfg.run_dir) and os.path.exists(cfg.run_dir)
-        run_dir = make_run_dir(cfg.run_dir)
-        made = None if existed else str(run_dir)
+        run_dir, top = create_run_dir(cfg.run_dir)
+        made = (run_dir, top)
         cfg.run_dir = str(run_dir)
         setup_logging(f"learner{rank}", cfg.log_file)
         mark_stage(run_dir, f"learner{rank}", "started")

@@ -13,12 +13,14 @@ from grpo.data.sources import DatasetUnavailable
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m grpo.data validate PATH [--transform module:function]`."""
-    import argparse
+    from grpo.config.cli import ArgumentParser
 
-    parser = argparse.ArgumentParser(prog="python -m grpo.data",
-                                     description="check a dataset file or folder row by row")
+    # the subcommand's parser is of the same class (argparse makes it so): exact flags there too
+    parser = ArgumentParser(prog="python -m grpo.data", usage="%(prog)s validate PATH [--transform module:function]",
+                            description="check a dataset file or folder row by row")
     sub = parser.add_subparsers(dest="command", required=True)
-    check = sub.add_parser("validate", help="check a dataset file or folder row by row")
+    check = sub.add_parser("validate", prog="python -m grpo.data validate", help="check a dataset file or folder row by row",
+                           usage="%(prog)s PATH [--transform module:function]")
     check.add_argument("path", help="a .jsonl/.json/.parquet/.csv file, or a folder of them")
     check.add_argument("--transform", default="", help="module:function applied to each row first")
     args = parser.parse_args(argv)

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from grpo.config.cli import did_you_mean
+
 __all__ = ["PluginError", "load_callable"]
 
 
@@ -73,7 +75,10 @@ def load_callable(spec: str, flag: str) -> Callable[..., Any]:
     target: Any = module
     for part in attr.split("."):
         if not hasattr(target, part):
-            raise PluginError(f"{flag}: module {module_part!r} has no attribute {attr!r}")
+            # the nearest public callable where this part was looked up: a misspelt function's name
+            names = [n for n in dir(target) if not n.startswith("_") and callable(getattr(target, n, None))]
+            raise PluginError(f"{flag}: module {module_part!r} has no attribute {attr!r}"
+                              f"{did_you_mean(part, names)}")
         target = getattr(target, part)
     if not callable(target):
         raise PluginError(f"{flag}: {spec!r} is a {type(target).__name__}, not a function")

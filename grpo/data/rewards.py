@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from grpo.config.cli import did_you_mean
 from grpo.data.bounded import run_bounded
 from grpo.data.faults import RewardFaults, first_line, kind_of
 from grpo.data.gsm8k import RewardResult, extract_gsm8k_answer, gsm8k_correct
@@ -242,8 +243,9 @@ class RewardSet:
                     raise RewardError(str(exc)) from exc
                 name, builtin = target.rpartition(":")[2].split(".")[-1], None
             else:
-                raise RewardError(f"--reward: unknown reward {target!r}; built-ins are "
-                                  f"{', '.join(BUILTINS)}, or give module:function")
+                hint = did_you_mean(target, BUILTINS)   # a misspelt built-in: its name, first
+                raise RewardError(f"--reward: unknown reward {target!r}{hint} (the built-ins are "
+                                  f"{', '.join(BUILTINS)}; or give module:function)")
             taken = {p.name for p in self.parts}
             base, k = name, 2
             while name in taken:

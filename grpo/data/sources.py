@@ -7,23 +7,17 @@ from __future__ import annotations
 
 import contextlib
 import re
-import socket
-import threading
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 from grpo.data import formats, tasks
 from grpo.data.formats import Problem
+from grpo.model.hub import unreachable_reason
 
 DEFAULT_DATASET = "openai/gsm8k"
 RG_DEFAULT_SIZE = 2000
 # The test split of a generated task is drawn with a far-off seed so it never replays train.
 RG_TEST_SEED_OFFSET = 1_000_003
-# How long the hub reachability probe may take before we call the hub unreachable: the hub
-# client itself retries for ~25 s on a machine without network, which is too slow to fail on.
-HUB_PROBE_TIMEOUT_S = 3.0
 
 _FIXES = (
     "Fix: pass --dataset PATH to a data file or a folder holding train.jsonl and test.jsonl "
@@ -77,7 +71,9 @@ def local_file(spec: str, split: str = "train") -> Path | None:
     # "owner/name" is a hub id unless "owner" is a local folder (then a mistyped path is likelier).
     looks_like_path = spec.startswith((".", "/", "~")) or not _HUB_ID_RE.match(spec)
     if looks_like_path or ("/" in spec and Path(spec.split("/")[0]).is_dir()):
-        raise DatasetUnavailable(f"Dataset folder {spec!r} does not exist. {_FIXES}")
+        # named by what it was meant to be: a data file by its type (rows.jsonl), else a folder
+        what = "file" if path.suffix.lower() in formats.FILE_TYPES else "folder"
+        raise DatasetUnavailable(f"Dataset {what} {spec!r} does not exist. {_FIXES}")
     return None
 
 
@@ -162,35 +158,6 @@ def _hub_offline() -> Iterator[None]:
         datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = saved
 
 
-def _hub_unreachable_reason(timeout: float = HUB_PROBE_TIMEOUT_S) -> str | None:
-    """Why the hub (or the proxy in front of it) cannot be reached, or None if a TCP connect works.
-
-    Runs in a daemon thread because socket timeouts do not bound DNS resolution.
-    """
-    from huggingface_hub import constants
-
-    url = urllib.parse.urlsplit(constants.ENDPOINT)
-    host = url.hostname or "huggingface.co"
-    port = url.port or (443 if url.scheme == "https" else 80)
-    proxy = urllib.request.getproxies().get(url.scheme)
-    if proxy and not urllib.request.proxy_bypass(host):
-        proxy_url = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
-        host, port = proxy_url.hostname or host, proxy_url.port or 80
-    outcome: list[str | None] = []
-
-    def probe() -> None:
-        try:
-            socket.create_connection((host, port), timeout=timeout).close()
-            outcome.append(None)
-        except OSError as exc:
-            outcome.append(f"{host}:{port}: {exc}")
-
-    worker = threading.Thread(target=probe, name="hub-probe", daemon=True)
-    worker.start()
-    worker.join(timeout)
-    return outcome[0] if outcome else f"{host}:{port}: no answer in {timeout:.0f} s"
-
-
 def _load_hub(spec: str, split: str, limit: int | None, fn: formats.Transform | None = None) -> list[Problem]:
     import datasets  # lazy: ~2-3 s import, not needed for local or generated data
     from huggingface_hub import constants
@@ -211,7 +178,7 @@ def _load_hub(spec: str, split: str, limit: int | None, fn: formats.Transform | 
         if datasets.config.HF_HUB_OFFLINE or constants.HF_HUB_OFFLINE:
             reason = "offline mode (HF_HUB_OFFLINE) is set"
         else:
-            reason = _hub_unreachable_reason()
+            reason = unreachable_reason()   # the same bounded probe as a hub --model's
         if reason is not None:
             raise DatasetUnavailable(
                 f"{name} is not reachable: no network for {spec!r} ({reason}) "

@@ -40,13 +40,23 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def check_port(host: str, port: int, flag: str) -> None:
+def port_in_use(host: str, port: int) -> bool:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
-            raise LaunchError(f"port {port} on {host} is already in use; stop what holds it or pass {flag} N") from None
+            return True
+    return False
+
+
+def check_ports(host: str, ports: list[tuple[int, str]]) -> None:
+    """(port, flag) for each port the learner will bind: all are tried, then one line names every
+    one taken (grpo.wire.ports), so a second busy port is not learnt of only after the first is freed."""
+    from grpo.wire.ports import busy_ports_line
+
+    if busy := [(port, flag) for port, flag in ports if port_in_use(host, port)]:
+        raise LaunchError(busy_ports_line(host, busy))
 
 
 def check_resume(cfg: LaunchConfig, learner_flags: list[str]) -> None:
@@ -70,14 +80,22 @@ def check_resume(cfg: LaunchConfig, learner_flags: list[str]) -> None:
 
 
 def check_model(model: str) -> None:
-    """A --model path that is neither a model folder nor a GGUF file is a one-line mistake here, before
-    any run folder or worker exists (grpo.model.gguf.header.gguf_model_file: the workers' own check, torch-free)."""
+    """A --model path that is neither a model folder nor a GGUF file, or a hub id that can be neither
+    fetched nor read from the cache, is a one-line mistake here, before any run folder or worker exists
+    (grpo.model.gguf.header.gguf_model_file and grpo.model.hub.check_hub_model: the workers' own checks,
+    torch-free)."""
     if model in memory.BUILT_FOLDERS:
         return
     from grpo.model.gguf.header import ModelUnavailable, gguf_model_file
+    from grpo.model.hub import check_hub_model
 
     try:
-        gguf_model_file(model)
+        hub_id = gguf_model_file(model) is None and not Path(model).expanduser().is_dir()
+        # a hub id: the workers' check (grpo.model.zoo.resolve_model) here first, so a hub that does
+        # not answer is one line now; when it turns offline mode on for a cached copy, the workers
+        # inherit HF_HUB_OFFLINE=1 (the plan copies this environment) and load it at once
+        if hub_id and (note := check_hub_model(model)):
+            print(f"run_distributed.py: {note}", file=sys.stderr)
     except ModelUnavailable as exc:
         raise LaunchError(str(exc)) from None
 
@@ -549,10 +567,9 @@ def main(argv: list[str] | None = None) -> int:
             check_resume(cfg, to_l)
             apply_in_flight(specs, chosen)
             check_memory(cfg, specs)
-            check_port(cfg.host, cfg.data_port, "--data-port")
-            check_port(cfg.host, cfg.sync_port, "--sync-port")
             if cfg.data_port == cfg.sync_port:
                 raise LaunchError("--data-port and --sync-port are equal; give them different ports")
+            check_ports(cfg.host, [(cfg.data_port, "--data-port"), (cfg.sync_port, "--sync-port")])
     except LaunchError as exc:
         print(f"run_distributed.py: error: {exc}", file=sys.stderr)
         return 2
@@ -567,10 +584,10 @@ def main(argv: list[str] | None = None) -> int:
         base = Path(cfg.run_dir or "runs").resolve()
         return supervisor.run_instances(cfg, instances, [instance_argv(cfg, inst, passthrough) for inst in instances],
                                         base)
-    from grpo.obs.rundir import COMMIT_ENV, code_commit, make_run_dir, save_config
+    from grpo.obs.rundir import COMMIT_ENV, code_commit, create_run_dir, remove_created, save_config
 
-    existed = bool(cfg.run_dir) and Path(cfg.run_dir).exists()
-    run_dir = make_run_dir(cfg.run_dir).resolve()
+    run_dir, made = create_run_dir(cfg.run_dir)   # made: the outermost folder this run made (runs/ on a first run)
+    run_dir = run_dir.resolve()
     commit = code_commit()   # asked of git once; the workers' run files record it from their environment
     for spec in specs:
         spec.argv += ["--run-dir", str(run_dir)]
@@ -585,10 +602,8 @@ def main(argv: list[str] | None = None) -> int:
         tasks_check = pool.submit(check_sampler_tasks, samplers_argv[0])
         pool.shutdown(wait=False)
     rc = supervisor.run(cfg, specs, run_dir, tasks_check)
-    if rc == 2 and not existed:
+    if rc == 2:
         # refused (a worker's or a launch check's one-line mistake, said already): nothing is left
-        # behind, as for the mistakes found before the run folder was made
-        import shutil
-
-        shutil.rmtree(run_dir, ignore_errors=True)
+        # behind, as for the mistakes found before the run folder was made; a folder that existed is kept
+        remove_created(run_dir, made)
     return rc

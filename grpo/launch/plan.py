@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo.config import CommonConfig, LaunchConfig, LearnerConfig, SamplerConfig
+from grpo.config.cli import unknown_flag
 from grpo.flags import (ArgumentParser, add_fields, apply_config_file, build_parser, parse_config,
                         section_groups, to_flags)
 from grpo.launch import layout
@@ -135,7 +136,8 @@ def split_passthrough(rest: list[str]) -> tuple[list[str], list[str]]:
         neg = key.startswith("no_") and key[3:] in {**samp, **learn} and key not in {**samp, **learn}
         base = key[3:] if neg else key
         if base not in samp and base not in learn:
-            raise LaunchError(f"unknown flag --{name} (see --help, sampling_worker.py --help, training_worker.py --help)")
+            # the nearest of every flag the launcher takes, its own and those it passes on (its --help's)
+            raise LaunchError(unknown_flag(f"--{name}", launcher_parser(with_workers=True).option_names()))
         field = samp.get(base) or learn[base]
         is_bool = field.type in (bool, "bool")
         group = [tok]

@@ -47,7 +47,7 @@ from grpo.weights import make_publisher
 from grpo.weights.methods import check_method
 from grpo.wire import messages as M
 from grpo.wire.curve import SERVER, curve_for, warn_if_exposed
-from grpo.wire.transport import DataReceiver, SyncServer, free_port
+from grpo.wire.transport import DataReceiver, SyncServer, bind_each, free_port
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +129,11 @@ def bind_ports(cfg: LearnerConfig, run_dir: Path) -> tuple[SyncServer, DataRecei
     curve = curve_for(cfg.curve_keys, SERVER)
     bind = cfg.bind_host or cfg.host  # loopback unless a flag says otherwise
     warn_if_exposed(bind, curve)
-    server = SyncServer(bind, cfg.sync_port, curve=curve)
-    receiver = DataReceiver(bind, cfg.data_port, M.Limits(group_size=cfg.num_generations),
-                            max_message_bytes=cfg.max_message_mb << 20, curve=curve)
+    # both tried before either is refused: one line names every taken port
+    receiver, server = bind_each(
+        lambda: DataReceiver(bind, cfg.data_port, M.Limits(group_size=cfg.num_generations),
+                             max_message_bytes=cfg.max_message_mb << 20, curve=curve),
+        lambda: SyncServer(bind, cfg.sync_port, curve=curve))
     (run_dir / "learner.ready").write_text(json.dumps(
         {"host": cfg.host, "data_port": cfg.data_port, "sync_port": cfg.sync_port, "pid": os.getpid()}))
     log.info("learner bound data %s:%d and sync %s:%d%s; run dir %s", bind, cfg.data_port,

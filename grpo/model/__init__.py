@@ -4,6 +4,8 @@
             cache (which folder a file converts to)
   zoo       the models --model names without a path (smollm2, the default; tiny-random;
             random:qwen2.5-*) and resolve_model, which turns any --model into a loadable folder
+  hub       a hub id where the hub may not answer: asked once with a bound, then the cached
+            copy offline or one line naming the ways out (torch-free: the launcher asks it too)
   load      the model cache and its build stamps; tokenizer and model loading; device, dtype and
             the ids that end a completion; the weights' fingerprint
   logprobs  token_logprobs (the LM head in chunks) and the padded layouts

@@ -12,6 +12,7 @@ GGUF file converts into a folder named by its size and content hash (grpo.model.
 """
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -19,7 +20,10 @@ import torch
 
 from grpo.model.gguf.header import find_gguf, gguf_model_file
 from grpo.model.gguf.cache import gguf_builder, gguf_digest, gguf_folder_name
+from grpo.model.hub import check_hub_model
 from grpo.model.load import build_cached, write_build_stamp
+
+log = logging.getLogger(__name__)
 
 # The default model: its folder's name is fixed, its end tokens are the chat EOS (set_chat_eos).
 _convert_smollm2 = gguf_builder(find_gguf, "SmolLM2", chat_eos=True)
@@ -94,8 +98,13 @@ def resolve_model(name: str) -> str:
         return build_cached(folder, build)
     gguf = gguf_model_file(name)   # one line (ModelUnavailable) for a path that is neither a folder nor a GGUF
     if gguf is None:
-        return str(Path(name).expanduser()) if Path(name).expanduser().is_dir() else name  # a hub id: transformers
-                                                                                          # reports if it can be fetched
+        if Path(name).expanduser().is_dir():
+            return str(Path(name).expanduser())
+        # a hub id: asked of the hub in seconds, not the client's retries (its cached copy when the hub
+        # does not answer, or one line naming the ways out); transformers then fetches or reads it
+        if note := check_hub_model(name):
+            log.warning(note)
+        return name
     size = gguf.stat().st_size
     digest = gguf_digest(gguf)
     source = {"gguf": os.path.realpath(gguf), "size": size, "sha256": digest}

@@ -7,12 +7,13 @@ against steps (left column) and against wall-clock time (right column).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
 import sys
 from pathlib import Path
+
+from grpo.config.cli import ArgumentParser
 
 PANELS = [  # (title, y label, [(record key, legend, scale)])
     ("Reward", "mean reward", [("reward_mean", "reward mean", 1.0)]),
@@ -228,7 +229,8 @@ def summarize(run_dir: Path, steps: list[dict], summary: dict, config: dict) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grpo.obs.report", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m grpo.obs.report", usage="%(prog)s RUN_DIR [--out DIR]",
+                            description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", help="a run directory, e.g. runs/20260101-120000-1234")
     parser.add_argument("--out", default="", help="where to write report.png and report.md (default: the run dir)")
     args = parser.parse_args(argv)

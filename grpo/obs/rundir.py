@@ -55,9 +55,39 @@ def new_run_id() -> str:
 
 
 def make_run_dir(run_dir: str) -> Path:
+    return create_run_dir(run_dir)[0]
+
+
+def create_run_dir(run_dir: str) -> tuple[Path, Path | None]:
+    """The run folder (made where it is not there), and the outermost folder this made: the run
+    folder itself, or a parent that was not there either (runs/ on a first run); None when the run
+    folder existed. A refused start removes them again (remove_created): it leaves nothing behind."""
     path = Path(run_dir) if run_dir else Path("runs") / new_run_id()
+    top = None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        top = folder
     path.mkdir(parents=True, exist_ok=True)
-    return path
+    return path, top
+
+
+def remove_created(run_dir: Path, top: Path | None) -> None:
+    """Undo create_run_dir: the run folder and all in it, then each parent up to `top` that is left
+    empty (one that another run has put its own folder in meanwhile, runs/ say, is kept)."""
+    if top is None:
+        return
+    import shutil
+
+    run_dir, top = run_dir.resolve(), top.resolve()
+    shutil.rmtree(run_dir, ignore_errors=True)
+    for folder in run_dir.parents:
+        if folder != top and top not in folder.parents:
+            break   # above what this run made
+        try:
+            folder.rmdir()
+        except OSError:
+            break   # not empty: another run's
 
 
 def setup_logging(name: str, log_file: str = "") -> None:

@@ -11,19 +11,39 @@ real workers do. Checks, each printed with its result:
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import subprocess
 import sys
 import time
 import zlib
+from pathlib import Path
 
 import numpy as np
 
 from grpo.config import DATA_PORT, SYNC_PORT
+from grpo.config.cli import ArgumentParser
 from grpo.wire import codec
 from grpo.wire import messages as M
 
 G, N_GROUPS = 4, 8
 WEIGHT_BYTES = 32 << 20
+ROOT = Path(__file__).resolve().parents[2]   # the tree that holds the grpo package
+# What the receiver logs for the one malformed message the sampler side sends on purpose (check 2).
+EXPECTED_DROP = "dropped a bad data message (bad_header)"
+
+
+class HeldLog(logging.Handler):
+    """The receiver's log lines, held rather than written to stderr as they come: its warning for
+    the malformed message sent on purpose read, after '5 passed', like a failure. The test prints it
+    as expected beside check 2; any other line is a real warning, written to stderr at the end."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
 
 
 def make_group(i: int, sampler_id: int) -> M.Group:
@@ -89,7 +109,7 @@ def child(host: str, data_port: int, sync_port: int) -> int:
 
 # ---------------------------------------------------------------------- the learner side (parent)
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="communication_test.py", description=__doc__.splitlines()[0])
+    ap = ArgumentParser(prog="communication_test.py", description=__doc__.splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1", help="address to bind and connect (default 127.0.0.1)")
     ap.add_argument("--data-port", type=int, default=DATA_PORT, help=f"data port (default {DATA_PORT})")
     ap.add_argument("--sync-port", type=int, default=SYNC_PORT, help=f"sync port (default {SYNC_PORT})")
@@ -98,14 +118,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "sampler":
         return child(args.host, args.data_port, args.sync_port)
 
-    from grpo.wire.transport import DataReceiver, PortInUse, SyncServer
+    from grpo.wire.transport import DataReceiver, PortInUse, SyncServer, bind_each
 
-    try:
-        data = DataReceiver(args.host, args.data_port, M.Limits(group_size=G), max_message_bytes=1 << 24)
-        sync = SyncServer(args.host, args.sync_port)
+    try:   # both tried before either is refused, as the learner binds them: one line for every taken port
+        data, sync = bind_each(
+            lambda: DataReceiver(args.host, args.data_port, M.Limits(group_size=G), max_message_bytes=1 << 24),
+            lambda: SyncServer(args.host, args.sync_port))
     except PortInUse as exc:
         print(f"communication_test.py: error: {exc}", file=sys.stderr)
         return 2
+    held = HeldLog()
+    receiver_log = logging.getLogger("grpo.wire.transport")
+    receiver_log.addHandler(held)
+    receiver_log.propagate = False
+    try:
+        return learner_side(args, data, sync, held)
+    finally:
+        receiver_log.removeHandler(held)
+        receiver_log.propagate = True
+        data.close()
+        sync.close()
+
+
+def learner_side(args: argparse.Namespace, data, sync, held: HeldLog) -> int:
     results: list[tuple[bool, str]] = []
 
     def check(ok: bool, what: str) -> None:
@@ -113,9 +148,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  [{'ok' if ok else 'FAIL'}] {what}", flush=True)
 
     print(f"learner side bound data {args.host}:{args.data_port} (PULL) and sync {args.host}:{args.sync_port} "
-          f"(ROUTER); starting a sampler-side process", flush=True)
+          f"(ROUTER); starting a sampler-side process, which sends {N_GROUPS} groups and then one malformed "
+          f"message on purpose (the receiver must drop it and go on)", flush=True)
+    # the package importable in the child wherever this was started from (`python path/to/communication_test.py`)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
     proc = subprocess.Popen([sys.executable, "-m", "grpo.wire.selftest", "--role", "sampler", "--host", args.host,
-                             "--data-port", str(args.data_port), "--sync-port", str(args.sync_port)])
+                             "--data-port", str(args.data_port), "--sync-port", str(args.sync_port)], env=env)
     t0 = time.perf_counter()
     groups, statuses = [], []
     deadline = time.monotonic() + 30
@@ -153,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     got_crc = [s.stats.get("weights_crc") for s in statuses if s.policy_version == 3]
     check(data.rejected.get("bad_header", 0) == 1 and len(groups) == N_GROUPS,
           f"malformed message rejected and counted ({dict(data.rejected)}); the receiver kept going")
+    for line in [x for x in held.lines if x.startswith(EXPECTED_DROP)]:
+        print(f"       expected: {line}", flush=True)
     check(bool(got_crc) and got_crc[0] == float(want_crc),
           f"sync channel: {WEIGHT_BYTES >> 20} MiB of weights (bf16 + fp32 buckets) arrived intact "
           f"({served / 1e6:.1f} MB served, {t_sync * 1e3:.0f} ms round trip incl. stop)")
@@ -164,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         proc.kill()
         rc = -9
     check(rc == 0, f"sampler-side process exited cleanly (exit code {rc})")
-    data.close()
-    sync.close()
+    for line in [x for x in held.lines if not x.startswith(EXPECTED_DROP)]:
+        print(f"communication_test.py: warning: {line}", file=sys.stderr, flush=True)
     failed = sum(not ok for ok, _ in results)
     print(f"communication test: {len(results) - failed} passed, {failed} failed", flush=True)
     return 1 if failed else 0

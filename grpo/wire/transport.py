@@ -19,21 +19,48 @@ import socket
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 import zmq
 
 from grpo.wire import codec
 from grpo.wire import messages as M
+from grpo.wire.ports import busy_ports_line
 
 if TYPE_CHECKING:
     from grpo.wire.curve import Curve
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class PortInUse(Exception):
-    """A port we must bind is taken; the message names the flag that changes it."""
+    """A port we must bind is taken; the message names the flag that changes it. `busy`: (port, flag)
+    of each port found taken, empty for another reason not to bind (bind_each joins them)."""
+
+    def __init__(self, message: str, host: str = "", busy: list[tuple[int, str]] | None = None):
+        super().__init__(message)
+        self.host, self.busy = host, list(busy or [])
+
+
+def bind_each(*binders: Callable[[], T]) -> list[T]:
+    """Each of `binders` (a socket's constructor, which binds one port) called in turn, the rest
+    tried too after one is refused: then a PortInUse naming every taken port in one line
+    (grpo.wire.ports), and those that did bind closed again."""
+    made, refused = [], []
+    for bind in binders:
+        try:
+            made.append(bind())
+        except PortInUse as exc:
+            refused.append(exc)
+    if not refused:
+        return made
+    for sock in made:
+        sock.close()   # type: ignore[attr-defined]
+    if other := next((exc for exc in refused if not exc.busy), None):
+        raise other   # not a taken port (a bad --host, say): its own line
+    busy = [b for exc in refused for b in exc.busy]
+    raise PortInUse(busy_ports_line(refused[0].host, busy), refused[0].host, busy)
 
 
 class Sender(ABC):
@@ -98,8 +125,7 @@ def _bind(sock: zmq.Socket, host: str, port: int, flag: str) -> None:
     except zmq.ZMQError as exc:
         sock.close(linger=0)
         if exc.errno == zmq.EADDRINUSE:
-            raise PortInUse(f"port {port} on {host} is already in use (another learner running?); "
-                            f"stop it or pass {flag} with a free port") from None
+            raise PortInUse(busy_ports_line(host, [(port, flag)]), host, [(port, flag)]) from None
         raise PortInUse(f"cannot bind {host}:{port}: {exc}; pass {flag} with a free port or fix --host") from None
 
 

@@ -2,6 +2,9 @@
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -10,9 +13,11 @@ import pytest
 from grpo.data.formats import Problem
 from grpo.data.gsm8k import extract_gsm8k_answer
 from grpo.data.prompts import DEFAULT_INSTRUCTION, Deferrals, PromptStream, build_prompt
-from grpo.data.sources import DatasetUnavailable, _hub_unreachable_reason, load_problems, local_file, shard
+from grpo.data.sources import DatasetUnavailable, load_problems, local_file, shard
+from grpo.model.hub import unreachable_reason
 
-GSM8K_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
+ROOT = Path(__file__).resolve().parents[2]
+GSM8K_DIR = ROOT.parent / "shared" / "data" / "gsm8k"
 FIRST_TEST_QUESTION = (
     "Janet\u2019s ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes "
     "muffins for her friends every day with four. She sells the remainder at the farmers' market "
@@ -78,8 +83,30 @@ def test_missing_path_is_one_line_error(spec):
     assert all(fix in message for fix in BOTH_FIXES)
 
 
+@pytest.mark.parametrize("spec,what", [("./data/rows.jsonl", "file"), ("/no/such/train.CSV", "file"),
+                                       ("../nowhere/problems.parquet", "file"), ("./no/such/dir", "folder"),
+                                       ("/no/such/gsm8k", "folder")])
+def test_a_missing_path_is_named_as_what_it_was_meant_to_be(spec, what):
+    """A path with a data file's type is a missing file, not a "Dataset folder"; others are folders."""
+    with pytest.raises(DatasetUnavailable, match=f"^Dataset {what} {spec!r} does not exist"):
+        local_file(spec)
+
+
+def test_the_launcher_calls_a_missing_jsonl_a_file(tmp_path):
+    """The user's command, in the user's folder: one line, exit 2, the file called a file."""
+    r = subprocess.run([sys.executable, str(ROOT / "run_distributed.py"), "--device", "cpu", "--dataset",
+                        "./my_rows.jsonl"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.splitlines() == [("run_distributed.py: error: Dataset file './my_rows.jsonl' does not exist. "
+                                      "Fix: pass --dataset PATH to a data file or a folder holding train.jsonl and "
+                                      "test.jsonl (e.g. ../shared/data/gsm8k), or --dataset rg:gsm_symbolic for "
+                                      "generated GSM8K-style problems.")], r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_hub_without_network_fails_fast():
-    if _hub_unreachable_reason() is None:
+    if unreachable_reason() is None:
         pytest.skip("the hub is reachable from here: this test is about a machine without network")
     start = time.monotonic()
     with pytest.raises(DatasetUnavailable) as err:

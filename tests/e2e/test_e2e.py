@@ -37,11 +37,21 @@ def steps_of(run_dir):
     return [r for r in lines if not r.get("final")], json.loads((run_dir / "summary.json").read_text())
 
 
-def test_communication_test_script():
+def test_communication_test_script(tmp_path):
+    """Started from another folder, as `python path/to/communication_test.py` (its sampler-side child
+    still finds the package). A pass writes nothing to stderr: the receiver's warning for the malformed
+    message the test sends on purpose is said beside its check, as expected, announced before it."""
     d, s = free_ports(2)
-    r = run(["communication_test.py", "--data-port", str(d), "--sync-port", str(s)], timeout=120)
+    r = subprocess.run([PY, str(ROOT / "communication_test.py"), "--data-port", str(d), "--sync-port", str(s)],
+                       cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "5 passed, 0 failed" in r.stdout
+    assert r.stderr == ""
+    out = r.stdout.splitlines()
+    assert out[-1] == "communication test: 5 passed, 0 failed", r.stdout
+    assert "then one malformed message on purpose (the receiver must drop it and go on)" in out[0], r.stdout
+    rejected = next(i for i, x in enumerate(out) if x.startswith("  [ok] malformed message rejected"))
+    assert out[rejected + 1].startswith("       expected: dropped a bad data message (bad_header): "), r.stdout
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow
@@ -241,6 +251,19 @@ def test_a_refused_start_leaves_a_folder_that_existed_as_it_was(tmp_path):
             timeout=120)
     assert r.returncode == 2 and "/nonexistent/model" in r.stderr
     assert (run_dir / "notes.txt").read_text() == "keep"
+
+
+def test_a_refused_start_with_the_default_run_dir_leaves_no_runs_folder(tmp_path):
+    """Without --run-dir a worker makes runs/<id>; refused, it removed <id> but left an empty runs/
+    behind. Now runs/ goes too where this start made it, and stays where it held another run."""
+    args = [str(ROOT / "training_worker.py"), "--device", "cpu", "--model", "/nonexistent/model"]
+    r = subprocess.run([PY, *args], cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "/nonexistent/model" in r.stderr, r.stderr
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "runs" / "earlier").mkdir(parents=True)
+    r = subprocess.run([PY, *args], cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["earlier"]
 
 
 def test_training_worker_finds_the_default_deepspeed_config_from_another_folder(tmp_path):

@@ -267,7 +267,7 @@ def test_cpu_run_computes_no_plan(monkeypatch, capsys):
     calls = []
     monkeypatch.setattr(memory, "plan", lambda *a, **k: calls.append(a) or {})
     monkeypatch.setattr(memory, "read_shape", lambda *a: calls.append(a) or (None, "x"))
-    monkeypatch.setattr(launch_main, "check_port", lambda *a: (_ for _ in ()).throw(launch_main.LaunchError("stop")))
+    monkeypatch.setattr(launch_main, "check_ports", lambda *a: (_ for _ in ()).throw(launch_main.LaunchError("stop")))
     assert launch_main.main(["--device", "cpu", "--model", "tiny-random"]) == 2
     assert calls == []
     assert "memory plan" not in capsys.readouterr().err
@@ -286,10 +286,10 @@ def test_cuda_run_logs_the_plan_and_refuses_what_does_not_fit(monkeypatch, capsy
     # --no-memory-check: the same plan is a warning, and the launch goes on to its next check
     # (stopped here by a port check that fails on purpose, before anything starts)
 
-    def busy(host, port, flag):
-        raise launch_main.LaunchError(f"port check reached for {flag}")
+    def busy(host, ports):
+        raise launch_main.LaunchError(f"port check reached for {ports}")
 
-    monkeypatch.setattr(launch_main, "check_port", busy)
+    monkeypatch.setattr(launch_main, "check_ports", busy)
     rc = launch_main.main(["--model", str(folder), "--sampling-gpus", "0", "--training-gpus", "1",
                            "--no-memory-check"])
     err = capsys.readouterr().err
@@ -404,10 +404,10 @@ def test_first_run_of_the_default_model_is_planned_from_its_gguf(monkeypatch, ca
     monkeypatch.setattr(launch_main, "check_sampler_flags", lambda flags: None)
     monkeypatch.setattr(memory, "gpu_total_bytes", lambda: {0: 80 * GiB, 1: 80 * GiB})
 
-    def stop(host, port, flag):
+    def stop(host, ports):
         raise launch_main.LaunchError("port check reached")
 
-    monkeypatch.setattr(launch_main, "check_port", stop)
+    monkeypatch.setattr(launch_main, "check_ports", stop)
     assert launch_main.main(["--model", "smollm2", "--sampling-gpus", "0", "--training-gpus", "1"]) == 2
     err = capsys.readouterr().err
     assert "skipped" not in err and "port check reached" in err
@@ -619,10 +619,10 @@ def test_in_flight_rows_the_staleness_bound_cannot_fill_raise_a_default_bound_or
     assert argv[-2:] == ["--max-staleness", "3"] and argv.count("--max-staleness") == 1
     assert "[launcher] --max-staleness 3, not the default 2, so that the learner trains every group" in said["out"]
 
-    def stop(host, port, flag):
+    def stop(host, ports):
         raise launch_main.LaunchError("port check reached")
 
-    monkeypatch.setattr(launch_main, "check_port", stop)
+    monkeypatch.setattr(launch_main, "check_ports", stop)
     assert launch_main.main(["--device", "cpu", "--model", "tiny-random", *L, *S]) == 2
     err = capsys.readouterr().err
     assert "run_distributed.py: --max-staleness 5, not the default 2" in err and "port check reached" in err

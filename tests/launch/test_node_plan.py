@@ -236,7 +236,7 @@ def test_memory_per_gpu_two_mixed_nodes():
 
 def test_launcher_prints_the_plan_and_starts_nothing(monkeypatch, capsys, config_folder):
     folder = config_folder
-    monkeypatch.setattr(launch_main, "check_port", lambda *a: pytest.fail("--nodes checks no local port"))
+    monkeypatch.setattr(launch_main, "check_ports", lambda *a: pytest.fail("--nodes checks no local port"))
     rc = launch_main.main(["--nodes", "10.0.0.1:2,10.0.0.2:1", "--training-ranks", "2", "--model", str(folder)])
     out = capsys.readouterr().out
     assert rc == 0
