@@ -62,7 +62,7 @@ def books_line(summary: dict) -> str:
     """The group ledger in words: sent = trained + dropped (by reason) + queued, whether it balances
     (the learner's own verdict, grpo.learner.accounting.balance), and what the queued groups were."""
     g = summary.get("groups") or {}
-    dropped = g.get("dropped") or {}
+    dropped = {k: n for k, n in (g.get("dropped") or {}).items() if n}   # a reason the books keep at 0 says nothing
     queued = int(g.get("queued") or 0)
     why = (f" ({', '.join(f'{k} {n}' for k, n in sorted(dropped.items()))})" if dropped else "")
     verdict = (summary.get("balance") or {}).get("text") or ("balanced" if g.get("balanced") else "NOT balanced")
