@@ -317,8 +317,8 @@ def _stop_keeping_work(sup: Supervisor, cfg: LaunchConfig, learners: list[str], 
               f"{sup.tail('learner0')}", file=sys.stderr, flush=True)
     elif rc == -signum:
         # the signal's default action: the learner was still starting, with no step trained
-        print(f"[launcher] the learner was still starting (no step trained in this launch) and stopped at "
-              f"once", flush=True)
+        print("[launcher] the learner was still starting (no step trained in this launch) and stopped at once",
+              flush=True)
     _end_lines(cfg, run_dir, t_launch, name, resume)
     return 128 + signum
 

@@ -173,7 +173,7 @@ def check_end_lines(text: str, run_dir: Path, summary: dict, start: int) -> None
     assert f"+ {g['queued']} queued: balanced" in lines[-3], lines[-3]
     assert g["sent"] == g["trained"] + dropped + g["queued"] and g["trained"] == n
     if g["queued"]:
-        lo, hi = summary["queued_versions"]
+        _, hi = summary["queued_versions"]
         assert hi <= n, summary["queued_versions"]   # made by versions the learner had published
         assert (f"{g['queued']} group{'s' * (g['queued'] != 1)} (made at version" in lines[-3]
                 and f"still queued when the run stopped at --max-steps {n}: generated ahead, never trained"
