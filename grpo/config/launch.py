@@ -44,6 +44,8 @@ class SupervisionSection:
     """A process that has not reached its next startup stage after this long (learner: ports bound, engine ready, version 0 published, first step; sampler: model loaded, the learner's first answer, first group) is named, with what it is doing and its last log lines, and again every as long; the run goes on (0: never)."""
     stop_timeout_s: float = at_least(0, 30.0)
     """After a stop, how long each process gets to exit before it is killed."""
+    stop_save_timeout_s: float = at_least(0, 300.0)
+    """After Ctrl+C or SIGTERM, how long the learner gets to finish the step in hand, save it as a checkpoint and write summary.json before every process is stopped without that save (a second Ctrl+C stops them at once)."""
     restart_samplers: int = at_least(0, 0, "0: a sampler's death stops the run")
     """Restart a sampler that dies up to N times (each sampler) instead of stopping the run (0: stop the run)."""
 

@@ -601,7 +601,10 @@ def main(argv: list[str] | None = None) -> int:
         pool = ThreadPoolExecutor(1, thread_name_prefix="launch-check")
         tasks_check = pool.submit(check_sampler_tasks, samplers_argv[0])
         pool.shutdown(wait=False)
-    rc = supervisor.run(cfg, specs, run_dir, tasks_check)
+    from grpo.launch.ending import resume_command
+
+    resume = resume_command(argv if argv is not None else sys.argv[1:], run_dir, bool(cfg.run_dir))
+    rc = supervisor.run(cfg, specs, run_dir, tasks_check, resume)
     if rc == 2:
         # refused (a worker's or a launch check's one-line mistake, said already): nothing is left
         # behind, as for the mistakes found before the run folder was made; a folder that existed is kept

@@ -24,6 +24,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from grpo.config import LaunchConfig
+from grpo.launch.ending import end_lines, read_summary
 from grpo.launch.plan import Instance, ProcSpec
 from grpo.obs import stages
 
@@ -35,13 +36,16 @@ class Supervisor:
         self.run_dir = run_dir
         self.procs: dict[str, tuple[subprocess.Popen, ProcSpec, Path]] = {}
         self.started: dict[str, float] = {}   # wall-clock start of each process's newest incarnation
-        self.stopping = 0   # the signal that asked us to stop, once one has
+        self.stopping = 0   # the first signal that asked us to stop, once one has
+        self.signals = 0    # how many have come: a second one stops everything at once
         self._noted: dict[str, float] = {}
 
     def catch_signals(self) -> None:
-        """Ctrl+C / SIGTERM set `stopping`; the watch loop then stops every child in order."""
+        """Ctrl+C / SIGTERM set `stopping` (the first one's number) and count; the watch loop then
+        stops the children (run: the learner saves first, unless a second signal comes)."""
         def on_signal(signum, _frame):
-            self.stopping = signum
+            self.signals += 1
+            self.stopping = self.stopping or signum
 
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
@@ -100,6 +104,25 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 return False
         return True
+
+    def send(self, names: list[str], sig: int) -> None:
+        """`sig` to each named process itself, not its group: the learner's own helpers (compile
+        workers) must not die under it while it saves."""
+        for n in names:
+            p = self.procs[n][0]
+            if p.poll() is None:
+                try:
+                    os.kill(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def kill(self, names: list[str]) -> None:
+        """SIGKILL to each named process's group, now: whatever it was doing (a second Ctrl+C)."""
+        for n in names:
+            p = self.procs[n][0]
+            if p.poll() is None:
+                _signal_group(p, signal.SIGKILL)
+                p.wait()
 
     def stop(self, timeout: float) -> None:
         live = [(n, p) for n, (p, _, _) in self.procs.items() if p.poll() is None]
@@ -228,10 +251,85 @@ def _refused(sup: Supervisor, bad: tuple[str, int]) -> bool:
     return True
 
 
-def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future | None = None) -> int:
+# While the learner saves after a stop, a word this often: what the launcher waits for, and how to
+# stop waiting.
+STOP_NOTE_S = 15.0
+
+
+def _end_lines(cfg: LaunchConfig, run_dir: Path, t_launch: float, signal_name: str = "", resume: str = "") -> None:
+    """Print the notes the run's summary carries, then its last lines (grpo.launch.ending): what it
+    made comes last, where a reader looks, and a stopped run's resume command is the very last."""
+    summary = read_summary(run_dir)
+    if summary is not None:
+        failed = summary.get("reward_failures") or {}
+        failed_line = (f"reward failures: {sum(failed.values())} completions scored their reward's "
+                       f"failure value ({', '.join(f'{k} {n}' for k, n in failed.items())})" if failed else None)
+        for line in (layout_note(cfg, run_dir, summary), summary.get("staleness_note"), failed_line):
+            if line:
+                print(f"[launcher] {line}", flush=True)
+    for line in end_lines(run_dir, summary, time.monotonic() - t_launch, signal_name, resume):
+        print(f"[launcher] {line}", flush=True)
+
+
+def _stop_keeping_work(sup: Supervisor, cfg: LaunchConfig, learners: list[str], samplers: list[str], seen: int,
+                       t_launch: float, resume: str) -> int:
+    """After the learner is ready, the first Ctrl+C or SIGTERM: pass it on to the learner ranks, which
+    finish the step in hand, save it, tell the samplers to stop and write summary.json
+    (grpo.learner.stop); wait for them up to --stop-save-timeout-s, with a word every STOP_NOTE_S;
+    then say what was saved and how to resume. A second signal, or the bound, stops every process
+    at once without the save. Returns the launcher's exit code: 128 + the first signal's number."""
+    signum = sup.stopping
+    name = signal.Signals(signum).name
+    run_dir = sup.run_dir
+    print(f"[launcher] {name}: the learner finishes the step in hand, saves it and writes summary.json, and the "
+          f"samplers stop with it (up to {cfg.stop_save_timeout_s:.0f} s, --stop-save-timeout-s); press Ctrl+C "
+          f"again to stop every process at once, without saving", flush=True)
+    sup.send(learners, signum)
+    t0 = time.monotonic()
+    next_note = t0 + STOP_NOTE_S
+    while any(sup.procs[n][0].poll() is None for n in learners):
+        now = time.monotonic()
+        if sup.signals > 1:
+            print(f"[launcher] {name} again: stopping every process now, without saving", flush=True)
+            sup.kill(learners)   # it may be inside a long native call, where it would not hear a signal
+            return 128 + signum
+        if now - t0 > cfg.stop_save_timeout_s:
+            print(f"[launcher] the learner has not finished saving within {cfg.stop_save_timeout_s:.0f} s "
+                  f"(--stop-save-timeout-s); stopping every process without its save. Last lines of "
+                  f"learner0.log:\n{sup.tail('learner0', 5)}", file=sys.stderr, flush=True)
+            return 128 + signum
+        if now >= next_note:
+            last = (sup.tail("learner0", 1).strip() or "(empty)")
+            print(f"[launcher] still waiting for the learner to save and write its summary ({now - t0:.0f} s of up "
+                  f"to {cfg.stop_save_timeout_s:.0f} s; Ctrl+C again stops at once without saving); learner0.log "
+                  f"says: {last}", flush=True)
+            next_note = now + STOP_NOTE_S
+        seen, line = _status_line(run_dir, seen)   # the step in hand, finished
+        if line:
+            print(line, flush=True)
+        time.sleep(0.2)
+    # The learner told the samplers to stop before it saved; they leave on their own (the finally
+    # of run() stops what is left).
+    sup.wait_all(samplers, cfg.stop_timeout_s)
+    rc = sup.procs["learner0"][0].returncode
+    if rc not in (0, -signum):
+        print(f"[launcher] learner0 {describe_exit(rc)} while stopping. Last lines of learner0.log:\n"
+              f"{sup.tail('learner0')}", file=sys.stderr, flush=True)
+    elif rc == -signum:
+        # the signal's default action: the learner was still starting, with no step trained
+        print("[launcher] the learner was still starting (no step trained in this launch) and stopped at once",
+              flush=True)
+    _end_lines(cfg, run_dir, t_launch, name, resume)
+    return 128 + signum
+
+
+def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future | None = None,
+        resume: str = "") -> int:
     """One run: start the learner group, then the samplers, and watch them to the end. `check`: a
     launch check still running as they start (its result: None, or a one-line problem); if it
-    finds a problem, the run stops with its line and exit code 2."""
+    finds a problem, the run stops with its line and exit code 2. `resume`: the command that
+    resumes this run from its newest checkpoint, said when a signal stops it."""
+    t_launch = time.monotonic()
     sup = Supervisor(run_dir)
     learners = [s for s in specs if s.role == "learner"]
     samplers = [s for s in specs if s.role == "sampler"]
@@ -263,7 +361,11 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future |
                 if bad:
                     print(f"[launcher] {bad[0]} exited with code {bad[1]} before the learner bound its ports:\n"
                           f"{sup.tail(bad[0])}", file=sys.stderr, flush=True)
-                elif not sup.stopping:
+                elif sup.stopping:
+                    print(f"[launcher] {signal.Signals(sup.stopping).name} before the learner bound its ports: "
+                          f"stopping every process (nothing trained, nothing to save)", flush=True)
+                    return 128 + sup.stopping
+                else:
                     print(f"[launcher] the learner did not bind its ports within {cfg.ready_timeout_s:.0f} s; "
                           f"see {run_dir}/learner0.log", file=sys.stderr, flush=True)
                 return 1
@@ -274,10 +376,8 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future |
             if _check_failed(check):
                 return 2
             if sup.stopping:
-                name = signal.Signals(sup.stopping).name
-                print(f"[launcher] {name}: stopping every process (up to {cfg.stop_timeout_s:.0f} s each, "
-                      f"then killed)", flush=True)
-                return 128 + sup.stopping
+                return _stop_keeping_work(sup, cfg, [s.name for s in learners], [s.name for s in samplers], seen,
+                                          t_launch, resume)
             bad = sup.failed()
             if bad and _check_failed(check, CHECK_WAIT_S):
                 return 2
@@ -298,19 +398,8 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future |
             if sup.procs["learner0"][0].poll() == 0:
                 # The learner told the samplers to stop; give everyone time to exit on their own.
                 ok = sup.wait_all([s.name for s in specs], cfg.stop_timeout_s)
-                summary = run_dir / "summary.json"
-                if summary.exists():
-                    done = json.loads(summary.read_text())
-                    note = done.get("balance", {}).get("text")
-                    print(f"[launcher] done: {json.dumps(done['groups'])}" + (f" ({note})" if note else ""),
-                          flush=True)
-                    failed = done.get("reward_failures") or {}
-                    failed_line = (f"reward failures: {sum(failed.values())} completions scored their reward's "
-                                   f"failure value ({', '.join(f'{k} {n}' for k, n in failed.items())})"
-                                   if failed else None)
-                    for line in (layout_note(cfg, run_dir, done), done.get("staleness_note"), failed_line):
-                        if line:
-                            print(f"[launcher] {line}", flush=True)
+                if (run_dir / "summary.json").exists():
+                    _end_lines(cfg, run_dir, t_launch)
                 bad = sup.failed()
                 if bad:
                     print(f"[launcher] {bad[0]} exited with code {bad[1]}:\n{sup.tail(bad[0])}",
@@ -326,6 +415,10 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future |
             time.sleep(0.5)
     finally:
         sup.stop(cfg.stop_timeout_s)
+        # Learner rank 0 removes its ready file as it exits; one it could not (killed, or stopped
+        # before it could) would tell a reader of the folder that ports are bound that are not.
+        if sup.procs.get("learner0") and sup.procs["learner0"][0].poll() is not None:
+            (run_dir / "learner.ready").unlink(missing_ok=True)
 
 
 def run_instances(cfg: LaunchConfig, instances: list[Instance], argvs: list[list[str]], base_dir: Path) -> int:
@@ -359,5 +452,6 @@ def run_instances(cfg: LaunchConfig, instances: list[Instance], argvs: list[list
             return 128 + sup.stopping
         return 0 if all(rc == 0 for rc in done.values()) else 1
     finally:
-        # Each child launcher stops its own processes (its workers die with it if it is killed).
-        sup.stop(cfg.stop_timeout_s + 15)
+        # Each child launcher stops its own processes (its workers die with it if it is killed), its
+        # learner saving first: it is given that time too.
+        sup.stop(cfg.stop_save_timeout_s + cfg.stop_timeout_s + 15)

@@ -12,6 +12,7 @@ import collections
 import logging
 import math
 import time
+from collections.abc import Callable
 
 from grpo.config import LearnerConfig
 from grpo.learner.accounting import Books, MessageLedger
@@ -102,21 +103,26 @@ class Intake:
             self.counts["dropped_" + reason] += 1
         return reason is None
 
-    def collect(self, n: int, version: int, within_s: float | None = None) -> list[M.Group] | None:
+    def collect(self, n: int, version: int, within_s: float | None = None,
+                stop: Callable[[], bool] | None = None) -> list[M.Group] | None:
         """`n` groups the learner may train on at `version`, waiting as long as it takes (a note
         in the log every --data-timeout-s, naming the samplers alive and gone), or at most
-        `within_s` seconds (what is left of --max-time-s): then None, and the groups taken so far go
-        back to the front of the queue, where the books count them as queued."""
+        `within_s` seconds (what is left of --max-time-s), or until `stop()` says a stop was asked
+        for (Ctrl+C, SIGTERM: grpo.learner.stop; looked at every half second at most): then None,
+        and the groups taken so far go back to the front of the queue, where the books count them
+        as queued."""
         groups: list[M.Group] = []
         waited_since = time.monotonic()
         next_note = waited_since + self.cfg.data_timeout_s
         deadline = math.inf if within_s is None else waited_since + max(within_s, 0.0)
         while len(groups) < n:
-            if time.monotonic() >= deadline:
+            stopped = stop is not None and stop()
+            if stopped or time.monotonic() >= deadline:
                 self.queue.extendleft(reversed(groups))
                 self.taken -= len(groups)
-                log.info("--max-time-s reached while waiting for data (had %d of %d groups for step %d)",
-                         len(groups), n, version + 1)
+                log.info("%s while waiting for data (had %d of %d groups for step %d%s)",
+                         "stop asked for" if stopped else "--max-time-s reached", len(groups), n, version + 1,
+                         "; that step is abandoned, its groups stay queued" if stopped else "")
                 return None
             while self.queue and len(groups) < n:
                 self.taken += 1   # before it leaves the queue: the publisher's budget never misses it

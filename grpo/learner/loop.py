@@ -24,7 +24,9 @@ from grpo.config import LearnerConfig
 from grpo.data.faults import reported_failures
 from grpo.learner.accounting import balance
 from grpo.learner.batch import Batch, broadcast_batch, build_batch
+from grpo.learner.checkpoint import list_checkpoints
 from grpo.learner.setup import build
+from grpo.learner.stop import StopRequest
 from grpo.learner.warmup import warm_up, warm_up_shape
 from grpo.model import compute_dtype, weights_checksum
 from grpo.obs.gpu import format_gpu
@@ -47,6 +49,8 @@ class Learner:
         self.parts = build(cfg)   # every part, built and wired (grpo.learner.setup); resumed with --resume
         self.rank = self.parts.rank
         self.version = self.version_at_start = self.parts.version   # policy version = optimizer steps taken
+        self.stop = StopRequest()   # Ctrl+C / SIGTERM: rank 0 reads it (grpo.learner.stop)
+        self.ended_by = "max_steps"   # rank 0: what ended the loop (max_steps, max_time_s, SIGINT, SIGTERM)
         self._zero_signal_mark = (0, 0)   # the books' (sent, zero-signal) when the alarm last looked
         # per sampler: its status's (clock_s, busy s) at the last step's record, and its busy rate then
         self._busy_seen: dict[str, tuple[tuple[float, float], float | None]] = {}
@@ -57,6 +61,9 @@ class Learner:
 
     def run(self) -> dict:
         p, cfg = self.parts, self.cfg
+        # From here on a stop keeps the work (grpo.learner.stop); before, there is none to keep and
+        # the signal's default action ends the process.
+        self.stop.install()
         self._warm_up()
         t_start = time.perf_counter()
         trained_samples = 0
@@ -66,12 +73,16 @@ class Learner:
                 t0 = time.perf_counter()
                 groups, batch = self._receive(t0 - t_start) if self.rank == 0 else (None, None)
                 t_data = time.perf_counter()
-                # Rank 0 out of time before a step's data came: every rank leaves the loop together.
-                batch, out_of_time = broadcast_batch(batch, self.rank == 0 and batch is None, p.device)
-                if out_of_time:
-                    # The time ran out between steps: the last trained step is the run's last, so it is
-                    # saved as such (every rank: a checkpoint is collective), as a step that ends on
-                    # the clock is; the final evaluation then scores the weights of the last save.
+                # Rank 0 out of time, or asked to stop, before a step's data came: every rank leaves
+                # the loop together (the stop rides this broadcast: grpo.learner.stop).
+                batch, ended = broadcast_batch(batch, self.rank == 0 and batch is None, p.device)
+                if ended:
+                    if self.rank == 0:
+                        self._stopping(step)
+                    # The last trained step is the run's last, so it is saved as such (every rank: a
+                    # checkpoint is collective), as a step that ends on the clock is; the final
+                    # evaluation then scores the weights of the last save, and a stopped run resumes
+                    # from it.
                     self._save_due(self.version, last=True)
                     break
                 # shared: the sampler reads these very weights; it waits while we step and publish.
@@ -92,6 +103,8 @@ class Learner:
                 elif gpu := p.gpu.sample():  # other ranks: their own GPU use, one line per step
                     log.info("step %d%s", step, format_gpu(gpu))
                 time_up = bool(cfg.max_time_s) and self._time_up(t_start)
+                if time_up:
+                    self.ended_by = "max_time_s"
                 self._save_due(step, last=step == cfg.max_steps or time_up)
                 if time_up:
                     break
@@ -105,9 +118,27 @@ class Learner:
 
                 log.info("LoRA adapter saved to %s", save_adapter(p.engine.module, p.run_dir / "lora_adapter"))
             p.publisher.stop_samplers()   # they stop at their next sync while we evaluate
-            final_eval = self._final_eval() if cfg.eval_every > 0 else None
+            final_eval = None
+            if cfg.eval_every > 0 and self.stop.requested():
+                # whoever stopped the run wants it to end: the evaluation of a large set can take minutes
+                log.info("final evaluation skipped (stopped by %s); python -m grpo.evaluate --model "
+                         "<checkpoint>/hf scores the saved weights", self.stop.name)
+            elif cfg.eval_every > 0:
+                final_eval = self._final_eval()
             return self.shutdown(time.perf_counter() - t_start, checksums, final_eval)
         return {}
+
+    def _stopping(self, step: int) -> None:
+        """Rank 0, leaving the loop before `step` (a stop asked for, or --max-time-s): says why, and
+        on a stop tells the samplers at once, so that they send their final counts while we save."""
+        if not self.stop.requested():
+            self.ended_by = "max_time_s"
+            return
+        self.ended_by = self.stop.name
+        log.info("%s: stopping after step %d (step %d not started); saving step %d, then summary.json "
+                 "(another SIGINT or SIGTERM ends this process at once, without saving)",
+                 self.stop.name, self.version, step, self.version)
+        self.parts.publisher.stop_samplers()
 
     def _warm_up(self) -> None:
         """--warm-up on CUDA: round 0 is still being generated, so the first step's one-time costs
@@ -125,7 +156,8 @@ class Learner:
         waiting for them (`elapsed`: seconds since the loop began)."""
         cfg = self.cfg
         left = (cfg.max_time_s - elapsed) if cfg.max_time_s else None
-        groups = self.parts.intake.collect(self.parts.groups_per_step, self.version, within_s=left)
+        groups = self.parts.intake.collect(self.parts.groups_per_step, self.version, within_s=left,
+                                           stop=self.stop.requested)
         batch = build_batch(groups, cfg.num_generations, cfg.scale_rewards) if groups else None
         return groups, batch
 
@@ -297,6 +329,12 @@ class Learner:
                 "groups": p.intake.accounting(), "books": p.books.dump(), "messages": p.messages.dump(),
                 "seed": self.cfg.seed}
 
+    def _newest_checkpoint(self) -> dict | None:
+        """The newest complete checkpoint under the run folder ({"step", "path"}), this run's or the
+        one it resumed from; None when there is none."""
+        found = list_checkpoints(self.parts.checkpointer.root)
+        return {"step": found[-1][0], "path": str(found[-1][1])} if found else None
+
     def shutdown(self, elapsed: float, checksums: list[str] | None = None, final_eval: dict | None = None) -> dict:
         """Tell samplers to stop, wait for their final status, and account for every group."""
         p = self.parts
@@ -312,8 +350,14 @@ class Learner:
         missing = sorted(i for i, e in latest.items() if not e.final)
         dropped_total = sum(acc["dropped"].values())
         failures = reported_failures([e.status.stats for e in latest.values() if e.status is not None])
+        queued = [g.policy_version for g in p.intake.queue]
         summary = {"steps": self.version, "optimizer_updates": p.engine.updates, "elapsed_s": elapsed,
+                   "steps_at_start": self.version_at_start, "ended_by": self.ended_by, "max_steps": self.cfg.max_steps,
+                   "checkpoint": self._newest_checkpoint(),
                    "groups": acc, "balance": books_say, "ages": dict(sorted(p.intake.ages.items())),
+                   # the versions that generated the groups still queued (oldest token's), for the run's
+                   # last lines: what the queued groups were
+                   "queued_versions": [min(queued), max(queued)] if queued else None,
                    "staleness_note": staleness_advice(p.intake.ages, self.cfg.max_staleness),
                    "stages": stages, "first_step_s": first_step_s(stages, os.getpid()),
                    "samplers": {i: {"version": e.status.policy_version, "groups_sent": e.status.groups_sent,

@@ -102,7 +102,10 @@ def change_note(before: float, after: float, n: int) -> str:
 
 def eval_summary(evals: list[dict]) -> str | None:
     """The baseline (version 0) and the last evaluation, and what their difference shows, as one line."""
-    pts = sorted((e["version"], e.get("by", ""), e) for e in evals if isinstance(e.get("version"), int))
+    # by version, then who, then when: a resumed run's file holds version 0 twice (each launch's
+    # sampler 0 scores the weights it starts with), and records themselves do not compare
+    pts = sorted(((e["version"], e.get("by", ""), e) for e in evals if isinstance(e.get("version"), int)),
+                 key=lambda t: (t[0], t[1], t[2].get("time") or 0.0))
     base = next((e for v, _, e in pts if v == 0), None)
     if base is None or len(pts) < 2:
         return None

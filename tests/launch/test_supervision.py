@@ -137,7 +137,9 @@ def test_dead_sampler_is_restarted_then_failure_stops_everything(runs):
 def test_sigterm_stops_every_process_and_frees_the_ports(runs):
     proc, run_dir, ports = runs["test_sigterm_stops_every_process_and_frees_the_ports"]
     try:
-        wait_for(lambda: sampler_running(run_dir), 300, "the sampler's first round")
+        # a trained step, so that the stop has one to save
+        wait_for(lambda: sampler_running(run_dir) and (run_dir / "metrics.jsonl").exists(), 300,
+                 "the sampler's first round and the learner's first step")
         children = [p for n, p in pids(run_dir).items() if n != "launcher"]
         assert len(children) == 2
         t0 = time.monotonic()
@@ -148,7 +150,9 @@ def test_sigterm_stops_every_process_and_frees_the_ports(runs):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM, out
-    assert "SIGTERM: stopping every process" in out
+    # the learner saves (tests/e2e/test_stop_keeps_work.py checks what), then every process ends
+    assert "SIGTERM: the learner finishes the step in hand, saves it" in out
+    assert "[launcher] SIGTERM: saved step " in out
     assert took < 60, took
     assert_clean(children, ports)
 
@@ -203,7 +207,8 @@ def test_a_learner_that_finishes_mid_round_ends_the_run_cleanly(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["groups"]["balanced"] and summary["balance"]["text"] == "balanced", summary["groups"]
     assert summary["samplers_without_final_status"] == []
-    assert "(balanced)" in out.split("[launcher] done:")[1].splitlines()[0]
+    books = next(line for line in out.splitlines() if line.startswith("[launcher] groups: "))
+    assert ": balanced" in books, books
     hist = summary["stages"]
     assert set(hist) == {"learner0", "sampler0"}
     assert [e["stage"] for e in hist["learner0"]] == ["started", "bound", "engine_ready", "weights_published",
@@ -239,7 +244,7 @@ sys.exit(run(LaunchConfig(stop_timeout_s=1.0, stage_timeout_s=0), specs, run_dir
     assert r.returncode == 0, out
     assert ("[launcher] sampler0 did not exit within 1 s of the learner finishing; stopping them (the run itself "
             "completed)") in out
-    assert '[launcher] done: {"sent": 0} (balanced)' in out
+    assert "[launcher] groups: 0 sent = 0 trained + 0 dropped + 0 queued: balanced" in out
     assert time.monotonic() - t0 < 30
     assert not alive(json.loads((run_dir / "pids.json").read_text())["sampler0"])
 

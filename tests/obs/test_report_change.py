@@ -23,3 +23,13 @@ def test_eval_summary_uses_the_baseline_and_the_last_evaluation():
                                    "(version 0), after 0.250 (version 3, learner): +0.125, within the noise of 8 "
                                    "problems (two standard errors: 0.390)")
     assert eval_summary(evals[:1]) is None
+
+
+def test_eval_summary_of_a_resumed_run_with_version_0_scored_twice():
+    """Each launch's sampler 0 scores the weights it starts with as version 0: a resumed run's
+    eval.jsonl holds two records of (0, sampler0), which the sort must order without comparing them."""
+    evals = [{"version": 0, "by": "sampler0", "time": 1.0, "accuracy": 0.125, "n": 8},
+             {"version": 0, "by": "sampler0", "time": 9.0, "accuracy": 0.125, "n": 8},
+             {"version": 5, "by": "learner", "time": 10.0, "accuracy": 0.25, "n": 8}]
+    assert eval_summary(evals).startswith("greedy accuracy on the held-out subset (first 8 test problems): before "
+                                          "0.125 (version 0), after 0.250 (version 5, learner)")
