@@ -95,7 +95,7 @@ def step_figures(run: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="--model for ours (a GGUF file, a folder, tiny-random)")
     ap.add_argument("--dataset", required=True, help="the GSM8K folder")
     ap.add_argument("--variants", default="rounds,inflight", help=f"comma-separated, of {', '.join(VARIANTS)}")
