@@ -38,6 +38,10 @@ def no_hub(tmp_path, monkeypatch):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("HF_ENDPOINT", env["HF_ENDPOINT"])
     monkeypatch.setenv("HF_HOME", env["HF_HOME"])
+    # huggingface_hub, once imported in this process, reads offline mode from its constant, which
+    # the suite's HF_HUB_OFFLINE=1 set: off too, or the checks here would see offline mode
+    if (hub := sys.modules.get("huggingface_hub.constants")) is not None:
+        monkeypatch.setattr(hub, "HF_HUB_OFFLINE", False)
     return env
 
 
