@@ -134,8 +134,15 @@ def chunked_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch
         return picked, (lse - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)) * keep
     decoder, head = parts
     hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-    rows = hidden[:, :-1][valid]                                           # [N, D] predicting positions
-    targets = input_ids[:, 1:][valid]                                      # [N]
+    # The predicting positions by flat index, not by a boolean mask: a mask's backward is an
+    # accumulating index_put (it sorts every index on CUDA: 0.35 s of a 2.1 s 0.5B learner step in
+    # bench/results/step_profile_NVIDIA_H200.json), index_select's is an index_add. Positions are
+    # b * L + t in the [B, L] layout, so `hidden` is read as the view [B * L, D] with no copy.
+    at = torch.zeros((B, L), dtype=torch.bool, device=input_ids.device)
+    at[:, :-1] = valid
+    idx = at.reshape(-1).nonzero().squeeze(1)                              # [N] (one host sync)
+    rows = hidden.reshape(B * L, -1).index_select(0, idx)                  # [N, D]
+    targets = input_ids.reshape(-1).index_select(0, idx + 1)               # [N]: position t predicts t+1
     step = max(1, chunk_elems // head.out_features)
     grad = torch.is_grad_enabled() and rows.requires_grad
     fn = _chunk_logprobs_entropy if with_entropy else _chunk_logprobs
@@ -148,9 +155,11 @@ def chunked_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch
             pieces.append(fn(h, t, head, temperature))
     width = (2,) if with_entropy else ()
     flat = torch.cat(pieces) if pieces else rows.new_zeros((0, *width), dtype=torch.float32)
+    # back into place by flat index as well (index_copy's backward is an index_select)
+    into = idx - idx // L                                                  # [N]: b * (L-1) + t
     if not with_entropy:
-        out = torch.zeros((B, L - 1), dtype=torch.float32, device=input_ids.device)
-        return out.masked_scatter(valid, flat)                             # [B, L-1]
-    out = torch.zeros((B, L - 1, 2), dtype=torch.float32, device=input_ids.device)
-    out = out.masked_scatter(valid.unsqueeze(-1), flat)                    # [B, L-1, 2]
+        out = torch.zeros((B * (L - 1),), dtype=torch.float32, device=input_ids.device)
+        return out.index_copy(0, into, flat).view(B, L - 1)                # [B, L-1]
+    out = torch.zeros((B * (L - 1), 2), dtype=torch.float32, device=input_ids.device)
+    out = out.index_copy(0, into, flat).view(B, L - 1, 2)                  # [B, L-1, 2]
     return out[..., 0], out[..., 1]
