@@ -30,7 +30,9 @@ class EvalConfig:
     """python -m grpo.evaluate: greedy pass@1 of a model on the first N test problems."""
 
     model: str = DEFAULT_MODEL
-    """'smollm2', a Hugging Face folder (e.g. a checkpoint's hf/ folder), a hub id or a .gguf file."""
+    """'smollm2', a Hugging Face folder, a run's checkpoint (runs/<id>/checkpoints/step_N, its hf/) or LoRA adapter (lora_adapter/), a hub id or a .gguf file."""
+    base_model: str = ""
+    """A LoRA adapter's base model (default: the one its run's config_learner.json names, else the adapter's base_model_name_or_path)."""
     dataset: str = DEFAULT_DATASET
     """'openai/gsm8k', a folder with test.jsonl (e.g. ../shared/data/gsm8k), a data file (its held-out 10%), or rg:<task>."""
     eval_size: int = 500
