@@ -196,3 +196,26 @@ def test_a_full_fine_tuning_checkpoint_folder_evaluates_as_the_learner_did(file_
     assert (got["n"], got["split"]) == (2, "held-out")
     assert got["completions_sha256"] == final[0]["completions_sha256"]
     assert "greedy pass@1" in r.stdout and "2 held-out problems" in r.stdout
+
+
+def test_a_run_that_cannot_evaluate_its_data_is_refused_before_anything_starts(tmp_path):
+    """--eval-every on a file too small to hold rows out (or a folder without a test split): the
+    launcher's one line names --eval-dataset, before any process starts; with --eval-dataset, or without
+    --eval-every, the same data passes its checks."""
+    from grpo.launch.main import check_sampler_flags
+
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(json.dumps({"question": f"q{i}?", "answer": f"#### {i}"}) + "\n" for i in range(5)))
+    only_train = tmp_path / "only_train"
+    only_train.mkdir()
+    shutil.copy(small, only_train / "train.jsonl")
+    r = subprocess.run([sys.executable, "run_distributed.py", "--device", "cpu", "--model", "tiny-random",
+                        "--dataset", str(small), "--eval-every", "1", "--run-dir", str(tmp_path / "run")],
+                       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and not (tmp_path / "run").exists(), r.stdout + r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("run_distributed.py: error: Dataset file") and "has 5 rows" in line
+    assert "--eval-dataset PATH" in line
+    assert "--eval-dataset PATH" in check_sampler_flags(["--dataset", str(only_train), "--eval-every", "1"])
+    assert check_sampler_flags(["--dataset", str(small), "--eval-every", "1", "--eval-dataset", str(GSM8K)]) is None
+    assert check_sampler_flags(["--dataset", str(small)]) is None
