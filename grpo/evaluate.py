@@ -3,7 +3,9 @@
     python -m grpo.evaluate --model PATH_OR_CHECKPOINT [--dataset ../shared/data/gsm8k] \
         [--eval-size 500] [--out result.json]
 
-The subset is the first --eval-size problems of the test split (the source's own order),
+--model takes what a run saved (a checkpoint folder, its hf/, a LoRA adapter: grpo.model.saved) as well
+as any model --model takes in training. The subset is the first --eval-size problems of the test
+split (the source's own order; a data file's held-out rows, grpo.data.sources.held_out_rows),
 so every evaluation of a run, and the baseline before it, scores the same problems. The
 same function runs inside the sampler (`--eval-every N`) and at the learner's end.
 """
@@ -250,24 +252,29 @@ def _main(argv: list[str] | None = None) -> int:
     setup_logging("evaluate")
     try:
         problems = eval_problems(cfg.dataset, cfg.eval_size)   # a bad --dataset ends here, before torch loads
-        from grpo.model import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model,
-                                start_runtime)
+        from grpo.model.saved import find_model, load_found
+
+        found = find_model(cfg.model, cfg.base_model)   # a folder it cannot take too (a checkpoint's is fine)
+        log.info("evaluating %s", found.what)
+        from grpo.model import compute_dtype, load_tokenizer, pick_device, start_runtime
 
         device = pick_device(cfg.device, cfg.gpu_id)
         # The workers' attention kernels (start_runtime turns cuDNN's off on CUDA): another kernel rounds
         # bf16 otherwise, and greedy decoding then parts from the learner's and samplers' on some problems.
         start_runtime(device, {})
-        path = resolve_model(cfg.model)
-        tok = load_tokenizer(path)
-        model = load_causal_lm(path, device, compute_dtype(device))
+        tok = load_tokenizer(found.tokenizer)
+        model = load_found(found, device, compute_dtype(device))
         engine = eval_engine(model, tok, cfg.generation_backend, device)
     except (DatasetUnavailable, ModelUnavailable, ValueError) as exc:
         print(f"python -m grpo.evaluate: error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
         return 2
     result = greedy_accuracy(model, tok, problems, cfg.max_new_tokens, cfg.eval_batch_size, device, engine=engine)
-    result.update(model=cfg.model, dataset=cfg.dataset, split="test", device=str(device), config=asdict(cfg))
+    # a data file's test split is its held-out rows (grpo.data.sources.held_out_rows)
+    split = "held-out" if Path(cfg.dataset).expanduser().is_file() else "test"
+    result.update(model=cfg.model, loaded=found.what, dataset=cfg.dataset, split=split, device=str(device),
+                  config=asdict(cfg))
     print(f"greedy pass@1: {result['accuracy']:.4f} ({result['correct']}/{result['n']}) on the first "
-          f"{result['n']} test problems of {cfg.dataset}; {result['seconds']:.1f} s")
+          f"{result['n']} {split} problems of {cfg.dataset}; {result['seconds']:.1f} s")
     if cfg.out:
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -20,7 +20,7 @@ class EvaluationSection:
     eval_size: int = 500
     """Problems in the fixed evaluation subset: the first N of the test split."""
     eval_dataset: str = ""
-    """Data set to evaluate on (default: --dataset)."""
+    """Data set to evaluate on (default: --dataset; a data file's held-out 10% of rows, which training leaves out)."""
     eval_batch_size: int = at_least(1, 256)
     """Sequences decoded together during evaluation."""
 
@@ -30,9 +30,11 @@ class EvalConfig:
     """python -m grpo.evaluate: greedy pass@1 of a model on the first N test problems."""
 
     model: str = DEFAULT_MODEL
-    """'smollm2', a Hugging Face folder (e.g. a checkpoint's hf/ folder), a hub id or a .gguf file."""
+    """'smollm2', a Hugging Face folder, a run's checkpoint (runs/<id>/checkpoints/step_N, its hf/) or LoRA adapter (lora_adapter/), a hub id or a .gguf file."""
+    base_model: str = ""
+    """A LoRA adapter's base model (default: the one its run's config_learner.json names, else the adapter's base_model_name_or_path)."""
     dataset: str = DEFAULT_DATASET
-    """'openai/gsm8k', a folder with test.jsonl (e.g. ../shared/data/gsm8k), or rg:<task>."""
+    """'openai/gsm8k', a folder with test.jsonl (e.g. ../shared/data/gsm8k), a data file (its held-out 10%), or rg:<task>."""
     eval_size: int = 500
     """Evaluate on the first N problems of the test split (0: all)."""
     eval_batch_size: int = 256

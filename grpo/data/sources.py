@@ -6,6 +6,9 @@ prompt stream grpo.data.prompts'.
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
+import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +16,8 @@ from pathlib import Path
 from grpo.data import formats, tasks
 from grpo.data.formats import Problem
 from grpo.model.hub import unreachable_reason
+
+log = logging.getLogger(__name__)
 
 DEFAULT_DATASET = "openai/gsm8k"
 RG_DEFAULT_SIZE = 2000
@@ -23,6 +28,20 @@ _FIXES = (
     "Fix: pass --dataset PATH to a data file or a folder holding train.jsonl and test.jsonl "
     "(e.g. ../shared/data/gsm8k), or --dataset rg:gsm_symbolic for generated GSM8K-style problems."
 )
+# A data set given as one file has no test split of its own, so a fixed share of its rows is held
+# out for evaluation, and training never sees them: the rows `datasets` users would get from
+# Dataset.train_test_split(test_size=0.1, seed=42) (held_out_rows computes the same rows without
+# importing datasets; a test checks it against datasets itself). The rule depends on the file alone
+# (not on --seed, --eval-size or --dataset-limit), so every process and every later
+# `python -m grpo.evaluate` on the same file agrees on which rows are held out.
+HELD_OUT_FRACTION = 0.1
+HELD_OUT_SEED = 42
+# A file of fewer rows holds none out (one or two held-out rows measure nothing, and training would
+# lose rows it needs): all of it trains, and evaluation asks for --eval-dataset.
+HELD_OUT_MIN_ROWS = 10
+_EVAL_ELSEWHERE = ("evaluate on another set: --eval-dataset PATH in a training run, "
+                   "--dataset PATH for python -m grpo.evaluate")
+
 # "owner/name" or a bare canonical name; anything else with a slash is treated as a path.
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
@@ -35,7 +54,8 @@ def load_problems(
     spec: str = DEFAULT_DATASET, split: str = "train", limit: int | None = None, seed: int = 0,
     transform: str = "", levels: dict[str, int] | None = None,
 ) -> list[Problem]:
-    """Problems from `spec`: a local data file (the train split), a folder of <split>.jsonl (or
+    """Problems from `spec`: a local data file (split "train": its rows but the held-out ones; "test":
+    the held-out ones, see held_out_rows), a folder of <split>.jsonl (or
     .json/.parquet/.csv), "rg:<tasks>" (grpo.data.tasks), or a hub dataset id. `transform` is a
     "module:function" applied to every raw row first (see grpo.data.formats.load_transform);
     `levels`: curriculum levels of rg: tasks.
@@ -49,7 +69,23 @@ def load_problems(
         problems = _load_reasoning_gym(spec[3:], split, limit, seed, levels)
         return problems if fn is None else _transform_problems(problems, fn, spec)
     file = local_file(spec, split)
-    return _load_hub(spec, split, limit, fn) if file is None else _load_file(file, limit, fn)
+    if file is None:
+        return _load_hub(spec, split, limit, fn)
+    one_file = Path(spec).expanduser().is_file()   # not a folder's split file: its rows are carved
+    return _load_file(file, limit, fn, part=split if one_file else None)
+
+
+def held_out_rows(n: int) -> list[int]:
+    """The positions (from 0, ascending) of the rows an n-row data file holds out for evaluation:
+    those of `Dataset.train_test_split(test_size=HELD_OUT_FRACTION, seed=HELD_OUT_SEED)["test"]`
+    (numpy's default_rng(seed) permutes the positions; the first ceil(fraction * n) are the test
+    rows). None (an empty list) for a file of fewer than HELD_OUT_MIN_ROWS rows."""
+    if n < HELD_OUT_MIN_ROWS:
+        return []
+    import numpy as np
+
+    n_test = math.ceil(HELD_OUT_FRACTION * n)
+    return sorted(np.random.default_rng(HELD_OUT_SEED).permutation(n)[:n_test].tolist())
 
 
 def local_file(spec: str, split: str = "train") -> Path | None:
@@ -60,12 +96,18 @@ def local_file(spec: str, split: str = "train") -> Path | None:
         return None
     path = Path(spec).expanduser()
     if path.is_dir():
-        return formats.split_file(path, split) or path / f"{split}.jsonl"
-    if path.is_file():
-        if split != "train":
+        found = formats.split_file(path, split)
+        if found is None and split != "train":
             raise DatasetUnavailable(
-                f"Dataset file {spec!r} is one split (train); for {split!r} pass a folder holding "
-                f"train.jsonl and {split}.jsonl (or .json/.parquet/.csv)."
+                f"Dataset folder {spec!r} has no {split} split ({split}.jsonl/.json/.parquet/.csv); "
+                f"add one, or {_EVAL_ELSEWHERE}."
+            )
+        return found or path / f"{split}.jsonl"
+    if path.is_file():
+        if split not in ("train", "test"):   # a file is carved into these two only (held_out_rows)
+            raise DatasetUnavailable(
+                f"Dataset file {spec!r} has a train split and a held-out test split, not {split!r}; "
+                f"pass a folder holding {split}.jsonl (or .json/.parquet/.csv), or {_EVAL_ELSEWHERE}."
             )
         return path
     # "owner/name" is a hub id unless "owner" is a local folder (then a mistyped path is likelier).
@@ -81,12 +123,17 @@ _LAYOUTS = ("'question'/'answer', 'prompt' (text or chat messages), 'instruction
             "or 'input'/'output'; check with: python -m grpo.data validate PATH")
 
 
-def _load_file(file: Path, limit: int | None, fn: formats.Transform | None) -> list[Problem]:
+def _load_file(file: Path, limit: int | None, fn: formats.Transform | None,
+               part: str | None = None) -> list[Problem]:
+    """`part`: "train" or "test" of a data file given alone (_carve), None for every row."""
     if not file.is_file():
         raise DatasetUnavailable(f"Dataset file {str(file)!r} does not exist. {_FIXES}")
     problems: list[Problem] = []
     try:
-        for where, row in formats.iter_file_rows(file):
+        rows = formats.iter_file_rows(file)
+        if part is not None:
+            rows = _carve(file, list(rows), part)
+        for where, row in rows:
             if limit is not None and len(problems) >= limit:
                 break
             if isinstance(row, formats.RowError):
@@ -102,6 +149,43 @@ def _load_file(file: Path, limit: int | None, fn: formats.Transform | None) -> l
     except (OSError, UnicodeDecodeError, ImportError) as exc:
         raise DatasetUnavailable(f"Cannot read {file}: {_one_line(exc)}") from exc
     return problems
+
+
+def _carve(file: Path, rows: list[tuple[str, object]], part: str) -> list[tuple[str, object]]:
+    """The rows of a data file that `part` ("train" or "test") takes, in the file's order; says so in one
+    line. Positions are of the raw rows, before --dataset-transform and --dataset-limit, so a run
+    with a transform and an evaluation without one hold out the same rows. Training also leaves out
+    any row equal (in every column) to a held-out one: a duplicate would be a held-out row trained on."""
+    held = held_out_rows(len(rows))
+    rule = f"datasets' train_test_split(test_size={HELD_OUT_FRACTION}, seed={HELD_OUT_SEED})"
+    if part == "test":
+        if not held:
+            raise DatasetUnavailable(
+                f"Dataset file {str(file)!r} has {len(rows)} rows, too few to hold out evaluation rows "
+                f"(a file of {HELD_OUT_MIN_ROWS} or more holds out {HELD_OUT_FRACTION:.0%}); {_EVAL_ELSEWHERE}."
+            )
+        log.info("%s is one file: evaluating on its %d held-out rows of %d (%s), which training never uses",
+                 file, len(held), len(rows), rule)
+        return [rows[i] for i in held]
+    if not held:
+        log.info("%s is one file of %d rows (fewer than %d): every row trains, none is held out for evaluation",
+                 file, len(rows), HELD_OUT_MIN_ROWS)
+        return rows
+    taken = set(held)
+    keys = {_row_key(rows[i][1]) for i in held} - {None}
+    kept = [r for i, r in enumerate(rows) if i not in taken and _row_key(r[1]) not in keys]
+    dup = len(rows) - len(held) - len(kept)
+    log.info("%s is one file: training on %d of its %d rows; %d are held out for evaluation (%s)%s",
+             file, len(kept), len(rows), len(held), rule,
+             f", and {dup} duplicate(s) of held-out rows are left out too" if dup else "")
+    return kept
+
+
+def _row_key(row: object) -> str | None:
+    """A row's content, for telling duplicates apart (None for an unreadable one)."""
+    if isinstance(row, formats.RowError):
+        return None
+    return json.dumps(row, sort_keys=True, default=str)
 
 
 def _transform_problems(problems: list[Problem], fn: formats.Transform, spec: str) -> list[Problem]:

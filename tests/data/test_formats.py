@@ -75,10 +75,15 @@ def test_csv_chat_prompt_and_tests_as_json_text(tmp_path):
     assert problem.columns == {"tests": '["assert True"]'}  # the code reward parses JSON lists
 
 
-def test_single_file_has_only_a_train_split(tmp_path):
-    path = write(tmp_path / "data.jsonl", ROWS[:1])
-    with pytest.raises(DatasetUnavailable, match="one split"):
+def test_a_file_too_small_to_hold_rows_out_trains_whole_and_names_eval_dataset_for_evaluation(tmp_path):
+    path = write(tmp_path / "data.jsonl", ROWS)   # 6 rows: fewer than the 10 a held-out split needs
+    assert load_problems(str(path)) == EXPECTED
+    with pytest.raises(DatasetUnavailable) as err:
         load_problems(str(path), split="test")
+    message = str(err.value)
+    assert "\n" not in message and "has 6 rows" in message and "--eval-dataset PATH" in message
+    with pytest.raises(DatasetUnavailable, match="not 'validation'.*--eval-dataset"):
+        load_problems(str(path), split="validation")
 
 
 def test_transform(tmp_path, monkeypatch):

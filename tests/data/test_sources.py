@@ -69,8 +69,81 @@ def test_missing_field_names_line(tmp_path):
 
 
 def test_missing_split_file(tmp_path):
-    with pytest.raises(DatasetUnavailable, match="test.jsonl"):
+    with pytest.raises(DatasetUnavailable, match="test.jsonl") as err:
         load_problems(str(tmp_path), split="test")
+    assert "--eval-dataset PATH" in str(err.value)   # the way out when a folder has no test split
+
+
+@pytest.mark.parametrize("n", [10, 11, 19, 20, 137, 7473])
+def test_held_out_rows_are_the_test_rows_of_datasets_train_test_split(n):
+    """The documented rule: a data file's held-out rows are those datasets' train_test_split
+    (test_size=0.1, seed=42) puts in its test split; checked against datasets itself."""
+    import datasets
+
+    from grpo.data.sources import HELD_OUT_FRACTION, HELD_OUT_SEED, held_out_rows
+
+    split = datasets.Dataset.from_dict({"i": list(range(n))}).train_test_split(
+        test_size=HELD_OUT_FRACTION, seed=HELD_OUT_SEED)
+    assert held_out_rows(n) == sorted(split["test"]["i"])
+    assert len(held_out_rows(n)) == -(-n // 10)   # ceil(n / 10): at least one row
+    assert held_out_rows(9) == []
+
+
+def _rows_file(path: Path, n: int, extra: list[dict] = ()) -> list[dict]:
+    rows = [{"question": f"What is {i} plus 1?", "answer": f"#### {i + 1}"} for i in range(n)] + list(extra)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def test_one_file_is_carved_into_disjoint_train_and_held_out_rows(tmp_path, caplog):
+    from grpo.data.sources import held_out_rows
+
+    path = tmp_path / "mine.jsonl"
+    rows = _rows_file(path, 30)
+    with caplog.at_level("INFO", logger="grpo.data.sources"):
+        train = load_problems(str(path), "train")
+        test = load_problems(str(path), "test")
+    held = held_out_rows(30)
+    assert len(held) == 3
+    assert [p.question for p in test] == [rows[i]["question"] for i in held]          # in the file's order
+    assert [p.question for p in train] == [r["question"] for i, r in enumerate(rows) if i not in held]
+    assert not {p.question for p in train} & {p.question for p in test}
+    said = [r.getMessage() for r in caplog.records]
+    assert any("training on 27 of its 30 rows; 3 are held out" in m and "seed=42" in m for m in said), said
+    assert any("evaluating on its 3 held-out rows of 30" in m for m in said), said
+    # --eval-size and --dataset-limit take the first rows of their own part; neither moves the carve
+    assert load_problems(str(path), "test", limit=2) == test[:2]
+    assert load_problems(str(path), "train", limit=5) == train[:5]
+
+
+def test_a_duplicate_of_a_held_out_row_is_not_trained_on(tmp_path, caplog):
+    from grpo.data.sources import held_out_rows
+
+    path = tmp_path / "dups.jsonl"
+    held = held_out_rows(29)                            # [7, 16, 24]: row 28 is a training row
+    first = [{"question": f"What is {i} plus 1?", "answer": f"#### {i + 1}"} for i in range(28)]
+    rows = _rows_file(path, 28, extra=[first[held[0]]])   # row 28 repeats held-out row 7
+    assert 28 not in held
+    with caplog.at_level("INFO", logger="grpo.data.sources"):
+        train = load_problems(str(path), "train")
+    test = load_problems(str(path), "test")
+    assert rows[held[0]]["question"] in {p.question for p in test}
+    assert rows[held[0]]["question"] not in {p.question for p in train}
+    assert len(train) == 29 - len(held) - 1
+    assert "1 duplicate(s) of held-out rows are left out too" in caplog.text
+
+
+def test_the_carve_is_by_raw_row_so_a_transform_does_not_move_it(tmp_path, monkeypatch):
+    """A run with --dataset-transform and an evaluation without one hold out the same rows: the
+    positions are those of the file's rows before the transform drops any."""
+    path = tmp_path / "raw.jsonl"
+    _rows_file(path, 20)
+    (tmp_path / "odd_only.py").write_text(
+        "def odd_only(row):\n    return row if int(row['answer'][5:]) % 2 else None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plain = load_problems(str(path), "train")
+    kept = load_problems(str(path), "train", transform="odd_only:odd_only")
+    assert kept == [p for p in plain if int(p.answer[5:]) % 2]
 
 
 @pytest.mark.parametrize("spec", ["./no/such/dir", "/no/such/gsm8k", "../nowhere", "tests/no_such_dir"])
