@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from grpo.config.rollout import backend_for
+from grpo.rules.backend import backend_for
 from grpo.model import left_pad
 
 BACKENDS = ("auto", "fast", "hf")

@@ -1,5 +1,5 @@
 """run_distributed.py: parse the launcher's flags, check what can be checked before anything starts
-(GPUs, ports, --reward, --resume), choose the split of --gpus (grpo.launch.layout), plan the
+(GPUs, ports, --reward, --resume), choose the split of --gpus (grpo.rules.layout), plan the
 processes and hand them to the supervisor.
 
 Up to the start of the workers nothing here imports torch, transformers, numpy or zmq: every
@@ -20,9 +20,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from grpo.config import LaunchConfig
-from grpo.launch import layout, memory, nodes
+from grpo.launch import memory, nodes
 from grpo.launch.plan import (LaunchError, check_gpus_flags, choose_gpus, instance_argv, parse, passthrough_flags,
                               plan, plan_instances)
+from grpo.rules import layout
 
 
 def cuda_device_count() -> int:
@@ -153,7 +154,7 @@ def in_flight_note(sampler_flags: list[str], learner_flags: list[str], samplers:
     them all decoding, the clause that says why). None otherwise."""
     from grpo.config import LearnerConfig, SamplerConfig
     from grpo.flags import parse_config
-    from grpo.sync.staleness import Staleness
+    from grpo.rules.staleness import Staleness
 
     scfg = parse_config(SamplerConfig, sampler_flags, "sampling_worker.py")
     if not scfg.in_flight_rows or not scfg.swap_in_flight or samplers < 1 or not decodes_with_engine(scfg):
@@ -175,7 +176,7 @@ def in_flight_note(sampler_flags: list[str], learner_flags: list[str], samplers:
 def decodes_with_engine(scfg) -> bool:
     """Whether a sampler of this parsed config decodes with the fast engine (the only backend with
     rows in flight): its --generation-backend on its device, auto meaning the engine on CUDA."""
-    from grpo.config.rollout import backend_for
+    from grpo.rules.backend import backend_for
 
     return backend_for(scfg.generation_backend, "cpu" if scfg.device == "cpu" else "cuda") == "fast"
 
@@ -209,7 +210,7 @@ def in_flight_rows(sampler_flags: list[str], learner_flags: list[str], samplers:
     at least one: a smaller pool that never drains, where rounds would be budget-sized as well."""
     from grpo.config import LearnerConfig, SamplerConfig
     from grpo.flags import parse_config
-    from grpo.sync.staleness import IN_FLIGHT_SPAN, Staleness
+    from grpo.rules.staleness import IN_FLIGHT_SPAN, Staleness
 
     if not on_gpus or samplers < 1:
         return 0
@@ -261,7 +262,7 @@ def fill_in_flight_rows(sampler_flags: list[str], learner_flags: list[str], samp
     IN_FLIGHT_SPAN more, up to AUTO_STALENESS_MAX, said in one line; otherwise none, and the line
     says which bound would fill them."""
     from grpo.config import LearnerConfig
-    from grpo.sync.staleness import IN_FLIGHT_SPAN
+    from grpo.rules.staleness import IN_FLIGHT_SPAN
 
     found = in_flight_note(sampler_flags, learner_flags, samplers) if samplers else None
     if found is None:
@@ -290,7 +291,7 @@ def fit_first_round(sampler_flags: list[str], learner_flags: list[str], samplers
     Whatever the layout, one shared device included."""
     from grpo.config import ROW_BUCKETS, LearnerConfig, SamplerConfig
     from grpo.flags import parse_config
-    from grpo.sync.staleness import Staleness, bucket_prompts, first_round_groups
+    from grpo.rules.staleness import Staleness, bucket_prompts, first_round_groups
 
     if samplers < 1 or not staleness_left_default(learner_flags):
         return raised
@@ -433,7 +434,7 @@ def layout_inputs(cfg: LaunchConfig, learner_flags: list[str]) -> tuple[int | No
 
 
 def read_rates(run_dir: str) -> layout.Rates | None:
-    """--layout-from: an earlier run's measured rates (grpo.launch.layout.rates_from_run) from its
+    """--layout-from: an earlier run's measured rates (grpo.rules.layout.rates_from_run) from its
     metrics.jsonl, summary.json, config_launch.json and config_learner.json; None without the flag."""
     if not run_dir:
         return None

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from grpo.config import (ROW_BUCKETS, LearnerConfig, SamplerConfig, allocator_conf, expandable_segments,
                          micro_token_budget, resolve_precision)
-from grpo.sync.staleness import Staleness, bucket_prompts
+from grpo.rules.staleness import Staleness, bucket_prompts
 
 GiB = 1 << 30
 CUDA_CONTEXT = GiB // 2            # a CUDA context plus cuBLAS/NCCL workspaces: ~0.5 GiB, a stated constant
@@ -420,7 +420,7 @@ def decode_rows(group: int, prompts_per_round: int = 0, in_flight_rows: int = 0,
     if not prompts_per_round:
         if staleness is None:
             raise ValueError("decode_rows: --prompts-per-round 0 sizes rounds by the learner's staleness rule; "
-                             "pass it (grpo.sync.staleness.Staleness)")
+                             "pass it (grpo.rules.staleness.Staleness)")
         prompts_per_round = staleness.largest_round_prompts(filter_zero_signal, max_prompts_per_round,
                                                             bucket_prompts(buckets, group), samplers)
     rows = prompts_per_round * group

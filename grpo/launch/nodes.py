@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from grpo.config import CommonConfig, LaunchConfig, LearnerConfig, resolve_precision
 from grpo.flags import parse_config
 from grpo.launch.plan import ROOT, LaunchError
+from grpo.rules import layout
 
 # Set for every process, as the one-host launcher sets them (grpo.launch.plan.plan).
 NODE_ENV = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -180,10 +181,8 @@ def choose_nodes_split(cfg: LaunchConfig, params: int | None, train_batch_size: 
                        rates=None) -> tuple[LaunchConfig, str]:
     """--gpus all with --nodes: (the config as if the chosen --training-ranks/--num-samplers (and
     --share-gpus, for one GPU in all) had been typed, the layout line). The split is
-    grpo.launch.layout.choose_split's over every node's GPUs, among those `place` can lay out with
+    grpo.rules.layout.choose_split's over every node's GPUs, among those `place` can lay out with
     every GPU used (learner ranks fill whole learner nodes from GPU 0, the samplers take the rest)."""
-    from grpo.launch import layout
-
     nodes = parse_nodes(cfg.nodes)
 
     def feasible(samplers: int, ranks: int) -> bool:

@@ -227,9 +227,9 @@ def _check_failed(check: Future | None, wait_s: float = 0.0) -> bool:
 
 
 def layout_note(cfg: LaunchConfig, run_dir: Path, summary: dict) -> str | None:
-    """grpo.launch.layout's advice on the run's measured rates, where the user gave samplers and
+    """grpo.rules.layout's advice on the run's measured rates, where the user gave samplers and
     learner ranks GPUs of their own; None otherwise, or when the rates give no reason."""
-    from grpo.launch.layout import advice, measured
+    from grpo.rules.layout import advice, measured
     from grpo.launch.plan import parse_gpus
 
     try:

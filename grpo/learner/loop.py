@@ -35,7 +35,7 @@ from grpo.obs.rundir import provenance
 from grpo.obs.stages import first_step_s, history as stage_history, mark as mark_stage
 from grpo.stats import (ZERO_SIGNAL_ALARM_GROUPS, bf16_peak_share, bf16_peak_tflops, both_busy_share, busy_rate,
                         group_stats, zero_signal_alarm)
-from grpo.sync.staleness import staleness_advice
+from grpo.rules.staleness import staleness_advice
 
 log = logging.getLogger(__name__)
 

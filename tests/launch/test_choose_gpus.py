@@ -10,7 +10,7 @@ import pytest
 from netutil import free_port_run
 
 from grpo.launch import main as launch_main
-from grpo.launch.layout import Rates
+from grpo.rules.layout import Rates
 from grpo.launch.nodes import choose_nodes_split, plan_nodes
 from grpo.launch.plan import LaunchError, check_gpus_flags, choose_gpus, gpus_to_lay_out, parse, plan
 

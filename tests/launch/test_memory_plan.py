@@ -155,7 +155,7 @@ def test_rows_from_the_flags():
 
     l = LearnerConfig()
     # the defaults (G=8, 16 rows a step, --max-staleness 2, no filter): rounds of at most 8 prompts
-    # (grpo.sync.staleness: Staleness.largest_round_prompts), 64 rows, the smallest bucket
+    # (grpo.rules.staleness: Staleness.largest_round_prompts), 64 rows, the smallest bucket
     assert memory.run_shape(l, SamplerConfig(num_generations=8), 1, 1, "/nonexistent").rows == 64
     # under --filter-zero-signal up to 32 prompts, 256 rows
     assert memory.run_shape(l, SamplerConfig(num_generations=8, filter_zero_signal=True), 1, 1, "").rows == 256
