@@ -21,6 +21,7 @@ from pathlib import Path
 from grpo.config import (ROW_BUCKETS, LearnerConfig, SamplerConfig, allocator_conf, expandable_segments,
                          micro_token_budget, resolve_precision)
 from grpo.rules.staleness import Staleness, bucket_prompts
+from grpo.weights.methods import IPC, NCCL, SHARED, sampler_method
 
 GiB = 1 << 30
 CUDA_CONTEXT = GiB // 2            # a CUDA context plus cuBLAS/NCCL workspaces: ~0.5 GiB, a stated constant
@@ -429,9 +430,6 @@ def decode_rows(group: int, prompts_per_round: int = 0, in_flight_rows: int = 0,
 
 def run_shape(lcfg, scfg, ranks: int, samplers: int, ds_config: str) -> RunShape:
     """A RunShape from the learner's and a sampler's parsed configs (grpo.config), on CUDA."""
-    from grpo.weights.methods import sampler_method   # here: brings numpy
-    from grpo.wire.messages import IPC, NCCL, SHARED
-
     method = sampler_method(scfg.weight_sync, "cuda")   # the plan is for CUDA: auto is ipc
     rows = decode_rows(scfg.num_generations, scfg.prompts_per_round, scfg.in_flight_rows,
                        Staleness(lcfg.max_staleness, lcfg.train_batch_size // scfg.num_generations),
