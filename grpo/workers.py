@@ -45,12 +45,12 @@ def _fail(prog: str, exc: BaseException, made: tuple | None = None) -> int:
 
 def _gpu_env(device: str, gpu_id: int) -> None:
     """Fail fast on --gpu-id without CUDA, before torch (slow) or any model loads: the CUDA driver
-    is asked directly (grpo.launch.memory.cuda_driver, as the launcher does), and torch's own check
+    is asked directly (grpo.launch.probe.cuda_driver, as the launcher does), and torch's own check
     (pick_device) still follows for what the driver allows."""
     if device == "cpu" and gpu_id >= 0:
         raise ValueError("--gpu-id and --device cpu contradict each other; drop one of them")
     if device == "cuda" or (device == "auto" and gpu_id >= 0):
-        from grpo.launch.memory import cuda_driver
+        from grpo.launch.probe import cuda_driver
 
         driver = cuda_driver()
         if driver is None or driver[1] == 0:

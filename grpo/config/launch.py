@@ -29,7 +29,7 @@ class PlacementSection:
     share_gpus: bool = False
     """Allow a GPU in both --sampling-gpus and --training-gpus (otherwise an overlap is refused)."""
     no_memory_check: bool = False
-    """Start even when the memory plan (printed at start; grpo/launch/memory.py) says the processes will not fit their GPUs. The plan's rules are estimates not yet checked against measured peaks on every size: use this when a measured run proves it wrong."""
+    """Start even when the memory plan (printed at start; grpo/rules/memory.py) says the processes will not fit their GPUs. The plan's rules are estimates not yet checked against measured peaks on every size: use this when a measured run proves it wrong."""
 
 
 @dataclass

@@ -20,16 +20,16 @@ from dataclasses import replace
 from pathlib import Path
 
 from grpo.config import LaunchConfig
-from grpo.launch import memory, nodes
+from grpo.launch import nodes, probe
 from grpo.launch.plan import (LaunchError, check_gpus_flags, choose_gpus, instance_argv, parse, passthrough_flags,
                               plan, plan_instances)
-from grpo.rules import layout
+from grpo.rules import layout, memory
 
 
 def cuda_device_count() -> int:
     """The GPUs the CUDA driver sees; 0 when there is no driver or no GPU, as
-    torch.cuda.is_available() False gave before (grpo.launch.memory.cuda_driver: no torch)."""
-    driver = memory.cuda_driver()
+    torch.cuda.is_available() False gave before (grpo.launch.probe.cuda_driver: no torch)."""
+    driver = probe.cuda_driver()
     return driver[1] if driver else 0
 
 
@@ -85,7 +85,7 @@ def check_model(model: str) -> None:
     fetched nor read from the cache, is a one-line mistake here, before any run folder or worker exists
     (grpo.model.gguf.header.gguf_model_file and grpo.model.hub.check_hub_model: the workers' own checks,
     torch-free)."""
-    if model in memory.BUILT_FOLDERS:
+    if model in probe.BUILT_FOLDERS:
         return
     from grpo.model.gguf.header import ModelUnavailable, gguf_model_file
     from grpo.model.hub import check_hub_model
@@ -396,13 +396,13 @@ def bytecode_warning(dont_write: bool, missing: list[str]) -> str | None:
 
 def memory_inputs(cfg: LaunchConfig, learner_flags: list[str], sampler_flags: list[str], ranks: int,
                   samplers: int) -> tuple[memory.Shape, memory.RunShape] | None:
-    """The model's shape and the run's (grpo.launch.memory) for learner ranks and samplers given
+    """The model's shape and the run's (grpo.rules.memory) for learner ranks and samplers given
     these flags; None, said in one line, while neither the model's config.json nor (for the
     default model or a GGUF file) its GGUF is here to read."""
     from grpo.config import LearnerConfig, SamplerConfig
     from grpo.flags import parse_config
 
-    shape, note = memory.read_shape(cfg.model)
+    shape, note = probe.read_shape(cfg.model)
     if shape is None:
         print(f"run_distributed.py: {note}", file=sys.stderr)
         return None
@@ -410,12 +410,12 @@ def memory_inputs(cfg: LaunchConfig, learner_flags: list[str], sampler_flags: li
     scfg = parse_config(SamplerConfig, sampler_flags, "sampling_worker.py")
     ds = Path(lcfg.deepspeed_config)
     ds = ds if ds.is_absolute() or ds.exists() else Path(__file__).resolve().parents[2] / ds
-    return shape, memory.run_shape(lcfg, scfg, ranks, samplers, str(ds))
+    return shape, probe.run_shape(lcfg, scfg, ranks, samplers, str(ds))
 
 
 def memory_plan(cfg: LaunchConfig, learner_flags: list[str], sampler_flags: list[str], ranks: int,
                 samplers: int) -> dict | None:
-    """The memory plan (grpo.launch.memory) of a run whose learner ranks and samplers get these
+    """The memory plan (grpo.rules.memory) of a run whose learner ranks and samplers get these
     flags; None when memory_inputs has none."""
     inputs = memory_inputs(cfg, learner_flags, sampler_flags, ranks, samplers)
     return None if inputs is None else memory.plan(*inputs)
@@ -428,7 +428,7 @@ def layout_inputs(cfg: LaunchConfig, learner_flags: list[str]) -> tuple[int | No
     from grpo.config import CommonConfig, LearnerConfig
     from grpo.flags import parse_config, to_flags
 
-    shape, _ = memory.read_shape(cfg.model)
+    shape, _ = probe.read_shape(cfg.model)
     lcfg = parse_config(LearnerConfig, to_flags(cfg, CommonConfig) + learner_flags, "training_worker.py")
     return (shape.params if shape else None), lcfg.train_batch_size
 
@@ -494,7 +494,7 @@ def default_micro_tokens(learner_flags: list[str]) -> bool:
 
 
 def check_memory(cfg: LaunchConfig, specs: list) -> None:
-    """CUDA runs: log the memory plan (grpo.launch.memory), one line per process, and refuse one
+    """CUDA runs: log the memory plan (grpo.rules.memory), one line per process, and refuse one
     that will not fit its GPUs. Reads the model's config.json (or the GGUF header of the default model
     or of --model FILE.gguf); never builds or fetches a model."""
     if not any(s.env.get("CUDA_VISIBLE_DEVICES") for s in specs):
@@ -507,7 +507,7 @@ def check_memory(cfg: LaunchConfig, specs: list) -> None:
     # learner rank r runs on the r-th GPU of its list; a sampler on the first of its own
     placement = {s.name: int(s.env["CUDA_VISIBLE_DEVICES"].split(",")[r]) for r, s in enumerate(learners)}
     placement.update({s.name: int(s.env["CUDA_VISIBLE_DEVICES"].split(",")[0]) for s in samplers})
-    gpu_bytes = memory.gpu_total_bytes()
+    gpu_bytes = probe.gpu_total_bytes()
     p = memory.plan(*inputs)
     # float32 weights (autocast, the full fine-tuning default) may be all that keeps a plan off its
     # GPUs: the refusal then says that --precision bf16 fits

@@ -10,4 +10,6 @@ worker starts and each role imports them at the top of its modules.
              as too old, how many groups a sampler may make now, how many prompts its round takes
   layout     how a run's GPUs are split between samplers and learner ranks (--gpus), and what a
              finished run's rates say about its split
+  memory     the memory plan: each process's GPU memory from the model's shape and the run's
+             flags, and whether it fits (reading the shape and the GPUs is grpo.launch.probe's)
 """

@@ -177,7 +177,7 @@ def test_launcher_says_its_choice_and_plans_the_explicit_flags(monkeypatch, caps
     flags, up to the busy data port (the last check before any worker starts)."""
     planned = []
     monkeypatch.setattr(launch_main, "cuda_device_count", lambda: 4)
-    monkeypatch.setattr(launch_main.memory, "gpu_total_bytes", lambda: {})
+    monkeypatch.setattr(launch_main.probe, "gpu_total_bytes", lambda: {})
     monkeypatch.setattr(launch_main, "plan", lambda cfg, *a: planned.append(cfg) or plan(cfg, *a))
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", free_port_run(2)))
