@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import PEAK_BF16_FLOPS, ROOT, commit, versions  # noqa: E402  (also puts the repo root on sys.path)
 
 from grpo.config import ALLOC_ENV, ALLOC_ENVS, allocator_conf  # noqa: E402  (light: no torch)
-from grpo.launch.memory import RESERVE  # noqa: E402
+from grpo.rules.memory import RESERVE  # noqa: E402
 from grpo.stats import bf16_peak_share  # noqa: E402
 
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
@@ -207,7 +207,7 @@ def replan(row: dict) -> dict[str, float]:
 def _replan(row: dict, argv: list[str]) -> dict[str, float]:
     import tempfile
 
-    from grpo.launch import memory
+    from grpo.rules import memory
     from grpo.launch.main import memory_plan
     from grpo.launch.plan import parse, plan
     from grpo.model import resolve_model
@@ -229,7 +229,7 @@ def _replan(row: dict, argv: list[str]) -> dict[str, float]:
 
 
 def run_size(size: str, a, work: Path) -> dict:
-    from grpo.launch.memory import read_shape
+    from grpo.launch.probe import read_shape
     from grpo.model import resolve_model
 
     model, extra = LAYOUT[size]

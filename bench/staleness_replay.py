@@ -10,7 +10,7 @@ seconds). Three figures:
                  the run's own stale count if the replay is faithful; the two differ only where
                  waiting order, not generation, made groups stale
   share          how far the estimate of the share of groups with signal, by whose reciprocal a
-                 sampler sizes what it starts (grpo.sync.staleness.pool_room), sat from the run's
+                 sampler sizes what it starts (grpo.rules.staleness.pool_room), sat from the run's
                  own: the mean reciprocal over the last four chunks (the rule before SIGNAL_GROUPS)
                  and over the last 64 groups, against the run's
 

@@ -13,9 +13,12 @@ import os
 import textwrap
 import typing
 
+import yaml
+
 from grpo.config import SECTIONS, LaunchConfig, LearnerConfig, SamplerConfig, field_sections
 from grpo.config.bounds import Bounds, bounds_of
 from grpo.config.cli import ArgumentParser, did_you_mean
+from grpo.data.tasks import TaskSpecError, from_yaml
 
 
 @functools.cache
@@ -112,8 +115,6 @@ def _all_fields() -> dict[str, dataclasses.Field]:
 def _coerce(key: str, value, tp, path: str):
     """A YAML value as the field's type; a mismatch is a ConfigFileError naming the key."""
     if key in ("dataset", "eval_dataset") and isinstance(value, dict):
-        from grpo.data.tasks import TaskSpecError, from_yaml  # reasoning-gym's composite layout
-
         try:
             return from_yaml(value, f"--config {path}")
         except TaskSpecError as exc:
@@ -153,8 +154,6 @@ def load_config_file(path: str, cls: type) -> dict:
     valid name; keys of other roles are accepted and left to those roles (one file serves
     the launcher, the learner and the samplers).
     """
-    import yaml
-
     try:
         with open(path) as fh:
             data = yaml.safe_load(fh)

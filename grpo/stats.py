@@ -3,7 +3,7 @@
 A group's age is defined once here: a group sampled by policy version g and trained on by the
 learner at version v (its version *before* that step's update) is v - g versions old. Every step
 logs it (staleness_mean, staleness_max); the rules built on it (which groups the learner drops,
-how many a sampler may make) are grpo.sync.staleness's.
+how many a sampler may make) are grpo.rules.staleness's.
 """
 from __future__ import annotations
 

@@ -10,18 +10,25 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import sys
 
-from grpo.config import LearnerConfig, SamplerConfig
+from grpo.config import LearnerConfig, SamplerConfig, resolve_precision, use_allocator_default
 from grpo.config.constants import NO_CUDA
+from grpo.data.rewards import RewardBroken
+from grpo.data.sources import DatasetUnavailable, local_file
 from grpo.flags import parse_config
-from grpo.obs.rundir import freeze_for_exit
+from grpo.launch.probe import cuda_driver
+from grpo.obs.rundir import create_run_dir, freeze_for_exit, provenance, remove_created, save_config, setup_logging
+from grpo.obs.stages import mark as mark_stage
+from grpo.weights.methods import check_method
 
 USER_ERROR_EXIT = 2
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from grpo.data.sources import DatasetUnavailable
+    # here: the learner's engine, the model and the wire bring torch (and zmq); asked only once a
+    # role is starting, so that a flag mistake is said before they load
     from grpo.learner.engine import ConfigError
     from grpo.model import ModelUnavailable
     from grpo.wire.transport import PortInUse
@@ -36,8 +43,6 @@ def _fail(prog: str, exc: BaseException, made: tuple | None = None) -> int:
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     print(f"{prog}: error: {msg}", file=sys.stderr)
     if made:
-        from grpo.obs.rundir import remove_created
-
         logging.shutdown()   # this process's log file in it is closed first
         remove_created(*made)
     return USER_ERROR_EXIT
@@ -45,13 +50,11 @@ def _fail(prog: str, exc: BaseException, made: tuple | None = None) -> int:
 
 def _gpu_env(device: str, gpu_id: int) -> None:
     """Fail fast on --gpu-id without CUDA, before torch (slow) or any model loads: the CUDA driver
-    is asked directly (grpo.launch.memory.cuda_driver, as the launcher does), and torch's own check
+    is asked directly (grpo.launch.probe.cuda_driver, as the launcher does), and torch's own check
     (pick_device) still follows for what the driver allows."""
     if device == "cpu" and gpu_id >= 0:
         raise ValueError("--gpu-id and --device cpu contradict each other; drop one of them")
     if device == "cuda" or (device == "auto" and gpu_id >= 0):
-        from grpo.launch.memory import cuda_driver
-
         driver = cuda_driver()
         if driver is None or driver[1] == 0:
             raise ValueError(NO_CUDA)
@@ -60,9 +63,6 @@ def _gpu_env(device: str, gpu_id: int) -> None:
 def _cpu_weight_sync(cfg: LearnerConfig) -> None:
     """A CPU learner's --precision and --weight-sync, checked before torch loads by the rules the
     learner applies later (grpo.learner.setup.place), as the launcher checks them (grpo.launch.nodes)."""
-    from grpo.config import resolve_precision
-    from grpo.weights.methods import check_method
-
     lora = bool(cfg.lora_r)
     precision = resolve_precision(cfg.precision, False, lora, not cfg.no_deepspeed)
     check_method(cfg.weight_sync, "cpu", lora, precision == "bf16")
@@ -74,15 +74,12 @@ def _allocator(device: str) -> None:
     setting is logged with the start-up's cache release (grpo.obs.gpu.release_cached), on CUDA only."""
     if device == "cpu":
         return
-    from grpo.config import use_allocator_default
 
     use_allocator_default(os.environ)
 
 
 def seed_all(seed: int) -> None:
-    import random
-
-    import numpy as np
+    import numpy as np   # here: a role's seed, once it is starting (a flag mistake is said before torch loads)
     import torch
 
     random.seed(seed)
@@ -104,8 +101,6 @@ def _sampler_main(argv: list[str] | None = None) -> int:
     prog = "sampling_worker.py"
     cfg = parse_config(SamplerConfig, argv, prog)
     made = None
-    from grpo.data.sources import DatasetUnavailable, local_file
-
     try:
         _gpu_env(cfg.device, cfg.gpu_id)
         local_file(cfg.dataset)   # a mistyped path, as the launcher checks it; a hub id is fetched later
@@ -114,9 +109,6 @@ def _sampler_main(argv: list[str] | None = None) -> int:
     try:
         if not 0 <= cfg.sampler_id < cfg.num_samplers:
             raise ValueError(f"--sampler-id {cfg.sampler_id} must be in 0..{cfg.num_samplers - 1} (--num-samplers)")
-        from grpo.obs.rundir import create_run_dir, provenance, save_config, setup_logging
-        from grpo.obs.stages import mark as mark_stage
-
         run_dir, top = create_run_dir(cfg.run_dir)
         made = (run_dir, top)
         cfg.run_dir = str(run_dir)
@@ -125,13 +117,12 @@ def _sampler_main(argv: list[str] | None = None) -> int:
         _allocator(cfg.device)
         seed_all(cfg.seed + cfg.sampler_id)
         save_config(run_dir, f"sampler{cfg.sampler_id}", cfg)
-        from grpo.sampler.loop import Sampler
+        from grpo.sampler.loop import Sampler   # here: the sampler's role (torch, the model) only in its process
 
         sampler = Sampler(cfg)
     except _user_errors() as exc:
         return _fail(prog, exc, made)
-    from grpo.data.rewards import RewardBroken
-    from grpo.sampler.weights_client import AnswersRejected, NoFirstAnswer, RunMismatch
+    from grpo.sampler.weights_client import AnswersRejected, NoFirstAnswer, RunMismatch   # here: as Sampler
 
     try:
         result = sampler.run()
@@ -153,9 +144,6 @@ def learner_main(argv: list[str] | None = None) -> int:
     except ValueError as exc:   # here, not below: _user_errors() imports torch
         return _fail(prog, exc)
     try:
-        from grpo.obs.rundir import create_run_dir, save_config, setup_logging
-        from grpo.obs.stages import mark as mark_stage
-
         rank = int(os.environ.get("RANK", "0"))
         run_dir, top = create_run_dir(cfg.run_dir)
         made = (run_dir, top)
@@ -166,7 +154,7 @@ def learner_main(argv: list[str] | None = None) -> int:
         seed_all(cfg.seed)
         if rank == 0:
             save_config(run_dir, "learner", cfg)
-        from grpo.learner.loop import Learner
+        from grpo.learner.loop import Learner   # here: the learner's role (torch, DeepSpeed) only in its process
 
         learner = Learner(cfg)
     except _user_errors() as exc:
@@ -176,7 +164,7 @@ def learner_main(argv: list[str] | None = None) -> int:
     # each tears its process group down now, itself: left to interpreter exit, gloo's worker
     # threads can outlive Python and abort the process ("terminate called without an active
     # exception", SIGABRT; seen on learner rank 1 of the 2-rank CPU e2e run).
-    import torch.distributed as dist
+    import torch.distributed as dist   # here: as Learner
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

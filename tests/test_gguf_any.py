@@ -204,7 +204,7 @@ def test_end_ids_follow_llama_cpp():
 def test_the_header_gives_the_plan_the_converted_shape(tmp_path, cache):
     """The launcher's memory plan reads a GGUF's shape from its header alone (no torch), before any
     conversion: the same parameter count as the converted model."""
-    from grpo.launch import memory
+    from grpo.launch import probe
 
     for arch, tie in (("qwen2", False), ("llama", True)):
         source = tiny_model(arch, tie=tie)
@@ -213,13 +213,13 @@ def test_the_header_gives_the_plan_the_converted_shape(tmp_path, cache):
         header = gguf_config(gguf)
         assert (header["model_type"], header["attention_bias"], header["tie_word_embeddings"]) == \
             (arch, arch == "qwen2", tie)
-        shape, note = memory.read_shape(str(gguf))
+        shape, note = probe.read_shape(str(gguf))
         assert note == "" and shape.params == sum(p.numel() for p in source.parameters())
         assert (shape.layers, shape.hidden, shape.vocab, shape.kv_dim) == (2, 64, source.config.vocab_size, 32)
     assert not cache.exists()   # read, not converted
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"NOPE" + bytes(20))
-    assert memory.read_shape(str(bad)) == (None, f"memory plan skipped: cannot read the GGUF header of {bad}: "
+    assert probe.read_shape(str(bad)) == (None, f"memory plan skipped: cannot read the GGUF header of {bad}: "
                                                  f"{bad} is not a GGUF file")
 
 

@@ -74,7 +74,7 @@ def test_no_import_cycles():
 
 
 def test_layout_has_one_folder_per_role():
-    for folder in ("wire", "weights", "sync", "generate", "sampler", "learner", "data", "model", "obs", "launch"):
+    for folder in ("rules", "wire", "weights", "sync", "generate", "sampler", "learner", "data", "model", "obs", "launch"):
         assert (PKG / folder / "__init__.py").is_file(), folder
     top = sorted(p.name for p in PKG.glob("*.py"))
     assert top == ["__init__.py", "evaluate.py", "flags.py", "loss.py", "stats.py", "workers.py"], top
@@ -98,6 +98,7 @@ def test_wire_needs_no_torch():
 # (neither imports the other); the launcher and the worker entry points sit on top.
 LAYERS = [
     ["grpo", "grpo.config", "grpo.stats", "grpo.loss"],   # pure rules and typed configs
+    ["grpo.rules"],                                      # the torch-free rules every layer uses (over config and stats)
     ["grpo.obs", "grpo.wire"],                           # logging/metrics; the protocol (no torch)
     ["grpo.data", "grpo.model"],                         # problems and rewards; GGUF files, loading a model, log-probs
     ["grpo.flags"],                                      # flags from the configs (and task names)

@@ -5,7 +5,7 @@ from __future__ import annotations
 # user set PYTORCH_CUDA_ALLOC_CONF (or torch's newer PYTORCH_ALLOC_CONF) themselves (the memory it
 # saves: docs/configuration.md). Segments that grow in place leave fewer freed blocks too small for the next request, which is what
 # the token budget's micro-batches of varying shape make. The workers apply it before torch loads
-# (grpo.workers); the memory plan's reserve (grpo.launch.memory) and the start-up log (grpo.obs.gpu)
+# (grpo.workers); the memory plan's reserve (grpo.rules.memory) and the start-up log (grpo.obs.gpu)
 # read it. Here, in the lowest layer: torch-free, and below every module that needs it.
 ALLOC_ENV = "PYTORCH_CUDA_ALLOC_CONF"
 ALLOC_ENVS = ("PYTORCH_ALLOC_CONF", ALLOC_ENV)   # torch reads either; the user's wins over ours

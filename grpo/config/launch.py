@@ -19,7 +19,7 @@ class PlacementSection:
     training_gpus: str = ""
     """Comma-separated GPU ids for the learner ranks, e.g. 1,2,3."""
     gpus: str = ""
-    """Comma-separated GPU ids for the whole run, or 'all' (every GPU here; with --nodes, every node's): the launcher chooses how many sample and how many train from the model's size and the step's settings (grpo/launch/layout.py) and says its choice in one line at start. Instead of --sampling-gpus/--training-gpus/--share-gpus (with --nodes: of --training-ranks/--num-samplers)."""
+    """Comma-separated GPU ids for the whole run, or 'all' (every GPU here; with --nodes, every node's): the launcher chooses how many sample and how many train from the model's size and the step's settings (grpo/rules/layout.py) and says its choice in one line at start. Instead of --sampling-gpus/--training-gpus/--share-gpus (with --nodes: of --training-ranks/--num-samplers)."""
     layout_from: str = ""
     """With --gpus: an earlier run's folder (same model and step settings, samplers and learner ranks on GPUs of their own) whose measured rates cost the split instead of the default ones."""
     training_ranks: int = at_least(1, 1)
@@ -29,7 +29,7 @@ class PlacementSection:
     share_gpus: bool = False
     """Allow a GPU in both --sampling-gpus and --training-gpus (otherwise an overlap is refused)."""
     no_memory_check: bool = False
-    """Start even when the memory plan (printed at start; grpo/launch/memory.py) says the processes will not fit their GPUs. The plan's rules are estimates not yet checked against measured peaks on every size: use this when a measured run proves it wrong."""
+    """Start even when the memory plan (printed at start; grpo/rules/memory.py) says the processes will not fit their GPUs. The plan's rules are estimates not yet checked against measured peaks on every size: use this when a measured run proves it wrong."""
 
 
 @dataclass

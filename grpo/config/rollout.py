@@ -10,15 +10,6 @@ GenerationBackend = Literal["auto", "fast", "hf"]
 OldLogprobs = Literal["auto", "sampling", "pass"]
 
 
-def backend_for(choice: str, device_type: str) -> str:
-    """The decoder --generation-backend `choice` gives a process on `device_type` ('cuda' or 'cpu'):
-    auto is the fast engine on CUDA and Hugging Face generate on CPU (why: grpo.generate.backend).
-    Here, without torch, so the launcher can tell whether a sampler will have rows in flight."""
-    if choice == "auto":
-        return "fast" if device_type == "cuda" else "hf"
-    return choice
-
-
 @dataclass
 class RolloutSection:
     """What both roles must agree on about a completion, and the decoder."""

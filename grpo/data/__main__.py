@@ -7,14 +7,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from grpo.config.cli import ArgumentParser
 from grpo.data import formats
 from grpo.data.sources import DatasetUnavailable
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m grpo.data validate PATH [--transform module:function]`."""
-    from grpo.config.cli import ArgumentParser
-
     # the subcommand's parser is of the same class (argparse makes it so): exact flags there too
     parser = ArgumentParser(prog="python -m grpo.data", usage="%(prog)s validate PATH [--transform module:function]",
                             description="check a dataset file or folder row by row")

@@ -8,13 +8,14 @@ kept), and whether each row finished.
 """
 from __future__ import annotations
 
+import copy
 from typing import Callable
 
 import numpy as np
 import torch
 
-from grpo.config.rollout import backend_for
 from grpo.model import left_pad
+from grpo.rules.backend import backend_for
 
 BACKENDS = ("auto", "fast", "hf")
 
@@ -68,7 +69,6 @@ def hf_generate(model, prompts: list[list[int]], max_new_tokens: int, temperatur
         out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens,
                              pad_token_id=pad_id, eos_token_id=eos, **sample, **stopping)
     else:   # no EOS at all: exactly max_new_tokens (eos_token_id=None would mean the model's own)
-        import copy
 
         gc = copy.deepcopy(model.generation_config)
         gc.update(max_new_tokens=max_new_tokens, pad_token_id=pad_id, **sample)

@@ -4,6 +4,7 @@ how many compiled versions of the step torch.compile may keep."""
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Callable
 
 import torch
@@ -81,8 +82,6 @@ def reset_generators_after_failed_capture(generator: torch.Generator) -> None:
     except RuntimeError:
         pass
     try:
-        import warnings
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "the CUDA graph is empty"
             empty = torch.cuda.CUDAGraph()

@@ -68,7 +68,7 @@ from grpo.generate.sampling import new_generator, sample_step
 # FinishedGroup and the version rules are stream's, re-exported: callers import them from here too.
 from grpo.generate.stream import (STREAM_COUNTS, FinishedGroup, RingStream, group_versions,  # noqa: F401
                                   token_versions)
-from grpo.model import left_pad
+from grpo.model import left_pad, right_pad, token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -230,8 +230,6 @@ class RolloutEngine(RingStream):
     def _hf_rollout(self, prompts, max_new, temperature, greedy, should_stop) -> Rollout:
         """generate() for a model the engine cannot serve: Hugging Face generate, then each token's
         log-prob under the sampling distribution from one teacher-forced pass."""
-        from grpo.model import right_pad, token_logprobs
-
         t0 = time.perf_counter()
         stopped = [False]
 

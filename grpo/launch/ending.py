@@ -14,6 +14,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from grpo.learner.resume import checkpoints_root, list_checkpoints
 
 STOP_SIGNALS = ("SIGINT", "SIGTERM")
 
@@ -42,8 +43,6 @@ def last_eval(run_dir: Path) -> dict | None:
 
 def newest_checkpoint(run_dir: Path) -> dict | None:
     """{"step", "path"} of the newest complete checkpoint under the run folder, or None."""
-    from grpo.learner.resume import checkpoints_root, list_checkpoints   # torch-free
-
     found = list_checkpoints(checkpoints_root(run_dir))
     return {"step": found[-1][0], "path": str(found[-1][1])} if found else None
 

@@ -1,5 +1,5 @@
 """run_distributed.py: parse the launcher's flags, check what can be checked before anything starts
-(GPUs, ports, --reward, --resume), choose the split of --gpus (grpo.launch.layout), plan the
+(GPUs, ports, --reward, --resume), choose the split of --gpus (grpo.rules.layout), plan the
 processes and hand them to the supervisor.
 
 Up to the start of the workers nothing here imports torch, transformers, numpy or zmq: every
@@ -19,16 +19,31 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from grpo.config import LaunchConfig
-from grpo.launch import layout, memory, nodes
+from grpo.config import ROW_BUCKETS, CommonConfig, LaunchConfig, LearnerConfig, SamplerConfig
+from grpo.data import tasks
+from grpo.data.formats import load_transform
+from grpo.data.plugins import PluginError
+from grpo.data.rewards import RewardError, reward_set_from_config
+from grpo.data.sources import DatasetUnavailable, load_problems, local_file
+from grpo.flags import parse_config, to_flags
+from grpo.launch import nodes, probe, supervisor
+from grpo.launch.ending import resume_command
 from grpo.launch.plan import (LaunchError, check_gpus_flags, choose_gpus, instance_argv, parse, passthrough_flags,
                               plan, plan_instances)
+from grpo.learner.resume import resolve_resume
+from grpo.model.gguf.header import ModelUnavailable, gguf_model_file
+from grpo.model.hub import check_hub_model
+from grpo.obs.rundir import COMMIT_ENV, code_commit, create_run_dir, remove_created, save_config
+from grpo.rules import layout, memory
+from grpo.rules.backend import backend_for
+from grpo.rules.staleness import IN_FLIGHT_SPAN, Staleness, bucket_prompts, first_round_groups
+from grpo.wire.ports import busy_ports_line
 
 
 def cuda_device_count() -> int:
     """The GPUs the CUDA driver sees; 0 when there is no driver or no GPU, as
-    torch.cuda.is_available() False gave before (grpo.launch.memory.cuda_driver: no torch)."""
-    driver = memory.cuda_driver()
+    torch.cuda.is_available() False gave before (grpo.launch.probe.cuda_driver: no torch)."""
+    driver = probe.cuda_driver()
     return driver[1] if driver else 0
 
 
@@ -53,8 +68,6 @@ def port_in_use(host: str, port: int) -> bool:
 def check_ports(host: str, ports: list[tuple[int, str]]) -> None:
     """(port, flag) for each port the learner will bind: all are tried, then one line names every
     one taken (grpo.wire.ports), so a second busy port is not learnt of only after the first is freed."""
-    from grpo.wire.ports import busy_ports_line
-
     if busy := [(port, flag) for port, flag in ports if port_in_use(host, port)]:
         raise LaunchError(busy_ports_line(host, busy))
 
@@ -71,7 +84,6 @@ def check_resume(cfg: LaunchConfig, learner_flags: list[str]) -> None:
         return
     if spec == "latest" and not cfg.run_dir:
         raise LaunchError("--resume latest needs the --run-dir of the run to resume")
-    from grpo.learner.resume import resolve_resume   # torch-free: no worker has started yet
 
     try:
         resolve_resume(spec, Path(cfg.run_dir), cfg.max_steps)
@@ -84,10 +96,8 @@ def check_model(model: str) -> None:
     fetched nor read from the cache, is a one-line mistake here, before any run folder or worker exists
     (grpo.model.gguf.header.gguf_model_file and grpo.model.hub.check_hub_model: the workers' own checks,
     torch-free)."""
-    if model in memory.BUILT_FOLDERS:
+    if model in probe.BUILT_FOLDERS:
         return
-    from grpo.model.gguf.header import ModelUnavailable, gguf_model_file
-    from grpo.model.hub import check_hub_model
 
     try:
         hub_id = gguf_model_file(model) is None and not Path(model).expanduser().is_dir()
@@ -104,9 +114,6 @@ def check_role_flags(specs: list) -> None:
     """Each role's flags parsed as its worker will parse them, before anything starts: a value out
     of its range (grpo.config.bounds) or of its type is one line and exit code 2 here, rather than
     a worker that fails after the launch, or a run that waits on a count no process can meet."""
-    from grpo.config import LearnerConfig, SamplerConfig
-    from grpo.flags import parse_config
-
     for role, cls in (("learner", LearnerConfig), ("sampler", SamplerConfig)):
         if argv := next((s.argv[2:] for s in specs if s.role == role), None):
             parse_config(cls, argv, "run_distributed.py")
@@ -115,14 +122,6 @@ def check_role_flags(specs: list) -> None:
 def check_sampler_flags(flags: list[str]) -> str | None:
     """For the launcher, before anything starts: the one-line error a sampler started with `flags`
     would give for its --reward / --dataset-transform choice (imports and names only), or None."""
-    from grpo.config import SamplerConfig
-    from grpo.data import tasks
-    from grpo.data.formats import load_transform
-    from grpo.data.plugins import PluginError
-    from grpo.data.rewards import RewardError, reward_set_from_config
-    from grpo.data.sources import DatasetUnavailable, load_problems, local_file
-    from grpo.flags import parse_config
-
     cfg = parse_config(SamplerConfig, flags, "sampling_worker.py")
     try:
         local_file(cfg.dataset)   # a mistyped path; a hub id is the sampler's to fetch
@@ -156,10 +155,6 @@ def in_flight_note(sampler_flags: list[str], learner_flags: list[str], samplers:
     learner's staleness bound lets them keep decoding (Staleness.pool_rows), the rest of the rows
     wait for budget and generation runs at the smaller batch: (the smallest bound that would keep
     them all decoding, the clause that says why). None otherwise."""
-    from grpo.config import LearnerConfig, SamplerConfig
-    from grpo.flags import parse_config
-    from grpo.sync.staleness import Staleness
-
     scfg = parse_config(SamplerConfig, sampler_flags, "sampling_worker.py")
     if not scfg.in_flight_rows or not scfg.swap_in_flight or samplers < 1 or not decodes_with_engine(scfg):
         return None   # Hugging Face generate has no rows in flight (the sampler refuses the flag)
@@ -180,16 +175,12 @@ def in_flight_note(sampler_flags: list[str], learner_flags: list[str], samplers:
 def decodes_with_engine(scfg) -> bool:
     """Whether a sampler of this parsed config decodes with the fast engine (the only backend with
     rows in flight): its --generation-backend on its device, auto meaning the engine on CUDA."""
-    from grpo.config.rollout import backend_for
-
     return backend_for(scfg.generation_backend, "cpu" if scfg.device == "cpu" else "cuda") == "fast"
 
 
 def left_default(flags: list[str], option: str, cls, prog: str) -> bool:
     """Whether `option` (a --flag of config class `cls`) is at its default: given neither as a flag
     nor (possibly) in a --config file. Only then may the launcher choose it."""
-    from grpo.flags import parse_config
-
     if any(f == option or f.startswith(option + "=") for f in flags):
         return False
     return not parse_config(cls, flags, prog).config
@@ -197,8 +188,6 @@ def left_default(flags: list[str], option: str, cls, prog: str) -> bool:
 
 def staleness_left_default(learner_flags: list[str]) -> bool:
     """Whether the learner's --max-staleness is its default (left_default)."""
-    from grpo.config import LearnerConfig
-
     return left_default(learner_flags, "--max-staleness", LearnerConfig, "training_worker.py")
 
 
@@ -212,10 +201,6 @@ def in_flight_rows(sampler_flags: list[str], learner_flags: list[str], samplers:
     AUTO_STALENESS_MAX); with a default bound where it cannot (more samplers share a step's groups,
     or steps are small), the rows AUTO_STALENESS_MAX - IN_FLIGHT_SPAN keeps decoding, whole groups,
     at least one: a smaller pool that never drains, where rounds would be budget-sized as well."""
-    from grpo.config import LearnerConfig, SamplerConfig
-    from grpo.flags import parse_config
-    from grpo.sync.staleness import IN_FLIGHT_SPAN, Staleness
-
     if not on_gpus or samplers < 1:
         return 0
     scfg = parse_config(SamplerConfig, sampler_flags, "sampling_worker.py")
@@ -265,9 +250,6 @@ def fill_in_flight_rows(sampler_flags: list[str], learner_flags: list[str], samp
     bound (in_flight_note), a default bound raised to the one that keeps them decoding and
     IN_FLIGHT_SPAN more, up to AUTO_STALENESS_MAX, said in one line; otherwise none, and the line
     says which bound would fill them."""
-    from grpo.config import LearnerConfig
-    from grpo.sync.staleness import IN_FLIGHT_SPAN
-
     found = in_flight_note(sampler_flags, learner_flags, samplers) if samplers else None
     if found is None:
         return []
@@ -293,10 +275,6 @@ def fit_first_round(sampler_flags: list[str], learner_flags: list[str], samplers
     fill_in_flight_rows' flags), up to AUTO_STALENESS_MAX, that bound, said in one line (stdout); otherwise
     `raised` as it is (past AUTO_STALENESS_MAX, the run's end says what its groups' ages needed).
     Whatever the layout, one shared device included."""
-    from grpo.config import ROW_BUCKETS, LearnerConfig, SamplerConfig
-    from grpo.flags import parse_config
-    from grpo.sync.staleness import Staleness, bucket_prompts, first_round_groups
-
     if samplers < 1 or not staleness_left_default(learner_flags):
         return raised
     scfg = parse_config(SamplerConfig, sampler_flags, "sampling_worker.py")
@@ -352,10 +330,6 @@ def check_sampler_tasks(flags: list[str]) -> str | None:
     """The one-line error a sampler started with `flags` would give for its rg: tasks and their
     settings (reasoning-gym's registry and the tasks' config classes), or None. The launcher runs
     it on a thread beside the workers' start-up: reasoning-gym's import is its slowest."""
-    from grpo.config import SamplerConfig
-    from grpo.data import tasks
-    from grpo.flags import parse_config
-
     cfg = parse_config(SamplerConfig, flags, "sampling_worker.py")
     if not cfg.dataset.startswith("rg:"):
         return None
@@ -400,13 +374,10 @@ def bytecode_warning(dont_write: bool, missing: list[str]) -> str | None:
 
 def memory_inputs(cfg: LaunchConfig, learner_flags: list[str], sampler_flags: list[str], ranks: int,
                   samplers: int) -> tuple[memory.Shape, memory.RunShape] | None:
-    """The model's shape and the run's (grpo.launch.memory) for learner ranks and samplers given
+    """The model's shape and the run's (grpo.rules.memory) for learner ranks and samplers given
     these flags; None, said in one line, while neither the model's config.json nor (for the
     default model or a GGUF file) its GGUF is here to read."""
-    from grpo.config import LearnerConfig, SamplerConfig
-    from grpo.flags import parse_config
-
-    shape, note = memory.read_shape(cfg.model)
+    shape, note = probe.read_shape(cfg.model)
     if shape is None:
         print(f"run_distributed.py: {note}", file=sys.stderr)
         return None
@@ -414,12 +385,12 @@ def memory_inputs(cfg: LaunchConfig, learner_flags: list[str], sampler_flags: li
     scfg = parse_config(SamplerConfig, sampler_flags, "sampling_worker.py")
     ds = Path(lcfg.deepspeed_config)
     ds = ds if ds.is_absolute() or ds.exists() else Path(__file__).resolve().parents[2] / ds
-    return shape, memory.run_shape(lcfg, scfg, ranks, samplers, str(ds))
+    return shape, probe.run_shape(lcfg, scfg, ranks, samplers, str(ds))
 
 
 def memory_plan(cfg: LaunchConfig, learner_flags: list[str], sampler_flags: list[str], ranks: int,
                 samplers: int) -> dict | None:
-    """The memory plan (grpo.launch.memory) of a run whose learner ranks and samplers get these
+    """The memory plan (grpo.rules.memory) of a run whose learner ranks and samplers get these
     flags; None when memory_inputs has none."""
     inputs = memory_inputs(cfg, learner_flags, sampler_flags, ranks, samplers)
     return None if inputs is None else memory.plan(*inputs)
@@ -429,16 +400,13 @@ def layout_inputs(cfg: LaunchConfig, learner_flags: list[str]) -> tuple[int | No
     """What --gpus costs a split by, besides the launcher's own flags: the model's parameters (read as
     the memory plan reads its shape; None where that is not here yet) and the learner's
     --train-batch-size."""
-    from grpo.config import CommonConfig, LearnerConfig
-    from grpo.flags import parse_config, to_flags
-
-    shape, _ = memory.read_shape(cfg.model)
+    shape, _ = probe.read_shape(cfg.model)
     lcfg = parse_config(LearnerConfig, to_flags(cfg, CommonConfig) + learner_flags, "training_worker.py")
     return (shape.params if shape else None), lcfg.train_batch_size
 
 
 def read_rates(run_dir: str) -> layout.Rates | None:
-    """--layout-from: an earlier run's measured rates (grpo.launch.layout.rates_from_run) from its
+    """--layout-from: an earlier run's measured rates (grpo.rules.layout.rates_from_run) from its
     metrics.jsonl, summary.json, config_launch.json and config_learner.json; None without the flag."""
     if not run_dir:
         return None
@@ -491,14 +459,11 @@ def print_node_plan(cfg: LaunchConfig, to_s: list[str], to_l: list[str], chosen:
 def default_micro_tokens(learner_flags: list[str]) -> bool:
     """Whether the learner's --micro-batch-tokens is left at its default (0: a budget the launcher
     may shrink to fit); a budget the user gave, or -1 (fixed micro-batches), is kept as given."""
-    from grpo.config import LearnerConfig
-    from grpo.flags import parse_config
-
     return parse_config(LearnerConfig, learner_flags, "training_worker.py").micro_batch_tokens == 0
 
 
 def check_memory(cfg: LaunchConfig, specs: list) -> None:
-    """CUDA runs: log the memory plan (grpo.launch.memory), one line per process, and refuse one
+    """CUDA runs: log the memory plan (grpo.rules.memory), one line per process, and refuse one
     that will not fit its GPUs. Reads the model's config.json (or the GGUF header of the default model
     or of --model FILE.gguf); never builds or fetches a model."""
     if not any(s.env.get("CUDA_VISIBLE_DEVICES") for s in specs):
@@ -511,7 +476,7 @@ def check_memory(cfg: LaunchConfig, specs: list) -> None:
     # learner rank r runs on the r-th GPU of its list; a sampler on the first of its own
     placement = {s.name: int(s.env["CUDA_VISIBLE_DEVICES"].split(",")[r]) for r, s in enumerate(learners)}
     placement.update({s.name: int(s.env["CUDA_VISIBLE_DEVICES"].split(",")[0]) for s in samplers})
-    gpu_bytes = memory.gpu_total_bytes()
+    gpu_bytes = probe.gpu_total_bytes()
     p = memory.plan(*inputs)
     # float32 weights (autocast, the full fine-tuning default) may be all that keeps a plan off its
     # GPUs: the refusal then says that --precision bf16 fits
@@ -580,7 +545,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if note := bytecode_warning(sys.dont_write_bytecode, missing_bytecode()):
         print(f"run_distributed.py: warning: {note}", file=sys.stderr)
-    from grpo.launch import supervisor
 
     if cfg.instances != 1 or cfg.seeds:
         passthrough = passthrough_flags(argv if argv is not None else sys.argv[1:])
@@ -589,7 +553,6 @@ def main(argv: list[str] | None = None) -> int:
         base = Path(cfg.run_dir or "runs").resolve()
         return supervisor.run_instances(cfg, instances, [instance_argv(cfg, inst, passthrough) for inst in instances],
                                         base)
-    from grpo.obs.rundir import COMMIT_ENV, code_commit, create_run_dir, remove_created, save_config
 
     run_dir, made = create_run_dir(cfg.run_dir)   # made: the outermost folder this run made (runs/ on a first run)
     run_dir = run_dir.resolve()
@@ -606,7 +569,6 @@ def main(argv: list[str] | None = None) -> int:
         pool = ThreadPoolExecutor(1, thread_name_prefix="launch-check")
         tasks_check = pool.submit(check_sampler_tasks, samplers_argv[0])
         pool.shutdown(wait=False)
-    from grpo.launch.ending import resume_command
 
     resume = resume_command(argv if argv is not None else sys.argv[1:], run_dir, bool(cfg.run_dir))
     rc = supervisor.run(cfg, specs, run_dir, tasks_check, resume)

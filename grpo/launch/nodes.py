@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from grpo.config import CommonConfig, LaunchConfig, LearnerConfig, resolve_precision
 from grpo.flags import parse_config
 from grpo.launch.plan import ROOT, LaunchError
+from grpo.rules import layout
+from grpo.weights.methods import IPC, SHARED, check_method, fallback, sampler_method
 
 # Set for every process, as the one-host launcher sets them (grpo.launch.plan.plan).
 NODE_ENV = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -134,8 +136,6 @@ def place(nodes: list[Node], ranks: int, samplers: int, share_gpus: bool, per_no
 def sampler_weight_sync(requested: str, cuda: bool, on_rank0_node: bool) -> str:
     """The method a sampler will use: grpo.weights.methods' own rules (what it asks for first;
     ipc where it cannot see learner rank 0's GPU steps down by the fallback rule)."""
-    from grpo.weights.methods import IPC, fallback, sampler_method   # here: brings numpy
-
     method = sampler_method(requested, "cuda" if cuda else "cpu")
     if method == IPC and not on_rank0_node:
         method = fallback(IPC, requested)
@@ -180,10 +180,8 @@ def choose_nodes_split(cfg: LaunchConfig, params: int | None, train_batch_size: 
                        rates=None) -> tuple[LaunchConfig, str]:
     """--gpus all with --nodes: (the config as if the chosen --training-ranks/--num-samplers (and
     --share-gpus, for one GPU in all) had been typed, the layout line). The split is
-    grpo.launch.layout.choose_split's over every node's GPUs, among those `place` can lay out with
+    grpo.rules.layout.choose_split's over every node's GPUs, among those `place` can lay out with
     every GPU used (learner ranks fill whole learner nodes from GPU 0, the samplers take the rest)."""
-    from grpo.launch import layout
-
     nodes = parse_nodes(cfg.nodes)
 
     def feasible(samplers: int, ranks: int) -> bool:
@@ -229,9 +227,6 @@ def plan_nodes(cfg: LaunchConfig, sampler_flags: list[str], learner_flags: list[
         argv = ["training_worker.py", *common, "--max-steps", str(cfg.max_steps)]
         argv += (["--no-deepspeed"] if cfg.no_deepspeed else []) + learner_flags
         plans[k].procs.append(Proc(f"learner{r}", "learner", k, l, env, argv))
-
-    from grpo.weights.methods import check_method   # here: brings numpy
-    from grpo.wire.messages import IPC, SHARED
 
     lcfg = parse_config(LearnerConfig, plans[0].procs[0].argv[1:], "training_worker.py")
     try:

@@ -1,7 +1,7 @@
 """The launch plan, pure: the launcher's flags, and which process gets which GPUs, flags, ports,
 environment and run directory. Tested without GPUs; grpo.launch.supervisor runs the plan.
 
-With --gpus the split is chosen first (grpo.launch.layout, choose_gpus) and the plan is the one
+With --gpus the split is chosen first (grpo.rules.layout, choose_gpus) and the plan is the one
 of the explicit flags it stands for.
 
 A single run: learner ranks get every training GPU visible and LOCAL_RANK set, as torchrun and
@@ -29,7 +29,7 @@ from grpo.config import CommonConfig, LaunchConfig, LearnerConfig, SamplerConfig
 from grpo.config.cli import unknown_flag
 from grpo.flags import (ArgumentParser, add_fields, apply_config_file, build_parser, parse_config,
                         section_groups, to_flags)
-from grpo.launch import layout
+from grpo.rules import layout
 
 ROOT = Path(__file__).resolve().parents[2]
 ALIASES = {"sampling_gpus": ["--sampling-gpu"], "training_gpus": ["--training-gpu"]}

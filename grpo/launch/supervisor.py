@@ -13,6 +13,7 @@ in order) and dies with the launcher (PR_SET_PDEATHSIG), so no run leaves orphan
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -25,8 +26,9 @@ from pathlib import Path
 
 from grpo.config import LaunchConfig
 from grpo.launch.ending import end_lines, read_summary
-from grpo.launch.plan import Instance, ProcSpec
+from grpo.launch.plan import Instance, ProcSpec, parse_gpus
 from grpo.obs import stages
+from grpo.rules.layout import advice, measured
 
 
 class Supervisor:
@@ -140,8 +142,6 @@ class Supervisor:
 
 def _die_with_parent() -> None:
     """In the child: the kernel kills it if the launcher dies (even by SIGKILL): no orphans."""
-    import ctypes
-
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
@@ -227,11 +227,8 @@ def _check_failed(check: Future | None, wait_s: float = 0.0) -> bool:
 
 
 def layout_note(cfg: LaunchConfig, run_dir: Path, summary: dict) -> str | None:
-    """grpo.launch.layout's advice on the run's measured rates, where the user gave samplers and
+    """grpo.rules.layout's advice on the run's measured rates, where the user gave samplers and
     learner ranks GPUs of their own; None otherwise, or when the rates give no reason."""
-    from grpo.launch.layout import advice, measured
-    from grpo.launch.plan import parse_gpus
-
     try:
         sampling, training = parse_gpus(cfg.sampling_gpus, "--sampling-gpus"), parse_gpus(cfg.training_gpus,
                                                                                           "--training-gpus")

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
 
 # what a --resume value names (torch-free, for the launcher); re-exported for the learner
 from grpo.learner.resume import STATE_FILE, ResumeError, checkpoints_root, list_checkpoints, resolve_resume  # noqa: F401
@@ -69,8 +71,6 @@ def set_rng_state(state: dict) -> None:
 
 def _save_torch_state(engine, step_dir: Path) -> None:
     """--no-deepspeed: model and AdamW tensors as safetensors, the rest of the optimizer as JSON."""
-    from safetensors.torch import save_file
-
     opt = engine.opt.state_dict()
     tensors = {f"model.{k}": v.detach().contiguous() for k, v in engine.module.state_dict().items()}
     layout: dict[str, dict[str, str]] = {}
@@ -91,8 +91,6 @@ def _save_torch_state(engine, step_dir: Path) -> None:
 
 
 def _load_torch_state(engine, step_dir: Path) -> None:
-    from safetensors.torch import load_file
-
     tensors = load_file(str(step_dir / "torch_state.safetensors"), device=str(engine.device))
     meta = json.loads((step_dir / "torch_optimizer.json").read_text())
     engine.module.load_state_dict({k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")})
@@ -103,8 +101,6 @@ def _load_torch_state(engine, step_dir: Path) -> None:
 
 
 def _barrier() -> None:
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
 

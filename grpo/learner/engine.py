@@ -22,6 +22,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from grpo.config import DEEPSPEED
 
@@ -241,8 +242,6 @@ class CommunicatorWarmup(threading.Thread):
         self.start()
 
     def run(self) -> None:
-        import torch.distributed as dist
-
         t = time.perf_counter()
         try:
             dist.all_reduce(torch.zeros(1, device=self.device))

@@ -18,7 +18,7 @@ from grpo.config import LearnerConfig
 from grpo.learner.accounting import Books, MessageLedger
 from grpo.learner.liveness import Liveness
 from grpo.loss import has_signal
-from grpo.sync.staleness import Staleness
+from grpo.rules.staleness import Staleness
 from grpo.wire import messages as M
 from grpo.wire.transport import Receiver
 

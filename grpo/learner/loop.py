@@ -22,9 +22,11 @@ import torch.distributed as dist
 
 from grpo.config import LearnerConfig
 from grpo.data.faults import reported_failures
+from grpo.evaluate import evaluate_module, record_eval
 from grpo.learner.accounting import balance
 from grpo.learner.batch import Batch, broadcast_batch, build_batch
 from grpo.learner.checkpoint import list_checkpoints
+from grpo.learner.lora import lora_stats, save_adapter
 from grpo.learner.setup import build
 from grpo.learner.stop import StopRequest
 from grpo.learner.warmup import warm_up, warm_up_shape
@@ -33,9 +35,9 @@ from grpo.obs.gpu import format_gpu
 from grpo.obs.progress import Progress
 from grpo.obs.rundir import provenance
 from grpo.obs.stages import first_step_s, history as stage_history, mark as mark_stage
+from grpo.rules.staleness import staleness_advice
 from grpo.stats import (ZERO_SIGNAL_ALARM_GROUPS, bf16_peak_share, bf16_peak_tflops, both_busy_share, busy_rate,
                         group_stats, zero_signal_alarm)
-from grpo.sync.staleness import staleness_advice
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +116,6 @@ class Learner:
         checksums = self._rank_checksums()
         if self.rank == 0:
             if cfg.lora_r:
-                from grpo.learner.lora import save_adapter
-
                 log.info("LoRA adapter saved to %s", save_adapter(p.engine.module, p.run_dir / "lora_adapter"))
             p.publisher.stop_samplers()   # they stop at their next sync while we evaluate
             final_eval = None
@@ -197,8 +197,6 @@ class Learner:
 
     def _final_eval(self) -> dict:
         """Greedy pass@1 of the final weights, on rank 0 after training (nothing left to stall)."""
-        from grpo.evaluate import evaluate_module, record_eval
-
         p = self.parts
         result = evaluate_module(p.engine.module, p.tok, self.cfg, p.device, p.step.autocast)
         record_eval(str(p.run_dir), self.version, result, by="learner")
@@ -377,8 +375,6 @@ class Learner:
                    "peak_mem_gb": (torch.cuda.max_memory_allocated(p.device) / 2**30
                                    if p.device.type == "cuda" else None)}
         if self.cfg.lora_r:
-            from grpo.learner.lora import lora_stats
-
             summary["lora"] = lora_stats(p.engine)
         (p.run_dir / "summary.json").write_text(json.dumps({**summary, **provenance()}, indent=2) + "\n")
         p.metrics.write({"final": True, **summary})

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 import torch
+from grpo.obs.progress import Progress
+from grpo.weights.publisher import publish_named
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +69,12 @@ def save_adapter(model: torch.nn.Module, path: str | Path, merged: bool = False)
     path.mkdir(parents=True, exist_ok=True)
     if not is_peft(model):
         raise ValueError("save_adapter needs a LoRA model (--lora-r > 0)")
-    from grpo.obs.progress import Progress
 
     bar = Progress(f"saving LoRA adapter to {path}", total=2 if merged else 1, unit="part", every_s=0)
     model.save_pretrained(str(path))
     bar.update(1, part="adapter")
     if merged:
         base = model.get_base_model()
-        from grpo.weights.publisher import publish_named
 
         state = dict(publish_named(model))
         # Tied weights (lm_head = embed_tokens) appear once in named_parameters; a fresh model

@@ -33,6 +33,7 @@ from grpo.learner.engine import (CommunicatorWarmup, DeepSpeedEngine, TorchEngin
                                  init_process_group, load_ds_config, resolve_ds_config)
 from grpo.learner.intake import Intake
 from grpo.learner.liveness import Liveness, SyncPeers
+from grpo.learner.lora import wrap_lora
 from grpo.learner.step import TrainStep
 from grpo.loss import LossConfig
 from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, start_runtime
@@ -45,6 +46,7 @@ from grpo.obs.tracking import Tracker, parse_report_to
 from grpo.sync.answer import QueueView, SyncAnswer
 from grpo.weights import make_publisher
 from grpo.weights.methods import check_method
+from grpo.weights.verify import PublishedFingerprints
 from grpo.wire import messages as M
 from grpo.wire.curve import SERVER, curve_for, warn_if_exposed
 from grpo.wire.transport import DataReceiver, SyncServer, bind_each, free_port
@@ -168,8 +170,6 @@ def load_model(cfg: LearnerConfig, path: str, device: torch.device, precision: s
     model = load_causal_lm(path, device, dtype, times=times)
     model.config.use_cache = False
     if cfg.lora_r:
-        from grpo.learner.lora import wrap_lora  # peft is imported only in LoRA mode
-
         model = wrap_lora(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_target_modules, cfg.lora_dropout)
     return tok, model
 
@@ -284,8 +284,6 @@ def build(cfg: LearnerConfig) -> LearnerParts:
         if cfg.lora_r:  # samplers get merged weights, not the module's: nothing to compare
             log.warning("--verify-weight-sync is not supported with LoRA; not verifying")
         else:
-            from grpo.weights.verify import PublishedFingerprints
-
             fingerprints = PublishedFingerprints()
     intake = None
     publisher = None

@@ -3,10 +3,12 @@ exit once all of that is written (freeze_for_exit)."""
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import logging
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -77,7 +79,6 @@ def remove_created(run_dir: Path, top: Path | None) -> None:
     empty (one that another run has put its own folder in meanwhile, runs/ say, is kept)."""
     if top is None:
         return
-    import shutil
 
     run_dir, top = run_dir.resolve(), top.resolve()
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -118,6 +119,4 @@ def freeze_for_exit() -> None:
     command): frozen, the objects torch and transformers made are skipped by the interpreter's last
     collection at exit, which would otherwise walk them all only to free memory the OS takes back
     anyway: seconds on a busy CPU that the launcher (or whoever waits for this process) waits too."""
-    import gc
-
     gc.freeze()

@@ -29,6 +29,7 @@ from grpo.sampler.heartbeat import SyncInbox
 from grpo.sync.client import REJECTED_ANSWERS_LIMIT, ask, await_answer, rejected_streak
 from grpo.weights import make_receiver
 from grpo.weights.methods import LAST_RESORT, acknowledges, fallback, own_weights, sampler_method
+from grpo.weights.verify import fingerprint
 from grpo.wire import messages as M
 from grpo.wire.transport import SyncClient
 
@@ -359,7 +360,6 @@ class WeightsClient:
         self.version = newest.version
         self.stats["weight_bytes"] += sum(newest.bucket_nbytes)
         if self.cfg.verify_weight_sync:  # after the apply's timing: not part of apply_s
-            from grpo.weights.verify import fingerprint
 
             self.stats["verified_checksum"] = fingerprint(self.policy, compute_dtype(self.device))
             self.stats["verified_version"] = float(self.version)

@@ -37,7 +37,7 @@ from grpo.model import compute_dtype, load_causal_lm, right_pad, token_logprobs
 from grpo.obs.gpu import GpuMonitor, format_gpu
 from grpo.sampler.weights_client import WeightsClient
 from grpo.weights.methods import own_weights
-from grpo.sync.staleness import (FIRST_STEP_GROUPS, SIGNAL_GROUPS, bucket_prompts, next_round_prompts, pool_room,
+from grpo.rules.staleness import (FIRST_STEP_GROUPS, SIGNAL_GROUPS, bucket_prompts, next_round_prompts, pool_room,
                                   signal_share)
 from grpo.wire import messages as M
 
@@ -148,7 +148,7 @@ class RolloutWorkflow:
         """Prompts for the next round: --prompts-per-round, or fewer when the learner's queue is so
         long that more groups would reach it too stale to train on (the budget in its answer).
         --prompts-per-round 0: enough that the groups with signal fill one learner step, within the
-        budget (grpo.sync.staleness.next_round_prompts). 0: wait."""
+        budget (grpo.rules.staleness.next_round_prompts). 0: wait."""
         facts = self.client.run_facts
         step = facts.groups_per_step if facts is not None else 0   # 0: not said yet
         return next_round_prompts(self.cfg.prompts_per_round, self.client.budget, step, self.signal_share(),
@@ -159,12 +159,12 @@ class RolloutWorkflow:
         return next_round_prompts(0, -1, 0, self.signal_share(), self.cfg.max_prompts_per_round, self.bucket_prompts())
 
     def bucket_prompts(self) -> int:
-        """grpo.sync.staleness.bucket_prompts for this sampler's engine (a round of a small step's worth,
+        """grpo.rules.staleness.bucket_prompts for this sampler's engine (a round of a small step's worth,
         2 groups with the defaults, takes as long as this many)."""
         return bucket_prompts(self.engine.buckets if self.engine is not None else (), self.cfg.num_generations)
 
     def signal_share(self) -> float:
-        """The share of the last SIGNAL_GROUPS groups scored that had signal (grpo.sync.staleness.signal_share)."""
+        """The share of the last SIGNAL_GROUPS groups scored that had signal (grpo.rules.staleness.signal_share)."""
         return signal_share(self._signal, self.cfg.filter_zero_signal)
 
     def longest_prompt(self) -> int:

@@ -1,9 +1,8 @@
 """The control channel on the sync port: what an answer carries besides the weights.
 
-  staleness  pure rules, the one owner of staleness and the generation budget: which groups the learner
-             drops as too old, how many groups a sampler may make now, how many prompts its round takes
   flow       pure rules: the per-connection gap floor (a sampler's groups still on their way)
-  answer     learner side: the run's facts, curriculum levels and budget each answer carries (SyncAnswer)
+  answer     learner side: the run's facts, curriculum levels and budget each answer carries (SyncAnswer;
+             the budget is grpo.rules.staleness's, the one owner of staleness and the generation budget)
   client     sampler side: ask, await_answer, request_weights
 
 How the weights themselves are captured and travel is grpo.weights' (its Publisher serves the

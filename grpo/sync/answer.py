@@ -5,7 +5,7 @@ kind's own fields (the weights, no_update, stop).
            and in any answer to have_version -1, so a sampler checks it agrees before it sends
   levels   --curriculum: every task's current level, in every answer (a stop included)
   queued, budget
-           the learner's queue and how many groups this sampler may generate now (grpo.sync.staleness),
+           the learner's queue and how many groups this sampler may generate now (grpo.rules.staleness),
            in every answer but a stop; -1 each when the learner gave no queue view
 
 The publisher's serving thread (grpo.weights.publisher) owns the socket and calls `fields` for
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from grpo.sync.flow import gap_floor
-from grpo.sync.staleness import Staleness
+from grpo.rules.staleness import Staleness
 from grpo.wire import messages as M
 
 MAX_CONNECTIONS = 4096   # per-connection state (the gap floor) kept for the newest this many connections

@@ -1,7 +1,7 @@
 """Flow control on the sync channel: pure rules, no I/O and no state (the caller keeps it).
 
 Each answer to a sampler says how many groups it may generate now (`budget`, the rule of
-grpo.sync.staleness), so that it never makes a group that is certain to be dropped as stale. The
+grpo.rules.staleness), so that it never makes a group that is certain to be dropped as stale. The
 publisher's thread computes it from what the learner lets it read of its queue
 (grpo.sync.answer.QueueView) and from how many of this sampler's groups are still on their way,
 which this module estimates.

@@ -2,8 +2,8 @@
 
   method     what a method is: its facts and its two sides (WeightMethod, the Protocols)
   registry   the methods, one entry each: name, facts, the factories of its two sides
-  methods    which method each side uses (pure rules over the registry's facts)
-  auto       auto's order and the fallback (pure, no registry: the slot publisher serves by it)
+  methods    which method each side uses (pure rules over the registry's facts, with grpo.rules.methods:
+             auto's order and the fallback, which need no facts)
   layout     flat per-dtype buckets and where each tensor sits (shared by every method)
   pack       filling buckets with as few copies as the parameters' memory allows
   publisher  the learner's side of the exchange on the sync port: serves each version's bytes
@@ -25,9 +25,8 @@ from __future__ import annotations
 import logging
 
 from grpo.weights.method import PublishArgs, ReceiveArgs
-from grpo.weights.methods import learner_method
+from grpo.weights.methods import IPC, learner_method
 from grpo.weights.registry import REGISTRY
-from grpo.wire.messages import IPC
 
 log = logging.getLogger(__name__)
 

@@ -7,13 +7,14 @@ what was asked (`serve_method`). When a method proves impossible (the learner's 
 visible, a CPU learner has no IPC handles), both sides step down by the same rule (`fallback`).
 Each method's own facts (what a learner needs, whether a sampler acknowledges a version, whether
 it needs CUDA) are its registry entry's, read here; auto's order and the step down, which need no
-facts, are grpo.weights.auto's (gathered here, so both sides import the rules from one place).
+facts, are grpo.rules.methods' (gathered here, so both sides import the rules from one place).
+Nothing here imports torch, numpy or zmq: the launcher applies these rules before any worker starts.
 """
 from __future__ import annotations
 
-from grpo.weights.auto import AUTO, AUTO_ORDER, LAST_RESORT, fallback, learner_method, serve_method
+from grpo.rules.methods import (AUTO, AUTO_ORDER, IPC, LAST_RESORT, NCCL, SHARED, TCP, fallback, learner_method,
+                                serve_method)
 from grpo.weights.registry import REGISTRY
-from grpo.wire.messages import IPC, NCCL, SHARED, TCP
 
 __all__ = ["AUTO", "AUTO_ORDER", "IPC", "LAST_RESORT", "METHODS", "NCCL", "SHARED", "TCP", "acknowledges",
            "check_method", "fallback", "learner_method", "own_weights", "sampler_method", "serve_method"]

@@ -8,8 +8,8 @@ entry (the launcher, --help) must not load torch.distributed or touch CUDA.
 """
 from __future__ import annotations
 
+from grpo.rules.methods import IPC, NCCL, SHARED, TCP
 from grpo.weights.method import PublishArgs, ReceiveArgs, WeightMethod
-from grpo.wire.messages import IPC, NCCL, SHARED, TCP
 
 
 def _slot_publisher(a: PublishArgs):

@@ -5,7 +5,7 @@ back to back (grpo.weights.layout) and then an int64 version *stamp*. Publishing
 copies the parameters into the slot that is not the newest (device-to-device, on the training
 stream, so the next optimizer step cannot overtake it) and announces (v, layout, the slot).
 The learner's host thread only enqueues the copies. Each sampler is served the way it asks
-(grpo.weights.auto.serve_method): the slot's CUDA IPC handle (grpo.weights.ipc), the slot sent over
+(grpo.rules.methods.serve_method): the slot's CUDA IPC handle (grpo.weights.ipc), the slot sent over
 a point-to-point group (grpo.weights.nccl), or its bytes over the sync socket (tcp).
 
 Ownership: a slot belongs to the learner, which writes it; after it announces version v in
@@ -28,7 +28,7 @@ import torch
 
 from grpo.weights.ipc import share_storage
 from grpo.weights.layout import bucket_slices
-from grpo.weights.auto import serve_method
+from grpo.rules.methods import serve_method
 from grpo.weights.nccl import PairGroups
 from grpo.weights.publisher import Publisher, Snapshot, publish_named
 from grpo.wire import messages as M

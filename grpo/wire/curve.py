@@ -27,6 +27,8 @@ import threading
 from pathlib import Path
 
 import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +56,6 @@ def warn_if_exposed(host: str, curve: "Curve | None") -> None:
 
 
 def _load(path: Path, what: str) -> tuple[bytes, bytes | None]:
-    import zmq.auth
-
     if not path.is_file():
         raise KeysMissing(f"--curve-keys: {path} not found ({what}); make keys with: python -m grpo.wire.curve "
                           f"{path.parent}")
@@ -94,7 +94,6 @@ class Curve:
 
     def _ensure_authenticator(self, ctx: zmq.Context) -> None:
         # One ZAP handler per context (it serves every socket of that context).
-        from zmq.auth.thread import ThreadAuthenticator
 
         with self._auth_lock:
             if id(ctx) in self._authenticators:
@@ -118,8 +117,6 @@ def curve_for(keys_dir: str, role: str) -> Curve | None:
 
 
 def make_keys(keys_dir: str | Path, force: bool = False) -> Path:
-    import zmq.auth
-
     d = Path(keys_dir)
     if (d / "server.key_secret").exists() and not force:
         raise FileExistsError(f"{d}/server.key_secret exists; pass --force to replace the keys")

@@ -25,6 +25,7 @@ from grpo.config import DATA_PORT, SYNC_PORT
 from grpo.config.cli import ArgumentParser
 from grpo.wire import codec
 from grpo.wire import messages as M
+from grpo.wire.transport import DataReceiver, DataSender, PortInUse, SyncClient, SyncServer, bind_each
 
 G, N_GROUPS = 4, 8
 WEIGHT_BYTES = 32 << 20
@@ -80,8 +81,6 @@ def make_weights(version: int) -> M.WeightsAnnounce:
 
 # ---------------------------------------------------------------------- the sampler side (child)
 def child(host: str, data_port: int, sync_port: int) -> int:
-    from grpo.wire.transport import DataSender, SyncClient
-
     data = DataSender(host, data_port, hwm=64)
     sync = SyncClient(host, sync_port, M.weights_limits(WEIGHT_BYTES + (1 << 20)))
     for i in range(N_GROUPS):
@@ -118,7 +117,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "sampler":
         return child(args.host, args.data_port, args.sync_port)
 
-    from grpo.wire.transport import DataReceiver, PortInUse, SyncServer, bind_each
 
     try:   # both tried before either is refused, as the learner binds them: one line for every taken port
         data, sync = bind_each(

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 import scale  # noqa: E402
 
-from grpo.launch import memory  # noqa: E402
+from grpo.rules import memory  # noqa: E402
 
 GiB = 1 << 30
 

@@ -10,7 +10,7 @@ import pytest
 from netutil import free_port_run
 
 from grpo.launch import main as launch_main
-from grpo.launch.layout import Rates
+from grpo.rules.layout import Rates
 from grpo.launch.nodes import choose_nodes_split, plan_nodes
 from grpo.launch.plan import LaunchError, check_gpus_flags, choose_gpus, gpus_to_lay_out, parse, plan
 
@@ -177,7 +177,7 @@ def test_launcher_says_its_choice_and_plans_the_explicit_flags(monkeypatch, caps
     flags, up to the busy data port (the last check before any worker starts)."""
     planned = []
     monkeypatch.setattr(launch_main, "cuda_device_count", lambda: 4)
-    monkeypatch.setattr(launch_main.memory, "gpu_total_bytes", lambda: {})
+    monkeypatch.setattr(launch_main.probe, "gpu_total_bytes", lambda: {})
     monkeypatch.setattr(launch_main, "plan", lambda cfg, *a: planned.append(cfg) or plan(cfg, *a))
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", free_port_run(2)))

@@ -1,4 +1,4 @@
-"""The memory plan (grpo.launch.memory): hand-worked numbers, the refusal line, and the launcher
+"""The memory plan (grpo.rules.memory): hand-worked numbers, the refusal line, and the launcher
 computing it only for CUDA runs."""
 import json
 from dataclasses import replace
@@ -7,8 +7,9 @@ import pytest
 
 from grpo.launch import main as launch_main
 from grpo import config
-from grpo.launch import memory
-from grpo.launch.memory import GiB, RunShape, Shape
+from grpo.launch import probe
+from grpo.rules import memory
+from grpo.rules.memory import GiB, RunShape, Shape
 
 # A made-up 1,000,000-parameter model: 2 layers, hidden 64, KV 2 heads x 16 = 32, vocab 1000.
 SHAPE = Shape(params=1_000_000, layers=2, hidden=64, kv_dim=32, q_dim=64, intermediate=256, vocab=1000)
@@ -71,7 +72,7 @@ def test_run_shape_resolves_the_learners_precision(tmp_path):
 
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 8}))
-    shape = lambda **kw: memory.run_shape(LearnerConfig(**kw), SamplerConfig(), 1, 1, str(ds))  # noqa: E731
+    shape = lambda **kw: probe.run_shape(LearnerConfig(**kw), SamplerConfig(), 1, 1, str(ds))  # noqa: E731
     assert (shape().precision, shape().deepspeed) == ("autocast", True)
     assert shape(lora_r=16).precision == "bf16"              # LoRA: the frozen base stays bf16
     assert shape(precision="bf16").precision == "bf16"
@@ -155,30 +156,30 @@ def test_rows_from_the_flags():
 
     l = LearnerConfig()
     # the defaults (G=8, 16 rows a step, --max-staleness 2, no filter): rounds of at most 8 prompts
-    # (grpo.sync.staleness: Staleness.largest_round_prompts), 64 rows, the smallest bucket
-    assert memory.run_shape(l, SamplerConfig(num_generations=8), 1, 1, "/nonexistent").rows == 64
+    # (grpo.rules.staleness: Staleness.largest_round_prompts), 64 rows, the smallest bucket
+    assert probe.run_shape(l, SamplerConfig(num_generations=8), 1, 1, "/nonexistent").rows == 64
     # under --filter-zero-signal up to 32 prompts, 256 rows
-    assert memory.run_shape(l, SamplerConfig(num_generations=8, filter_zero_signal=True), 1, 1, "").rows == 256
+    assert probe.run_shape(l, SamplerConfig(num_generations=8, filter_zero_signal=True), 1, 1, "").rows == 256
     # the benchmark's: G=16, 128 rows a step, filter: 64 prompts (the cap), 1,024 rows
-    assert memory.run_shape(LearnerConfig(train_batch_size=128), SamplerConfig(num_generations=16,
+    assert probe.run_shape(LearnerConfig(train_batch_size=128), SamplerConfig(num_generations=16,
                             filter_zero_signal=True), 1, 1, "").rows == 1024
     # --prompts-per-round 4: 32 rows, padded to the 64-row bucket; without CUDA graphs exactly 32
-    assert memory.run_shape(l, SamplerConfig(prompts_per_round=4, num_generations=8), 1, 1, "").rows == 64
-    assert memory.run_shape(l, SamplerConfig(prompts_per_round=4, num_generations=8, cuda_graphs=False),
+    assert probe.run_shape(l, SamplerConfig(prompts_per_round=4, num_generations=8), 1, 1, "").rows == 64
+    assert probe.run_shape(l, SamplerConfig(prompts_per_round=4, num_generations=8, cuda_graphs=False),
                             1, 1, "").rows == 32
     # 20 prompts x 8 = 160 rows: the 256 bucket; 200 x 8 = 1,600 decode in chunks of the largest, 1,024
     assert memory.decode_rows(8, prompts_per_round=20) == 256
     assert memory.decode_rows(8, prompts_per_round=200) == 1024
-    assert memory.run_shape(l, SamplerConfig(in_flight_rows=100), 1, 1, "").rows == 100
+    assert probe.run_shape(l, SamplerConfig(in_flight_rows=100), 1, 1, "").rows == 100
 
 
 def test_micro_batch_from_the_deepspeed_config(tmp_path):
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 32}))
-    assert memory.micro_batch_size(str(path), 16, 2) == 8       # capped by a rank's share, 16 / 2
-    assert memory.micro_batch_size(str(path), 256, 2) == 32
+    assert probe.micro_batch_size(str(path), 16, 2) == 8       # capped by a rank's share, 16 / 2
+    assert probe.micro_batch_size(str(path), 256, 2) == 32
     path.write_text(json.dumps({"train_micro_batch_size_per_gpu": "auto"}))
-    assert memory.micro_batch_size(str(path), 16, 3) == 6        # ceil(16 / 3)
+    assert probe.micro_batch_size(str(path), 16, 3) == 6        # ceil(16 / 3)
 
 
 def test_activations_follow_the_learners_token_budget(tmp_path):
@@ -196,7 +197,7 @@ def test_activations_follow_the_learners_token_budget(tmp_path):
 
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 32}))
-    shape = lambda **kw: memory.run_shape(LearnerConfig(**{"train_batch_size": 128, **kw}), SamplerConfig(), 1, 1,  # noqa: E731
+    shape = lambda **kw: probe.run_shape(LearnerConfig(**{"train_batch_size": 128, **kw}), SamplerConfig(), 1, 1,  # noqa: E731
                                           str(ds))
     # the learner's default budget: 32 rows x (a 128-token prompt + 256 new tokens), not 32 x (512 + 256)
     assert shape().micro_tokens == 32 * (128 + 256) == 12_288
@@ -225,9 +226,9 @@ def test_qwen25_shapes_give_the_published_parameter_counts():
 def test_built_folders_match_the_model_builders():
     from grpo.model import zoo
 
-    assert memory.BUILT_FOLDERS == {k: v[0] for k, v in zoo._BUILDERS.items()}
+    assert probe.BUILT_FOLDERS == {k: v[0] for k, v in zoo._BUILDERS.items()}
     # the names whose folder is converted from the GGUF: the plan reads their header before that
-    assert memory.FROM_GGUF == {k for k, v in zoo._BUILDERS.items() if v[1] is zoo._convert_smollm2}
+    assert probe.FROM_GGUF == {k for k, v in zoo._BUILDERS.items() if v[1] is zoo._convert_smollm2}
 
 
 def test_share_gpus_add_up_and_the_refusal_names_the_biggest_item():
@@ -260,13 +261,13 @@ def test_gpu_total_bytes_without_a_driver(monkeypatch):
         raise OSError(name)
 
     monkeypatch.setattr(ctypes, "CDLL", missing)
-    assert memory.gpu_total_bytes() == {}
+    assert probe.gpu_total_bytes() == {}
 
 
 def test_cpu_run_computes_no_plan(monkeypatch, capsys):
     calls = []
     monkeypatch.setattr(memory, "plan", lambda *a, **k: calls.append(a) or {})
-    monkeypatch.setattr(memory, "read_shape", lambda *a: calls.append(a) or (None, "x"))
+    monkeypatch.setattr(probe, "read_shape", lambda *a: calls.append(a) or (None, "x"))
     monkeypatch.setattr(launch_main, "check_ports", lambda *a: (_ for _ in ()).throw(launch_main.LaunchError("stop")))
     assert launch_main.main(["--device", "cpu", "--model", "tiny-random"]) == 2
     assert calls == []
@@ -277,7 +278,7 @@ def test_cuda_run_logs_the_plan_and_refuses_what_does_not_fit(monkeypatch, capsy
     folder = config_folder
     monkeypatch.setattr(launch_main, "cuda_device_count", lambda: 2)
     monkeypatch.setattr(launch_main, "check_sampler_flags", lambda flags: None)
-    monkeypatch.setattr(memory, "gpu_total_bytes", lambda: {0: GiB // 4, 1: 80 * GiB})
+    monkeypatch.setattr(probe, "gpu_total_bytes", lambda: {0: GiB // 4, 1: 80 * GiB})
     rc = launch_main.main(["--model", str(folder), "--sampling-gpus", "0", "--training-gpus", "1"])
     err = capsys.readouterr().err
     assert rc == 2
@@ -350,7 +351,7 @@ def test_the_launcher_passes_the_bf16_plan_to_the_refusal(monkeypatch, capsys, c
     seen = []
     monkeypatch.setattr(launch_main, "cuda_device_count", lambda: 2)
     monkeypatch.setattr(launch_main, "check_sampler_flags", lambda flags: None)
-    monkeypatch.setattr(memory, "gpu_total_bytes", lambda: {0: 80 * GiB, 1: 80 * GiB})
+    monkeypatch.setattr(probe, "gpu_total_bytes", lambda: {0: 80 * GiB, 1: 80 * GiB})
     monkeypatch.setattr(memory, "check_fits", lambda p, gpus, placement, bf16=None: seen.append((p, bf16)) or "no")
     argv = ["--model", str(config_folder), "--sampling-gpus", "0", "--training-gpus", "1"]
     assert launch_main.main(argv) == 2
@@ -402,7 +403,7 @@ def test_first_run_of_the_default_model_is_planned_from_its_gguf(monkeypatch, ca
     monkeypatch.setenv("GRPO_CACHE", str(cache))      # no converted folder: a fresh machine
     monkeypatch.setattr(launch_main, "cuda_device_count", lambda: 2)
     monkeypatch.setattr(launch_main, "check_sampler_flags", lambda flags: None)
-    monkeypatch.setattr(memory, "gpu_total_bytes", lambda: {0: 80 * GiB, 1: 80 * GiB})
+    monkeypatch.setattr(probe, "gpu_total_bytes", lambda: {0: 80 * GiB, 1: 80 * GiB})
 
     def stop(host, ports):
         raise launch_main.LaunchError("port check reached")
@@ -419,13 +420,13 @@ def test_first_run_of_the_default_model_is_planned_from_its_gguf(monkeypatch, ca
 def test_without_a_gguf_the_plan_is_skipped_in_one_line(monkeypatch, tmp_path):
     monkeypatch.setenv("GRPO_CACHE", str(tmp_path))
     monkeypatch.setenv("GRPO_GGUF_PATH", str(tmp_path / "missing.gguf"))
-    assert memory.read_shape("smollm2") == (
+    assert probe.read_shape("smollm2") == (
         None, "memory plan skipped: no config.json for --model smollm2 here yet (built or fetched at load)")
     # a file that is not a GGUF: one line naming it
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"NOPE" + bytes(20))
     monkeypatch.setenv("GRPO_GGUF_PATH", str(bad))
-    assert memory.read_shape("smollm2") == (
+    assert probe.read_shape("smollm2") == (
         None, f"memory plan skipped: cannot read the GGUF header of {bad}: {bad} is not a GGUF file")
 
 
@@ -439,8 +440,8 @@ def test_reading_the_gguf_header_imports_no_heavy_module(tmp_path):
 
     _gguf_or_skip()
     code = ("import sys\n"
-            "from grpo.launch import memory\n"
-            "shape, note = memory.read_shape('smollm2')\n"
+            "from grpo.launch import probe\n"
+            "shape, note = probe.read_shape('smollm2')\n"
             "heavy = ('torch', 'transformers', 'numpy', 'gguf')\n"
             "print(shape.params, note == '', sorted(n for n in heavy if n in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2],
@@ -487,9 +488,9 @@ def test_run_shape_follows_the_allocator_the_workers_will_use(tmp_path, monkeypa
     ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 8}))
     for name in config.ALLOC_ENVS:
         monkeypatch.delenv(name, raising=False)
-    assert memory.run_shape(LearnerConfig(), SamplerConfig(), 1, 1, str(ds)).expandable is True
+    assert probe.run_shape(LearnerConfig(), SamplerConfig(), 1, 1, str(ds)).expandable is True
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
-    assert memory.run_shape(LearnerConfig(), SamplerConfig(), 1, 1, str(ds)).expandable is False
+    assert probe.run_shape(LearnerConfig(), SamplerConfig(), 1, 1, str(ds)).expandable is False
 
 
 def test_workers_set_the_allocator_before_torch_loads():
@@ -501,7 +502,7 @@ def test_workers_set_the_allocator_before_torch_loads():
     code = ("import sys\n"
             "from grpo.config import LearnerConfig, SamplerConfig\n"
             "from grpo.flags import parse_config\n"
-            "import grpo.workers, grpo.obs.rundir, grpo.obs.stages, grpo.launch.memory\n"
+            "import grpo.workers, grpo.obs.rundir, grpo.obs.stages, grpo.launch.probe\n"
             "parse_config(SamplerConfig, ['--device', 'cuda'], 'x'); parse_config(LearnerConfig, [], 'x')\n"
             "print('torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -552,7 +553,7 @@ def test_the_launcher_gives_every_rank_the_halved_budget_and_says_so(monkeypatch
     assert r.micro_tokens == 16 * (128 + 1024) == 18432
     shared = {"learner0": 0, "sampler0": 0}
     half = memory._counted(memory.plan(shape, replace(r, micro_tokens=9216)), shared, 0)
-    monkeypatch.setattr(memory, "gpu_total_bytes", lambda: {0: half})
+    monkeypatch.setattr(probe, "gpu_total_bytes", lambda: {0: half})
     launch_main.check_memory(cfg, specs)
     assert learner.argv[-2:] == ["--micro-batch-tokens", "9216"] and "--micro-batch-tokens" not in sampler.argv
     err = capsys.readouterr().err

@@ -5,8 +5,9 @@ several (N samplers, M learner ranks, K nodes); every number worked by hand belo
 import pytest
 
 from grpo.launch import main as launch_main
-from grpo.launch import memory, nodes
-from grpo.launch.memory import CUDA_CONTEXT, RunShape, Shape
+from grpo.launch import nodes
+from grpo.rules import memory
+from grpo.rules.memory import CUDA_CONTEXT, RunShape, Shape
 from grpo.launch.nodes import Node, parse_nodes, place, plan_nodes, sampler_weight_sync
 from grpo.launch.plan import LaunchError, parse
 

@@ -1,5 +1,5 @@
 """The control channel's flow rule (grpo.sync.flow: the gap floor), with numbers worked by hand; the
-budget itself is grpo.sync.staleness's (tests/sync/test_staleness_rules.py)."""
+budget itself is grpo.rules.staleness's (tests/rules/test_staleness_rules.py)."""
 from __future__ import annotations
 
 from grpo.sync.flow import gap_floor

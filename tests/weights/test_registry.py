@@ -12,6 +12,7 @@ from netutil import free_ports
 
 from grpo import config
 from grpo.config import SamplerConfig
+from grpo.rules import methods as rules
 from grpo.sampler.weights_client import WeightsClient
 from grpo.weights import make_publisher, make_receiver
 from grpo.weights.method import PublishArgs, ReceiveArgs, WeightMethod
@@ -29,6 +30,7 @@ def test_the_registry_holds_the_configs_and_the_wires_methods():
     assert tuple(REGISTRY) == ("ipc", "nccl", "shared", "tcp")   # --weight-sync's error lists them so
     assert set(REGISTRY) == set(typing.get_args(config.WeightSync)) - {"auto"}
     assert set(REGISTRY) == set(M.WEIGHT_METHODS)
+    assert (rules.TCP, rules.IPC, rules.NCCL, rules.SHARED) == M.WEIGHT_METHODS   # the rules spell them as the wire
     assert all(entry.name == name for name, entry in REGISTRY.items())
 
 

@@ -7,12 +7,14 @@ cache's GGUF_DIGESTS), so that a large file is not read again at every start.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import shutil
 from pathlib import Path
 
+from grpo.model.gguf import convert
 from grpo.model.load import cache_dir, locked, write_build_stamp
 
 log = logging.getLogger(__name__)
@@ -21,8 +23,6 @@ log = logging.getLogger(__name__)
 def gguf_builder(gguf_path, label: str, chat_eos: bool = False, where: str | None = None, source: dict | None = None):
     """A builder (dest -> None) converting a GGUF file: gguf_path is a Path or a callable giving one."""
     def build(dest: Path) -> None:
-        from grpo.model.gguf import convert
-
         gguf = gguf_path() if callable(gguf_path) else gguf_path
         tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
         try:
@@ -40,8 +40,6 @@ GGUF_DIGESTS = "gguf-digests.json"
 def gguf_digest(path: Path) -> str:
     """sha256 of the file's bytes, remembered in the cache's GGUF_DIGESTS by (real path, size, mtime_ns):
     a multi-GB file is read once, not at every start. One process hashes while others wait for it."""
-    import hashlib
-
     real = os.path.realpath(path)
     st = os.stat(real)
     key = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}

@@ -22,6 +22,7 @@ import logging
 import math
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -202,8 +203,6 @@ def _hf_name(name: str) -> str:
 
 
 def _gguf_to_hf_fast(gguf: Path, tmp: Path, bar, chat_eos: bool = False) -> None:
-    from types import SimpleNamespace
-
     import transformers
     from safetensors.torch import save_file
     from transformers import GenerationConfig

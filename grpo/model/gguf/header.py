@@ -1,7 +1,7 @@
 """GGUF files: where the default model's is, a file's header (metadata and tensor table) read
 without touching the tensors, and the ids that end generation. Standard library only:
 grpo.model.gguf.convert converts files with this reader, and the launcher (grpo.launch.main, and its
-memory plan, grpo.launch.memory) checks --model and reads the model's shape with it before any
+memory plan, grpo.rules.memory) checks --model and reads the model's shape with it before any
 worker starts, when nothing may import torch or numpy yet.
 """
 from __future__ import annotations

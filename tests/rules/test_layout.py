@@ -1,8 +1,8 @@
-"""grpo.launch.layout: the split chosen at start (--gpus) and a finished run's rates and the split
+"""grpo.rules.layout: the split chosen at start (--gpus) and a finished run's rates and the split
 they point to, worked out by hand."""
 import pytest
 
-from grpo.launch.layout import (DEFAULT_GEN_TOKENS_PER_S, DEFAULT_TRAIN_S_PER_PARAM_TOKEN, REFERENCE_PARAMS, Choice,
+from grpo.rules.layout import (DEFAULT_GEN_TOKENS_PER_S, DEFAULT_TRAIN_S_PER_PARAM_TOKEN, REFERENCE_PARAMS, Choice,
                                 Rates, advice, best_split, choose_layout, choose_split, layout_line, max_samplers,
                                 measured, nodes_layout_line, predicted_step, rates_from_run, role_seconds, step_tokens)
 

@@ -93,7 +93,7 @@ step token (a step takes c x params x T / ranks). Derived from the same row as
 DEFAULT_GEN_TOKENS_PER_S; docs/configuration.md shows how."""
 REFERENCE_PARAMS = 494_032_768
 """The parameters of the model those defaults were derived on (Qwen2.5-Coder-0.5B-Instruct, as
-grpo.launch.memory counts them): a model whose size cannot be read before it loads is costed as it."""
+grpo.rules.memory counts them): a model whose size cannot be read before it loads is costed as it."""
 
 
 @dataclass

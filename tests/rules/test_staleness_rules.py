@@ -1,4 +1,4 @@
-"""grpo.sync.staleness, the one owner of the staleness rule and the generation budget, with numbers
+"""grpo.rules.staleness, the one owner of the staleness rule and the generation budget, with numbers
 worked by hand. (Named _rules: tests/e2e/test_staleness.py, the end-to-end run, has the plain name,
 and pytest collects one basename once.)"""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from grpo.config import ROW_BUCKETS
-from grpo.sync.staleness import (FIRST_SIGNAL_SHARE, Staleness, bucket_prompts, first_round_groups, next_round_prompts,
+from grpo.rules.staleness import (FIRST_SIGNAL_SHARE, Staleness, bucket_prompts, first_round_groups, next_round_prompts,
                                  pool_room, round_prompts, signal_share, staleness_advice)
 
 

@@ -10,7 +10,7 @@ asks here (the job of AReaL's staleness manager):
            every answer on the sync port carries it (grpo.sync.answer)
   rounds   how many prompts a sampler's round takes: enough that its groups with signal fill one
            learner step, within that budget (grpo.sampler); and the most a round can ever take,
-           which the memory plan sizes the KV cache for (grpo.launch.memory)
+           which the memory plan sizes the KV cache for (grpo.rules.memory)
   pool     a sampler that streams without rounds (in flight, swapping weights between decode
            steps) starts a prompt whenever its pool of groups not yet ended fits that budget
   round 0  what a sampler's first round may send with no budget (made before the learner's first

@@ -1,14 +1,19 @@
-"""auto's order, and the one step down both sides take when a method proves impossible (pure).
+"""Which weight-sync method each side takes, where that needs no method's facts (pure): the
+learner's publisher, auto's order, and the one step down both sides take when a method proves
+impossible.
 
 These rules name methods by their place (auto's first choice, the last resort), not by their
 facts, so they need no registry: the slot publisher, which the registry builds, serves by them
-too. grpo.weights.methods gathers them with the rules that read each method's facts.
+too, and the launcher applies them before torch, numpy or zmq is imported. The rules that read
+each method's facts (what a learner needs, what a CPU sampler asks for, acknowledgements) are
+grpo.weights.methods', beside the registry that holds the facts.
 """
 from __future__ import annotations
 
-from grpo.wire.messages import IPC, NCCL, TCP
-
-AUTO = "auto"
+# The methods' names, as --weight-sync (grpo.config.WeightSync) and the wire (grpo.wire.messages,
+# whose codec imports nothing of ours) spell them too; tests/weights/test_registry.py keeps the
+# lists equal.
+AUTO, TCP, IPC, NCCL, SHARED = "auto", "tcp", "ipc", "nccl", "shared"
 # auto on CUDA: the first method, and each sampler steps down this order when one proves
 # impossible (ipc: the learner's GPU is not visible here, so it is on another host: nccl).
 AUTO_ORDER = (IPC, NCCL, TCP)

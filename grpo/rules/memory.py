@@ -1,8 +1,7 @@
 """The memory plan: before anything loads, each process's GPU memory, estimated from the model's
-config.json (for a GGUF model, the default one or a --model FILE.gguf, its GGUF's header) and the run's flags;
-a plan that will not fit is refused with one line naming the biggest item and the flag that
-shrinks it. Pure functions (json, os, ctypes, struct): no torch or numpy here, the launcher stays
-light.
+shape and the run's flags; a plan that will not fit is refused with one line naming the biggest item
+and the flag that shrinks it. Pure functions, no I/O: reading the shape (config.json, a GGUF header)
+and the GPUs' memory is grpo.launch.probe's.
 
 Every number is an estimate, stated where it is made. Exact (up to allocator rounding): weights,
 the ZeRO-2 optimizer state and gradients, the IPC publication slots, the KV cache for a stated
@@ -10,17 +9,10 @@ prompt length. Rough rules: activations, the log-prob pass, the CUDA context, th
 """
 from __future__ import annotations
 
-import ctypes
-import json
-import math
-import os
-import struct
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-from grpo.config import (ROW_BUCKETS, LearnerConfig, SamplerConfig, allocator_conf, expandable_segments,
-                         micro_token_budget, resolve_precision)
-from grpo.sync.staleness import Staleness, bucket_prompts
+from grpo.config import ROW_BUCKETS, LearnerConfig, SamplerConfig
+from grpo.rules.staleness import Staleness, bucket_prompts
 
 GiB = 1 << 30
 CUDA_CONTEXT = GiB // 2            # a CUDA context plus cuBLAS/NCCL workspaces: ~0.5 GiB, a stated constant
@@ -39,14 +31,6 @@ CHUNK_ELEMS = 1 << 27              # grpo.model.logprobs.DEFAULT_CHUNK_ELEMS: lo
 # a share of its KV cache and log-prob pass, smaller over shared weights.
 RESERVE = {True: {"learner_full": 0.25, "learner_lora": 0.05, "sampler": 0.7, "sampler_shared": 0.3},
            False: {"learner_full": 0.45, "learner_lora": 0.29, "sampler": 1.5, "sampler_shared": 1.0}}
-# --model names grpo.model builds into cache folders (grpo.model.zoo._BUILDERS; a test keeps them equal)
-BUILT_FOLDERS = {"smollm2": "smollm2-135m-instruct", "tiny-random": "tiny-random-llama",
-                 **{f"random:qwen2.5-{k}": f"random-qwen2.5-{k}" for k in ("0.5b", "1.5b", "3b", "7b")}}
-# --model names whose folder grpo.model converts from the GGUF file (grpo.model.zoo._convert_smollm2):
-# before the first load converts it, the GGUF's header gives the same shape (grpo.model.gguf.header), as it
-# does for any --model FILE.gguf (read_shape)
-FROM_GGUF = frozenset({"smollm2"})
-
 # What shrinks each item: the one-line refusal names it.
 SHRINK = {
     "weights": "a smaller --model",
@@ -95,42 +79,6 @@ def shape_from_config(c: dict) -> Shape:
     per_layer = h * q + 2 * h * kv + q * h + bias + 3 * h * inter + 2 * h
     embed = v * h * (1 if c.get("tie_word_embeddings", False) else 2)
     return Shape(embed + layers * per_layer + h, layers, h, kv, q, inter, v)
-
-
-def model_folder(model: str, cache: str | None = None) -> Path | None:
-    """The folder holding --model's config.json without building anything: an embedded name's
-    cache folder, or a path; None for a hub id (not looked up here)."""
-    if model in BUILT_FOLDERS:
-        base = cache or os.environ.get("GRPO_CACHE") or str(Path.home() / ".cache" / "grpo")
-        return Path(base) / BUILT_FOLDERS[model]
-    p = Path(model).expanduser()
-    return p if p.exists() else None
-
-
-def read_shape(model: str) -> tuple[Shape | None, str]:
-    """(shape, "") or (None, a one-line note why there is no plan)."""
-    folder = model_folder(model)
-    gguf_file = folder is not None and folder.is_file()   # --model FILE.gguf (grpo.model converts it at load)
-    if gguf_file or (folder is not None and not (folder / "config.json").is_file() and model in FROM_GGUF):
-        # A first run: the folder is converted at load, but the config it will hold is the GGUF
-        # header's (read here in ~0.05 s, no tensor touched), so the first run is checked too.
-        from grpo.model.gguf.header import ModelUnavailable, find_gguf, gguf_config
-
-        try:
-            gguf = folder if gguf_file else find_gguf()
-        except ModelUnavailable:
-            gguf = None   # not installed: the load will say so; the plan is skipped as for any missing config
-        if gguf is not None:
-            try:
-                return shape_from_config(gguf_config(gguf)), ""
-            except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
-                return None, f"memory plan skipped: cannot read the GGUF header of {gguf}: {exc}"
-    if folder is None or not (folder / "config.json").is_file():
-        return None, f"memory plan skipped: no config.json for --model {model} here yet (built or fetched at load)"
-    try:
-        return shape_from_config(json.loads((folder / "config.json").read_text())), ""
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return None, f"memory plan skipped: cannot read {folder / 'config.json'}: {exc}"
 
 
 def lora_params(s: Shape, r: int) -> int:
@@ -362,49 +310,6 @@ def _over(p, gpu_bytes, placement, counted_only: bool) -> str | None:
             f"of memory, shrink {bn}'s {item} ({gib(b)}) with {SHRINK[item]}")
 
 
-def cuda_driver():
-    """(the CUDA driver library, the GPUs it sees) after cuInit, or None without a driver or a GPU.
-    Asked of the driver itself (it honours CUDA_VISIBLE_DEVICES, as torch does): importing torch to
-    ask took seconds on a GPU machine, all of them before any worker could start."""
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")   # the driver's library (Linux); absent without a driver
-    except OSError:
-        return None
-    count = ctypes.c_int(0)
-    # CUresult 0 is CUDA_SUCCESS; anything else (100 CUDA_ERROR_NO_DEVICE, 999 unknown, a driver
-    # older than the kernel module, ...) means CUDA cannot be used here.
-    if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
-        return None
-    return lib, count.value
-
-
-def gpu_total_bytes() -> dict[int, int]:
-    """{visible GPU index: total memory in bytes} from the CUDA driver (cuDeviceTotalMem_v2); {}
-    without a driver or a GPU (no check)."""
-    if (driver := cuda_driver()) is None:
-        return {}
-    lib, count = driver
-    out = {}
-    for i in range(count):
-        dev, size = ctypes.c_int(0), ctypes.c_size_t(0)
-        if lib.cuDeviceGet(ctypes.byref(dev), i) == 0 and lib.cuDeviceTotalMem_v2(ctypes.byref(size), dev) == 0:
-            out[i] = size.value
-    return out
-
-
-def micro_batch_size(ds_config: str, train_batch_size: int, ranks: int) -> int:
-    """The learner's micro-batch (grpo.learner.engine.resolve_ds_config): the --deepspeed-config's
-    train_micro_batch_size_per_gpu, or "auto": ceil(train batch / ranks); never more than a rank's
-    share of the batch. An unreadable file counts as "auto" (the learner reports it)."""
-    share = max(1, math.ceil(train_batch_size / max(ranks, 1)))
-    try:
-        micro = json.loads(Path(ds_config).read_text()).get("train_micro_batch_size_per_gpu", "auto")
-        micro = share if micro == "auto" else int(micro)
-    except (OSError, ValueError, TypeError, AttributeError):
-        micro = share
-    return max(1, min(micro, share))
-
-
 def decode_rows(group: int, prompts_per_round: int = 0, in_flight_rows: int = 0, staleness: Staleness | None = None,
                 filter_zero_signal: bool = SamplerConfig.filter_zero_signal,
                 max_prompts_per_round: int = SamplerConfig.max_prompts_per_round,
@@ -420,31 +325,10 @@ def decode_rows(group: int, prompts_per_round: int = 0, in_flight_rows: int = 0,
     if not prompts_per_round:
         if staleness is None:
             raise ValueError("decode_rows: --prompts-per-round 0 sizes rounds by the learner's staleness rule; "
-                             "pass it (grpo.sync.staleness.Staleness)")
+                             "pass it (grpo.rules.staleness.Staleness)")
         prompts_per_round = staleness.largest_round_prompts(filter_zero_signal, max_prompts_per_round,
                                                             bucket_prompts(buckets, group), samplers)
     rows = prompts_per_round * group
     return next((b for b in buckets if b >= rows), buckets[-1]) if buckets else rows
 
 
-def run_shape(lcfg, scfg, ranks: int, samplers: int, ds_config: str) -> RunShape:
-    """A RunShape from the learner's and a sampler's parsed configs (grpo.config), on CUDA."""
-    from grpo.weights.methods import sampler_method   # here: brings numpy
-    from grpo.wire.messages import IPC, NCCL, SHARED
-
-    method = sampler_method(scfg.weight_sync, "cuda")   # the plan is for CUDA: auto is ipc
-    rows = decode_rows(scfg.num_generations, scfg.prompts_per_round, scfg.in_flight_rows,
-                       Staleness(lcfg.max_staleness, lcfg.train_batch_size // scfg.num_generations),
-                       scfg.filter_zero_signal, scfg.max_prompts_per_round, samplers, scfg.cuda_graphs)
-    micro = micro_batch_size(ds_config, lcfg.train_batch_size, ranks)
-    return RunShape(ranks=ranks, lora_r=lcfg.lora_r, beta=lcfg.beta, ipc=method == IPC,
-                    shared=method == SHARED, staging=method in (IPC, NCCL), rows=rows, prompt_tokens=min(PROMPT_TOKENS, lcfg.max_prompt_tokens),
-                    new_tokens=scfg.max_new_tokens, micro_batch=micro,
-                    # the budget the learner packs by (grpo.learner.loop), from its own flags
-                    micro_tokens=micro_token_budget(lcfg.micro_batch_tokens, micro, lcfg.max_prompt_tokens,
-                                                    lcfg.max_new_tokens),
-                    logprob_batch_size=scfg.logprob_batch_size,
-                    samplers=samplers,
-                    precision=resolve_precision(lcfg.precision, True, lcfg.lora_r > 0, not lcfg.no_deepspeed),
-                    deepspeed=not lcfg.no_deepspeed, entropy=lcfg.entropy_coef > 0,
-                    expandable=expandable_segments(allocator_conf(os.environ)[0]))
