@@ -51,7 +51,7 @@ def add_fields(parser: argparse.ArgumentParser, cls: type, names: list[str] | No
     """One ``--field-name`` option per dataclass field of `cls` (or only `names`), in the argument
     group of its section (`groups`, made here when not given; a field of no section goes on the
     parser itself); the help is the docstring under the field, `note`, and its default."""
-    docs = field_docs(cls)
+    docs = {k: v.replace("%", "%%") for k, v in field_docs(cls).items()}   # argparse formats help with %
     hints = typing.get_type_hints(cls)
     sections = field_sections(cls)
     chosen = [f for f in dataclasses.fields(cls) if names is None or f.name in names]

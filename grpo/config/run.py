@@ -47,7 +47,7 @@ class SamplerRunSection:
     sampler_id: int = at_least(0, 0)
     """This sampler's index; with --num-samplers it picks a disjoint shard of the prompts."""
     num_samplers: int = at_least(1, 1)
-    """How many samplers share the data set (prompts are sharded i %% num_samplers)."""
+    """How many samplers share the data set (prompts are sharded i % num_samplers)."""
 
 
 @dataclass
