@@ -67,9 +67,8 @@ def add_fields(parser: argparse.ArgumentParser, cls: type, names: list[str] | No
         tp = hints[f.name]
         if typing.get_origin(tp) is typing.Literal:
             choices = typing.get_args(tp)
-            container.add_argument(*opts, dest=f.name, type=str, choices=choices, default=default,
-                                   help=docs.get(f.name, "") + f" (one of {', '.join(choices)}; {note}default: {default!r})",
-                                   metavar=f.name.upper())
+            # the choices are the metavar (grpo.config.cli.HelpFormatter), so the help need not list them
+            container.add_argument(*opts, dest=f.name, type=str, choices=choices, default=default, help=help_text)
         elif tp is bool and f.name.startswith("no_"):
             # argparse's BooleanOptionalAction reads any "--no-..." flag as False: plain switch.
             container.add_argument(*opts, dest=f.name, action="store_true", help=help_text)
@@ -81,7 +80,7 @@ def add_fields(parser: argparse.ArgumentParser, cls: type, names: list[str] | No
             if bounds is not None:
                 help_text = docs.get(f.name, "") + f" ({note}{bounds.describe()}; default: {default!r})"
             container.add_argument(*opts, dest=f.name, type=tp if bounds is None else in_range(tp, bounds),
-                                   default=default, help=help_text, metavar=f.name.upper())
+                                   default=default, help=help_text)
 
 
 def in_range(tp: type, bounds: Bounds):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import shutil
+import textwrap
 import typing
 from collections.abc import Iterable
 
@@ -44,9 +46,43 @@ def unknown_arguments(extras: list[str], known: Iterable[str]) -> str:
     return unknown_flag(flag, known)
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """--help in one line per option where the help is short: 120 columns (fewer on a narrower
+    terminal), help from column 32, a metavar per type (N an int, X a float, TEXT a string, or the
+    choices) written once after an option's aliases, and a switch with its negation as --[no-]name."""
+
+    WIDTH = 120
+    HELP_COLUMN = 32
+
+    def __init__(self, prog, indent_increment=2, max_help_position=HELP_COLUMN, width=None):
+        if width is None:   # not a terminal (a pipe, a file): WIDTH
+            width = min(self.WIDTH, shutil.get_terminal_size((self.WIDTH + 2, 24)).columns - 2)
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+    def _split_lines(self, text, width):
+        # argparse's, without breaking a word at its hyphen: "--num-" and "generations" on two lines
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _get_default_metavar_for_optional(self, action):
+        name = getattr(action.type, "__name__", None)
+        return {"int": "N", "float": "X", "str": "TEXT"}.get(name) or super()._get_default_metavar_for_optional(action)
+
+    def _format_action_invocation(self, action):
+        if not action.option_strings:
+            return super()._format_action_invocation(action)
+        if isinstance(action, argparse.BooleanOptionalAction):
+            return ", ".join("--[no-]" + s[2:] for s in action.option_strings
+                             if s.startswith("--") and not s.startswith("--no-"))
+        if action.nargs == 0:
+            return ", ".join(action.option_strings)
+        return ", ".join(action.option_strings) + " " + self._format_args(
+            action, self._get_default_metavar_for_optional(action))
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse that takes flags exactly as spelled and reports a user mistake as one line and exit
-    code 2, no usage dump; its usage line is short, since --help lists every option below it.
+    code 2, no usage dump; its usage line is short, since --help lists every option below it, one
+    line each where the help is short (HelpFormatter).
 
     Exact: argparse would read `--max-step 3` as `--max-steps 3` (a prefix of one option is taken
     for it), so a typo trained silently with a value the user never meant for that flag, and a
@@ -56,6 +92,7 @@ class ArgumentParser(argparse.ArgumentParser):
     def __init__(self, *args, **kw):
         kw.setdefault("usage", "%(prog)s [options]")
         kw.setdefault("allow_abbrev", False)
+        kw.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kw)
 
     def option_names(self) -> list[str]:

@@ -203,10 +203,10 @@ def test_launcher_help_lists_the_options_it_passes_on_by_section(capsys):
     assert "to the samplers; at least 0; default: 0)" in option("rollout", "--prompts-per-round")
     assert "(to the learner; at least 0; default: 1e-06)" in option("training", "--learning-rate")
     assert "(to the learner; at least 0; default: 0)" in option("training", "--lora-r")
-    assert "to both; default: False)" in option("rollout", "--filter-zero-signal")
+    assert "to both; default: False)" in option("rollout", "--[no-]filter-zero-signal")
     assert "--filter-zero-signal" not in section["loss"]               # both roles' option: listed once
     assert "default: 'openai/gsm8k')" in option("data and rewards", "--dataset ")       # common: the launcher's own
     assert " to " not in option("data and rewards", "--dataset ").split("(default")[-1]
-    assert option("placement", "--sampling-gpus").startswith("--sampling-gpus SAMPLING_GPUS, --sampling-gpu")
+    assert option("placement", "--sampling-gpus").startswith("--sampling-gpus, --sampling-gpu TEXT")
     assert "--sampler-id" not in out and "--gpu-id" not in out        # the launcher sets those itself
     assert out.count("\n  --num-generations") == 1                    # a common option: listed once
