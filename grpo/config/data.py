@@ -17,11 +17,11 @@ class DataSection:
     section = "data and rewards"
 
     dataset: str = DEFAULT_DATASET
-    """'openai/gsm8k', a folder with train.jsonl/test.jsonl, or reasoning-gym tasks: rg:<task>, rg:<task>:<key>=<value>,... (the task's own settings), rg:<task>@<weight>+<task>... (a weighted mixture); see docs/data-and-rewards.md. The learner reads it for --curriculum and its evaluation."""
+    """'openai/gsm8k', a data file, a folder of train.jsonl/test.jsonl, or rg:<task> (settings, mixtures: docs/data-and-rewards.md)."""
     curriculum: bool = False
-    """Adaptive curriculum over the rg: tasks of --dataset (reasoning-gym's curriculum classes): each task starts at level 0; the learner raises its level when the samplers' success rate over its last --curriculum-window groups is above --curriculum-high, lowers it below --curriculum-low, and tells the samplers."""
+    """Adaptive curriculum over rg: tasks: levels follow recent success rates."""
     curriculum_window: int = at_least(1, 20)
-    """Groups per task (at its current level, before any zero-signal filter) that the success rate is counted over."""
+    """Groups per task at its level that the success rate counts."""
 
 
 @dataclass
@@ -33,21 +33,21 @@ class SamplerDataSection:
     dataset_limit: int = at_least(0, 0, "0: all")
     """Use only the first N problems (0: all)."""
     reward: str = "correctness"
-    """Reward function(s), comma-separated, each optionally NAME=WEIGHT: built-ins correctness, format, overlong, code, or module:function with TRL's signature fn(prompts, completions, **columns) -> list[float]."""
+    """Reward(s), comma-separated, each optionally NAME=WEIGHT: correctness, format, overlong, code, or module:function."""
     reward_weights: str = ""
-    """Comma-separated weights, one per --reward entry (instead of NAME=WEIGHT; default 1 each)."""
+    """Comma-separated weights of the --reward entries (1 each)."""
     format_style: FormatStyle = "auto"
-    """Answer form the format reward wants: 'gsm8k' (a final '#### <number>' line), 'think' ('<think>...</think>' then the answer), or 'auto' (gsm8k for question/answer and rg: data, think otherwise)."""
+    """Answer form the format reward wants (auto: by data)."""
     overlong_buffer: int = at_least(0, 64)
-    """The overlong reward (DAPO): completions longer than max_new_tokens minus this many tokens get a linear penalty down to -1."""
+    """Overlong reward (DAPO): a linear penalty to -1 over the last this many tokens before --max-new-tokens."""
     code_timeout_s: float = positive(5.0)
-    """The code reward: wall-time limit per completion's test run, in seconds."""
+    """Code reward: time limit per test run, seconds."""
     code_memory_mb: int = at_least(1, 1024)
-    """The code reward: address-space limit of the test process, in MiB."""
+    """Code reward: test memory limit, MiB."""
     code_workers: int = at_least(1, 4)
-    """The code reward: test processes run at the same time."""
+    """Code reward: test processes at the same time."""
     dataset_transform: str = ""
-    """module:function applied to every raw dataset row: fn(row: dict) -> dict (question/answer, prompt, instruction/response or input/output columns) or None to drop the row."""
+    """module:function: fn(row) -> row dict, or None to drop it."""
 
 
 @dataclass
@@ -57,6 +57,6 @@ class LearnerDataSection:
     section = "data and rewards"
 
     curriculum_low: float = 0.1
-    """--curriculum: lower a task's level when its success rate is below this."""
+    """--curriculum lowers a level when success is below this."""
     curriculum_high: float = 0.7
-    """--curriculum: raise a task's level when its success rate is above this."""
+    """--curriculum raises a level when success is above this."""

@@ -16,7 +16,7 @@ class FaultsSection:
     section = "faults and security"
 
     curve_keys: str = ""
-    """Folder of ZeroMQ CURVE keys (make them with: python -m grpo.wire.curve DIR): encrypt both channels and admit only samplers holding the client key (empty: plain TCP)."""
+    """CURVE keys folder (python -m grpo.wire.curve DIR) to encrypt (empty: off)."""
 
 
 @dataclass
@@ -26,13 +26,13 @@ class SamplerFaultsSection:
     section = "faults and security"
 
     send_hwm: int = at_least(1, 16)
-    """High-water mark of the data socket in groups: beyond it a send blocks (backpressure) instead of growing memory."""
+    """Data socket's high-water mark, in groups."""
     on_full: OnFull = "block"
-    """At the high-water mark: 'block' (wait, up to --send-timeout-s) or 'drop' (drop the group at once); dropped groups are counted."""
+    """Full socket: wait (up to --send-timeout-s) or drop."""
     send_timeout_s: float = at_least(0, 600.0, "0: no limit")
-    """With --on-full block: the longest one group waits at the high-water mark before it is dropped and counted (0: no limit)."""
+    """With --on-full block: longest wait at the high-water mark before a drop (0: no limit)."""
     heartbeat_interval_s: float = at_least(0, 2.0, "0: off")
-    """Send a status (heartbeat) to the learner this often, from a thread of its own (0: off)."""
+    """Seconds between heartbeats (0: off)."""
 
 
 @dataclass
@@ -42,20 +42,20 @@ class LearnerFaultsSection:
     section = "faults and security"
 
     bind_host: str = ""
-    """Address rank 0 binds its two ports on (empty: --host, itself 127.0.0.1 by default); e.g. 0.0.0.0 when samplers reach the learner by name. Anything but loopback is logged as a warning (use --curve-keys across hosts)."""
+    """Address rank 0 binds (empty: --host), e.g. 0.0.0.0."""
     heartbeat_timeout_s: float = positive(30.0)
-    """A sampler silent this long is counted as gone (logged) and not waited for; it is welcomed back when it speaks again."""
+    """A sampler silent this long is counted as gone."""
     buffer_size: int = at_least(1, 1024)
-    """Received groups waiting to be trained, at most (a FIFO): beyond it the oldest is dropped and counted as buffer_full."""
+    """Most groups queued; the oldest are dropped."""
     max_samplers: int = at_least(1, 256)
-    """Sampler ids must be below this; messages naming others are dropped, so no peer can grow the learner's tables."""
+    """Sampler ids must be below this."""
     max_prompt_tokens: int = at_least(1, 4096)
-    """Groups whose prompt is longer (or whose completions exceed --max-new-tokens) are dropped as too_long before training."""
+    """Groups with longer prompts are dropped."""
     max_message_mb: int = at_least(1, 64)
-    """Largest data message accepted, in MiB; larger ones are dropped by ZeroMQ before allocation."""
+    """Largest data message accepted, in MiB."""
     data_timeout_s: float = positive(60.0)
-    """Log 'no data for N s' at this interval while waiting for groups."""
+    """Log 'no data for N s' this often while waiting."""
     shutdown_timeout_s: float = at_least(0, 120.0)
-    """At the end, how long to wait for every sampler's final status so every group is accounted for."""
+    """Wait for samplers' final status at the end."""
     dist_timeout_s: float = positive(3600.0)
-    """Timeout of the learner's process-group collectives (waiting for data counts against it)."""
+    """Timeout of the learner's collectives."""

@@ -13,7 +13,7 @@ class ObservabilitySection:
     log_file: str = ""
     """Also write this process's log here (the launcher captures stderr instead)."""
     profile_steps: str = ""
-    """Record learner steps A-B and sampler rounds A-B (e.g. 20-21) with torch.profiler: each process writes its operators by device time and a Chrome trace under <run_dir>/profile/ (empty: off). For diagnosis, not for timed runs: writing the traces stalls both processes."""
+    """Profile learner steps and sampler rounds A-B (e.g. 20-21); empty: off."""
 
 
 @dataclass
@@ -23,4 +23,4 @@ class LearnerObservabilitySection:
     section = "observability"
 
     report_to: str = "tensorboard"
-    """Where rank 0 also logs each step: 'tensorboard' (event files in the run dir), 'wandb', both comma-separated, or 'none'."""
+    """Where rank 0 also logs each step: 'tensorboard', 'wandb', both comma-separated, or 'none'."""

@@ -46,33 +46,33 @@ class TrainingSection:
     no_deepspeed: bool = False
     """One plain PyTorch process with torch.optim.AdamW instead of a DeepSpeed group."""
     deepspeed_config: str = "deepspeed.json"
-    """DeepSpeed config; its "auto" values are filled from these options, which own them (batch size, learning rate): a number there that contradicts one is an error naming both."""
+    """DeepSpeed config file; its "auto" values come from these options, and a number contradicting one is an error."""
     precision: Precision = "auto"
-    """How the learner holds its weights on CUDA: 'autocast' (float32 weights and optimizer state, bf16 matmuls under torch.autocast, as Hugging Face Trainer's --bf16 and TRL), 'bf16' (bf16 weights, fp32 master copies in DeepSpeed's optimizer), or 'auto': autocast, but bf16 with LoRA (the frozen base stays bf16; why: docs/configuration.md). CPU: fp32."""
+    """CUDA: 'autocast' (fp32 weights, bf16 matmuls), 'bf16' (bf16 weights, fp32 master), 'auto' (bf16 with LoRA, else autocast)."""
     learning_rate: float = at_least(0, 1e-6)
     """AdamW learning rate."""
     train_batch_size: int = at_least(1, 16)
     """Completions per optimizer step, all ranks together (a multiple of --num-generations)."""
     ppo_minibatches: int = 1
-    """Optimizer updates per learner step: the step's groups are cut into this many minibatches of whole groups, one update each (PPO's minibatches; the clip around the proximal policy acts from the second). A policy version is one learner step."""
+    """Updates per learner step, each on a minibatch of groups."""
     micro_batch_tokens: int = at_least(-1, 0, "0: the default budget, -1: off")
-    """Padded tokens per micro-batch: each step's sequences (each rank's share) are packed by length into as few micro-batches as fit, so short sequences make one or two large micro-batches instead of gradient_accumulation_steps small ones (verl's dynamic batch size). 0: the tokens of train_micro_batch_size_per_gpu rows of a 128-token prompt and --max-new-tokens, halved by run_distributed.py until its memory plan fits the GPUs (it says so); -1: off, DeepSpeed's fixed micro-batches of train_micro_batch_size_per_gpu rows."""
+    """Padded tokens per learner micro-batch, packed by length (0: default budget; -1: fixed micro-batches of rows)."""
     warm_up: bool = True
-    """CUDA: before the first step, while round 0 is generated, pass one micro-batch of made-up tokens forward and backward (no update, no parameter gradient), so the first step does not pay the device's one-time costs (--no-warm-up: off)."""
+    """CUDA: warm up on made-up tokens while round 0 generates."""
     max_staleness: int = at_least(0, 2, "0 trains only groups of the newest version")
-    """Train only on groups generated at most this many versions ago; older ones are dropped and counted."""
+    """Drop groups more than this many versions old."""
     max_steps: int = at_least(1, 100)
     """Optimizer steps to run before stopping the samplers and exiting."""
     max_time_s: float = at_least(0, 0.0, "0: no time limit")
-    """Also stop after the step that ends past this many seconds of training (0: no time limit)."""
+    """Time limit of training in seconds (0: none)."""
     lora_r: int = at_least(0, 0, "0: full fine-tuning")
-    """LoRA rank (0: full fine-tuning); with r > 0 only the adapters train, and samplers get merged weights."""
+    """LoRA rank (0: full fine-tuning)."""
     lora_alpha: float = 16.0
-    """LoRA scaling numerator: the update is (alpha / r) * B @ A."""
+    """LoRA scaling: the update is (alpha / r) * B @ A."""
     lora_target_modules: str = "all-linear"
-    """Comma-separated module names to adapt (e.g. q_proj,v_proj), or 'all-linear' (every linear layer but the output head)."""
+    """LoRA modules, comma-separated, or 'all-linear'."""
     lora_dropout: float = bounded(0.0, least=0, below=1)
-    """Dropout on the LoRA input; 0 keeps the learner's log-probs deterministic, like the samplers'."""
+    """Dropout on the LoRA input."""
 
 
 @dataclass
