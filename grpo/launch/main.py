@@ -26,7 +26,7 @@ from grpo.data.plugins import PluginError
 from grpo.data.rewards import RewardError, reward_set_from_config
 from grpo.data.sources import DatasetUnavailable, load_problems, local_file
 from grpo.flags import parse_config, to_flags
-from grpo.launch import nodes, probe, supervisor
+from grpo.launch import cpusize, nodes, probe, supervisor
 from grpo.launch.ending import resume_command
 from grpo.launch.plan import (LaunchError, check_gpus_flags, choose_gpus, instance_argv, parse, passthrough_flags,
                               plan, plan_instances)
@@ -504,6 +504,24 @@ def check_memory(cfg: LaunchConfig, specs: list) -> None:
         print(f"run_distributed.py: warning: {tight}", file=sys.stderr)
 
 
+def size_for_cpu(cfg: LaunchConfig, argv: list[str], to_s: list[str], to_l: list[str],
+                 cuda_count: int) -> tuple[LaunchConfig, list[str], list[str], cpusize.CpuSizing | None]:
+    """A run whose processes all run on CPU (--device cpu, or auto with no GPU here) at a CPU's size
+    (grpo.launch.cpusize), said in one line: (the config, the samplers' and the learner's flags, the
+    sizing; None for a CUDA run, which is left as it is)."""
+    if cfg.device == "cuda" or (cfg.device == "auto" and (cuda_count or cfg.sampling_gpus or cfg.training_gpus)):
+        return cfg, to_s, to_l, None
+    config = ["--config", cfg.config] if cfg.config else []   # as the workers will read it
+    lcfg = parse_config(LearnerConfig, config + to_l, "training_worker.py")
+    scfg = parse_config(SamplerConfig, config + to_s, "sampling_worker.py")
+    sizing, more_l, more_s = cpusize.cpu_sizes(
+        cpusize.given_names(argv, cfg.config), cfg.num_generations, lcfg.train_batch_size, cfg.max_new_tokens,
+        lcfg.beta, scfg.prompts_per_round, cfg.max_steps, lcfg.max_time_s, cfg.num_samplers)
+    if line := cpusize.sizing_line(sizing):
+        print(line, flush=True)
+    return cpusize.apply(cfg, sizing), to_s + more_s, to_l + more_l, sizing
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg, to_s, to_l = parse(argv)
     chosen = bool(cfg.gpus)   # the layout is the launcher's to choose, how samplers decode included
@@ -524,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
             # from here on, the run of the explicit flags the choice stands for
             cfg, line = choose_gpus(cfg, cuda_count, *layout_inputs(cfg, to_l), read_rates(cfg.layout_from))
             print(f"[launcher] {line}", flush=True)
+        cfg, to_s, to_l, sizing = size_for_cpu(cfg, argv if argv is not None else sys.argv[1:], to_s, to_l,
+                                               cuda_count)
         if cfg.instances != 1 or cfg.seeds:
             instances = plan_instances(cfg, cuda_count)
         else:
@@ -545,9 +565,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if note := bytecode_warning(sys.dont_write_bytecode, missing_bytecode()):
         print(f"run_distributed.py: warning: {note}", file=sys.stderr)
+    if sizing is not None and (shape := probe.read_shape(cfg.model)[0]) and \
+            (note := cpusize.slow_warning(shape.params, sizing)):
+        # said once the run is sure to start: a refused launch's stderr stays its one line
+        print(f"run_distributed.py: warning: {note}", file=sys.stderr)
 
     if cfg.instances != 1 or cfg.seeds:
-        passthrough = passthrough_flags(argv if argv is not None else sys.argv[1:])
+        # each instance's launcher gets the CPU sizes chosen here as flags, so it keeps them as given
+        passthrough = passthrough_flags(argv if argv is not None else sys.argv[1:]) + \
+            (cpusize.worker_flags(sizing) if sizing else [])
         for inst in instances:
             inst.run_dir = inst.run_dir.resolve()   # the child launchers run in the repo root
         base = Path(cfg.run_dir or "runs").resolve()
