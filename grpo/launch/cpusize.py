@@ -23,11 +23,12 @@ CPU_GROUPS_PER_STEP = 2
 CPU_MAX_NEW_TOKENS = 64
 CPU_BETA = 0.0
 
-# Parameter-tokens a second that one run's processes get through on two cores together, per
-# completion token of a step (generation, the behaviour and reference passes, the learner's
-# forward and backward): measured here with SmolLM2-135M at the CPU sizes above on a 2-core
-# machine shared with other work, 2026-11-30 (about 14 s a step: 8 completions x 64 tokens x
-# 135M parameters). An estimate for the warning, not a promise: a machine with more cores is faster.
+# Parameter-tokens a second that one run's processes get through on two cores, counted as the
+# step's completion tokens (rows x the longest completion) times the model's parameters; it stands
+# for generation, the log-prob passes and the learner's forward and backward together. From the
+# issue's round on two cores (SmolLM2-135M, 64 completions x 256 tokens with a reference pass in
+# 441 s: 6.3e9) and a run at the CPU sizes on a 2-core machine at load average 8 (8 x 64 tokens a
+# step in about 40 s: 1.7e9), 2026-11-29. An estimate for the warning, not a promise.
 CPU_PARAM_TOKENS_PER_S = 5.0e9
 # A reference pass adds one teacher-forced pass over the step's rows to the sampler's work.
 REF_PASS_SHARE = 0.25
