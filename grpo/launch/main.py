@@ -507,8 +507,8 @@ def check_memory(cfg: LaunchConfig, specs: list) -> None:
 def size_for_cpu(cfg: LaunchConfig, argv: list[str], to_s: list[str], to_l: list[str],
                  cuda_count: int) -> tuple[LaunchConfig, list[str], list[str], cpusize.CpuSizing | None]:
     """A run whose processes all run on CPU (--device cpu, or auto with no GPU here) at a CPU's size
-    (grpo.launch.cpusize), said in one line: (the config, the samplers' and the learner's flags, the
-    sizing; None for a CUDA run, which is left as it is)."""
+    (grpo.launch.cpusize; say_cpu_sizing says it): (the config, the samplers' and the learner's
+    flags, the sizing; None for a CUDA run, which is left as it is)."""
     if cfg.device == "cuda" or (cfg.device == "auto" and (cuda_count or cfg.sampling_gpus or cfg.training_gpus)):
         return cfg, to_s, to_l, None
     config = ["--config", cfg.config] if cfg.config else []   # as the workers will read it
@@ -517,9 +517,18 @@ def size_for_cpu(cfg: LaunchConfig, argv: list[str], to_s: list[str], to_l: list
     sizing, more_l, more_s = cpusize.cpu_sizes(
         cpusize.given_names(argv, cfg.config), cfg.num_generations, lcfg.train_batch_size, cfg.max_new_tokens,
         lcfg.beta, scfg.prompts_per_round, cfg.max_steps, lcfg.max_time_s, cfg.num_samplers)
+    return cpusize.apply(cfg, sizing), to_s + more_s, to_l + more_l, sizing
+
+
+def say_cpu_sizing(sizing: cpusize.CpuSizing | None, model: str) -> None:
+    """The CPU sizing's line (stdout, with the launcher's other choices) and the slow-run warning
+    (stderr), once the run is sure to start: a refused launch says its mistake alone."""
+    if sizing is None:
+        return
     if line := cpusize.sizing_line(sizing):
         print(line, flush=True)
-    return cpusize.apply(cfg, sizing), to_s + more_s, to_l + more_l, sizing
+    if (shape := probe.read_shape(model)[0]) and (note := cpusize.slow_warning(shape.params, sizing)):
+        print(f"run_distributed.py: warning: {note}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -565,10 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if note := bytecode_warning(sys.dont_write_bytecode, missing_bytecode()):
         print(f"run_distributed.py: warning: {note}", file=sys.stderr)
-    if sizing is not None and (shape := probe.read_shape(cfg.model)[0]) and \
-            (note := cpusize.slow_warning(shape.params, sizing)):
-        # said once the run is sure to start: a refused launch's stderr stays its one line
-        print(f"run_distributed.py: warning: {note}", file=sys.stderr)
+    say_cpu_sizing(sizing, cfg.model)
 
     if cfg.instances != 1 or cfg.seeds:
         # each instance's launcher gets the CPU sizes chosen here as flags, so it keeps them as given

@@ -18,6 +18,7 @@ def planned(argv: list[str], cuda_count: int = 0):
     """(the learner's flags, the sampler's, the sizing) as main() plans argv."""
     cfg, to_s, to_l = parse(argv)
     cfg, to_s, to_l, sizing = launch_main.size_for_cpu(cfg, argv, to_s, to_l, cuda_count)
+    launch_main.say_cpu_sizing(sizing, cfg.model)
     specs = plan(cfg, cuda_count, to_s, to_l, 29500)
     learner = next(s.argv for s in specs if s.role == "learner")
     sampler = next(s.argv for s in specs if s.role == "sampler")
@@ -78,6 +79,13 @@ def test_beta_and_rounds_given_are_kept():
     assert value(learner, "--train-batch-size") == "8" and sizing.beta == 0.04
 
 
+def test_a_refused_cpu_launch_says_its_mistake_alone(capsys):
+    """The sizing is said once the run is sure to start, not before a one-line refusal."""
+    assert launch_main.main(["--device", "cpu", "--reward", "correctnes", *GSM8K]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("run_distributed.py: error: --reward: unknown reward 'correctnes'")
+
+
 def test_a_cuda_run_is_left_alone(capsys):
     learner, _, sizing = planned(["--device", "cuda", "--sampling-gpus", "0", "--training-gpus", "1"], cuda_count=2)
     assert sizing is None and value(learner, "--num-generations") == "8" and "on CPU" not in capsys.readouterr().out
@@ -107,3 +115,12 @@ def test_the_warning_names_the_cost_and_the_ways_out():
     # the default 100 steps at CPU sizes: 25 s + 100 x 13.8 s
     assert "about 23 min" in cpusize.slow_warning(134_515_008, cpusize.CpuSizing((), 4, 8, 64, 0.0, 100, 0.0))
     assert cpusize.slow_warning(None, cpusize.CpuSizing((), 8, 16, 256, 0.04, 100, 0.0)) is None   # size unknown
+
+
+def test_a_sized_run_that_will_take_long_is_warned_about(capsys):
+    """The user's own sizes are kept, and what they cost is said on stderr, with no CPU line."""
+    _, _, sizing = planned(["--device", "cpu", "--num-generations", "8", "--max-steps", "20", *GSM8K])
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("run_distributed.py: warning: on CPU these settings take long: about 138 s a "
+                                        "step (16 completions of up to 256 tokens, 135M parameters, a reference pass")
+    assert "about 46 min to its last step" in err
