@@ -39,47 +39,30 @@ class Sampler:
 
     def __init__(self, cfg: SamplerConfig):
         self.cfg = cfg
-        self.groups_sent = 0  # groups offered to the data socket, including those dropped at the HWM or filtered
         # every part, built and wired (grpo.sampler.setup), with the start-up checks and lines
-        self.parts = build(cfg, handed=self._handed, on_filtered=self._filtered, status=self._status)
-        self.stats = self.parts.stats
+        self.parts = build(cfg)
+        self.counters = self.parts.counters   # loop's own: rounds, groups_offered, budget_wait_s, eval_*
         self.name = self.parts.name
         self._evaluated_at = -1
         self._sent_one = False       # 'first_group' marked
         self._last_wait_note = 0.0   # when _wait_for_room last said so
-        self._t_started = time.perf_counter()   # the clock of its statuses (clock_s)
 
     @property
     def version(self) -> int:
         """The policy version this sampler runs (the weights client's)."""
         return self.parts.client.version
 
-    # ------------------------------------------------------------------ counts, send, status
-    def _handed(self) -> int:
-        """Groups this process has handed to its data socket (made, minus those it dropped itself)."""
-        st = self.stats
-        return self.groups_sent - int(st["dropped_zero_signal"] + st["dropped_full"] + st["dropped_send_timeout"])
+    @property
+    def groups_sent(self) -> int:
+        """Groups offered to the data socket, including those dropped at the HWM or filtered."""
+        return self.counters.groups_sent
 
-    def _filtered(self, n: int) -> None:
-        """n groups were made and filtered as zero-signal (the workflow): offered and dropped here. Sent
-        first, so that every status (a heartbeat may read them at any moment) has sent >= dropped."""
-        self.groups_sent += n
-        self.stats["dropped_zero_signal"] += n
-
-    def _status(self, final: bool) -> M.SamplerStatus:
-        return M.SamplerStatus(sampler_id=self.cfg.sampler_id, policy_version=self.version,
-                               groups_sent=self.groups_sent, final=final,
-                               # clock_s: this sampler's own seconds, so the learner can turn its busy
-                               # seconds into a rate between two statuses (grpo.stats.busy_rate)
-                               stats={**{k: float(v) for k, v in list(self.stats.items())},
-                                      "clock_s": time.perf_counter() - self._t_started},
-                               incarnation=self.parts.incarnation)
-
+    # ------------------------------------------------------------------ send, status
     def _send(self, groups: list[M.Group]) -> None:
-        # Groups filtered out as zero-signal were counted as offered by _filtered already.
+        # Groups filtered out as zero-signal are in groups_sent already (SamplerCounters.groups_sent).
         for group in groups:
-            self.groups_sent += 1  # offered: a group dropped at the HWM is counted too
-            send_group(self.parts.data, group, self.cfg.on_full, self.cfg.send_timeout_s, self.stats,
+            self.counters.add(groups_offered=1)  # offered: a group dropped at the HWM is counted too
+            send_group(self.parts.data, group, self.cfg.on_full, self.cfg.send_timeout_s, self.counters,
                        self._where, f"group {self.groups_sent}")
         if self.groups_sent and not self._sent_one:   # its first round is out (sent, or filtered whole)
             self._sent_one = True
@@ -87,21 +70,21 @@ class Sampler:
 
     def send_status(self, final: bool) -> None:
         if final:  # the learner's books need this one: wait for room, but not forever
-            wait_send(self.parts.data, self._status(True), self.cfg.send_timeout_s or 600.0, self._where)
+            wait_send(self.parts.data, self.parts.statuses(True), self.cfg.send_timeout_s or 600.0, self._where)
         else:  # like a heartbeat: if the queue is full now, the next one says the same, newer
-            self.parts.data.send(self._status(False), timeout_s=0)
+            self.parts.data.send(self.parts.statuses(False), timeout_s=0)
 
     def _wait_for_room(self) -> None:
         """The learner has as many groups queued as it can train before they go stale: wait a
         moment before asking again (a word every 10 s; the learner's answer bounds the wait)."""
         t0 = time.perf_counter()
         time.sleep(0.2)
-        self.stats["budget_wait_s"] += time.perf_counter() - t0
+        self.counters.add(budget_wait_s=time.perf_counter() - t0)
         if time.monotonic() - self._last_wait_note > 10.0:
             self._last_wait_note = time.monotonic()
             log.info("waiting: the learner's queue is full for version %d (budget 0: anything generated now would "
                      "be too stale when trained); asking again every 0.2 s (%.0f s waited so far)", self.version,
-                     self.stats["budget_wait_s"])
+                     self.counters.budget_wait_s)
 
     def _round_ends(self) -> bool:
         """A streaming round takes no more prompts: an evaluation is due, or a version the learner
@@ -129,7 +112,7 @@ class Sampler:
         self._evaluated_at = self.version
         record_eval(self.cfg.run_dir, self.version, result, by=f"sampler{self.cfg.sampler_id}")
         # Reported to the learner with the next status, which puts it in metrics.jsonl.
-        self.stats.update(eval_version=float(self.version), eval_accuracy=result["accuracy"],
+        self.counters.put(eval_version=float(self.version), eval_accuracy=result["accuracy"],
                           eval_seconds=result["seconds"])
 
     # ------------------------------------------------------------------ main loop
@@ -178,7 +161,7 @@ class Sampler:
                         with client.round_guard():
                             self.maybe_evaluate()
                     rounds += 1
-                    self.stats["rounds"] = rounds
+                    self.counters.put(rounds=rounds)
                     bar.update(1, version=self.version)
                     self.send_status(final=False)
             self.parts.heartbeat.stop()  # no heartbeat may follow the final status
@@ -197,10 +180,10 @@ class Sampler:
             elapsed = time.perf_counter() - t_start
             log.info("sampler %d done: %d rounds, %d groups sent, %.1f samples/s, %.2f MB sent, "
                      "last version %d", cfg.sampler_id, rounds, self.groups_sent,
-                     self.stats["samples"] / max(elapsed, 1e-9), self.parts.data.bytes_sent / 1e6, self.version)
-            if (line := stream_line(self.stats, elapsed)):
+                     self.counters.samples / max(elapsed, 1e-9), self.parts.data.bytes_sent / 1e6, self.version)
+            if (line := stream_line(self.counters.snapshot(), elapsed)):
                 log.info("%s", line)
             self.parts.data.close()  # LINGER lets queued groups reach the learner
             self.parts.sync.close()
         return {"rounds": rounds, "groups_sent": self.groups_sent, "version": self.version,
-                "config": asdict(self.cfg), **self.stats}
+                "config": asdict(self.cfg), **self.counters.values()}

@@ -9,7 +9,7 @@ build(cfg), in start-up order:
             buckets, so before the engine, which reads them where they live); the rollout engine,
             or Hugging Face generate when the engine cannot serve the architecture
   connect   the data and sync sockets, the evaluation set (sampler 0), the GPU monitor, the
-            weights client, the rollout workflow and the heartbeat
+            counters, the weights client, the rollout workflow, the statuses and the heartbeat
 """
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ from grpo.data.rewards import reward_set_from_config
 from grpo.evaluate import run_eval_problems
 from grpo.generate.backend import old_logprob_source, resolve_backend
 from grpo.generate.engine import RolloutEngine
-from grpo.generate.stream import STREAM_COUNTS
 from grpo.model import compute_dtype, eos_ids, load_causal_lm, load_tokenizer, pick_device, resolve_model, start_runtime
 from grpo.obs.gpu import GpuMonitor, release_cached
 from grpo.obs.profile import SpanProfiler
 from grpo.obs.stages import mark as mark_stage
-from grpo.sampler.heartbeat import ON_FULL, Heartbeat
+from grpo.sampler.counters import SamplerCounters
+from grpo.sampler.heartbeat import ON_FULL, Heartbeat, Statuses
 from grpo.sampler.weights_client import WeightsClient, start_receiver
 from grpo.sampler.workflow import Prompts, RolloutWorkflow, swaps_in_flight
 from grpo.weights.methods import sampler_method
@@ -64,9 +64,10 @@ class SamplerParts:
     sync: SyncClient            # the learner's sync port
     eval_set: list | None       # sampler 0 with --eval-every: the held-out problems
     gpu: GpuMonitor
-    stats: dict                 # the counts every status carries (the loop's docstring)
+    counters: SamplerCounters   # the counts every status carries, one owner per field
     client: WeightsClient
     workflow: RolloutWorkflow
+    statuses: Statuses          # statuses(final): a SamplerStatus of the counters at one instant
     heartbeat: Heartbeat
 
 
@@ -75,10 +76,9 @@ def check_on_full(cfg: SamplerConfig) -> None:
         raise ValueError(f"--on-full {cfg.on_full}: choose one of {', '.join(ON_FULL)}")
 
 
-def build(cfg: SamplerConfig, handed, on_filtered, status) -> SamplerParts:
+def build(cfg: SamplerConfig) -> SamplerParts:
     """Every part of this sampler, built and wired in start-up order (the module's docstring), with
-    its start-up lines. handed, on_filtered, status: the loop's (the weights client's and the
-    workflow's counts, the heartbeat's status)."""
+    its start-up lines."""
     check_on_full(cfg)
     curve = curve_for(cfg.curve_keys, CLIENT)  # bad keys fail here, before the model loads
     profiler = SpanProfiler(cfg.profile_steps, cfg.run_dir, f"sampler{cfg.sampler_id}")   # so does a bad span
@@ -149,32 +149,22 @@ def build(cfg: SamplerConfig, handed, on_filtered, status) -> SamplerParts:
     # Sampler 0 evaluates (greedy pass@1) at version 0 and at every multiple of --eval-every.
     eval_set = run_eval_problems(cfg) if cfg.eval_every > 0 and cfg.sampler_id == 0 else None
     gpu = GpuMonitor(device)
-    # A fixed key set, but for reward_failures/<reward>/<type> (grpo.data.faults): the heartbeat
-    # thread copies this dict (list(items()), one step under the GIL) while the main thread updates it.
-    stats = {"samples": 0.0, "tokens": 0.0, "gen_s": 0.0, "logprob_s": 0.0, "reward_s": 0.0,
-             "sync_s": 0.0, "weight_bytes": 0.0, "weight_syncs": 0.0, "apply_s": 0.0, "rounds": 0.0,
-             "dropped_full": 0.0, "dropped_send_timeout": 0.0, "dropped_zero_signal": 0.0,
-             "peak_mem_gb": 0.0, "peak_reserved_gb": 0.0,   # GiB, the run's largest (all rounds)
-             "eval_version": -1.0, "eval_accuracy": 0.0, "eval_seconds": 0.0,
-             "verified_version": -1.0, "verified_checksum": 0.0,  # --verify-weight-sync
-             "budget_wait_s": 0.0,   # waiting for the learner's queue to have room
-             "swaps": 0.0,   # versions applied between decode steps (--swap-in-flight)
-             "reward_failures": 0.0,   # completions a reward could not score (their failure value counted)
-             "prompts_deferred": 0.0,   # --defer-zero-signal: train prompts passed over once
-             # --in-flight-rows: the engine's stream_counts (grpo.generate.stream.STREAM_COUNTS)
-             **{f"stream_{k}": 0.0 for k in STREAM_COUNTS},
-             **prompts.window.stats()}   # --curriculum: per task, level, groups and rate
-    client = WeightsClient(cfg, sync, policy, device, vocab_size, receiver, method, stats, handed=handed,
+    # What every status carries (a snapshot under its lock for the heartbeat thread); the curriculum's
+    # per-task entries from the start (--curriculum: per task, level, groups and rate).
+    counters = SamplerCounters(curriculum=prompts.window.stats())
+    client = WeightsClient(cfg, sync, policy, device, vocab_size, receiver, method, counters,
                            on_levels=prompts.set_levels)
     workflow = RolloutWorkflow(cfg, prompts, rewards, tok, policy, engine, eos, old_source, device, path, client,
-                               stats, gpu, incarnation, on_filtered=on_filtered, swaps=swaps)
+                               counters, gpu, incarnation, swaps=swaps)
+    statuses = Statuses(cfg.sampler_id, incarnation, counters, lambda: client.version)
     heartbeat = Heartbeat(DataSender(cfg.host, cfg.data_port, hwm=2, curve=curve), cfg.heartbeat_interval_s,
-                          lambda: status(False))
+                          lambda: statuses(False))
     parts = SamplerParts(cfg=cfg, name=f"sampler{cfg.sampler_id}", device=device, backend=backend,
                          old_source=old_source, swaps=swaps, profiler=profiler, prompts=prompts, rewards=rewards,
                          model_path=path, tok=tok, policy=policy, vocab_size=vocab_size, eos_ids=eos, engine=engine,
-                         incarnation=incarnation, data=data, sync=sync, eval_set=eval_set, gpu=gpu, stats=stats,
-                         client=client, workflow=workflow, heartbeat=heartbeat)
+                         incarnation=incarnation, data=data, sync=sync, eval_set=eval_set, gpu=gpu,
+                         counters=counters, client=client, workflow=workflow, statuses=statuses,
+                         heartbeat=heartbeat)
     log.info("sampler %d/%d on %s: %d prompts in its shard, model %s, G=%d, %s prompts per round, "
              "%s generation%s, old log-probs from %s", cfg.sampler_id, cfg.num_samplers, device,
              len(prompts.mine), path, cfg.num_generations,

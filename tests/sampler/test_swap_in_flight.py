@@ -87,7 +87,7 @@ def test_a_version_announced_mid_stream_is_swapped_in_between_decode_steps():
         learner.done.set()
         s.parts.data.close()
         s.parts.sync.close()
-    assert s.parts.client.version == 1 and s.stats["swaps"] == 1 and s.stats["weight_syncs"] == 1
+    assert s.parts.client.version == 1 and s.counters.swaps == 1 and s.counters.weight_syncs == 1
     assert [p.data_ptr() for p in s.parts.policy.parameters()] == ptrs   # copied in place
     assert all(torch.equal(p, q) for p, q in zip(s.parts.policy.parameters(), new.parameters()))
     assert sorted(groups) == ["s0-r0-g0", "s0-r0-g1", "s0-r0-g2"]
@@ -197,7 +197,7 @@ def test_a_round_ending_for_an_evaluation_swaps_nothing_in_while_its_rows_end():
         s.parts.workflow.prompts.stream.next_batch = lambda n: asked.append(n) or take(n)
         ends = lambda: len(asked) >= 3   # noqa: E731
         groups = [g for chunk in s.parts.workflow.stream_round(0, 0, ends=ends) for g in chunk]
-        assert s.parts.client.version == 0 and s.stats["swaps"] == 0
+        assert s.parts.client.version == 0 and s.counters.swaps == 0
         assert len(groups) == 3 and all((g.policy_version, g.max_version) == (0, 0) for g in groups)
         assert s.parts.client.apply_newer_now() == 1   # taken once the round is over
     finally:

@@ -14,6 +14,7 @@ from scripted import ScriptedLearner, facts, run_against
 from grpo.config import SamplerConfig
 from grpo.data.prompts import PromptStream
 from grpo.learner.accounting import Books
+from grpo.sampler.counters import SamplerCounters
 from grpo.sampler.loop import Sampler
 from grpo.wire import messages as M
 from grpo.wire.transport import DataReceiver
@@ -77,10 +78,10 @@ def test_zero_signal_groups_cost_no_logprob_passes_and_are_not_sent(reward, monk
     if filt:
         assert [g.group_id for g in groups] == ["s0-r0-g0"]
         assert passes == [2, 2]   # policy and reference passes over group 0's two completions only
-        assert s.stats["dropped_zero_signal"] == 2
+        assert s.counters.dropped_zero_signal == 2
     else:
         assert [g.group_id for g in groups] == ["s0-r0-g0", "s0-r0-g1", "s0-r0-g2"]
-        assert passes == [6, 6] and s.stats["dropped_zero_signal"] == 0
+        assert passes == [6, 6] and s.counters.dropped_zero_signal == 0
     assert [c.reward for c in groups[0].completions] == [1.0, 0.0]
     for g in groups:
         for c in g.completions:   # each completion still gets its own log-probs, in order
@@ -100,6 +101,9 @@ def test_filtered_groups_count_as_offered_and_the_books_balance(reward):
     assert final is not None and result["groups_sent"] == final.groups_sent == 6
     assert [g.group_id for g in groups] == ["s0-r0-g0", "s0-r1-g0"]
     assert final.stats["dropped_zero_signal"] == 4
+    # the stats the counters carry, and only those (tests/sampler/test_counters.py: the dict's keys)
+    assert set(final.stats) == set(SamplerCounters().snapshot()) | {"clock_s"}
+    assert result["rounds"] == 2 and final.stats["rounds"] == 2.0
     books = Books()
     for g in groups:
         books.group(g, version=0)
