@@ -32,7 +32,7 @@ from grpo.obs.stages import mark as mark_stage
 from grpo.sampler.counters import SamplerCounters
 from grpo.sampler.heartbeat import ON_FULL, Heartbeat, Statuses
 from grpo.sampler.weights_client import WeightsClient, start_receiver
-from grpo.sampler.workflow import Prompts, RolloutWorkflow, swaps_in_flight
+from grpo.sampler.workflow import Prompts, RolloutModel, RolloutWorkflow, swaps_in_flight
 from grpo.weights.methods import sampler_method
 from grpo.wire import messages as M
 from grpo.wire.curve import CLIENT, curve_for
@@ -46,19 +46,11 @@ class SamplerParts:
     """Everything a sampler runs with, built and wired by build()."""
     cfg: SamplerConfig
     name: str                   # 'sampler<id>': its stages and its log
-    device: torch.device
-    backend: str                # 'fast' (our engine) or 'hf' (Hugging Face generate)
-    old_source: str             # old log-probs from 'sampling' (as drawn) or a teacher-forced 'pass'
-    swaps: bool                 # streams swap weights between decode steps (workflow.swaps_in_flight)
     profiler: SpanProfiler
     prompts: Prompts            # this sampler's shard, at the curriculum's levels
     rewards: object             # grpo.data.rewards' reward set
-    model_path: str             # --model resolved
-    tok: object
-    policy: torch.nn.Module
+    rollout: RolloutModel       # tokenizer, policy, engine, device, backend, old log-prob source, swaps
     vocab_size: int
-    eos_ids: list[int]          # every id that ends a completion
-    engine: RolloutEngine | None   # None: Hugging Face generate for fixed rounds
     incarnation: int            # this process's random id: a restart under the same --sampler-id is another
     data: DataSender            # groups and statuses to the learner's data port
     sync: SyncClient            # the learner's sync port
@@ -69,6 +61,17 @@ class SamplerParts:
     workflow: RolloutWorkflow
     statuses: Statuses          # statuses(final): a SamplerStatus of the counters at one instant
     heartbeat: Heartbeat
+
+    # the rollout model's parts, by their own names
+    device = property(lambda self: self.rollout.device)
+    tok = property(lambda self: self.rollout.tok)
+    policy = property(lambda self: self.rollout.policy)
+    engine = property(lambda self: self.rollout.engine)
+    eos_ids = property(lambda self: self.rollout.eos_ids)
+    model_path = property(lambda self: self.rollout.path)
+    backend = property(lambda self: self.rollout.backend)       # 'fast' (our engine) or 'hf' (Hugging Face generate)
+    old_source = property(lambda self: self.rollout.old_source)  # old log-probs from 'sampling' or a 'pass'
+    swaps = property(lambda self: self.rollout.swaps)           # weights swapped between decode steps
 
 
 def check_on_full(cfg: SamplerConfig) -> None:
@@ -154,17 +157,16 @@ def build(cfg: SamplerConfig) -> SamplerParts:
     counters = SamplerCounters(curriculum=prompts.window.stats())
     client = WeightsClient(cfg, sync, policy, device, vocab_size, receiver, method, counters,
                            on_levels=prompts.set_levels)
-    workflow = RolloutWorkflow(cfg, prompts, rewards, tok, policy, engine, eos, old_source, device, path, client,
-                               counters, gpu, incarnation, swaps=swaps)
+    rollout = RolloutModel(tok=tok, policy=policy, engine=engine, eos_ids=eos, device=device, path=path,
+                           backend=backend, old_source=old_source, swaps=swaps)
+    workflow = RolloutWorkflow(cfg, prompts, rewards, rollout, client, counters, gpu, incarnation)
     statuses = Statuses(cfg.sampler_id, incarnation, counters, lambda: client.version)
     heartbeat = Heartbeat(DataSender(cfg.host, cfg.data_port, hwm=2, curve=curve), cfg.heartbeat_interval_s,
                           lambda: statuses(False))
-    parts = SamplerParts(cfg=cfg, name=f"sampler{cfg.sampler_id}", device=device, backend=backend,
-                         old_source=old_source, swaps=swaps, profiler=profiler, prompts=prompts, rewards=rewards,
-                         model_path=path, tok=tok, policy=policy, vocab_size=vocab_size, eos_ids=eos, engine=engine,
-                         incarnation=incarnation, data=data, sync=sync, eval_set=eval_set, gpu=gpu,
-                         counters=counters, client=client, workflow=workflow, statuses=statuses,
-                         heartbeat=heartbeat)
+    parts = SamplerParts(cfg=cfg, name=f"sampler{cfg.sampler_id}", profiler=profiler, prompts=prompts,
+                         rewards=rewards, rollout=rollout, vocab_size=vocab_size, incarnation=incarnation, data=data,
+                         sync=sync, eval_set=eval_set, gpu=gpu, counters=counters, client=client, workflow=workflow,
+                         statuses=statuses, heartbeat=heartbeat)
     log.info("sampler %d/%d on %s: %d prompts in its shard, model %s, G=%d, %s prompts per round, "
              "%s generation%s, old log-probs from %s", cfg.sampler_id, cfg.num_samplers, device,
              len(prompts.mine), path, cfg.num_generations,

@@ -21,6 +21,7 @@ import collections
 import itertools
 import logging
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -117,6 +118,20 @@ class Prompts:
         log.info("curriculum: %s (prompts regenerated at the new levels)", moved)
 
 
+@dataclass
+class RolloutModel:
+    """What rounds are generated and scored with (built by grpo.sampler.setup)."""
+    tok: object
+    policy: torch.nn.Module
+    engine: RolloutEngine | None   # None: Hugging Face generate for fixed rounds
+    eos_ids: list[int]             # every id that ends a completion
+    device: torch.device
+    path: str                      # --model resolved: the reference model loads from it when a run needs one
+    backend: str                   # 'fast' (our engine) or 'hf' (Hugging Face generate)
+    old_source: str                # old log-probs from 'sampling' (as drawn) or a teacher-forced 'pass'
+    swaps: bool = False            # streams swap weights in flight (swaps_in_flight; old_source is then 'sampling')
+
+
 class RolloutWorkflow:
     """Prompts in, scored groups out (the module's docstring).
 
@@ -127,17 +142,15 @@ class RolloutWorkflow:
     filtered as zero-signal (dropped_zero_signal: offered and dropped at once, groups_sent included).
     """
 
-    def __init__(self, cfg: SamplerConfig, prompts: Prompts, rewards, tok, policy: torch.nn.Module,
-                 engine: RolloutEngine | None, eos_ids: list[int], old_source: str, device: torch.device,
-                 model_path, client: WeightsClient, counters: SamplerCounters, gpu: GpuMonitor, incarnation: int,
-                 swaps: bool = False):
-        self.cfg, self.prompts, self.rewards, self.tok, self.policy = cfg, prompts, rewards, tok, policy
-        self.engine, self.eos_ids, self.old_source, self.device = engine, eos_ids, old_source, device
-        self.swaps = swaps   # streams swap weights in flight (swaps_in_flight; old_source is then 'sampling')
+    def __init__(self, cfg: SamplerConfig, prompts: Prompts, rewards, model: RolloutModel, client: WeightsClient,
+                 counters: SamplerCounters, gpu: GpuMonitor, incarnation: int):
+        self.cfg, self.prompts, self.rewards, self.model = cfg, prompts, rewards, model
+        self.tok, self.policy, self.engine, self.eos_ids = model.tok, model.policy, model.engine, model.eos_ids
+        self.old_source, self.device, self.swaps = model.old_source, model.device, model.swaps
         self.client, self.counters, self.gpu, self.incarnation = client, counters, gpu, incarnation
         # The frozen reference model is loaded only once the learner says the run needs its
         # log-probs (beta > 0; RunFacts.needs_ref_logprobs), or if it never says.
-        self._model_path, self.ref = model_path, None
+        self.ref = None
         # (kept, groups) per chunk finished: a chunk holds a group at least, so SIGNAL_GROUPS of them
         # hold the groups signal_share weighs
         self._signal: collections.deque[tuple[int, int]] = collections.deque(maxlen=SIGNAL_GROUPS)
@@ -340,7 +353,7 @@ class RolloutWorkflow:
             old_lp = dict(zip(rows_kept, self._logprobs(self.policy, kept_whole, kept_plens)))
         if facts is None or facts.needs_ref_logprobs:
             if self.ref is None:
-                self.ref = load_causal_lm(self._model_path, self.device, compute_dtype(self.device)).eval()
+                self.ref = load_causal_lm(self.model.path, self.device, compute_dtype(self.device)).eval()
             ref_lp = dict(zip(rows_kept, self._logprobs(self.ref, kept_whole, kept_plens)))
         else:   # not needed: the reference pass is skipped and the group carries none
             ref_lp = {k: np.zeros(0, np.float32) for k in rows_kept}
