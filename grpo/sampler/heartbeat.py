@@ -7,8 +7,11 @@ high-water mark (its own pipe is fair-queued with the groups', never stuck behin
 send_group: what a sampler does when the data socket is at its high-water mark
 (--on-full): 'block' waits (logging) up to --send-timeout-s, then drops the group;
 'drop' drops it at once. Either way a dropped group is counted (stats dropped_full /
-dropped_send_timeout) and still counts as offered (groups_sent), so the learner's books
-include it. Memory stays bounded: at most send_hwm groups wait in the socket.
+dropped_send_timeout, owned here) and still counts as offered (groups_sent), so the learner's
+books include it. Memory stays bounded: at most send_hwm groups wait in the socket.
+
+Statuses: the sampler's status messages, the heartbeat's and the loop's, from one snapshot of its
+counters each.
 
 SyncInbox: the sampler's sync socket, so that the learner's stop reaches a sampler in the
 middle of a round (see SyncInbox).
@@ -21,6 +24,7 @@ import threading
 import time
 from typing import Callable
 
+from grpo.sampler.counters import SamplerCounters
 from grpo.wire import messages as M
 from grpo.wire.transport import Sender
 
@@ -53,6 +57,25 @@ class Heartbeat:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         self.sender.close(linger_s=0)
+
+
+class Statuses:
+    """This sampler's statuses: statuses(final) is a SamplerStatus of its counters at one instant
+    (SamplerCounters.read, safe from the heartbeat thread) and the version `version()` says."""
+
+    def __init__(self, sampler_id: int, incarnation: int, counters: SamplerCounters, version: Callable[[], int]):
+        self.sampler_id, self.incarnation, self.counters, self.version = sampler_id, incarnation, counters, version
+        self.t_started = time.perf_counter()   # the clock of its statuses (clock_s)
+
+    def __call__(self, final: bool) -> M.SamplerStatus:
+        version = self.version()
+        groups_sent, stats = self.counters.read()
+        return M.SamplerStatus(sampler_id=self.sampler_id, policy_version=version, groups_sent=groups_sent,
+                               final=final,
+                               # clock_s: this sampler's own seconds, so the learner can turn its busy
+                               # seconds into a rate between two statuses (grpo.stats.busy_rate)
+                               stats={**stats, "clock_s": time.perf_counter() - self.t_started},
+                               incarnation=self.incarnation)
 
 
 class SyncInbox:
@@ -110,26 +133,26 @@ class SyncInbox:
         self.client.close()
 
 
-def send_group(sender: Sender, msg: M.Message, on_full: str, timeout_s: float, stats: dict,
+def send_group(sender: Sender, msg: M.Message, on_full: str, timeout_s: float, counters: SamplerCounters,
                where: str, what: str = "group") -> bool:
-    """Send one group under the --on-full policy; False when it was dropped (and counted)."""
+    """Send one group under the --on-full policy; False when it was dropped (and counted in `counters`)."""
     if on_full == "drop":
         if sender.send(msg, timeout_s=0):
             return True
-        stats["dropped_full"] = stats.get("dropped_full", 0.0) + 1
-        n = int(stats["dropped_full"])
+        counters.add(dropped_full=1)
+        n = int(counters.dropped_full)
         if n == 1 or (n <= 100 and n % 10 == 0) or n % 1000 == 0:  # a dead learner must not flood the log
             log.warning("data queue full (learner slow or absent at %s): dropped %d groups so far "
-                        "(--on-full drop)", where, int(stats["dropped_full"]))
+                        "(--on-full drop)", where, n)
         return False
     step = min(5.0, timeout_s) if timeout_s > 0 else 5.0  # wake every 5 s to log the wait
     t0 = time.monotonic()
     while not sender.send(msg, timeout_s=step):
         waited = time.monotonic() - t0
         if timeout_s > 0 and waited >= timeout_s:
-            stats["dropped_send_timeout"] = stats.get("dropped_send_timeout", 0.0) + 1
+            counters.add(dropped_send_timeout=1)
             log.warning("data queue full for %.0f s (> --send-timeout-s): dropped %s (%d so far)",
-                        waited, what, int(stats["dropped_send_timeout"]))
+                        waited, what, int(counters.dropped_send_timeout))
             return False
         log.info("data queue full for %.0f s (learner slow or not up at %s); waiting to send %s",
                  waited, where, what)
@@ -138,7 +161,7 @@ def send_group(sender: Sender, msg: M.Message, on_full: str, timeout_s: float, s
 
 def wait_send(sender: Sender, msg: M.Message, timeout_s: float, where: str) -> bool:
     """A status message: waits like 'block', at most timeout_s, never dropped silently."""
-    ok = send_group(sender, msg, "block", timeout_s, {}, where, "a status")
+    ok = send_group(sender, msg, "block", timeout_s, SamplerCounters(), where, "a status")   # counted nowhere
     if not ok:
         log.warning("could not send a status to the learner at %s within %.0f s", where, timeout_s)
     return ok

@@ -25,6 +25,7 @@ from grpo.config import SamplerConfig
 from grpo.model import compute_dtype
 from grpo.obs.stages import mark as mark_stage
 from grpo.sampler import drill
+from grpo.sampler.counters import SamplerCounters
 from grpo.sampler.heartbeat import SyncInbox
 from grpo.sync.client import REJECTED_ANSWERS_LIMIT, ask, await_answer, rejected_streak
 from grpo.weights import make_receiver
@@ -95,9 +96,9 @@ class WeightsClient:
 
     version: the policy version this sampler runs. run_facts: the learner's, from its first answer.
     budget: groups the learner's last answer let this sampler generate (-1: no limit said).
-    `handed()` gives the groups this process has handed to its data socket (each request says it);
-    `on_levels(levels)` is called with the curriculum's levels of every answer that carries them.
-    `stats` is the sampler's stats dict: sync_s, apply_s, weight_syncs, weight_bytes and the
+    `counters.handed()` gives the groups this process has handed to its data socket (each request
+    says it); `on_levels(levels)` is called with the curriculum's levels of every answer that carries
+    them. Of the sampler's counters, sync_s, apply_s, weight_syncs, weight_bytes, swaps and the
     --verify-weight-sync fields are written here.
     """
     _inbox: SyncInbox | None = None   # made on first use around self.sync (see inbox)
@@ -110,13 +111,13 @@ class WeightsClient:
     _rejected_seen = 0                # the sync socket's rejections counted so far
 
     def __init__(self, cfg: SamplerConfig, sync: SyncClient, policy: torch.nn.Module, device: torch.device,
-                 vocab_size: int, receiver, method: str, stats: dict, handed: Callable[[], int],
+                 vocab_size: int, receiver, method: str, counters: SamplerCounters,
                  on_levels: Callable[[dict[str, int]], None]):
         self.cfg, self.sync, self.policy, self.device, self.vocab_size = cfg, sync, policy, device, vocab_size
         self.receiver, self.sync_method = receiver, method
         # Receivers of methods the learner answered with instead of the one asked (_receiver_of).
         self._served: dict[str, object] = {}
-        self.stats, self.handed, self.on_levels = stats, handed, on_levels
+        self.counters, self.handed, self.on_levels = counters, counters.handed, on_levels
         self.name = f"sampler{cfg.sampler_id}"
         self.version = 0
         self.run_facts: M.RunFacts | None = None
@@ -252,7 +253,7 @@ class WeightsClient:
                          self.cfg.host, self.cfg.sync_port, self.cfg.sync_timeout_s, self.version)
             if newest is None or not self._apply(newest):
                 break
-        self.stats["sync_s"] += time.perf_counter() - t0
+        self.counters.add(sync_s=time.perf_counter() - t0)
         return True
 
     def first_answer(self) -> bool:
@@ -295,7 +296,7 @@ class WeightsClient:
             log.info("no answer from the learner at %s:%d yet (%.0f s); round 0 is generated and waits for the run's "
                      "facts before anything is sent", cfg.host, cfg.sync_port, time.monotonic() - self._first_asked)
         self._first_request = None
-        self.stats["sync_s"] += time.perf_counter() - t0
+        self.counters.add(sync_s=time.perf_counter() - t0)
         if stop is not None:
             self.inbox.stop = stop   # the loop abandons the round and ends
             return False
@@ -354,15 +355,12 @@ class WeightsClient:
                      newest.method, newest.version)
             return True
         dt = time.perf_counter() - t_apply
-        self.stats["apply_s"] += dt
-        self.stats["weight_syncs"] += 1
-        drill.maybe_die(int(self.stats["weight_syncs"]))   # only where GRPO_DRILL_DIE_IN_SWAP is set
+        self.counters.add(apply_s=dt, weight_syncs=1, weight_bytes=sum(newest.bucket_nbytes))
+        drill.maybe_die(int(self.counters.weight_syncs))   # only where GRPO_DRILL_DIE_IN_SWAP is set
         self.version = newest.version
-        self.stats["weight_bytes"] += sum(newest.bucket_nbytes)
         if self.cfg.verify_weight_sync:  # after the apply's timing: not part of apply_s
-
-            self.stats["verified_checksum"] = fingerprint(self.policy, compute_dtype(self.device))
-            self.stats["verified_version"] = float(self.version)
+            self.counters.put(verified_checksum=fingerprint(self.policy, compute_dtype(self.device)),
+                              verified_version=float(self.version))
         log.info("now running policy version %d (%.1f MB by %s applied in %.4f s)", self.version,
                  sum(newest.bucket_nbytes) / 1e6, newest.method, dt)
         return acknowledges(newest.method)   # the follow-up request acknowledges the version
@@ -421,7 +419,7 @@ class WeightsClient:
                 self._swap_asked, self._swap_asked_at = self._request_id, now
         if self.version == before:
             return None
-        self.stats["swaps"] += 1
+        self.counters.add(swaps=1)
         return self.version
 
     def _fall_back(self, why: str) -> None:

@@ -21,6 +21,7 @@ import collections
 import itertools
 import logging
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -35,6 +36,7 @@ from grpo.generate.engine import RolloutEngine
 from grpo.loss import has_signal
 from grpo.model import compute_dtype, load_causal_lm, right_pad, token_logprobs
 from grpo.obs.gpu import GpuMonitor, format_gpu
+from grpo.sampler.counters import SamplerCounters
 from grpo.sampler.weights_client import WeightsClient
 from grpo.weights.methods import own_weights
 from grpo.rules.staleness import (FIRST_STEP_GROUPS, SIGNAL_GROUPS, bucket_prompts, next_round_prompts, pool_room,
@@ -116,28 +118,39 @@ class Prompts:
         log.info("curriculum: %s (prompts regenerated at the new levels)", moved)
 
 
+@dataclass
+class RolloutModel:
+    """What rounds are generated and scored with (built by grpo.sampler.setup)."""
+    tok: object
+    policy: torch.nn.Module
+    engine: RolloutEngine | None   # None: Hugging Face generate for fixed rounds
+    eos_ids: list[int]             # every id that ends a completion
+    device: torch.device
+    path: str                      # --model resolved: the reference model loads from it when a run needs one
+    backend: str                   # 'fast' (our engine) or 'hf' (Hugging Face generate)
+    old_source: str                # old log-probs from 'sampling' (as drawn) or a teacher-forced 'pass'
+    swaps: bool = False            # streams swap weights in flight (swaps_in_flight; old_source is then 'sampling')
+
+
 class RolloutWorkflow:
     """Prompts in, scored groups out (the module's docstring).
 
     The weights client gives the version the groups carry, the run's facts (reference log-probs
     needed? the step's size) and the budget, and holds a round back until the learner's first
-    answer. `stats` is the sampler's stats dict (samples, tokens, timings, peaks, the curriculum
-    window). `on_filtered(n)`: n groups were made and filtered as zero-signal here; they count as
-    offered (the caller's groups_sent) and dropped (stats dropped_zero_signal) together.
+    answer. Of the sampler's counters (grpo.sampler.counters), it writes the samples, tokens,
+    timings, peaks, reward failures, deferrals, stream counts, the curriculum window and the groups
+    filtered as zero-signal (dropped_zero_signal: offered and dropped at once, groups_sent included).
     """
 
-    def __init__(self, cfg: SamplerConfig, prompts: Prompts, rewards, tok, policy: torch.nn.Module,
-                 engine: RolloutEngine | None, eos_ids: list[int], old_source: str, device: torch.device,
-                 model_path, client: WeightsClient, stats: dict, gpu: GpuMonitor, incarnation: int,
-                 on_filtered: Callable[[int], None], swaps: bool = False):
-        self.cfg, self.prompts, self.rewards, self.tok, self.policy = cfg, prompts, rewards, tok, policy
-        self.engine, self.eos_ids, self.old_source, self.device = engine, eos_ids, old_source, device
-        self.swaps = swaps   # streams swap weights in flight (swaps_in_flight; old_source is then 'sampling')
-        self.client, self.stats, self.gpu, self.incarnation = client, stats, gpu, incarnation
-        self.on_filtered = on_filtered
+    def __init__(self, cfg: SamplerConfig, prompts: Prompts, rewards, model: RolloutModel, client: WeightsClient,
+                 counters: SamplerCounters, gpu: GpuMonitor, incarnation: int):
+        self.cfg, self.prompts, self.rewards, self.model = cfg, prompts, rewards, model
+        self.tok, self.policy, self.engine, self.eos_ids = model.tok, model.policy, model.engine, model.eos_ids
+        self.old_source, self.device, self.swaps = model.old_source, model.device, model.swaps
+        self.client, self.counters, self.gpu, self.incarnation = client, counters, gpu, incarnation
         # The frozen reference model is loaded only once the learner says the run needs its
         # log-probs (beta > 0; RunFacts.needs_ref_logprobs), or if it never says.
-        self._model_path, self.ref = model_path, None
+        self.ref = None
         # (kept, groups) per chunk finished: a chunk holds a group at least, so SIGNAL_GROUPS of them
         # hold the groups signal_share weighs
         self._signal: collections.deque[tuple[int, int]] = collections.deque(maxlen=SIGNAL_GROUPS)
@@ -313,18 +326,19 @@ class RolloutWorkflow:
         # status the learner books); RewardBroken, when a reward fails on most, ends the sampler.
         scores = self.rewards.score([problems[gis[k // G]] for k in range(len(completions))], texts,
                                     [c for c, _ in completions])
-        self.stats.update(self.rewards.faults.stats())
+        failures = self.rewards.faults.stats()
+        self.counters.put(reward_failures=failures.pop("reward_failures"), reward_kinds=failures)
         window = self.prompts.window
         if self.prompts.levels is not None:   # every group counts for its task, before any filter
             for j, gi in enumerate(gis):
                 window.add(problems[gi].columns.get("rg_task", ""),
                            sum(sc.info.get("correct", 0.0) for sc in scores[j * G:(j + 1) * G]), G)
-            self.stats.update(window.stats())
+            self.counters.put(curriculum=window.stats())
         signal = [has_signal([sc.reward for sc in scores[j * G:(j + 1) * G]]) for j in range(len(gis))]
         if (deferrals := self.prompts.deferrals) is not None:   # every group, filtered or not
             for gi, sig in zip(gis, signal):
                 deferrals.mark(problems[gi], sig)
-            self.stats["prompts_deferred"] = float(deferrals.deferred)
+            self.counters.put(prompts_deferred=float(deferrals.deferred))
         # Scored before the log-prob passes, so that with --filter-zero-signal a group whose
         # rewards are all equal (zero advantage: the learner would drop it) costs no passes and
         # is not sent; it still counts as offered, and the learner's books see it as dropped.
@@ -339,15 +353,15 @@ class RolloutWorkflow:
             old_lp = dict(zip(rows_kept, self._logprobs(self.policy, kept_whole, kept_plens)))
         if facts is None or facts.needs_ref_logprobs:
             if self.ref is None:
-                self.ref = load_causal_lm(self._model_path, self.device, compute_dtype(self.device)).eval()
+                self.ref = load_causal_lm(self.model.path, self.device, compute_dtype(self.device)).eval()
             ref_lp = dict(zip(rows_kept, self._logprobs(self.ref, kept_whole, kept_plens)))
         else:   # not needed: the reference pass is skipped and the group carries none
             ref_lp = {k: np.zeros(0, np.float32) for k in rows_kept}
         reward_s, logprob_s = t2 - t1, time.perf_counter() - t2   # (_logprobs ends in .cpu(): done by now)
-        # A filtered group was offered and dropped here: on_filtered moves both counts together, so
-        # every status (a heartbeat may read them at any moment) has sent >= what it says it dropped,
-        # and a round filtered whole is counted although nothing of it is sent.
-        self.on_filtered(len(gis) - len(keep))
+        # A filtered group was offered and dropped here: groups_sent counts it with dropped_zero_signal
+        # (SamplerCounters.groups_sent), so every status has sent >= what it says it dropped, and a
+        # round filtered whole is counted although nothing of it is sent.
+        self.counters.add(dropped_zero_signal=len(gis) - len(keep))
         self._signal.append((len(keep), len(gis)))
         groups = []
         for j in keep:
@@ -372,18 +386,14 @@ class RolloutWorkflow:
                 incarnation=self.incarnation))
         n_tokens = sum(len(c) for c, _ in completions)
         if self.engine is not None:
-            self.stats.update({f"stream_{k}": float(v) for k, v in self.engine.stream_counts.items()})
-        self.stats["samples"] += len(completions)
-        self.stats["tokens"] += n_tokens
-        self.stats["gen_s"] += gen_s
-        self.stats["logprob_s"] += logprob_s
-        self.stats["reward_s"] += reward_s
+            self.counters.put(stream={f"stream_{k}": float(v) for k, v in self.engine.stream_counts.items()})
+        self.counters.add(samples=len(completions), tokens=n_tokens, gen_s=gen_s, logprob_s=logprob_s,
+                          reward_s=reward_s)
         if self.device.type == "cuda":
             # torch's peak counters cover the time since the last self.gpu.sample() (it resets them,
             # below): one round. The run's peak is the largest of them.
-            self.stats["peak_mem_gb"] = max(self.stats["peak_mem_gb"], torch.cuda.max_memory_allocated(self.device) / 2**30)
-            self.stats["peak_reserved_gb"] = max(self.stats["peak_reserved_gb"],
-                                                 torch.cuda.max_memory_reserved(self.device) / 2**30)
+            self.counters.raise_to(peak_mem_gb=torch.cuda.max_memory_allocated(self.device) / 2**30,
+                                   peak_reserved_gb=torch.cuda.max_memory_reserved(self.device) / 2**30)
         rewards = [sc.reward for sc in scores]   # every completion, filtered or not: the train reward
         dropped = (f", {len(gis) - len(keep)} of {len(gis)} groups zero-signal"
                    if cfg.filter_zero_signal else "")

@@ -10,6 +10,7 @@ from netutil import free_ports
 
 from grpo.learner.accounting import Books, MessageLedger
 from grpo.learner.liveness import Liveness, SyncPeers
+from grpo.sampler.counters import SamplerCounters
 from grpo.sampler.heartbeat import send_group
 from grpo.weights.tcp import TcpPublisher
 from grpo.wire import codec
@@ -148,13 +149,14 @@ def test_on_full_drop_counts_and_block_times_out():
     (port,) = free_ports(1)
     g = make_group(sampler_id=0, incarnation=1)
     drop = DataSender("127.0.0.1", port, hwm=2)
-    stats = {}
+    counters = SamplerCounters()
     try:
-        sent = [send_group(drop, g, "drop", 600, stats, "nowhere") for _ in range(7)]
-        assert sent == [True, True, False, False, False, False, False] and stats == {"dropped_full": 5.0}
+        sent = [send_group(drop, g, "drop", 600, counters, "nowhere") for _ in range(7)]
+        assert sent == [True, True, False, False, False, False, False]
+        assert (counters.dropped_full, counters.dropped_send_timeout) == (5.0, 0.0)
         t0 = time.monotonic()
-        assert send_group(drop, g, "block", 0.5, stats, "nowhere") is False
-        assert 0.4 < time.monotonic() - t0 < 5 and stats["dropped_send_timeout"] == 1.0
+        assert send_group(drop, g, "block", 0.5, counters, "nowhere") is False
+        assert 0.4 < time.monotonic() - t0 < 5 and counters.dropped_send_timeout == 1.0
     finally:
         drop.close(linger_s=0)
 

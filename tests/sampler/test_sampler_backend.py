@@ -35,15 +35,15 @@ def test_sampler_round_with_fast_backend(monkeypatch):
                         data_port=d, sync_port=s)
     sampler = Sampler(cfg)
     try:
-        assert sampler.backend == "fast" and sampler.engine is not None and sampler.old_source == "sampling"
-        assert sampler.engine.refill_behind is True   # --refill-behind, the default: the in-flight round below
+        assert sampler.parts.backend == "fast" and sampler.parts.engine is not None and sampler.parts.old_source == "sampling"
+        assert sampler.parts.engine.refill_behind is True   # --refill-behind, the default: the in-flight round below
         passes = []
-        real = sampler.workflow._logprobs
-        monkeypatch.setattr(sampler.workflow, "_logprobs", lambda model, whole, plens: passes.append(
-            "ref" if model is sampler.workflow.ref else "policy") or real(model, whole, plens))
-        groups = sampler.workflow.generate_round(0)
+        real = sampler.parts.workflow._logprobs
+        monkeypatch.setattr(sampler.parts.workflow, "_logprobs", lambda model, whole, plens: passes.append(
+            "ref" if model is sampler.parts.workflow.ref else "policy") or real(model, whole, plens))
+        groups = sampler.parts.workflow.generate_round(0)
         sampler.cfg.in_flight_rows = 4
-        groups += [g for chunk in sampler.workflow.stream_round(1, 2) for g in chunk]
+        groups += [g for chunk in sampler.parts.workflow.stream_round(1, 2) for g in chunk]
         assert passes == ["ref", "ref"]   # the reference pass only (no learner said beta is 0)
         monkeypatch.undo()
         # The log-prob pass sorts by length into micro-batches; results come back in input
@@ -53,27 +53,27 @@ def test_sampler_round_with_fast_backend(monkeypatch):
         sampler.cfg.logprob_batch_size = 2
         # Only the completions' positions reach the LM head: 6 + 2 + 7 + 5 + 1 rows, none of a prompt's.
         head_rows = []
-        hook = sampler.policy.get_output_embeddings().register_forward_hook(
+        hook = sampler.parts.policy.get_output_embeddings().register_forward_hook(
             lambda mod, args, out: head_rows.append(args[0].shape[0]))
         try:
-            got = sampler.workflow._logprobs(sampler.policy, whole, plens)
+            got = sampler.parts.workflow._logprobs(sampler.parts.policy, whole, plens)
         finally:
             hook.remove()
         assert sum(head_rows) == 21, head_rows
         for seq, p, lp in zip(whole, plens, got):
             ids = torch.tensor([seq])
             with torch.no_grad():
-                alone = token_logprobs(sampler.policy, ids, torch.ones_like(ids), 1.0)[0, p - 1:].numpy()
+                alone = token_logprobs(sampler.parts.policy, ids, torch.ones_like(ids), 1.0)[0, p - 1:].numpy()
             assert lp.shape == (len(seq) - p,)
             np.testing.assert_allclose(lp, alone, atol=1e-5)
     finally:
-        sampler.data.close()
-        sampler.sync.close()
+        sampler.parts.data.close()
+        sampler.parts.sync.close()
     assert len(groups) == 4 and all(len(g.completions) == 3 for g in groups)
     for g in groups:
         for c in g.completions:
             n = len(c.generated_token_ids)
-            assert 1 <= n <= 6 and c.is_finished == (int(c.generated_token_ids[-1]) == sampler.tok.eos_token_id)
+            assert 1 <= n <= 6 and c.is_finished == (int(c.generated_token_ids[-1]) == sampler.parts.tok.eos_token_id)
             assert list(c.whole_token_ids) == list(g.prefix_token_ids) + list(c.generated_token_ids)
             assert c.old_policy_log_probs.shape == c.ref_policy_log_probs.shape == (n,)
             assert np.all(c.old_policy_log_probs < 0)
@@ -86,10 +86,10 @@ def test_sampler_round_with_fast_backend(monkeypatch):
     first = Sampler(SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
                                   generation_backend="fast", refill_behind=False, data_port=d, sync_port=s))
     try:
-        assert first.engine.refill_behind is False   # --no-refill-behind reaches the engine
+        assert first.parts.engine.refill_behind is False   # --no-refill-behind reaches the engine
     finally:
-        first.data.close()
-        first.sync.close()
+        first.parts.data.close()
+        first.parts.sync.close()
 
 
 def test_sampler_falls_back_at_start_up(monkeypatch):
@@ -110,12 +110,12 @@ def test_sampler_falls_back_at_start_up(monkeypatch):
                                     prompts_per_round=2, num_generations=2, max_new_tokens=4,
                                     generation_backend="fast", data_port=d, sync_port=s))
     try:
-        assert (sampler.backend, sampler.engine, sampler.old_source) == ("hf", None, "pass")
-        assert sampler.eos_ids == [sampler.tok.eos_token_id]
-        groups = sampler.workflow.generate_round(0)
+        assert (sampler.parts.backend, sampler.parts.engine, sampler.parts.old_source) == ("hf", None, "pass")
+        assert sampler.parts.eos_ids == [sampler.parts.tok.eos_token_id]
+        groups = sampler.parts.workflow.generate_round(0)
     finally:
-        sampler.data.close()
-        sampler.sync.close()
+        sampler.parts.data.close()
+        sampler.parts.sync.close()
     assert len(groups) == 2 and all(len(g.completions) == 2 for g in groups)
 
 

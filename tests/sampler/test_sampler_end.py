@@ -86,7 +86,7 @@ class RoundWatch:
 
     def __init__(self, s: Sampler):
         self.done, self.at = threading.Event(), None
-        eng, n = s.engine, s.cfg.prompts_per_round
+        eng, n = s.parts.engine, s.cfg.prompts_per_round
         generate, stream = eng.generate, eng.stream
 
         def generated(*a, **k):
@@ -139,7 +139,7 @@ def test_round_0_is_generated_before_the_first_answer_and_sent_after_it(tmp_path
     assert final is not None and result["groups_sent"] == final.groups_sent == len(groups) == 4
     assert sorted(g.group_id for g in groups) == ["s0-r0-g0", "s0-r0-g1", "s0-r1-g0", "s0-r1-g1"]
     assert {g.policy_version for g in groups} == {0}
-    assert s.workflow.ref is None   # the facts (beta 0) were known before round 0 was finished: no reference model
+    assert s.parts.workflow.ref is None   # the facts (beta 0) were known before round 0 was finished: no reference model
     text = caplog.text
     assert "generating round 0 with version 0" in text
     assert f"no answer from the learner at 127.0.0.1:{sync_port} yet" in text   # it said why it waits
@@ -237,7 +237,7 @@ def test_answers_it_cannot_read_end_it_with_one_line_and_its_final_status(caplog
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("3 weight requests in a row got only answers this sampler rejected (")
     assert f"127.0.0.1:{sync_port}" in msg and "same version of this code on both sides" in msg
-    assert sum(s.sync.rejected.values()) == 3 and len(learner.requests) == 4   # one valid answer, three garbled
+    assert sum(s.parts.sync.rejected.values()) == 3 and len(learner.requests) == 4   # one valid answer, three garbled
     assert final is not None and final.groups_sent == len(groups) > 0           # rounds 0-2 went out, books closed
     assert took < 60
 
@@ -261,7 +261,7 @@ def test_a_learner_started_again_with_other_settings_ends_it_and_other_changes_a
     assert str(e.value) == ("the learner's settings changed (a learner started again on this port?): "
                             "--num-generations: 2 here, 3 at the learner: give both the same settings")
     assert "the learner's run facts changed (a learner started again on this port?): max_staleness 4 -> 7" in caplog.text
-    assert s.client.run_facts.max_staleness == 7 and len(learner.requests) == 5
+    assert s.parts.client.run_facts.max_staleness == 7 and len(learner.requests) == 5
     assert final is not None and final.groups_sent == len(groups) > 0
 
 
@@ -291,7 +291,7 @@ def test_newer_weights_in_the_first_answer_abandon_round_0_which_is_generated_ag
     receiver = DataReceiver("127.0.0.1", data_port, M.Limits(), 1 << 26)
     s = make_sampler(data_port, sync_port, prompts_per_round=2, max_rounds=1, sync_timeout_s=0.5,
                      generation_backend="fast")
-    named = [(n, p.detach() + 0.01) for n, p in s.policy.named_parameters()]
+    named = [(n, p.detach() + 0.01) for n, p in s.parts.policy.named_parameters()]
     layout, dtypes, nbytes = plan_layout(named)
     buckets = [memoryview(b.numpy()) for b in pack(named, layout, nbytes)]
     v3 = lambda rid: M.WeightsAnnounce(version=3, method=M.TCP, layout=layout, bucket_dtypes=dtypes,   # noqa: E731
@@ -305,7 +305,7 @@ def test_newer_weights_in_the_first_answer_abandon_round_0_which_is_generated_ag
     assert result["rounds"] == 1 and final is not None and final.groups_sent == len(groups) == 2
     assert sorted(g.group_id for g in groups) == ["s0-r0-g0", "s0-r0-g1"] and {g.policy_version for g in groups} == {3}
     assert s.version == 3
-    for (name, p), (_, want) in zip(s.policy.named_parameters(), named):
+    for (name, p), (_, want) in zip(s.parts.policy.named_parameters(), named):
         assert torch.equal(p.detach(), want), name
     assert [r.have_version for r in learner.requests[:2]] == [0, 3]   # its next request acknowledged version 3
     text = caplog.text

@@ -65,37 +65,37 @@ def test_a_version_announced_mid_stream_is_swapped_in_between_decode_steps():
                               num_generations=2, max_new_tokens=12, prompts_per_round=3, in_flight_rows=3,
                               generation_backend="fast", data_port=data_port, sync_port=sync_port,
                               heartbeat_interval_s=0))
-    assert s.swaps and s.old_source == "sampling"
-    s.engine.check_every = 3
-    old = copy.deepcopy(s.policy)
+    assert s.parts.swaps and s.parts.old_source == "sampling"
+    s.parts.engine.check_every = 3
+    old = copy.deepcopy(s.parts.policy)
     torch.manual_seed(123)
-    new = type(s.policy)(s.policy.config).eval()
-    ptrs = [p.data_ptr() for p in s.policy.parameters()]
+    new = type(s.parts.policy)(s.parts.policy.config).eval()
+    ptrs = [p.data_ptr() for p in s.parts.policy.parameters()]
     # request 0: sync_weights' (no_update, the run's facts); request 1: the swap request sent before the round
     learner = ScriptedLearner(sync_port, facts(s), later={1: lambda req: tcp_announce(new, 1, req.request_id)})
     learner.start()
     try:
-        assert s.client.sync_weights() and s.client.version == 0 and not s.client.awaiting_first
-        assert s.client.apply_newer_now() is None   # nothing announced yet: request 1 goes out
+        assert s.parts.client.sync_weights() and s.parts.client.version == 0 and not s.parts.client.awaiting_first
+        assert s.parts.client.apply_newer_now() is None   # nothing announced yet: request 1 goes out
         deadline = time.monotonic() + 30
-        while not any(isinstance(m, M.WeightsAnnounce) for m in s.client.inbox.peek()):
+        while not any(isinstance(m, M.WeightsAnnounce) for m in s.parts.client.inbox.peek()):
             assert time.monotonic() < deadline, "the scripted learner's answer never came"
             time.sleep(0.05)
-        assert s.client.version == 0   # answered, not yet applied: that is the stream's to do
-        groups = {g.group_id: g for chunk in s.workflow.stream_round(0, 3) for g in chunk}
+        assert s.parts.client.version == 0   # answered, not yet applied: that is the stream's to do
+        groups = {g.group_id: g for chunk in s.parts.workflow.stream_round(0, 3) for g in chunk}
     finally:
         learner.done.set()
-        s.data.close()
-        s.sync.close()
-    assert s.client.version == 1 and s.stats["swaps"] == 1 and s.stats["weight_syncs"] == 1
-    assert [p.data_ptr() for p in s.policy.parameters()] == ptrs   # copied in place
-    assert all(torch.equal(p, q) for p, q in zip(s.policy.parameters(), new.parameters()))
+        s.parts.data.close()
+        s.parts.sync.close()
+    assert s.parts.client.version == 1 and s.counters.swaps == 1 and s.counters.weight_syncs == 1
+    assert [p.data_ptr() for p in s.parts.policy.parameters()] == ptrs   # copied in place
+    assert all(torch.equal(p, q) for p, q in zip(s.parts.policy.parameters(), new.parameters()))
     assert sorted(groups) == ["s0-r0-g0", "s0-r0-g1", "s0-r0-g2"]
     assert [(groups[f"s0-r0-g{k}"].policy_version, groups[f"s0-r0-g{k}"].max_version) for k in range(3)] == \
         [(0, 1), (0, 1), (1, 1)]
     span, waited, after = [0] * 4 + [1] * 8, [0] + [1] * 11, [1] * 12
     want = {0: [span, span], 1: [span, waited], 2: [after, after]}
-    eos = set(s.eos_ids)
+    eos = set(s.parts.eos_ids)
     models = {0: old, 1: new}
     for k in range(3):
         g = groups[f"s0-r0-g{k}"]
@@ -111,7 +111,7 @@ def test_a_version_announced_mid_stream_is_swapped_in_between_decode_steps():
     # weights' and its later ones are neither version's alone (the kept cache); prompt 2's are the new ones'.
     def alone(m, g):
         P = len(g.prefix_token_ids)
-        ids, mask = right_pad([c.whole_token_ids.tolist() for c in g.completions], s.tok.pad_token_id,
+        ids, mask = right_pad([c.whole_token_ids.tolist() for c in g.completions], s.parts.tok.pad_token_id,
                               torch.device("cpu"))
         with torch.no_grad():
             return token_logprobs(m, ids, mask, 1.0)[:, P - 1:P + 11].numpy()
@@ -148,7 +148,7 @@ def test_a_streaming_round_takes_prompts_as_the_budget_allows_and_no_more(caplog
     s = Sampler(SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=16,
                               num_generations=2, max_new_tokens=6, in_flight_rows=4, generation_backend="fast",
                               data_port=data_port, sync_port=sync_port, heartbeat_interval_s=0))
-    assert s.swaps and s.cfg.prompts_per_round == 0
+    assert s.parts.swaps and s.cfg.prompts_per_round == 0
     # stop once three requests have said all K were handed: two of them asked for room in vain
     learner = ScriptedLearner(sync_port, facts(s, groups_per_step=4), budget=lambda req: max(0, K - max(req.sent, 0)),
                               stop_when=lambda reqs: sum(r.sent == K for r in reqs) >= 3)
@@ -164,7 +164,7 @@ def test_a_streaming_round_takes_prompts_as_the_budget_allows_and_no_more(caplog
     assert sent == sorted(sent) and max(sent) == K, sent   # every request said the groups handed so far
     # the engine's counts reach the result: K prompts prefilled, 4 rows at every step, at most 2 x G busy
     steps = result["stream_steps"]
-    assert result["stream_prompts"] == K and steps % s.engine.check_every == 0 and steps >= 6
+    assert result["stream_prompts"] == K and steps % s.parts.engine.check_every == 0 and steps >= 6
     assert result["stream_row_steps"] == 4 * steps and 0 < result["stream_busy_row_steps"] <= 4 * steps
     line = stream_line(result, 10.0)
     assert line.startswith(f"stream: {steps:,.0f} decode steps") and f"{K} prompts prefilled" in line, line
@@ -181,26 +181,26 @@ def test_a_round_ending_for_an_evaluation_swaps_nothing_in_while_its_rows_end():
     s = Sampler(SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
                               num_generations=2, max_new_tokens=12, in_flight_rows=6, generation_backend="fast",
                               data_port=data_port, sync_port=sync_port, heartbeat_interval_s=0))
-    s.engine.check_every = 3
+    s.parts.engine.check_every = 3
     torch.manual_seed(123)
-    new = type(s.policy)(s.policy.config).eval()
+    new = type(s.parts.policy)(s.parts.policy.config).eval()
     learner = ScriptedLearner(sync_port, facts(s), later={1: lambda req: tcp_announce(new, 1, req.request_id)})
     learner.start()
     asked = []
     try:
-        assert s.client.sync_weights() and s.client.apply_newer_now() is None   # request 1 goes out
+        assert s.parts.client.sync_weights() and s.parts.client.apply_newer_now() is None   # request 1 goes out
         deadline = time.monotonic() + 30
-        while not any(isinstance(m, M.WeightsAnnounce) for m in s.client.inbox.peek()):
+        while not any(isinstance(m, M.WeightsAnnounce) for m in s.parts.client.inbox.peek()):
             assert time.monotonic() < deadline, "the scripted learner's answer never came"
             time.sleep(0.05)
-        take = s.workflow.prompts.stream.next_batch   # counted: the round ends once it has taken three prompts
-        s.workflow.prompts.stream.next_batch = lambda n: asked.append(n) or take(n)
+        take = s.parts.workflow.prompts.stream.next_batch   # counted: the round ends once it has taken three prompts
+        s.parts.workflow.prompts.stream.next_batch = lambda n: asked.append(n) or take(n)
         ends = lambda: len(asked) >= 3   # noqa: E731
-        groups = [g for chunk in s.workflow.stream_round(0, 0, ends=ends) for g in chunk]
-        assert s.client.version == 0 and s.stats["swaps"] == 0
+        groups = [g for chunk in s.parts.workflow.stream_round(0, 0, ends=ends) for g in chunk]
+        assert s.parts.client.version == 0 and s.counters.swaps == 0
         assert len(groups) == 3 and all((g.policy_version, g.max_version) == (0, 0) for g in groups)
-        assert s.client.apply_newer_now() == 1   # taken once the round is over
+        assert s.parts.client.apply_newer_now() == 1   # taken once the round is over
     finally:
         learner.done.set()
-        s.data.close()
-        s.sync.close()
+        s.parts.data.close()
+        s.parts.sync.close()

@@ -14,6 +14,7 @@ from scripted import ScriptedLearner, facts, run_against
 from grpo.config import SamplerConfig
 from grpo.data.prompts import PromptStream
 from grpo.learner.accounting import Books
+from grpo.sampler.counters import SamplerCounters
 from grpo.sampler.loop import Sampler
 from grpo.wire import messages as M
 from grpo.wire.transport import DataReceiver
@@ -66,21 +67,21 @@ def no_update_learner(s: Sampler) -> ScriptedLearner:
 def test_zero_signal_groups_cost_no_logprob_passes_and_are_not_sent(reward, monkeypatch, filt):
     s = sampler(reward, filt, *free_ports(2))
     passes = []
-    real = s.workflow._logprobs
-    monkeypatch.setattr(s.workflow, "_logprobs",
+    real = s.parts.workflow._logprobs
+    monkeypatch.setattr(s.parts.workflow, "_logprobs",
                         lambda model, whole, plens: passes.append(len(whole)) or real(model, whole, plens))
     try:
-        groups = s.workflow.generate_round(0)
+        groups = s.parts.workflow.generate_round(0)
     finally:
-        s.data.close()
-        s.sync.close()
+        s.parts.data.close()
+        s.parts.sync.close()
     if filt:
         assert [g.group_id for g in groups] == ["s0-r0-g0"]
         assert passes == [2, 2]   # policy and reference passes over group 0's two completions only
-        assert s.stats["dropped_zero_signal"] == 2
+        assert s.counters.dropped_zero_signal == 2
     else:
         assert [g.group_id for g in groups] == ["s0-r0-g0", "s0-r0-g1", "s0-r0-g2"]
-        assert passes == [6, 6] and s.stats["dropped_zero_signal"] == 0
+        assert passes == [6, 6] and s.counters.dropped_zero_signal == 0
     assert [c.reward for c in groups[0].completions] == [1.0, 0.0]
     for g in groups:
         for c in g.completions:   # each completion still gets its own log-probs, in order
@@ -100,6 +101,9 @@ def test_filtered_groups_count_as_offered_and_the_books_balance(reward):
     assert final is not None and result["groups_sent"] == final.groups_sent == 6
     assert [g.group_id for g in groups] == ["s0-r0-g0", "s0-r1-g0"]
     assert final.stats["dropped_zero_signal"] == 4
+    # the stats the counters carry, and only those (tests/sampler/test_counters.py: the dict's keys)
+    assert set(final.stats) == set(SamplerCounters().snapshot()) | {"clock_s"}
+    assert result["rounds"] == 2 and final.stats["rounds"] == 2.0
     books = Books()
     for g in groups:
         books.group(g, version=0)
@@ -157,13 +161,13 @@ def test_rounds_grow_until_their_groups_with_signal_fill_a_step(reward):
     s = sampler(reward, True, *free_ports(2), max_rounds=3)
     s.cfg.prompts_per_round = 0
     sizes = []
-    real = s.workflow.generate_round
+    real = s.parts.workflow.generate_round
 
     def counted(round_idx, n_prompts=None):
         sizes.append(n_prompts)
         return real(round_idx, n_prompts)
 
-    s.workflow.generate_round = counted
+    s.parts.workflow.generate_round = counted
     run_against(s, ScriptedLearner(s.cfg.sync_port, facts(s, groups_per_step=2)))
     assert sizes in ([6, 12, 18], [24, 48, 32])
 
@@ -179,21 +183,21 @@ def test_round_sizes_fill_the_engines_smallest_bucket_within_the_budget(reward, 
     s = sampler(reward, filt, *free_ports(2))
     try:
         s.cfg.prompts_per_round = 0
-        assert s.engine is not None and s.engine.buckets == ()   # CPU: no graphs, exact sizes
-        assert s.workflow.bucket_prompts() == 1
-        assert s.workflow.round_prompts() == (24 if filt else 8)          # round 0
-        s.client.run_facts = facts(s, groups_per_step=2)
-        assert s.workflow.round_prompts() == (6 if filt else 2)           # 2 / (1/3), or 2 / 1
-        s.engine.buckets = (64, 128, 256)                          # what the engine has on CUDA
-        assert s.workflow.bucket_prompts() == 32
-        assert s.workflow.round_prompts() == 32
-        s.client.budget = 6
-        assert s.workflow.round_prompts() == (18 if filt else 6)
-        s.client.run_facts = None                                          # round 0 again: no budget said yet
-        assert s.workflow.round_prompts() == 32
+        assert s.parts.engine is not None and s.parts.engine.buckets == ()   # CPU: no graphs, exact sizes
+        assert s.parts.workflow.bucket_prompts() == 1
+        assert s.parts.workflow.round_prompts() == (24 if filt else 8)          # round 0
+        s.parts.client.run_facts = facts(s, groups_per_step=2)
+        assert s.parts.workflow.round_prompts() == (6 if filt else 2)           # 2 / (1/3), or 2 / 1
+        s.parts.engine.buckets = (64, 128, 256)                          # what the engine has on CUDA
+        assert s.parts.workflow.bucket_prompts() == 32
+        assert s.parts.workflow.round_prompts() == 32
+        s.parts.client.budget = 6
+        assert s.parts.workflow.round_prompts() == (18 if filt else 6)
+        s.parts.client.run_facts = None                                          # round 0 again: no budget said yet
+        assert s.parts.workflow.round_prompts() == 32
     finally:
-        s.data.close()
-        s.sync.close()
+        s.parts.data.close()
+        s.parts.sync.close()
 
 
 def test_deferred_prompts_are_not_generated_again_at_once_and_the_books_balance(reward):
@@ -205,7 +209,7 @@ def test_deferred_prompts_are_not_generated_again_at_once_and_the_books_balance(
     receiver = DataReceiver("127.0.0.1", data_port, M.Limits(), 1 << 26)
     s = sampler(reward, False, data_port, sync_port, max_rounds=2, sync_timeout_s=0.2, heartbeat_interval_s=0,
                 defer_zero_signal=True)
-    prompts = s.workflow.prompts
+    prompts = s.parts.workflow.prompts
     prompts.mine = prompts.mine[:3]
     prompts.stream = PromptStream(prompts.mine, seed=s.cfg.seed, deferrals=prompts.deferrals)
     e = [[prompts.mine[i].question for i in prompts.stream._permutation(k)] for k in range(3)]

@@ -13,6 +13,7 @@ from netutil import free_ports
 from grpo import config
 from grpo.config import SamplerConfig
 from grpo.rules import methods as rules
+from grpo.sampler.counters import SamplerCounters
 from grpo.sampler.weights_client import WeightsClient
 from grpo.weights import make_publisher, make_receiver
 from grpo.weights.method import PublishArgs, ReceiveArgs, WeightMethod
@@ -106,9 +107,8 @@ class Two(torch.nn.Module):
 def _client(monkeypatch, policy: torch.nn.Module) -> WeightsClient:
     monkeypatch.setitem(REGISTRY, "toy", _toy())
     cfg = SamplerConfig(weight_sync="tcp")   # what --weight-sync said only matters to fallback: toy -> tcp either way
-    stats = {"apply_s": 0.0, "weight_syncs": 0.0, "weight_bytes": 0.0}
     receiver = make_receiver("toy", policy, torch.float32, cfg.sync_port, 1.0)
-    return WeightsClient(cfg, None, policy, torch.device("cpu"), 10, receiver, "toy", stats, lambda: 0,
+    return WeightsClient(cfg, None, policy, torch.device("cpu"), 10, receiver, "toy", SamplerCounters(),
                          lambda levels: None)
 
 
@@ -130,11 +130,11 @@ def test_the_sampler_applies_a_registered_method_through_its_receiver(monkeypatc
 
     assert client._apply(toy(3)) is True   # applied; it acknowledges, so the follow-up request is sent
     assert (client.version, policy.w.tolist()) == (3, [3.0, 4.0])
-    assert (client.stats["weight_syncs"], client.stats["weight_bytes"]) == (1, 12)
+    assert (client.counters.weight_syncs, client.counters.weight_bytes) == (1, 12)
 
     client.receiver.outcome = False        # the transfer did not complete: nothing changes, ask again
     assert client._apply(toy(4)) is True
-    assert (client.version, policy.w.tolist(), client.stats["weight_syncs"]) == (3, [3.0, 4.0], 1)
+    assert (client.version, policy.w.tolist(), client.counters.weight_syncs) == (3, [3.0, 4.0], 1)
 
     # The learner answered with bytes instead of what was asked: applied by a tcp receiver made for
     # it, while this sampler keeps asking for toy.
@@ -146,7 +146,7 @@ def test_the_sampler_applies_a_registered_method_through_its_receiver(monkeypatc
     assert client.sync_method == "tcp" and isinstance(client.receiver, TcpReceiver)
     assert (client.version, policy.w.tolist()) == (5, [1.5, -2.0])
     assert client._apply(_tcp_announce([0.25, 8.0], 7)) is False
-    assert (client.version, policy.w.tolist(), client.stats["weight_syncs"]) == (7, [0.25, 8.0], 3)
+    assert (client.version, policy.w.tolist(), client.counters.weight_syncs) == (7, [0.25, 8.0], 3)
 
 
 def test_a_failure_of_the_last_resort_is_raised_not_stepped_down(monkeypatch):

@@ -1,0 +1,182 @@
+"""Building the sampler, apart from running it (grpo.sampler.loop runs what this builds).
+
+build(cfg), in start-up order:
+  check     every flag that can be wrong fails here, with one line, before the model loads:
+            --on-full, the CURVE keys, the profiled spans, the device and generation backend,
+            --in-flight-rows, --old-logprobs, --swap-in-flight, --reward
+  prompts   this sampler's shard (at the curriculum's levels), and one probe of the rewards on it
+  load      tokenizer and policy; the weight receiver (ipc/nccl move the parameters into flat
+            buckets, so before the engine, which reads them where they live); the rollout engine,
+            or Hugging Face generate when the engine cannot serve the architecture
+  connect   the data and sync sockets, the evaluation set (sampler 0), the GPU monitor, the
+            counters, the weights client, the rollout workflow, the statuses and the heartbeat
+"""
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+
+import torch
+
+from grpo.config import SamplerConfig
+from grpo.data.rewards import reward_set_from_config
+from grpo.evaluate import run_eval_problems
+from grpo.generate.backend import old_logprob_source, resolve_backend
+from grpo.generate.engine import RolloutEngine
+from grpo.model import compute_dtype, eos_ids, load_causal_lm, load_tokenizer, pick_device, resolve_model, start_runtime
+from grpo.obs.gpu import GpuMonitor, release_cached
+from grpo.obs.profile import SpanProfiler
+from grpo.obs.stages import mark as mark_stage
+from grpo.sampler.counters import SamplerCounters
+from grpo.sampler.heartbeat import ON_FULL, Heartbeat, Statuses
+from grpo.sampler.weights_client import WeightsClient, start_receiver
+from grpo.sampler.workflow import Prompts, RolloutModel, RolloutWorkflow, swaps_in_flight
+from grpo.weights.methods import sampler_method
+from grpo.wire import messages as M
+from grpo.wire.curve import CLIENT, curve_for
+from grpo.wire.transport import DataSender, SyncClient
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SamplerParts:
+    """Everything a sampler runs with, built and wired by build()."""
+    cfg: SamplerConfig
+    name: str                   # 'sampler<id>': its stages and its log
+    profiler: SpanProfiler
+    prompts: Prompts            # this sampler's shard, at the curriculum's levels
+    rewards: object             # grpo.data.rewards' reward set
+    rollout: RolloutModel       # tokenizer, policy, engine, device, backend, old log-prob source, swaps
+    vocab_size: int
+    incarnation: int            # this process's random id: a restart under the same --sampler-id is another
+    data: DataSender            # groups and statuses to the learner's data port
+    sync: SyncClient            # the learner's sync port
+    eval_set: list | None       # sampler 0 with --eval-every: the held-out problems
+    gpu: GpuMonitor
+    counters: SamplerCounters   # the counts every status carries, one owner per field
+    client: WeightsClient
+    workflow: RolloutWorkflow
+    statuses: Statuses          # statuses(final): a SamplerStatus of the counters at one instant
+    heartbeat: Heartbeat
+
+    # the rollout model's parts, by their own names
+    device = property(lambda self: self.rollout.device)
+    tok = property(lambda self: self.rollout.tok)
+    policy = property(lambda self: self.rollout.policy)
+    engine = property(lambda self: self.rollout.engine)
+    eos_ids = property(lambda self: self.rollout.eos_ids)
+    model_path = property(lambda self: self.rollout.path)
+    backend = property(lambda self: self.rollout.backend)       # 'fast' (our engine) or 'hf' (Hugging Face generate)
+    old_source = property(lambda self: self.rollout.old_source)  # old log-probs from 'sampling' or a 'pass'
+    swaps = property(lambda self: self.rollout.swaps)           # weights swapped between decode steps
+
+
+def check_on_full(cfg: SamplerConfig) -> None:
+    if cfg.on_full not in ON_FULL:
+        raise ValueError(f"--on-full {cfg.on_full}: choose one of {', '.join(ON_FULL)}")
+
+
+def build(cfg: SamplerConfig) -> SamplerParts:
+    """Every part of this sampler, built and wired in start-up order (the module's docstring), with
+    its start-up lines."""
+    check_on_full(cfg)
+    curve = curve_for(cfg.curve_keys, CLIENT)  # bad keys fail here, before the model loads
+    profiler = SpanProfiler(cfg.profile_steps, cfg.run_dir, f"sampler{cfg.sampler_id}")   # so does a bad span
+    t_device = time.perf_counter()
+    device = pick_device(cfg.device, cfg.gpu_id)   # on CUDA: torch's CUDA initialisation
+    t_device = time.perf_counter() - t_device
+    backend = resolve_backend(cfg.generation_backend, device)  # a bad name fails before any loading
+    if cfg.in_flight_rows and backend != "fast":   # a negative count is refused with the flag
+        raise ValueError(f"--in-flight-rows {cfg.in_flight_rows}: needs --generation-backend fast (here it is "
+                         f"{backend}); or 0 for fixed rounds")
+    # a bad choice fails before any loading too
+    old_source = old_logprob_source(cfg.old_logprobs, backend, compute_dtype(device))
+    # (so does --old-logprobs pass with --swap-in-flight)
+    swaps = swaps_in_flight(cfg.swap_in_flight, cfg.in_flight_rows, sampler_method(cfg.weight_sync, device.type),
+                            cfg.old_logprobs)
+    torch.manual_seed(cfg.seed + 1000 * cfg.sampler_id)
+    rewards = reward_set_from_config(cfg)  # a bad --reward fails here, before any model loads
+    t0 = time.perf_counter()
+    prompts = Prompts(cfg)   # this sampler's shard, at the curriculum's levels (--curriculum)
+    t_problems = time.perf_counter()
+    rewards.probe(prompts.mine[0])
+    t_prompts = time.perf_counter()
+    path = resolve_model(cfg.model)
+    load_times: dict[str, float] = {}   # the parts of 'model' in the start-up line
+    start_runtime(device, load_times, cfg.cudnn_attention)
+    t_tok = time.perf_counter()
+    tok = load_tokenizer(path)
+    load_times["tokenizer"] = time.perf_counter() - t_tok
+    policy = load_causal_lm(path, device, compute_dtype(device), times=load_times).eval()
+    t_model = time.perf_counter()
+    vocab_size = policy.get_input_embeddings().weight.shape[0]
+    # ipc/nccl: the policy's parameters move into flat buckets so that a version is one copy
+    # (before the engine, which reads them where they live).
+    receiver, method = start_receiver(cfg, policy, device)
+    # Every id that ends a completion: the tokenizer's EOS and the generation config's (Llama 3 and
+    # Qwen2.5 list several).
+    eos = eos_ids(tok, policy)
+    engine = (RolloutEngine(policy, eos, tok.pad_token_id,
+                            cuda_graphs=cfg.cuda_graphs and device.type == "cuda",
+                            compile_decode=cfg.compile_decode, attend_chunk=cfg.attend_chunk or None,
+                            compile_ring=cfg.compile_ring and cfg.in_flight_rows > 0,
+                            refill_behind=cfg.refill_behind)
+              if backend == "fast" else None)
+    if engine is not None and engine.fallback is not None:
+        # An architecture the engine cannot serve (its warning said why): Hugging Face generate,
+        # old log-probs from a pass. In flight, the engine stays: it streams fixed batches through
+        # generate.
+        backend = "hf"
+        old_source = "pass"
+        if not cfg.in_flight_rows:
+            engine = None
+    if swaps and old_source != "sampling":
+        # Each token's log-prob as drawn is under the version that drew it (on the fallback, a
+        # pass over each batch before the next swap); a pass at the group's end is not.
+        log.info("--swap-in-flight: old log-probs from the sampling pass (--old-logprobs %s would choose a pass "
+                 "with the weights at each group's end)", cfg.old_logprobs)
+        old_source = "sampling"
+    log.info("start-up: device %.1f s, problems %.1f s, reward probe %.1f s, model %.1f s (%s), weight receiver "
+             "and engine %.1f s", t_device, t_problems - t0, t_prompts - t_problems, t_model - t_prompts,
+             ", ".join(f"{k} {v:.1f} s" for k, v in load_times.items()), time.perf_counter() - t_model)
+    # A restart under the same --sampler-id is a new process with fresh counts: the
+    # learner's books tell the two apart by this random id.
+    incarnation = secrets.randbits(48)
+    data = DataSender(cfg.host, cfg.data_port, hwm=cfg.send_hwm, curve=curve)
+    # Accept weights up to float32 size whatever our own dtype: a learner may publish fp32.
+    total = sum(p.numel() * 4 for p in policy.parameters())
+    sync = SyncClient(cfg.host, cfg.sync_port, M.weights_limits(total + (64 << 20)), curve=curve)
+    # Sampler 0 evaluates (greedy pass@1) at version 0 and at every multiple of --eval-every.
+    eval_set = run_eval_problems(cfg) if cfg.eval_every > 0 and cfg.sampler_id == 0 else None
+    gpu = GpuMonitor(device)
+    # What every status carries (a snapshot under its lock for the heartbeat thread); the curriculum's
+    # per-task entries from the start (--curriculum: per task, level, groups and rate).
+    counters = SamplerCounters(curriculum=prompts.window.stats())
+    client = WeightsClient(cfg, sync, policy, device, vocab_size, receiver, method, counters,
+                           on_levels=prompts.set_levels)
+    rollout = RolloutModel(tok=tok, policy=policy, engine=engine, eos_ids=eos, device=device, path=path,
+                           backend=backend, old_source=old_source, swaps=swaps)
+    workflow = RolloutWorkflow(cfg, prompts, rewards, rollout, client, counters, gpu, incarnation)
+    statuses = Statuses(cfg.sampler_id, incarnation, counters, lambda: client.version)
+    heartbeat = Heartbeat(DataSender(cfg.host, cfg.data_port, hwm=2, curve=curve), cfg.heartbeat_interval_s,
+                          lambda: statuses(False))
+    parts = SamplerParts(cfg=cfg, name=f"sampler{cfg.sampler_id}", profiler=profiler, prompts=prompts,
+                         rewards=rewards, rollout=rollout, vocab_size=vocab_size, incarnation=incarnation, data=data,
+                         sync=sync, eval_set=eval_set, gpu=gpu, counters=counters, client=client, workflow=workflow,
+                         statuses=statuses, heartbeat=heartbeat)
+    log.info("sampler %d/%d on %s: %d prompts in its shard, model %s, G=%d, %s prompts per round, "
+             "%s generation%s, old log-probs from %s", cfg.sampler_id, cfg.num_samplers, device,
+             len(prompts.mine), path, cfg.num_generations,
+             cfg.prompts_per_round or ("no fixed number of" if swaps else
+                                       f"a step's worth of groups with signal (at most {cfg.max_prompts_per_round})"),
+             backend,
+             (f", in flight on {cfg.in_flight_rows} rows" + (", weights swapped in flight, prompts started as "
+                                                              "the learner's budget allows" if swaps else ""))
+             if cfg.in_flight_rows else "",
+             "the sampling pass" if old_source == "sampling" else "a teacher-forced pass")
+    release_cached(device)   # what start-up cached, for the other process on this GPU
+    mark_stage(cfg.run_dir, parts.name, "model_loaded")
+    return parts
