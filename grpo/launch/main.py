@@ -520,15 +520,17 @@ def size_for_cpu(cfg: LaunchConfig, argv: list[str], to_s: list[str], to_l: list
     return cpusize.apply(cfg, sizing), to_s + more_s, to_l + more_l, sizing
 
 
-def say_cpu_sizing(sizing: cpusize.CpuSizing | None, model: str) -> None:
-    """The CPU sizing's line (stdout, with the launcher's other choices) and the slow-run warning
-    (stderr), once the run is sure to start: a refused launch says its mistake alone."""
+def say_cpu_sizing(sizing: cpusize.CpuSizing | None, model: str) -> str | None:
+    """The CPU sizing's line (stdout, with the launcher's other choices), once the launch checks
+    passed; returns the slow-run warning, for the supervisor to say once the run is sure to start
+    (the sampler's task check runs beside the start-up): a refused launch says its mistake alone."""
     if sizing is None:
-        return
+        return None
     if line := cpusize.sizing_line(sizing):
         print(line, flush=True)
-    if (shape := probe.read_shape(model)[0]) and (note := cpusize.slow_warning(shape.params, sizing)):
-        print(f"run_distributed.py: warning: {note}", file=sys.stderr)
+    if shape := probe.read_shape(model)[0]:
+        return cpusize.slow_warning(shape.params, sizing)
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -574,9 +576,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if note := bytecode_warning(sys.dont_write_bytecode, missing_bytecode()):
         print(f"run_distributed.py: warning: {note}", file=sys.stderr)
-    say_cpu_sizing(sizing, cfg.model)
+    slow = say_cpu_sizing(sizing, cfg.model)
 
     if cfg.instances != 1 or cfg.seeds:
+        if slow:
+            print(f"run_distributed.py: warning: {slow}", file=sys.stderr)
         # each instance's launcher gets the CPU sizes chosen here as flags, so it keeps them as given
         passthrough = passthrough_flags(argv if argv is not None else sys.argv[1:]) + \
             (cpusize.worker_flags(sizing) if sizing else [])
@@ -603,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
         pool.shutdown(wait=False)
 
     resume = resume_command(argv if argv is not None else sys.argv[1:], run_dir, bool(cfg.run_dir))
-    rc = supervisor.run(cfg, specs, run_dir, tasks_check, resume)
+    rc = supervisor.run(cfg, specs, run_dir, tasks_check, resume, warnings=(slow,) if slow else ())
     if rc == 2:
         # refused (a worker's or a launch check's one-line mistake, said already): nothing is left
         # behind, as for the mistakes found before the run folder was made; a folder that existed is kept

@@ -321,11 +321,13 @@ def _stop_keeping_work(sup: Supervisor, cfg: LaunchConfig, learners: list[str], 
 
 
 def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future | None = None,
-        resume: str = "") -> int:
+        resume: str = "", warnings: tuple[str, ...] = ()) -> int:
     """One run: start the learner group, then the samplers, and watch them to the end. `check`: a
     launch check still running as they start (its result: None, or a one-line problem); if it
     finds a problem, the run stops with its line and exit code 2. `resume`: the command that
-    resumes this run from its newest checkpoint, said when a signal stops it."""
+    resumes this run from its newest checkpoint, said when a signal stops it. `warnings`: lines said
+    on stderr once the run is sure to start (the learner bound its ports and the launch check
+    passed), so that a refused launch says its mistake alone."""
     t_launch = time.monotonic()
     sup = Supervisor(run_dir)
     learners = [s for s in specs if s.role == "learner"]
@@ -372,6 +374,10 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future |
         while True:
             if _check_failed(check):
                 return 2
+            if warnings and (check is None or check.done()):
+                for w in warnings:
+                    print(f"run_distributed.py: warning: {w}", file=sys.stderr, flush=True)
+                warnings = ()
             if sup.stopping:
                 return _stop_keeping_work(sup, cfg, [s.name for s in learners], [s.name for s in samplers], seen,
                                           t_launch, resume)

@@ -9,6 +9,7 @@ dropped as lost_in_learner_queue / lost_with_learner, not vanished.
 """
 import json
 import signal
+import time
 
 import pytest
 from faultutil import Cluster, check_books
@@ -22,7 +23,12 @@ def test_learner_killed_and_resumed_sampler_keeps_running(tmp_path):
         c.learner(*learner)
         c.sampler(0, "--prompts-per-round", "1", "--heartbeat-interval-s", "1", "--sync-timeout-s", "2")
         state = c.run_dir / "checkpoints" / "step_2" / "trainer_state.json"
-        c.wait("checkpoint step_2", state.exists)
+        # a tight poll: a tiny model's steps take tens of milliseconds, so the 0.2 s of c.wait
+        # let the learner run on to step 4 (and its save) before the kill, on a quiet machine
+        deadline = time.monotonic() + 120
+        while not state.exists():
+            assert time.monotonic() < deadline and c.procs["learner"].poll() is None, c.logs()
+            time.sleep(0.002)
         c.signal("learner", signal.SIGKILL)
         c.procs["learner"].wait(timeout=30)
         first_steps = [r["step"] for r in c.steps()]

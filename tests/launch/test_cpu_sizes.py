@@ -118,9 +118,14 @@ def test_the_warning_names_the_cost_and_the_ways_out():
 
 
 def test_a_sized_run_that_will_take_long_is_warned_about(capsys):
-    """The user's own sizes are kept, and what they cost is said on stderr, with no CPU line."""
-    _, _, sizing = planned(["--device", "cpu", "--num-generations", "8", "--max-steps", "20", *GSM8K])
+    """The user's own sizes are kept, with no CPU line, and what they cost is the warning the
+    supervisor says once the run is sure to start (grpo.launch.supervisor.run's `warnings`)."""
+    argv = ["--device", "cpu", "--num-generations", "8", "--max-steps", "20", *GSM8K]
+    cfg, to_s, to_l = parse(argv)
+    cfg, to_s, to_l, sizing = launch_main.size_for_cpu(cfg, argv, to_s, to_l, 0)
+    warning = launch_main.say_cpu_sizing(sizing, cfg.model)
     out, err = capsys.readouterr()
-    assert out == "" and err.startswith("run_distributed.py: warning: on CPU these settings take long: about 138 s a "
-                                        "step (16 completions of up to 256 tokens, 135M parameters, a reference pass")
-    assert "about 46 min to its last step" in err
+    assert out == "" and err == ""
+    assert warning.startswith("on CPU these settings take long: about 138 s a step (16 completions of up to 256 "
+                              "tokens, 135M parameters, a reference pass")
+    assert "about 46 min to its last step" in warning
