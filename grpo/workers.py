@@ -97,31 +97,53 @@ def sampler_main(argv: list[str] | None = None) -> int:
         freeze_for_exit()
 
 
-def _sampler_main(argv: list[str] | None = None) -> int:
-    prog = "sampling_worker.py"
-    cfg = parse_config(SamplerConfig, argv, prog)
-    made = None
+def _start(prog: str, cfg, check, load):
+    """A worker's start-up, one for both roles: `check(cfg)` is the role's own checks that need no
+    torch (after the device's; a mistake raises ValueError or DatasetUnavailable) and names the
+    process: (its name, its seed, the name its config is saved under or None); then the run folder,
+    logging, the allocator, the seed and the config, and `load(cfg)` builds the role (torch, the
+    model). Returns (the role, the run folder), or the exit code of a refused start (_fail's line)."""
     try:
         _gpu_env(cfg.device, cfg.gpu_id)
-        local_file(cfg.dataset)   # a mistyped path, as the launcher checks it; a hub id is fetched later
+        name, seed, save_as = check(cfg)
     except (ValueError, DatasetUnavailable) as exc:   # here, not below: _user_errors() imports torch
         return _fail(prog, exc)
+    made = None
     try:
-        if not 0 <= cfg.sampler_id < cfg.num_samplers:
-            raise ValueError(f"--sampler-id {cfg.sampler_id} must be in 0..{cfg.num_samplers - 1} (--num-samplers)")
         run_dir, top = create_run_dir(cfg.run_dir)
         made = (run_dir, top)
         cfg.run_dir = str(run_dir)
-        setup_logging(f"sampler{cfg.sampler_id}", cfg.log_file)
-        mark_stage(run_dir, f"sampler{cfg.sampler_id}", "started")
+        setup_logging(name, cfg.log_file)
+        mark_stage(run_dir, name, "started")
         _allocator(cfg.device)
-        seed_all(cfg.seed + cfg.sampler_id)
-        save_config(run_dir, f"sampler{cfg.sampler_id}", cfg)
-        from grpo.sampler.loop import Sampler   # here: the sampler's role (torch, the model) only in its process
-
-        sampler = Sampler(cfg)
+        seed_all(seed)
+        if save_as:
+            save_config(run_dir, save_as, cfg)
+        return load(cfg), run_dir
     except _user_errors() as exc:
         return _fail(prog, exc, made)
+
+
+def _sampler_checks(cfg: SamplerConfig) -> tuple[str, int, str]:
+    local_file(cfg.dataset)   # a mistyped path, as the launcher checks it; a hub id is fetched later
+    if not 0 <= cfg.sampler_id < cfg.num_samplers:
+        raise ValueError(f"--sampler-id {cfg.sampler_id} must be in 0..{cfg.num_samplers - 1} (--num-samplers)")
+    return f"sampler{cfg.sampler_id}", cfg.seed + cfg.sampler_id, f"sampler{cfg.sampler_id}"
+
+
+def _load_sampler(cfg: SamplerConfig):
+    from grpo.sampler.loop import Sampler   # here: the sampler's role (torch, the model) only in its process
+
+    return Sampler(cfg)
+
+
+def _sampler_main(argv: list[str] | None = None) -> int:
+    prog = "sampling_worker.py"
+    cfg = parse_config(SamplerConfig, argv, prog)
+    started = _start(prog, cfg, _sampler_checks, _load_sampler)
+    if isinstance(started, int):
+        return started
+    sampler, run_dir = started
     from grpo.sampler.weights_client import AnswersRejected, NoFirstAnswer, RunMismatch   # here: as Sampler
 
     try:
@@ -133,32 +155,27 @@ def _sampler_main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _learner_checks(cfg: LearnerConfig) -> tuple[str, int, str | None]:
+    if cfg.device == "cpu":
+        _cpu_weight_sync(cfg)
+    rank = int(os.environ.get("RANK", "0"))   # set by the launcher (or torchrun); rank 0 saves the config
+    return f"learner{rank}", cfg.seed, "learner" if rank == 0 else None
+
+
+def _load_learner(cfg: LearnerConfig):
+    from grpo.learner.loop import Learner   # here: the learner's role (torch, DeepSpeed) only in its process
+
+    return Learner(cfg)
+
+
 def learner_main(argv: list[str] | None = None) -> int:
     prog = "training_worker.py"
     cfg = parse_config(LearnerConfig, argv, prog)
-    made = None
-    try:
-        _gpu_env(cfg.device, cfg.gpu_id)
-        if cfg.device == "cpu":
-            _cpu_weight_sync(cfg)
-    except ValueError as exc:   # here, not below: _user_errors() imports torch
-        return _fail(prog, exc)
-    try:
-        rank = int(os.environ.get("RANK", "0"))
-        run_dir, top = create_run_dir(cfg.run_dir)
-        made = (run_dir, top)
-        cfg.run_dir = str(run_dir)
-        setup_logging(f"learner{rank}", cfg.log_file)
-        mark_stage(run_dir, f"learner{rank}", "started")
-        _allocator(cfg.device)
-        seed_all(cfg.seed)
-        if rank == 0:
-            save_config(run_dir, "learner", cfg)
-        from grpo.learner.loop import Learner   # here: the learner's role (torch, DeepSpeed) only in its process
-
-        learner = Learner(cfg)
-    except _user_errors() as exc:
-        return _fail(prog, exc, made)
+    started = _start(prog, cfg, _learner_checks, _load_learner)
+    if isinstance(started, int):
+        return started
+    learner, _ = started
+    rank = learner.rank   # the RANK _learner_checks read (grpo.learner.setup.place reads it too)
     learner.run()
     # Every rank's last collective is behind it (rank 0's evaluation and shutdown use none), so
     # each tears its process group down now, itself: left to interpreter exit, gloo's worker

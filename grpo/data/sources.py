@@ -10,7 +10,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from grpo.data import formats, tasks
@@ -128,22 +128,12 @@ def _load_file(file: Path, limit: int | None, fn: formats.Transform | None,
     """`part`: "train" or "test" of a data file given alone (_carve), None for every row."""
     if not file.is_file():
         raise DatasetUnavailable(f"Dataset file {str(file)!r} does not exist. {_FIXES}")
-    problems: list[Problem] = []
     try:
         rows = formats.iter_file_rows(file)
         if part is not None:
             rows = _carve(file, list(rows), part)
-        for where, row in rows:
-            if limit is not None and len(problems) >= limit:
-                break
-            if isinstance(row, formats.RowError):
-                raise DatasetUnavailable(f"Bad record in {file}, {where}: {row} (rows need {_LAYOUTS}).")
-            try:
-                problem = formats.row_to_problem(row, fn)
-            except formats.RowError as exc:
-                raise DatasetUnavailable(f"Bad record in {file}, {where}: {exc} (rows need {_LAYOUTS}).") from exc
-            if problem is not None:
-                problems.append(problem)
+        # inside the try: the file is read as the rows are taken
+        problems = _problems(rows, fn, limit, f"Bad record in {file}, ", f" (rows need {_LAYOUTS}).")
     except formats.RowError as exc:  # unknown file type
         raise DatasetUnavailable(str(exc)) from exc
     except (OSError, UnicodeDecodeError, ImportError) as exc:
@@ -190,15 +180,29 @@ def _row_key(row: object) -> str | None:
 
 def _transform_problems(problems: list[Problem], fn: formats.Transform, spec: str) -> list[Problem]:
     """Generated problems through the user transform, as rows of question/answer."""
-    out = []
-    for i, p in enumerate(problems):
+    rows = ((f"problem {i}", {"question": p.question, "answer": p.answer, **p.columns})
+            for i, p in enumerate(problems))
+    return _problems(rows, fn, None, f"Bad record from {spec}, ")   # generated rows: no layout to hint at
+
+
+def _problems(rows: Iterable[tuple[str, object]], fn: formats.Transform | None, limit: int | None, at: str,
+              hint: str = "") -> list[Problem]:
+    """The one row loop of every source: each (where, row) through the transform to a Problem (a row
+    the transform drops is skipped), the first `limit` kept. A row that cannot be read or has no
+    known layout is a DatasetUnavailable of one line: `at` + where + the reason + `hint`."""
+    problems: list[Problem] = []
+    for where, row in rows:
+        if limit is not None and len(problems) >= limit:
+            break
+        if isinstance(row, formats.RowError):
+            raise DatasetUnavailable(f"{at}{where}: {row}{hint}")
         try:
-            problem = formats.row_to_problem({"question": p.question, "answer": p.answer, **p.columns}, fn)
+            problem = formats.row_to_problem(row, fn)
         except formats.RowError as exc:
-            raise DatasetUnavailable(f"Bad record from {spec}, problem {i}: {exc}") from exc
+            raise DatasetUnavailable(f"{at}{where}: {exc}{hint}") from exc
         if problem is not None:
-            out.append(problem)
-    return out
+            problems.append(problem)
+    return problems
 
 
 def _load_reasoning_gym(text: str, split: str, limit: int | None, seed: int,
@@ -276,17 +280,8 @@ def _load_hub(spec: str, split: str, limit: int | None, fn: formats.Transform | 
             ) from exc
     if limit is not None and fn is None:  # a transform may drop rows: limit after it
         dataset = dataset.select(range(min(limit, len(dataset))))
-    problems: list[Problem] = []
-    for i, row in enumerate(dataset):
-        if limit is not None and len(problems) >= limit:
-            break
-        try:
-            problem = formats.row_to_problem(row, fn)
-        except formats.RowError as exc:
-            raise DatasetUnavailable(f"{name} split {split!r}, row {i}: {exc} (rows need {_LAYOUTS}).") from exc
-        if problem is not None:
-            problems.append(problem)
-    return problems
+    rows = ((f"row {i}", row) for i, row in enumerate(dataset))
+    return _problems(rows, fn, limit, f"{name} split {split!r}, ", f" (rows need {_LAYOUTS}).")
 
 
 def _one_line(exc: BaseException) -> str:

@@ -154,18 +154,27 @@ def split_passthrough(rest: list[str]) -> tuple[list[str], list[str]]:
     return to_s, to_l
 
 
+def _resolve_gpus(cfg: LaunchConfig, cuda_count: int) -> tuple[list[int], list[int], bool]:
+    """(--sampling-gpus, --training-gpus as ids, whether the run uses CUDA): --device cuda or cpu
+    says so; auto uses CUDA when GPUs are listed or CUDA sees any here. One resolution for a single
+    run (plan) and for seeded instances (plan_instances), so both refuse the same mistakes in the
+    same words; what empty lists then mean (defaults, equal blocks) is each one's own."""
+    samp = parse_gpus(cfg.sampling_gpus, "--sampling-gpus")
+    train = parse_gpus(cfg.training_gpus, "--training-gpus")
+    if cfg.device == "cpu" and (samp or train):
+        raise LaunchError("--device cpu with --sampling-gpus/--training-gpus; drop the GPU lists or the --device cpu")
+    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and bool(samp or train or cuda_count > 0))
+    if use_cuda and cuda_count == 0:
+        raise LaunchError("GPUs were asked for but CUDA is not available here; use --device cpu")
+    return samp, train, use_cuda
+
+
 def plan(cfg: LaunchConfig, cuda_count: int, sampler_flags: list[str], learner_flags: list[str],
          master_port: int) -> list[ProcSpec]:
     """Every process of the run, learner ranks first."""
     py = sys.executable
-    samp_gpus = parse_gpus(cfg.sampling_gpus, "--sampling-gpus")
-    train_gpus = parse_gpus(cfg.training_gpus, "--training-gpus")
-    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and (samp_gpus or train_gpus or cuda_count > 0))
-    if cfg.device == "cpu" and (samp_gpus or train_gpus):
-        raise LaunchError("--device cpu with --sampling-gpus/--training-gpus; drop the GPU lists or the --device cpu")
+    samp_gpus, train_gpus, use_cuda = _resolve_gpus(cfg, cuda_count)
     if use_cuda:
-        if cuda_count == 0:
-            raise LaunchError("GPUs were asked for but CUDA is not available here; use --device cpu")
         if not samp_gpus:
             samp_gpus = [0]
         if not train_gpus:
@@ -301,14 +310,8 @@ def plan_instances(cfg: LaunchConfig, cuda_count: int) -> list[Instance]:
     """Seeds, GPUs, ports and run directories of every instance (no side effects)."""
     seeds = parse_seeds(cfg)
     k_all = len(seeds)
-    samp0 = parse_gpus(cfg.sampling_gpus, "--sampling-gpus")
-    train0 = parse_gpus(cfg.training_gpus, "--training-gpus")
-    use_cuda = cfg.device != "cpu" and (cfg.device == "cuda" or samp0 or train0 or cuda_count > 0)
-    if cfg.device == "cpu" and (samp0 or train0):
-        raise LaunchError("--device cpu with --sampling-gpus/--training-gpus; drop the GPU lists or the --device cpu")
+    samp0, train0, use_cuda = _resolve_gpus(cfg, cuda_count)
     if use_cuda:
-        if cuda_count == 0:
-            raise LaunchError("GPUs were asked for but CUDA is not available here; use --device cpu")
         if bool(samp0) != bool(train0):
             raise LaunchError("with --instances give both --sampling-gpus and --training-gpus (instance 0's), or neither")
         if not samp0:

@@ -1,10 +1,9 @@
 """Starting, watching and stopping processes: one supervisor for a single run and for seeded instances.
 
-A single run (`run`): the learner ranks and the samplers start together; a bounded wait until
-learner rank 0 has bound its ports (the `learner.ready` file); then a watch loop that prints each
-new step's status line,
-restarts a dead sampler when --restart-samplers allows, and ends the run when any process
-fails or the learner finishes. Seeded instances (`run_instances`): one child launcher per
+A single run (`run`): the learner ranks and the samplers start together; one watch loop, bounded
+until learner rank 0 has bound its ports (the `learner.ready` file), then printing each new step's
+status line; it restarts a dead sampler when --restart-samplers allows, and ends the run when any
+process fails or the learner finishes. Seeded instances (`run_instances`): one child launcher per
 instance (grpo.launch.plan.plan_instances says which GPUs, ports and run directory); a failed
 instance is reported with the tail of its log and the others carry on.
 
@@ -320,6 +319,24 @@ def _stop_keeping_work(sup: Supervisor, cfg: LaunchConfig, learners: list[str], 
     return 128 + signum
 
 
+def _unbound_end(sup: Supervisor, bad: tuple[str, int] | None, cfg: LaunchConfig, run_dir: Path) -> int:
+    """The end of a run whose learner has not bound its ports, said in its line, and the exit code: a
+    worker's refusal (2), a signal (128 + it), a failed process or the start-up's bound passed (1)."""
+    if bad and _refused(sup, bad):
+        return 2
+    if bad:
+        print(f"[launcher] {bad[0]} exited with code {bad[1]} before the learner bound its ports:\n"
+              f"{sup.tail(bad[0])}", file=sys.stderr, flush=True)
+    elif sup.stopping:
+        print(f"[launcher] {signal.Signals(sup.stopping).name} before the learner bound its ports: "
+              f"stopping every process (nothing trained, nothing to save)", flush=True)
+        return 128 + sup.stopping
+    else:
+        print(f"[launcher] the learner did not bind its ports within {cfg.ready_timeout_s:.0f} s; "
+              f"see {run_dir}/learner0.log", file=sys.stderr, flush=True)
+    return 1
+
+
 def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future | None = None,
         resume: str = "", warnings: tuple[str, ...] = ()) -> int:
     """One run: start the learner group, then the samplers, and watch them to the end. `check`: a
@@ -345,46 +362,38 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future |
         ready = run_dir / "learner.ready"
         deadline = time.monotonic() + cfg.ready_timeout_s
         restarts = {s.name: 0 for s in samplers}
-        while not ready.exists():
+        bound = False   # learner rank 0 has bound its ports (its ready file exists)
+        seen = 0
+        # One watch loop from the start to the end, so that both phases poll alike: every poll asks the
+        # launch check, looks for a failed process (said by the check's line when it has one) and
+        # restarts a dead sampler while it has restarts left. Before the learner binds its ports, the
+        # start-up's bound applies and any end is a failed start (_unbound_end); after, the status
+        # lines, the stop that keeps the learner's work, and the run's own end.
+        while True:
+            if not bound and ready.exists():
+                bound = True
+                print(f"[launcher] learner ready on {cfg.host}:{cfg.data_port}/{cfg.sync_port}", flush=True)
             if _check_failed(check):
                 return 2
-            sup.note_late(cfg.stage_timeout_s)
+            if not bound:
+                sup.note_late(cfg.stage_timeout_s)
+            else:
+                if warnings and (check is None or check.done()):
+                    for w in warnings:
+                        print(f"run_distributed.py: warning: {w}", file=sys.stderr, flush=True)
+                    warnings = ()
+                if sup.stopping:
+                    return _stop_keeping_work(sup, cfg, [s.name for s in learners], [s.name for s in samplers], seen,
+                                              t_launch, resume)
             bad = sup.failed()
             if bad and _check_failed(check, CHECK_WAIT_S):
                 return 2
             if _restarted(sup, bad, restarts, cfg.restart_samplers):
                 continue
-            if bad or sup.stopping or time.monotonic() > deadline:
-                if bad and _refused(sup, bad):
-                    return 2
-                if bad:
-                    print(f"[launcher] {bad[0]} exited with code {bad[1]} before the learner bound its ports:\n"
-                          f"{sup.tail(bad[0])}", file=sys.stderr, flush=True)
-                elif sup.stopping:
-                    print(f"[launcher] {signal.Signals(sup.stopping).name} before the learner bound its ports: "
-                          f"stopping every process (nothing trained, nothing to save)", flush=True)
-                    return 128 + sup.stopping
-                else:
-                    print(f"[launcher] the learner did not bind its ports within {cfg.ready_timeout_s:.0f} s; "
-                          f"see {run_dir}/learner0.log", file=sys.stderr, flush=True)
-                return 1
-            time.sleep(0.2)
-        print(f"[launcher] learner ready on {cfg.host}:{cfg.data_port}/{cfg.sync_port}", flush=True)
-        seen = 0
-        while True:
-            if _check_failed(check):
-                return 2
-            if warnings and (check is None or check.done()):
-                for w in warnings:
-                    print(f"run_distributed.py: warning: {w}", file=sys.stderr, flush=True)
-                warnings = ()
-            if sup.stopping:
-                return _stop_keeping_work(sup, cfg, [s.name for s in learners], [s.name for s in samplers], seen,
-                                          t_launch, resume)
-            bad = sup.failed()
-            if bad and _check_failed(check, CHECK_WAIT_S):
-                return 2
-            if _restarted(sup, bad, restarts, cfg.restart_samplers):
+            if not bound:
+                if bad or sup.stopping or time.monotonic() > deadline:
+                    return _unbound_end(sup, bad, cfg, run_dir)
+                time.sleep(0.2)
                 continue
             # after the learner bound its ports but before any step (a sampler's model loads after
             # that), a worker's refusal is still a refused launch
