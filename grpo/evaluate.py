@@ -49,7 +49,7 @@ def eval_engine(model, tok, backend: str, device: torch.device):
     if resolve_backend(backend, device) != "fast":
         return None
     from grpo.generate.engine import RolloutEngine
-    from grpo.model import eos_ids
+    from grpo.model.load import eos_ids
 
     return RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id, cuda_graphs=device.type == "cuda")
 
@@ -64,7 +64,7 @@ def evaluate_module(module, tok, cfg, device: torch.device, autocast: bool = Fal
     its fp32 matmuls under bf16 autocast on Hugging Face `generate`."""
     import torch
 
-    from grpo.model import compute_dtype
+    from grpo.model.load import compute_dtype
 
     module.config.use_cache = True
     copy = decode_copy(module, compute_dtype(device))
@@ -137,7 +137,8 @@ def greedy_accuracy(model, tok, problems: list[Problem], max_new_tokens: int, ba
 
 
 def _greedy_accuracy(model, tok, problems, max_new_tokens, batch_size, device, engine) -> dict:
-    from grpo.model import eos_ids, left_pad
+    from grpo.model.load import eos_ids
+    from grpo.model.logprobs import left_pad
 
     was_training = model.training
     model.eval()
@@ -256,7 +257,7 @@ def _main(argv: list[str] | None = None) -> int:
 
         found = find_model(cfg.model, cfg.base_model)   # a folder it cannot take too (a checkpoint's is fine)
         log.info("evaluating %s", found.what)
-        from grpo.model import compute_dtype, load_tokenizer, pick_device, start_runtime
+        from grpo.model.load import compute_dtype, load_tokenizer, pick_device, start_runtime
 
         device = pick_device(cfg.device, cfg.gpu_id)
         # The workers' attention kernels (start_runtime turns cuDNN's off on CUDA): another kernel rounds
