@@ -26,11 +26,13 @@ from grpo.config import EvalConfig
 from grpo.data.formats import Problem
 from grpo.data.prompts import problem_prompt
 from grpo.data.rewards import correctness_scorer, final_answer, score_correctness
-from grpo.data.sources import load_problems
+from grpo.data.sources import DatasetUnavailable, load_problems
 from grpo.data.tasks import start_levels
 from grpo.flags import parse_config
+from grpo.model.gguf.header import ModelUnavailable
+from grpo.model.saved import find_model, load_found
 from grpo.obs.progress import Progress
-from grpo.obs.rundir import freeze_for_exit
+from grpo.obs.rundir import freeze_for_exit, setup_logging
 
 if TYPE_CHECKING:   # annotations only: torch is imported where it is used, so `--help` stays instant
     import torch
@@ -246,15 +248,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None = None) -> int:
     cfg = parse_config(EvalConfig, argv, "python -m grpo.evaluate")
-    from grpo.data.sources import DatasetUnavailable
-    from grpo.model.gguf.header import ModelUnavailable
-    from grpo.obs.rundir import setup_logging
-
     setup_logging("evaluate")
     try:
         problems = eval_problems(cfg.dataset, cfg.eval_size)   # a bad --dataset ends here, before torch loads
-        from grpo.model.saved import find_model, load_found
-
         found = find_model(cfg.model, cfg.base_model)   # a folder it cannot take too (a checkpoint's is fine)
         log.info("evaluating %s", found.what)
         from grpo.model.load import compute_dtype, load_tokenizer, pick_device, start_runtime

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,8 +74,6 @@ def load_found(found: FoundModel, device, dtype):
     model = load_causal_lm(found.model, device, dtype)
     if found.adapter is None:
         return model
-    import warnings
-
     from peft import PeftModel
 
     try:

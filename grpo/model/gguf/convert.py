@@ -24,9 +24,14 @@ import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import torch
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize
+from safetensors.torch import save_file
 
 from grpo.model.gguf.header import ModelUnavailable, config_kwargs, end_ids, model_type, read_gguf
+from grpo.obs.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -132,10 +137,6 @@ def fast_path_reads(metadata: dict) -> bool:
 
 def _dequantize_gguf(buf, offset: int, shape: tuple, ggml_type: int) -> torch.Tensor:
     """One tensor as float32 in `shape`, by gguf.quants (0.8 s for SmolLM2-135M here)."""
-    import numpy as np
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-    from gguf.quants import dequantize
-
     qtype = GGMLQuantizationType(ggml_type)
     block, block_bytes = GGML_QUANT_SIZES[qtype]
     if shape[-1] % block:
@@ -204,7 +205,6 @@ def _hf_name(name: str) -> str:
 
 def _gguf_to_hf_fast(gguf: Path, tmp: Path, bar, chat_eos: bool = False) -> None:
     import transformers
-    from safetensors.torch import save_file
     from transformers import GenerationConfig
 
     metadata, table, buf = read_gguf(gguf)
@@ -289,8 +289,6 @@ def convert_gguf(gguf: Path, tmp: Path, label: str, chat_eos: bool = False, wher
     The fast path where it reads the file, else (or if it fails) transformers'. A file transformers
     cannot read, or fails to convert, raises ModelUnavailable with one line. chat_eos: the default
     model's end tokens (set_chat_eos) instead of the file's. where: the --model value, for messages."""
-    from grpo.obs.progress import Progress
-
     where = where or str(gguf)
     try:
         metadata, _, buf = read_gguf(gguf)
