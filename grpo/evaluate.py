@@ -46,12 +46,12 @@ def eval_engine(model, tok, backend: str, device: torch.device):
     the learner (the final weights) and this module's command all decide by this one rule, so a
     run's accuracies before and after come from the same decoder: in learning run 7 the two
     decoders, on the same bf16 weights, differed by 2 of 500 problems."""
-    from grpo.generate.backend import resolve_backend
+    from grpo.generate.backend import resolve_backend  # here: the command refuses bad flags and --dataset before torch loads
 
     if resolve_backend(backend, device) != "fast":
         return None
-    from grpo.generate.engine import RolloutEngine
-    from grpo.model.load import eos_ids
+    from grpo.generate.engine import RolloutEngine  # here: the command refuses bad flags and --dataset before torch loads
+    from grpo.model.load import eos_ids  # here: the command refuses bad flags and --dataset before torch loads
 
     return RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id, cuda_graphs=device.type == "cuda")
 
@@ -64,9 +64,9 @@ def evaluate_module(module, tok, cfg, device: torch.device, autocast: bool = Fal
     result is that of the weights a sampler would run and of the checkpoint saved in that dtype;
     `autocast` is then moot. A module that cannot be copied so (LoRA adapters) decodes as it is,
     its fp32 matmuls under bf16 autocast on Hugging Face `generate`."""
-    import torch
+    import torch  # here: the command refuses bad flags and --dataset before torch loads
 
-    from grpo.model.load import compute_dtype
+    from grpo.model.load import compute_dtype  # here: the command refuses bad flags and --dataset before torch loads
 
     module.config.use_cache = True
     copy = decode_copy(module, compute_dtype(device))
@@ -86,8 +86,8 @@ def decode_copy(module, dtype: torch.dtype):
     the module already is in `dtype`, or is not a plain transformers model: a PEFT wrapper, say).
     Built from the module's config and filled from its state dict (copy_ casts each tensor), so the
     copy holds exactly the bits a sampler gets when these weights are published in `dtype`."""
-    import torch
-    from transformers import AutoModelForCausalLM, PreTrainedModel
+    import torch  # here: the command refuses bad flags and --dataset before torch loads
+    from transformers import AutoModelForCausalLM, PreTrainedModel  # here: the command refuses bad flags and --dataset before torch loads
 
     param = next(module.parameters())
     if param.dtype == dtype or not isinstance(module, PreTrainedModel) or hasattr(module, "peft_config"):
@@ -132,15 +132,15 @@ def greedy_accuracy(model, tok, problems: list[Problem], max_new_tokens: int, ba
     not depend on the batch it runs in beyond float rounding, so the order does not change
     which problems are solved in any systematic way.
     """
-    import torch
+    import torch  # here: the command refuses bad flags and --dataset before torch loads
 
     with torch.no_grad():
         return _greedy_accuracy(model, tok, problems, max_new_tokens, batch_size, device, engine)
 
 
 def _greedy_accuracy(model, tok, problems, max_new_tokens, batch_size, device, engine) -> dict:
-    from grpo.model.load import eos_ids
-    from grpo.model.logprobs import left_pad
+    from grpo.model.load import eos_ids  # here: the command refuses bad flags and --dataset before torch loads
+    from grpo.model.logprobs import left_pad  # here: the command refuses bad flags and --dataset before torch loads
 
     was_training = model.training
     model.eval()
@@ -253,7 +253,7 @@ def _main(argv: list[str] | None = None) -> int:
         problems = eval_problems(cfg.dataset, cfg.eval_size)   # a bad --dataset ends here, before torch loads
         found = find_model(cfg.model, cfg.base_model)   # a folder it cannot take too (a checkpoint's is fine)
         log.info("evaluating %s", found.what)
-        from grpo.model.load import compute_dtype, load_tokenizer, pick_device, start_runtime
+        from grpo.model.load import compute_dtype, load_tokenizer, pick_device, start_runtime  # here: the command refuses bad flags and --dataset before torch loads
 
         device = pick_device(cfg.device, cfg.gpu_id)
         # The workers' attention kernels (start_runtime turns cuDNN's off on CUDA): another kernel rounds

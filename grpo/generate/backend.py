@@ -96,7 +96,7 @@ def eos_list(eos_ids) -> list[int]:
 
 def _stopping_criteria(should_stop: Callable[[], bool]):
     """A transformers StoppingCriteriaList that ends every row once should_stop() says so."""
-    from transformers import StoppingCriteria, StoppingCriteriaList
+    from transformers import StoppingCriteria, StoppingCriteriaList  # here: start_runtime times transformers' first import (the start-up line)
 
     class _StopWhen(StoppingCriteria):
         def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
