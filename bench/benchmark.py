@@ -407,7 +407,7 @@ def run_row(args, spec: str) -> dict:
 
 def prepare(args, models: list[str]) -> dict:
     """Convert each model's GGUF once (into the model cache) before any row, so no row's clock pays it."""
-    from grpo.model import resolve_model
+    from grpo.model.zoo import resolve_model
 
     out = {}
     for m in models:
@@ -477,7 +477,8 @@ def score_worker(args) -> None:
     import torch
 
     from grpo.evaluate import eval_engine, eval_problems, greedy_accuracy
-    from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, start_runtime
+    from grpo.model.load import compute_dtype, load_causal_lm, load_tokenizer, pick_device, start_runtime
+    from grpo.model.zoo import resolve_model
 
     device = pick_device(args.device, -1 if args.device == "cpu" else 0)
     start_runtime(device, {})   # the workers' attention kernels (no cuDNN), as python -m grpo.evaluate

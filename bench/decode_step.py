@@ -38,7 +38,8 @@ from benchutil import pick, write_result  # noqa: E402
 from grpo.generate.attention import layer_masks, rollout_attention_on  # noqa: E402
 from grpo.generate.engine import RolloutEngine  # noqa: E402
 from grpo.generate.sampling import sample_step  # noqa: E402
-from grpo.model import compute_dtype, eos_ids, load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
+from grpo.model.load import compute_dtype, eos_ids, load_causal_lm, load_tokenizer  # noqa: E402
+from grpo.model.zoo import resolve_model  # noqa: E402
 
 
 def kernel_class(name: str) -> str:

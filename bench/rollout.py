@@ -12,7 +12,7 @@ counts only the tokens kept; on CUDA that row also measures the engine without C
 then captured; an error there is recorded, not fatal). HF `generate` is slow, so it runs only where affordable
 (listed under "hf_configs" in the JSON). Then two correctness checks on GSM8K prompts:
 greedy agreement (fraction of prompts whose greedy completion is token-identical) and the
-engine's sampled-token log-probs against a teacher-forced pass (grpo.model.token_logprobs).
+engine's sampled-token log-probs against a teacher-forced pass (grpo.model.logprobs.token_logprobs).
 Writes bench/results/rollout_<device>.json.
 
 --window-compare: a random-weight Mistral at SmolLM2-135M's size (Mistral-7B's attention pattern:
@@ -38,7 +38,9 @@ from grpo.data.prompts import problem_prompt
 from grpo.data.sources import load_problems  # noqa: E402
 from grpo.generate.backend import hf_generate  # noqa: E402
 from grpo.generate.engine import RolloutEngine  # noqa: E402
-from grpo.model import compute_dtype, eos_ids, left_pad, load_causal_lm, load_tokenizer, resolve_model, right_pad, token_logprobs  # noqa: E402
+from grpo.model.load import compute_dtype, eos_ids, load_causal_lm, load_tokenizer  # noqa: E402
+from grpo.model.logprobs import left_pad, right_pad, token_logprobs  # noqa: E402
+from grpo.model.zoo import resolve_model  # noqa: E402
 
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 ENGINE_KW: dict = {}   # --attend-chunk: passed to every RolloutEngine this script makes

@@ -210,7 +210,7 @@ def _replan(row: dict, argv: list[str]) -> dict[str, float]:
     from grpo.rules import memory
     from grpo.launch.main import memory_plan
     from grpo.launch.plan import parse, plan
-    from grpo.model import resolve_model
+    from grpo.model.zoo import resolve_model
 
     with tempfile.TemporaryDirectory() as tmp:   # the run's DeepSpeed config, as run_size wrote it
         ds = Path(tmp) / "ds.json"
@@ -230,7 +230,7 @@ def _replan(row: dict, argv: list[str]) -> dict[str, float]:
 
 def run_size(size: str, a, work: Path) -> dict:
     from grpo.launch.probe import read_shape
-    from grpo.model import resolve_model
+    from grpo.model.zoo import resolve_model
 
     model, extra = LAYOUT[size]
     resolve_model(model)   # build the config folder now, so the launcher's memory plan has a config.json

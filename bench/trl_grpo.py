@@ -11,7 +11,7 @@ Needs trl and datasets; the GPU machine has neither and no network, so carry the
   export PYTHONPATH=/tmp/site_trl:$PYTHONPATH
 (.whl_trl/: trl 1.16.0, datasets 5.2.0, dill 0.4.1, multiprocess 0.70.19; the rest is on that machine).
 
-Kept equal to our trainer: the model folder (grpo.model.resolve_model), the prompt text
+Kept equal to our trainer: the model folder (grpo.model.zoo.resolve_model), the prompt text
 (grpo.data.problem_prompt, tokenised without special tokens like our sampler), the reward
 (grpo.reward_funcs.correctness_reward, already TRL's calling convention), G, completions per
 optimizer step over all ranks, max new tokens, temperature (pure sampling: top_p 1, top_k 0),
@@ -42,7 +42,7 @@ from grpo.data.prompts import problem_prompt  # noqa: E402
 from grpo.data.rewards import correctness_reward  # noqa: E402
 from grpo.data.sources import load_problems  # noqa: E402
 from grpo.learner.checkpoint import parse_save_schedule  # noqa: E402
-from grpo.model import resolve_model  # noqa: E402
+from grpo.model.zoo import resolve_model  # noqa: E402
 from grpo.obs.rundir import provenance  # noqa: E402
 
 

@@ -49,7 +49,7 @@ def build(name: str, device):
     torch.manual_seed(0)
     with device:
         if name == "qwen2.5-3b":
-            from grpo.model import QWEN25_3B_SHAPES
+            from grpo.model.zoo import QWEN25_3B_SHAPES
 
             return Qwen2ForCausalLM(Qwen2Config(**QWEN25_3B_SHAPES)).to(torch.bfloat16)
         return LlamaForCausalLM(LlamaConfig(**SHAPES[name], tie_word_embeddings=True)).to(torch.bfloat16)
@@ -80,7 +80,7 @@ def _median_ms(xs):
 def learner(args) -> None:
     import torch
 
-    from grpo.model import weights_checksum
+    from grpo.model.load import weights_checksum
     from grpo.weights.slots import SlotPublisher
     from grpo.weights.tcp import TcpPublisher
     from grpo.wire.transport import SyncServer
@@ -168,7 +168,7 @@ def _nccl(rank: int, nbytes: int, args, port: int) -> list[float]:
 def sampler(args) -> None:
     import torch
 
-    from grpo.model import weights_checksum
+    from grpo.model.load import weights_checksum
     from grpo.weights.ipc import IpcReceiver
     from grpo.sync.client import request_weights
     from grpo.weights.tcp import apply_weights

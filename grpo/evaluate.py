@@ -26,11 +26,13 @@ from grpo.config import EvalConfig
 from grpo.data.formats import Problem
 from grpo.data.prompts import problem_prompt
 from grpo.data.rewards import correctness_scorer, final_answer, score_correctness
-from grpo.data.sources import load_problems
+from grpo.data.sources import DatasetUnavailable, load_problems
 from grpo.data.tasks import start_levels
 from grpo.flags import parse_config
+from grpo.model.gguf.header import ModelUnavailable
+from grpo.model.saved import find_model, load_found
 from grpo.obs.progress import Progress
-from grpo.obs.rundir import freeze_for_exit
+from grpo.obs.rundir import freeze_for_exit, setup_logging
 
 if TYPE_CHECKING:   # annotations only: torch is imported where it is used, so `--help` stays instant
     import torch
@@ -44,12 +46,12 @@ def eval_engine(model, tok, backend: str, device: torch.device):
     the learner (the final weights) and this module's command all decide by this one rule, so a
     run's accuracies before and after come from the same decoder: in learning run 7 the two
     decoders, on the same bf16 weights, differed by 2 of 500 problems."""
-    from grpo.generate.backend import resolve_backend
+    from grpo.generate.backend import resolve_backend  # here: the command refuses bad flags and --dataset before torch loads
 
     if resolve_backend(backend, device) != "fast":
         return None
-    from grpo.generate.engine import RolloutEngine
-    from grpo.model import eos_ids
+    from grpo.generate.engine import RolloutEngine  # here: the command refuses bad flags and --dataset before torch loads
+    from grpo.model.load import eos_ids  # here: the command refuses bad flags and --dataset before torch loads
 
     return RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id, cuda_graphs=device.type == "cuda")
 
@@ -62,9 +64,9 @@ def evaluate_module(module, tok, cfg, device: torch.device, autocast: bool = Fal
     result is that of the weights a sampler would run and of the checkpoint saved in that dtype;
     `autocast` is then moot. A module that cannot be copied so (LoRA adapters) decodes as it is,
     its fp32 matmuls under bf16 autocast on Hugging Face `generate`."""
-    import torch
+    import torch  # here: the command refuses bad flags and --dataset before torch loads
 
-    from grpo.model import compute_dtype
+    from grpo.model.load import compute_dtype  # here: the command refuses bad flags and --dataset before torch loads
 
     module.config.use_cache = True
     copy = decode_copy(module, compute_dtype(device))
@@ -84,8 +86,8 @@ def decode_copy(module, dtype: torch.dtype):
     the module already is in `dtype`, or is not a plain transformers model: a PEFT wrapper, say).
     Built from the module's config and filled from its state dict (copy_ casts each tensor), so the
     copy holds exactly the bits a sampler gets when these weights are published in `dtype`."""
-    import torch
-    from transformers import AutoModelForCausalLM, PreTrainedModel
+    import torch  # here: the command refuses bad flags and --dataset before torch loads
+    from transformers import AutoModelForCausalLM, PreTrainedModel  # here: the command refuses bad flags and --dataset before torch loads
 
     param = next(module.parameters())
     if param.dtype == dtype or not isinstance(module, PreTrainedModel) or hasattr(module, "peft_config"):
@@ -130,14 +132,15 @@ def greedy_accuracy(model, tok, problems: list[Problem], max_new_tokens: int, ba
     not depend on the batch it runs in beyond float rounding, so the order does not change
     which problems are solved in any systematic way.
     """
-    import torch
+    import torch  # here: the command refuses bad flags and --dataset before torch loads
 
     with torch.no_grad():
         return _greedy_accuracy(model, tok, problems, max_new_tokens, batch_size, device, engine)
 
 
 def _greedy_accuracy(model, tok, problems, max_new_tokens, batch_size, device, engine) -> dict:
-    from grpo.model import eos_ids, left_pad
+    from grpo.model.load import eos_ids  # here: the command refuses bad flags and --dataset before torch loads
+    from grpo.model.logprobs import left_pad  # here: the command refuses bad flags and --dataset before torch loads
 
     was_training = model.training
     model.eval()
@@ -245,18 +248,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None = None) -> int:
     cfg = parse_config(EvalConfig, argv, "python -m grpo.evaluate")
-    from grpo.data.sources import DatasetUnavailable
-    from grpo.model.gguf.header import ModelUnavailable
-    from grpo.obs.rundir import setup_logging
-
     setup_logging("evaluate")
     try:
         problems = eval_problems(cfg.dataset, cfg.eval_size)   # a bad --dataset ends here, before torch loads
-        from grpo.model.saved import find_model, load_found
-
         found = find_model(cfg.model, cfg.base_model)   # a folder it cannot take too (a checkpoint's is fine)
         log.info("evaluating %s", found.what)
-        from grpo.model import compute_dtype, load_tokenizer, pick_device, start_runtime
+        from grpo.model.load import compute_dtype, load_tokenizer, pick_device, start_runtime  # here: the command refuses bad flags and --dataset before torch loads
 
         device = pick_device(cfg.device, cfg.gpu_id)
         # The workers' attention kernels (start_runtime turns cuDNN's off on CUDA): another kernel rounds

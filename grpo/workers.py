@@ -30,7 +30,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     # here: the learner's engine, the model and the wire bring torch (and zmq); asked only once a
     # role is starting, so that a flag mistake is said before they load
     from grpo.learner.engine import ConfigError
-    from grpo.model import ModelUnavailable
+    from grpo.model.gguf.header import ModelUnavailable
     from grpo.wire.transport import PortInUse
 
     return (DatasetUnavailable, ConfigError, ModelUnavailable, PortInUse, ValueError)

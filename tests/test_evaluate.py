@@ -13,7 +13,8 @@ from grpo.data.formats import Problem
 from grpo.data.gsm8k import extract_gsm8k_answer
 from grpo.data.prompts import build_prompt, problem_prompt
 from grpo.evaluate import eval_problems, greedy_accuracy
-from grpo.model import load_causal_lm, load_tokenizer, resolve_model
+from grpo.model.load import load_causal_lm, load_tokenizer
+from grpo.model.zoo import resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"

@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from ggufutil import SPECIALS, tiny_model, write_gguf, write_other_arch
-from grpo import model as M
 from grpo.model.gguf import convert as G
-from grpo.model.gguf.header import end_ids, gguf_config, read_gguf
+from grpo.model.gguf.cache import GGUF_DIGESTS
+from grpo.model.gguf.header import ModelUnavailable, end_ids, gguf_config, read_gguf
+from grpo.model.load import BUILD_STAMP, build_is_current, eos_ids, load_causal_lm, load_tokenizer
+from grpo.model.zoo import resolve_model
 
 CPU = torch.device("cpu")
 
@@ -32,8 +34,8 @@ TEXT = "<|im_start|>user\nwhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\nthe a
 
 
 def converted_logits(path: str, text: str = TEXT):
-    tok = M.load_tokenizer(path)
-    model = M.load_causal_lm(path, CPU, torch.float32).eval()
+    tok = load_tokenizer(path)
+    model = load_causal_lm(path, CPU, torch.float32).eval()
     ids = ids_of(tok, text)
     with torch.no_grad():
         return tok, model, ids, model(ids).logits
@@ -44,8 +46,8 @@ def test_a_float32_gguf_converts_to_the_source_model(tmp_path, cache, arch, tie)
     source = tiny_model(arch, tie=tie)
     gguf = tmp_path / f"{arch}.gguf"
     tokens = write_gguf(gguf, source, arch)
-    path = M.resolve_model(str(gguf))
-    assert path.startswith(str(cache / "gguf-")) and M.build_is_current(Path(path))
+    path = resolve_model(str(gguf))
+    assert path.startswith(str(cache / "gguf-")) and build_is_current(Path(path))
     tok, model, ids, logits = converted_logits(path)
     assert type(model).__name__ == type(source).__name__
     with torch.no_grad():
@@ -56,13 +58,13 @@ def test_a_float32_gguf_converts_to_the_source_model(tmp_path, cache, arch, tie)
     assert (tok.eos_token, tok.eos_token_id) == ("<|im_end|>", im_end)
     assert (tok.pad_token, tok.pad_token_id) == ("<|endoftext|>", endoftext)
     assert sorted(model.generation_config.eos_token_id) == sorted([im_end, endoftext])
-    assert M.eos_ids(tok, model) == sorted([im_end, endoftext])
+    assert eos_ids(tok, model) == sorted([im_end, endoftext])
     assert (model.config.eos_token_id, model.config.pad_token_id) == (im_end, endoftext)
     assert tok.chat_template and "<|im_start|>" in tok.chat_template
     text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert ids[0].tolist().count(im_end) == 2   # the chat tokens stay whole
-    stamp = json.loads((Path(path) / M.BUILD_STAMP).read_text())
+    stamp = json.loads((Path(path) / BUILD_STAMP).read_text())
     assert stamp["source"]["size"] == gguf.stat().st_size and path.endswith(stamp["source"]["sha256"][:16])
 
 
@@ -74,7 +76,7 @@ def test_a_quantised_gguf_gives_the_de_quantised_weights(tmp_path, cache):
     source = tiny_model("llama", seed=1)
     gguf = tmp_path / "q8.gguf"
     write_gguf(gguf, source, "llama", qtype=Q.Q8_0, pre="smollm")
-    path = M.resolve_model(str(gguf))
+    path = resolve_model(str(gguf))
     got = load_file(str(Path(path) / "model.safetensors"))
     for name, w in source.state_dict().items():
         want = w if w.dim() == 1 else torch.from_numpy(dequantize(quantize(w.numpy(), Q.Q8_0), Q.Q8_0).copy())
@@ -109,7 +111,7 @@ def test_the_fast_path_writes_the_folder_transformers_writes(tmp_path, arch):
     for name in ("config.json", "generation_config.json"):
         a, b = (json.loads((tmp_path / d / name).read_text()) for d in ("fast", "ref"))
         assert a == b, name
-    tok_fast, tok_ref = M.load_tokenizer(str(tmp_path / "fast")), M.load_tokenizer(str(tmp_path / "ref"))
+    tok_fast, tok_ref = load_tokenizer(str(tmp_path / "fast")), load_tokenizer(str(tmp_path / "ref"))
     for text in (TEXT, "héllo  wörld\n\n 12345 <|endoftext|>", " the lazy dog"):
         assert tok_fast(text)["input_ids"] == tok_ref(text)["input_ids"]
     assert (tok_fast.eos_token, tok_fast.pad_token, tok_fast.chat_template) == \
@@ -125,12 +127,12 @@ def test_a_mistral_file_converts_as_transformers_converts_it(tmp_path, cache):
     with pytest.MonkeyPatch.context() as m:
         m.setattr(G, "fast_path_reads", lambda metadata: False)
         G.convert_gguf(gguf, tmp_path / "ref", "mistral")
-    for path in (M.resolve_model(str(gguf)), str(tmp_path / "ref")):
+    for path in (resolve_model(str(gguf)), str(tmp_path / "ref")):
         tok, model, ids, logits = converted_logits(path)
         assert type(model).__name__ == "LlamaForCausalLM"
         with torch.no_grad():
             torch.testing.assert_close(logits, source(ids).logits, rtol=1e-5, atol=1e-5)
-        assert tok.eos_token == "<|im_end|>" and len(M.eos_ids(tok, model)) == 2
+        assert tok.eos_token == "<|im_end|>" and len(eos_ids(tok, model)) == 2
 
 
 def test_the_second_call_reuses_the_folder_and_the_hash(tmp_path, cache, monkeypatch):
@@ -138,15 +140,15 @@ def test_the_second_call_reuses_the_folder_and_the_hash(tmp_path, cache, monkeyp
 
     gguf = tmp_path / "m.gguf"
     write_gguf(gguf, tiny_model("qwen2"), "qwen2")
-    first = M.resolve_model(str(gguf))
+    first = resolve_model(str(gguf))
 
     def no(*args, **kwargs):
         raise AssertionError("converted or hashed again")
 
     monkeypatch.setattr(G, "convert_gguf", no)
     monkeypatch.setattr(hashlib, "file_digest", no)
-    assert M.resolve_model(str(gguf)) == first
-    index = json.loads((cache / M.GGUF_DIGESTS).read_text())
+    assert resolve_model(str(gguf)) == first
+    index = json.loads((cache / GGUF_DIGESTS).read_text())
     assert list(index) == [str(gguf.resolve())]
     # the same bytes elsewhere: hashed (a new path), but the same folder, not converted again
     monkeypatch.undo()
@@ -155,21 +157,21 @@ def test_the_second_call_reuses_the_folder_and_the_hash(tmp_path, cache, monkeyp
     copy.parent.mkdir()
     shutil.copy(gguf, copy)
     monkeypatch.setattr(G, "convert_gguf", no)
-    assert M.resolve_model(str(copy)) == first
+    assert resolve_model(str(copy)) == first
     # other bytes: a folder of their own
     monkeypatch.undo()
     monkeypatch.setenv("GRPO_CACHE", str(cache))
     write_gguf(gguf, tiny_model("qwen2", seed=5), "qwen2")
-    assert M.resolve_model(str(gguf)) != first
+    assert resolve_model(str(gguf)) != first
     assert sorted(p.name for p in cache.iterdir() if p.is_dir()) == sorted(
-        [Path(first).name, Path(M.resolve_model(str(gguf))).name])
+        [Path(first).name, Path(resolve_model(str(gguf))).name])
 
 
 def test_an_architecture_transformers_cannot_read_is_one_line(tmp_path, cache):
     gguf = tmp_path / "other.gguf"
     write_other_arch(gguf, "rwkv6")
-    with pytest.raises(M.ModelUnavailable) as err:
-        M.resolve_model(str(gguf))
+    with pytest.raises(ModelUnavailable) as err:
+        resolve_model(str(gguf))
     msg = str(err.value)
     assert "\n" not in msg and "'rwkv6'" in msg and "qwen2" in msg and "llama" in msg
     assert msg.startswith(f"--model {gguf}: GGUF architecture 'rwkv6' cannot be de-quantised by transformers")
@@ -183,13 +185,13 @@ def test_paths_that_are_no_model_are_one_line(tmp_path, cache, monkeypatch):
     empty.mkdir()
     for name, says in ((str(tmp_path / "missing.gguf"), "no such file or folder"), ("missing.gguf", "no such file"),
                        (str(not_gguf), "not a GGUF file"), (str(empty), "no config.json there")):
-        with pytest.raises(M.ModelUnavailable, match=says) as err:
-            M.resolve_model(name)
+        with pytest.raises(ModelUnavailable, match=says) as err:
+            resolve_model(name)
         assert "\n" not in str(err.value)
     # a hub id is no path: it passes to transformers as it is (the hub's own check, grpo.model.hub,
     # answered "loadable" here; tests/test_model_hub.py holds its other answers)
     monkeypatch.setattr("grpo.model.zoo.check_hub_model", lambda name: None)
-    assert M.resolve_model("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert resolve_model("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
 
 
 def test_end_ids_follow_llama_cpp():

@@ -7,9 +7,10 @@ import random
 import pytest
 import torch
 
-from grpo import model as M
 from grpo.model import zoo
 from grpo.model.gguf import convert as G
+from grpo.model.gguf.header import ModelUnavailable, find_gguf
+from grpo.model.load import build_is_current, load_tokenizer
 
 BOOKKEEPING = {"transformers_version", "_name_or_path", "quantization_config", "dtype", "torch_dtype"}
 
@@ -38,8 +39,8 @@ def _share_transformers_reads(m):
 def folders(tmp_path_factory):
     """(fast folder, transformers folder, warnings logged by the fallback conversion)."""
     try:
-        M.find_gguf()
-    except M.ModelUnavailable as exc:
+        find_gguf()
+    except ModelUnavailable as exc:
         pytest.skip(f"no SmolLM2 GGUF here: {exc}")
     cache = tmp_path_factory.mktemp("cache")
     mp = pytest.MonkeyPatch()
@@ -76,7 +77,7 @@ def test_the_fallback_warns_once_and_still_builds_a_folder(folders):
     fast, ref, warnings = folders
     assert len(warnings) == 1 and "simulated API change" in warnings[0], warnings
     for folder in (fast, ref):
-        assert M.build_is_current(folder)
+        assert build_is_current(folder)
         assert not list(folder.parent.glob(folder.name + ".tmp*"))
     assert sorted(p.name for p in fast.iterdir()) == sorted(p.name for p in ref.iterdir())
 
@@ -132,7 +133,7 @@ def _strings() -> list[str]:
 
 def test_same_tokenizer(folders):
     fast, ref, _ = folders
-    tok_fast, tok_ref = M.load_tokenizer(str(fast)), M.load_tokenizer(str(ref))
+    tok_fast, tok_ref = load_tokenizer(str(fast)), load_tokenizer(str(ref))
     assert type(tok_fast) is type(tok_ref)
     assert len(tok_fast) == len(tok_ref) == 49152
     assert (tok_fast.eos_token_id, tok_fast.pad_token_id) == (tok_ref.eos_token_id, tok_ref.pad_token_id) == (2, 2)

@@ -3,7 +3,7 @@ import copy
 
 import torch
 
-from grpo.model import weights_checksum
+from grpo.model.load import weights_checksum
 
 
 def _model(dtype):

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo import model as M
+from grpo.model.load import BUILD_STAMP, BUILD_VERSION, build_is_current, load_tokenizer, write_build_stamp
+from grpo.model.zoo import resolve_model
 
 
 @pytest.fixture(scope="module")
@@ -13,14 +14,14 @@ def converted(tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
     mp = pytest.MonkeyPatch()
     mp.setenv("GRPO_CACHE", str(cache))
-    yield M.resolve_model("smollm2")
+    yield resolve_model("smollm2")
     mp.undo()
 
 
 def test_conversion_makes_im_end_the_eos_and_pad_everywhere(converted):
     from transformers import AutoConfig, GenerationConfig
 
-    tok = M.load_tokenizer(converted)
+    tok = load_tokenizer(converted)
     # SmolLM2-Instruct's vocabulary: 0 <|endoftext|>, 1 <|im_start|>, 2 <|im_end|>.
     assert tok.convert_ids_to_tokens([0, 1, 2]) == ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     assert (tok.eos_token, tok.eos_token_id, tok.pad_token_id) == ("<|im_end|>", 2, 2)
@@ -31,31 +32,31 @@ def test_conversion_makes_im_end_the_eos_and_pad_everywhere(converted):
     ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=False)
     ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
     assert tok.eos_token_id in ids
-    assert json.loads((Path(converted) / M.BUILD_STAMP).read_text()) == {"build_version": M.BUILD_VERSION}
+    assert json.loads((Path(converted) / BUILD_STAMP).read_text()) == {"build_version": BUILD_VERSION}
 
 
 def test_a_cached_folder_from_an_older_build_is_converted_again(converted, monkeypatch):
     folder = Path(converted)
-    stamp = folder / M.BUILD_STAMP
+    stamp = folder / BUILD_STAMP
     # What an older conversion left: EOS <|im_start|> and no stamp.
     cfg = json.loads((folder / "tokenizer_config.json").read_text())
     cfg["eos_token"] = "<|im_start|>"
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
     stamp.unlink()
-    assert not M.build_is_current(folder)
+    assert not build_is_current(folder)
     monkeypatch.setenv("GRPO_CACHE", str(folder.parent))
-    assert M.resolve_model("smollm2") == str(folder)
-    assert M.build_is_current(folder)
-    assert M.load_tokenizer(str(folder)).eos_token_id == 2
+    assert resolve_model("smollm2") == str(folder)
+    assert build_is_current(folder)
+    assert load_tokenizer(str(folder)).eos_token_id == 2
 
 
 def test_build_is_current_reads_the_stamp(tmp_path):
-    assert not M.build_is_current(tmp_path)                      # nothing there
+    assert not build_is_current(tmp_path)                      # nothing there
     (tmp_path / "config.json").write_text("{}")
-    assert not M.build_is_current(tmp_path)                      # no stamp: an older build
-    (tmp_path / M.BUILD_STAMP).write_text(json.dumps({"build_version": M.BUILD_VERSION - 1}))
-    assert not M.build_is_current(tmp_path)
-    (tmp_path / M.BUILD_STAMP).write_text("not json")
-    assert not M.build_is_current(tmp_path)
-    M.write_build_stamp(tmp_path)
-    assert M.build_is_current(tmp_path)
+    assert not build_is_current(tmp_path)                      # no stamp: an older build
+    (tmp_path / BUILD_STAMP).write_text(json.dumps({"build_version": BUILD_VERSION - 1}))
+    assert not build_is_current(tmp_path)
+    (tmp_path / BUILD_STAMP).write_text("not json")
+    assert not build_is_current(tmp_path)
+    write_build_stamp(tmp_path)
+    assert build_is_current(tmp_path)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from netutil import free_ports
 
-from grpo.model import ModelUnavailable
+from grpo.model.gguf.header import ModelUnavailable
 from grpo.model.hub import cached_model, check_hub_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,7 +104,7 @@ def test_a_cached_model_loads_at_once_when_the_hub_does_not_answer(no_hub):
     reads the cached config at once instead of retrying the hub for ~25 s first."""
     put_in_cache(Path(no_hub["HF_HOME"]), REPO_ID)
     code = ("import os, time\n"
-            "from grpo.model import resolve_model\n"
+            "from grpo.model.zoo import resolve_model\n"
             "from transformers import AutoConfig\n"
             f"path = resolve_model({REPO_ID!r})\n"
             "t = time.monotonic()\n"

@@ -7,7 +7,9 @@ import pytest
 import torch
 from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 
-from grpo.model import chunked_token_logprobs, load_causal_lm, resolve_model, right_pad, token_logprobs
+from grpo.model.load import load_causal_lm
+from grpo.model.logprobs import chunked_token_logprobs, right_pad, token_logprobs
+from grpo.model.zoo import resolve_model
 
 
 def full_logprobs(model, ids, mask, temperature):
@@ -147,7 +149,7 @@ def test_runtime_chooses_whether_attention_may_use_cudnn(cudnn):
     no cuDNN kernel and gives the math kernels' log-probs."""
     from torch.profiler import ProfilerActivity, profile
 
-    from grpo.model import start_runtime
+    from grpo.model.load import start_runtime
 
     device = torch.device("cuda", 0)
     start_runtime(device, {}, cudnn_attention=cudnn)

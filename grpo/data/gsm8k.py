@@ -81,7 +81,7 @@ for _name in ("math_verify.parser", "math_verify.grader"):
 
 def _math_verify_equal(reference: str, prediction: str) -> bool:
     # Imported lazily: math_verify pulls in sympy, which costs ~1 s at import.
-    from math_verify import ExprExtractionConfig, parse, verify
+    from math_verify import ExprExtractionConfig, parse, verify  # here: math_verify brings sympy (~1 s at import)
 
     # Both sides are already short plain numbers, so the plain-expression extractor suffices, and
     # the timeouts can be None: that disables math_verify's signal.alarm, which raises outside the

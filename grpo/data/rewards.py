@@ -73,7 +73,7 @@ _NUMBER = re.compile(r"\s*-?\$?\d[\d,]*(?:\.\d+)?\s*")
 
 @functools.lru_cache(maxsize=None)
 def _rg_scorer(task: str) -> Callable[[str | None, dict], float]:
-    import reasoning_gym
+    import reasoning_gym  # here: reasoning_gym takes seconds to import; only its tasks use it
 
     return reasoning_gym.get_score_answer_fn(task)
 

@@ -124,7 +124,7 @@ def from_yaml(value: Any, where: str) -> str:
 
 
 def _registry() -> tuple[dict, dict]:
-    import reasoning_gym.factory as factory  # lazy: the import alone takes seconds
+    import reasoning_gym.factory as factory  # here: reasoning_gym takes seconds to import; only its tasks use it
 
     return factory.DATASETS, factory.CURRICULA
 
@@ -188,7 +188,7 @@ def make_dataset(specs: list[TaskSpec], size: int, seed: int, levels: dict[str, 
                for i, s in enumerate(specs)]
     if len(specs) == 1:
         return datasets[specs[0].name][0](config=configs[0])
-    from reasoning_gym.composite import CompositeConfig, CompositeDataset, DatasetSpec
+    from reasoning_gym.composite import CompositeConfig, CompositeDataset, DatasetSpec  # here: reasoning_gym takes seconds to import; only its tasks use it
 
     parts = [DatasetSpec(s.name, s.weight, {k: v for k, v in dataclasses.asdict(c).items()})
              for s, c in zip(specs, configs)]

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from grpo.model import left_pad
+from grpo.model.logprobs import left_pad
 from grpo.rules.backend import backend_for
 
 BACKENDS = ("auto", "fast", "hf")
@@ -55,7 +55,7 @@ def hf_generate(model, prompts: list[list[int]], max_new_tokens: int, temperatur
                 ) -> tuple[list[list[int]], list[bool]]:
     """The Hugging Face `generate` path (the fallback backend), with the same output.
 
-    eos_id: one id or several (grpo.model.eos_ids: the tokenizer's and the generation config's); a
+    eos_id: one id or several (grpo.model.load.eos_ids: the tokenizer's and the generation config's); a
     row ends at the first of any. should_stop: asked after every decoded token; once it says True,
     generation ends there and the rows come back cut where they were (the caller discards them)."""
     eos = eos_list(eos_id)
@@ -96,7 +96,7 @@ def eos_list(eos_ids) -> list[int]:
 
 def _stopping_criteria(should_stop: Callable[[], bool]):
     """A transformers StoppingCriteriaList that ends every row once should_stop() says so."""
-    from transformers import StoppingCriteria, StoppingCriteriaList
+    from transformers import StoppingCriteria, StoppingCriteriaList  # here: start_runtime times transformers' first import (the start-up line)
 
     class _StopWhen(StoppingCriteria):
         def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:

@@ -96,7 +96,7 @@ def reset_generators_after_failed_capture(generator: torch.Generator) -> None:
 def allow_recompiles(n: int) -> None:
     """Let torch.compile keep at least n compiled versions of one function (the engine's decode
     step has one per shape, greedy flag and attention length) instead of falling back to eager."""
-    import torch._dynamo
+    import torch._dynamo  # here: torch._dynamo brings the compiler stack; only graph capture needs it
 
     cfg = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit"):   # the name changed in torch 2.6

@@ -68,7 +68,7 @@ from grpo.generate.sampling import new_generator, sample_step
 # FinishedGroup and the version rules are stream's, re-exported: callers import them from here too.
 from grpo.generate.stream import (STREAM_COUNTS, FinishedGroup, RingStream, group_versions,  # noqa: F401
                                   token_versions)
-from grpo.model import left_pad, right_pad, token_logprobs
+from grpo.model.logprobs import left_pad, right_pad, token_logprobs
 
 log = logging.getLogger(__name__)
 

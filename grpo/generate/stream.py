@@ -30,7 +30,7 @@ import torch
 from grpo.generate.attention import layer_masks, rollout_attention_on
 from grpo.generate.cache import Ring, static_cache
 from grpo.generate.sampling import sample_step
-from grpo.model import left_pad
+from grpo.model.logprobs import left_pad
 
 
 @dataclass

@@ -149,7 +149,7 @@ def _no_deepspeed_import():
         yield
         return
     try:
-        from accelerate.utils import other
+        from accelerate.utils import other  # here: accelerate is optional (the except below) and only this unwrap uses it
     except ImportError:   # no accelerate: transformers unwraps on its own, without DeepSpeed
         yield
         return

@@ -45,7 +45,7 @@ class ConfigError(ValueError):
 
 def extension_root() -> Path:
     """Where torch builds JIT extensions for this Python and torch (TORCH_EXTENSIONS_DIR honoured)."""
-    from torch.utils.cpp_extension import _get_build_directory
+    from torch.utils.cpp_extension import _get_build_directory  # here: cpp_extension brings setuptools; only the JIT-build lock check needs it
 
     return Path(_get_build_directory("deepspeed_shm_comm", verbose=False)).parent
 
@@ -67,14 +67,14 @@ SHM_COMM_OP = "deepspeed_shm_comm"   # DeepSpeed's ShareMemCommBuilder.NAME
 
 def init_process_group(device: torch.device, timeout_s: float) -> None:
     """DeepSpeed's process group: nccl on CUDA, gloo on CPU (the rendezvous from the environment)."""
-    import deepspeed
+    import deepspeed  # here: DeepSpeed takes seconds to import; a --no-deepspeed learner never needs it
 
     if device.type != "cuda":
         # DeepSpeed's CPU accelerator JIT-compiles a shared-memory allreduce (deepspeed_shm_comm)
         # when its process group starts: a C++ build of a minute or more on a fresh machine before
         # a CPU run (the tests, the demo) can begin, and again for each new environment. gloo does
         # every collective a CPU learner needs, so the op is marked unavailable and not built.
-        import deepspeed.ops
+        import deepspeed.ops  # here: DeepSpeed takes seconds to import; a --no-deepspeed learner never needs it
 
         deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo",
@@ -298,7 +298,7 @@ def import_muon_uncompiled(optimizer_type: str) -> bool:
 
 class DeepSpeedEngine:
     def __init__(self, model: torch.nn.Module, ds_config: dict):
-        import deepspeed
+        import deepspeed  # here: DeepSpeed takes seconds to import; a --no-deepspeed learner never needs it
 
         import_muon_uncompiled(str(ds_config.get("optimizer", {}).get("type", "")))
         self._engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=trainable(model),

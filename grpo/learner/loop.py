@@ -30,7 +30,7 @@ from grpo.learner.lora import lora_stats, save_adapter
 from grpo.learner.setup import build
 from grpo.learner.stop import StopRequest
 from grpo.learner.warmup import warm_up, warm_up_shape
-from grpo.model import compute_dtype, weights_checksum
+from grpo.model.load import compute_dtype, weights_checksum
 from grpo.obs.gpu import format_gpu
 from grpo.obs.progress import Progress
 from grpo.obs.rundir import provenance

@@ -36,7 +36,8 @@ from grpo.learner.liveness import Liveness, SyncPeers
 from grpo.learner.lora import wrap_lora
 from grpo.learner.step import TrainStep
 from grpo.loss import LossConfig
-from grpo.model import compute_dtype, load_causal_lm, load_tokenizer, pick_device, resolve_model, start_runtime
+from grpo.model.load import compute_dtype, load_causal_lm, load_tokenizer, pick_device, start_runtime
+from grpo.model.zoo import resolve_model
 from grpo.obs.gpu import GpuMonitor, release_cached
 from grpo.obs.metrics import MetricsWriter
 from grpo.obs.profile import SpanProfiler

@@ -21,7 +21,7 @@ from grpo.config import LearnerConfig
 from grpo.learner.batch import (Batch, balanced_split, length_buckets, micro_batch, minibatches, padded_tokens,
                                 token_buckets)
 from grpo.loss import LossConfig, Norms, compute_loss
-from grpo.model import token_logprobs
+from grpo.model.logprobs import token_logprobs
 
 # How the ranks' values of one figure combine: added up, the largest, the mean over ranks, or
 # each rank's value kept (a list in rank order).

@@ -20,7 +20,7 @@ import time
 import torch
 
 from grpo.config import assumed_row_tokens
-from grpo.model import token_logprobs
+from grpo.model.logprobs import token_logprobs
 
 
 def warm_up_shape(micro_rows: int, max_prompt_tokens: int, max_new_tokens: int) -> tuple[int, int]:

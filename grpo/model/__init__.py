@@ -16,39 +16,21 @@ The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the `llm-s
 --model may name any other GGUF file. Each is converted once to a normal Hugging Face folder under
 the cache, and every later load reads that folder.
 
-The names below are importable from here (`from grpo.model import resolve_model`), each module
-imported at the first use of one of its names: the launcher imports grpo.model.gguf.header before
-any worker starts, when nothing may import torch, and a package that imported its modules up front
-would. A test that patches one of these names patches it in the module that defines it (say,
-grpo.model.gguf.convert.convert_gguf), which is where callers look it up.
+This __init__ imports nothing and exports nothing: callers import each name from the module that
+defines it (`from grpo.model.zoo import resolve_model`), and a test that patches a name patches it
+there. The launcher imports gguf.header and hub before any worker starts, when nothing may import
+torch; importing this package, or either of those, imports no torch, transformers or numpy.
+
+Where the names callers use live (tests/test_model_package.py reads this table):
+
+  gguf.header   GGUF_NAME ModelUnavailable find_gguf gguf_model_file read_gguf gguf_config end_ids
+  gguf.convert  CHAT_EOS set_chat_eos convert_gguf check_architecture
+  gguf.cache    GGUF_DIGESTS gguf_digest gguf_folder_name gguf_builder
+  zoo           QWEN25_SHAPES QWEN25_3B_SHAPES resolve_model
+  hub           check_hub_model cached_model go_offline offline unreachable_reason
+  load          BUILD_STAMP BUILD_VERSION RANDOM_INIT_SEED build_is_current write_build_stamp cache_dir
+                compute_dtype pick_device start_runtime eos_ids load_tokenizer load_causal_lm
+                weights_checksum
+  logprobs      DEFAULT_CHUNK_ELEMS token_logprobs chunked_token_logprobs left_pad right_pad
+  saved         FoundModel find_model load_found
 """
-from __future__ import annotations
-
-import importlib
-
-_EXPORTS = {
-    "grpo.model.gguf.header": ("GGUF_NAME", "ModelUnavailable", "find_gguf", "gguf_model_file"),
-    "grpo.model.gguf.convert": ("CHAT_EOS", "set_chat_eos"),
-    "grpo.model.gguf.cache": ("GGUF_DIGESTS", "gguf_digest", "gguf_folder_name"),
-    "grpo.model.zoo": ("QWEN25_3B_SHAPES", "QWEN25_SHAPES", "resolve_model"),
-    "grpo.model.saved": ("FoundModel", "find_model", "load_found"),
-    "grpo.model.load": ("BUILD_STAMP", "BUILD_VERSION", "RANDOM_INIT_SEED", "build_is_current", "cache_dir",
-                        "compute_dtype", "eos_ids", "load_causal_lm", "load_tokenizer", "pick_device",
-                        "start_runtime", "weights_checksum", "write_build_stamp"),
-    "grpo.model.logprobs": ("DEFAULT_CHUNK_ELEMS", "chunked_token_logprobs", "left_pad", "right_pad",
-                            "token_logprobs"),
-}
-_HOME = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted(_HOME)
-
-
-def __getattr__(name: str):
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOME[name]), name)
-    globals()[name] = value   # looked up once: later uses read the module's dict
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOME))

@@ -110,7 +110,7 @@ def eos_ids(tokenizer, model_or_generation_config=None) -> list[int]:
 
 
 def load_tokenizer(path: str):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # here: start_runtime times transformers' first import (the start-up line)
 
     try:
         tok = AutoTokenizer.from_pretrained(path)
@@ -135,8 +135,8 @@ def start_runtime(device: torch.device, times: dict[str, float], cudnn_attention
     t = time.perf_counter()
     # The package, its auto classes and its model machinery (modeling_utils brings accelerate and
     # torch's compiler stack with sympy): the first tokenizer load would import them all.
-    import transformers.modeling_utils  # noqa: F401
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+    import transformers.modeling_utils  # here: this is the timed first import  # noqa: F401
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # here: this is the timed first import  # noqa: F401
 
     times["transformers import"] = time.perf_counter() - t
     if device.type == "cuda":
@@ -150,7 +150,7 @@ def start_runtime(device: torch.device, times: dict[str, float], cudnn_attention
 def load_causal_lm(path: str, device: torch.device, dtype: torch.dtype, times: dict[str, float] | None = None):
     """The model at `path` on `device` in `dtype`. `times`, when given, gets the seconds of
     'from_pretrained' (config, reading and building the model) and 'to device' (the copy)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM  # here: start_runtime times transformers' first import (the start-up line)
 
     t = time.perf_counter()
     try:

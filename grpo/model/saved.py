@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,14 +69,12 @@ def find_model(name: str, base_model: str = "") -> FoundModel:
 def load_found(found: FoundModel, device, dtype):
     """The model `found` names on `device` in `dtype`, an adapter merged into its base (a plain
     transformers model either way)."""
-    from grpo.model.load import load_causal_lm
+    from grpo.model.load import load_causal_lm  # here: grpo.model.load brings torch; a bad --model is refused before that
 
     model = load_causal_lm(found.model, device, dtype)
     if found.adapter is None:
         return model
-    import warnings
-
-    from peft import PeftModel
+    from peft import PeftModel  # here: peft (slow, brings transformers) only for an adapter
 
     try:
         with warnings.catch_warnings():
@@ -91,7 +90,7 @@ def load_found(found: FoundModel, device, dtype):
 
 
 def _plain(name: str) -> FoundModel:
-    from grpo.model.zoo import resolve_model
+    from grpo.model.zoo import resolve_model  # here: grpo.model.zoo brings torch; a bad --model is refused before that
 
     path = resolve_model(name)
     return FoundModel(path, None, path, f"model {path}")
@@ -102,7 +101,7 @@ def _holds_policy(folder: Path) -> bool:
 
 
 def _adapter(folder: Path, base_model: str) -> FoundModel:
-    from grpo.model.zoo import resolve_model
+    from grpo.model.zoo import resolve_model  # here: grpo.model.zoo brings torch; a bad --model is refused before that
 
     candidates = [(base_model, "--base-model")] if base_model else _bases_of(folder)
     if not candidates:

@@ -31,7 +31,7 @@ _convert_smollm2 = gguf_builder(find_gguf, "SmolLM2", chat_eos=True)
 
 def _make_tiny_random(dest: Path) -> None:
     """A 2-layer Llama with SmolLM2's tokenizer and random weights: fast tests, real code paths."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # here: start_runtime times transformers' first import (the start-up line)
 
     base = resolve_model("smollm2")
     tok = AutoTokenizer.from_pretrained(base)
@@ -71,7 +71,7 @@ def _random_qwen25(size: str):
         The tokenizer is SmolLM2's (49,152 ids) while the model keeps Qwen2.5's 151,936-row
         (7B: 152,064) vocabulary, so the matrix shapes, and hence the cost, are Qwen2.5's.
         """
-        from transformers import AutoTokenizer, Qwen2Config
+        from transformers import AutoTokenizer, Qwen2Config  # here: start_runtime times transformers' first import (the start-up line)
 
         tok = AutoTokenizer.from_pretrained(resolve_model("smollm2"))
         cfg = Qwen2Config(**QWEN25_SHAPES[size], bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,

@@ -24,7 +24,7 @@ class GpuMonitor:
         if device.type != "cuda":
             return
         try:
-            import pynvml
+            import pynvml  # here: NVML only for a CUDA device (the except below: no driver, no stats)
 
             pynvml.nvmlInit()
             # Find our GPU by UUID: CUDA_VISIBLE_DEVICES renumbers devices, NVML does not.

@@ -54,8 +54,8 @@ class SpanProfiler:
             yield
             return
         if self._prof is None:
-            import torch
-            from torch.profiler import ProfilerActivity, profile
+            import torch  # here: torch's profiler only once a --profile-steps step comes
+            from torch.profiler import ProfilerActivity, profile  # here: torch's profiler only once a --profile-steps step comes
 
             self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
             acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])

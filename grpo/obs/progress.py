@@ -43,7 +43,7 @@ class Progress:
         self._bar = None
         stream = stream or sys.stderr
         if _use_bar(stream):
-            from tqdm import tqdm
+            from tqdm import tqdm  # here: tqdm only when a bar is drawn (_use_bar)
 
             self._bar = tqdm(total=total, desc=desc, unit=unit, file=stream, dynamic_ncols=True)
 

@@ -125,11 +125,11 @@ def _eval_points(steps: list[dict], evals: list[dict]) -> tuple[list[float], lis
 
 
 def plot(steps: list[dict], out: Path, title: str, evals: list[dict] | None = None) -> None:
-    import matplotlib
+    import matplotlib  # here: matplotlib is slow to import; only a plot needs it (pyplot after use('Agg'))
 
     matplotlib.use("Agg")  # files only, no display needed
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
+    import matplotlib.pyplot as plt  # here: matplotlib is slow to import; only a plot needs it (pyplot after use('Agg'))
+    from matplotlib.ticker import MaxNLocator  # here: matplotlib is slow to import; only a plot needs it (pyplot after use('Agg'))
 
     panels = list(PANELS)
     levels = sorted({k for r in steps for k in r if k.startswith("curriculum/")})

@@ -68,12 +68,12 @@ class Tracker:
         self._tb = None
         self._wandb = None
         if "tensorboard" in self.backends:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # here: torch's TensorBoard writer only with --report-to tensorboard
 
             self._tb = SummaryWriter(log_dir=str(run_dir), flush_secs=10)
         if "wandb" in self.backends:
             try:
-                import wandb
+                import wandb  # here: wandb is optional (the except below)
             except ImportError:
                 log.warning("--report-to wandb: the wandb package is not installed (pip install wandb); "
                             "not logging to wandb")

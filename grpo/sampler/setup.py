@@ -25,7 +25,8 @@ from grpo.data.rewards import reward_set_from_config
 from grpo.evaluate import run_eval_problems
 from grpo.generate.backend import old_logprob_source, resolve_backend
 from grpo.generate.engine import RolloutEngine
-from grpo.model import compute_dtype, eos_ids, load_causal_lm, load_tokenizer, pick_device, resolve_model, start_runtime
+from grpo.model.load import compute_dtype, eos_ids, load_causal_lm, load_tokenizer, pick_device, start_runtime
+from grpo.model.zoo import resolve_model
 from grpo.obs.gpu import GpuMonitor, release_cached
 from grpo.obs.profile import SpanProfiler
 from grpo.obs.stages import mark as mark_stage

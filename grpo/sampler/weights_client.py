@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from grpo.config import SamplerConfig
-from grpo.model import compute_dtype
+from grpo.model.load import compute_dtype
 from grpo.obs.stages import mark as mark_stage
 from grpo.sampler import drill
 from grpo.sampler.counters import SamplerCounters

@@ -34,7 +34,8 @@ from grpo.data.tasks import SuccessWindow, start_levels
 from grpo.generate.backend import hf_generate
 from grpo.generate.engine import RolloutEngine
 from grpo.loss import has_signal
-from grpo.model import compute_dtype, load_causal_lm, right_pad, token_logprobs
+from grpo.model.load import compute_dtype, load_causal_lm
+from grpo.model.logprobs import right_pad, token_logprobs
 from grpo.obs.gpu import GpuMonitor, format_gpu
 from grpo.sampler.counters import SamplerCounters
 from grpo.sampler.weights_client import WeightsClient

@@ -43,7 +43,7 @@ def publish_named(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     """
     if not hasattr(model, "peft_config"):
         return list(model.named_parameters())
-    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora import LoraLayer  # here: peft only for a LoRA model (a plain one needs none)
 
     base = model.get_base_model()  # the transformers model, with LoRA layers injected
     deltas: dict[str, torch.Tensor] = {}

@@ -14,14 +14,14 @@ from grpo.weights.method import PublishArgs, ReceiveArgs, WeightMethod
 
 def _slot_publisher(a: PublishArgs):
     """ipc and nccl: two slots on the learner's device (they also serve tcp to samplers that ask)."""
-    from grpo.weights.slots import SlotPublisher
+    from grpo.weights.slots import SlotPublisher  # here: reading an entry must not load torch.distributed or touch CUDA
 
     return SlotPublisher(a.server, a.module, a.dtype, ack_timeout_s=a.ack_timeout_s, method=a.method, host=a.host,
                          nccl_timeout_s=a.nccl_timeout_s, answers=a.answers)
 
 
 def _ipc_receiver(a: ReceiveArgs):
-    from grpo.weights.ipc import IpcReceiver
+    from grpo.weights.ipc import IpcReceiver  # here: reading an entry must not load torch.distributed or touch CUDA
 
     return IpcReceiver(a.policy, a.dtype)
 
@@ -33,19 +33,19 @@ def _ipc_check(device_type: str, lora: bool, bf16_weights: bool) -> str:
 
 
 def _nccl_receiver(a: ReceiveArgs):
-    from grpo.weights.nccl import NcclReceiver
+    from grpo.weights.nccl import NcclReceiver  # here: reading an entry must not load torch.distributed or touch CUDA
 
     return NcclReceiver(a.policy, a.dtype, a.timeout_s)
 
 
 def _shared_publisher(a: PublishArgs):
-    from grpo.weights.shared import SharedPublisher
+    from grpo.weights.shared import SharedPublisher  # here: reading an entry must not load torch.distributed or touch CUDA
 
     return SharedPublisher(a.server, a.module, a.sync_port, answers=a.answers)
 
 
 def _shared_receiver(a: ReceiveArgs):
-    from grpo.weights.shared import SharedReceiver
+    from grpo.weights.shared import SharedReceiver  # here: reading an entry must not load torch.distributed or touch CUDA
 
     return SharedReceiver(a.policy, a.sync_port)
 
@@ -58,13 +58,13 @@ def _shared_check(device_type: str, lora: bool, bf16_weights: bool) -> str:
 
 
 def _tcp_publisher(a: PublishArgs):
-    from grpo.weights.tcp import TcpPublisher
+    from grpo.weights.tcp import TcpPublisher  # here: reading an entry must not load torch.distributed or touch CUDA
 
     return TcpPublisher(a.server, a.module, a.dtype, answers=a.answers)
 
 
 def _tcp_receiver(a: ReceiveArgs):
-    from grpo.weights.tcp import TcpReceiver
+    from grpo.weights.tcp import TcpReceiver  # here: reading an entry must not load torch.distributed or touch CUDA
 
     return TcpReceiver(a.policy)
 

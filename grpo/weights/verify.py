@@ -1,6 +1,6 @@
 """--verify-weight-sync: evidence, end to end, that samplers run exactly the weights published.
 
-The learner fingerprints (grpo.model.weights_checksum, cut to 48 bits so it travels exactly
+The learner fingerprints (grpo.model.load.weights_checksum, cut to 48 bits so it travels exactly
 as a float in the status message's stats map) every version it publishes, in the dtype it
 publishes; each sampler fingerprints its own policy right after applying a version and
 reports (version, fingerprint) in its status messages. The learner compares each pair once
@@ -15,7 +15,7 @@ import logging
 
 import torch
 
-from grpo.model import weights_checksum
+from grpo.model.load import weights_checksum
 
 log = logging.getLogger(__name__)
 MASK48 = (1 << 48) - 1

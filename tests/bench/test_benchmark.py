@@ -12,7 +12,8 @@ import torch
 from benchload import load_bench
 
 from grpo.learner.checkpoint import _save_hf, parse_save_schedule
-from grpo.model import load_causal_lm, load_tokenizer, resolve_model
+from grpo.model.load import load_causal_lm, load_tokenizer
+from grpo.model.zoo import resolve_model
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"

@@ -214,7 +214,8 @@ def test_every_evaluation_path_scores_the_corpus():
 
     from grpo.data.prompts import problem_prompt
     from grpo.evaluate import constant_answer_baseline, eval_problems, greedy_accuracy
-    from grpo.model import load_tokenizer, resolve_model
+    from grpo.model.load import load_tokenizer
+    from grpo.model.zoo import resolve_model
 
     if not (GSM8K / "test.jsonl").is_file():
         pytest.skip(f"{GSM8K} is missing")

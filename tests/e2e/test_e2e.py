@@ -16,7 +16,7 @@ import pytest
 import torch
 from netutil import free_ports
 
-from grpo.model import load_causal_lm, weights_checksum
+from grpo.model.load import load_causal_lm, weights_checksum
 
 ROOT = Path(__file__).resolve().parents[2]
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"

@@ -17,7 +17,7 @@ import pytest
 from faultutil import Cluster, check_books, peak_rss_kb
 from scripted import ScriptedLearner
 
-from grpo.model import resolve_model
+from grpo.model.zoo import resolve_model
 from grpo.wire import messages as M
 
 HWM = 2

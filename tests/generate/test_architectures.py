@@ -17,7 +17,8 @@ from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 from grpo.generate.attention import layer_plan, rollout_attention
 from grpo.generate.backend import hf_generate
 from grpo.generate.engine import RolloutEngine
-from grpo.model import eos_ids, right_pad, token_logprobs
+from grpo.model.load import eos_ids
+from grpo.model.logprobs import right_pad, token_logprobs
 
 CPU = torch.device("cpu")
 VOCAB, EOS, PAD = 96, 1, 0
@@ -67,7 +68,7 @@ def _model_class(cfg):
 def build(name: str, seed: int = 0):
     cfg = _config(name)
     if getattr(cfg, "attn_logit_softcapping", None):
-        # as grpo.model.load_causal_lm loads such models: SDPA cannot cap (transformers 5.17 picks
+        # as grpo.model.load.load_causal_lm loads such models: SDPA cannot cap (transformers 5.17 picks
         # it for Gemma2 and drops the cap, so its generate would be the wrong reference)
         cfg._attn_implementation = "eager"
     torch.manual_seed(seed)

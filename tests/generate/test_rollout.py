@@ -14,7 +14,9 @@ from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 from grpo.generate.attention import attend_limit
 from grpo.generate.backend import hf_generate, old_logprob_source, resolve_backend
 from grpo.generate.engine import RolloutEngine, generate, group_versions, token_versions
-from grpo.model import load_causal_lm, load_tokenizer, resolve_model, right_pad, token_logprobs
+from grpo.model.load import load_causal_lm, load_tokenizer
+from grpo.model.logprobs import right_pad, token_logprobs
+from grpo.model.zoo import resolve_model
 from test_architectures import SwapAt, mixed_decode
 
 CPU = torch.device("cpu")

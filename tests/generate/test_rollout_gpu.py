@@ -12,7 +12,9 @@ from grpo.data.prompts import build_prompt
 from grpo.data.sources import load_problems
 from grpo.generate.backend import hf_generate
 from grpo.generate.engine import RolloutEngine
-from grpo.model import load_causal_lm, load_tokenizer, resolve_model, right_pad, token_logprobs
+from grpo.model.load import load_causal_lm, load_tokenizer
+from grpo.model.logprobs import right_pad, token_logprobs
+from grpo.model.zoo import resolve_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"

@@ -216,7 +216,7 @@ def test_shape_from_a_real_config_counts_smollm2():
 
 def test_qwen25_shapes_give_the_published_parameter_counts():
     """The random:qwen2.5-* shapes are the real models': their sizes as the model cards give them."""
-    from grpo.model import QWEN25_SHAPES
+    from grpo.model.zoo import QWEN25_SHAPES
 
     published = {"0.5b": 494_032_768, "1.5b": 1_543_714_304, "3b": 3_085_938_688, "7b": 7_615_616_512}
     got = {k: memory.shape_from_config({**v, "model_type": "qwen2"}).params for k, v in QWEN25_SHAPES.items()}

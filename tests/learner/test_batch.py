@@ -93,7 +93,9 @@ def test_importance_ratio_uses_the_behaviour_log_probs_the_group_carries():
     Through build_batch, micro_batch and the loss, each token's ratio is exp(learner - carried), at
     that token's position: what the sampler sent, not the learner's own old policy."""
     from grpo.loss import grpo_token_loss
-    from grpo.model import load_causal_lm, resolve_model, token_logprobs
+    from grpo.model.load import load_causal_lm
+    from grpo.model.logprobs import token_logprobs
+    from grpo.model.zoo import resolve_model
 
     model = load_causal_lm(resolve_model("tiny-random"), torch.device("cpu"), torch.float32).eval()
     behav = np.log([0.5, 0.25]).astype(np.float32)

@@ -10,7 +10,8 @@ import torch
 from grpo.learner.checkpoint import (STATE_FILE, Checkpointer, ResumeError, list_checkpoints, load_checkpoint,
                                      resolve_resume)
 from grpo.learner.engine import DeepSpeedEngine, TorchEngine, init_process_group, load_ds_config, resolve_ds_config
-from grpo.model import load_causal_lm, load_tokenizer, resolve_model
+from grpo.model.load import load_causal_lm, load_tokenizer
+from grpo.model.zoo import resolve_model
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")

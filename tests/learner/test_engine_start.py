@@ -19,7 +19,8 @@ import json, os, sys
 import torch, deepspeed
 import transformers.modeling_utils   # as the learner has, before its engine starts
 from grpo.learner.engine import CommunicatorWarmup, DeepSpeedEngine, init_process_group, load_ds_config, resolve_ds_config
-from grpo.model import load_causal_lm, resolve_model
+from grpo.model.load import load_causal_lm
+from grpo.model.zoo import resolve_model
 
 INDUCTOR = "torch._inductor.compile_fx"
 try:   # before the group exists: the thread's error comes back to the caller

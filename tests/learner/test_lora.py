@@ -14,7 +14,8 @@ from netutil import free_ports
 from grpo.learner.engine import TorchEngine
 from grpo.learner.lora import lora_stats, save_adapter, wrap_lora
 from grpo.weights.publisher import publish_named as publish_named_tensors
-from grpo.model import load_causal_lm, resolve_model
+from grpo.model.load import load_causal_lm
+from grpo.model.zoo import resolve_model
 from grpo.sync.client import request_weights
 from grpo.weights.tcp import TcpPublisher, apply_weights
 from grpo.wire import messages as M

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from grpo.learner.engine import ConfigError, load_ds_config, resolve_ds_config
-from grpo.model import resolve_model
+from grpo.model.zoo import resolve_model
 from test_checkpoint import _engine as make_engine
 
 ROOT = Path(__file__).resolve().parents[2]

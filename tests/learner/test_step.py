@@ -126,7 +126,8 @@ def test_the_step_runs_the_lm_head_on_completion_positions_only():
     from grpo.learner.batch import build_batch
     from grpo.learner.engine import TorchEngine
     from grpo.learner.step import TrainStep
-    from grpo.model import load_causal_lm, resolve_model
+    from grpo.model.load import load_causal_lm
+    from grpo.model.zoo import resolve_model
 
     torch.manual_seed(0)
     model = load_causal_lm(resolve_model("tiny-random"), torch.device("cpu"), torch.float32)

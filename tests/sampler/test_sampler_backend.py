@@ -10,7 +10,7 @@ import pytest
 import torch
 from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 
-from grpo.model import token_logprobs
+from grpo.model.logprobs import token_logprobs
 
 GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
 

@@ -21,7 +21,7 @@ from netutil import free_ports, one_thread  # noqa: F401 - module-wide fixture (
 from scripted import ScriptedLearner, facts, run_against
 
 from grpo.config import SamplerConfig
-from grpo.model import right_pad, token_logprobs
+from grpo.model.logprobs import right_pad, token_logprobs
 from grpo.sampler.loop import Sampler
 from grpo.sampler.workflow import stream_line, swaps_in_flight
 from grpo.weights.layout import plan_layout

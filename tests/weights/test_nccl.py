@@ -7,7 +7,7 @@ import time
 import torch
 from netutil import free_ports
 
-from grpo.model import weights_checksum
+from grpo.model.load import weights_checksum
 from grpo.weights.nccl import NcclReceiver
 from grpo.sync.client import request_weights
 from grpo.weights.slots import SlotPublisher

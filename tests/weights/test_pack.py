@@ -189,7 +189,7 @@ def test_a_real_deepspeed_zero2_model_publishes_in_one_copy():
     view of one flat buffer, so the whole model is one run, before and after an optimizer step."""
     from test_checkpoint import _engine, _train_step
 
-    from grpo.model import resolve_model
+    from grpo.model.zoo import resolve_model
 
     engine = _engine("deepspeed", resolve_model("tiny-random"))
     named = list(engine.module.named_parameters())

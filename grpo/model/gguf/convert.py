@@ -24,9 +24,14 @@ import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import torch
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize
+from safetensors.torch import save_file
 
 from grpo.model.gguf.header import ModelUnavailable, config_kwargs, end_ids, model_type, read_gguf
+from grpo.obs.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +76,7 @@ def set_end_tokens(tok, config, generation_config, metadata: dict, where: str) -
 
 
 def _transformers_version() -> str:
-    import transformers
+    import transformers  # here: start_runtime times transformers' first import (the start-up line)
 
     return transformers.__version__
 
@@ -86,11 +91,11 @@ def transformers_architectures() -> set[str]:
     """The GGUF architectures (general.architecture, as transformers names them) this transformers
     can de-quantise into a causal LM: its legacy loader's config table and, where it has one, the
     newer per-architecture reader's."""
-    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES  # here: start_runtime times transformers' first import (the start-up line)
 
     archs = set(GGUF_SUPPORTED_ARCHITECTURES) - {"general", "tokenizer"}   # table keys that name no model
     try:
-        from transformers.integrations.gguf import GGUF_CONFIG_ARCHS
+        from transformers.integrations.gguf import GGUF_CONFIG_ARCHS  # here: start_runtime times transformers' first import (the start-up line)
         archs |= set(GGUF_CONFIG_ARCHS)
     except ImportError:   # transformers before 5.2x has only the legacy loader
         pass
@@ -132,10 +137,6 @@ def fast_path_reads(metadata: dict) -> bool:
 
 def _dequantize_gguf(buf, offset: int, shape: tuple, ggml_type: int) -> torch.Tensor:
     """One tensor as float32 in `shape`, by gguf.quants (0.8 s for SmolLM2-135M here)."""
-    import numpy as np
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-    from gguf.quants import dequantize
-
     qtype = GGMLQuantizationType(ggml_type)
     block, block_bytes = GGML_QUANT_SIZES[qtype]
     if shape[-1] % block:
@@ -154,7 +155,7 @@ def _unpermute_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 def _config_from_gguf(metadata: dict, tensor_names: set):
     """The config transformers' GGUF loader builds (modeling_gguf_pytorch_utils.load_gguf_checkpoint)."""
-    import transformers
+    import transformers  # here: start_runtime times transformers' first import (the start-up line)
 
     config_class, model_class, _ = _FAST[model_type(metadata)]
     cfg = getattr(transformers, config_class)(**config_kwargs(metadata, tensor_names))
@@ -165,11 +166,11 @@ def _config_from_gguf(metadata: dict, tensor_names: set):
 
 def _tokenizer_from_gguf(metadata: dict, gguf: Path):
     """The tokenizer transformers builds from this GGUF (its GGUF path ends in TokenizersBackend)."""
-    from transformers import TokenizersBackend
+    from transformers import TokenizersBackend  # here: start_runtime times transformers' first import (the start-up line)
     try:
-        from transformers.integrations.gguf import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+        from transformers.integrations.gguf import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer  # here: start_runtime times transformers' first import (the start-up line)
     except ImportError:   # transformers before 5.2x (the GPU machines' 5.17) keeps them in integrations.ggml
-        from transformers.integrations.ggml import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+        from transformers.integrations.ggml import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer  # here: start_runtime times transformers' first import (the start-up line)
 
     def group(name: str) -> dict:
         return {hf: metadata[f"tokenizer.{key}"] for key, hf in GGUF_TOKENIZER_MAPPING[name].items()
@@ -203,9 +204,8 @@ def _hf_name(name: str) -> str:
 
 
 def _gguf_to_hf_fast(gguf: Path, tmp: Path, bar, chat_eos: bool = False) -> None:
-    import transformers
-    from safetensors.torch import save_file
-    from transformers import GenerationConfig
+    import transformers  # here: start_runtime times transformers' first import (the start-up line)
+    from transformers import GenerationConfig  # here: start_runtime times transformers' first import (the start-up line)
 
     metadata, table, buf = read_gguf(gguf)
     if not fast_path_reads(metadata):
@@ -256,11 +256,11 @@ def _gguf_to_hf_fast(gguf: Path, tmp: Path, bar, chat_eos: bool = False) -> None
 # ------------------------------------------------------------------ transformers' own GGUF loading
 def _gguf_to_hf_transformers(gguf: Path, tmp: Path, bar, chat_eos: bool = False) -> None:
     """The reference conversion: transformers' own GGUF loading (parses the file three times)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # here: start_runtime times transformers' first import (the start-up line)
 
     extra = {}
     try:   # keep nothing packed in GGUF blocks (transformers 5.2x can, for some architectures): floats to save
-        from transformers import GgufConfig
+        from transformers import GgufConfig  # here: start_runtime times transformers' first import (the start-up line)
     except ImportError:
         GgufConfig = None
     if GgufConfig is not None and "dequantize" in inspect.signature(GgufConfig).parameters:
@@ -289,8 +289,6 @@ def convert_gguf(gguf: Path, tmp: Path, label: str, chat_eos: bool = False, wher
     The fast path where it reads the file, else (or if it fails) transformers'. A file transformers
     cannot read, or fails to convert, raises ModelUnavailable with one line. chat_eos: the default
     model's end tokens (set_chat_eos) instead of the file's. where: the --model value, for messages."""
-    from grpo.obs.progress import Progress
-
     where = where or str(gguf)
     try:
         metadata, _, buf = read_gguf(gguf)
