@@ -92,13 +92,14 @@ def commit() -> str | None:
 
 
 def write_result(name: str, device: torch.device, payload: dict, label: str | None = None,
-                 extra_versions: tuple[str, ...] = ()) -> Path:
+                 extra_versions: tuple[str, ...] = (), results_dir: Path | None = None) -> Path:
     """bench/results/<name>_<device>.json with the device, versions, command line and commit.
     `label` names the device instead of asking CUDA (a parent of GPU processes should not hold a
-    CUDA context of its own), e.g. "2x NVIDIA H200"."""
+    CUDA context of its own), e.g. "2x NVIDIA H200". `results_dir`: another folder than
+    bench/results (a GPU machine's $OUT, whose tree is a copy)."""
     dev = label or device_name(device)
     slug = dev.replace(" ", "_").replace("/", "_") if device.type == "cuda" else "cpu"
-    path = ROOT / "bench" / "results" / f"{name}_{slug}.json"
+    path = (results_dir or ROOT / "bench" / "results") / f"{name}_{slug}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     out = {"device": dev, "versions": versions(extra_versions),
            "command_line": shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv]), "commit": commit(), **payload}

@@ -13,8 +13,9 @@ the run's step records (median step, training seconds, the share both were busy)
     python bench/step_profile.py --model /tmp/gguf/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
         --dataset /tmp/data/gsm8k --variants rounds,inflight --out-dir $OUT
 
-Writes <out-dir>/step_profile_<device>.json (command, commit, seeds, device and versions; the
-traces themselves, tens of MB, are not kept: the command makes them again). CPU check:
+Writes <out-dir>/step_profile_<device>.json (command, commit: $GRPO_GIT_COMMIT on a copy without
+.git, seeds, device and versions; the traces themselves, tens of MB, are not kept: the command
+makes them again). CPU check:
 `--model tiny-random --device cpu --steps 3 --step 2` (the trace then has host time only).
 """
 from __future__ import annotations
@@ -32,11 +33,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchmark as rw  # noqa: E402
-from benchutil import ROOT, versions  # noqa: E402  (also puts the repo root on sys.path)
+from benchutil import ROOT, pick, write_result  # noqa: E402  (also puts the repo root on sys.path)
 
-VARIANTS = {"rounds": ["--sampling-gpu", "0", "--training-gpus", "0", "--share-gpus"],
-            "inflight": ["--gpus", "0"],
-            "inflight-torch": ["--gpus", "0", "--no-deepspeed"]}
+# variant -> (bench/benchmark.py's layout, flags added to ours' command)
+VARIANTS = {"rounds": ("1gpu", ""), "inflight": ("1gpu-chosen", ""), "inflight-torch": ("1gpu-chosen", "--no-deepspeed")}
 
 
 def summarise_trace(trace: dict, top: int = 12) -> dict:
@@ -104,24 +104,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="auto", choices=("auto", "cpu"), help="cpu: a smoke check")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--work-dir", default="/tmp/step_profile", help="the runs' folders")
-    ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"), help="where the result JSON goes")
-    ap.add_argument("--commit", default="", help="the commit of the tree (default: git's)")
+    ap.add_argument("--out-dir", default="", help="where the result JSON goes (default: bench/results)")
     args = ap.parse_args(argv)
     names = [v for v in args.variants.split(",") if v]
     if bad := [v for v in names if v not in VARIANTS]:
         raise SystemExit(f"step_profile: unknown variant {bad[0]!r}; give some of {', '.join(VARIANTS)}")
-    bm = argparse.Namespace(device=args.device, dataset=args.dataset, eval_size=16, seconds=3600,
-                            save_schedule="100000", ours_flags="")
-    out: dict = {"variants": {}}
+    out: dict = {"seeds": [args.seed], "step_profiled": args.step, "variants": {}}
     for name in names:
+        layout, flags = VARIANTS[name]
         run = Path(args.work_dir) / name
         shutil.rmtree(run, ignore_errors=True)   # a run folder is appended to: start each variant afresh
-        cmd = rw.ours_command(bm, {"seed": args.seed, "model": args.model, "layout": "1gpu"}, run, model=args.model)
-        layout = [] if args.device == "cpu" else VARIANTS[name]
-        if args.device != "cpu":   # the row's own layout flags give way to the variant's
-            i = cmd.index("--sampling-gpu")
-            del cmd[i:i + 5]
-        cmd += [*layout, "--max-steps", str(args.steps), "--profile-steps", f"{args.step}-{args.step}"]
+        bm = argparse.Namespace(device=args.device, dataset=args.dataset, eval_size=16, seconds=3600,
+                                save_schedule="100000", ours_flags=flags)
+        cmd = rw.ours_command(bm, {"seed": args.seed, "layout": layout}, run, model=args.model)
+        cmd += ["--max-steps", str(args.steps), "--profile-steps", f"{args.step}-{args.step}"]
         t0 = time.perf_counter()
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         entry = {"command": cmd, "exit": r.returncode, "wall_s": round(time.perf_counter() - t0, 1)}
@@ -135,18 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"step_profile: {name}: exit {r.returncode}, {entry.get('steps')} steps, median "
               f"{entry.get('median_step_s')} s (train {entry.get('median_train_s')}), both busy "
               f"{entry.get('both_busy_share_median')}", flush=True)
-    import torch
-
-    device = ("cpu" if args.device == "cpu" or not torch.cuda.is_available()
-              else torch.cuda.get_device_name(0))
-    slug = device.replace(" ", "_")
-    path = Path(args.out_dir) / f"step_profile_{slug}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    from benchutil import commit
-
-    doc = {"device": device, "versions": versions(()), "command_line": " ".join([Path(sys.executable).name, *sys.argv]),
-           "commit": args.commit or commit(), "seeds": [args.seed], "step_profiled": args.step, **out}
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+    # the children are done: asking CUDA for the device's name here holds no GPU from them
+    path = write_result("step_profile", pick(args.device), out, results_dir=Path(args.out_dir) if args.out_dir else None)
     print("wrote", path)
     return 0 if all(v["exit"] == 0 for v in out["variants"].values()) else 1
 
