@@ -30,7 +30,8 @@ import zmq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from grpo.wire import codec
 from grpo.wire import messages as M  # noqa: E402
-from grpo.wire.transport import DataReceiver, DataSender, free_port  # noqa: E402
+from grpo.wire.ports import free_port  # noqa: E402
+from grpo.wire.transport import DataReceiver, DataSender  # noqa: E402
 
 VOCAB = 49152  # SmolLM2's vocabulary
 

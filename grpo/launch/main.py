@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -37,7 +36,7 @@ from grpo.obs.rundir import COMMIT_ENV, code_commit, create_run_dir, remove_crea
 from grpo.rules import layout, memory
 from grpo.rules.backend import backend_for
 from grpo.rules.staleness import IN_FLIGHT_SPAN, Staleness, bucket_prompts, first_round_groups
-from grpo.wire.ports import busy_ports_line
+from grpo.wire.ports import busy_ports_line, free_port, port_in_use
 
 
 def cuda_device_count() -> int:
@@ -45,24 +44,6 @@ def cuda_device_count() -> int:
     torch.cuda.is_available() False gave before (grpo.launch.probe.cuda_driver: no torch)."""
     driver = probe.cuda_driver()
     return driver[1] if driver else 0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port the OS says is free now, for the learner ranks' rendezvous (as
-    grpo.wire.transport.free_port, whose module would bring numpy and zmq in)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def port_in_use(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
 
 
 def check_ports(host: str, ports: list[tuple[int, str]]) -> None:

@@ -50,7 +50,8 @@ from grpo.weights.methods import check_method
 from grpo.weights.verify import PublishedFingerprints
 from grpo.wire import messages as M
 from grpo.wire.curve import SERVER, curve_for, warn_if_exposed
-from grpo.wire.transport import DataReceiver, SyncServer, bind_each, free_port
+from grpo.wire.ports import free_port
+from grpo.wire.transport import DataReceiver, SyncServer, bind_each
 
 log = logging.getLogger(__name__)
 

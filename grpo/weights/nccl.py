@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from grpo.weights.receiver import FlatReceiver
 from grpo.wire import messages as M
-from grpo.wire.transport import free_port
+from grpo.wire.ports import free_port
 
 log = logging.getLogger(__name__)
 WATCHDOG_S = 24 * 3600  # the library's timeout: ours (polling) always fires first

@@ -1,8 +1,30 @@
-"""The one line for ports that are taken, said alike by the launcher (which asks before anything
-starts, torch- and zmq-free), the learner (which binds them) and the smoke test. Every port is
-tried before any is refused, so a user with both the data and the sync port taken (another run
-still going) learns of both at once, not of the second after freeing the first."""
+"""Ports, torch- and zmq-free so that the launcher asks before anything starts: a free one,
+whether one is taken, and the one line for those taken, said alike by the launcher, the learner
+(which binds them) and the smoke test. Every port is tried before any is refused, so a user with
+both the data and the sync port taken (another run still going) learns of both at once, not of
+the second after freeing the first."""
 from __future__ import annotations
+
+import socket
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port the OS says is free now (the learner ranks' rendezvous, NCCL's store, tests)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether binding `port` fails now (SO_REUSEADDR, as ZeroMQ binds: a closed run's connections
+    in TIME_WAIT do not count, a process still listening does)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
 
 
 def busy_ports_line(host: str, busy: list[tuple[int, str]]) -> str:

@@ -15,7 +15,6 @@ The roles see only the small interfaces below (`Sender`, `Receiver`, `Transport`
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
@@ -110,13 +109,6 @@ class Server(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port the OS says is free now (for the process group's rendezvous and tests)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _bind(sock: zmq.Socket, host: str, port: int, flag: str) -> None:
