@@ -10,8 +10,6 @@ import shutil
 import sys
 from pathlib import Path
 
-import pytest
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import freshenv  # noqa: E402  (the folder above on sys.path)
@@ -23,17 +21,3 @@ def pytest_unconfigure(config):
     if _OWNER:
         shutil.rmtree(os.environ[freshenv.SESSION_ENV], ignore_errors=True)
 
-
-@pytest.fixture(autouse=True)
-def _hub_offline_as_it_was():
-    """A test that resolves a hub id in this process may turn offline mode on for the process
-    (grpo.model.hub.go_offline: the variable and huggingface_hub's constant); put both back, so the
-    next test in this worker sees the machine as it was, whichever order the tests run in."""
-    before = os.environ.get("HF_HUB_OFFLINE")
-    yield
-    if before is None:
-        os.environ.pop("HF_HUB_OFFLINE", None)
-    else:
-        os.environ["HF_HUB_OFFLINE"] = before
-    if (hub := sys.modules.get("huggingface_hub.constants")) is not None:
-        hub.HF_HUB_OFFLINE = (before or "").upper() in {"1", "ON", "YES", "TRUE"}
