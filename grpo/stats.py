@@ -122,6 +122,11 @@ def bf16_peak_share(params: int, tokens: float, seconds: float, gpus: int, peak_
     return (4.0 if lora else 6.0) * params * tokens / (seconds * gpus * peak_tflops * 1e12)
 
 
+def sampler_busy_s(stats: dict) -> float:
+    """A sampler's busy seconds so far, from its status's stats: generating, log-prob passes, scoring."""
+    return sum(float(stats.get(k, 0.0)) for k in ("gen_s", "logprob_s", "reward_s"))
+
+
 def both_busy_share(step_s: float, learner_s: float, sampler_share: float) -> float:
     """The least share of a step in which the learner trained and a sampler was busy at once: the
     two busy times overlap by at least what their sum exceeds the step (inclusion-exclusion), and by

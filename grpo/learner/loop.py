@@ -37,7 +37,7 @@ from grpo.obs.rundir import provenance
 from grpo.obs.stages import first_step_s, history as stage_history, mark as mark_stage
 from grpo.rules.staleness import staleness_advice
 from grpo.stats import (ZERO_SIGNAL_ALARM_GROUPS, bf16_peak_share, bf16_peak_tflops, both_busy_share, busy_rate,
-                        group_stats, zero_signal_alarm)
+                        group_stats, sampler_busy_s, zero_signal_alarm)
 
 log = logging.getLogger(__name__)
 
@@ -202,32 +202,26 @@ class Learner:
         record_eval(str(p.run_dir), self.version, result, by="learner")
         return {"version": self.version, **result}
 
-    def _sampler_busy(self, elapsed: float) -> dict[str, float]:
-        """Each sampler's busy seconds (generating, log-prob passes, scoring) over `elapsed`, at most 1:
-        its counts start with its own process, a little before the learner's loop."""
-        out = {}
+    def _sampler_shares(self, elapsed: float, step_s: float, train_s: float) -> tuple[dict, dict]:
+        """Per sampler, from its latest status: its busy share since the loop began (generating,
+        log-prob passes, scoring, over `elapsed`, at most 1: its counts start with its own process, a
+        little before the learner's loop); and the least share of this step in which it and the
+        learner were both busy (grpo.stats.both_busy_share), its busy rate taken between the statuses
+        seen at the last step and at this one (None until it has sent two). On one shared GPU the
+        second is the overlap that rows in flight buy: both processes had work queued at once."""
+        busy_share, both = {}, {}
         for sid, e in self.parts.books.latest().items():
             stats = e.status.stats if e.status is not None else {}
-            busy = sum(float(stats.get(k, 0.0)) for k in ("gen_s", "logprob_s", "reward_s"))
-            out[str(sid)] = round(min(1.0, busy / elapsed), 3) if elapsed > 0 else 0.0
-        return out
-
-    def _both_busy(self, step_s: float, train_s: float) -> dict[str, float | None]:
-        """Per sampler, the least share of this step in which it and the learner were both busy
-        (grpo.stats.both_busy_share), its busy rate taken between the statuses seen at the last step
-        and at this one (None until it has sent two). On one shared GPU this is the overlap that
-        rows in flight buy: both processes had work queued on the device at once."""
-        out = {}
-        for sid, e in self.parts.books.latest().items():
-            stats = e.status.stats if e.status is not None else {}
+            busy = sampler_busy_s(stats)
+            busy_share[str(sid)] = round(min(1.0, busy / elapsed), 3) if elapsed > 0 else 0.0
             if "clock_s" not in stats:
                 continue
-            now = (float(stats["clock_s"]), sum(float(stats.get(k, 0.0)) for k in ("gen_s", "logprob_s", "reward_s")))
+            now = (float(stats["clock_s"]), busy)
             before, last = self._busy_seen.get(str(sid), (None, None))
             rate = busy_rate(before, now, last)
             self._busy_seen[str(sid)] = (now, rate)
-            out[str(sid)] = None if rate is None else round(both_busy_share(step_s, train_s, rate), 3)
-        return out
+            both[str(sid)] = None if rate is None else round(both_busy_share(step_s, train_s, rate), 3)
+        return busy_share, both
 
     def _time_up(self, t_start: float) -> bool:
         """--max-time-s reached? Rank 0's clock decides for all, so every rank leaves the loop together."""
@@ -254,6 +248,7 @@ class Learner:
         p = self.parts
         rewards = batch.scalars[:, 1]
         now = time.perf_counter()
+        busy_share, both = self._sampler_shares(now - t_start, now - t0, t_train - t_data)
         rec = {"step": step, "policy_version": self.version, **stats,
                "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()) if batch.size > 1 else 0.0,
                "completion_len_mean": float(batch.meta[:, 1].float().mean()),
@@ -261,8 +256,7 @@ class Learner:
                # each role's busy share: the learner's of this step; each sampler's since the loop began
                # (generation, log-prob passes, scoring), from its latest status
                "learner_busy_share": (t_train - t_data) / (now - t0) if now > t0 else 0.0,
-               "sampler_busy_share": self._sampler_busy(now - t_start),
-               "both_busy_share": self._both_busy(now - t0, t_train - t_data),
+               "sampler_busy_share": busy_share, "both_busy_share": both,
                "sync_publish_s": stall, "samples_per_s": trained_samples / (now - t_start),
                "groups": p.intake.accounting(), "sampler_versions": dict(p.publisher.sampler_versions),
                "eval": self._latest_eval(), "sync_method": p.publisher.method,

@@ -16,6 +16,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from grpo.stats import sampler_busy_s
+
 # Say so when a role is idle more than this share of each step, and only for a split predicted
 # to be at least this much faster (what the rule cannot promise is left unsaid).
 IDLE_SHARE = 0.5
@@ -31,8 +33,7 @@ def measured(metrics: list[dict], summary: dict) -> dict | None:
     n = summary.get("steps") or 0
     if not steps or not n:
         return None
-    busy = sum(sum(s.get("stats", {}).get(k, 0.0) for k in ("gen_s", "logprob_s", "reward_s"))
-               for s in (summary.get("samplers") or {}).values())
+    busy = sum(sampler_busy_s(s.get("stats", {})) for s in (summary.get("samplers") or {}).values())
     return {"step_s": statistics.median(s["step_time_s"] for s in steps),
             "learner_busy": statistics.median(s["train_s"] / s["step_time_s"] for s in steps if s["step_time_s"] > 0),
             "train_s": statistics.median(s["train_s"] for s in steps),
