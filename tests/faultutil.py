@@ -23,6 +23,26 @@ PY = sys.executable
 WAIT_S = 240.0  # a process start (torch + transformers imports) can take a minute on a busy machine
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` still exists (a zombie counts until its parent reaps it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def finish(proc: subprocess.Popen, timeout: float = 120) -> str:
+    """A launcher's output (the file start() gave it, proc.out_path), once it has exited (killed if
+    it has not within `timeout`)."""
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.out_path.read_text()
+
+
 class Cluster:
     def __init__(self, tmp_path: Path, num_samplers: int, common: list[str]):
         self.run_dir = tmp_path / "run"

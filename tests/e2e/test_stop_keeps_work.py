@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from faultutil import alive
 from netutil import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,14 +67,6 @@ def wait_steps(proc, run_dir: Path, n: int, timeout: float = 300) -> None:
         assert proc.poll() is None, out(proc)
         assert time.monotonic() < deadline, f"no {n} steps within {timeout} s:\n{out(proc)}"
         time.sleep(0.2)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def stop_and_check(proc, run_dir: Path, sig: int) -> tuple[int, str, float]:

@@ -5,12 +5,13 @@ once, without the save; a save that outlasts --stop-save-timeout-s is given up, 
 the launcher says that it waits while it does; and no ready file is left behind either way.
 (tests/e2e/test_stop_keeps_work.py stops real runs.)"""
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from faultutil import alive, finish
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,23 +48,6 @@ sys.exit(supervisor.run(cfg, specs, run_dir, resume="python run_distributed.py -
         time.sleep(0.1)
     time.sleep(0.5)   # past the launcher's ready poll: it watches the run now
     return p
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def finish(p: subprocess.Popen, timeout: float) -> str:
-    try:
-        p.wait(timeout=timeout)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    return p.out_path.read_text()
 
 
 def test_a_second_ctrl_c_stops_everything_at_once_without_the_save(tmp_path):

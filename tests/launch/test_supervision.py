@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from faultutil import alive, finish
 from netutil import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,14 +54,6 @@ def sampler_running(run_dir):
     return "sampler0" in pids(run_dir) and log.exists() and "round 0" in log.read_text(errors="replace")
 
 
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def assert_clean(all_pids, ports):
     assert not [p for p in all_pids if alive(p)], "orphans left"
     for port in ports:
@@ -70,16 +63,6 @@ def assert_clean(all_pids, ports):
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", port))
             s.listen()
-
-
-def finish(proc, timeout=120):
-    """The launcher's output, once it has exited (killed if it has not within `timeout`)."""
-    try:
-        proc.wait(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    return proc.out_path.read_text()
 
 
 # The runs of the two tests below, by test name: each test's launcher arguments beyond start()'s.
