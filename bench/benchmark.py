@@ -7,6 +7,7 @@ rules, greedy, the rollout engine, bf16) on the first 500 GSM8K test problems wi
 spread over --gpus. A point is (seconds from the row's launch to the end of that save, accuracy).
 
     python bench/benchmark.py rows                    # the standard rows (STANDARD_ROWS below)
+    python bench/benchmark.py prepare --rows "..."    # convert their models once, nothing run
     python bench/benchmark.py all --work-dir runs/bm --gpus 0,1,2,3      # run them, each scored and
                                                       # summarised before the next starts
     python bench/benchmark.py all --rows "0.5b:seed:ours:42 0.5b:seed:trl:42" --seconds 600
@@ -770,7 +771,7 @@ def _has(mod: str) -> bool:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
-    ap.add_argument("step", choices=["rows", "all", "run", "score", "summarise", "figures", "score-worker"])
+    ap.add_argument("step", choices=["rows", "prepare", "all", "run", "score", "summarise", "figures", "score-worker"])
     ap.add_argument("--rows", default="", help="`all`: rows MODEL:LAYOUT:TRAINER:SEED, space-separated "
                                                "(default: the standard rows, `rows` lists them)")
     ap.add_argument("--row", default="", help="`run`: one row")
@@ -800,6 +801,8 @@ def main(argv=None) -> int:
         ap.error(f"--save-schedule: {e}")
     if args.step == "rows":
         print(" ".join(recipe_groups(args.rows.split() or STANDARD_ROWS)))
+    elif args.step == "prepare":   # the rows' models converted, nothing run (bench/benchmark.sh, first)
+        prepare(args, sorted({parse_row(r)["model"] for r in (args.rows.split() or STANDARD_ROWS)}))
     elif args.step == "score-worker":
         score_worker(args)
     elif args.step == "score":

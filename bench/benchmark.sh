@@ -24,15 +24,9 @@ ROWS=${ROWS:-$(python3 bench/benchmark.py rows)}
 export GRPO_GIT_COMMIT=$COMMIT
 # The rows' GGUF files converted first, with vLLM's wheels off the path: some of them break the
 # converter's imports (transformers' language_code asks for pycountry), which ended a plan at once.
-PYTHONPATH=$(echo ":$PYTHONPATH:" | sed 's#:/tmp/site_vllm:#:#; s#^:##; s#:$##') python3 - $ROWS <<'PY' || echo "benchmark.sh: converting the models failed"
-import sys
-sys.path.insert(0, "bench")
-import benchmark as rw
-from grpo.model import resolve_model
-rows = {i.split("@")[0] for g in sys.argv[1:] for i in g.split("+")}
-for model in sorted({rw.parse_row(r)["model"] for r in rows}):
-    print("benchmark.sh: model", model, "->", resolve_model(rw.model_path(model)))
-PY
+all_rows=$(for group in $ROWS; do for item in ${group//+/ }; do echo "${item%@*}"; done; done)
+PYTHONPATH=$(echo ":${PYTHONPATH:-}:" | sed 's#:/tmp/site_vllm:#:#; s#^:##; s#:$##') \
+    python3 bench/benchmark.py prepare --rows "$(echo $all_rows)" || echo "benchmark.sh: converting the models failed"
 for group in $ROWS; do
     first=0
     for item in ${group//+/ }; do
