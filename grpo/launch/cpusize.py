@@ -11,9 +11,9 @@ other choices are; a run the user sized is kept as given, and the warning says w
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-import yaml
+from grpo.config import LaunchConfig, LearnerConfig, SamplerConfig
+from grpo.flags import load_config_file
 
 # The sizes a CPU run takes where the user left each at its default: two groups of 4 a step, each
 # completion up to 64 tokens, no KL term (so no reference model and no reference pass), and rounds
@@ -53,12 +53,12 @@ class CpuSizing:
 
 def given_names(argv: list[str], config_path: str) -> set[str]:
     """The option names (underscored) the user gave: flags of `argv` (--name, --name=value) and the
-    keys of the --config file. Only an option not among them is the launcher's to choose."""
+    keys of the --config file, read as every role reads it (grpo.flags.load_config_file). Only an
+    option not among them is the launcher's to choose."""
     names = {tok[2:].partition("=")[0].replace("-", "_") for tok in argv if tok.startswith("--")}
     if config_path:
-        data = yaml.safe_load(Path(config_path).read_text()) or {}
-        if isinstance(data, dict):
-            names |= {str(k).replace("-", "_") for k in data}
+        for cls in (LaunchConfig, SamplerConfig, LearnerConfig):
+            names |= set(load_config_file(config_path, cls))
     return names
 
 
