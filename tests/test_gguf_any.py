@@ -233,7 +233,7 @@ def test_the_launcher_refuses_a_missing_model_path_before_any_run_folder(tmp_pat
     assert launch_main.main(["--device", "cpu", "--model", str(missing), "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"run_distributed.py: error: --model {missing}: no such file or folder; pass an existing path, " \
-                  f"a hub id, or 'smollm2'"
+                  f"a hub id, or a short name: smollm2, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b"
     assert not (tmp_path / "run").exists() and not (tmp_path / "runs").exists()
 
 

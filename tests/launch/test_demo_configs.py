@@ -38,13 +38,16 @@ def every_role_reads(path: Path) -> tuple:
 @pytest.mark.parametrize("name", ["demo_gpu", "demo_cpu"])
 def test_demo_config_reaches_every_role(name):
     launch, learner, sampler = every_role_reads(ROOT / "configs" / f"{name}.yaml")
-    assert learner.dataset == sampler.dataset == "rg:letter_counting" and learner.loss_type == "dapo"
+    assert learner.loss_type == "dapo" and learner.dataset == sampler.dataset
     if name == "demo_cpu":
+        assert sampler.dataset == "rg:letter_counting" and sampler.model == "smollm2"
         assert (learner.device, learner.train_batch_size, learner.max_time_s, sampler.num_generations) == \
             ("cpu", 8, 60.0, 4)
     else:
-        assert (launch.sampling_gpus, launch.training_gpus, launch.share_gpus) == ("0", "0", True)
-        assert (learner.train_batch_size, learner.max_time_s, sampler.num_generations) == (128, 240.0, 16)
+        # the real workload: a short name fetched from the package index, GSM8K, the launcher's split of one GPU
+        assert (sampler.model, sampler.dataset, launch.gpus) == ("qwen2.5-coder-0.5b", "openai/gsm8k", "0")
+        assert (learner.train_batch_size, learner.max_time_s, sampler.num_generations, sampler.eval_size) == \
+            (128, 230.0, 16, 500)
 
 
 def test_the_makefile_runs_the_demo_configs():

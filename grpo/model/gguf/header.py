@@ -12,6 +12,8 @@ import os
 import struct
 from pathlib import Path
 
+from grpo.model import fetch
+
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -182,6 +184,11 @@ def gguf_model_file(name: str) -> Path | None:
     """The GGUF file that --model `name` names, or None when it names a folder holding config.json or
     (no such path, and not spelled as one) a hub id. A path that is neither raises ModelUnavailable,
     one line naming the fix: the workers' check (grpo.model.zoo.resolve_model) and the launcher's."""
+    if name in fetch.MODELS:   # a short name: the file an earlier fetch left, else fetched now
+        try:
+            return fetch.fetched(name)
+        except fetch.FetchError as exc:
+            raise ModelUnavailable(str(exc)) from None
     path = Path(name).expanduser()
     if path.is_file():
         try:
@@ -200,5 +207,5 @@ def gguf_model_file(name: str) -> Path | None:
         return None
     if name.startswith((".", "/", "~")) or name.lower().endswith(".gguf"):
         raise ModelUnavailable(f"--model {name}: no such file or folder; pass an existing path, a hub id, "
-                               f"or 'smollm2'")
+                               f"or a short name: smollm2, {', '.join(fetch.MODELS)}")
     return None  # a hub id: transformers reports whether it can be fetched
