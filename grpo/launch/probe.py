@@ -13,6 +13,7 @@ import struct
 from pathlib import Path
 
 from grpo.config import allocator_conf, expandable_segments, micro_token_budget, resolve_precision
+from grpo.model import fetch
 from grpo.model.gguf.header import ModelUnavailable, find_gguf, gguf_config
 from grpo.rules.memory import PROMPT_TOKENS, RunShape, Shape, decode_rows, shape_from_config
 from grpo.rules.staleness import Staleness
@@ -29,7 +30,10 @@ FROM_GGUF = frozenset({"smollm2"})
 
 def model_folder(model: str, cache: str | None = None) -> Path | None:
     """The folder holding --model's config.json without building anything: an embedded name's
-    cache folder, or a path; None for a hub id (not looked up here)."""
+    cache folder, a short name's GGUF file once fetched (grpo.model.fetch), or a path; None for a hub
+    id (not looked up here)."""
+    if model in fetch.MODELS:
+        return fetch.find(model)
     if model in BUILT_FOLDERS:
         base = cache or os.environ.get("GRPO_CACHE") or str(Path.home() / ".cache" / "grpo")
         return Path(base) / BUILT_FOLDERS[model]

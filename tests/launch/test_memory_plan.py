@@ -627,3 +627,26 @@ def test_in_flight_rows_the_staleness_bound_cannot_fill_raise_a_default_bound_or
     assert launch_main.main(["--device", "cpu", "--model", "tiny-random", *L, *S]) == 2
     err = capsys.readouterr().err
     assert "run_distributed.py: --max-staleness 5, not the default 2" in err and "port check reached" in err
+
+
+def test_a_short_names_fetched_gguf_gives_the_plan_its_shape(monkeypatch, tmp_path):
+    """--model qwen2.5-coder-0.5b: the launcher plans from the fetched file's header (rows in flight
+    are chosen from the shape; without it the run fell back to fixed rounds); not yet fetched: one line."""
+    import shutil
+
+    from grpo.model import fetch
+
+    gguf = _gguf_or_skip()
+    monkeypatch.setattr(fetch, "RECEIVE_DIR", tmp_path / "received")
+    monkeypatch.setenv("GRPO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRPO_GGUF_DIR", str(tmp_path / "mine"))
+    assert probe.read_shape("qwen2.5-coder-0.5b") == (None, "memory plan skipped: no config.json for --model "
+                                                            "qwen2.5-coder-0.5b here yet (built or fetched at load)")
+    spec = fetch.MODELS["qwen2.5-coder-0.5b"]
+    (tmp_path / "mine").mkdir()
+    mine = tmp_path / "mine" / spec["file"]
+    shutil.copyfile(gguf, mine)                 # SmolLM2's header, padded to the size find() checks
+    with open(mine, "r+b") as fh:
+        fh.truncate(spec["bytes"])
+    shape, note = probe.read_shape("qwen2.5-coder-0.5b")
+    assert (shape.params, note) == (134_515_008, "")
