@@ -269,7 +269,7 @@ def test_compiled_ring_step_streams_the_same_tokens_and_leaves_generate_plain(ti
 
     _, want = run()
     eng, got = run(compile_ring=True)
-    assert eng._step == eng._decode and eng._ring_step_fn != eng._ring_step and not eng.compile_decode
+    assert eng._step == eng._decode and eng.ring.step_fn != eng.ring.step and not eng.compile_decode
     assert sorted(got) == sorted(want) == [0, 1, 2, 3, 4]
     for k in want:
         assert got[k].token_ids == want[k].token_ids
@@ -298,8 +298,8 @@ def source(items, gaps=()):
 def count_steps(eng) -> list[int]:
     """Counts the decode steps eng's streams run (what stream() runs without a captured graph, on
     CPU): [n], updated as they run."""
-    ran, step = [0], eng._ring_step_fn
-    eng._ring_step_fn = lambda *a: (ran.__setitem__(0, ran[0] + 1), step(*a))[1]
+    ran, step = [0], eng.ring.step_fn
+    eng.ring.step_fn = lambda *a: (ran.__setitem__(0, ran[0] + 1), step(*a))[1]
     return ran
 
 
@@ -319,7 +319,7 @@ def test_stream_greedy_equals_generate_through_refills_and_ring_wraps(tiny, behi
         # no swap: every token carries the stream's version (0 by default)
         assert [v.tolist() for v in g.versions] == [[0] * 12] * 2 and g.versions[0].dtype == np.int32
         assert g.min_version == g.max_version == 0
-    ring = next(iter(eng._rings.values()))
+    ring = next(iter(eng.ring.rings.values()))
     assert int(ring.t) != 0 and ring.length == 12 + 12
 
 
@@ -429,7 +429,7 @@ def test_stream_makes_a_wider_ring_for_a_longer_prompt(tiny):
     eng = RolloutEngine(tiny, 2, 2)
     got = {g.key: g.token_ids[0] for g in eng.stream(source(list(enumerate(ps))), 1, 8, greedy=True, rows=2)}
     assert got == dict(enumerate(ref))
-    assert [k[1] for k in eng._rings] == [20]          # the 20-token prompt waited for a ring of its width
+    assert [k[1] for k in eng.ring.rings] == [20]          # the 20-token prompt waited for a ring of its width
     assert list(eng.stream(source([]), 2, 4, rows=4)) == []
 
 
@@ -440,8 +440,8 @@ def test_stream_min_width_makes_the_ring_wide_enough_at_once(tiny, min_width, ma
     ps = prompts((3, 4, 20, 2), seed=8)
     ref = RolloutEngine(tiny, 2, 2).generate(ps, 8, greedy=True).token_ids
     eng = RolloutEngine(tiny, 2, 2)
-    widths, ring = [], eng._ring
-    eng._ring = lambda rows, width, *rest: (widths.append(width), ring(rows, width, *rest))[1]
+    widths, ring = [], eng.ring._ring
+    eng.ring._ring = lambda rows, width, *rest: (widths.append(width), ring(rows, width, *rest))[1]
     got = {g.key: g.token_ids[0] for g in eng.stream(source(list(enumerate(ps))), 1, 8, greedy=True, rows=2,
                                                      min_width=min_width)}
     assert got == dict(enumerate(ref)) and widths == made
