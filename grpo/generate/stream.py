@@ -29,7 +29,7 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator, Protocol
 
 import numpy as np
 import torch
@@ -54,6 +54,16 @@ class FinishedGroup:
     min_version: int = 0         # the oldest version over the group's tokens (its age is that of this one)
     max_version: int = 0         # the newest
     last_in_check: bool = True   # no other group ended at the host check that ended this one
+
+
+class Stream(Protocol):
+    """The rollout path's one interface (the module's docstring): RingStream.stream (RolloutEngine's),
+    BatchStream.stream (grpo.generate.batch); an engine of vLLM's plugs in by giving the same."""
+
+    def stream(self, next_prompt: Callable[[], tuple[object, list[int]] | None], group_size: int,
+               max_new_tokens: int, temperature: float = 1.0, greedy: bool = False, rows: int | None = None,
+               should_stop: Callable[[], bool] | None = None, swap: Callable[[], int | None] | None = None,
+               version: int = 0, min_width: int = 0) -> Iterator[FinishedGroup]: ...
 
 
 def token_versions(n: int, started: int, first_version: int, change_steps: np.ndarray,

@@ -38,7 +38,7 @@ from grpo.data.tasks import SuccessWindow, start_levels
 from grpo.generate.backend import Rollout, hf_rollout
 from grpo.generate.batch import BatchStream
 from grpo.generate.engine import RolloutEngine
-from grpo.generate.stream import FinishedGroup
+from grpo.generate.stream import FinishedGroup, Stream
 from grpo.loss import has_signal
 from grpo.model.load import compute_dtype, load_causal_lm
 from grpo.model.logprobs import right_pad, token_logprobs
@@ -193,7 +193,7 @@ class RolloutWorkflow:
         return self._longest[1]
 
     # ------------------------------------------------------------------ one round: the stream
-    def rollout_stream(self):
+    def rollout_stream(self) -> Stream:
         """What a round is generated through, the one rollout path: a stream (grpo.generate.stream's
         interface). In flight (--in-flight-rows), the engine's own (its RingStream; on a model it cannot
         serve, fixed batches of Hugging Face generate). A fixed round, a BatchStream: the round's
