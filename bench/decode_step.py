@@ -56,7 +56,7 @@ def kernel_class(name: str) -> str:
 
 
 class Parts:
-    """The pieces of RingStream._ring_step, over one ring's buffers (grpo/generate/stream.py)."""
+    """The pieces of RingStream.step, over one ring's buffers (grpo/generate/stream.py)."""
 
     def __init__(self, engine: RolloutEngine, ring):
         self.e, self.r = engine, ring
@@ -64,7 +64,7 @@ class Parts:
 
     def _advance(self):
         r = self.r
-        for layer in r.cache.layers:           # as _ring_step: wrap HF's write index with the ring's
+        for layer in r.cache.layers:           # as RingStream.step: wrap HF's write index with the ring's
             layer.cumulative_length.remainder_(r.length)
         r.t.add_(1).remainder_(r.length)
         r.pos.add_(1)
@@ -128,7 +128,7 @@ def per_call_ms(fn, n: int, device) -> float:
 def busy_ring(engine: RolloutEngine, rows: int, width: int, new: int):
     """The engine's ring for this shape, its step captured, with every row busy (not finished) and
     every slot a key: the most a step reads (a row's validity does not change the work)."""
-    ring = engine._ring(rows, width, new, 1.0, False)
+    ring = engine.ring._ring(rows, width, new, 1.0, False)
     ring.key_valid.fill_(True)
     ring.finished.fill_(False)
     ring.col.zero_()
@@ -140,7 +140,7 @@ def busy_ring(engine: RolloutEngine, rows: int, width: int, new: int):
 def measure(engine: RolloutEngine, rows: int, width: int, new: int, steps: int, device, compile_parts: bool) -> dict:
     ring = busy_ring(engine, rows, width, new)
     graph = ring.graphs.get(False)
-    step = graph.replay if graph is not None else (lambda: engine._ring_step(ring, False))
+    step = graph.replay if graph is not None else (lambda: engine.ring.step(ring, False))
     rec = {"rows": rows, "cache_slots": ring.length, "step_ms": per_call_ms(step, steps, device)}
     p = Parts(engine, ring)
     rec["forward_ms"] = per_call_ms(capture(lambda: p.forward()), steps, device)
@@ -170,13 +170,13 @@ def kernels(engine: RolloutEngine, rows: int, width: int, new: int, device, n: i
 
     ring = busy_ring(engine, rows, width, new)
     for _ in range(2):
-        engine._ring_step(ring, False)
+        engine.ring.step(ring, False)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     if device.type == "cuda":
         torch.cuda.synchronize()
     with profile(activities=acts) as prof:
         for _ in range(n):
-            engine._ring_step(ring, False)
+            engine.ring.step(ring, False)
         if device.type == "cuda":
             torch.cuda.synchronize()
     events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA] \

@@ -4,11 +4,14 @@ come from (--old-logprobs), `hf_generate` (the 'hf' backend, and what the engine
 model it cannot serve), and the one-line reasons a fallback is said with.
 
 Both backends return the same thing: generated ids per prompt, cut after the first EOS (which is
-kept), and whether each row finished.
+kept), and whether each row finished; as a batch, a Rollout (`hf_rollout` for `generate`, with
+no log-probs of its own).
 """
 from __future__ import annotations
 
 import copy
+import time
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -18,6 +21,16 @@ from grpo.model.logprobs import left_pad
 from grpo.rules.backend import backend_for
 
 BACKENDS = ("auto", "fast", "hf")
+
+
+@dataclass
+class Rollout:
+    """One fixed batch decoded: what RolloutEngine.generate and hf_rollout return."""
+    token_ids: list[list[int]]   # generated ids per prompt, cut after the first EOS (kept)
+    finished: list[bool]         # ended with EOS (False: cut at max_new_tokens)
+    logprobs: list[np.ndarray] | None   # float32 log-prob of each generated token under the sampling
+    #                                     distribution; None: the decoder gives none (a pass does)
+    stats: dict = field(default_factory=dict)   # gen_s, decode_steps, stopped (should_stop said so), tokens, ...
 
 
 def resolve_backend(name: str, device: torch.device) -> str:
@@ -83,6 +96,24 @@ def hf_generate(model, prompts: list[list[int]], max_new_tokens: int, temperatur
         completions.append(row)
         finished.append(cut is not None)
     return completions, finished
+
+
+def hf_rollout(model, prompts: list[list[int]], max_new_tokens: int, temperature: float, greedy: bool,
+               eos_id: int | list[int], pad_id: int, should_stop: Callable[[], bool] | None = None) -> Rollout:
+    """hf_generate as a Rollout (no log-probs: Hugging Face generate returns none), with whether
+    should_stop cut it short (stats["stopped"]), as RolloutEngine.generate says it."""
+    t0 = time.perf_counter()
+    stopped = [False]
+
+    def stop() -> bool:   # latched: once said, the batch is cut, whatever should_stop says later
+        stopped[0] = stopped[0] or bool(should_stop())
+        return stopped[0]
+
+    ids, finished = hf_generate(model, prompts, max_new_tokens, temperature, greedy, eos_id, pad_id,
+                                should_stop=stop if should_stop is not None else None)
+    stats = {"gen_s": time.perf_counter() - t0, "decode_steps": max((len(g) for g in ids), default=0),
+             "stopped": stopped[0], "tokens": sum(len(g) for g in ids), "cuda_graphs": False}
+    return Rollout(ids, finished, None, stats)
 
 
 def eos_list(eos_ids) -> list[int]:

@@ -24,7 +24,9 @@ attention are the model's own), but drives it the way throughput engines do:
 
 Two paths over one engine: `generate` decodes fixed batches (a Slot per shape), here; `stream` keeps
 rows in flight (a Ring of cache slots: a row whose sample ends takes the next one), and may take
-new weights without draining: grpo.generate.stream's RingStream, which RolloutEngine mixes in.
+new weights without draining: grpo.generate.stream's RingStream, which the engine holds (`ring`)
+and which holds the engine. On a model the engine cannot serve, `stream` is grpo.generate.batch's
+BatchStream over Hugging Face generate.
 
 Architectures: any decoder whose layers are full or sliding-window attention (Llama, Qwen2/3,
 Mistral, Phi-3, Gemma2/3, OLMo2 are tested: tests/generate/test_architectures.py); the attention,
@@ -51,7 +53,6 @@ import collections
 import logging
 import time
 import weakref
-from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -60,8 +61,10 @@ import torch
 from grpo.config import ROW_BUCKETS, SamplerConfig
 from grpo.generate.attention import (LayerPlan, attend_limit, layer_masks, layer_plan, register_attention,
                                      rollout_attention_on)
-from grpo.generate.backend import describe, eos_list, hf_generate
-from grpo.generate.cache import Ring, Slot
+# Rollout is backend's (a fixed batch's result, whichever decoder made it), re-exported here.
+from grpo.generate.backend import Rollout, describe, eos_list, hf_rollout  # noqa: F401
+from grpo.generate.batch import BatchStream
+from grpo.generate.cache import Slot
 from grpo.generate.capture import (COMPILED_VERSIONS, CaptureFailed, allow_recompiles, capture_decode,
                                    reset_generators_after_failed_capture)
 from grpo.generate.sampling import new_generator, sample_step
@@ -77,15 +80,9 @@ log = logging.getLogger(__name__)
 DEFAULT_ATTEND_CHUNK = SamplerConfig.attend_chunk
 
 
-@dataclass
-class Rollout:
-    token_ids: list[list[int]]   # generated ids per prompt, cut after the first EOS (kept)
-    finished: list[bool]         # ended with EOS (False: cut at max_new_tokens)
-    logprobs: list[np.ndarray]   # float32 log-prob of each generated token under the sampling distribution
-    stats: dict = field(default_factory=dict)
+class RolloutEngine:
+    """Our engine: fixed batches (generate) and rows in flight (stream, its RingStream)."""
 
-
-class RolloutEngine(RingStream):
     def __init__(self, model, eos_ids: int | list[int], pad_id: int, cuda_graphs: bool | None = None,
                  buckets: tuple[int, ...] | None = None, prompt_multiple: int | None = None,
                  check_every: int = 16, max_slots: int = 2, compile_decode: bool = False,
@@ -132,8 +129,6 @@ class RolloutEngine(RingStream):
         self.attend_chunk = int(attend_chunk) if attend_chunk else None
         self.max_slots = max(1, max_slots)
         self.slots: collections.OrderedDict[tuple[int, int, int], Slot] = collections.OrderedDict()
-        self._rings: dict[tuple[int, int, int], Ring] = {}   # stream()'s; one at a time
-        self.stream_counts = dict.fromkeys(STREAM_COUNTS, 0.0)   # where stream()'s time went (STREAM_COUNTS)
         self._ptrs = self._param_ptrs()
         self.graph_failures = 0
         self.graph_failure_reasons: list[str] = []
@@ -149,7 +144,8 @@ class RolloutEngine(RingStream):
         if self.compile_ring:
             allow_recompiles(COMPILED_VERSIONS)
         self._step = torch.compile(self._decode, dynamic=False) if compile_decode else self._decode
-        self._ring_step_fn = torch.compile(self._ring_step, dynamic=False) if self.compile_ring else self._ring_step
+        # stream()'s path: its rings, its (compiled) step and its counts last from one stream to the next
+        self.ring = RingStream(self, compile_ring=self.compile_ring)
         self.plan: LayerPlan | None = None
         self.fallback: str | None = None
         try:
@@ -219,10 +215,31 @@ class RolloutEngine(RingStream):
             stats["graph_failures"] = list(self.graph_failure_reasons)
         return Rollout(ids, finished, logprobs, stats)
 
+    def stream(self, next_prompt, group_size: int, max_new_tokens: int, temperature: float = 1.0,
+               greedy: bool = False, rows: int | None = None, should_stop: Callable[[], bool] | None = None,
+               swap: Callable[[], int | None] | None = None, version: int = 0, min_width: int = 0):
+        """Rows in flight: RingStream.stream (grpo.generate.stream says how). On a model the engine
+        cannot serve, Hugging Face generate streams fixed batches of up to `rows` samples
+        (BatchStream), swap() asked between batches (its batches drain)."""
+        if self.fallback is None:
+            return self.ring.stream(next_prompt, group_size, max_new_tokens, temperature, greedy, rows, should_stop,
+                                    swap, version, min_width)
+        if int(group_size) < 1 or max_new_tokens < 1:
+            raise ValueError(f"stream needs group_size >= 1 and max_new_tokens >= 1, got {group_size} and "
+                             f"{max_new_tokens}")
+        rows = int(rows or (self.buckets[-1] if self.buckets else 8 * int(group_size)))
+        return BatchStream(self._hf_rollout).stream(next_prompt, group_size, max_new_tokens, temperature, greedy,
+                                                    rows, should_stop, swap, version)
+
+    @property
+    def stream_counts(self) -> dict[str, float]:
+        """Where stream()'s time went, over the engine's streams (STREAM_COUNTS)."""
+        return self.ring.counts
+
     def clear(self) -> None:
         """Free every cache and graph (they are rebuilt on the next call)."""
         self.slots.clear()
-        self._rings = {}
+        self.ring.rings = {}
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -231,22 +248,15 @@ class RolloutEngine(RingStream):
         """generate() for a model the engine cannot serve: Hugging Face generate, then each token's
         log-prob under the sampling distribution from one teacher-forced pass."""
         t0 = time.perf_counter()
-        stopped = [False]
-
-        def stop() -> bool:
-            stopped[0] = stopped[0] or bool(should_stop())
-            return stopped[0]
-
-        ids, finished = hf_generate(self.model, prompts, max_new, temperature, greedy, self.eos.tolist(),
-                                    self.pad_id, should_stop=stop if should_stop is not None else None)
-        whole = [list(p) + list(g) for p, g in zip(prompts, ids)]
+        out = hf_rollout(self.model, prompts, max_new, temperature, greedy, self.eos.tolist(), self.pad_id,
+                         should_stop)
+        whole = [list(p) + list(g) for p, g in zip(prompts, out.token_ids)]
         x, mask = right_pad(whole, self.pad_id, self.device)
         tf = token_logprobs(self.model, x, mask, 1.0 if greedy else temperature).float().cpu().numpy()
-        logprobs = [tf[i, len(p) - 1:len(p) - 1 + len(g)].astype(np.float32)
-                    for i, (p, g) in enumerate(zip(prompts, ids))]
-        stats = {"gen_s": time.perf_counter() - t0, "decode_steps": max(len(g) for g in ids), "stopped": stopped[0],
-                 "tokens": sum(len(g) for g in ids), "cuda_graphs": False, "fallback": self.fallback}
-        return Rollout(ids, finished, logprobs, stats)
+        out.logprobs = [tf[i, len(p) - 1:len(p) - 1 + len(g)].astype(np.float32)
+                        for i, (p, g) in enumerate(zip(prompts, out.token_ids))]
+        out.stats.update(gen_s=time.perf_counter() - t0, fallback=self.fallback)
+        return out
 
     # ------------------------------------------------------------------ internals
     def _cut(self, out: torch.Tensor, lp: torch.Tensor) -> tuple[list[list[int]], list[bool], list[np.ndarray]]:

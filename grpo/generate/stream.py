@@ -1,9 +1,15 @@
-"""The engine's in-flight path: `RolloutEngine.stream` keeps rows busy on a Ring of cache slots (a row
-whose sample ends takes the next one), and says which weights version drew each token.
+"""The engine's in-flight path: RingStream keeps rows busy on a Ring of cache slots (a row whose
+sample ends takes the next one), and says which weights version drew each token.
+
+The stream is the rollout path's one interface: `stream(next_prompt, group_size, max_new_tokens,
+temperature, greedy, rows, should_stop, swap, version, min_width)` yields FinishedGroups as their
+rows end. RingStream is our engine's (RolloutEngine.stream); grpo.generate.batch's BatchStream gives
+the same over an engine that decodes fixed batches (a fixed round, Hugging Face generate); another
+engine (vLLM's) plugs in by giving the same.
 
 Each prompt is prefilled once (_prefill_prompts) and its keys and values are copied into the ring
 slots of every row its samples take (_refill); one decode step moves every row by a token
-(_ring_step, what the ring's graph captures) and writes it at the row's own output column
+(RingStream.step, what the ring's graph captures) and writes it at the row's own output column
 (_ring_emit). The host looks at the rows only every `check_every` steps; with `refill_behind` it
 queues a check's steps before it prefills and refills, so that the GPU decodes while it does.
 
@@ -14,15 +20,16 @@ Each token's log-prob is under the version that drew it, and each FinishedGroup 
 versions per token (`versions`, `min_version`, `max_version`), worked out on the host from the
 decode step that drew the token (token_versions): the captured step is the same with or without swaps.
 
-RingStream is a part of RolloutEngine (grpo.generate.engine), not a class of its own: its methods
-use the engine's model, caches, generator and helpers (_cut, _capture, _hf_rollout, clear).
+RingStream holds its RolloutEngine (grpo.generate.engine), which holds it: the stream uses the
+engine's model, generator, slots and helpers (_cut, _capture, clear), and keeps its own rings,
+decode step and counts from one stream to the next.
 """
 from __future__ import annotations
 
 import collections
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator, Protocol
 
 import numpy as np
 import torch
@@ -35,17 +42,28 @@ from grpo.model.logprobs import left_pad
 
 @dataclass
 class FinishedGroup:
-    """One group out of `RolloutEngine.stream`: its rows all ended (EOS or max_new_tokens)."""
+    """One group out of a stream (RingStream, BatchStream): its rows all ended (EOS or max_new_tokens)."""
     key: object                  # what the caller's source returned with the prompt
     token_ids: list[list[int]]   # per row, cut after the first EOS (kept)
     finished: list[bool]         # ended with EOS
-    logprobs: list[np.ndarray]   # per generated token, under the sampling distribution of the weights that drew it
+    logprobs: list[np.ndarray] | None   # per generated token, under the sampling distribution of the weights that
+    #                              drew it; None: the engine gives none (Hugging Face generate: a pass does)
     decode_steps: int            # steps the group was in flight (its refill to its last row's end)
     versions: list[np.ndarray] = field(default_factory=list)   # per row, int32, aligned with token_ids: the
     #                              weights version that drew each token (token_versions)
     min_version: int = 0         # the oldest version over the group's tokens (its age is that of this one)
     max_version: int = 0         # the newest
     last_in_check: bool = True   # no other group ended at the host check that ended this one
+
+
+class Stream(Protocol):
+    """The rollout path's one interface (the module's docstring): RingStream.stream (RolloutEngine's),
+    BatchStream.stream (grpo.generate.batch); an engine of vLLM's plugs in by giving the same."""
+
+    def stream(self, next_prompt: Callable[[], tuple[object, list[int]] | None], group_size: int,
+               max_new_tokens: int, temperature: float = 1.0, greedy: bool = False, rows: int | None = None,
+               should_stop: Callable[[], bool] | None = None, swap: Callable[[], int | None] | None = None,
+               version: int = 0, min_width: int = 0) -> Iterator[FinishedGroup]: ...
 
 
 def token_versions(n: int, started: int, first_version: int, change_steps: np.ndarray,
@@ -73,6 +91,17 @@ def group_versions(versions: list[np.ndarray], default: int) -> tuple[int, int]:
     if not nonempty:
         return default, default
     return int(min(v.min() for v in nonempty)), int(max(v.max() for v in nonempty))
+
+
+def checked_swap(swap: Callable[[], int | None], version: int) -> int | None:
+    """swap()'s answer at a host check of a stream: None (no new weights) or the new version."""
+    new = swap()
+    if new is None:
+        return None
+    if isinstance(new, bool) or not isinstance(new, (int, np.integer)) or int(new) <= version:
+        raise ValueError(f"stream: swap() returned {new!r} at version {version}; it must return None "
+                         f"(no new weights) or the new weights' version, an int greater than {version}")
+    return int(new)
 
 
 class _StepTimer:
@@ -104,8 +133,52 @@ check's steps are queued ahead of them, otherwise none is); host seconds at chec
 the host is the bottleneck); prompts prefilled."""
 
 
+@dataclass
+class _Flight:
+    """One stream's state from host check to host check (RingStream.stream's)."""
+    G: int                       # samples a prompt
+    rows: int
+    max_new: int
+    inv_t: float
+    greedy: bool
+    min_width: int
+    version: int                 # the weights' version now
+    ring: Ring | None = None
+    waiting: collections.deque = field(default_factory=collections.deque)   # (prompt record, sample) without a row
+    busy: dict = field(default_factory=dict)   # row -> (prompt record, sample index, step of its refill)
+    pending: dict | None = None  # a prompt too wide for the ring in use
+    steps: int = 0               # decode steps queued so far
+    slot: int = 0                # the ring slot the next queued step writes (ring.t), followed on the host: no sync
+    # Which version drew each token is worked out on the host, not recorded per step on the
+    # device: versions change only at host checks, so a token's version follows from the decode
+    # step that drew it (its row's refill step + its column) and these change points
+    # (token_versions). No per-token buffer, nothing added to the captured step, and without
+    # swap the graphs and outputs are those of a stream without versions.
+    change_steps: list = field(default_factory=list)      # steps after change_steps[k] ran with change_versions[k]
+    change_versions: list = field(default_factory=list)
+    # What ended at a host check is cut into groups and yielded only once the next check_every steps
+    # are queued: the caller's work on them (scoring, sending) then runs while the GPU decodes,
+    # instead of between two checks with the GPU idle. Its rows are refilled before those steps are
+    # queued, or, with refill_behind, after them (and join a check later).
+    ended_at: list = field(default_factory=list)
+
+
 class RingStream:
-    """RolloutEngine's in-flight path (mixed into RolloutEngine)."""
+    """Our engine's in-flight path (the module's docstring), a stream in the interface every
+    rollout engine gives (stream(next_prompt, group_size, ...) yielding FinishedGroups; the fixed
+    batches' is grpo.generate.batch's BatchStream).
+
+    It holds its RolloutEngine, whose model, generator, pad and EOS ids, fixed-batch slots and
+    capture and cut helpers it uses, and what lasts from one stream to the next: its rings (one at
+    a time), its decode step (`step_fn`: through torch.compile with compile_ring) and where its time
+    went (`counts`, STREAM_COUNTS)."""
+
+    def __init__(self, engine, compile_ring: bool = False):
+        self.engine = engine
+        self.compile_ring = compile_ring
+        self.rings: dict[tuple[int, int, int], Ring] = {}
+        self.counts = dict.fromkeys(STREAM_COUNTS, 0.0)
+        self.step_fn = torch.compile(self.step, dynamic=False) if compile_ring else self.step
 
     @torch.no_grad()
     def stream(self, next_prompt, group_size: int, max_new_tokens: int, temperature: float = 1.0,
@@ -119,7 +192,7 @@ class RingStream:
         and no sample is waiting; each prompt is prefilled once and becomes `group_size` waiting
         samples (each draws its own tokens). None means none for now (the caller's budget, or no more
         prompts): asked again at the next check. The stream ends when no row is busy and nothing
-        waits. Rows: `rows` (default the largest bucket's), on one ring of cache slots (Ring) of
+        waits. Rows: `rows` (default the engine's largest bucket's), on one ring of cache slots (Ring) of
         the first prompts' width (at least `min_width`) rounded up to prompt_multiple; a longer prompt
         waits until every row is free, then a wider ring is made (so a caller that knows its longest
         prompt gives it as min_width: no drain, no second capture).
@@ -136,134 +209,136 @@ class RingStream:
         drew it, and each FinishedGroup says which those were (`versions` per token, `min_version`,
         `max_version`). A swap that replaces parameters (new storage) is an error: the captured
         graphs would go on reading the old memory. Without swap, every token carries `version`.
-        On the Hugging Face fallback, swap is asked between fixed batches (its batches drain).
 
         should_stop: asked after every decode step (as in generate); once it says True the stream
         ends there, and the groups still in flight are not yielded."""
+        e = self.engine
         G = int(group_size)
         if G < 1 or max_new_tokens < 1:
             raise ValueError(f"stream needs group_size >= 1 and max_new_tokens >= 1, got {G} and {max_new_tokens}")
+        if e._param_ptrs() != e._ptrs:
+            e.clear()
+            e._ptrs = e._param_ptrs()
         greedy = greedy or temperature == 0
-        rows = int(rows or (self.buckets[-1] if self.buckets else 8 * G))
-        if self.fallback is not None:
-            yield from self._hf_stream(next_prompt, G, max_new_tokens, temperature, greedy, rows, should_stop,
-                                       swap, int(version))
-            return
-        if self._param_ptrs() != self._ptrs:
-            self.clear()
-            self._ptrs = self._param_ptrs()
-        inv_t = 1.0 if greedy else 1.0 / temperature
-        ring: Ring | None = None
-        waiting: collections.deque = collections.deque()   # (prompt record, sample index) without a row
-        busy: dict[int, tuple[dict, int, int]] = {}        # row -> (prompt record, sample index, step of its refill)
-        pending = None                                      # a prompt too wide for the ring in use
-        steps = 0
-        # Which version drew each token is worked out on the host, not recorded per step on the
-        # device: versions change only at host checks, so a token's version follows from the decode
-        # step that drew it (its row's refill step + its column) and these change points
-        # (token_versions). No per-token buffer, nothing added to the captured step, and without
-        # swap the graphs and outputs are those of a stream without versions.
-        version = int(version)
-        change_steps, change_versions = [0], [version]   # steps after change_steps[k] ran with change_versions[k]
-        counts = self.stream_counts
-        # What ended at a host check is cut into groups and yielded only once the next check_every steps
-        # are queued: the caller's work on them (scoring, sending) then runs while the GPU decodes,
-        # instead of between two checks with the GPU idle. Its rows are refilled before those steps are
-        # queued, or, with refill_behind, after them (and join a check later).
-        ended_at: list[tuple] = []
-        slot = 0          # the ring slot the next queued step writes (ring.t), followed on the host: no sync
-        behind = self.refill_behind
+        f = _Flight(G, int(rows or (e.buckets[-1] if e.buckets else 8 * G)), max_new_tokens,
+                    1.0 if greedy else 1.0 / temperature, greedy, min_width, int(version))
+        f.change_steps, f.change_versions = [0], [f.version]
         while True:
             timer = None
-            if behind and busy:
+            if e.refill_behind and f.busy:
                 # The check's steps go first and the refill is queued behind them: the host prefills and
                 # refills while the GPU decodes, and the rows it gives join at the next check.
-                if (timer := self._queue_steps(ring, greedy, should_stop)) is None:
-                    yield from self._groups(ended_at)
+                if (timer := self._queue(f, should_stop)) is None:
+                    yield from self._groups(f.ended_at)
                     return
-                steps, slot = self._count_steps(steps, slot, ring, len(busy))
             t_top = time.perf_counter()
             # Free rows take waiting samples; new prompts are asked for only when none waits.
-            free = [i for i in range(rows) if i not in busy] if ring is not None else list(range(rows))
-            fresh: list[dict] = []
-            while len(waiting) < len(free) and pending is None:
-                item = next_prompt()
-                if item is None:
-                    break          # nothing for now: asked again at the next check
-                if not item[1]:
-                    raise ValueError("stream: an empty prompt")
-                rec = {"key": item[0], "ids": list(item[1]), "out": [None] * G, "left": G, "since": steps}
-                if ring is not None and len(rec["ids"]) > ring.width:
-                    pending = rec  # waits until every row is free, for a wider ring
-                    break
-                fresh.append(rec)
-                waiting.extend((rec, j) for j in range(G))
-            if ring is None or (pending is not None and not busy):   # (no steps are queued: nothing is busy)
-                if not fresh and pending is None:
-                    yield from self._groups(ended_at)
+            free = [i for i in range(f.rows) if i not in f.busy] if f.ring is not None else list(range(f.rows))
+            fresh = self._ask(f, next_prompt, len(free))
+            if f.ring is None or (f.pending is not None and not f.busy):   # (no steps are queued: nothing is busy)
+                if not fresh and f.pending is None:
+                    yield from self._groups(f.ended_at)
                     return
-                if pending is not None:
-                    fresh.append(pending)
-                    waiting.extend((pending, j) for j in range(G))
-                    pending = None
-                width = max(min_width, *(len(rec["ids"]) for rec in fresh))
-                ring = self._ring(rows, -(-width // self.prompt_multiple) * self.prompt_multiple, max_new_tokens,
-                                  inv_t, greedy)
-                slot = int(ring.t.item())   # (a new or reused ring: read once, then followed on the host)
-                free = list(range(rows))
-            if fresh:
-                self._prefill_prompts(fresh)
-                for rec in fresh:
-                    rec["version"] = version     # its keys, values and first-token logits are this version's
-            take = [(free[n], *waiting.popleft()) for n in range(min(len(free), len(waiting)))]
-            if take:
-                self._refill(ring, take, greedy, slot)
-                busy.update((row, (rec, j, steps)) for row, rec, j in take)
-            counts["prompts"] += len(fresh)
-            counts["refill_s"] += time.perf_counter() - t_top
-            if not busy:
-                yield from self._groups(ended_at)
-                ended_at = []
-                if pending is None and not waiting:
+                free = self._new_ring(f, fresh)
+            self._give_rows(f, fresh, free)
+            self.counts["prompts"] += len(fresh)
+            self.counts["refill_s"] += time.perf_counter() - t_top
+            if not f.busy:
+                yield from self._groups(f.ended_at)
+                f.ended_at = []
+                if f.pending is None and not f.waiting:
                     return
                 continue
-            if timer is None:   # the refill went first: the steps follow it
-                if (timer := self._queue_steps(ring, greedy, should_stop)) is None:
-                    yield from self._groups(ended_at)
-                    return
-                steps, slot = self._count_steps(steps, slot, ring, len(busy))
-            yield from self._groups(ended_at)                                   # while the steps run
-            ended_at = []
-            t_sync = time.perf_counter()
-            ended = ring.finished.cpu()                                             # the only host sync
-            counts["sync_s"] += time.perf_counter() - t_sync
-            counts["decode_s"] += timer.seconds()
-            t_check = time.perf_counter()
-            if swap is not None and (new := self._swapped(swap, version)) is not None:
-                # (the device is idle here: the new weights land between two decode steps)
-                if self._param_ptrs() != self._ptrs:
-                    raise RuntimeError("stream: swap() replaced model parameters (new storage) instead of copying "
-                                       "into them, and the captured decode graphs read the old memory: write new "
-                                       "weights with param.copy_(new), or apply them between streams")
-                version = new
-                change_steps.append(steps)
-                change_versions.append(version)
-            done_rows = [i for i in sorted(busy) if ended[i]]
-            if done_rows:
-                idx = torch.tensor(done_rows, device=self.device)
-                # Copied out now (before a refill resets these rows), cut into groups later.
-                ended_at.append(([busy.pop(row) for row in done_rows], ring.out[idx, :max_new_tokens].cpu(),
-                                 ring.out_lp[idx, :max_new_tokens].cpu(), np.asarray(change_steps),
-                                 np.asarray(change_versions, dtype=np.int32), steps))
-            counts["check_s"] += time.perf_counter() - t_check
+            if timer is None and (timer := self._queue(f, should_stop)) is None:   # the refill went first
+                yield from self._groups(f.ended_at)
+                return
+            yield from self._groups(f.ended_at)                                   # while the steps run
+            f.ended_at = []
+            self._check(f, timer, swap)
+
+    # ------------------------------------------------------------------ a stream's parts, in its order
+    def _ask(self, f: _Flight, next_prompt, free: int) -> list[dict]:
+        """New prompts, while fewer samples wait than rows are free (and no prompt waits for a wider
+        ring): each a record, its samples waiting; one too wide for the ring becomes f.pending."""
+        fresh: list[dict] = []
+        while len(f.waiting) < free and f.pending is None:
+            item = next_prompt()
+            if item is None:
+                break          # nothing for now: asked again at the next check
+            if not item[1]:
+                raise ValueError("stream: an empty prompt")
+            rec = {"key": item[0], "ids": list(item[1]), "out": [None] * f.G, "left": f.G, "since": f.steps}
+            if f.ring is not None and len(rec["ids"]) > f.ring.width:
+                f.pending = rec  # waits until every row is free, for a wider ring
+                break
+            fresh.append(rec)
+            f.waiting.extend((rec, j) for j in range(f.G))
+        return fresh
+
+    def _new_ring(self, f: _Flight, fresh: list[dict]) -> list[int]:
+        """The first ring, or a wider one for the pending prompt (every row is free): the rows, all free."""
+        if f.pending is not None:
+            fresh.append(f.pending)
+            f.waiting.extend((f.pending, j) for j in range(f.G))
+            f.pending = None
+        width = max(f.min_width, *(len(rec["ids"]) for rec in fresh))
+        multiple = self.engine.prompt_multiple
+        f.ring = self._ring(f.rows, -(-width // multiple) * multiple, f.max_new, f.inv_t, f.greedy)
+        f.slot = int(f.ring.t.item())   # (a new or reused ring: read once, then followed on the host)
+        return list(range(f.rows))
+
+    def _give_rows(self, f: _Flight, fresh: list[dict], free: list[int]) -> None:
+        """Prefill the new prompts (at the version now) and give the free rows waiting samples."""
+        if fresh:
+            self._prefill_prompts(fresh)
+            for rec in fresh:
+                rec["version"] = f.version     # its keys, values and first-token logits are this version's
+        take = [(free[n], *f.waiting.popleft()) for n in range(min(len(free), len(f.waiting)))]
+        if take:
+            self._refill(f.ring, take, f.greedy, f.slot)
+            f.busy.update((row, (rec, j, f.steps)) for row, rec, j in take)
+
+    def _queue(self, f: _Flight, should_stop) -> _StepTimer | None:
+        """Queue a host check's decode steps and count them; None if should_stop said stop."""
+        timer = self._queue_steps(f.ring, f.greedy, should_stop)
+        if timer is not None:
+            f.steps, f.slot = self._count_steps(f.steps, f.slot, f.ring, len(f.busy))
+        return timer
+
+    def _check(self, f: _Flight, timer: _StepTimer, swap) -> None:
+        """A host check, once the check's groups are out: the one sync, then the swap (new weights
+        between two decode steps) and the ended rows copied out (cut into groups later: _groups)."""
+        e, counts = self.engine, self.counts
+        t_sync = time.perf_counter()
+        ended = f.ring.finished.cpu()                                             # the only host sync
+        counts["sync_s"] += time.perf_counter() - t_sync
+        counts["decode_s"] += timer.seconds()
+        t_check = time.perf_counter()
+        if swap is not None and (new := checked_swap(swap, f.version)) is not None:
+            # (the device is idle here: the new weights land between two decode steps)
+            if e._param_ptrs() != e._ptrs:
+                raise RuntimeError("stream: swap() replaced model parameters (new storage) instead of copying "
+                                   "into them, and the captured decode graphs read the old memory: write new "
+                                   "weights with param.copy_(new), or apply them between streams")
+            f.version = new
+            f.change_steps.append(f.steps)
+            f.change_versions.append(f.version)
+        done_rows = [i for i in sorted(f.busy) if ended[i]]
+        if done_rows:
+            idx = torch.tensor(done_rows, device=e.device)
+            # Copied out now (before a refill resets these rows), cut into groups later.
+            f.ended_at.append(([f.busy.pop(row) for row in done_rows], f.ring.out[idx, :f.max_new].cpu(),
+                               f.ring.out_lp[idx, :f.max_new].cpu(), np.asarray(f.change_steps),
+                               np.asarray(f.change_versions, dtype=np.int32), f.steps))
+        counts["check_s"] += time.perf_counter() - t_check
 
     def _queue_steps(self, ring: Ring, greedy: bool, should_stop) -> _StepTimer | None:
         """Queue a host check's decode steps (the ring's graph, or its step eagerly); None if
         should_stop, asked after each, said stop."""
         graph = ring.graphs.get(greedy)
-        timer = _StepTimer(self.device)
-        for _ in range(self.check_every):
-            graph.replay() if graph is not None else self._ring_step_fn(ring, greedy)
+        timer = _StepTimer(self.engine.device)
+        for _ in range(self.engine.check_every):
+            graph.replay() if graph is not None else self.step_fn(ring, greedy)
             if should_stop is not None and should_stop():
                 return None
         timer.queued()
@@ -271,8 +346,8 @@ class RingStream:
 
     def _count_steps(self, steps: int, slot: int, ring: Ring, busy: int) -> tuple[int, int]:
         """After a check's steps are queued: the step count and the ring slot the next step writes."""
-        n = self.check_every
-        counts = self.stream_counts
+        n = self.engine.check_every
+        counts = self.counts
         counts["steps"] += n
         counts["row_steps"] += ring.rows * n
         counts["busy_row_steps"] += busy * n
@@ -283,7 +358,7 @@ class RingStream:
         ended rows' (record, sample, refill step), their output and log-prob rows, the version change
         points then and the step count), each yielded once all its samples have ended."""
         for samples, out, out_lp, cs, cv, steps in ended_at:
-            ids, fin, lps = self._cut(out, out_lp)
+            ids, fin, lps = self.engine._cut(out, out_lp)
             ended_groups: list[FinishedGroup] = []
             for n, (rec, j, started) in enumerate(samples):
                 rec["out"][j] = (ids[n], fin[n], lps[n], token_versions(len(ids[n]), started, rec["version"], cs, cv))
@@ -299,85 +374,45 @@ class RingStream:
                 ended_groups[-1].last_in_check = True
             yield from ended_groups
 
-    @staticmethod
-    def _swapped(swap: Callable[[], int | None], version: int) -> int | None:
-        """swap()'s answer at a host check of stream: None (no new weights) or the new version."""
-        new = swap()
-        if new is None:
-            return None
-        if isinstance(new, bool) or not isinstance(new, (int, np.integer)) or int(new) <= version:
-            raise ValueError(f"stream: swap() returned {new!r} at version {version}; it must return None "
-                             f"(no new weights) or the new weights' version, an int greater than {version}")
-        return int(new)
-
-    # ------------------------------------------------------------------ fallback (Hugging Face generate)
-    def _hf_stream(self, next_prompt, G, max_new, temperature, greedy, rows, should_stop, swap=None, version=0):
-        """stream() for a model the engine cannot serve: the waiting prompts (up to `rows` samples)
-        as one fixed batch at a time, each group yielded once its batch is done. swap() is asked
-        after each batch (this path's host check; the batch has drained), so every token of a batch
-        is drawn by one version."""
-        while True:
-            batch = []
-            while (len(batch) + 1) * G <= max(rows, G):
-                item = next_prompt()
-                if item is None:
-                    break
-                if not item[1]:
-                    raise ValueError("stream: an empty prompt")
-                batch.append((item[0], list(item[1])))
-            if not batch:
-                return
-            rows_of = [p for _, p in batch for _ in range(G)]
-            out = self._hf_rollout(rows_of, max_new, temperature, greedy, should_stop)
-            if out.stats["stopped"]:
-                return
-            drew = version
-            if swap is not None and (new := self._swapped(swap, version)) is not None:
-                version = new
-            for n, (key, _) in enumerate(batch):
-                sl = slice(n * G, (n + 1) * G)
-                vs = [np.full(len(t), drew, dtype=np.int32) for t in out.token_ids[sl]]
-                yield FinishedGroup(key, out.token_ids[sl], out.finished[sl], out.logprobs[sl],
-                                    out.stats["decode_steps"], vs, *group_versions(vs, drew),
-                                    last_in_check=n == len(batch) - 1)
-
     # ------------------------------------------------------------------ the ring
     def _ring(self, rows: int, width: int, max_new: int, inv_t: float, greedy: bool) -> Ring:
         """A ring for this shape (kept between streams, like the slots), its cache initialised by
         one step over free rows, and its decode step captured."""
         # As with slots: a ring a little wider than needed serves, rather than a capture per width.
-        ring = next((r for k, r in self._rings.items()
+        e = self.engine
+        ring = next((r for k, r in self.rings.items()
                      if k[0] == rows and k[2] == max_new and width <= k[1] <= width * 3 // 2), None)
         if ring is None:
-            self.slots.clear()   # the round-based caches are not needed while streaming: free them first
-            self._rings.clear()
-            if self.device.type == "cuda":
+            e.slots.clear()   # the round-based caches are not needed while streaming: free them first
+            self.rings.clear()
+            if e.device.type == "cuda":
                 torch.cuda.empty_cache()
-            ring = self._rings[(rows, width, max_new)] = Ring(self.model, rows, width, max_new, self.pad_id,
-                                                               self.device, self.plan)
-            self._ring_step(ring, greedy)   # HF allocates the cache on its first write
+            ring = self.rings[(rows, width, max_new)] = Ring(e.model, rows, width, max_new, e.pad_id, e.device,
+                                                              e.plan)
+            self.step(ring, greedy)   # HF allocates the cache on its first write
         ring.inv_t.fill_(inv_t)
-        if self.cuda_graphs and greedy not in ring.graphs:
-            ring.graphs[greedy] = self._capture(ring, greedy, step=self._ring_step_fn, compiled=self.compile_ring)
+        if e.cuda_graphs and greedy not in ring.graphs:
+            ring.graphs[greedy] = e._capture(ring, greedy, step=self.step_fn, compiled=self.compile_ring)
         return ring
 
     def _prefill_prompts(self, recs: list[dict]) -> None:
         """One forward over the new prompts (left-padded together): each record keeps its keys and
         values per layer ([1, H, P, D], its own length) and its last logits, until every sample of
         it has a row (a prompt is prefilled once however many rows its samples take)."""
+        e = self.engine
         prompts = [rec["ids"] for rec in recs]
         P = max(len(p) for p in prompts)
-        ids, mask = (self._to_device(x) for x in left_pad(prompts, self.pad_id, torch.device("cpu"), width=P))
+        ids, mask = (self._to_device(x) for x in left_pad(prompts, e.pad_id, torch.device("cpu"), width=P))
         valid = mask.bool()
-        q = torch.arange(P, device=self.device)
+        q = torch.arange(P, device=e.device)
         allowed = (q.view(1, P, 1) >= q.view(1, 1, P)) & (valid.unsqueeze(1) | (q.view(1, P, 1) == q.view(1, 1, P)))
         pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
-        tmp = static_cache(self.model, P, self.device, self.plan)
-        with rollout_attention_on(self.model):
-            logits = self.model(input_ids=ids, position_ids=pos,
-                                attention_mask=layer_masks(self.plan, self.dtype, allowed.unsqueeze(1),
-                                                           (q.view(1, 1, P, 1) - q.view(1, 1, 1, P))),
-                                past_key_values=tmp, use_cache=True, logits_to_keep=1).logits[:, -1]   # [n, V]
+        tmp = static_cache(e.model, P, e.device, e.plan)
+        with rollout_attention_on(e.model):
+            logits = e.model(input_ids=ids, position_ids=pos,
+                             attention_mask=layer_masks(e.plan, e.dtype, allowed.unsqueeze(1),
+                                                        (q.view(1, 1, P, 1) - q.view(1, 1, 1, P))),
+                             past_key_values=tmp, use_cache=True, logits_to_keep=1).logits[:, -1]   # [n, V]
         for i, rec in enumerate(recs):
             n = len(rec["ids"])
             rec["kv"] = [(layer.keys[i:i + 1, :, P - n:], layer.values[i:i + 1, :, P - n:]) for layer in tmp.layers]
@@ -388,9 +423,10 @@ class RingStream:
         memory waits for every step queued ahead (refill_behind queues a check's steps first), so on
         CUDA it goes from pinned memory, asynchronously; the pinned block is not reused before the
         copy has run (torch's host caching allocator records the stream)."""
-        if self.device.type != "cuda":
-            return x.to(self.device)
-        return x.pin_memory().to(self.device, non_blocking=True)
+        device = self.engine.device
+        if device.type != "cuda":
+            return x.to(device)
+        return x.pin_memory().to(device, non_blocking=True)
 
     def _refill(self, r: Ring, take: list[tuple[int, dict, int]], greedy: bool, t: int) -> None:
         """Give each of `take`'s rows its sample: the prompt's keys and values copied into the ring
@@ -405,7 +441,7 @@ class RingStream:
             rec = recs[key]
             n = len(rec["ids"])
             rows_t = self._to_device(torch.tensor(rows_of))
-            slots = torch.arange(t - n, t, device=self.device) % r.length
+            slots = torch.arange(t - n, t, device=self.engine.device) % r.length
             for (k, v), dst in zip(rec["kv"], r.cache.layers):
                 # [rows, H, P, D] at (row, slot): advanced indices on dims 0 and 2 put [rows, P] first
                 dst.keys[rows_t.view(-1, 1), :, slots.view(1, -1)] = k[0].permute(1, 0, 2).unsqueeze(0)
@@ -415,22 +451,22 @@ class RingStream:
             r.key_valid.index_fill_(0, rows_t, False)
             r.key_valid.index_put_((rows_t.view(-1, 1), slots.view(1, -1)), r.key_valid.new_ones(()))
             r.pos.index_fill_(0, rows_t, n)
-            r.out.index_fill_(0, rows_t, self.pad_id)
+            r.out.index_fill_(0, rows_t, self.engine.pad_id)
             r.out_lp.index_fill_(0, rows_t, 0.0)
             r.col.index_fill_(0, rows_t, 0)
             r.finished.index_fill_(0, rows_t, False)
             self._ring_emit(r, rec["logits"].expand(len(rows_of), -1), greedy, rows_t)
 
-    def _ring_step(self, r: Ring, greedy: bool) -> None:
+    def step(self, r: Ring, greedy: bool) -> None:
         """One token for every row of the ring (what its graph captures)."""
+        e = self.engine
         r.key_valid.index_fill_(1, r.t, True)   # this step's key is written at slot t in every row
         # A row's sequence is contiguous around the ring, so its key at slot i is (t - i) mod length back.
         distance = (r.t - r.key_index).remainder(r.length)                            # [L]
-        with rollout_attention_on(self.model):
-            logits = self.model(input_ids=r.tok, position_ids=r.pos,
-                                attention_mask=layer_masks(self.plan, self.dtype,
-                                                           r.key_valid.view(r.rows, 1, 1, -1), distance),
-                                past_key_values=r.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        with rollout_attention_on(e.model):
+            logits = e.model(input_ids=r.tok, position_ids=r.pos,
+                             attention_mask=layer_masks(e.plan, e.dtype, r.key_valid.view(r.rows, 1, 1, -1), distance),
+                             past_key_values=r.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
         for layer in r.cache.layers:            # HF advanced its write index by one: wrap it with ours
             layer.cumulative_length.remainder_(r.length)
         r.t.add_(1).remainder_(r.length)
@@ -441,7 +477,8 @@ class RingStream:
         """The ring's next token for `rows` (sample_step), written at each row's own output column;
         a row also ends at max_new tokens, and an ended row's column moves to the spare one."""
         col = r.col[rows]
-        nxt, lp, ended = sample_step(logits, r.inv_t, greedy, self.gen, r.finished[rows], self.pad_id, self.eos)
+        e = self.engine
+        nxt, lp, ended = sample_step(logits, r.inv_t, greedy, e.gen, r.finished[rows], e.pad_id, e.eos)
         r.out[rows] = r.out[rows].scatter(1, col, nxt.unsqueeze(1))
         r.out_lp[rows] = r.out_lp[rows].scatter(1, col, lp.unsqueeze(1))
         ended = ended | (col.squeeze(1) + 1 >= r.max_new)

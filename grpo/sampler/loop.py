@@ -3,8 +3,9 @@ its groups, and report (heartbeat, status, evaluation).
 
   weights_client   the sync port: requests, the learner's first answer and its run facts, applying
                    a new version, the method fallbacks, the budget
-  workflow         prompts in, scored groups out: generate (a fixed round or a stream), score,
-                   filter zero-signal groups, old and reference log-probs, the wire's Groups
+  workflow         prompts in, scored groups out: generate (one path: a stream; a fixed round is a
+                   stream of one batch with a prompt cap), score, filter zero-signal groups, old and
+                   reference log-probs, the wire's Groups
   heartbeat        liveness, backpressure (--on-full) and the sync inbox
   setup            builds all of these (and the model, engine, prompts, rewards, sockets) in
                    start-up order; this module runs them
@@ -135,17 +136,14 @@ class Sampler:
                         # learner is at version 0 (a resumed one is not: round 0 is then generated again).
                         early = client.awaiting_first
                         n = workflow.round_prompts()
-                        groups = []
                         if n:
                             if not early:
                                 self.maybe_evaluate()
-                            if cfg.in_flight_rows:
-                                # Each chunk leaves as soon as it is complete, inside the guard (with
-                                # shared weights the learner waits for the round either way).
-                                for chunk in workflow.stream_round(rounds, n, ends=self._round_ends):
-                                    self._send(chunk)
-                            else:
-                                groups = workflow.generate_round(rounds, n)
+                            # One path, in flight or a fixed round (one batch, one chunk): each chunk
+                            # leaves as soon as it is complete, inside the guard (with shared weights
+                            # the learner waits for the round either way).
+                            for chunk in workflow.stream_round(rounds, n, ends=self._round_ends):
+                                self._send(chunk)
                     if (stop := client.stop) is not None:
                         log.info("learner says stop (%s) at version %d, in the middle of round %d: the round is "
                                  "abandoned (what of it was not sent is not counted)", stop.reason, stop.version,
@@ -156,7 +154,6 @@ class Sampler:
                     if not n:   # outside the round guard: with shared weights the learner must go on
                         self._wait_for_room()
                         continue
-                    self._send(groups)
                     if early:   # version 0's evaluation, put off above (the weights have not changed since)
                         with client.round_guard():
                             self.maybe_evaluate()

@@ -1,15 +1,17 @@
 """Building the sampler, apart from running it (grpo.sampler.loop runs what this builds).
 
-build(cfg), in start-up order:
+build(cfg), in start-up order (each stage a function of its own where it is more than a few lines):
   check     every flag that can be wrong fails here, with one line, before the model loads:
             --on-full, the CURVE keys, the profiled spans, the device and generation backend,
-            --in-flight-rows, --old-logprobs, --swap-in-flight, --reward
+            --in-flight-rows, --old-logprobs, --swap-in-flight (check_decoding), --reward
   prompts   this sampler's shard (at the curriculum's levels), and one probe of the rewards on it
   load      tokenizer and policy; the weight receiver (ipc/nccl move the parameters into flat
             buckets, so before the engine, which reads them where they live); the rollout engine,
-            or Hugging Face generate when the engine cannot serve the architecture
+            or Hugging Face generate when the engine cannot serve the architecture (load_rollout,
+            make_engine)
   connect   the data and sync sockets, the evaluation set (sampler 0), the GPU monitor, the
             counters, the weights client, the rollout workflow, the statuses and the heartbeat
+            (connect), then the sampler's start-up line (say_parts)
 """
 from __future__ import annotations
 
@@ -86,9 +88,36 @@ def build(cfg: SamplerConfig) -> SamplerParts:
     check_on_full(cfg)
     curve = curve_for(cfg.curve_keys, CLIENT)  # bad keys fail here, before the model loads
     profiler = SpanProfiler(cfg.profile_steps, cfg.run_dir, f"sampler{cfg.sampler_id}")   # so does a bad span
-    t_device = time.perf_counter()
+    times = {"device": time.perf_counter()}
     device = pick_device(cfg.device, cfg.gpu_id)   # on CUDA: torch's CUDA initialisation
-    t_device = time.perf_counter() - t_device
+    times["device"] = time.perf_counter() - times["device"]
+    decoding = check_decoding(cfg, device)
+    torch.manual_seed(cfg.seed + 1000 * cfg.sampler_id)
+    rewards = reward_set_from_config(cfg)  # a bad --reward fails here, before any model loads
+    t0 = time.perf_counter()
+    prompts = Prompts(cfg)   # this sampler's shard, at the curriculum's levels (--curriculum)
+    t_problems = time.perf_counter()
+    rewards.probe(prompts.mine[0])
+    times.update(problems=t_problems - t0, probe=time.perf_counter() - t_problems)
+    rollout, receiver, method = load_rollout(cfg, device, decoding, times)
+    parts = connect(cfg, curve, profiler, prompts, rewards, rollout, receiver, method)
+    say_parts(parts)
+    release_cached(device)   # what start-up cached, for the other process on this GPU
+    mark_stage(cfg.run_dir, parts.name, "model_loaded")
+    return parts
+
+
+@dataclass
+class Decoding:
+    """How rounds are decoded, as the flags ask (check_decoding); the engine may still fall back."""
+    backend: str      # 'fast' or 'hf'
+    old_source: str   # old log-probs from 'sampling' or a 'pass'
+    swaps: bool       # weights swapped in flight (swaps_in_flight)
+
+
+def check_decoding(cfg: SamplerConfig, device: torch.device) -> Decoding:
+    """The generation backend, the old log-probs' source and in-flight swaps, from the flags: a bad
+    choice or combination fails here, in one line, before any loading."""
     backend = resolve_backend(cfg.generation_backend, device)  # a bad name fails before any loading
     if cfg.in_flight_rows and backend != "fast":   # a negative count is refused with the flag
         raise ValueError(f"--in-flight-rows {cfg.in_flight_rows}: needs --generation-backend fast (here it is "
@@ -98,13 +127,14 @@ def build(cfg: SamplerConfig) -> SamplerParts:
     # (so does --old-logprobs pass with --swap-in-flight)
     swaps = swaps_in_flight(cfg.swap_in_flight, cfg.in_flight_rows, sampler_method(cfg.weight_sync, device.type),
                             cfg.old_logprobs)
-    torch.manual_seed(cfg.seed + 1000 * cfg.sampler_id)
-    rewards = reward_set_from_config(cfg)  # a bad --reward fails here, before any model loads
-    t0 = time.perf_counter()
-    prompts = Prompts(cfg)   # this sampler's shard, at the curriculum's levels (--curriculum)
-    t_problems = time.perf_counter()
-    rewards.probe(prompts.mine[0])
-    t_prompts = time.perf_counter()
+    return Decoding(backend, old_source, swaps)
+
+
+def load_rollout(cfg: SamplerConfig, device: torch.device, decoding: Decoding, times: dict[str, float]):
+    """The tokenizer, the policy, the weight receiver and the decoder: (RolloutModel, receiver, the
+    weights method), with the start-up line of where the seconds went (`times`: device, problems,
+    probe so far)."""
+    t_load = time.perf_counter()
     path = resolve_model(cfg.model)
     load_times: dict[str, float] = {}   # the parts of 'model' in the start-up line
     start_runtime(device, load_times, cfg.cudnn_attention)
@@ -113,15 +143,27 @@ def build(cfg: SamplerConfig) -> SamplerParts:
     load_times["tokenizer"] = time.perf_counter() - t_tok
     policy = load_causal_lm(path, device, compute_dtype(device), times=load_times).eval()
     t_model = time.perf_counter()
-    vocab_size = policy.get_input_embeddings().weight.shape[0]
     # ipc/nccl: the policy's parameters move into flat buckets so that a version is one copy
     # (before the engine, which reads them where they live).
     receiver, method = start_receiver(cfg, policy, device)
     # Every id that ends a completion: the tokenizer's EOS and the generation config's (Llama 3 and
     # Qwen2.5 list several).
     eos = eos_ids(tok, policy)
-    engine = (RolloutEngine(policy, eos, tok.pad_token_id,
-                            cuda_graphs=cfg.cuda_graphs and device.type == "cuda",
+    engine, decoding = make_engine(cfg, policy, eos, tok.pad_token_id, device, decoding)
+    log.info("start-up: device %.1f s, problems %.1f s, reward probe %.1f s, model %.1f s (%s), weight receiver "
+             "and engine %.1f s", times["device"], times["problems"], times["probe"], t_model - t_load,
+             ", ".join(f"{k} {v:.1f} s" for k, v in load_times.items()), time.perf_counter() - t_model)
+    rollout = RolloutModel(tok=tok, policy=policy, engine=engine, eos_ids=eos, device=device, path=path,
+                           backend=decoding.backend, old_source=decoding.old_source, swaps=decoding.swaps)
+    return rollout, receiver, method
+
+
+def make_engine(cfg: SamplerConfig, policy, eos: list[int], pad_id: int, device: torch.device,
+                decoding: Decoding) -> tuple[RolloutEngine | None, Decoding]:
+    """Our engine for the 'fast' backend (None for 'hf'), and the decoding as it then is: on a
+    model the engine cannot serve, Hugging Face generate with old log-probs from a pass."""
+    backend, old_source, swaps = decoding.backend, decoding.old_source, decoding.swaps
+    engine = (RolloutEngine(policy, eos, pad_id, cuda_graphs=cfg.cuda_graphs and device.type == "cuda",
                             compile_decode=cfg.compile_decode, attend_chunk=cfg.attend_chunk or None,
                             compile_ring=cfg.compile_ring and cfg.in_flight_rows > 0,
                             refill_behind=cfg.refill_behind)
@@ -140,9 +182,14 @@ def build(cfg: SamplerConfig) -> SamplerParts:
         log.info("--swap-in-flight: old log-probs from the sampling pass (--old-logprobs %s would choose a pass "
                  "with the weights at each group's end)", cfg.old_logprobs)
         old_source = "sampling"
-    log.info("start-up: device %.1f s, problems %.1f s, reward probe %.1f s, model %.1f s (%s), weight receiver "
-             "and engine %.1f s", t_device, t_problems - t0, t_prompts - t_problems, t_model - t_prompts,
-             ", ".join(f"{k} {v:.1f} s" for k, v in load_times.items()), time.perf_counter() - t_model)
+    return engine, Decoding(backend, old_source, swaps)
+
+
+def connect(cfg: SamplerConfig, curve, profiler: SpanProfiler, prompts: Prompts, rewards, rollout: RolloutModel,
+            receiver, method: str) -> SamplerParts:
+    """The sockets, the evaluation set, the GPU monitor, the counters, the weights client, the
+    rollout workflow, the statuses and the heartbeat, wired to the loaded parts."""
+    policy, device = rollout.policy, rollout.device
     # A restart under the same --sampler-id is a new process with fresh counts: the
     # learner's books tell the two apart by this random id.
     incarnation = secrets.randbits(48)
@@ -156,28 +203,29 @@ def build(cfg: SamplerConfig) -> SamplerParts:
     # What every status carries (a snapshot under its lock for the heartbeat thread); the curriculum's
     # per-task entries from the start (--curriculum: per task, level, groups and rate).
     counters = SamplerCounters(curriculum=prompts.window.stats())
+    vocab_size = policy.get_input_embeddings().weight.shape[0]
     client = WeightsClient(cfg, sync, policy, device, vocab_size, receiver, method, counters,
                            on_levels=prompts.set_levels)
-    rollout = RolloutModel(tok=tok, policy=policy, engine=engine, eos_ids=eos, device=device, path=path,
-                           backend=backend, old_source=old_source, swaps=swaps)
     workflow = RolloutWorkflow(cfg, prompts, rewards, rollout, client, counters, gpu, incarnation)
     statuses = Statuses(cfg.sampler_id, incarnation, counters, lambda: client.version)
     heartbeat = Heartbeat(DataSender(cfg.host, cfg.data_port, hwm=2, curve=curve), cfg.heartbeat_interval_s,
                           lambda: statuses(False))
-    parts = SamplerParts(cfg=cfg, name=f"sampler{cfg.sampler_id}", profiler=profiler, prompts=prompts,
-                         rewards=rewards, rollout=rollout, vocab_size=vocab_size, incarnation=incarnation, data=data,
-                         sync=sync, eval_set=eval_set, gpu=gpu, counters=counters, client=client, workflow=workflow,
-                         statuses=statuses, heartbeat=heartbeat)
+    return SamplerParts(cfg=cfg, name=f"sampler{cfg.sampler_id}", profiler=profiler, prompts=prompts,
+                        rewards=rewards, rollout=rollout, vocab_size=vocab_size, incarnation=incarnation, data=data,
+                        sync=sync, eval_set=eval_set, gpu=gpu, counters=counters, client=client, workflow=workflow,
+                        statuses=statuses, heartbeat=heartbeat)
+
+
+def say_parts(parts: SamplerParts) -> None:
+    """The sampler's start-up line: its shard, model, group size, round size and decoding."""
+    cfg, swaps = parts.cfg, parts.swaps
     log.info("sampler %d/%d on %s: %d prompts in its shard, model %s, G=%d, %s prompts per round, "
-             "%s generation%s, old log-probs from %s", cfg.sampler_id, cfg.num_samplers, device,
-             len(prompts.mine), path, cfg.num_generations,
+             "%s generation%s, old log-probs from %s", cfg.sampler_id, cfg.num_samplers, parts.device,
+             len(parts.prompts.mine), parts.model_path, cfg.num_generations,
              cfg.prompts_per_round or ("no fixed number of" if swaps else
                                        f"a step's worth of groups with signal (at most {cfg.max_prompts_per_round})"),
-             backend,
+             parts.backend,
              (f", in flight on {cfg.in_flight_rows} rows" + (", weights swapped in flight, prompts started as "
                                                               "the learner's budget allows" if swaps else ""))
              if cfg.in_flight_rows else "",
-             "the sampling pass" if old_source == "sampling" else "a teacher-forced pass")
-    release_cached(device)   # what start-up cached, for the other process on this GPU
-    mark_stage(cfg.run_dir, parts.name, "model_loaded")
-    return parts
+             "the sampling pass" if parts.old_source == "sampling" else "a teacher-forced pass")

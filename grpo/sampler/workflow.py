@@ -1,9 +1,13 @@
 """The rollout workflow: prompts in, scored groups out (the job of AReaL's RLVRWorkflow.arun_episode).
 
-One round: take the next prompts of this sampler's shard, generate G completions each (one fixed
-batch, or streamed through in-flight batching), score them, drop zero-signal groups
-(--filter-zero-signal) before any log-prob pass, take or compute the behaviour (old) log-probs and
-compute the reference ones when the run needs them, and build the wire's Groups.
+One round: take the next prompts of this sampler's shard, generate G completions each, score them,
+drop zero-signal groups (--filter-zero-signal) before any log-prob pass, take or compute the
+behaviour (old) log-probs and compute the reference ones when the run needs them, and build the
+wire's Groups. Every round takes one path, a stream (stream_round over rollout_stream): the engine
+asks the round for prompts and yields groups as they end, and finished groups leave in chunks. In
+flight (--in-flight-rows) that is the engine's stream; a fixed round is a stream with a prompt cap
+and no weight swaps, which the engine (or Hugging Face generate) decodes as one batch
+(grpo.generate.batch's BatchStream), finished whole as one chunk.
 
 Weights are swapped between rounds, and with --swap-in-flight (in flight on --in-flight-rows) also
 between two decode steps of a round, as soon as the learner has announced a newer version
@@ -31,8 +35,10 @@ from grpo.config import SamplerConfig
 from grpo.data.prompts import Deferrals, PromptStream, problem_prompt
 from grpo.data.sources import load_problems, shard
 from grpo.data.tasks import SuccessWindow, start_levels
-from grpo.generate.backend import hf_generate
+from grpo.generate.backend import Rollout, hf_rollout
+from grpo.generate.batch import BatchStream
 from grpo.generate.engine import RolloutEngine
+from grpo.generate.stream import FinishedGroup, Stream
 from grpo.loss import has_signal
 from grpo.model.load import compute_dtype, load_causal_lm
 from grpo.model.logprobs import right_pad, token_logprobs
@@ -168,10 +174,6 @@ class RolloutWorkflow:
         return next_round_prompts(self.cfg.prompts_per_round, self.client.budget, step, self.signal_share(),
                                   self.cfg.max_prompts_per_round, self.bucket_prompts())
 
-    def _first_round_prompts(self) -> int:
-        """Round 0's prompts, before the learner has said its step's size (FIRST_STEP_GROUPS assumed)."""
-        return next_round_prompts(0, -1, 0, self.signal_share(), self.cfg.max_prompts_per_round, self.bucket_prompts())
-
     def bucket_prompts(self) -> int:
         """grpo.rules.staleness.bucket_prompts for this sampler's engine (a round of a small step's worth,
         2 groups with the defaults, takes as long as this many)."""
@@ -190,40 +192,28 @@ class RolloutWorkflow:
                                                          add_special_tokens=False)["input_ids"])))
         return self._longest[1]
 
-    def _round_problems(self, n_prompts: int | None):
-        if n_prompts is None:
-            n_prompts = self.cfg.prompts_per_round or self._first_round_prompts()
-        problems = self.prompts.stream.next_batch(n_prompts)
-        return (problems, *encode_prompts(self.tok, problems))
+    # ------------------------------------------------------------------ one round: the stream
+    def rollout_stream(self) -> Stream:
+        """What a round is generated through, the one rollout path: a stream (grpo.generate.stream's
+        interface). In flight (--in-flight-rows), the engine's own (its RingStream; on a model it cannot
+        serve, fixed batches of Hugging Face generate). A fixed round, a BatchStream: the round's
+        prompts (stream_round caps them) decoded as one batch, by the engine's generate or, with
+        --generation-backend hf, Hugging Face generate."""
+        if self.cfg.in_flight_rows:
+            return self.engine
+        return BatchStream(self.engine.generate if self.engine is not None else self._hf_batch)
 
-    # ------------------------------------------------------------------ one round
-    @torch.no_grad()
-    def generate_round(self, round_idx: int, n_prompts: int | None = None) -> list[M.Group]:
-        """One round as one fixed batch: every prompt's G rows decode until the longest ends."""
-        cfg, tok, client = self.cfg, self.tok, self.client
-        problems, prompts, prompt_ids = self._round_problems(n_prompts)
-        G = cfg.num_generations
-        t0 = time.perf_counter()
-        rows = [p for p in prompt_ids for _ in range(G)]
-        sampled_lp = None
-        if self.engine is not None:
-            out = self.engine.generate(rows, cfg.max_new_tokens, cfg.temperature, should_stop=client.stop_said)
-            completions, sampled_lp = list(zip(out.token_ids, out.finished)), out.logprobs
-        else:
-            completions = list(zip(*hf_generate(self.policy, rows, cfg.max_new_tokens, cfg.temperature, False,
-                                                self.eos_ids, tok.pad_token_id, should_stop=client.stop_said)))
-        gen_s = time.perf_counter() - t0
-        # Round 0 before the learner's first answer: the answer (the run's facts) before anything is scored or sent.
-        if not client.first_answer() or client.stop is not None:
-            return []   # cut short or abandoned: nothing of this round is scored, counted or sent
-        return self._finish(round_idx, problems, prompts, prompt_ids, list(range(len(problems))), completions,
-                            gen_s, sampled_lp)
+    def _hf_batch(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, greedy: bool,
+                  should_stop: Callable[[], bool] | None) -> Rollout:
+        return hf_rollout(self.policy, prompts, max_new_tokens, temperature, greedy, self.eos_ids,
+                          self.tok.pad_token_id, should_stop)
 
     @torch.no_grad()
     def stream_round(self, round_idx: int, n_prompts: int, ends: Callable[[], bool] = lambda: False):
-        """One round through in-flight batching (--in-flight-rows): yields lists of finished groups,
+        """One round through the rollout stream (rollout_stream): yields lists of finished groups,
         scored and with their log-probs, as soon as a learner step's worth has ended (or the round
-        has), while the engine gives the rows their samples freed to the round's next samples.
+        has). In flight, the engine gives the rows their samples freed to the round's next samples;
+        a fixed round (--in-flight-rows 0) is one batch, finished whole once it has ended.
 
         Without self.swaps the round is n_prompts prompts, every token sampled by one version. With
         it the engine asks the weights client for a newer version at every host check
@@ -237,119 +227,88 @@ class RolloutWorkflow:
         Groups then leave at the end of each host check that ended some (at most this sampler's
         share of a step at a time): a group held back would age, and keep the learner waiting."""
         cfg, client = self.cfg, self.client
-        G = cfg.num_generations
-        # The round's prompts by their index, from when they start until their group has been finished.
-        problems: dict[int, object] = {}
-        prompts: dict[int, str] = {}
-        prompt_ids: dict[int, list[int]] = {}
-        taken = done = 0   # prompts started; groups finished (sent or filtered)
-
-        def streaming() -> bool:   # (round 0 may learn the run's facts, and so the step's size, as it goes)
-            return self.swaps and not client.awaiting_first
-
-        def chunk() -> int:
-            step = (client.run_facts.groups_per_step if client.run_facts is not None
-                    else cfg.prompts_per_round or FIRST_STEP_GROUPS)
-            return max(1, -(-step // cfg.num_samplers) if streaming() else step)
-
-        def next_prompt():
-            nonlocal taken
-            if not streaming():
-                if taken >= n_prompts:
-                    return None
-            elif ((cfg.prompts_per_round and taken >= cfg.prompts_per_round) or ends()
-                  or pool_room(client.live_budget(), taken - done, self.signal_share()) == 0):
-                return None
-            problem = self.prompts.stream.next_batch(1)[0]
-            text, ids = encode_prompts(self.tok, [problem])
-            problems[taken], prompts[taken], prompt_ids[taken] = problem, text[0], ids[0]
-            taken += 1
-            return taken - 1, ids[0]
-
-        def swap() -> int | None:
-            # Once the round is ending for an evaluation, the weights stay at the version due for it
-            # (the baseline is version 0's) while the rows in flight end.
-            return None if ends() else client.apply_newer_now()
-
-        gis: list[int] = []
-        completions: list[tuple[list[int], bool]] = []
-        sampled_lp: list[np.ndarray] = []
-        versions: list[tuple[int, int]] = []   # per group: (oldest, newest) version among its tokens
-        t0 = time.perf_counter()
-        stream = self.engine.stream(next_prompt, G, cfg.max_new_tokens, cfg.temperature,
-                                    rows=cfg.in_flight_rows, should_stop=client.stop_said,
-                                    swap=swap if self.swaps else None, version=client.version,
-                                    min_width=self.longest_prompt() if self.swaps else 0)
+        rnd = _Round(self, n_prompts, ends)
+        stream = self.rollout_stream().stream(
+            rnd.next_prompt, cfg.num_generations, cfg.max_new_tokens, cfg.temperature, rows=cfg.in_flight_rows,
+            should_stop=client.stop_said, swap=rnd.swap if self.swaps else None, version=client.version,
+            min_width=self.longest_prompt() if self.swaps else 0)
         for fg in itertools.chain(stream, [None]):   # None: the round has ended, send what is left
             if fg is not None:
-                gis.append(fg.key)
-                versions.append((fg.min_version, fg.max_version))
-                completions.extend(zip(fg.token_ids, fg.finished))
-                sampled_lp.extend(fg.logprobs)
+                rnd.add(fg)
             # Round 0 before the learner's first answer: the answer is taken as soon as it has come,
             # and waited for before anything is finished (scored, sent) and at the round's end.
-            if client.awaiting_first and (fg is None or len(gis) >= chunk() or client.answers_waiting()):
+            if client.awaiting_first and (fg is None or rnd.full() or client.answers_waiting()):
                 t_wait = time.perf_counter()
                 if not client.first_answer():
                     return   # abandoned: nothing of this round was or is sent
-                t0 += time.perf_counter() - t_wait   # (waiting is not generating)
+                rnd.t0 += time.perf_counter() - t_wait   # (waiting is not generating)
             if fg is None and client.stop is not None:
                 return   # cut short: the groups not yet sent are not scored, counted or sent
             # Streaming, what has ended leaves at the end of each host check that ended something:
             # a group held back for a fuller chunk would only age.
-            if gis and (fg is None or len(gis) >= chunk() or (streaming() and fg.last_in_check)):
-                yield self._finish(round_idx, problems, prompts, prompt_ids, gis, completions, time.perf_counter() - t0,
-                                   sampled_lp, versions)
-                done += len(gis)   # (sent by now: the caller sends a chunk before asking for the next)
-                for gi in gis:
-                    del problems[gi], prompts[gi], prompt_ids[gi]
-                gis, completions, sampled_lp, versions, t0 = [], [], [], [], time.perf_counter()
+            if rnd.gis and (fg is None or rnd.full() or (rnd.streaming() and fg.last_in_check)):
+                yield self._finish(round_idx, rnd.take())
+                rnd.t0 = time.perf_counter()   # (the next chunk's generation starts once this one is sent)
 
-    def _finish(self, round_idx: int, problems, prompts, prompt_ids,
-                gis: list[int], completions: list[tuple[list[int], bool]], gen_s: float,
-                sampled_lp: list[np.ndarray] | None = None,
-                versions: list[tuple[int, int]] | None = None) -> list[M.Group]:
-        """Groups gis of the round (G rows each, in `completions`): score, count for the curriculum,
-        drop zero-signal ones (--filter-zero-signal), take or compute old (and compute reference)
-        log-probs, build. problems, prompts, prompt_ids: the round's, by prompt index (a list, or a
-        streaming round's dict). sampled_lp: the engine's log-prob of each sampled token, per completion.
-        versions: per group, the (oldest, newest) version its tokens were drawn by (None: all the
-        client's version); a group's policy_version is the oldest, by which its age is counted."""
-        cfg, tok, facts = self.cfg, self.tok, self.client.run_facts
-        versions = versions or [(self.client.version, self.client.version)] * len(gis)
-        version = min((v for v, _ in versions), default=self.client.version)
-        newest = max((v for _, v in versions), default=version)
-        G = cfg.num_generations
-        whole = [prompt_ids[gis[k // G]] + c for k, (c, _) in enumerate(completions)]
+    # ------------------------------------------------------------------ finishing a chunk of groups
+    def _finish(self, round_idx: int, chunk: Chunk) -> list[M.Group]:
+        """A chunk of the round's groups (G rows each): score, count for the curriculum, drop
+        zero-signal ones (--filter-zero-signal), take or compute old (and compute reference)
+        log-probs, build. A group's policy_version is the oldest version its tokens were drawn by,
+        by which its age is counted."""
+        cfg, G = self.cfg, self.cfg.num_generations
+        whole = [chunk.prompt_ids[k // G] + c for k, (c, _) in enumerate(chunk.completions)]
         t1 = time.perf_counter()
-        texts = [tok.decode(c, skip_special_tokens=True) for c, _ in completions]
-        # A completion a reward fails on costs that completion its score (counted here, in the
-        # status the learner books); RewardBroken, when a reward fails on most, ends the sampler.
-        scores = self.rewards.score([problems[gis[k // G]] for k in range(len(completions))], texts,
-                                    [c for c, _ in completions])
-        failures = self.rewards.faults.stats()
-        self.counters.put(reward_failures=failures.pop("reward_failures"), reward_kinds=failures)
-        window = self.prompts.window
-        if self.prompts.levels is not None:   # every group counts for its task, before any filter
-            for j, gi in enumerate(gis):
-                window.add(problems[gi].columns.get("rg_task", ""),
-                           sum(sc.info.get("correct", 0.0) for sc in scores[j * G:(j + 1) * G]), G)
-            self.counters.put(curriculum=window.stats())
-        signal = [has_signal([sc.reward for sc in scores[j * G:(j + 1) * G]]) for j in range(len(gis))]
-        if (deferrals := self.prompts.deferrals) is not None:   # every group, filtered or not
-            for gi, sig in zip(gis, signal):
-                deferrals.mark(problems[gi], sig)
-            self.counters.put(prompts_deferred=float(deferrals.deferred))
+        texts, scores, signal = self._score(chunk)
         # Scored before the log-prob passes, so that with --filter-zero-signal a group whose
         # rewards are all equal (zero advantage: the learner would drop it) costs no passes and
         # is not sent; it still counts as offered, and the learner's books see it as dropped.
-        keep = [j for j in range(len(gis)) if not cfg.filter_zero_signal or signal[j]]
-        rows_kept = [k for j in keep for k in range(j * G, (j + 1) * G)]
+        keep = [j for j in range(len(chunk.gis)) if not cfg.filter_zero_signal or signal[j]]
         t2 = time.perf_counter()
+        old_lp, ref_lp = self._old_and_ref(chunk, whole, [k for j in keep for k in range(j * G, (j + 1) * G)])
+        reward_s, logprob_s = t2 - t1, time.perf_counter() - t2   # (_logprobs ends in .cpu(): done by now)
+        # A filtered group was offered and dropped here: groups_sent counts it with dropped_zero_signal
+        # (SamplerCounters.groups_sent), so every status has sent >= what it says it dropped, and a
+        # round filtered whole is counted although nothing of it is sent.
+        self.counters.add(dropped_zero_signal=len(chunk.gis) - len(keep))
+        self._signal.append((len(keep), len(chunk.gis)))
+        groups = [self._group(round_idx, chunk, j, whole, texts, scores, old_lp, ref_lp) for j in keep]
+        self._account(round_idx, chunk, [sc.reward for sc in scores], len(keep), reward_s, logprob_s)
+        return groups
+
+    def _score(self, chunk: Chunk) -> tuple[list[str], list, list[bool]]:
+        """Every completion's text and score, and per group whether it has signal; every group counts
+        for its task's curriculum window and for the deferrals, filtered or not."""
+        G = self.cfg.num_generations
+        texts = [self.tok.decode(c, skip_special_tokens=True) for c, _ in chunk.completions]
+        # A completion a reward fails on costs that completion its score (counted here, in the
+        # status the learner books); RewardBroken, when a reward fails on most, ends the sampler.
+        scores = self.rewards.score([chunk.problems[k // G] for k in range(len(chunk.completions))], texts,
+                                    [c for c, _ in chunk.completions])
+        failures = self.rewards.faults.stats()
+        self.counters.put(reward_failures=failures.pop("reward_failures"), reward_kinds=failures)
+        if self.prompts.levels is not None:   # every group counts for its task, before any filter
+            window = self.prompts.window
+            for j, problem in enumerate(chunk.problems):
+                window.add(problem.columns.get("rg_task", ""),
+                           sum(sc.info.get("correct", 0.0) for sc in scores[j * G:(j + 1) * G]), G)
+            self.counters.put(curriculum=window.stats())
+        signal = [has_signal([sc.reward for sc in scores[j * G:(j + 1) * G]]) for j in range(len(chunk.gis))]
+        if (deferrals := self.prompts.deferrals) is not None:   # every group, filtered or not
+            for problem, sig in zip(chunk.problems, signal):
+                deferrals.mark(problem, sig)
+            self.counters.put(prompts_deferred=float(deferrals.deferred))
+        return texts, scores, signal
+
+    def _old_and_ref(self, chunk: Chunk, whole: list[list[int]], rows_kept: list[int]
+                     ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+        """The kept rows' old log-probs (as sampled, or a teacher-forced pass) and reference ones
+        (a pass with the frozen reference, loaded the first time; empty when the run needs none)."""
+        G, facts = self.cfg.num_generations, self.client.run_facts
         kept_whole = [whole[k] for k in rows_kept]
-        kept_plens = [len(prompt_ids[gis[k // G]]) for k in rows_kept]
-        if self.old_source == "sampling" and sampled_lp is not None:   # --old-logprobs: exact, or asked for
-            old_lp = {k: sampled_lp[k] for k in rows_kept}
+        kept_plens = [len(chunk.prompt_ids[k // G]) for k in rows_kept]
+        if self.old_source == "sampling" and chunk.sampled_lp is not None:   # --old-logprobs: exact, or asked for
+            old_lp = {k: chunk.sampled_lp[k] for k in rows_kept}
         else:
             old_lp = dict(zip(rows_kept, self._logprobs(self.policy, kept_whole, kept_plens)))
         if facts is None or facts.needs_ref_logprobs:
@@ -358,54 +317,56 @@ class RolloutWorkflow:
             ref_lp = dict(zip(rows_kept, self._logprobs(self.ref, kept_whole, kept_plens)))
         else:   # not needed: the reference pass is skipped and the group carries none
             ref_lp = {k: np.zeros(0, np.float32) for k in rows_kept}
-        reward_s, logprob_s = t2 - t1, time.perf_counter() - t2   # (_logprobs ends in .cpu(): done by now)
-        # A filtered group was offered and dropped here: groups_sent counts it with dropped_zero_signal
-        # (SamplerCounters.groups_sent), so every status has sent >= what it says it dropped, and a
-        # round filtered whole is counted although nothing of it is sent.
-        self.counters.add(dropped_zero_signal=len(gis) - len(keep))
-        self._signal.append((len(keep), len(gis)))
-        groups = []
-        for j in keep:
-            gi = gis[j]
-            problem, prompt, pids = problems[gi], prompts[gi], prompt_ids[gi]
-            comps = []
-            for k in range(j * G, (j + 1) * G):
-                gen_ids, finished = completions[k]
-                text, scored = texts[k], scores[k]
-                comps.append(M.Completion(
-                    generated_token_ids=np.asarray(gen_ids, dtype=np.int32),
-                    old_policy_log_probs=old_lp[k], ref_policy_log_probs=ref_lp[k],
-                    whole_token_ids=np.asarray(whole[k], dtype=np.int32), text=text,
-                    reward=float(scored.reward), reward_info=dict(scored.info), is_finished=finished))
-            groups.append(M.Group(
-                sampler_id=cfg.sampler_id, group_id=f"s{cfg.sampler_id}-r{round_idx}-g{gi}",
-                policy_version=versions[j][0], max_version=versions[j][1], prefix=prompt,
-                prefix_tokens=tok.convert_ids_to_tokens(pids), prefix_token_ids=np.asarray(pids, dtype=np.int32),
-                completions=comps, meta={"answer": problem.answer.split("####")[-1].strip()[:64],
-                                         **({"task": problem.columns["rg_task"]} if "rg_task" in problem.columns
-                                            else {})},
-                incarnation=self.incarnation))
-        n_tokens = sum(len(c) for c, _ in completions)
+        return old_lp, ref_lp
+
+    def _group(self, round_idx: int, chunk: Chunk, j: int, whole: list[list[int]], texts: list[str], scores: list,
+               old_lp: dict[int, np.ndarray], ref_lp: dict[int, np.ndarray]) -> M.Group:
+        """The chunk's group j as the wire's Group."""
+        cfg, G = self.cfg, self.cfg.num_generations
+        problem, pids = chunk.problems[j], chunk.prompt_ids[j]
+        comps = []
+        for k in range(j * G, (j + 1) * G):
+            gen_ids, finished = chunk.completions[k]
+            comps.append(M.Completion(
+                generated_token_ids=np.asarray(gen_ids, dtype=np.int32),
+                old_policy_log_probs=old_lp[k], ref_policy_log_probs=ref_lp[k],
+                whole_token_ids=np.asarray(whole[k], dtype=np.int32), text=texts[k],
+                reward=float(scores[k].reward), reward_info=dict(scores[k].info), is_finished=finished))
+        return M.Group(
+            sampler_id=cfg.sampler_id, group_id=f"s{cfg.sampler_id}-r{round_idx}-g{chunk.gis[j]}",
+            policy_version=chunk.versions[j][0], max_version=chunk.versions[j][1], prefix=chunk.prompts[j],
+            prefix_tokens=self.tok.convert_ids_to_tokens(pids), prefix_token_ids=np.asarray(pids, dtype=np.int32),
+            completions=comps, meta={"answer": problem.answer.split("####")[-1].strip()[:64],
+                                     **({"task": problem.columns["rg_task"]} if "rg_task" in problem.columns
+                                        else {})},
+            incarnation=self.incarnation)
+
+    def _account(self, round_idx: int, chunk: Chunk, rewards: list[float], kept: int, reward_s: float,
+                 logprob_s: float) -> None:
+        """A finished chunk in the counters (samples, tokens, timings, stream counts, peaks) and in
+        its one log line. rewards: every completion's, filtered or not (the train reward)."""
+        cfg, gen_s = self.cfg, chunk.gen_s
+        version = min((v for v, _ in chunk.versions), default=self.client.version)
+        newest = max((v for _, v in chunk.versions), default=version)
+        n_tokens = sum(len(c) for c, _ in chunk.completions)
         if self.engine is not None:
             self.counters.put(stream={f"stream_{k}": float(v) for k, v in self.engine.stream_counts.items()})
-        self.counters.add(samples=len(completions), tokens=n_tokens, gen_s=gen_s, logprob_s=logprob_s,
+        self.counters.add(samples=len(chunk.completions), tokens=n_tokens, gen_s=gen_s, logprob_s=logprob_s,
                           reward_s=reward_s)
         if self.device.type == "cuda":
             # torch's peak counters cover the time since the last self.gpu.sample() (it resets them,
             # below): one round. The run's peak is the largest of them.
             self.counters.raise_to(peak_mem_gb=torch.cuda.max_memory_allocated(self.device) / 2**30,
                                    peak_reserved_gb=torch.cuda.max_memory_reserved(self.device) / 2**30)
-        rewards = [sc.reward for sc in scores]   # every completion, filtered or not: the train reward
-        dropped = (f", {len(gis) - len(keep)} of {len(gis)} groups zero-signal"
-                   if cfg.filter_zero_signal else "")
+        n = len(chunk.gis)
+        dropped = f", {n - kept} of {n} groups zero-signal" if cfg.filter_zero_signal else ""
         swapped = f" (swapped in flight: tokens of v{version}-v{newest})" if newest != version else ""
         # A streaming sampler's chunk counts the seconds since its last chunk: groups that ended at the
         # same host check as the last ones have next to none, and a rate over them would be noise.
         rate = f"{n_tokens / gen_s:.0f} tok/s" if gen_s >= 0.01 else "same check as the last"
         log.info("round %d (v%d): %d completions, %d tokens in %.2f s (%s)%s; log-probs %.2f s, "
-                 "rewards %.2f s; reward mean %.3f%s%s", round_idx, version, len(completions), n_tokens, gen_s,
+                 "rewards %.2f s; reward mean %.3f%s%s", round_idx, version, len(chunk.completions), n_tokens, gen_s,
                  rate, swapped, logprob_s, reward_s, float(np.mean(rewards)), dropped, format_gpu(self.gpu.sample()))
-        return groups
 
     @torch.no_grad()
     def _logprobs(self, model, whole: list[list[int]], prompt_lens: list[int]) -> list[np.ndarray]:
@@ -424,3 +385,89 @@ class RolloutWorkflow:
                 # token t (t >= p) is predicted at position t-1
                 out[i] = lp[j, p - 1:len(whole[i]) - 1].numpy().astype(np.float32)
         return out
+
+
+@dataclass
+class Chunk:
+    """Finished groups of a round, to be scored and sent together: per group its index in the round
+    (gi), its prompt (problem, text, ids) and the (oldest, newest) version its tokens were drawn by;
+    per row (G a group, in group order) its completion (ids, ended with EOS) and, when the engine
+    gives them, its sampled log-probs (None: a pass computes the old ones)."""
+    gis: list[int]
+    problems: list
+    prompts: list[str]
+    prompt_ids: list[list[int]]
+    completions: list[tuple[list[int], bool]]
+    sampled_lp: list[np.ndarray] | None
+    versions: list[tuple[int, int]]
+    gen_s: float                  # the seconds spent generating it (since the last chunk, waits left out)
+
+
+class _Round:
+    """One round of RolloutWorkflow.stream_round: the source its stream asks for prompts (next_prompt:
+    at most n_prompts; streaming, as the budget allows until ends()), the swap it offers the stream,
+    the prompts started and not yet finished (by index), and the finished groups gathered into the
+    next chunk (add, full, take)."""
+
+    def __init__(self, workflow: RolloutWorkflow, n_prompts: int, ends: Callable[[], bool]):
+        self.wf, self.n_prompts, self.ends = workflow, n_prompts, ends
+        self.started: dict[int, tuple[object, str, list[int]]] = {}   # index -> (problem, text, ids)
+        self.taken = self.done = 0   # prompts started; groups finished (sent or filtered)
+        self.gis: list[int] = []
+        self.rows: list[tuple[list[int], bool]] = []
+        self.sampled_lp: list[np.ndarray] | None = []
+        self.versions: list[tuple[int, int]] = []   # per group: (oldest, newest) version among its tokens
+        self.t0 = time.perf_counter()
+
+    def streaming(self) -> bool:   # (round 0 may learn the run's facts, and so the step's size, as it goes)
+        return self.wf.swaps and not self.wf.client.awaiting_first
+
+    def chunk(self) -> int:
+        """Groups a chunk holds at most: this sampler's share of a learner step when streaming,
+        otherwise a step; a fixed round (one batch, all ended at once) is finished whole."""
+        cfg, facts = self.wf.cfg, self.wf.client.run_facts
+        if not cfg.in_flight_rows:
+            return max(1, self.n_prompts)
+        step = facts.groups_per_step if facts is not None else cfg.prompts_per_round or FIRST_STEP_GROUPS
+        return max(1, -(-step // cfg.num_samplers) if self.streaming() else step)
+
+    def next_prompt(self) -> tuple[int, list[int]] | None:
+        """The stream's source: the next prompt of the shard as (index, ids), or None for now."""
+        wf, cfg = self.wf, self.wf.cfg
+        if not self.streaming():
+            if self.taken >= self.n_prompts:
+                return None
+        elif ((cfg.prompts_per_round and self.taken >= cfg.prompts_per_round) or self.ends()
+              or pool_room(wf.client.live_budget(), self.taken - self.done, wf.signal_share()) == 0):
+            return None
+        problem = wf.prompts.stream.next_batch(1)[0]
+        text, ids = encode_prompts(wf.tok, [problem])
+        self.started[self.taken] = (problem, text[0], ids[0])
+        self.taken += 1
+        return self.taken - 1, ids[0]
+
+    def swap(self) -> int | None:
+        # Once the round is ending for an evaluation, the weights stay at the version due for it
+        # (the baseline is version 0's) while the rows in flight end.
+        return None if self.ends() else self.wf.client.apply_newer_now()
+
+    def add(self, fg: FinishedGroup) -> None:
+        self.gis.append(fg.key)
+        self.versions.append((fg.min_version, fg.max_version))
+        self.rows.extend(zip(fg.token_ids, fg.finished))
+        if fg.logprobs is None or self.sampled_lp is None:
+            self.sampled_lp = None   # an engine without log-probs (Hugging Face generate): a pass gives them
+        else:
+            self.sampled_lp.extend(fg.logprobs)
+
+    def full(self) -> bool:
+        return len(self.gis) >= self.chunk()
+
+    def take(self) -> Chunk:
+        """The groups gathered so far as a chunk; their prompts are finished with (counted done)."""
+        problems, prompts, prompt_ids = zip(*(self.started.pop(gi) for gi in self.gis))
+        chunk = Chunk(self.gis, list(problems), list(prompts), list(prompt_ids), self.rows, self.sampled_lp,
+                      self.versions, time.perf_counter() - self.t0)
+        self.done += len(self.gis)   # (sent by the time the stream asks again: the caller sends a chunk first)
+        self.gis, self.rows, self.sampled_lp, self.versions = [], [], [], []
+        return chunk

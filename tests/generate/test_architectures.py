@@ -224,7 +224,7 @@ def check_swap_in_flight(old, new, engine_of) -> None:
         graphs = []
 
         def seen():
-            graphs.append(next(iter(engine._rings.values())).graphs.get(temperature == 0))
+            graphs.append(next(iter(engine.ring.rings.values())).graphs.get(temperature == 0))
         swap = SwapAt(model, new, 1, before=seen)
         torch.manual_seed(4)
         got = {g.key: g for g in engine.stream(source(enumerate(ps)), 2, NEW, temperature=temperature, rows=3,

@@ -12,7 +12,8 @@ import torch
 from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 
 from grpo.generate.attention import attend_limit
-from grpo.generate.backend import hf_generate, old_logprob_source, resolve_backend
+from grpo.generate.backend import hf_generate, hf_rollout, old_logprob_source, resolve_backend
+from grpo.generate.batch import BatchStream
 from grpo.generate.engine import RolloutEngine, generate, group_versions, token_versions
 from grpo.model.load import load_causal_lm, load_tokenizer
 from grpo.model.logprobs import right_pad, token_logprobs
@@ -269,7 +270,7 @@ def test_compiled_ring_step_streams_the_same_tokens_and_leaves_generate_plain(ti
 
     _, want = run()
     eng, got = run(compile_ring=True)
-    assert eng._step == eng._decode and eng._ring_step_fn != eng._ring_step and not eng.compile_decode
+    assert eng._step == eng._decode and eng.ring.step_fn != eng.ring.step and not eng.compile_decode
     assert sorted(got) == sorted(want) == [0, 1, 2, 3, 4]
     for k in want:
         assert got[k].token_ids == want[k].token_ids
@@ -298,8 +299,8 @@ def source(items, gaps=()):
 def count_steps(eng) -> list[int]:
     """Counts the decode steps eng's streams run (what stream() runs without a captured graph, on
     CPU): [n], updated as they run."""
-    ran, step = [0], eng._ring_step_fn
-    eng._ring_step_fn = lambda *a: (ran.__setitem__(0, ran[0] + 1), step(*a))[1]
+    ran, step = [0], eng.ring.step_fn
+    eng.ring.step_fn = lambda *a: (ran.__setitem__(0, ran[0] + 1), step(*a))[1]
     return ran
 
 
@@ -319,7 +320,7 @@ def test_stream_greedy_equals_generate_through_refills_and_ring_wraps(tiny, behi
         # no swap: every token carries the stream's version (0 by default)
         assert [v.tolist() for v in g.versions] == [[0] * 12] * 2 and g.versions[0].dtype == np.int32
         assert g.min_version == g.max_version == 0
-    ring = next(iter(eng._rings.values()))
+    ring = next(iter(eng.ring.rings.values()))
     assert int(ring.t) != 0 and ring.length == 12 + 12
 
 
@@ -429,7 +430,7 @@ def test_stream_makes_a_wider_ring_for_a_longer_prompt(tiny):
     eng = RolloutEngine(tiny, 2, 2)
     got = {g.key: g.token_ids[0] for g in eng.stream(source(list(enumerate(ps))), 1, 8, greedy=True, rows=2)}
     assert got == dict(enumerate(ref))
-    assert [k[1] for k in eng._rings] == [20]          # the 20-token prompt waited for a ring of its width
+    assert [k[1] for k in eng.ring.rings] == [20]          # the 20-token prompt waited for a ring of its width
     assert list(eng.stream(source([]), 2, 4, rows=4)) == []
 
 
@@ -440,8 +441,8 @@ def test_stream_min_width_makes_the_ring_wide_enough_at_once(tiny, min_width, ma
     ps = prompts((3, 4, 20, 2), seed=8)
     ref = RolloutEngine(tiny, 2, 2).generate(ps, 8, greedy=True).token_ids
     eng = RolloutEngine(tiny, 2, 2)
-    widths, ring = [], eng._ring
-    eng._ring = lambda rows, width, *rest: (widths.append(width), ring(rows, width, *rest))[1]
+    widths, ring = [], eng.ring._ring
+    eng.ring._ring = lambda rows, width, *rest: (widths.append(width), ring(rows, width, *rest))[1]
     got = {g.key: g.token_ids[0] for g in eng.stream(source(list(enumerate(ps))), 1, 8, greedy=True, rows=2,
                                                      min_width=min_width)}
     assert got == dict(enumerate(ref)) and widths == made
@@ -609,3 +610,39 @@ def test_stream_swap_without_new_weights_and_bad_swaps(tiny, new_weights):
     with pytest.raises(RuntimeError, match="replaced model parameters .* param.copy_"):
         list(RolloutEngine(model, 2, 2, check_every=2).stream(source(list(enumerate(ps))), 2, 8, greedy=True,
                                                               rows=4, swap=replace))
+
+
+def test_batch_stream_decodes_what_its_source_gives_as_one_batch(tiny):
+    """BatchStream, a fixed round's stream: every prompt the source gives before None (its cap) in one
+    generate call, the groups in the source's order, only the last one last_in_check, every token
+    at the stream's version; with rows, batches of at most that many samples, swap() asked between
+    them; a batch should_stop cut short yields nothing; over Hugging Face generate (hf_rollout) the
+    same tokens and no log-probs (a pass gives them)."""
+    ps = prompts((5, 9, 3), seed=4)
+    eng = RolloutEngine(tiny, 2, 2)
+    ref = eng.generate([p for p in ps for _ in range(2)], 6, greedy=True)
+    calls = []
+
+    def counted(rows, *a):
+        calls.append(len(rows))
+        return eng.generate(rows, *a)
+
+    got = list(BatchStream(counted).stream(source(list(enumerate(ps))), 2, 6, greedy=True, version=3))
+    assert calls == [6] and [g.key for g in got] == [0, 1, 2]
+    assert [g.last_in_check for g in got] == [False, False, True]
+    for g in got:
+        assert g.token_ids == ref.token_ids[2 * g.key:2 * g.key + 2]
+        assert [len(lp) for lp in g.logprobs] == [len(t) for t in g.token_ids]
+        assert [v.tolist() for v in g.versions] == [[3] * len(t) for t in g.token_ids]
+        assert g.min_version == g.max_version == 3
+    calls.clear()
+    swaps = iter([4, None])
+    batched = list(BatchStream(counted).stream(source(list(enumerate(ps))), 2, 6, greedy=True, rows=4,
+                                               swap=lambda: next(swaps)))
+    assert calls == [4, 2] and [g.token_ids for g in batched] == [g.token_ids for g in got]
+    assert [g.min_version for g in batched] == [0, 0, 4] and [g.last_in_check for g in batched] == [False, True, True]
+    assert list(BatchStream(eng.generate).stream(source(list(enumerate(ps))), 2, 6, greedy=True,
+                                                 should_stop=lambda: True)) == []
+    hf = list(BatchStream(lambda rows, m, t, g, stop: hf_rollout(tiny, rows, m, t, g, 2, 2, stop)).stream(
+        source(list(enumerate(ps))), 2, 6, greedy=True))
+    assert [g.token_ids for g in hf] == [g.token_ids for g in got] and all(g.logprobs is None for g in hf)

@@ -41,7 +41,9 @@ def test_sampler_round_with_fast_backend(monkeypatch):
         real = sampler.parts.workflow._logprobs
         monkeypatch.setattr(sampler.parts.workflow, "_logprobs", lambda model, whole, plens: passes.append(
             "ref" if model is sampler.parts.workflow.ref else "policy") or real(model, whole, plens))
-        groups = sampler.parts.workflow.generate_round(0)
+        chunks = list(sampler.parts.workflow.stream_round(0, 2))   # a fixed round: one batch, one chunk
+        assert len(chunks) == 1
+        groups = chunks[0]
         sampler.cfg.in_flight_rows = 4
         groups += [g for chunk in sampler.parts.workflow.stream_round(1, 2) for g in chunk]
         assert passes == ["ref", "ref"]   # the reference pass only (no learner said beta is 0)
@@ -112,7 +114,9 @@ def test_sampler_falls_back_at_start_up(monkeypatch):
     try:
         assert (sampler.parts.backend, sampler.parts.engine, sampler.parts.old_source) == ("hf", None, "pass")
         assert sampler.parts.eos_ids == [sampler.parts.tok.eos_token_id]
-        groups = sampler.parts.workflow.generate_round(0)
+        chunks = list(sampler.parts.workflow.stream_round(0, 2))   # Hugging Face generate: one batch, one chunk
+        assert len(chunks) == 1
+        groups = chunks[0]
     finally:
         sampler.parts.data.close()
         sampler.parts.sync.close()

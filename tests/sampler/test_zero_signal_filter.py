@@ -71,7 +71,7 @@ def test_zero_signal_groups_cost_no_logprob_passes_and_are_not_sent(reward, monk
     monkeypatch.setattr(s.parts.workflow, "_logprobs",
                         lambda model, whole, plens: passes.append(len(whole)) or real(model, whole, plens))
     try:
-        groups = s.parts.workflow.generate_round(0)
+        groups = [g for chunk in s.parts.workflow.stream_round(0, 3) for g in chunk]
     finally:
         s.parts.data.close()
         s.parts.sync.close()
@@ -161,13 +161,13 @@ def test_rounds_grow_until_their_groups_with_signal_fill_a_step(reward):
     s = sampler(reward, True, *free_ports(2), max_rounds=3)
     s.cfg.prompts_per_round = 0
     sizes = []
-    real = s.parts.workflow.generate_round
+    real = s.parts.workflow.stream_round
 
-    def counted(round_idx, n_prompts=None):
+    def counted(round_idx, n_prompts, **kw):
         sizes.append(n_prompts)
-        return real(round_idx, n_prompts)
+        return real(round_idx, n_prompts, **kw)
 
-    s.parts.workflow.generate_round = counted
+    s.parts.workflow.stream_round = counted
     run_against(s, ScriptedLearner(s.cfg.sync_port, facts(s, groups_per_step=2)))
     assert sizes in ([6, 12, 18], [24, 48, 32])
 
