@@ -69,7 +69,7 @@ def find_model(name: str, base_model: str = "") -> FoundModel:
 def load_found(found: FoundModel, device, dtype):
     """The model `found` names on `device` in `dtype`, an adapter merged into its base (a plain
     transformers model either way)."""
-    from grpo.model.load import load_causal_lm  # here: grpo.model.load brings torch; the evaluate command imports this module before (as _resolve)
+    from grpo.model.load import load_causal_lm  # here: grpo.model.load brings torch; the evaluate command imports this module before its checks (as _resolve)
 
     model = load_causal_lm(found.model, device, dtype)
     if found.adapter is None:

@@ -23,9 +23,9 @@ def gguf_builder(gguf_path, label: str, chat_eos: bool = False, where: str | Non
     """A builder (dest -> None) converting a GGUF file: gguf_path is a Path or a callable giving one."""
     def build(dest: Path) -> None:
         gguf = gguf_path() if callable(gguf_path) else gguf_path
-        # here: convert imports transformers at its top; only a conversion needs it, and a run whose
-        # folder is cached leaves transformers' first import to start_runtime (the start-up line times it)
-        from grpo.model.gguf.convert import convert_gguf
+        # convert imports transformers at its top: a run whose folder is cached leaves transformers'
+        # first import to start_runtime, which times it for the start-up line
+        from grpo.model.gguf.convert import convert_gguf  # here: transformers only for a conversion (above)
 
         tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
         try:
