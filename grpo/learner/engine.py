@@ -67,8 +67,8 @@ SHM_COMM_OP = "deepspeed_shm_comm"   # DeepSpeed's ShareMemCommBuilder.NAME
 
 def init_process_group(device: torch.device, timeout_s: float) -> None:
     """DeepSpeed's process group: nccl on CUDA, gloo on CPU (the rendezvous from the environment)."""
-    # (deepspeed itself too; its package imports ops anyway.) The start-up line times this import
-    # with the process group.
+    # `import deepspeed.ops` binds deepspeed as well (whose package imports ops anyway); the start-up
+    # line times this import with the process group.
     import deepspeed.ops  # here: DeepSpeed takes seconds to import; a --no-deepspeed learner never needs it
 
     if device.type != "cuda":
