@@ -477,7 +477,8 @@ def score(args) -> None:
 def score_worker(args) -> None:
     import torch
 
-    from grpo.evaluate import eval_engine, eval_problems, greedy_accuracy
+    from grpo.evaluate import eval_problems, greedy_accuracy
+    from grpo.generate.greedy import eval_engine
     from grpo.model.load import compute_dtype, load_causal_lm, load_tokenizer, pick_device, start_runtime
     from grpo.model.zoo import resolve_model
 

@@ -8,11 +8,15 @@ as any model --model takes in training. The subset is the first --eval-size prob
 split (the source's own order; a data file's held-out rows, grpo.data.sources.held_out_rows),
 so every evaluation of a run, and the baseline before it, scores the same problems. The
 same function runs inside the sampler (`--eval-every N`) and at the learner's end.
+
+This module picks the problems and scores the completions; the decoding (torch, transformers) is
+grpo.generate.greedy's, imported where it is used: the command refuses a bad flag or --dataset
+before torch loads, and the roles import this module before start_runtime times transformers'
+first import.
 """
 from __future__ import annotations
 
 import collections
-import contextlib
 import hashlib
 import json
 import logging
@@ -30,8 +34,7 @@ from grpo.data.sources import DatasetUnavailable, load_problems
 from grpo.data.tasks import start_levels
 from grpo.flags import parse_config
 from grpo.model.gguf.header import ModelUnavailable
-from grpo.model.saved import find_model, load_found
-from grpo.obs.progress import Progress
+from grpo.model.saved import find_model
 from grpo.obs.rundir import freeze_for_exit, setup_logging
 
 if TYPE_CHECKING:   # annotations only: torch is imported where it is used, so `--help` stays instant
@@ -40,69 +43,15 @@ if TYPE_CHECKING:   # annotations only: torch is imported where it is used, so `
 log = logging.getLogger(__name__)
 
 
-def eval_engine(model, tok, backend: str, device: torch.device):
-    """The decoder a greedy evaluation uses: the rollout engine where --generation-backend resolves
-    to 'fast' (CUDA by default), else None (Hugging Face `generate`). Sampler 0 (the baseline),
-    the learner (the final weights) and this module's command all decide by this one rule, so a
-    run's accuracies before and after come from the same decoder: in learning run 7 the two
-    decoders, on the same bf16 weights, differed by 2 of 500 problems."""
-    from grpo.generate.backend import resolve_backend  # here: the command refuses bad flags and --dataset before torch loads
-
-    if resolve_backend(backend, device) != "fast":
-        return None
-    from grpo.generate.engine import RolloutEngine  # here: the command refuses bad flags and --dataset before torch loads
-    from grpo.model.load import eos_ids  # here: the command refuses bad flags and --dataset before torch loads
-
-    return RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id, cuda_graphs=device.type == "cuda")
-
-
 def evaluate_module(module, tok, cfg, device: torch.device, autocast: bool = False) -> dict:
     """Greedy pass@1 of a training module (the learner's final weights) on cfg's evaluation
-    subset, decoded as sampler 0 decoded the baseline: the same decoder (eval_engine) in the same
-    dtype (compute_dtype: bf16 on CUDA). A learner that holds float32 weights (--precision autocast,
-    the default for full fine-tuning) is decoded from a bf16 copy of them (decode_copy), so the
-    result is that of the weights a sampler would run and of the checkpoint saved in that dtype;
-    `autocast` is then moot. A module that cannot be copied so (LoRA adapters) decodes as it is,
-    its fp32 matmuls under bf16 autocast on Hugging Face `generate`."""
-    import torch  # here: the command refuses bad flags and --dataset before torch loads
+    subset, decoded as sampler 0 decoded the baseline (grpo.generate.greedy.decoding: the same
+    decoder in the same dtype, from a copy of float32 weights)."""
+    from grpo.generate.greedy import decoding  # here: the command refuses bad flags and --dataset before torch loads
 
-    from grpo.model.load import compute_dtype  # here: the command refuses bad flags and --dataset before torch loads
-
-    module.config.use_cache = True
-    copy = decode_copy(module, compute_dtype(device))
-    model = copy if copy is not None else module
-    decoder = eval_engine(model, tok, cfg.generation_backend, device)
-    amp = autocast and decoder is None and copy is None
-    try:
-        with torch.autocast("cuda", dtype=torch.bfloat16) if amp else contextlib.nullcontext():
-            return greedy_accuracy(model, tok, run_eval_problems(cfg), cfg.max_new_tokens,
-                                   cfg.eval_batch_size, device, engine=decoder)
-    finally:
-        del decoder, model, copy   # the copy's memory (and the engine's cache) go back before shutdown
-
-
-def decode_copy(module, dtype: torch.dtype):
-    """A copy of a Hugging Face causal LM in `dtype` on the module's device, for decoding (None when
-    the module already is in `dtype`, or is not a plain transformers model: a PEFT wrapper, say).
-    Built from the module's config and filled from its state dict (copy_ casts each tensor), so the
-    copy holds exactly the bits a sampler gets when these weights are published in `dtype`."""
-    import torch  # here: the command refuses bad flags and --dataset before torch loads
-    from transformers import AutoModelForCausalLM, PreTrainedModel  # here: the command refuses bad flags and --dataset before torch loads
-
-    param = next(module.parameters())
-    if param.dtype == dtype or not isinstance(module, PreTrainedModel) or hasattr(module, "peft_config"):
-        return None
-    with torch.device(param.device):
-        copy = AutoModelForCausalLM.from_config(module.config, dtype=dtype,
-                                                attn_implementation=module.config._attn_implementation)
-    missing, unexpected = copy.load_state_dict(module.state_dict(), strict=False)
-    # A tied head has no key of its own in some versions' state dicts; anything else missing is a bug.
-    tied = {k for k in missing if k.endswith("lm_head.weight")} if module.config.tie_word_embeddings else set()
-    if set(missing) - tied or unexpected:
-        raise RuntimeError(f"decode_copy: the copy does not match the module (missing {sorted(missing)[:3]}, "
-                           f"unexpected {sorted(unexpected)[:3]})")
-    copy.generation_config = module.generation_config
-    return copy.eval()
+    with decoding(module, tok, cfg.generation_backend, device, autocast) as (model, engine):
+        return greedy_accuracy(model, tok, run_eval_problems(cfg), cfg.max_new_tokens, cfg.eval_batch_size,
+                               device, engine=engine)
 
 
 def run_eval_problems(cfg) -> list[Problem]:
@@ -121,73 +70,26 @@ def eval_problems(dataset: str, size: int, seed: int = 0, levels: dict[str, int]
 
 def greedy_accuracy(model, tok, problems: list[Problem], max_new_tokens: int, batch_size: int,
                     device: torch.device, engine=None) -> dict:
-    """Greedy decoding of every problem; the share whose final answer is correct.
+    """Greedy decoding of every problem (grpo.generate.greedy.decode: by `engine`, else Hugging
+    Face `generate`); the share whose final answer is correct.
 
     Prompts and correctness are training's: the sampler's prompt rule (problem_prompt) and the
     reward set's 'correct' (score_correctness: reasoning-gym's own scorer for rg: answers that are
     not numbers, the GSM8K final-number rule otherwise), so held-out accuracy measures what the
     reward trains.
-
-    Prompts are sorted by length before batching (less left padding); greedy decoding does
-    not depend on the batch it runs in beyond float rounding, so the order does not change
-    which problems are solved in any systematic way.
     """
-    import torch  # here: the command refuses bad flags and --dataset before torch loads
+    from grpo.generate.greedy import decode  # here: the command refuses bad flags and --dataset before torch loads
 
-    with torch.no_grad():
-        return _greedy_accuracy(model, tok, problems, max_new_tokens, batch_size, device, engine)
-
-
-def _greedy_accuracy(model, tok, problems, max_new_tokens, batch_size, device, engine) -> dict:
-    from grpo.model.load import eos_ids  # here: the command refuses bad flags and --dataset before torch loads
-    from grpo.model.logprobs import left_pad  # here: the command refuses bad flags and --dataset before torch loads
-
-    was_training = model.training
-    model.eval()
     t0 = time.perf_counter()
     prompts = [problem_prompt(tok, p) for p in problems]
     ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    texts = [""] * len(ids)
-    lengths = [0] * len(ids)
-    truncated = 0
-    if engine is not None:   # the sampler's rollout engine (grpo.generate.engine): same greedy tokens, faster
-        out = engine.generate([ids[i] for i in order], max_new_tokens, greedy=True)
-        for i, row, fin in zip(order, out.token_ids, out.finished):
-            row = row[:-1] if fin else row    # drop the EOS the engine keeps
-            truncated += not fin
-            lengths[i] = len(row)
-            texts[i] = tok.decode(row, skip_special_tokens=True)
-        order = []
-    bar = Progress("eval problems", total=len(problems), unit="problem")
-    bar.update(len(problems) - len(order))   # the engine path did them all at once
-    stop = eos_ids(tok, model)   # every EOS id: the tokenizer's and the generation config's
-    for s in range(0, len(order), batch_size):
-        rows = order[s:s + batch_size]
-        x, attn = left_pad([ids[i] for i in rows], tok.pad_token_id, device)
-        width = x.shape[1]
-        out = model.generate(input_ids=x, attention_mask=attn, do_sample=False,
-                             max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
-                             eos_token_id=stop, top_k=None, top_p=None, temperature=None)
-        for j, row in enumerate(out[:, width:].cpu().tolist()):
-            i = rows[j]
-            cut = next((n for n, t in enumerate(row) if t in stop), None)
-            if cut is not None:
-                row = row[:cut]
-            else:
-                truncated += 1
-            lengths[i] = len(row)
-            texts[i] = tok.decode(row, skip_special_tokens=True)
-        bar.update(len(rows))
-    bar.close()
+    texts, lengths, truncated = decode(model, tok, ids, max_new_tokens, batch_size, device, engine)
     t_decoded = time.perf_counter()
     scorer = correctness_scorer()   # a completion it cannot score counts as wrong, and is counted
     scored = scorer.score(problems, texts, [[] for _ in texts])
     correct = [sc.info["correct"] for sc in scored]
     answers = [final_answer(p, t) for p, t in zip(problems, texts)]
     has_answer = [sc.info["has_answer"] for sc in scored]
-    if was_training:
-        model.train()
     n = max(len(problems), 1)
     return {"accuracy": sum(correct) / n, "correct": int(sum(correct)), "n": len(problems),
             "has_answer": sum(has_answer) / n, "mean_completion_len": sum(lengths) / n,
@@ -253,15 +155,9 @@ def _main(argv: list[str] | None = None) -> int:
         problems = eval_problems(cfg.dataset, cfg.eval_size)   # a bad --dataset ends here, before torch loads
         found = find_model(cfg.model, cfg.base_model)   # a folder it cannot take too (a checkpoint's is fine)
         log.info("evaluating %s", found.what)
-        from grpo.model.load import compute_dtype, load_tokenizer, pick_device, start_runtime  # here: the command refuses bad flags and --dataset before torch loads
+        from grpo.generate.greedy import load_to_decode  # here: the command refuses bad flags and --dataset before torch loads
 
-        device = pick_device(cfg.device, cfg.gpu_id)
-        # The workers' attention kernels (start_runtime turns cuDNN's off on CUDA): another kernel rounds
-        # bf16 otherwise, and greedy decoding then parts from the learner's and samplers' on some problems.
-        start_runtime(device, {})
-        tok = load_tokenizer(found.tokenizer)
-        model = load_found(found, device, compute_dtype(device))
-        engine = eval_engine(model, tok, cfg.generation_backend, device)
+        device, tok, model, engine = load_to_decode(found, cfg.device, cfg.gpu_id, cfg.generation_backend)
     except (DatasetUnavailable, ModelUnavailable, ValueError) as exc:
         print(f"python -m grpo.evaluate: error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
         return 2

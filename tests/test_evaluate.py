@@ -208,7 +208,8 @@ def test_final_evaluation_decodes_a_copy_in_the_samplers_dtype():
     copy in the compute dtype: exactly what a model loaded in that dtype from the same weights
     decodes, and the module itself is left as it was."""
     from grpo.config import LearnerConfig
-    from grpo.evaluate import decode_copy, evaluate_module
+    from grpo.evaluate import evaluate_module
+    from grpo.generate.greedy import decode_copy
 
     path = resolve_model("tiny-random")
     tok = load_tokenizer(path)

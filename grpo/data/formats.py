@@ -173,7 +173,7 @@ def iter_file_rows(path: Path) -> Iterator[tuple[str, Any]]:
                 else:
                     yield where, row
     elif suffix == ".parquet":
-        import pyarrow.parquet as pq  # here: only a .parquet file needs pyarrow (it comes with `datasets`)
+        import pyarrow.parquet as pq  # here: pyarrow brings numpy, and the launcher imports this module; only a .parquet file needs it
 
         table = pq.read_table(path)
         for i, row in enumerate(table.to_pylist(), start=1):

@@ -41,6 +41,7 @@ from grpo.data.faults import RewardFaults, first_line, kind_of
 from grpo.data.gsm8k import RewardResult, extract_gsm8k_answer, gsm8k_correct
 from grpo.data.plugins import PluginError, load_callable
 from grpo.data.sandbox import SandboxLimits, code_reward
+from grpo.data.tasks import answer_scorer
 
 __all__ = ["BUILTINS", "RewardBroken", "RewardError", "RewardSet", "correctness_reward", "format_reward",
            "overlong_reward", "score_correctness"]
@@ -73,9 +74,7 @@ _NUMBER = re.compile(r"\s*-?\$?\d[\d,]*(?:\.\d+)?\s*")
 
 @functools.lru_cache(maxsize=None)
 def _rg_scorer(task: str) -> Callable[[str | None, dict], float]:
-    import reasoning_gym  # here: reasoning_gym takes seconds to import; only its tasks use it
-
-    return reasoning_gym.get_score_answer_fn(task)
+    return answer_scorer(task)   # (reasoning_gym, imported on first use: grpo.data.tasks)
 
 
 def _marked_answer(text: str) -> str | None:

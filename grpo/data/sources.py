@@ -13,6 +13,8 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from huggingface_hub import constants as hub_constants   # torch-free and light (no datasets, no numpy)
+
 from grpo.data import formats, tasks
 from grpo.data.formats import Problem
 from grpo.model.hub import unreachable_reason
@@ -82,7 +84,7 @@ def held_out_rows(n: int) -> list[int]:
     rows). None (an empty list) for a file of fewer than HELD_OUT_MIN_ROWS rows."""
     if n < HELD_OUT_MIN_ROWS:
         return []
-    import numpy as np
+    import numpy as np   # here: this module is the launcher's (which loads no numpy); only a file's split needs it
 
     n_test = math.ceil(HELD_OUT_FRACTION * n)
     return sorted(np.random.default_rng(HELD_OUT_SEED).permutation(n)[:n_test].tolist())
@@ -230,31 +232,28 @@ def _load_reasoning_gym(text: str, split: str, limit: int | None, seed: int,
 
 
 @contextlib.contextmanager
-def _hub_offline() -> Iterator[None]:
+def _hub_offline(datasets_config) -> Iterator[None]:
     """Force offline mode for one load so a cached copy is used without any network round trip.
 
-    The env vars are read at import time, so the flags are flipped on the imported modules.
+    The env vars are read at import time, so the flags are flipped on the imported modules
+    (datasets' config, which _load_hub imports, and huggingface_hub's constants).
     """
-    import datasets
-    from huggingface_hub import constants
-
-    saved = (datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE)
-    datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
+    saved = (datasets_config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE)
+    datasets_config.HF_HUB_OFFLINE = hub_constants.HF_HUB_OFFLINE = True
     try:
         yield
     finally:
-        datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = saved
+        datasets_config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE = saved
 
 
 def _load_hub(spec: str, split: str, limit: int | None, fn: formats.Transform | None = None) -> list[Problem]:
-    import datasets  # lazy: ~2-3 s import, not needed for local or generated data
-    from huggingface_hub import constants
+    import datasets  # here: ~1.5-3 s to import, and the launcher's path; only a hub data set needs it
 
     name = "GSM8K" if spec == DEFAULT_DATASET else f"Dataset {spec!r}"
     config = "main" if spec == DEFAULT_DATASET else None
     dataset = None
     try:
-        with _hub_offline():
+        with _hub_offline(datasets.config):
             dataset = datasets.load_dataset(spec, config, split=split)
     except (ConnectionError, FileNotFoundError):
         pass  # not in the local cache: try the network below
@@ -263,7 +262,7 @@ def _load_hub(spec: str, split: str, limit: int | None, fn: formats.Transform | 
             f"{name} cannot be loaded from the local cache: {_one_line(exc)}. {_FIXES}"
         ) from exc
     if dataset is None:
-        if datasets.config.HF_HUB_OFFLINE or constants.HF_HUB_OFFLINE:
+        if datasets.config.HF_HUB_OFFLINE or hub_constants.HF_HUB_OFFLINE:
             reason = "offline mode (HF_HUB_OFFLINE) is set"
         else:
             reason = unreachable_reason()   # the same bounded probe as a hub --model's

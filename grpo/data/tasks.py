@@ -123,10 +123,22 @@ def from_yaml(value: Any, where: str) -> str:
     return format_spec(specs)
 
 
-def _registry() -> tuple[dict, dict]:
-    import reasoning_gym.factory as factory  # here: reasoning_gym takes seconds to import; only its tasks use it
+def _rg():
+    """reasoning_gym's factory (the task registry and scorers) and composite (mixtures) modules."""
+    from reasoning_gym import composite, factory  # here: reasoning_gym takes ~1 s to import, and the launcher imports this module; only rg: tasks need it
 
+    return factory, composite
+
+
+def _registry() -> tuple[dict, dict]:
+    factory, _ = _rg()
     return factory.DATASETS, factory.CURRICULA
+
+
+def answer_scorer(task: str):
+    """reasoning_gym's own scorer of a task's answers: (answer, entry) -> score."""
+    factory, _ = _rg()
+    return factory.get_score_answer_fn(task)
 
 
 def check(specs: list[TaskSpec], curriculum: bool = False) -> None:
@@ -188,11 +200,10 @@ def make_dataset(specs: list[TaskSpec], size: int, seed: int, levels: dict[str, 
                for i, s in enumerate(specs)]
     if len(specs) == 1:
         return datasets[specs[0].name][0](config=configs[0])
-    from reasoning_gym.composite import CompositeConfig, CompositeDataset, DatasetSpec  # here: reasoning_gym takes seconds to import; only its tasks use it
-
-    parts = [DatasetSpec(s.name, s.weight, {k: v for k, v in dataclasses.asdict(c).items()})
+    _, composite = _rg()
+    parts = [composite.DatasetSpec(s.name, s.weight, {k: v for k, v in dataclasses.asdict(c).items()})
              for s, c in zip(specs, configs)]
-    return CompositeDataset(CompositeConfig(size=size, seed=seed, datasets=parts))
+    return composite.CompositeDataset(composite.CompositeConfig(size=size, seed=seed, datasets=parts))
 
 
 def task_of(entry: dict, specs: list[TaskSpec]) -> str:

@@ -18,8 +18,7 @@ def static_cache(model, length: int, device: torch.device, plan: LayerPlan | Non
     Each layer's write index is made on `device`: transformers makes it on the CPU and moves it at
     the layer's first write, a pageable copy that waits for all queued work, so a prefill queued
     behind decode steps would wait for them."""
-    from transformers import StaticCache  # here: start_runtime times transformers' first import (the start-up line)
-    from transformers.cache_utils import Cache, StaticLayer  # here: start_runtime times transformers' first import (the start-up line)
+    from transformers.cache_utils import Cache, StaticCache, StaticLayer  # here: start_runtime times transformers' first import (the start-up line)
 
     plan = plan or layer_plan(model)
     cache = StaticCache.__new__(StaticCache)

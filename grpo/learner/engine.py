@@ -67,15 +67,15 @@ SHM_COMM_OP = "deepspeed_shm_comm"   # DeepSpeed's ShareMemCommBuilder.NAME
 
 def init_process_group(device: torch.device, timeout_s: float) -> None:
     """DeepSpeed's process group: nccl on CUDA, gloo on CPU (the rendezvous from the environment)."""
-    import deepspeed  # here: DeepSpeed takes seconds to import; a --no-deepspeed learner never needs it
+    # `import deepspeed.ops` binds deepspeed as well (whose package imports ops anyway); the start-up
+    # line times this import with the process group.
+    import deepspeed.ops  # here: DeepSpeed takes seconds to import; a --no-deepspeed learner never needs it
 
     if device.type != "cuda":
         # DeepSpeed's CPU accelerator JIT-compiles a shared-memory allreduce (deepspeed_shm_comm)
         # when its process group starts: a C++ build of a minute or more on a fresh machine before
         # a CPU run (the tests, the demo) can begin, and again for each new environment. gloo does
         # every collective a CPU learner needs, so the op is marked unavailable and not built.
-        import deepspeed.ops  # here: DeepSpeed takes seconds to import; a --no-deepspeed learner never needs it
-
         deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo",
                                timeout=timedelta(seconds=timeout_s))

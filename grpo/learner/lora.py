@@ -53,12 +53,10 @@ def wrap_lora(model: torch.nn.Module, r: int, alpha: float, target_modules: str,
 
 
 def is_peft(model: torch.nn.Module) -> bool:
-    # No model can be a PeftModel unless peft was imported: skip the (slow) import otherwise.
-    if "peft" not in sys.modules:
-        return False
-    from peft import PeftModel  # here: peft only when it is loaded already (see above): its import is slow
-
-    return isinstance(model, PeftModel)
+    # No model can be a PeftModel unless peft was imported: its class is asked of the loaded
+    # package, never imported here (peft's import is slow).
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 def save_adapter(model: torch.nn.Module, path: str | Path, merged: bool = False) -> Path:

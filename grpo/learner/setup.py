@@ -4,7 +4,8 @@ build(cfg), in start-up order:
   check     every flag that can be wrong fails here, with one line, before ports or weights
   bind      rank 0 binds the data and sync ports first: samplers connect and queue while it loads
   group     the process group (DeepSpeed), its first collective on a thread beside the model's loading
-  load      tokenizer and model (LoRA-wrapped with --lora-r), then the optimizer engine
+  load      tokenizer and model (LoRA-wrapped with --lora-r), then the optimizer engine (start_engine:
+            group and load, timed for the start-up line)
   publish   rank 0: the sync answer, the intake (rank 0's receive side) wired into its budget
             (QueueView), and the weight publisher (its thread answers at once, so it is wired to the
             message ledger and liveness here, before it serves any weights, and its first answer
@@ -211,6 +212,33 @@ def wire_queue_view(answers: SyncAnswer, intake: Intake, liveness: Liveness) -> 
                                    training=lambda: intake.taken)
 
 
+def start_engine(cfg: LearnerConfig, p: Placement, receiver: DataReceiver | None) -> tuple:
+    """(tokenizer, vocabulary size, optimizer engine): the process group, the model and the engine,
+    timed for the start-up line. A job of build's of its own: its clock readings and the
+    communicator's warm-up (beside the model's loading) begin and end here."""
+    t_dist = time.perf_counter()
+    comm_warmup = None if cfg.no_deepspeed else start_process_group(cfg, p.device)
+    t_model = time.perf_counter()
+    load_times: dict[str, float] = {}   # the parts of 'model' in the start-up line
+    tok, model = load_model(cfg, p.model_path, p.device, p.precision, load_times)
+    vocab_size = model.get_input_embeddings().weight.shape[0]
+    if receiver is not None:
+        receiver.limits = M.Limits(group_size=cfg.num_generations, vocab_size=vocab_size)
+    t_engine = time.perf_counter()
+    comm_s = None if comm_warmup is None else comm_warmup.wait()
+    engine = TorchEngine(model, p.ds_config, p.device) if cfg.no_deepspeed else DeepSpeedEngine(model, p.ds_config)
+    log.info("start-up: device %.1f s, DeepSpeed import and process group %.1f s, model %.1f s (%s), optimizer "
+             "engine %.1f s%s", p.device_s, t_model - t_dist, t_engine - t_model,
+             ", ".join(f"{k} {v:.1f} s" for k, v in load_times.items()), time.perf_counter() - t_engine,
+             "" if comm_s is None else f" (the communicator's first collective: {comm_s:.2f} s, beside the model)")
+    mark_stage(p.run_dir, f"learner{p.rank}", "engine_ready")
+    log.info("precision %s: %s", p.precision,
+             {"autocast": "float32 weights and optimizer state, bf16 matmuls under torch.autocast",
+              "bf16": "bf16 weights, fp32 master copies in DeepSpeed's optimizer",
+              "fp32": "float32 throughout"}[p.precision])
+    return tok, vocab_size, engine
+
+
 @dataclass
 class LearnerParts:
     """Everything a learner rank runs with. Rank 0 only (None on the other ranks): server, receiver,
@@ -257,27 +285,7 @@ def build(cfg: LearnerConfig) -> LearnerParts:
     books = Books(max_entries=4 * cfg.max_samplers)
     messages = MessageLedger(max_keys=16 * cfg.max_samplers)
     server, receiver = bind_ports(cfg, p.run_dir) if rank == 0 else (None, None)
-
-    t_dist = time.perf_counter()
-    comm_warmup = None if cfg.no_deepspeed else start_process_group(cfg, device)
-    t_model = time.perf_counter()
-    load_times: dict[str, float] = {}   # the parts of 'model' in the start-up line
-    tok, model = load_model(cfg, p.model_path, device, p.precision, load_times)
-    vocab_size = model.get_input_embeddings().weight.shape[0]
-    if receiver is not None:
-        receiver.limits = M.Limits(group_size=cfg.num_generations, vocab_size=vocab_size)
-    t_engine = time.perf_counter()
-    comm_s = None if comm_warmup is None else comm_warmup.wait()
-    engine = TorchEngine(model, p.ds_config, device) if cfg.no_deepspeed else DeepSpeedEngine(model, p.ds_config)
-    log.info("start-up: device %.1f s, DeepSpeed import and process group %.1f s, model %.1f s (%s), optimizer "
-             "engine %.1f s%s", p.device_s, t_model - t_dist, t_engine - t_model,
-             ", ".join(f"{k} {v:.1f} s" for k, v in load_times.items()), time.perf_counter() - t_engine,
-             "" if comm_s is None else f" (the communicator's first collective: {comm_s:.2f} s, beside the model)")
-    mark_stage(p.run_dir, f"learner{rank}", "engine_ready")
-    log.info("precision %s: %s", p.precision,
-             {"autocast": "float32 weights and optimizer state, bf16 matmuls under torch.autocast",
-              "bf16": "bf16 weights, fp32 master copies in DeepSpeed's optimizer",
-              "fp32": "float32 throughout"}[p.precision])
+    tok, vocab_size, engine = start_engine(cfg, p, receiver)
 
     # The control fields of every answer on the sync port (facts, levels, budget): rank 0's publisher asks it.
     answers = SyncAnswer(run_facts(cfg, vocab_size, device, p.groups_per_step))

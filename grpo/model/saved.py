@@ -69,7 +69,7 @@ def find_model(name: str, base_model: str = "") -> FoundModel:
 def load_found(found: FoundModel, device, dtype):
     """The model `found` names on `device` in `dtype`, an adapter merged into its base (a plain
     transformers model either way)."""
-    from grpo.model.load import load_causal_lm  # here: grpo.model.load brings torch; a bad --model is refused before that
+    from grpo.model.load import load_causal_lm  # here: grpo.model.load brings torch; the evaluate command imports this module before its checks (as _resolve)
 
     model = load_causal_lm(found.model, device, dtype)
     if found.adapter is None:
@@ -89,10 +89,15 @@ def load_found(found: FoundModel, device, dtype):
     return merged.to(device).eval()
 
 
-def _plain(name: str) -> FoundModel:
-    from grpo.model.zoo import resolve_model  # here: grpo.model.zoo brings torch; a bad --model is refused before that
+def _resolve(name: str) -> str:
+    """grpo.model.zoo.resolve_model(name): the folder or hub id a --model value loads from."""
+    from grpo.model.zoo import resolve_model  # here: grpo.model.zoo brings torch; the evaluate command imports this module and refuses a bad flag or --dataset before torch loads
 
-    path = resolve_model(name)
+    return resolve_model(name)
+
+
+def _plain(name: str) -> FoundModel:
+    path = _resolve(name)
     return FoundModel(path, None, path, f"model {path}")
 
 
@@ -101,8 +106,6 @@ def _holds_policy(folder: Path) -> bool:
 
 
 def _adapter(folder: Path, base_model: str) -> FoundModel:
-    from grpo.model.zoo import resolve_model  # here: grpo.model.zoo brings torch; a bad --model is refused before that
-
     candidates = [(base_model, "--base-model")] if base_model else _bases_of(folder)
     if not candidates:
         raise ModelUnavailable(f"the LoRA adapter {folder} names no base model and no run config ({RUN_CONFIG}) is "
@@ -111,7 +114,7 @@ def _adapter(folder: Path, base_model: str) -> FoundModel:
     # path relative to the folder the run was launched from, say).
     for i, (base, said) in enumerate(candidates):
         try:
-            resolved = resolve_model(base)
+            resolved = _resolve(base)
             break
         except ModelUnavailable as exc:
             if i == len(candidates) - 1:

@@ -13,6 +13,11 @@ import torch
 
 from grpo.config import ALLOC_ENV, allocator_conf
 
+try:
+    import pynvml
+except ImportError:   # nvidia-ml-py not installed: torch's counters alone (GpuMonitor's except)
+    pynvml = None
+
 log = logging.getLogger(__name__)
 
 
@@ -24,8 +29,8 @@ class GpuMonitor:
         if device.type != "cuda":
             return
         try:
-            import pynvml  # here: NVML only for a CUDA device (the except below: no driver, no stats)
-
+            if pynvml is None:
+                raise ImportError("no module named pynvml (pip install nvidia-ml-py)")
             pynvml.nvmlInit()
             # Find our GPU by UUID: CUDA_VISIBLE_DEVICES renumbers devices, NVML does not.
             uuid = str(torch.cuda.get_device_properties(device).uuid)

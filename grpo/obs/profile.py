@@ -17,6 +17,9 @@ import re
 import shutil
 from pathlib import Path
 
+import torch
+from torch.profiler import ProfilerActivity, profile
+
 log = logging.getLogger(__name__)
 
 _SPAN = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
@@ -54,9 +57,6 @@ class SpanProfiler:
             yield
             return
         if self._prof is None:
-            import torch  # here: torch's profiler only once a --profile-steps step comes
-            from torch.profiler import ProfilerActivity, profile  # here: torch's profiler only once a --profile-steps step comes
-
             self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
             acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
             self._prof = profile(activities=acts, record_shapes=False, with_stack=False)

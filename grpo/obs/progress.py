@@ -12,6 +12,8 @@ import sys
 import time
 from typing import Iterable, Iterator, TypeVar
 
+from tqdm import tqdm
+
 log = logging.getLogger("grpo.obs.progress")
 T = TypeVar("T")
 
@@ -43,8 +45,6 @@ class Progress:
         self._bar = None
         stream = stream or sys.stderr
         if _use_bar(stream):
-            from tqdm import tqdm  # here: tqdm only when a bar is drawn (_use_bar)
-
             self._bar = tqdm(total=total, desc=desc, unit=unit, file=stream, dynamic_ncols=True)
 
     def line(self, final: bool = False) -> str:

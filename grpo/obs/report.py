@@ -13,6 +13,9 @@ import statistics
 import sys
 from pathlib import Path
 
+from matplotlib.figure import Figure   # no pyplot: a figure of its own, written to a file, needs no display or backend
+from matplotlib.ticker import MaxNLocator
+
 from grpo.config.cli import ArgumentParser
 
 PANELS = [  # (title, y label, [(record key, legend, scale)])
@@ -125,12 +128,6 @@ def _eval_points(steps: list[dict], evals: list[dict]) -> tuple[list[float], lis
 
 
 def plot(steps: list[dict], out: Path, title: str, evals: list[dict] | None = None) -> None:
-    import matplotlib  # here: matplotlib is slow to import; only a plot needs it (pyplot after use('Agg'))
-
-    matplotlib.use("Agg")  # files only, no display needed
-    import matplotlib.pyplot as plt  # here: matplotlib is slow to import; only a plot needs it (pyplot after use('Agg'))
-    from matplotlib.ticker import MaxNLocator  # here: matplotlib is slow to import; only a plot needs it (pyplot after use('Agg'))
-
     panels = list(PANELS)
     levels = sorted({k for r in steps for k in r if k.startswith("curriculum/")})
     if levels:   # --curriculum: each task's level; its changes are the steps where a line moves
@@ -138,7 +135,8 @@ def plot(steps: list[dict], out: Path, title: str, evals: list[dict] | None = No
     tasks = sorted({k for r in steps for k in r if k.startswith("accuracy/")})
     if len(tasks) > 1:   # a mixture: each task's own train accuracy
         panels.insert(2, ("Train accuracy by task", "fraction correct", [(k, k.split("/", 1)[1], 1.0) for k in tasks]))
-    fig, axes = plt.subplots(len(panels), 2, figsize=(12, 2.6 * len(panels)), squeeze=False)
+    fig = Figure(figsize=(12, 2.6 * len(panels)))
+    axes = fig.subplots(len(panels), 2, squeeze=False)
     for row, (name, ylabel, series) in enumerate(panels):
         for col in range(2):
             ax = axes[row][col]
@@ -169,7 +167,6 @@ def plot(steps: list[dict], out: Path, title: str, evals: list[dict] | None = No
     fig.suptitle(title, fontsize=12)
     fig.tight_layout(rect=(0, 0, 1, 0.98))
     fig.savefig(out, dpi=90)
-    plt.close(fig)
 
 
 def _median(steps: list[dict], key: str, skip_first: bool = True) -> float | None:

@@ -14,7 +14,6 @@ import os
 import shutil
 from pathlib import Path
 
-from grpo.model.gguf import convert
 from grpo.model.load import cache_dir, locked, write_build_stamp
 
 log = logging.getLogger(__name__)
@@ -24,9 +23,13 @@ def gguf_builder(gguf_path, label: str, chat_eos: bool = False, where: str | Non
     """A builder (dest -> None) converting a GGUF file: gguf_path is a Path or a callable giving one."""
     def build(dest: Path) -> None:
         gguf = gguf_path() if callable(gguf_path) else gguf_path
+        # convert imports transformers at its top: a run whose folder is cached leaves transformers'
+        # first import to start_runtime, which times it for the start-up line
+        from grpo.model.gguf.convert import convert_gguf  # here: transformers only for a conversion (above)
+
         tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
         try:
-            convert.convert_gguf(gguf, tmp, label, chat_eos=chat_eos, where=where)
+            convert_gguf(gguf, tmp, label, chat_eos=chat_eos, where=where)
             write_build_stamp(tmp, source)
             tmp.rename(dest)
         finally:

@@ -26,12 +26,31 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
+import transformers
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, TokenizersBackend
+from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
 from grpo.model.gguf.header import ModelUnavailable, config_kwargs, end_ids, model_type, read_gguf
 from grpo.obs.progress import Progress
+
+# Where transformers' versions differ: 5.2x keeps the tokenizer converter in integrations.gguf and
+# has a per-architecture reader (GGUF_CONFIG_ARCHS) and GgufConfig; before (the GPU machines' 5.17)
+# the converter is in integrations.ggml and the other two do not exist.
+try:
+    from transformers.integrations.gguf import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+except ImportError:
+    from transformers.integrations.ggml import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+try:
+    from transformers.integrations.gguf import GGUF_CONFIG_ARCHS
+except ImportError:
+    GGUF_CONFIG_ARCHS = ()
+try:
+    from transformers import GgufConfig
+except ImportError:
+    GgufConfig = None
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +95,6 @@ def set_end_tokens(tok, config, generation_config, metadata: dict, where: str) -
 
 
 def _transformers_version() -> str:
-    import transformers  # here: start_runtime times transformers' first import (the start-up line)
-
     return transformers.__version__
 
 
@@ -91,14 +108,8 @@ def transformers_architectures() -> set[str]:
     """The GGUF architectures (general.architecture, as transformers names them) this transformers
     can de-quantise into a causal LM: its legacy loader's config table and, where it has one, the
     newer per-architecture reader's."""
-    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES  # here: start_runtime times transformers' first import (the start-up line)
-
     archs = set(GGUF_SUPPORTED_ARCHITECTURES) - {"general", "tokenizer"}   # table keys that name no model
-    try:
-        from transformers.integrations.gguf import GGUF_CONFIG_ARCHS  # here: start_runtime times transformers' first import (the start-up line)
-        archs |= set(GGUF_CONFIG_ARCHS)
-    except ImportError:   # transformers before 5.2x has only the legacy loader
-        pass
+    archs |= set(GGUF_CONFIG_ARCHS)   # empty before transformers 5.2x: the legacy loader only
     return archs - _NOT_CAUSAL
 
 
@@ -155,8 +166,6 @@ def _unpermute_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 def _config_from_gguf(metadata: dict, tensor_names: set):
     """The config transformers' GGUF loader builds (modeling_gguf_pytorch_utils.load_gguf_checkpoint)."""
-    import transformers  # here: start_runtime times transformers' first import (the start-up line)
-
     config_class, model_class, _ = _FAST[model_type(metadata)]
     cfg = getattr(transformers, config_class)(**config_kwargs(metadata, tensor_names))
     cfg.architectures = [model_class]
@@ -166,12 +175,6 @@ def _config_from_gguf(metadata: dict, tensor_names: set):
 
 def _tokenizer_from_gguf(metadata: dict, gguf: Path):
     """The tokenizer transformers builds from this GGUF (its GGUF path ends in TokenizersBackend)."""
-    from transformers import TokenizersBackend  # here: start_runtime times transformers' first import (the start-up line)
-    try:
-        from transformers.integrations.gguf import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer  # here: start_runtime times transformers' first import (the start-up line)
-    except ImportError:   # transformers before 5.2x (the GPU machines' 5.17) keeps them in integrations.ggml
-        from transformers.integrations.ggml import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer  # here: start_runtime times transformers' first import (the start-up line)
-
     def group(name: str) -> dict:
         return {hf: metadata[f"tokenizer.{key}"] for key, hf in GGUF_TOKENIZER_MAPPING[name].items()
                 if f"tokenizer.{key}" in metadata}
@@ -204,9 +207,6 @@ def _hf_name(name: str) -> str:
 
 
 def _gguf_to_hf_fast(gguf: Path, tmp: Path, bar, chat_eos: bool = False) -> None:
-    import transformers  # here: start_runtime times transformers' first import (the start-up line)
-    from transformers import GenerationConfig  # here: start_runtime times transformers' first import (the start-up line)
-
     metadata, table, buf = read_gguf(gguf)
     if not fast_path_reads(metadata):
         raise ValueError(f"the fast path reads llama and qwen2 files with a gpt2 vocabulary, not "
@@ -256,13 +256,8 @@ def _gguf_to_hf_fast(gguf: Path, tmp: Path, bar, chat_eos: bool = False) -> None
 # ------------------------------------------------------------------ transformers' own GGUF loading
 def _gguf_to_hf_transformers(gguf: Path, tmp: Path, bar, chat_eos: bool = False) -> None:
     """The reference conversion: transformers' own GGUF loading (parses the file three times)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # here: start_runtime times transformers' first import (the start-up line)
-
     extra = {}
-    try:   # keep nothing packed in GGUF blocks (transformers 5.2x can, for some architectures): floats to save
-        from transformers import GgufConfig  # here: start_runtime times transformers' first import (the start-up line)
-    except ImportError:
-        GgufConfig = None
+    # keep nothing packed in GGUF blocks (transformers 5.2x can, for some architectures): floats to save
     if GgufConfig is not None and "dequantize" in inspect.signature(GgufConfig).parameters:
         extra["quantization_config"] = GgufConfig(dequantize=True)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
