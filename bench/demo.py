@@ -62,7 +62,7 @@ def summarise(run_dir: Path, launch: float, end: float, command: str, device: st
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
     r.add_argument("--run-dir", type=Path, default=Path("/tmp/rw/demo"))

@@ -242,20 +242,26 @@ def check_fits(p: dict[str, list[tuple[str, int]]], gpu_bytes: dict[int, int],
     return f"{problem}; --precision bf16 (bf16 weights) would fit: about {gib(_counted(bf16, placement, g))}"
 
 
-def fitting_micro_tokens(s: Shape, r: RunShape, gpu_bytes: dict[int, int], placement: dict[str, int]) -> int | None:
+def fitting_micro_tokens(s: Shape, r: RunShape, gpu_bytes: dict[int, int], placement: dict[str, int],
+                         with_reserve: bool = False) -> int | None:
     """The learner's token budget per micro-batch halved until the plan's counted items fit every
-    GPU (check_fits), down to one row of the assumed length; None when the budget is not a token
-    budget (fixed micro-batches), the plan fits already, or even one row does not fit.
+    GPU (check_fits), and with_reserve the allocator's reserve as well (check_tight), down to one row
+    of the assumed length; None when the budget is not a token budget (fixed micro-batches), the
+    plan fits already, or even one row does not fit. with_reserve is for a GPU that a learner shares
+    with a sampler: there the reserve is real (1.5B on one H200: counted 127 of 140 GiB, ran out).
     Halving rather than the largest budget that just fits: activations are a rough rule, and a
     counted total at the GPU's edge leaves the allocator nothing. A micro-batch is a throughput
     setting only: the step's gradient is the same sum over its rows, accumulated."""
+    def fits(p) -> bool:
+        return check_fits(p, gpu_bytes, placement) is None and not (with_reserve and check_tight(p, gpu_bytes, placement))
+
     seq = r.prompt_tokens + r.new_tokens
     tokens = r.micro_tokens
-    if not tokens or check_fits(plan(s, r), gpu_bytes, placement) is None:
+    if not tokens or fits(plan(s, r)):
         return None
     while tokens // 2 >= seq:
         tokens //= 2
-        if check_fits(plan(s, replace(r, micro_tokens=tokens)), gpu_bytes, placement) is None:
+        if fits(plan(s, replace(r, micro_tokens=tokens))):
             return tokens
     return None
 

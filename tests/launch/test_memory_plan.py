@@ -535,6 +535,23 @@ def test_fitting_micro_tokens_halves_the_budget_until_the_counted_items_fit():
     assert memory.fitting_micro_tokens(WIDE, replace(r, micro_tokens=0), {0: need[64] - 1}, shared) is None
 
 
+def test_with_the_reserve_the_budget_halves_until_the_whole_plan_fits():
+    """On a GPU the learner shares with its sampler, a plan whose counted items fit but whose total
+    with the allocator's reserve does not is halved too (with_reserve); without it nothing changes."""
+    r = RunShape(ranks=1, ipc=False, staging=False, rows=2, micro_batch=4, micro_tokens=64, prompt_tokens=10,
+                 new_tokens=6, precision="autocast")
+    shared = {"learner0": 0, "sampler0": 0}
+    total = {t: sum(b for items in memory.plan(WIDE, replace(r, micro_tokens=t)).values() for _, b in items)
+             for t in (64, 32, 16)}
+    counted = memory._counted(memory.plan(WIDE, r), shared, 0)
+    assert counted < total[64] - 1               # at 64 tokens the counted items fit a GPU of total[64] - 1 bytes
+    fit = lambda cap, w: memory.fitting_micro_tokens(WIDE, r, {0: cap}, shared, with_reserve=w)  # noqa: E731
+    assert fit(total[64] - 1, False) is None     # counted items fit: the plain rule keeps 64
+    assert fit(total[64] - 1, True) == 32        # with the reserve: half
+    assert fit(total[32] - 1, True) == 16
+    assert fit(total[64], True) is None          # the whole plan fits as it is
+
+
 def test_the_launcher_gives_every_rank_the_halved_budget_and_says_so(monkeypatch, capsys, config_folder):
     """The default budget (the default --train-batch-size 16 on one rank: 16 rows of 128 + 1024
     tokens) on a GPU that holds only half of it: the learner gets --micro-batch-tokens 9216 and one
