@@ -136,11 +136,12 @@ def engine_fields(model: str, dtype: str, gpu_memory_utilization: float, seed: i
                   tensor_parallel: int = 1, cuda_graphs: bool = True, max_model_len: int | None = None) -> dict:
     """EngineArgs' fields for a sampler's engine: in process (the caller sets
     VLLM_ENABLE_V1_MULTIPROCESSING=0), synchronous steps, processed log-probs, the model's generation
-    config ignored, its memory share from the plan (grpo.rules.memory.vllm_gpu_fraction), at least
+    config ignored, no tokenizer (prompts come as our token ids, and nothing is detokenized), its memory share from the plan (grpo.rules.memory.vllm_gpu_fraction), at least
     `rows` sequences at once (0: vLLM's own cap)."""
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"vLLM's gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-    out = dict(model=model, tokenizer=model, dtype=dtype, seed=int(seed), gpu_memory_utilization=float(gpu_memory_utilization),
+    out = dict(model=model, skip_tokenizer_init=True, dtype=dtype, seed=int(seed),
+               gpu_memory_utilization=float(gpu_memory_utilization),
                tensor_parallel_size=int(tensor_parallel), enforce_eager=not cuda_graphs,
                logprobs_mode="processed_logprobs", async_scheduling=False, stream_interval=1,
                generation_config="vllm", enable_prefix_caching=True, disable_log_stats=True)

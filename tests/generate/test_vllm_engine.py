@@ -85,8 +85,8 @@ def test_sampling_fields_are_our_engines_rule():
 
 def test_engine_fields():
     f = engine_fields("/m", "bfloat16", 0.25, 7, rows=64)
-    assert (f["model"], f["tokenizer"], f["dtype"], f["seed"], f["gpu_memory_utilization"]) == \
-        ("/m", "/m", "bfloat16", 7, 0.25)
+    assert (f["model"], f["dtype"], f["seed"], f["gpu_memory_utilization"]) == ("/m", "bfloat16", 7, 0.25)
+    assert f["skip_tokenizer_init"] is True   # our token ids in, token ids out: no tokenizer of vLLM's
     # synchronous steps (no batch queued behind the running one), each step's tokens at once, processed log-probs
     assert f["async_scheduling"] is False and f["stream_interval"] == 1 and f["logprobs_mode"] == "processed_logprobs"
     assert f["generation_config"] == "vllm" and f["max_num_seqs"] == 64 and f["enforce_eager"] is False
