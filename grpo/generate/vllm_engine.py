@@ -54,13 +54,20 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def check_vllm(device_type: str) -> None:
+def check_vllm(device_type: str, index: int | None = 0) -> None:
     """The one-line refusals of --generation-backend vllm before anything loads (ValueError: the
-    workers' exit code 2): vLLM not installed, or a sampler without CUDA."""
+    workers' exit code 2): vLLM not installed, a sampler without CUDA, or on another GPU than its
+    first visible one (vLLM 0.25's in-process worker takes local rank 0, cuda:0, and makes it the
+    current device: vllm/v1/executor/uniproc_executor.py, _distributed_args; the launcher gives each
+    sampler its GPU as CUDA_VISIBLE_DEVICES and --gpu-id 0)."""
     if not vllm_installed():
         raise ValueError(MISSING)
     if device_type != "cuda":
-        raise ValueError("--generation-backend vllm needs a CUDA device (here it is cpu); use fast, hf or auto")
+        raise ValueError(f"--generation-backend vllm needs a CUDA device (here it is {device_type}); "
+                         "use fast, hf or auto")
+    if index not in (None, 0):
+        raise ValueError(f"--generation-backend vllm runs on the first visible GPU, not --gpu-id {index}: choose the "
+                         f"GPU with CUDA_VISIBLE_DEVICES={index} and --gpu-id 0")
 
 
 # ----------------------------------------------------------------------------- pure helpers (no vLLM)

@@ -123,7 +123,7 @@ def check_decoding(cfg: SamplerConfig, device: torch.device) -> Decoding:
     choice or combination fails here, in one line, before any loading."""
     backend = resolve_backend(cfg.generation_backend, device)  # a bad name fails before any loading
     if backend == VLLM:
-        check_vllm(device.type)   # installed (the optional extra), on CUDA
+        check_vllm(device.type, device.index)   # installed (the optional extra), on CUDA, its first visible GPU
     if cfg.in_flight_rows and backend not in ("fast", VLLM):   # a negative count is refused with the flag
         raise ValueError(f"--in-flight-rows {cfg.in_flight_rows}: needs --generation-backend fast (here it is "
                          f"{backend}); or 0 for fixed rounds")

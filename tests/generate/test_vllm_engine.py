@@ -115,7 +115,10 @@ def test_check_vllm_refuses_in_one_line(monkeypatch):
     monkeypatch.setattr(ve, "vllm_installed", lambda: True)
     with pytest.raises(ValueError, match="needs a CUDA device"):
         check_vllm("cpu")
-    check_vllm("cuda")
+    with pytest.raises(ValueError, match="not --gpu-id 2: choose the GPU with CUDA_VISIBLE_DEVICES=2 and --gpu-id 0"):
+        check_vllm("cuda", 2)
+    check_vllm("cuda", 0)
+    check_vllm("cuda", None)
     with pytest.raises(ValueError, match="tensor parallel size 2"):
         VllmEngine.build("/m", None, [], torch.bfloat16, 0.5, 0, tensor_parallel=2)
 

@@ -95,7 +95,7 @@ def test_sampler_rounds_and_evaluation_through_the_vllm_engine(monkeypatch):
         built.append(dict(path=path, eos=eos, dtype=dtype, share=share, rows=rows, tensor_parallel=tensor_parallel))
         return cls(FakeLLM(policy, seed=seed), make_params, eos, policy)
 
-    monkeypatch.setattr(setup, "check_vllm", lambda device_type: None)
+    monkeypatch.setattr(setup, "check_vllm", lambda device_type, index: None)
     monkeypatch.setattr(setup, "vllm_memory_share", lambda cfg, policy, device: 0.5)
     monkeypatch.setattr(VllmEngine, "build", classmethod(fake_build))
     d, s = free_ports(2)
