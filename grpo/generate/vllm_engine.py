@@ -316,7 +316,8 @@ class VllmEngine:
             rec, j = live[out.request_id]
             completion = out.outputs[0]
             row = rec.rows[j]
-            row.extend(completion.token_ids, sampled_logprobs(completion.token_ids, completion.logprobs), version)
+            if completion.token_ids:   # (a delta without tokens: vLLM's logprobs[-0:] would be all of them)
+                row.extend(completion.token_ids, sampled_logprobs(completion.token_ids, completion.logprobs), version)
             if out.finished:
                 del live[out.request_id]
                 row.finished = ended_with_eos(completion.finish_reason)

@@ -227,3 +227,48 @@ def test_generate_greedy_equals_hf_generate_and_takes_the_policys_version(old, n
     assert out.token_ids == hf_generate(new, ps, NEW, 1.0, True, eos_id=EOS, pad_id=PAD)[0] and llm.loads == 2
     stopped = engine.generate(ps, NEW, greedy=True, should_stop=lambda: True)
     assert stopped.stats["stopped"] and stopped.token_ids == [[]] * 4 and not llm.requests
+
+
+class ScriptedLLM:
+    """vLLM's LLMEngine as a script: step k returns script[k] as DELTA outputs (request id, new
+    tokens, their log-probs, finish reason), in the request ids the engine gave (s0, s1, ...)."""
+
+    def __init__(self, script):
+        self.script, self.added = script, []
+
+    def add_request(self, rid, prompt, params):
+        self.added.append((rid, prompt["prompt_token_ids"], params.max_tokens))
+
+    def step(self):
+        outs = []
+        for rid, toks, lps, reason in self.script.pop(0):
+            entries = [{t: lp} for t, lp in zip(toks, lps)] or [{9: -9.0}, {9: -9.0}]   # (an empty delta: vLLM's
+            #                                                                       logprobs[-0:], all of them)
+            outs.append(SimpleNamespace(request_id=rid, finished=reason is not None, outputs=[SimpleNamespace(
+                token_ids=toks, logprobs=entries, finish_reason=reason)]))
+        return outs
+
+
+def test_stream_of_a_script_by_hand():
+    """One prompt, G=2: step 1 draws 5 (-1.0) and 6 (-2.0) at version 3; swap() says 4 after it; step
+    2 draws 7 (-0.5, max_new_tokens reached: 'length') and 1 (-0.25, EOS: 'stop'). The group ends at
+    step 2: rows [5, 7] and [6, 1], versions [3, 4] each, finished [False, True], decode_steps 2.
+    Then a second prompt whose second request ends with an empty delta (kept as its 1 token)."""
+    llm = ScriptedLLM([
+        [("s0", [5], [-1.0], None), ("s1", [6], [-2.0], None)],
+        [("s0", [7], [-0.5], "length"), ("s1", [1], [-0.25], "stop")],
+        [("s2", [8], [-1.5], "length"), ("s3", [9], [-3.0], None)],
+        [("s3", [], [], "stop")],
+    ])
+    engine = VllmEngine(llm, make_params, [1])
+    answers = iter([4, None, None, None])                  # swap() after each step
+    ps = iter([("a", [11, 12]), ("b", [13]), None])        # asked while rows are free: before steps 1 and 3, after 4
+    got = list(engine.stream(lambda: next(ps), 2, 2, rows=2, swap=lambda: next(answers), version=3))
+    assert [rid for rid, _, _ in llm.added] == ["s0", "s1", "s2", "s3"]
+    assert [p for _, p, _ in llm.added] == [[11, 12], [11, 12], [13], [13]] and {m for _, _, m in llm.added} == {2}
+    a, b = got
+    assert (a.key, a.token_ids, a.finished, a.decode_steps) == ("a", [[5, 7], [6, 1]], [False, True], 2)
+    assert [v.tolist() for v in a.versions] == [[3, 4], [3, 4]] and (a.min_version, a.max_version) == (3, 4)
+    assert [lp.tolist() for lp in a.logprobs] == [[-1.0, -0.5], [-2.0, -0.25]]
+    assert (b.key, b.token_ids, b.finished, b.decode_steps) == ("b", [[8], [9]], [False, True], 2)
+    assert [v.tolist() for v in b.versions] == [[4], [4]] and a.last_in_check and b.last_in_check
