@@ -272,3 +272,22 @@ def test_stream_of_a_script_by_hand():
     assert [lp.tolist() for lp in a.logprobs] == [[-1.0, -0.5], [-2.0, -0.25]]
     assert (b.key, b.token_ids, b.finished, b.decode_steps) == ("b", [[8], [9]], [False, True], 2)
     assert [v.tolist() for v in b.versions] == [[4], [4]] and a.last_in_check and b.last_in_check
+
+
+def test_vllm_is_imported_only_inside_the_engines_build():
+    """vLLM stays an optional extra: no module imports it at its top, and only vllm_engine.py imports it
+    at all (inside VllmEngine.build), so the CPU path and `make test` never need it."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "grpo"
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        top = set(map(id, tree.body))
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            if any(n.split(".")[0] == "vllm" for n in names):
+                found.append((path.relative_to(root).as_posix(), id(node) in top))
+    assert found and all(p == "generate/vllm_engine.py" and not at_top for p, at_top in found), found
