@@ -96,7 +96,7 @@ def greedy_accuracy(model, tok, problems: list[Problem], max_new_tokens: int, ba
             "truncated_frac": truncated / n, "top_answers": top_answers(answers),
             "completions_sha256": completions_digest(texts),
             "seconds": time.perf_counter() - t0, "decode_s": t_decoded - t0,
-            "max_new_tokens": max_new_tokens, "decoder": "hf" if engine is None else "fast",
+            "max_new_tokens": max_new_tokens, "decoder": "hf" if engine is None else getattr(engine, "decoder", "fast"),
             "reward_failures": int(sum(scorer.faults.counts.values())), "reward_failed": scorer.faults.summary()}
 
 

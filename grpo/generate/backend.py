@@ -21,6 +21,10 @@ from grpo.model.logprobs import left_pad
 from grpo.rules.backend import backend_for
 
 BACKENDS = ("auto", "fast", "hf")
+# vLLM's engine (grpo.generate.vllm_engine), an optional extra: accepted by resolve_backend; the flag offers
+# it once grpo.config's GenerationBackend lists it (tests/test_choices.py then wants it in BACKENDS too).
+OPTIONAL_BACKENDS = ("vllm",)
+SAMPLED_LOGPROBS = ("fast", "vllm")   # the backends that return each sampled token's log-prob
 
 
 @dataclass
@@ -34,12 +38,13 @@ class Rollout:
 
 
 def resolve_backend(name: str, device: torch.device) -> str:
-    """--generation-backend to 'fast' or 'hf'. auto: the fast engine on CUDA (its GPU tests:
+    """--generation-backend to 'fast', 'hf' or 'vllm'. auto: the fast engine on CUDA (its GPU tests:
     graph replay equals eager decoding, greedy identical to `generate` in fp32, a failed capture
     falls back to eager decoding), `generate` on CPU, where the engine has
-    no graphs to replay and buys little."""
-    if name not in BACKENDS:
-        raise ValueError(f"--generation-backend {name}: choose one of {', '.join(BACKENDS)}")
+    no graphs to replay and buys little. vllm: vLLM's engine (grpo.generate.vllm_engine; the sampler
+    checks it is installed)."""
+    if name not in BACKENDS + OPTIONAL_BACKENDS:
+        raise ValueError(f"--generation-backend {name}: choose one of {', '.join(BACKENDS + OPTIONAL_BACKENDS)}")
     return backend_for(name, device.type)
 
 
@@ -52,14 +57,15 @@ def old_logprob_source(choice: str, backend: str, dtype: torch.dtype) -> str:
     distribution the learner scores), so in float32 it is the teacher-forced value (the tests check
     it to 1e-5) and the pass is redundant. In bf16 the decode step and a full forward sum in other
     orders and differ by a few hundredths of a nat a token, so auto keeps the pass there; 'sampling'
-    takes the engine's values anyway. Hugging Face generate returns no log-probs: always a pass."""
+    takes the engine's values anyway. vLLM's engine returns them too (processed log-probs: after the
+    temperature), under the same rule. Hugging Face generate returns no log-probs: always a pass."""
     if choice not in OLD_LOGPROBS:
         raise ValueError(f"--old-logprobs {choice}: choose one of {', '.join(OLD_LOGPROBS)}")
-    if choice == "sampling" and backend != "fast":
-        raise ValueError("--old-logprobs sampling needs --generation-backend fast (Hugging Face generate returns no "
-                         "log-probs); use --old-logprobs pass or auto")
+    if choice == "sampling" and backend not in SAMPLED_LOGPROBS:
+        raise ValueError("--old-logprobs sampling needs --generation-backend fast or vllm (Hugging Face generate "
+                         "returns no log-probs); use --old-logprobs pass or auto")
     if choice == "auto":
-        return "sampling" if backend == "fast" and dtype == torch.float32 else "pass"
+        return "sampling" if backend in SAMPLED_LOGPROBS and dtype == torch.float32 else "pass"
     return choice
 
 

@@ -46,6 +46,8 @@ SHRINK = {
     "CUDA context": "nothing (a fixed cost): put fewer processes on this GPU",
     "weight staging": "--weight-sync tcp (the sampler then receives each version straight into its weights)",
     "allocator reserve": "what shrinks the learner's other items, or the sampler's KV cache",
+    "vLLM weights": "a smaller --model, or more GPUs per vLLM sampler (tensor parallel: each GPU holds a share)",
+    "vLLM workspace": "nothing (vLLM's activations and graphs): put fewer processes on this GPU",
     "autocast copies": "--precision bf16 (bf16 weights: nothing to cast, and half the weights' bytes)",
 }
 # Items that are fitted estimates rather than counted bytes: the caching allocator's reserve, fitted
@@ -135,6 +137,8 @@ class RunShape:
     deepspeed: bool = True     # False: --no-deepspeed, plain AdamW (no fp32 clone of the weights)
     entropy: bool = False      # --entropy-coef > 0: the learner's LM-head chunk also takes the softmax
     expandable: bool = True    # the allocator grows segments in place (allocator_conf): a smaller reserve
+    vllm: bool = False         # --generation-backend vllm: the sampler also holds vLLM's engine (vllm_items)
+    tensor_parallel: int = 1   # GPUs one vLLM sampler spreads over (planned): its weights and KV cache split over them
 
 
 def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
@@ -193,9 +197,17 @@ def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
             items.append(("weight staging", s.params * r.dtype_bytes))
         kv = kv_cache(s, r.rows, seq, r.dtype_bytes)
         lp = logprob_pass(s, min(r.logprob_batch_size, r.rows), seq)
-        items += [("KV cache", kv), ("log-prob pass", lp),
-                  ("allocator reserve", int(RESERVE[r.expandable]["sampler_shared" if r.shared else "sampler"] * (kv + lp))),
-                  ("CUDA context", CUDA_CONTEXT)]
+        if r.vllm:
+            # vLLM's engine beside the weights the receiver writes: its own copy and its paged KV cache,
+            # a GPU's share of them (vllm_items); its reserve is inside its own budget, not torch's.
+            items += vllm_items(s, r.rows, seq, r.dtype_bytes, r.tensor_parallel)
+            items += [("log-prob pass", lp), ("allocator reserve", int(RESERVE[r.expandable]["sampler"] * lp)),
+                      ("CUDA context", CUDA_CONTEXT)]
+        else:
+            items += [("KV cache", kv), ("log-prob pass", lp),
+                      ("allocator reserve", int(RESERVE[r.expandable]["sampler_shared" if r.shared else "sampler"]
+                                                * (kv + lp))),
+                      ("CUDA context", CUDA_CONTEXT)]
         out[f"sampler{k}"] = items
     return out
 
@@ -338,3 +350,44 @@ def decode_rows(group: int, prompts_per_round: int = 0, in_flight_rows: int = 0,
     return next((b for b in buckets if b >= rows), buckets[-1]) if buckets else rows
 
 
+
+
+# ----------------------------------------------------------------------------- vLLM (--generation-backend vllm)
+VLLM_WORKSPACE = GiB   # vLLM's activations at its largest batch, sampler and CUDA graph pool: a ROUGH RULE, a
+#                        stated constant (vLLM profiles its own peak at start-up within the budget given)
+VLLM_ITEMS = ("vLLM weights", "KV cache", "vLLM workspace")   # what a sampler's plan gives vLLM's own budget
+
+
+def per_gpu(total: int, tensor_parallel: int) -> int:
+    """One GPU's share of `total` bytes split over `tensor_parallel` GPUs (rounded up): vLLM's tensor
+    parallelism splits the weights (each layer's matrices by heads and columns) and the KV cache (by
+    KV heads) evenly. An estimate: the embeddings, norms and a KV head count that does not divide
+    are replicated, not split."""
+    if tensor_parallel < 1:
+        raise ValueError(f"tensor parallel size must be at least 1, got {tensor_parallel}")
+    return -(-total // tensor_parallel)
+
+
+def vllm_items(s: Shape, rows: int, seq: int, dtype_bytes: int = 2, tensor_parallel: int = 1) -> list[tuple[str, int]]:
+    """What vLLM's engine holds on each of its GPUs: its copy of the weights and a KV cache for `rows`
+    sequences of `seq` tokens (vLLM's paged cache gets all its budget leaves; this is what the rows
+    need), each a 1/tensor_parallel share, and its workspace (VLLM_WORKSPACE, on every GPU)."""
+    return [("vLLM weights", per_gpu(s.params * dtype_bytes, tensor_parallel)),
+            ("KV cache", per_gpu(kv_cache(s, rows, seq, dtype_bytes), tensor_parallel)),
+            ("vLLM workspace", VLLM_WORKSPACE)]
+
+
+def vllm_gpu_fraction(sampler_items: list[tuple[str, int]], gpu_total: int) -> float:
+    """vLLM's gpu_memory_utilization for a sampler: the share of its GPU's `gpu_total` bytes that the
+    plan's vLLM items (VLLM_ITEMS, per GPU) take, rounded up to a hundredth. vLLM 0.25 reads it as
+    this instance's budget (weights, activations, KV cache, graphs), not the whole GPU's use, so the
+    sampler's other items (its receiving weights, log-prob pass, CUDA context) and a learner sharing
+    the GPU stay outside it. A share over 1 is refused with one line."""
+    if gpu_total <= 0:
+        raise ValueError(f"vllm_gpu_fraction: the GPU's total must be positive, got {gpu_total}")
+    need = sum(b for item, b in sampler_items if item in VLLM_ITEMS)
+    hundredths = -(-need * 100 // gpu_total)
+    if hundredths > 100:
+        raise ValueError(f"vLLM's share of the sampler needs {gib(need)}, more than its GPU's {gib(gpu_total)}: "
+                         f"shrink it with {SHRINK['KV cache']}, or a smaller --model")
+    return max(hundredths, 1) / 100

@@ -2,13 +2,14 @@
 
 build(cfg), in start-up order (each stage a function of its own where it is more than a few lines):
   check     every flag that can be wrong fails here, with one line, before the model loads:
-            --on-full, the CURVE keys, the profiled spans, the device and generation backend,
+            --on-full, the CURVE keys, the profiled spans, the device and generation backend (vllm:
+            installed, on CUDA),
             --in-flight-rows, --old-logprobs, --swap-in-flight (check_decoding), --reward
   prompts   this sampler's shard (at the curriculum's levels), and one probe of the rewards on it
   load      tokenizer and policy; the weight receiver (ipc/nccl move the parameters into flat
-            buckets, so before the engine, which reads them where they live); the rollout engine,
-            or Hugging Face generate when the engine cannot serve the architecture (load_rollout,
-            make_engine)
+            buckets, so before the engine, which reads them where they live); the rollout engine
+            (ours, or vLLM's, which copies the policy's weights), or Hugging Face generate when our
+            engine cannot serve the architecture (load_rollout, make_engine)
   connect   the data and sync sockets, the evaluation set (sampler 0), the GPU monitor, the
             counters, the weights client, the rollout workflow, the statuses and the heartbeat
             (connect), then the sampler's start-up line (say_parts)
@@ -27,11 +28,13 @@ from grpo.data.rewards import reward_set_from_config
 from grpo.evaluate import run_eval_problems
 from grpo.generate.backend import old_logprob_source, resolve_backend
 from grpo.generate.engine import RolloutEngine
+from grpo.generate.vllm_engine import VLLM, VllmEngine, check_vllm
 from grpo.model.load import compute_dtype, eos_ids, load_causal_lm, load_tokenizer, pick_device, start_runtime
 from grpo.model.zoo import resolve_model
 from grpo.obs.gpu import GpuMonitor, release_cached
 from grpo.obs.profile import SpanProfiler
 from grpo.obs.stages import mark as mark_stage
+from grpo.rules.memory import PROMPT_TOKENS, shape_from_config, vllm_gpu_fraction, vllm_items
 from grpo.sampler.counters import SamplerCounters
 from grpo.sampler.heartbeat import ON_FULL, Heartbeat, Statuses
 from grpo.sampler.weights_client import WeightsClient, start_receiver
@@ -72,7 +75,7 @@ class SamplerParts:
     engine = property(lambda self: self.rollout.engine)
     eos_ids = property(lambda self: self.rollout.eos_ids)
     model_path = property(lambda self: self.rollout.path)
-    backend = property(lambda self: self.rollout.backend)       # 'fast' (our engine) or 'hf' (Hugging Face generate)
+    backend = property(lambda self: self.rollout.backend)       # 'fast' (our engine), 'hf' (Hugging Face generate), 'vllm'
     old_source = property(lambda self: self.rollout.old_source)  # old log-probs from 'sampling' or a 'pass'
     swaps = property(lambda self: self.rollout.swaps)           # weights swapped between decode steps
 
@@ -110,7 +113,7 @@ def build(cfg: SamplerConfig) -> SamplerParts:
 @dataclass
 class Decoding:
     """How rounds are decoded, as the flags ask (check_decoding); the engine may still fall back."""
-    backend: str      # 'fast' or 'hf'
+    backend: str      # 'fast', 'hf' or 'vllm'
     old_source: str   # old log-probs from 'sampling' or a 'pass'
     swaps: bool       # weights swapped in flight (swaps_in_flight)
 
@@ -119,7 +122,9 @@ def check_decoding(cfg: SamplerConfig, device: torch.device) -> Decoding:
     """The generation backend, the old log-probs' source and in-flight swaps, from the flags: a bad
     choice or combination fails here, in one line, before any loading."""
     backend = resolve_backend(cfg.generation_backend, device)  # a bad name fails before any loading
-    if cfg.in_flight_rows and backend != "fast":   # a negative count is refused with the flag
+    if backend == VLLM:
+        check_vllm(device.type, device.index)   # installed (the optional extra), on CUDA, its first visible GPU
+    if cfg.in_flight_rows and backend not in ("fast", VLLM):   # a negative count is refused with the flag
         raise ValueError(f"--in-flight-rows {cfg.in_flight_rows}: needs --generation-backend fast (here it is "
                          f"{backend}); or 0 for fixed rounds")
     # a bad choice fails before any loading too
@@ -149,7 +154,7 @@ def load_rollout(cfg: SamplerConfig, device: torch.device, decoding: Decoding, t
     # Every id that ends a completion: the tokenizer's EOS and the generation config's (Llama 3 and
     # Qwen2.5 list several).
     eos = eos_ids(tok, policy)
-    engine, decoding = make_engine(cfg, policy, eos, tok.pad_token_id, device, decoding)
+    engine, decoding = make_engine(cfg, policy, eos, tok.pad_token_id, device, decoding, path)
     log.info("start-up: device %.1f s, problems %.1f s, reward probe %.1f s, model %.1f s (%s), weight receiver "
              "and engine %.1f s", times["device"], times["problems"], times["probe"], t_model - t_load,
              ", ".join(f"{k} {v:.1f} s" for k, v in load_times.items()), time.perf_counter() - t_model)
@@ -159,10 +164,21 @@ def load_rollout(cfg: SamplerConfig, device: torch.device, decoding: Decoding, t
 
 
 def make_engine(cfg: SamplerConfig, policy, eos: list[int], pad_id: int, device: torch.device,
-                decoding: Decoding) -> tuple[RolloutEngine | None, Decoding]:
-    """Our engine for the 'fast' backend (None for 'hf'), and the decoding as it then is: on a
-    model the engine cannot serve, Hugging Face generate with old log-probs from a pass."""
+                decoding: Decoding, path: str = "") -> tuple[RolloutEngine | VllmEngine | None, Decoding]:
+    """Our engine for the 'fast' backend (None for 'hf'; vLLM's for 'vllm', on the model folder `path`),
+    and the decoding as it then is: on a model our engine cannot serve, Hugging Face generate with old
+    log-probs from a pass."""
     backend, old_source, swaps = decoding.backend, decoding.old_source, decoding.swaps
+    if backend == VLLM:
+        engine = VllmEngine.build(path, policy, eos, compute_dtype(device), vllm_memory_share(cfg, policy, device),
+                                  cfg.seed + 1000 * cfg.sampler_id, rows=cfg.in_flight_rows,
+                                  tensor_parallel=getattr(cfg, "vllm_tensor_parallel_size", 1),
+                                  cuda_graphs=cfg.cuda_graphs)
+        if swaps and old_source != "sampling":
+            log.info("--swap-in-flight: old log-probs from the sampling pass (--old-logprobs %s would choose a pass "
+                     "with the weights at each group's end)", cfg.old_logprobs)
+            old_source = "sampling"
+        return engine, Decoding(backend, old_source, swaps)
     engine = (RolloutEngine(policy, eos, pad_id, cuda_graphs=cfg.cuda_graphs and device.type == "cuda",
                             compile_decode=cfg.compile_decode, attend_chunk=cfg.attend_chunk or None,
                             compile_ring=cfg.compile_ring and cfg.in_flight_rows > 0,
@@ -183,6 +199,27 @@ def make_engine(cfg: SamplerConfig, policy, eos: list[int], pad_id: int, device:
                  "with the weights at each group's end)", cfg.old_logprobs)
         old_source = "sampling"
     return engine, Decoding(backend, old_source, swaps)
+
+
+def vllm_memory_share(cfg: SamplerConfig, policy, device: torch.device) -> float:
+    """vLLM's gpu_memory_utilization: --vllm-gpu-memory-utilization when set, else the memory plan's
+    share for vLLM's items (grpo.rules.memory.vllm_items: its weights, the KV cache of this sampler's
+    rows at the plan's prompt length, its workspace) of this GPU (vllm_gpu_fraction)."""
+    given = float(getattr(cfg, "vllm_gpu_memory_utilization", 0.0) or 0.0)
+    if given:
+        return given
+    rows = cfg.in_flight_rows or (cfg.prompts_per_round or cfg.max_prompts_per_round) * cfg.num_generations
+    try:
+        shape = shape_from_config(policy.config.to_dict())
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"vLLM's memory share: the model's config has no {exc} to plan by; give it with "
+                         "--vllm-gpu-memory-utilization") from None
+    items = vllm_items(shape, rows, PROMPT_TOKENS + cfg.max_new_tokens,
+                       torch.finfo(compute_dtype(device)).bits // 8, getattr(cfg, "vllm_tensor_parallel_size", 1))
+    share = vllm_gpu_fraction(items, torch.cuda.get_device_properties(device).total_memory)
+    log.info("vLLM's memory share: %.2f of this GPU (%s; the memory plan's rule)", share,
+             ", ".join(f"{k} {b / 2**30:.2f} GiB" for k, b in items))
+    return share
 
 
 def connect(cfg: SamplerConfig, curve, profiler: SpanProfiler, prompts: Prompts, rewards, rollout: RolloutModel,
@@ -206,6 +243,8 @@ def connect(cfg: SamplerConfig, curve, profiler: SpanProfiler, prompts: Prompts,
     vocab_size = policy.get_input_embeddings().weight.shape[0]
     client = WeightsClient(cfg, sync, policy, device, vocab_size, receiver, method, counters,
                            on_levels=prompts.set_levels)
+    if isinstance(rollout.engine, VllmEngine):
+        rollout.engine.version_of = lambda: client.version   # a stream or batch first takes the policy's version
     workflow = RolloutWorkflow(cfg, prompts, rewards, rollout, client, counters, gpu, incarnation)
     statuses = Statuses(cfg.sampler_id, incarnation, counters, lambda: client.version)
     heartbeat = Heartbeat(DataSender(cfg.host, cfg.data_port, hwm=2, curve=curve), cfg.heartbeat_interval_s,

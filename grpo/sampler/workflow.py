@@ -130,11 +130,12 @@ class RolloutModel:
     """What rounds are generated and scored with (built by grpo.sampler.setup)."""
     tok: object
     policy: torch.nn.Module
-    engine: RolloutEngine | None   # None: Hugging Face generate for fixed rounds
+    engine: RolloutEngine | None   # None: Hugging Face generate for fixed rounds; with backend 'vllm', vLLM's
+    #                                (grpo.generate.vllm_engine.VllmEngine, a stream of its own)
     eos_ids: list[int]             # every id that ends a completion
     device: torch.device
     path: str                      # --model resolved: the reference model loads from it when a run needs one
-    backend: str                   # 'fast' (our engine) or 'hf' (Hugging Face generate)
+    backend: str                   # 'fast' (our engine), 'hf' (Hugging Face generate) or 'vllm' (vLLM's engine)
     old_source: str                # old log-probs from 'sampling' (as drawn) or a teacher-forced 'pass'
     swaps: bool = False            # streams swap weights in flight (swaps_in_flight; old_source is then 'sampling')
 
@@ -198,8 +199,10 @@ class RolloutWorkflow:
         interface). In flight (--in-flight-rows), the engine's own (its RingStream; on a model it cannot
         serve, fixed batches of Hugging Face generate). A fixed round, a BatchStream: the round's
         prompts (stream_round caps them) decoded as one batch, by the engine's generate or, with
-        --generation-backend hf, Hugging Face generate."""
-        if self.cfg.in_flight_rows:
+        --generation-backend hf, Hugging Face generate. With --generation-backend vllm, vLLM's engine
+        (grpo.generate.vllm_engine) for both: a fixed round is its stream without a row cap (the
+        round's prompts, all in flight at once)."""
+        if self.cfg.in_flight_rows or self.model.backend == "vllm":
             return self.engine
         return BatchStream(self.engine.generate if self.engine is not None else self._hf_batch)
 

@@ -117,8 +117,9 @@ def test_sampling_follows_the_softmax_distribution(tiny):
 def test_backend_choice_and_bad_inputs(tiny):
     assert resolve_backend("auto", CPU) == "hf" and resolve_backend("auto", torch.device("cuda", 0)) == "fast"
     assert resolve_backend("fast", CPU) == "fast" and resolve_backend("hf", CPU) == "hf"
-    with pytest.raises(ValueError, match="choose one of auto, fast, hf"):
-        resolve_backend("vllm", CPU)
+    assert resolve_backend("vllm", CPU) == "vllm"   # the optional engine (grpo.generate.vllm_engine)
+    with pytest.raises(ValueError, match="choose one of auto, fast, hf, vllm"):
+        resolve_backend("turbo", CPU)
     with pytest.raises(ValueError, match="cuda_graphs=False on CPU"):
         RolloutEngine(tiny, 2, 2, cuda_graphs=True)
     with pytest.raises(ValueError, match="no prompt may be empty"):

@@ -1,0 +1,86 @@
+"""A stand-in for vLLM's LLMEngine as grpo.generate.vllm_engine.VllmEngine uses it (add_request, step,
+abort_request, apply_model, get_num_unfinished_requests, reset_prefix_cache), over a Hugging Face
+model on CPU, so the engine's stream, weight copies and bookkeeping run where vLLM cannot.
+
+What it keeps of vLLM 0.25's in-process engine: every step draws one token for every request in
+flight (a new request's first token at its first step, from its prompt), outputs come as DELTA
+(each step's new token, with its log-prob as SamplingParams(logprobs=0) gives it under
+logprobs_mode="processed_logprobs": after the temperature, greedy at temperature 0), a request ends
+at one of its stop_token_ids ('stop', the token kept) or at max_tokens ('length'), and load_weights
+copies (name, tensor) pairs into its model in place. What it does not: it keeps no KV cache (each
+step is a full forward over prompt and tokens so far, with the weights in force), so a token's
+log-prob is that of a teacher-forced pass of the version that drew it over the whole sequence.
+"""
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import torch
+
+
+class FakeLLM:
+    def __init__(self, model: torch.nn.Module, seed: int = 0):
+        self.model = copy.deepcopy(model).eval()   # its own weights, as vLLM's engine holds its own
+        self.requests: dict[str, dict] = {}
+        self.gen = torch.Generator().manual_seed(seed)
+        self.aborted: list[str] = []
+        self.loads = 0
+        self.prefix_resets = 0
+        self.most_live = 0
+        self.steps = 0
+
+    def add_request(self, request_id: str, prompt: dict, params) -> str:
+        assert request_id not in self.requests
+        self.requests[request_id] = {"ids": list(prompt["prompt_token_ids"]), "params": params, "out": []}
+        return request_id
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    def abort_request(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            self.requests.pop(rid)
+            self.aborted.append(rid)
+
+    def reset_prefix_cache(self) -> bool:
+        self.prefix_resets += 1
+        return True
+
+    def apply_model(self, fn):
+        return [fn(self)]
+
+    def load_weights(self, weights) -> set[str]:
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, tensor in weights:
+                params[name].copy_(tensor)
+        self.loads += 1
+        return set(params)
+
+    @torch.no_grad()
+    def step(self) -> list:
+        self.steps += 1
+        self.most_live = max(self.most_live, len(self.requests))
+        outs = []
+        for rid, r in list(self.requests.items()):
+            p = r["params"]
+            logits = self.model(input_ids=torch.tensor([r["ids"] + r["out"]])).logits[0, -1].float()
+            if p.temperature == 0:
+                lp = torch.log_softmax(logits, -1)
+                tok = int(logits.argmax())
+            else:
+                lp = torch.log_softmax(logits / p.temperature, -1)
+                tok = int(torch.multinomial(lp.exp(), 1, generator=self.gen))
+            r["out"].append(tok)
+            reason = "stop" if tok in p.stop_token_ids else "length" if len(r["out"]) >= p.max_tokens else None
+            outs.append(SimpleNamespace(request_id=rid, finished=reason is not None, outputs=[SimpleNamespace(
+                token_ids=[tok], logprobs=[{tok: SimpleNamespace(logprob=float(lp[tok]))}], finish_reason=reason)]))
+            if reason is not None:
+                del self.requests[rid]
+        return outs
+
+
+def make_params(**fields):
+    """SamplingParams as the fake reads them: the fields VllmEngine gives (sampling_fields)."""
+    return SimpleNamespace(**fields)

@@ -1,0 +1,293 @@
+"""vLLM's engine behind our stream (grpo.generate.vllm_engine) on CPU, without vLLM: its pure helpers by
+hand (vLLM's outputs into FinishedGroups with per-token versions, the sampling and engine fields), and
+its stream, batches and weight copies over a stand-in for vLLM's LLMEngine (tests/fakevllm.py) that
+decodes with a Hugging Face model. tests/generate/test_vllm_gpu.py runs the real one on a GPU."""
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from fakevllm import FakeLLM, make_params
+from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
+
+from grpo.generate.backend import hf_generate, old_logprob_source, resolve_backend
+from grpo.generate.vllm_engine import (MISSING, RowTrace, VllmEngine, check_vllm, ended_with_eos, engine_fields,
+                                       group_of, sampled_logprobs, sampling_fields)
+from test_architectures import EOS, NEW, PAD, SwapAt, build, prompts, source, teacher_forced
+
+
+# ----------------------------------------------------------------------------- pure helpers, by hand
+def test_sampled_logprobs_picks_the_sampled_tokens_entry():
+    lp = SimpleNamespace
+    # logprobs=0: one entry a token, the sampled one's; logprobs=1 adds the top token (here 7 at step 1)
+    assert sampled_logprobs([5, 9], [{5: lp(logprob=-0.5)}, {9: lp(logprob=-1.25), 7: lp(logprob=-0.1)}]) == \
+        [-0.5, -1.25]
+    assert sampled_logprobs([3], [{3: -2.0}]) == [-2.0]   # plain floats too
+    assert sampled_logprobs([], []) == []
+    with pytest.raises(ValueError, match="no log-probs"):
+        sampled_logprobs([3], None)
+    with pytest.raises(ValueError, match="2 log-prob entries for 1 tokens"):
+        sampled_logprobs([3], [{3: -1.0}, {4: -1.0}])
+    with pytest.raises(KeyError):
+        sampled_logprobs([3], [{4: -1.0}])   # the sampled token's entry is missing
+
+
+def test_row_traces_into_a_finished_group_with_per_token_versions():
+    # Row 0: 2 tokens at version 4 (two steps), then a swap, then 2 at version 5, the last an EOS (id 1).
+    # Row 1: one token at 4, cut at max_new_tokens later at 5. Row 2 ended at once without tokens
+    # (max_new_tokens reached nothing: impossible in vLLM, but the rule holds).
+    a, b, c = RowTrace(), RowTrace(), RowTrace()
+    a.extend([10], [-0.5], 4)
+    b.extend([20], [-0.25], 4)
+    a.extend([11], [-1.0], 4)
+    a.extend((12, 1), [-2.0, -0.125], 5)
+    b.extend([21], [-3.0], 5)
+    a.finished, b.finished, c.finished = True, False, False
+    g = group_of("key", [a, b, c], decode_steps=3, default_version=9)
+    assert g.key == "key" and g.token_ids == [[10, 11, 12, 1], [20, 21], []]
+    assert g.finished == [True, False, False] and g.decode_steps == 3 and g.last_in_check
+    assert [v.tolist() for v in g.versions] == [[4, 4, 5, 5], [4, 5], []]
+    assert all(v.dtype == np.int32 for v in g.versions)
+    assert [lp.tolist() for lp in g.logprobs] == [[-0.5, -1.0, -2.0, -0.125], [-0.25, -3.0], []]
+    assert all(lp.dtype == np.float32 for lp in g.logprobs)
+    assert (g.min_version, g.max_version) == (4, 5)
+    empty = group_of(0, [c], 0, default_version=9, last_in_check=False)
+    assert (empty.min_version, empty.max_version, empty.last_in_check) == (9, 9, False)
+    with pytest.raises(ValueError, match="still in flight"):
+        group_of(0, [RowTrace()], 0, 0)
+    with pytest.raises(ValueError, match="2 tokens with 1 log-probs"):
+        RowTrace().extend([1, 2], [-1.0], 0)
+
+
+def test_finish_reasons():
+    assert ended_with_eos("stop") is True and ended_with_eos("length") is False
+    with pytest.raises(RuntimeError, match="'abort'"):
+        ended_with_eos("abort")
+
+
+def test_sampling_fields_are_our_engines_rule():
+    f = sampling_fields(0.7, False, 12, [5, 2, 5])
+    assert f["temperature"] == 0.7 and (f["top_p"], f["top_k"], f["min_p"]) == (1.0, 0, 0.0)
+    assert (f["presence_penalty"], f["frequency_penalty"], f["repetition_penalty"]) == (0.0, 0.0, 1.0)
+    # our EOS ids exactly: ignore_eos keeps vLLM from adding the tokenizer's or the generation config's
+    assert f["stop_token_ids"] == [2, 5] and f["ignore_eos"] is True
+    assert (f["max_tokens"], f["min_tokens"], f["n"], f["logprobs"]) == (12, 0, 1, 0)
+    assert f["detokenize"] is False
+    assert sampling_fields(0.7, True, 12, [])["temperature"] == 0.0    # greedy: vLLM's temperature 0
+    assert sampling_fields(0.0, False, 12, [])["temperature"] == 0.0
+    assert sampling_fields(1.0, False, 3, None)["stop_token_ids"] == []
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        sampling_fields(1.0, False, 0, [])
+
+
+def test_engine_fields():
+    f = engine_fields("/m", "bfloat16", 0.25, 7, rows=64)
+    assert (f["model"], f["dtype"], f["seed"], f["gpu_memory_utilization"]) == ("/m", "bfloat16", 7, 0.25)
+    assert f["skip_tokenizer_init"] is True   # our token ids in, token ids out: no tokenizer of vLLM's
+    # synchronous steps (no batch queued behind the running one), each step's tokens at once, processed log-probs
+    assert f["async_scheduling"] is False and f["stream_interval"] == 1 and f["logprobs_mode"] == "processed_logprobs"
+    assert f["generation_config"] == "vllm" and f["max_num_seqs"] == 64 and f["enforce_eager"] is False
+    assert f["tensor_parallel_size"] == 1 and "max_model_len" not in f
+    g = engine_fields("/m", "float32", 1.0, 0, cuda_graphs=False, max_model_len=512)
+    assert g["enforce_eager"] is True and g["max_model_len"] == 512 and "max_num_seqs" not in g
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="gpu_memory_utilization"):
+            engine_fields("/m", "bfloat16", bad, 0)
+
+
+def test_backend_rules_take_vllm():
+    assert resolve_backend("vllm", torch.device("cpu")) == "vllm"
+    assert old_logprob_source("sampling", "vllm", torch.bfloat16) == "sampling"
+    assert old_logprob_source("auto", "vllm", torch.bfloat16) == "pass"      # bf16: a pass, as for our engine
+    assert old_logprob_source("auto", "vllm", torch.float32) == "sampling"
+
+
+def test_check_vllm_refuses_in_one_line(monkeypatch):
+    import grpo.generate.vllm_engine as ve
+
+    monkeypatch.setattr(ve, "vllm_installed", lambda: False)
+    with pytest.raises(ValueError) as e:
+        check_vllm("cuda")
+    assert str(e.value) == MISSING == "--generation-backend vllm needs vLLM: pip install '.[vllm]'"
+    monkeypatch.setattr(ve, "vllm_installed", lambda: True)
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        check_vllm("cpu")
+    with pytest.raises(ValueError, match="not --gpu-id 2: choose the GPU with CUDA_VISIBLE_DEVICES=2 and --gpu-id 0"):
+        check_vllm("cuda", 2)
+    check_vllm("cuda", 0)
+    check_vllm("cuda", None)
+    with pytest.raises(ValueError, match="tensor parallel size 2"):
+        VllmEngine.build("/m", None, [], torch.bfloat16, 0.5, 0, tensor_parallel=2)
+
+
+# ----------------------------------------------------------------------------- the engine over a stand-in
+@pytest.fixture(scope="module")
+def old():
+    return build("qwen2")
+
+
+@pytest.fixture(scope="module")
+def new():
+    return build("qwen2", seed=1)
+
+
+@torch.no_grad()
+def greedy_pick(model, ids: list[int]) -> int:
+    return int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+
+
+def engine_on(model, eos=(EOS,), seed=4):
+    policy = copy.deepcopy(model)   # the sampler's own model, which the receivers (and swap) write
+    llm = FakeLLM(policy, seed=seed)
+    return VllmEngine(llm, make_params, list(eos), policy=policy), llm, policy
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_stream_swaps_between_two_steps_without_draining(old, new, temperature):
+    """3 prompts, G=2, at most 4 rows, 8 tokens each (no EOS): prompts 0 and 1 take the 4 rows at
+    step 1; swap() copies new weights into the policy at its 2nd call (after step 2) and the engine
+    copies them into vLLM's model before step 3, with 4 requests in flight: their tokens 0-1 are
+    version 0's, 2-7 version 1's. Prompt 2 starts when rows free (after step 8): all version 1. Each
+    log-prob is that of the version that drew the token (the stand-in keeps no KV cache: a
+    teacher-forced pass of that version), greedy tokens its argmax."""
+    ps = prompts((5, 9, 3), seed=6)
+    engine, llm, policy = engine_on(old, eos=())
+    swap = SwapAt(policy, new, 2)
+    got = {g.key: g for g in engine.stream(source(enumerate(ps)), 2, NEW, temperature=temperature, rows=4,
+                                           swap=swap)}
+    assert sorted(got) == [0, 1, 2] and llm.most_live == 4 and llm.loads == 2 and not llm.requests
+    span, after = [0, 0] + [1] * (NEW - 2), [1] * NEW
+    for k, want in {0: span, 1: span, 2: after}.items():
+        g = got[k]
+        assert [v.tolist() for v in g.versions] == [want, want], k
+        assert (g.min_version, g.max_version) == (min(want), max(want)) and g.decode_steps == NEW
+        assert g.finished == [False, False] and all(len(r) == NEW for r in g.token_ids)
+    models = {0: old, 1: new}
+    for k, g in got.items():
+        for row, lp, vs in zip(g.token_ids, g.logprobs, g.versions):
+            for v in set(vs.tolist()):
+                want = teacher_forced(models[v], [ps[k]], [row], temperature or 1.0)[0]
+                mask = vs == v
+                np.testing.assert_allclose(lp[mask], want[mask], rtol=0, atol=1e-5)
+            if temperature == 0:   # each token the argmax of the version that drew it
+                assert row == [greedy_pick(models[v], ps[k] + row[:c]) for c, v in enumerate(vs.tolist())]
+    assert engine.stream_counts["steps"] == 16 and engine.stream_counts["prompts"] == 3
+
+
+def test_stream_without_swap_and_a_fixed_round(old):
+    """No swap: every token carries the stream's version, which the engine first copies from the
+    policy (once: a second stream at that version copies nothing). Rows 0/None: every prompt the
+    source gives is in flight at once (a fixed round)."""
+    ps = prompts((4, 6, 2), seed=3)
+    engine, llm, _ = engine_on(old)
+    got = list(engine.stream(source(enumerate(ps)), 3, NEW, temperature=1.0, rows=0, version=7))
+    assert llm.most_live == 9 and llm.loads == 1 and engine.loaded == 7 and llm.prefix_resets == 1
+    assert sorted(g.key for g in got) == [0, 1, 2]
+    for g in got:
+        assert all(v.tolist() == [7] * len(r) for v, r in zip(g.versions, g.token_ids))
+        assert (g.min_version, g.max_version) == (7, 7)
+        for row, lp, fin in zip(g.token_ids, g.logprobs, g.finished):
+            assert fin == (row[-1] == EOS) and EOS not in row[:-1]   # cut at the first EOS, kept
+            np.testing.assert_allclose(lp, teacher_forced(old, [ps[g.key]], [row], 1.0)[0], rtol=0, atol=1e-5)
+    list(engine.stream(source(enumerate(ps)), 3, NEW, rows=None, version=7))
+    assert llm.loads == 1
+
+
+def test_should_stop_aborts_the_requests_in_flight(old):
+    ps = prompts((4, 6), seed=2)
+    engine, llm, _ = engine_on(old, eos=())
+    calls = []
+    got = list(engine.stream(source(enumerate(ps)), 2, NEW, rows=8, should_stop=lambda: calls.append(1) or len(calls) >= 3))
+    assert got == [] and len(calls) == 3 and llm.steps == 3
+    assert sorted(llm.aborted) == sorted(f"s{i}" for i in range(4)) and not llm.requests
+
+
+def test_generate_greedy_equals_hf_generate_and_takes_the_policys_version(old, new):
+    """A fixed batch (what a greedy evaluation decodes): hf_generate's tokens and ends, in the prompts'
+    order; the policy's version (version_of) is copied in first, once."""
+    ps = prompts((5, 9, 3, 12), seed=1)
+    engine, llm, policy = engine_on(old)
+    version = [3]
+    engine.version_of = lambda: version[0]
+    out = engine.generate(ps, NEW, greedy=True)
+    ref, ref_fin = hf_generate(old, ps, NEW, 1.0, True, eos_id=EOS, pad_id=PAD)
+    assert out.token_ids == ref and out.finished == ref_fin and llm.loads == 1
+    assert out.stats["tokens"] == sum(map(len, ref)) and not out.stats["stopped"]
+    assert [len(lp) for lp in out.logprobs] == [len(r) for r in ref]
+    engine.generate(ps, NEW, greedy=True)
+    assert llm.loads == 1   # the same version: nothing copied
+    with torch.no_grad():
+        for p, q in zip(policy.parameters(), new.parameters()):
+            p.copy_(q)
+    version[0] = 4
+    out = engine.generate(ps, NEW, greedy=True)
+    assert out.token_ids == hf_generate(new, ps, NEW, 1.0, True, eos_id=EOS, pad_id=PAD)[0] and llm.loads == 2
+    stopped = engine.generate(ps, NEW, greedy=True, should_stop=lambda: True)
+    assert stopped.stats["stopped"] and stopped.token_ids == [[]] * 4 and not llm.requests
+
+
+class ScriptedLLM:
+    """vLLM's LLMEngine as a script: step k returns script[k] as DELTA outputs (request id, new
+    tokens, their log-probs, finish reason), in the request ids the engine gave (s0, s1, ...)."""
+
+    def __init__(self, script):
+        self.script, self.added = script, []
+
+    def add_request(self, rid, prompt, params):
+        self.added.append((rid, prompt["prompt_token_ids"], params.max_tokens))
+
+    def step(self):
+        outs = []
+        for rid, toks, lps, reason in self.script.pop(0):
+            entries = [{t: lp} for t, lp in zip(toks, lps)] or [{9: -9.0}, {9: -9.0}]   # (an empty delta: vLLM's
+            #                                                                       logprobs[-0:], all of them)
+            outs.append(SimpleNamespace(request_id=rid, finished=reason is not None, outputs=[SimpleNamespace(
+                token_ids=toks, logprobs=entries, finish_reason=reason)]))
+        return outs
+
+
+def test_stream_of_a_script_by_hand():
+    """One prompt, G=2: step 1 draws 5 (-1.0) and 6 (-2.0) at version 3; swap() says 4 after it; step
+    2 draws 7 (-0.5, max_new_tokens reached: 'length') and 1 (-0.25, EOS: 'stop'). The group ends at
+    step 2: rows [5, 7] and [6, 1], versions [3, 4] each, finished [False, True], decode_steps 2.
+    Then a second prompt whose second request ends with an empty delta (kept as its 1 token)."""
+    llm = ScriptedLLM([
+        [("s0", [5], [-1.0], None), ("s1", [6], [-2.0], None)],
+        [("s0", [7], [-0.5], "length"), ("s1", [1], [-0.25], "stop")],
+        [("s2", [8], [-1.5], "length"), ("s3", [9], [-3.0], None)],
+        [("s3", [], [], "stop")],
+    ])
+    engine = VllmEngine(llm, make_params, [1])
+    answers = iter([4, None, None, None])                  # swap() after each step
+    ps = iter([("a", [11, 12]), ("b", [13]), None])        # asked while rows are free: before steps 1 and 3, after 4
+    got = list(engine.stream(lambda: next(ps), 2, 2, rows=2, swap=lambda: next(answers), version=3))
+    assert [rid for rid, _, _ in llm.added] == ["s0", "s1", "s2", "s3"]
+    assert [p for _, p, _ in llm.added] == [[11, 12], [11, 12], [13], [13]] and {m for _, _, m in llm.added} == {2}
+    a, b = got
+    assert (a.key, a.token_ids, a.finished, a.decode_steps) == ("a", [[5, 7], [6, 1]], [False, True], 2)
+    assert [v.tolist() for v in a.versions] == [[3, 4], [3, 4]] and (a.min_version, a.max_version) == (3, 4)
+    assert [lp.tolist() for lp in a.logprobs] == [[-1.0, -0.5], [-2.0, -0.25]]
+    assert (b.key, b.token_ids, b.finished, b.decode_steps) == ("b", [[8], [9]], [False, True], 2)
+    assert [v.tolist() for v in b.versions] == [[4], [4]] and a.last_in_check and b.last_in_check
+
+
+def test_vllm_is_imported_only_inside_the_engines_build():
+    """vLLM stays an optional extra: no module imports it at its top, and only vllm_engine.py imports it
+    at all (inside VllmEngine.build), so the CPU path and `make test` never need it."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "grpo"
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        top = set(map(id, tree.body))
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            if any(n.split(".")[0] == "vllm" for n in names):
+                found.append((path.relative_to(root).as_posix(), id(node) in top))
+    assert found and all(p == "generate/vllm_engine.py" and not at_top for p, at_top in found), found

@@ -1,0 +1,137 @@
+"""The sampler with --generation-backend vllm, on CPU without vLLM: the one-line refusal when vLLM is
+not installed (check_decoding; exit code 2 from the worker once the flag offers the choice), vLLM's
+memory share from the plan's rule, and a sampler's rounds (fixed and in flight) and greedy
+evaluation through VllmEngine over a stand-in for vLLM's LLMEngine (tests/fakevllm.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import get_args
+
+import numpy as np
+import pytest
+import torch
+from fakevllm import FakeLLM, make_params
+from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
+
+from grpo.config import GenerationBackend, SamplerConfig
+from grpo.generate.vllm_engine import MISSING, VllmEngine, vllm_installed
+
+GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
+
+
+def test_check_decoding_refuses_vllm_when_not_installed(monkeypatch):
+    import grpo.generate.vllm_engine as ve
+    from grpo.sampler.setup import check_decoding
+
+    monkeypatch.setattr(ve, "vllm_installed", lambda: False)
+    cfg = SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), generation_backend="vllm")
+    with pytest.raises(ValueError) as e:
+        check_decoding(cfg, torch.device("cpu"))
+    assert str(e.value) == "--generation-backend vllm needs vLLM: pip install '.[vllm]'" == MISSING
+    # installed but on CPU: its own line
+    monkeypatch.setattr(ve, "vllm_installed", lambda: True)
+    with pytest.raises(ValueError, match="vllm needs a CUDA device"):
+        check_decoding(cfg, torch.device("cpu"))
+
+
+@pytest.mark.skipif("vllm" not in get_args(GenerationBackend) or vllm_installed(),
+                    reason="the flag does not offer vllm yet (grpo.config's GenerationBackend), or vLLM is installed")
+def test_the_worker_refuses_vllm_in_one_line_exit_2(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "sampling_worker.py", "--device", "cpu", "--model", "tiny-random",
+                        "--dataset", str(GSM8K), "--generation-backend", "vllm", "--run-dir", str(tmp_path / "run")],
+                       cwd=root, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 2, r.stderr
+    lines = [x for x in r.stderr.strip().splitlines() if "error" in x]
+    assert lines == ["sampling_worker.py: error: --generation-backend vllm needs vLLM: pip install '.[vllm]'"], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_vllm_memory_share_from_the_plan(monkeypatch):
+    from grpo.rules.memory import GiB, PROMPT_TOKENS, shape_from_config, vllm_gpu_fraction, vllm_items
+    from grpo.sampler import setup
+
+    policy = SimpleNamespace(config=SimpleNamespace(to_dict=lambda: dict(
+        hidden_size=64, num_hidden_layers=2, vocab_size=1000, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128)))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=80 * GiB))
+    cuda = torch.device("cuda", 0)
+    cfg = SamplerConfig(in_flight_rows=64, max_new_tokens=100)
+    shape = shape_from_config(policy.config.to_dict())
+    # rows: --in-flight-rows; bf16 (2 bytes); the plan's prompt length + max_new_tokens
+    want = vllm_gpu_fraction(vllm_items(shape, 64, PROMPT_TOKENS + 100, 2), 80 * GiB)
+    assert setup.vllm_memory_share(cfg, policy, cuda) == want == 0.02   # 1 GiB workspace + a little: 1.3%, rounded up
+    # fixed rounds: --prompts-per-round x G rows
+    cfg = SamplerConfig(prompts_per_round=4, num_generations=8, max_new_tokens=100)
+    assert setup.vllm_memory_share(cfg, policy, cuda) == vllm_gpu_fraction(
+        vllm_items(shape, 32, PROMPT_TOKENS + 100, 2), 80 * GiB)
+    cfg.vllm_gpu_memory_utilization = 0.4   # the field once grpo.config has it: given, it wins
+    assert setup.vllm_memory_share(cfg, policy, cuda) == 0.4
+
+
+def test_sampler_rounds_and_evaluation_through_the_vllm_engine(monkeypatch):
+    """A sampler with --generation-backend vllm (the engine built over the stand-in): a fixed round is
+    one chunk, an in-flight round streams; the groups' old log-probs are the engine's (float32 on CPU:
+    --old-logprobs auto takes them) and equal the reference's teacher-forced pass (same weights); a
+    greedy evaluation decodes through the engine with Hugging Face generate's texts."""
+    from netutil import free_ports
+
+    import grpo.sampler.setup as setup
+    from grpo.evaluate import greedy_accuracy
+    from grpo.generate.greedy import decode
+    from grpo.sampler.loop import Sampler
+    from grpo.sampler.workflow import encode_prompts
+
+    built = []
+
+    def fake_build(cls, path, policy, eos, dtype, share, seed, rows=0, tensor_parallel=1, cuda_graphs=True,
+                   max_model_len=None):
+        built.append(dict(path=path, eos=eos, dtype=dtype, share=share, rows=rows, tensor_parallel=tensor_parallel))
+        return cls(FakeLLM(policy, seed=seed), make_params, eos, policy)
+
+    monkeypatch.setattr(setup, "check_vllm", lambda device_type, index: None)
+    monkeypatch.setattr(setup, "vllm_memory_share", lambda cfg, policy, device: 0.5)
+    monkeypatch.setattr(VllmEngine, "build", classmethod(fake_build))
+    d, s = free_ports(2)
+    cfg = SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8, prompts_per_round=2,
+                        num_generations=3, max_new_tokens=6, generation_backend="vllm", data_port=d, sync_port=s)
+    sampler = Sampler(cfg)
+    try:
+        parts = sampler.parts
+        assert (parts.backend, parts.old_source) == ("vllm", "sampling") and isinstance(parts.engine, VllmEngine)
+        assert built == [dict(path=parts.model_path, eos=parts.eos_ids, dtype=torch.float32, share=0.5, rows=0,
+                              tensor_parallel=1)]
+        assert parts.engine.version_of() == parts.client.version
+        assert parts.workflow.rollout_stream() is parts.engine   # fixed rounds too
+        chunks = list(parts.workflow.stream_round(0, 2))   # a fixed round: every prompt in flight, one chunk
+        assert len(chunks) == 1 and parts.engine.llm.most_live == 6
+        groups = chunks[0]
+        sampler.cfg.in_flight_rows = 3
+        parts.engine.llm.most_live = 0
+        groups += [g for chunk in parts.workflow.stream_round(1, 2) for g in chunk]
+        assert parts.engine.llm.most_live == 3   # in flight: at most 3 rows (one prompt) at a time
+        assert parts.engine.llm.loads == 1        # the policy's weights once: no new version came
+        problems = parts.prompts.mine[:3]
+        _, ids = encode_prompts(parts.tok, problems)
+        texts, _, _ = decode(parts.policy, parts.tok, ids, 6, 4, parts.device, engine=parts.engine)
+        assert texts == decode(parts.policy, parts.tok, ids, 6, 4, parts.device)[0]   # Hugging Face generate's
+        result = greedy_accuracy(parts.policy, parts.tok, problems, 6, 4, parts.device, engine=parts.engine)
+        assert result["decoder"] == "vllm" and result["n"] == 3
+    finally:
+        sampler.parts.data.close()
+        sampler.parts.sync.close()
+    assert len(groups) == 4 and all(len(g.completions) == 3 for g in groups)
+    for g in groups:
+        assert g.policy_version == g.max_version == 0
+        for c in g.completions:
+            n = len(c.generated_token_ids)
+            assert 1 <= n <= 6 and c.is_finished == (int(c.generated_token_ids[-1]) in parts.eos_ids)
+            assert list(c.whole_token_ids) == list(g.prefix_token_ids) + list(c.generated_token_ids)
+            assert c.old_policy_log_probs.shape == c.ref_policy_log_probs.shape == (n,)
+            np.testing.assert_allclose(c.old_policy_log_probs, c.ref_policy_log_probs, atol=1e-5)
