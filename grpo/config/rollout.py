@@ -6,7 +6,7 @@ from typing import Literal
 
 from grpo.config.bounds import at_least, positive
 
-GenerationBackend = Literal["auto", "fast", "hf"]
+GenerationBackend = Literal["auto", "fast", "hf", "vllm"]
 OldLogprobs = Literal["auto", "sampling", "pass"]
 
 
@@ -23,7 +23,7 @@ class RolloutSection:
     temperature: float = positive(1.0, "sampling divides the logits by it")
     """Sampling temperature; the learner scores with it too."""
     generation_backend: GenerationBackend = "auto"
-    """Rollout and evaluation decoder: 'fast' (CUDA-graph engine), 'hf' (generate); 'auto': fast on CUDA."""
+    """Rollout and evaluation decoder: 'fast' (CUDA-graph engine), 'hf' (generate), 'vllm' (pip install '.[vllm]'); 'auto': fast on CUDA."""
 
 
 @dataclass
@@ -58,5 +58,9 @@ class SamplerRolloutSection:
     """--in-flight-rows: torch.compile only its decode step."""
     refill_behind: bool = True
     """Refill ended rows while the queued decode steps run."""
+    vllm_gpu_memory_utilization: float = 0.0
+    """vLLM backend: its share of the GPU's memory (0: from the memory plan)."""
+    vllm_tensor_parallel_size: int = at_least(1, 1)
+    """vLLM backend: GPUs one sampler spreads over (only 1 is built yet)."""
     attend_chunk: int = at_least(0, 64, "0: the whole cache at every step")
     """Fast backend: a decode step attends to the filled cache in chunks of this many slots (0: the whole cache)."""

@@ -20,10 +20,9 @@ import torch
 from grpo.model.logprobs import left_pad
 from grpo.rules.backend import backend_for
 
-BACKENDS = ("auto", "fast", "hf")
-# vLLM's engine (grpo.generate.vllm_engine), an optional extra: accepted by resolve_backend; the flag offers
-# it once grpo.config's GenerationBackend lists it (tests/test_choices.py then wants it in BACKENDS too).
-OPTIONAL_BACKENDS = ("vllm",)
+# vllm: vLLM's engine (grpo.generate.vllm_engine), an optional extra; the sampler refuses it in one
+# line where vLLM is not installed
+BACKENDS = ("auto", "fast", "hf", "vllm")
 SAMPLED_LOGPROBS = ("fast", "vllm")   # the backends that return each sampled token's log-prob
 
 
@@ -43,8 +42,8 @@ def resolve_backend(name: str, device: torch.device) -> str:
     falls back to eager decoding), `generate` on CPU, where the engine has
     no graphs to replay and buys little. vllm: vLLM's engine (grpo.generate.vllm_engine; the sampler
     checks it is installed)."""
-    if name not in BACKENDS + OPTIONAL_BACKENDS:
-        raise ValueError(f"--generation-backend {name}: choose one of {', '.join(BACKENDS + OPTIONAL_BACKENDS)}")
+    if name not in BACKENDS:
+        raise ValueError(f"--generation-backend {name}: choose one of {', '.join(BACKENDS)}")
     return backend_for(name, device.type)
 
 

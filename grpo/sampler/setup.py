@@ -172,7 +172,7 @@ def make_engine(cfg: SamplerConfig, policy, eos: list[int], pad_id: int, device:
     if backend == VLLM:
         engine = VllmEngine.build(path, policy, eos, compute_dtype(device), vllm_memory_share(cfg, policy, device),
                                   cfg.seed + 1000 * cfg.sampler_id, rows=cfg.in_flight_rows,
-                                  tensor_parallel=getattr(cfg, "vllm_tensor_parallel_size", 1),
+                                  tensor_parallel=cfg.vllm_tensor_parallel_size,
                                   cuda_graphs=cfg.cuda_graphs)
         if swaps and old_source != "sampling":
             log.info("--swap-in-flight: old log-probs from the sampling pass (--old-logprobs %s would choose a pass "
@@ -205,7 +205,7 @@ def vllm_memory_share(cfg: SamplerConfig, policy, device: torch.device) -> float
     """vLLM's gpu_memory_utilization: --vllm-gpu-memory-utilization when set, else the memory plan's
     share for vLLM's items (grpo.rules.memory.vllm_items: its weights, the KV cache of this sampler's
     rows at the plan's prompt length, its workspace) of this GPU (vllm_gpu_fraction)."""
-    given = float(getattr(cfg, "vllm_gpu_memory_utilization", 0.0) or 0.0)
+    given = cfg.vllm_gpu_memory_utilization
     if given:
         return given
     rows = cfg.in_flight_rows or (cfg.prompts_per_round or cfg.max_prompts_per_round) * cfg.num_generations
@@ -215,7 +215,7 @@ def vllm_memory_share(cfg: SamplerConfig, policy, device: torch.device) -> float
         raise ValueError(f"vLLM's memory share: the model's config has no {exc} to plan by; give it with "
                          "--vllm-gpu-memory-utilization") from None
     items = vllm_items(shape, rows, PROMPT_TOKENS + cfg.max_new_tokens,
-                       torch.finfo(compute_dtype(device)).bits // 8, getattr(cfg, "vllm_tensor_parallel_size", 1))
+                       torch.finfo(compute_dtype(device)).bits // 8, cfg.vllm_tensor_parallel_size)
     share = vllm_gpu_fraction(items, torch.cuda.get_device_properties(device).total_memory)
     log.info("vLLM's memory share: %.2f of this GPU (%s; the memory plan's rule)", share,
              ", ".join(f"{k} {b / 2**30:.2f} GiB" for k, b in items))

@@ -142,5 +142,5 @@ def test_flags_and_one_line_error_for_a_bad_backend(tmp_path):
     assert r.returncode == 2, r.stderr
     lines = [x for x in r.stderr.strip().splitlines() if "error" in x]
     assert lines == ["sampling_worker.py: error: argument --generation-backend: invalid choice: 'turbo' "
-                     "(choose from 'auto', 'fast', 'hf') (see --help)"], r.stderr
+                     "(choose from 'auto', 'fast', 'hf', 'vllm') (see --help)"], r.stderr
     assert "Traceback" not in r.stderr

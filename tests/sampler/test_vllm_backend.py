@@ -71,7 +71,7 @@ def test_vllm_memory_share_from_the_plan(monkeypatch):
     cfg = SamplerConfig(prompts_per_round=4, num_generations=8, max_new_tokens=100)
     assert setup.vllm_memory_share(cfg, policy, cuda) == vllm_gpu_fraction(
         vllm_items(shape, 32, PROMPT_TOKENS + 100, 2), 80 * GiB)
-    cfg.vllm_gpu_memory_utilization = 0.4   # the field once grpo.config has it: given, it wins
+    cfg.vllm_gpu_memory_utilization = 0.4   # given, it wins
     assert setup.vllm_memory_share(cfg, policy, cuda) == 0.4
 
 
