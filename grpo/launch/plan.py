@@ -29,7 +29,7 @@ from grpo.config import LaunchConfig, LearnerConfig, SamplerConfig
 from grpo.config.cli import unknown_flag
 from grpo.flags import (ArgumentParser, add_fields, apply_config_file, build_parser, parse_config,
                         section_groups, to_flags)
-from grpo.launch.runplan import Placement, RunPlan, from_flags, with_placement, worker_argv
+from grpo.launch.runplan import PLANNED_ENV, Placement, RunPlan, from_flags, with_placement, worker_argv
 from grpo.rules import layout
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,7 +204,7 @@ def _one_process_learner(cfg: LaunchConfig, p: Placement) -> Placement:
 def base_env(cuda: bool) -> dict[str, str]:
     """Every worker's environment: this one, and what the workers need whatever they are."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", NCCL_NVLS_ENABLE="0",
-               TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+               TORCH_SYMM_MEM_DISABLE_MULTICAST="1", **{PLANNED_ENV: "1"})
     # Workers run from the repo root: keep the launch directory importable for the
     # module:function of --reward and --dataset-transform.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)

@@ -11,6 +11,11 @@ from dataclasses import dataclass, replace
 from grpo.config import CommonConfig, LaunchConfig, LearnerConfig, SamplerConfig
 from grpo.flags import parse_config
 
+# Set in the environment of every worker the launcher spawns from a plan: the launcher has checked
+# what the worker would check of its flags before loading anything (grpo.workers), so the worker
+# trusts them; a worker started by hand (or from the --nodes commands) checks them itself.
+PLANNED_ENV = "GRPO_LAUNCH_PLANNED"
+
 # What the launcher's own config decides for the learner besides the fields every role shares.
 LEARNER_FROM_LAUNCH = ("max_steps", "no_deepspeed")
 

@@ -71,3 +71,21 @@ def test_every_process_parses_back_the_plans_config(argv, cuda_count):
         assert got == want, p.name
     assert specs(rp, 29500, "/tmp/run") == procs   # the same plan, the same processes
     assert plan(cfg, cuda_count, to_s, to_l, 29500)[0].argv[:2] == procs[0].argv[:2]
+
+
+def test_workers_trust_the_plan_and_check_flags_given_by_hand(monkeypatch, tmp_path):
+    """A spawned worker's environment says the launcher checked its flags (PLANNED_ENV): a sampler then
+    skips the checks the plan already made; started by hand it refuses a bad id or data set path."""
+    from grpo import workers
+    from grpo.launch.runplan import PLANNED_ENV
+
+    cfg, to_s, to_l = parse(["--device", "cpu"])
+    assert all(p.env[PLANNED_ENV] == "1" for p in plan(cfg, 0, to_s, to_l, 29500))
+    bad = SamplerConfig(sampler_id=2, num_samplers=2, dataset=str(tmp_path / "none.jsonl"))
+    monkeypatch.delenv(PLANNED_ENV, raising=False)
+    with pytest.raises(Exception, match="none.jsonl"):
+        workers._sampler_checks(bad)
+    with pytest.raises(ValueError, match="--sampler-id 2 must be in 0..1"):
+        workers._sampler_checks(replace(bad, dataset=SamplerConfig.dataset))
+    monkeypatch.setenv(PLANNED_ENV, "1")
+    assert workers._sampler_checks(bad)[0] == "sampler2"
