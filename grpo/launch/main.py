@@ -32,6 +32,7 @@ from grpo.obs.rundir import COMMIT_ENV, code_commit, create_run_dir, remove_crea
 from grpo.rules import layout, memory
 from grpo.wire.ports import busy_ports_line, free_port, port_in_use
 
+
 def cuda_device_count() -> int:
     """The GPUs the CUDA driver sees; 0 when there is no driver or no GPU, as
     torch.cuda.is_available() False gave before (grpo.launch.probe.cuda_driver: no torch)."""
