@@ -19,6 +19,7 @@ from grpo.data.rewards import RewardBroken
 from grpo.data.sources import DatasetUnavailable, local_file
 from grpo.flags import parse_config
 from grpo.launch.probe import cuda_driver
+from grpo.launch.runplan import PLANNED_ENV
 from grpo.obs.rundir import create_run_dir, freeze_for_exit, provenance, remove_created, save_config, setup_logging
 from grpo.obs.stages import mark as mark_stage
 from grpo.weights.methods import check_method
@@ -97,14 +98,23 @@ def sampler_main(argv: list[str] | None = None) -> int:
         freeze_for_exit()
 
 
+def planned() -> bool:
+    """Whether the launcher started this process from its plan, having checked its flags already
+    (grpo.launch.runplan.PLANNED_ENV): CUDA there, the device and GPU agreeing, the sampler's id and
+    data set. Started by hand, the worker checks them itself."""
+    return os.environ.get(PLANNED_ENV) == "1"
+
+
 def _start(prog: str, cfg, check, load):
     """A worker's start-up, one for both roles: `check(cfg)` is the role's own checks that need no
-    torch (after the device's; a mistake raises ValueError or DatasetUnavailable) and names the
-    process: (its name, its seed, the name its config is saved under or None); then the run folder,
-    logging, the allocator, the seed and the config, and `load(cfg)` builds the role (torch, the
-    model). Returns (the role, the run folder), or the exit code of a refused start (_fail's line)."""
+    torch (after the device's, which a planned process skips; a mistake raises ValueError or
+    DatasetUnavailable) and names the process: (its name, its seed, the name its config is saved
+    under or None); then the run folder, logging, the allocator, the seed and the config, and
+    `load(cfg)` builds the role (torch, the model). Returns (the role, the run folder), or the exit
+    code of a refused start (_fail's line)."""
     try:
-        _gpu_env(cfg.device, cfg.gpu_id)
+        if not planned():
+            _gpu_env(cfg.device, cfg.gpu_id)
         name, seed, save_as = check(cfg)
     except (ValueError, DatasetUnavailable) as exc:   # here, not below: _user_errors() imports torch
         return _fail(prog, exc)
@@ -125,9 +135,10 @@ def _start(prog: str, cfg, check, load):
 
 
 def _sampler_checks(cfg: SamplerConfig) -> tuple[str, int, str]:
-    local_file(cfg.dataset)   # a mistyped path, as the launcher checks it; a hub id is fetched later
-    if not 0 <= cfg.sampler_id < cfg.num_samplers:
-        raise ValueError(f"--sampler-id {cfg.sampler_id} must be in 0..{cfg.num_samplers - 1} (--num-samplers)")
+    if not planned():   # the launcher's plan numbers the samplers and checked the data set's path
+        local_file(cfg.dataset)   # a mistyped path; a hub id is fetched later
+        if not 0 <= cfg.sampler_id < cfg.num_samplers:
+            raise ValueError(f"--sampler-id {cfg.sampler_id} must be in 0..{cfg.num_samplers - 1} (--num-samplers)")
     return f"sampler{cfg.sampler_id}", cfg.seed + cfg.sampler_id, f"sampler{cfg.sampler_id}"
 
 

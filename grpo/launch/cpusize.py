@@ -68,8 +68,8 @@ STEP_SIZES = ("num_generations", "train_batch_size", "max_new_tokens")
 
 
 def cpu_sizes(given: set[str], num_generations: int, train_batch_size: int, max_new_tokens: int, beta: float,
-              prompts_per_round: int, max_steps: int, max_time_s: float, samplers: int) -> tuple[CpuSizing, list[str], list[str]]:
-    """(the sizing, the flags every learner rank gets, the flags every sampler gets) for a CPU run
+              prompts_per_round: int, max_steps: int, max_time_s: float, samplers: int) -> tuple[CpuSizing, dict, dict]:
+    """(the sizing, the fields every learner rank gets, the fields every sampler gets) for a CPU run
     whose user gave the options in `given`; the other arguments are the values in effect. Where the
     user gave none of STEP_SIZES, the step is CPU-sized: G CPU_NUM_GENERATIONS, CPU_GROUPS_PER_STEP
     groups a step, CPU_MAX_NEW_TOKENS, and (each unless given) --beta 0 and rounds of one step's
@@ -77,31 +77,31 @@ def cpu_sizes(given: set[str], num_generations: int, train_batch_size: int, max_
     G, batch, tokens = num_generations, train_batch_size, max_new_tokens
     sized = any(name in given for name in STEP_SIZES)
     if sized:
-        return CpuSizing((), G, batch, tokens, beta, max_steps, max_time_s), [], []
+        return CpuSizing((), G, batch, tokens, beta, max_steps, max_time_s), {}, {}
     chosen: list[tuple[str, str, str]] = []
-    to_l: list[str] = []
-    to_s: list[str] = []
+    learner: dict = {}
+    sampler: dict = {}
     if G != CPU_NUM_GENERATIONS:
         chosen.append(("--num-generations", str(CPU_NUM_GENERATIONS), str(G)))
         G = CPU_NUM_GENERATIONS
     if batch != CPU_GROUPS_PER_STEP * G:
         chosen.append(("--train-batch-size", str(CPU_GROUPS_PER_STEP * G), str(batch)))
         batch = CPU_GROUPS_PER_STEP * G
-        to_l += ["--train-batch-size", str(batch)]
+        learner["train_batch_size"] = batch
     if tokens > CPU_MAX_NEW_TOKENS:
         chosen.append(("--max-new-tokens", str(CPU_MAX_NEW_TOKENS), str(tokens)))
         tokens = CPU_MAX_NEW_TOKENS
     if "beta" not in given and beta != CPU_BETA:
         chosen.append(("--beta", "0", f"{beta:g}"))
         beta = CPU_BETA
-        to_l += ["--beta", "0"]
+        learner["beta"] = CPU_BETA
     if "prompts_per_round" not in given and prompts_per_round == 0:
         # each sampler's round is its share of one step: round 0 would otherwise be 8 groups (a step
         # of 8 assumed until the learner's first answer), 4 steps' worth that a short run never trains
         per = max(1, batch // G // max(1, samplers))
         chosen.append(("--prompts-per-round", str(per), "0"))
-        to_s += ["--prompts-per-round", str(per)]
-    return CpuSizing(tuple(chosen), G, batch, tokens, beta, max_steps, max_time_s), to_l, to_s
+        sampler["prompts_per_round"] = per
+    return CpuSizing(tuple(chosen), G, batch, tokens, beta, max_steps, max_time_s), learner, sampler
 
 
 def sizing_line(sizing: CpuSizing) -> str | None:

@@ -7,7 +7,9 @@ of the explicit flags it stands for.
 A single run: learner ranks get every training GPU visible and LOCAL_RANK set, as torchrun and
 the deepspeed launcher do; each sampler sees its own GPU first, then learner rank 0's (for
 CUDA IPC weight sync). Flags the launcher does not own go to the sampler and/or learner that
-know them (`split_passthrough`); `--help` lists them too, grouped by who receives them.
+know them (`split_passthrough`); `--help` lists them too, grouped by who receives them. They are
+parsed once into the RunPlan (grpo.launch.runplan), `place` puts its processes on the GPUs, and
+`specs` writes each one's argv from its config, once every choice is made.
 
 Seeded instances (`--instances K --seeds 42,1337,...`): each instance is an ordinary single run
 started by its own child launcher, with its own GPUs, ports, seed and run directory
@@ -25,16 +27,21 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo.config import CommonConfig, LaunchConfig, LearnerConfig, SamplerConfig
+from grpo.config import LaunchConfig, LearnerConfig, SamplerConfig
 from grpo.config.cli import unknown_flag
 from grpo.flags import (ArgumentParser, add_fields, apply_config_file, build_parser, parse_config,
                         section_groups, to_flags)
+from grpo.launch.runplan import PLANNED_ENV, Placement, RunPlan, from_flags, with_placement, worker_argv
 from grpo.rules import layout
 
 ROOT = Path(__file__).resolve().parents[2]
 ALIASES = {"sampling_gpus": ["--sampling-gpu"], "training_gpus": ["--training-gpu"]}
 # Set by the launcher for each process it starts, so not listed as options it passes on.
 SET_BY_LAUNCHER = ("gpu_id", "sampler_id", "num_samplers", "extra")
+
+
+# Written on every sampler's command line, defaults or not: which one it is, in its log and in `ps`.
+WHICH_SAMPLER = ("sampler_id", "num_samplers")
 
 
 class LaunchError(ValueError):
@@ -169,62 +176,78 @@ def _resolve_gpus(cfg: LaunchConfig, cuda_count: int) -> tuple[list[int], list[i
     return samp, train, use_cuda
 
 
-def plan(cfg: LaunchConfig, cuda_count: int, sampler_flags: list[str], learner_flags: list[str],
-         master_port: int) -> list[ProcSpec]:
-    """Every process of the run, learner ranks first."""
-    py = sys.executable
+def place(cfg: LaunchConfig, cuda_count: int) -> Placement:
+    """Where one host's processes run: the GPU lists (defaults filled) or, on CPU, the counts."""
     samp_gpus, train_gpus, use_cuda = _resolve_gpus(cfg, cuda_count)
-    if use_cuda:
-        if not samp_gpus:
-            samp_gpus = [0]
-        if not train_gpus:
-            train_gpus = [1] if cuda_count > 1 else [0]
-        shared = sorted(set(samp_gpus) & set(train_gpus))
-        if shared and (cfg.sampling_gpus or cfg.training_gpus) and not cfg.share_gpus:
-            raise LaunchError(f"GPU(s) {','.join(map(str, shared))} in both --sampling-gpus and --training-gpus; "
-                              f"give disjoint lists, or add --share-gpus to put a sampler beside learner ranks")
-        for g in samp_gpus + train_gpus:
-            if g >= cuda_count:
-                raise LaunchError(f"GPU {g} does not exist: this machine has {cuda_count} GPU(s) "
-                                  f"(0..{cuda_count - 1}); fix --sampling-gpus/--training-gpus")
-        n_learn, n_samp = len(train_gpus), len(samp_gpus)
-    else:
-        n_learn, n_samp = cfg.training_ranks, cfg.num_samplers
-        if n_learn < 1 or n_samp < 1:
+    if not use_cuda:
+        if cfg.training_ranks < 1 or cfg.num_samplers < 1:
             raise LaunchError("--training-ranks and --num-samplers must be >= 1")
-    if cfg.no_deepspeed and n_learn > 1:
+        return _one_process_learner(cfg, Placement(False, cfg.training_ranks, cfg.num_samplers))
+    samp_gpus = samp_gpus or [0]
+    train_gpus = train_gpus or ([1] if cuda_count > 1 else [0])
+    shared = sorted(set(samp_gpus) & set(train_gpus))
+    if shared and (cfg.sampling_gpus or cfg.training_gpus) and not cfg.share_gpus:
+        raise LaunchError(f"GPU(s) {','.join(map(str, shared))} in both --sampling-gpus and --training-gpus; "
+                          f"give disjoint lists, or add --share-gpus to put a sampler beside learner ranks")
+    for g in samp_gpus + train_gpus:
+        if g >= cuda_count:
+            raise LaunchError(f"GPU {g} does not exist: this machine has {cuda_count} GPU(s) "
+                              f"(0..{cuda_count - 1}); fix --sampling-gpus/--training-gpus")
+    return _one_process_learner(cfg, Placement(True, len(train_gpus), len(samp_gpus), tuple(train_gpus),
+                                               tuple(samp_gpus)))
+
+
+def _one_process_learner(cfg: LaunchConfig, p: Placement) -> Placement:
+    if cfg.no_deepspeed and p.ranks > 1:
         raise LaunchError("--no-deepspeed runs one learner process; give one training GPU (or --training-ranks 1)")
-    common = to_flags(dataclasses.replace(cfg, device="cuda" if use_cuda else "cpu"), CommonConfig)
-    base_env = {k: v for k, v in os.environ.items()}
-    base_env.update({"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
-                     "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"})
+    return p
+
+
+def base_env(cuda: bool) -> dict[str, str]:
+    """Every worker's environment: this one, and what the workers need whatever they are."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", NCCL_NVLS_ENABLE="0",
+               TORCH_SYMM_MEM_DISABLE_MULTICAST="1", **{PLANNED_ENV: "1"})
     # Workers run from the repo root: keep the launch directory importable for the
     # module:function of --reward and --dataset-transform.
-    base_env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)
-    if not use_cuda:
-        base_env["CUDA_VISIBLE_DEVICES"] = ""
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)
+    if not cuda:
+        env["CUDA_VISIBLE_DEVICES"] = ""
         # Two cores shared by every process: one thread each keeps them from thrashing.
-        base_env.setdefault("OMP_NUM_THREADS", "1")
-    specs: list[ProcSpec] = []
-    for r in range(n_learn):
-        env = dict(base_env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n_learn),
-                   LOCAL_WORLD_SIZE=str(n_learn), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port))
-        if use_cuda:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, train_gpus))
-        argv = [py, str(ROOT / "training_worker.py"), *common, "--max-steps", str(cfg.max_steps)]
-        argv += ["--no-deepspeed"] if cfg.no_deepspeed else []
-        argv += (["--gpu-id", str(r)] if use_cuda else []) + learner_flags
-        specs.append(ProcSpec(f"learner{r}", argv, env, "learner"))
-    for k in range(n_samp):
-        env = dict(base_env)
-        if use_cuda:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def specs(rp: RunPlan, master_port: int, run_dir: str = "") -> list[ProcSpec]:
+    """Every process of a placed plan, learner ranks first (`run_dir`: the one the launcher made, in
+    place of the roles'): here, and only here, argv is written."""
+    p, py = rp.placement, sys.executable
+    env0 = base_env(p.cuda)
+    out: list[ProcSpec] = []
+    for r in range(p.ranks):
+        env = dict(env0, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(p.ranks), LOCAL_WORLD_SIZE=str(p.ranks),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port))
+        if p.cuda:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, p.training_gpus))
+        cfg = dataclasses.replace(rp.learner, gpu_id=r if p.cuda else -1, run_dir=run_dir or rp.learner.run_dir)
+        out.append(ProcSpec(f"learner{r}", [py, str(ROOT / "training_worker.py"), *worker_argv(cfg)], env, "learner"))
+    for k in range(p.samplers):
+        env = dict(env0)
+        if p.cuda:
             # The sampler's own GPU first (its device 0), then learner rank 0's GPU, which CUDA
             # IPC weight sync maps (peer access); found there by UUID, not by this numbering.
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, dict.fromkeys([samp_gpus[k], train_gpus[0]])))
-        argv = [py, str(ROOT / "sampling_worker.py"), *common, "--sampler-id", str(k),
-                "--num-samplers", str(n_samp)] + (["--gpu-id", "0"] if use_cuda else []) + sampler_flags
-        specs.append(ProcSpec(f"sampler{k}", argv, env, "sampler"))
-    return specs
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, dict.fromkeys([p.sampling_gpus[k], p.training_gpus[0]])))
+        cfg = dataclasses.replace(rp.sampler, sampler_id=k, num_samplers=p.samplers, gpu_id=0 if p.cuda else -1,
+                                  run_dir=run_dir or rp.sampler.run_dir)
+        out.append(ProcSpec(f"sampler{k}", [py, str(ROOT / "sampling_worker.py"), *worker_argv(cfg, WHICH_SAMPLER)], env,
+                            "sampler"))
+    return out
+
+
+def plan(cfg: LaunchConfig, cuda_count: int, sampler_flags: list[str], learner_flags: list[str],
+         master_port: int) -> list[ProcSpec]:
+    """Every process of the run of these flags as given, learner ranks first (no choice made)."""
+    placement = place(cfg, cuda_count)
+    return specs(with_placement(from_flags(cfg, sampler_flags, learner_flags), placement), master_port)
 
 
 def launcher_parser(with_workers: bool = False):

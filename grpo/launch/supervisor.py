@@ -337,6 +337,36 @@ def _unbound_end(sup: Supervisor, bad: tuple[str, int] | None, cfg: LaunchConfig
     return 1
 
 
+def _start_all(sup: Supervisor, learners: list[ProcSpec], samplers: list[ProcSpec], run_dir: Path) -> None:
+    """Every process starts now: a sampler's imports, prompts and model load (about 20 s on a GPU
+    machine) overlap the learner's, and ZeroMQ connects whenever the learner binds. The ports were
+    checked free before this, so a learner that cannot bind is rare; if it fails, the watch loop
+    stops the samplers with it."""
+    print(f"[launcher] run dir {run_dir}; {len(learners)} learner rank(s), {len(samplers)} sampler(s); "
+          f"logs: {', '.join(s.name + '.log' for s in learners + samplers)}", flush=True)
+    for s in learners + samplers:
+        sup.start(s)
+
+
+def _learner_finished(sup: Supervisor, cfg: LaunchConfig, names: list[str], run_dir: Path, t_launch: float) -> int:
+    """Learner rank 0 exited 0, having told the samplers to stop: everyone gets time to exit on their
+    own, then the run's end lines; the exit code of the run."""
+    ok = sup.wait_all(names, cfg.stop_timeout_s)
+    if (run_dir / "summary.json").exists():
+        _end_lines(cfg, run_dir, t_launch)
+    bad = sup.failed()
+    if bad:
+        print(f"[launcher] {bad[0]} exited with code {bad[1]}:\n{sup.tail(bad[0])}", file=sys.stderr, flush=True)
+        return 1
+    if not ok:
+        # The run's work is done (the learner wrote its summary and exited 0): the stragglers are
+        # stopped by run's finally, and the run still succeeded.
+        late = [n for n, (p, _, _) in sup.procs.items() if p.poll() is None]
+        print(f"[launcher] {', '.join(late)} did not exit within {cfg.stop_timeout_s:.0f} s of the "
+              f"learner finishing; stopping them (the run itself completed)", flush=True)
+    return 0
+
+
 def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future | None = None,
         resume: str = "", warnings: tuple[str, ...] = ()) -> int:
     """One run: start the learner group, then the samplers, and watch them to the end. `check`: a
@@ -349,16 +379,9 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future |
     sup = Supervisor(run_dir)
     learners = [s for s in specs if s.role == "learner"]
     samplers = [s for s in specs if s.role == "sampler"]
-    print(f"[launcher] run dir {run_dir}; {len(learners)} learner rank(s), {len(samplers)} sampler(s); "
-          f"logs: {', '.join(s.name + '.log' for s in specs)}", flush=True)
     sup.catch_signals()
     try:
-        # Every process starts now: a sampler's imports, prompts and model load (about 20 s on a
-        # GPU machine) overlap the learner's, and ZeroMQ connects whenever the learner binds. The
-        # ports were checked free before this, so a learner that cannot bind is rare; if it fails,
-        # the loop below stops the samplers with it.
-        for s in learners + samplers:
-            sup.start(s)
+        _start_all(sup, learners, samplers, run_dir)
         ready = run_dir / "learner.ready"
         deadline = time.monotonic() + cfg.ready_timeout_s
         restarts = {s.name: 0 for s in samplers}
@@ -408,22 +431,7 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future |
                 print(line, flush=True)
             sup.note_late(cfg.stage_timeout_s)
             if sup.procs["learner0"][0].poll() == 0:
-                # The learner told the samplers to stop; give everyone time to exit on their own.
-                ok = sup.wait_all([s.name for s in specs], cfg.stop_timeout_s)
-                if (run_dir / "summary.json").exists():
-                    _end_lines(cfg, run_dir, t_launch)
-                bad = sup.failed()
-                if bad:
-                    print(f"[launcher] {bad[0]} exited with code {bad[1]}:\n{sup.tail(bad[0])}",
-                          file=sys.stderr, flush=True)
-                    return 1
-                if not ok:
-                    # The run's work is done (the learner wrote its summary and exited 0): the
-                    # stragglers are stopped by the finally below, and the run still succeeded.
-                    late = [n for n, (p, _, _) in sup.procs.items() if p.poll() is None]
-                    print(f"[launcher] {', '.join(late)} did not exit within {cfg.stop_timeout_s:.0f} s of the "
-                          f"learner finishing; stopping them (the run itself completed)", flush=True)
-                return 0
+                return _learner_finished(sup, cfg, [s.name for s in specs], run_dir, t_launch)
             time.sleep(0.5)
     finally:
         sup.stop(cfg.stop_timeout_s)

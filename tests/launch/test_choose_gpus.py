@@ -12,9 +12,17 @@ from netutil import free_port_run
 from grpo.launch import main as launch_main
 from grpo.rules.layout import Rates
 from grpo.launch.nodes import choose_nodes_split, plan_nodes
-from grpo.launch.plan import LaunchError, check_gpus_flags, choose_gpus, gpus_to_lay_out, parse, plan
+from grpo.launch.inflight import resolve_in_flight
+from grpo.launch.plan import LaunchError, check_gpus_flags, choose_gpus, gpus_to_lay_out, parse, place, plan
+from grpo.launch.runplan import RunPlan, from_flags, with_placement
 
 ROOT = Path(__file__).resolve().parents[2]
+def resolved(cfg, to_s, to_l, cuda_count: int, chosen: bool) -> tuple[RunPlan, RunPlan]:
+    """(the placed plan of these flags, the plan with the launcher's in-flight choices made on it)."""
+    rp = with_placement(from_flags(cfg, to_s, to_l, chosen), place(cfg, cuda_count))
+    return rp, resolve_in_flight(rp, rp.placement.samplers, rp.placement.cuda)
+
+
 Q05 = 494_032_768                 # Qwen2.5-Coder-0.5B's parameters, as the memory plan counts them
 WORKLOAD = ["--num-generations", "16", "--max-new-tokens", "512"]   # the real workload's; T = 128 x 512
 
@@ -93,16 +101,10 @@ def test_the_chosen_layout_keeps_rows_in_flight_where_the_bound_fills_them(capsy
     or the bound, or where the sampler cannot swap in flight, nothing is added."""
     cfg, to_s, to_l = parse(["--gpus", gpus, *WORKLOAD, "--train-batch-size", "128", *extra])
     chosen, _ = choose_gpus(cfg, 4, Q05, 128)
-    specs = plan(chosen, 4, to_s, to_l, 29999)
-    launch_main.apply_in_flight(specs, chosen=True)
+    _, done = resolved(chosen, to_s, to_l, 4, chosen=True)
     err = capsys.readouterr().err
-
-    def last(argv, flag):
-        return int(argv[len(argv) - 1 - argv[::-1].index(flag) + 1]) if flag in argv else None
-
-    assert {last(s.argv, "--in-flight-rows") or 0 for s in specs if s.role == "sampler"} == {rows}
-    set_bound = {last(s.argv, "--max-staleness") for s in specs if s.role == "learner"}
-    assert set_bound == {bound or last(extra, "--max-staleness")}
+    given = int(extra[extra.index("--max-staleness") + 1]) if "--max-staleness" in extra else 2
+    assert (done.sampler.in_flight_rows, done.learner.max_staleness) == (rows, bound or given)
     said = "run_distributed.py: --in-flight-rows 320 on each sampler: they decode with the engine and swap" in err
     assert said == (rows == 320 and "--in-flight-rows" not in extra)
     fewer = f"run_distributed.py: --in-flight-rows {rows} on each sampler: they decode" in err and \
@@ -178,7 +180,8 @@ def test_launcher_says_its_choice_and_plans_the_explicit_flags(monkeypatch, caps
     planned = []
     monkeypatch.setattr(launch_main, "cuda_device_count", lambda: 4)
     monkeypatch.setattr(launch_main.probe, "gpu_total_bytes", lambda: {})
-    monkeypatch.setattr(launch_main, "plan", lambda cfg, *a: planned.append(cfg) or plan(cfg, *a))
+    resolve = launch_main.resolve
+    monkeypatch.setattr(launch_main, "resolve", lambda rp, *a: planned.append(rp.launch) or resolve(rp, *a))
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", free_port_run(2)))
         busy.listen()
@@ -215,17 +218,15 @@ def test_a_layout_given_by_hand_keeps_its_rounds_and_is_told_of_rows_in_flight(c
     """The seed's --sampling-gpu 0 --training-gpus 1,2,3 runs as given: where --gpus would keep rows
     in flight, one line says so and nothing is added."""
     cfg, to_s, to_l = parse(["--sampling-gpu", "0", "--training-gpus", "1,2,3", *WORKLOAD, "--train-batch-size", "128"])
-    specs = plan(cfg, 4, to_s, to_l, 29999)
-    before = [list(s.argv) for s in specs]
-    launch_main.apply_in_flight(specs, chosen=False)
-    assert [s.argv for s in specs] == before
+    placed, done = resolved(cfg, to_s, to_l, 4, chosen=False)
+    assert done == placed
     assert capsys.readouterr().err == (
         "run_distributed.py: note: the samplers decode in rounds, each row idle from its own end to its round's "
         "longest; --in-flight-rows 320 would keep every row decoding, weights swapped between decode steps "
         "(--gpus chooses it)\n")
     cfg, to_s, to_l = parse(["--sampling-gpu", "0", "--training-gpus", "0", "--share-gpus", *WORKLOAD])
-    specs = plan(cfg, 4, to_s, to_l, 29999)
-    launch_main.apply_in_flight(specs, chosen=False)   # one shared GPU: rounds, and the same word of rows in flight
+    # one shared GPU: rounds, and the same word of rows in flight
+    _, done = resolved(cfg, to_s, to_l, 4, chosen=False)
     # (1 group of 16 a step: 320 rows would need a bound past 8, and 6 keeps 6 groups, 96 rows, decoding);
     # with the default 16 completions a step, round 0's 8 groups (made before the learner's first
     # answer) need a bound of 8 - 1 = 7 (fit_first_round)
@@ -238,8 +239,7 @@ def test_a_layout_given_by_hand_keeps_its_rounds_and_is_told_of_rows_in_flight(c
         "first round: the sampler may make it before the learner's first answer says the step's size and the budget, "
         "8 groups of version 0, and at --max-staleness 2 the learner trains 3 of 8 (3 steps of 1 group); give "
         "--max-staleness to choose\n")
-    assert [s.argv[-2:] for s in specs if s.role == "learner"] == [["--max-staleness", "7"]]
-    assert "--in-flight-rows" not in specs[-1].argv
+    assert (done.learner.max_staleness, done.sampler.in_flight_rows) == (7, 0)
 
 
 def test_gpus_all_over_nodes_keeps_rows_in_flight_by_the_one_host_rule(capsys):
@@ -250,24 +250,24 @@ def test_gpus_all_over_nodes_keeps_rows_in_flight_by_the_one_host_rule(capsys):
     layout given by hand keeps its rounds."""
     argv = ["--nodes", "a:2,b:2", "--training-ranks", "2", "--num-samplers", "2", *WORKLOAD, "--train-batch-size", "128"]
     cfg, to_s, to_l = parse(argv)
-    mp = launch_main.node_in_flight(cfg, plan_nodes(cfg, to_s, to_l), to_s, to_l, chosen=True)
+    done, mp = launch_main.node_in_flight(from_flags(cfg, to_s, to_l, chosen=True), plan_nodes(cfg, to_s, to_l))
     want = plan_nodes(cfg, to_s + ["--in-flight-rows", "320"], to_l + ["--max-staleness", "7"])
-    assert mp == want
+    assert mp == want and (done.sampler.in_flight_rows, done.learner.max_staleness) == (320, 7)
     assert all(p.argv[-2:] == ["--in-flight-rows", "320"] for p in mp.procs("sampler"))
     assert all(p.argv[-2:] == ["--max-staleness", "7"] for p in mp.procs("learner"))
     assert "--in-flight-rows 320" in mp.nodes[1].commands[2] and "--max-staleness 7" in mp.nodes[0].commands[2]
     err = capsys.readouterr().err
     assert "--in-flight-rows 320 on each sampler" in err and "--max-staleness 7, not the default 2" in err
     plain = plan_nodes(cfg, to_s, to_l)
-    assert launch_main.node_in_flight(cfg, plain, to_s, to_l, chosen=False) is plain   # by hand: a note only
+    assert launch_main.node_in_flight(from_flags(cfg, to_s, to_l), plain)[1] is plain   # by hand: a note only
     assert "note: the samplers decode in rounds" in capsys.readouterr().err
     cfg, to_s, to_l = parse(["--nodes", "a:2,b:2", "--training-ranks", "1", "--num-samplers", "3", *WORKLOAD,
                              "--train-batch-size", "128"])
-    mp = launch_main.node_in_flight(cfg, plan_nodes(cfg, to_s, to_l), to_s, to_l, chosen=True)
+    _, mp = launch_main.node_in_flight(from_flags(cfg, to_s, to_l, chosen=True), plan_nodes(cfg, to_s, to_l))
     assert mp == plan_nodes(cfg, to_s + ["--in-flight-rows", "256"], to_l + ["--max-staleness", "8"])
     capsys.readouterr()
     cfg, to_s, to_l = parse(["--nodes", "a:1", "--training-ranks", "1", "--num-samplers", "1", "--share-gpus",
                              *WORKLOAD, "--train-batch-size", "128"])
-    mp = launch_main.node_in_flight(cfg, plan_nodes(cfg, to_s, to_l), to_s, to_l, chosen=True)
+    _, mp = launch_main.node_in_flight(from_flags(cfg, to_s, to_l, chosen=True), plan_nodes(cfg, to_s, to_l))
     assert mp == plan_nodes(cfg, to_s + ["--in-flight-rows", "320"], to_l + ["--max-staleness", "5"])   # 3 fill, +2
     assert "--in-flight-rows 320 on each sampler" in capsys.readouterr().err

@@ -1,26 +1,25 @@
-"""The launcher's default staleness bound fits the samplers' first round (grpo.launch.main.fit_first_round):
+"""The launcher's default staleness bound fits the samplers' first round (grpo.launch.inflight.fit_first_round):
 a sampler may make round 0 before the learner's first answer says the step's size and the budget, so a
-default bound too small for it drops part of it stale. By hand, on the plans the launcher makes."""
+default bound too small for it drops part of it stale. By hand, on the RunPlans the launcher makes."""
 import pytest
 
-from grpo.launch import main as launch_main
-from grpo.launch.plan import choose_gpus, parse, plan
+from grpo.launch.inflight import resolve_in_flight
+from grpo.launch.plan import choose_gpus, parse, place
+from grpo.launch.runplan import from_flags, with_launch, with_placement
 
 
 def bound_after(argv: list[str], cuda_count: int = 0, chosen: bool = False):
-    """(the --max-staleness every learner rank ends up with, None where none is added; the launcher's
-    stderr lines) for the run of `argv`, after choose_gpus where --gpus is given, as main() plans it."""
+    """(the --max-staleness every learner rank gets from the launcher, None where it sets none; the
+    samplers' --in-flight-rows) for the run of `argv`, after choose_gpus where --gpus is given, as
+    main() resolves it."""
     cfg, to_s, to_l = parse(argv)
+    rp = from_flags(cfg, to_s, to_l, chosen)
     if cfg.gpus:
-        cfg, _ = choose_gpus(cfg, cuda_count, None, 16)
-    specs = plan(cfg, cuda_count, to_s, to_l, 29999)
-    before = {s.name: len(s.argv) for s in specs}
-    launch_main.apply_in_flight(specs, chosen)
-    added = {tuple(s.argv[before[s.name]:]) for s in specs if s.role == "learner"}
-    assert len(added) == 1   # every rank alike
-    (flags,) = added
-    assert not flags or flags[:-1] == ("--max-staleness",)
-    return (int(flags[-1]) if flags else None), [s.argv for s in specs if s.role == "sampler"]
+        rp = with_launch(rp, choose_gpus(cfg, cuda_count, None, 16)[0])
+    placed = with_placement(rp, place(rp.launch, cuda_count))
+    done = resolve_in_flight(placed, placed.placement.samplers, placed.placement.cuda)
+    bound = done.learner.max_staleness
+    return (None if bound == placed.learner.max_staleness else bound), done.sampler.in_flight_rows
 
 
 CPU = ["--device", "cpu", "--model", "tiny-random"]
@@ -76,11 +75,7 @@ def test_the_line_says_why(capsys):
     (["--in-flight-rows", "0", "--no-cuda-graphs", "--num-generations", "4"], 0, None),   # 8: fits 3 x 4
 ])
 def test_one_shared_gpu_chosen_by_the_launcher(capsys, extra, rows, bound):
-    got, samplers = bound_after(["--gpus", "0", *extra], cuda_count=1, chosen=True)
-    flags = samplers[0]
-    given = "--in-flight-rows" in extra
-    kept = int(flags[len(flags) - 1 - flags[::-1].index("--in-flight-rows") + 1]) if "--in-flight-rows" in flags else 0
-    assert (got, kept) == (bound, rows) and (given or rows == 0 or flags[-2:] == ["--in-flight-rows", str(rows)])
+    assert bound_after(["--gpus", "0", *extra], cuda_count=1, chosen=True) == (bound, rows)
     out = capsys.readouterr().out
     assert (f"[launcher] --max-staleness {bound}, not the default 2" in out) == (bound is not None and rows == 0)
 
@@ -88,9 +83,9 @@ def test_one_shared_gpu_chosen_by_the_launcher(capsys, extra, rows, bound):
 def test_rows_in_flight_keep_the_larger_bound(capsys):
     """Two GPUs chosen at the defaults: the sampler keeps 320 rows in flight, whose bound (40 groups over
     steps of 2: 20, past 8, so the 96 rows 6 keeps decoding, at 8) is above round 0's 3: one line, 8."""
-    got, samplers = bound_after(["--gpus", "0,1"], cuda_count=2, chosen=True)
+    got, rows = bound_after(["--gpus", "0,1"], cuda_count=2, chosen=True)
     out, err = capsys.readouterr()
-    assert got == 8 and samplers[0][-2:] == ["--in-flight-rows", "96"] and "first round" not in out
+    assert (got, rows) == (8, 96) and "first round" not in out
     said = [line for line in err.splitlines() if line.startswith("run_distributed.py: --max-staleness")]
     assert len(said) == 1 and said[0].startswith("run_distributed.py: --max-staleness 8, not the default 2, so that "
                                                  "every in-flight row is kept decoding")

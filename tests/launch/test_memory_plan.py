@@ -277,7 +277,7 @@ def test_cpu_run_computes_no_plan(monkeypatch, capsys):
 def test_cuda_run_logs_the_plan_and_refuses_what_does_not_fit(monkeypatch, capsys, config_folder):
     folder = config_folder
     monkeypatch.setattr(launch_main, "cuda_device_count", lambda: 2)
-    monkeypatch.setattr(launch_main, "check_sampler_flags", lambda flags: None)
+    monkeypatch.setattr(launch_main, "sampler_problem", lambda cfg: None)
     monkeypatch.setattr(probe, "gpu_total_bytes", lambda: {0: GiB // 4, 1: 80 * GiB})
     rc = launch_main.main(["--model", str(folder), "--sampling-gpus", "0", "--training-gpus", "1"])
     err = capsys.readouterr().err
@@ -350,7 +350,7 @@ def test_the_refusal_says_bf16_weights_would_fit():
 def test_the_launcher_passes_the_bf16_plan_to_the_refusal(monkeypatch, capsys, config_folder):
     seen = []
     monkeypatch.setattr(launch_main, "cuda_device_count", lambda: 2)
-    monkeypatch.setattr(launch_main, "check_sampler_flags", lambda flags: None)
+    monkeypatch.setattr(launch_main, "sampler_problem", lambda cfg: None)
     monkeypatch.setattr(probe, "gpu_total_bytes", lambda: {0: 80 * GiB, 1: 80 * GiB})
     monkeypatch.setattr(memory, "check_fits", lambda p, gpus, placement, bf16=None: seen.append((p, bf16)) or "no")
     argv = ["--model", str(config_folder), "--sampling-gpus", "0", "--training-gpus", "1"]
@@ -402,7 +402,7 @@ def test_first_run_of_the_default_model_is_planned_from_its_gguf(monkeypatch, ca
     cache = tmp_path / "empty-cache"
     monkeypatch.setenv("GRPO_CACHE", str(cache))      # no converted folder: a fresh machine
     monkeypatch.setattr(launch_main, "cuda_device_count", lambda: 2)
-    monkeypatch.setattr(launch_main, "check_sampler_flags", lambda flags: None)
+    monkeypatch.setattr(launch_main, "sampler_problem", lambda cfg: None)
     monkeypatch.setattr(probe, "gpu_total_bytes", lambda: {0: 80 * GiB, 1: 80 * GiB})
 
     def stop(host, ports):
@@ -556,30 +556,29 @@ def test_the_launcher_gives_every_rank_the_halved_budget_and_says_so(monkeypatch
     """The default budget (the default --train-batch-size 16 on one rank: 16 rows of 128 + 1024
     tokens) on a GPU that holds only half of it: the learner gets --micro-batch-tokens 9216 and one
     line says why; a budget given by hand is kept and refused as before."""
-    from grpo.launch.plan import parse, plan
+    from grpo.launch.memfit import check_memory, memory_inputs
+    from grpo.launch.plan import parse, place
+    from grpo.launch.runplan import from_flags, with_placement
 
-    def specs_for(extra):
+    def plan_for(extra):
         cfg, to_s, to_l = parse(["--model", str(config_folder), "--sampling-gpus", "0", "--training-gpus", "0",
                                  "--share-gpus", "--max-new-tokens", "1024", *extra])
-        return cfg, plan(cfg, 1, to_s, to_l, 29500)
+        return with_placement(from_flags(cfg, to_s, to_l), place(cfg, 1))
 
-    cfg, specs = specs_for([])
-    learner = next(s for s in specs if s.role == "learner")
-    sampler = next(s for s in specs if s.role == "sampler")
-    shape, r = launch_main.memory_inputs(cfg, learner.argv[2:], sampler.argv[2:], 1, 1)
+    rp = plan_for([])
+    shape, r = memory_inputs(rp, 1, 1)
     assert r.micro_tokens == 16 * (128 + 1024) == 18432
     shared = {"learner0": 0, "sampler0": 0}
     half = memory._counted(memory.plan(shape, replace(r, micro_tokens=9216)), shared, 0)
     monkeypatch.setattr(probe, "gpu_total_bytes", lambda: {0: half})
-    launch_main.check_memory(cfg, specs)
-    assert learner.argv[-2:] == ["--micro-batch-tokens", "9216"] and "--micro-batch-tokens" not in sampler.argv
+    done = check_memory(rp)
+    assert done.learner.micro_batch_tokens == 9216 and done.sampler == rp.sampler
     err = capsys.readouterr().err
     assert "learner micro-batches of at most 9216 tokens, not the default 18432: at the default the plan does not " \
            "fit GPU 0: learner0 + sampler0 need about" in err and "(--micro-batch-tokens sets it)" in err
     assert "memory plan: learner0" in err and "error" not in err and err.count("does not fit GPU") == 1
-    cfg, specs = specs_for(["--micro-batch-tokens", "18432"])
     with pytest.raises(launch_main.LaunchError, match="does not fit GPU 0"):
-        launch_main.check_memory(cfg, specs)
+        check_memory(plan_for(["--micro-batch-tokens", "18432"]))
 
 
 def test_in_flight_rows_the_staleness_bound_cannot_fill_raise_a_default_bound_or_are_said(monkeypatch, capsys, tmp_path):
@@ -590,51 +589,60 @@ def test_in_flight_rows_the_staleness_bound_cannot_fill_raise_a_default_bound_or
     sampler needs 10, and 12 is past AUTO_STALENESS_MAX (8); a bound given by hand (or in a
     --config file) is kept: then the line only says which bound would fill the rows. Rounds (no rows
     in flight, or no swaps) are left alone."""
-    from grpo.launch.plan import parse, plan
+    from grpo.config import LearnerConfig, SamplerConfig
+    from grpo.flags import parse_config
+    from grpo.launch.inflight import in_flight_note, resolve_in_flight
+    from grpo.launch.plan import parse, place
+    from grpo.launch.runplan import from_flags, with_placement
 
     S = ["--num-generations", "16", "--in-flight-rows", "320", "--generation-backend", "fast"]
     L = ["--train-batch-size", "128"]
-    need, why = launch_main.in_flight_note(S, L, 2)
+
+    def note(s, lr, samplers):
+        return in_flight_note(parse_config(SamplerConfig, s, "s"), parse_config(LearnerConfig, lr, "l"), samplers)
+
+    need, why = note(S, L, 2)
     assert need == 5 and why == (
         "at --max-staleness 2 the learner's budget lets each of the 2 samplers keep about 128 of its 320 "
         "--in-flight-rows decoding (--max-staleness x 8 groups a step / samplers, 16 rows a group; more where "
         "zero-signal groups are filtered)")
-    assert launch_main.in_flight_note(S, L, 1)[0] == 3
-    assert launch_main.in_flight_note(S, L + ["--max-staleness", "5"], 2) is None
-    assert launch_main.in_flight_note(S + ["--no-swap-in-flight"], L, 2) is None
-    assert launch_main.in_flight_note(S[:2], L, 2) is None                   # rounds: no rows in flight
-    assert launch_main.in_flight_note([*S[:4], "--device", "cpu"], L, 2) is None   # auto on CPU: hf, no rows
-    assert launch_main.in_flight_note([*S[:4], "--device", "auto"], L, 2)[0] == 5  # auto on CUDA: the engine
+    assert note(S, L, 1)[0] == 3
+    assert note(S, L + ["--max-staleness", "5"], 2) is None
+    assert note(S + ["--no-swap-in-flight"], L, 2) is None
+    assert note(S[:2], L, 2) is None                   # rounds: no rows in flight
+    assert note([*S[:4], "--device", "cpu"], L, 2) is None   # auto on CPU: hf, no rows
+    assert note([*S[:4], "--device", "auto"], L, 2)[0] == 5  # auto on CUDA: the engine
 
     said = {}   # the last call's stdout (the first round's line is there)
 
-    def learner_flags_after(*extra):
+    def bound_after(*extra):
+        """(the learner's --max-staleness once the launcher's choices are made, what it said on stderr)."""
         cfg, to_s, to_l = parse(["--device", "cpu", "--model", "tiny-random", *L, *S, *extra])
-        specs = plan(cfg, 0, to_s, to_l, 29500)
-        launch_main.apply_in_flight(specs, chosen=False)
+        rp = with_placement(from_flags(cfg, to_s, to_l), place(cfg, 0))
+        done = resolve_in_flight(rp, rp.placement.samplers, rp.placement.cuda)
         captured = capsys.readouterr()
         said["out"] = captured.out
-        return [s.argv for s in specs if s.role == "learner"][0], captured.err
+        return done.learner.max_staleness, captured.err
 
-    argv, err = learner_flags_after()
-    assert argv[-2:] == ["--max-staleness", "5"]
+    bound, err = bound_after()
+    assert bound == 5
     assert err.startswith("run_distributed.py: --max-staleness 5, not the default 2, so that every in-flight row is "
                           "kept decoding: at --max-staleness 2 the learner's budget lets the sampler keep about 256")
     assert "decoding (--max-staleness x 8 groups a step / samplers, 16 rows a group; more where zero-signal groups " \
            "are filtered); 3 fills them, and 2 more are for the versions a group's longest completion takes" in err
-    argv, err = learner_flags_after("--max-staleness", "2")
-    assert argv.count("--max-staleness") == 1 and "warning: at --max-staleness 2" in err
+    bound, err = bound_after("--max-staleness", "2")
+    assert bound == 2 and "warning: at --max-staleness 2" in err
     assert "--max-staleness 3 would keep all of them decoding, with groups up to 3 versions old" in err
     config = tmp_path / "c.yaml"
     config.write_text("train_batch_size: 128\n")
-    argv, err = learner_flags_after("--config", str(config))
-    assert "--max-staleness" not in argv and "warning: at --max-staleness 2" in err
-    argv, err = learner_flags_after("--train-batch-size", "64")         # 4 groups a step: 5 fill, 7 set
-    assert argv[-2:] == ["--max-staleness", "7"]
-    argv, err = learner_flags_after("--train-batch-size", "32")         # 2 groups a step: 10 fill, 12 past 8
+    bound, err = bound_after("--config", str(config))
+    assert bound == 2 and "warning: at --max-staleness 2" in err
+    bound, err = bound_after("--train-batch-size", "64")         # 4 groups a step: 5 fill, 7 set
+    assert bound == 7
+    bound, err = bound_after("--train-batch-size", "32")         # 2 groups a step: 10 fill, 12 past 8
     assert "--max-staleness 10 would keep all of them" in err
     # but round 0's 8 groups (fit_first_round) need (3 + 1) x 2: 3, raised for them and said
-    assert argv[-2:] == ["--max-staleness", "3"] and argv.count("--max-staleness") == 1
+    assert bound == 3
     assert "[launcher] --max-staleness 3, not the default 2, so that the learner trains every group" in said["out"]
 
     def stop(host, ports):

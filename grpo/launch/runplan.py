@@ -1,0 +1,104 @@
+"""The run, typed: the launcher's config and each role's, parsed once from the command line, with
+the placement of its processes; the launcher's choices (layout, rows in flight, staleness bound,
+micro-batches) are made on this object (grpo.launch.inflight, grpo.launch.memfit), and argv is
+written from it only when a process is spawned (worker_argv), so no choice rewrites a flag list.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, replace
+
+from grpo.config import CommonConfig, LaunchConfig, LearnerConfig, SamplerConfig
+from grpo.flags import parse_config
+
+# Set in the environment of every worker the launcher spawns from a plan: the launcher has checked
+# what the worker would check of its flags before loading anything (grpo.workers), so the worker
+# trusts them; a worker started by hand (or from the --nodes commands) checks them itself.
+PLANNED_ENV = "GRPO_LAUNCH_PLANNED"
+
+# What the launcher's own config decides for the learner besides the fields every role shares.
+LEARNER_FROM_LAUNCH = ("max_steps", "no_deepspeed")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the processes of one host run: CUDA or not, and each one's GPU (CUDA only)."""
+
+    cuda: bool
+    ranks: int
+    samplers: int
+    training_gpus: tuple[int, ...] = ()
+    sampling_gpus: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    launch: LaunchConfig
+    sampler: SamplerConfig   # every sampler's, before its id and GPU
+    learner: LearnerConfig   # every learner rank's, before its GPU
+    sampler_flags: tuple[str, ...] = ()   # the worker flags as typed: --nodes prints them so
+    learner_flags: tuple[str, ...] = ()
+    chosen: bool = False   # --gpus: how the samplers decode is the launcher's to choose too
+    placement: Placement | None = None
+
+    def left_default(self, name: str) -> bool:
+        """Whether the user left the worker option `name` alone: no flag, and no --config file (which
+        may set it). Only then may the launcher choose it."""
+        given = {tok[2:].partition("=")[0].replace("-", "_") for tok in self.sampler_flags + self.learner_flags
+                 if tok.startswith("--")}
+        return name not in given and not self.launch.config
+
+
+def config_flag(config: str) -> list[str]:
+    return ["--config", config] if config else []
+
+
+def from_flags(launch: LaunchConfig, sampler_flags: list[str], learner_flags: list[str],
+               chosen: bool = False) -> RunPlan:
+    """Each role's config as its worker would parse it (the --config file included), once. The
+    launcher's prog names a mistake: the user typed these flags to it."""
+    config = config_flag(launch.config)
+    sampler = parse_config(SamplerConfig, config + list(sampler_flags), "run_distributed.py")
+    learner = parse_config(LearnerConfig, config + list(learner_flags), "run_distributed.py")
+    return with_launch(RunPlan(launch, sampler, learner, tuple(sampler_flags), tuple(learner_flags), chosen), launch)
+
+
+def with_launch(rp: RunPlan, launch: LaunchConfig) -> RunPlan:
+    """The plan with `launch` as the launcher's config: the fields it shares with the roles (a
+    layout or CPU sizing changes them there) copied into both."""
+    common = {f.name: getattr(launch, f.name) for f in dataclasses.fields(CommonConfig)}
+    own = {name: getattr(launch, name) for name in LEARNER_FROM_LAUNCH}
+    return replace(rp, launch=launch, sampler=replace(rp.sampler, **common),
+                   learner=replace(rp.learner, **common, **own))
+
+
+def with_placement(rp: RunPlan, placement: Placement) -> RunPlan:
+    """The plan placed: the roles' device is the one they run on (what a rule reading 'auto' would
+    otherwise have to guess)."""
+    device = "cuda" if placement.cuda else "cpu"
+    return replace(rp, placement=placement, sampler=replace(rp.sampler, device=device),
+                   learner=replace(rp.learner, device=device))
+
+
+def flag_words(name: str, value) -> list[str]:
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        # a --no-x switch has no flag that turns it off; the launcher never needs one
+        return [flag] if value else ([] if name.startswith("no_") else ["--no-" + flag[2:]])
+    return [flag, str(value)]
+
+
+def changed_flags(base, cfg, always: tuple[str, ...] = ()) -> list[str]:
+    """The flags that turn config `base` into `cfg` (same class), in field order; `always`: fields
+    written even where they agree."""
+    return [word for f in dataclasses.fields(cfg) if f.name not in ("extra", "config")
+            and (f.name in always or getattr(cfg, f.name) != getattr(base, f.name))
+            for word in flag_words(f.name, getattr(cfg, f.name))]
+
+
+def worker_argv(cfg, always: tuple[str, ...] = ()) -> list[str]:
+    """A worker's flags for `cfg`: its --config file, then each field that file and the defaults
+    leave otherwise (and `always`); the worker's parse of them gives `cfg` back
+    (tests/launch/test_runplan.py)."""
+    base = parse_config(type(cfg), config_flag(cfg.config), "run_distributed.py")
+    return config_flag(cfg.config) + changed_flags(base, cfg, always)
