@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from grpo.config.bounds import at_least
 from grpo.config.constants import DEFAULT_DATASET, DEFAULT_MODEL
-from grpo.config.rollout import GenerationBackend
 from grpo.config.run import Device
+
+# python -m grpo.evaluate decodes with our engine or Hugging Face generate; vLLM's engine lives in a
+# sampler (grpo.generate.vllm_engine), where sampler 0's evaluations use it
+EvalBackend = Literal["auto", "fast", "hf"]
 
 
 @dataclass
@@ -47,5 +51,5 @@ class EvalConfig:
     """CUDA device index (-1: 0)."""
     out: str = ""
     """Also write the result as JSON to this file."""
-    generation_backend: GenerationBackend = "auto"
+    generation_backend: EvalBackend = "auto"
     """Greedy decoding with 'fast' (grpo/generate/engine.py), 'hf' (Hugging Face generate) or 'auto' (fast on CUDA, hf on CPU): the decoder the training run's evaluations use."""

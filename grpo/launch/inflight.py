@@ -24,9 +24,9 @@ AUTO_IN_FLIGHT_ROWS = 320
 
 
 def decodes_with_engine(scfg: SamplerConfig) -> bool:
-    """Whether a sampler of this config decodes with the fast engine (the only backend with rows in
-    flight): its --generation-backend on its device, auto meaning the engine on CUDA."""
-    return backend_for(scfg.generation_backend, "cpu" if scfg.device == "cpu" else "cuda") == "fast"
+    """Whether a sampler of this config decodes with an engine that keeps rows in flight (ours, or
+    vLLM's): its --generation-backend on its device, auto meaning ours on CUDA."""
+    return backend_for(scfg.generation_backend, "cpu" if scfg.device == "cpu" else "cuda") in ("fast", "vllm")
 
 
 def in_flight_note(scfg: SamplerConfig, lcfg: LearnerConfig, samplers: int) -> tuple[int, str] | None:

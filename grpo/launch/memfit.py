@@ -39,18 +39,31 @@ def gpu_of(rp: RunPlan) -> dict[str, int]:
             **{f"sampler{k}": g for k, g in enumerate(p.sampling_gpus)}}
 
 
-def shrunk_micro_tokens(rp: RunPlan, inputs, problem: str | None, gpu_bytes, placement) -> int | None:
+def shares_a_gpu(placement: dict[str, int]) -> bool:
+    """Whether a learner rank and a sampler run on one GPU (--share-gpus, --gpus 0)."""
+    learners = {g for name, g in placement.items() if name.startswith("learner")}
+    return any(g in learners for name, g in placement.items() if name.startswith("sampler"))
+
+
+def shrunk_micro_tokens(rp: RunPlan, inputs, problem: str | None, tight: str | None, gpu_bytes,
+                        placement) -> int | None:
     """Where the plan does not fit at the learner's default budget (sized for a GPU of its own; a
     learner sharing its GPU with a sampler, say), the budget that fits, said in one line: the learner
-    packs smaller micro-batches instead. A budget the user gave, or -1 (fixed micro-batches), stays."""
-    if not problem or rp.launch.no_memory_check or rp.learner.micro_batch_tokens != 0:
+    packs smaller micro-batches instead. On a GPU a learner shares with a sampler the allocator's
+    reserve counts too (`tight`): there both processes' caches grow into it, and 1.5B on one H200
+    ran out with only the reserve over. A budget the user gave, or -1 (fixed micro-batches), stays."""
+    shared = shares_a_gpu(placement)
+    why = problem or (tight if shared else None)
+    if not why or rp.launch.no_memory_check or rp.learner.micro_batch_tokens != 0:
         return None
-    if shrink := memory.fitting_micro_tokens(*inputs, gpu_bytes, placement):
+    shrink = (shared and memory.fitting_micro_tokens(*inputs, gpu_bytes, placement, with_reserve=True)) or \
+        (problem and memory.fitting_micro_tokens(*inputs, gpu_bytes, placement))
+    if shrink:
+        said = why.split("; ")[0].replace("the memory plan does not fit", "at the default the plan does not fit") \
+            .replace("the memory plan may not fit", "at the default the plan may not fit")
         print(f"run_distributed.py: learner micro-batches of at most {shrink} tokens, not the default "
-              f"{inputs[1].micro_tokens}: "
-              f"{problem.split('; ')[0].replace('the memory plan does not fit', 'at the default the plan does not fit')} "
-              f"(--micro-batch-tokens sets it)", file=sys.stderr)
-    return shrink
+              f"{inputs[1].micro_tokens}: {said} (--micro-batch-tokens sets it)", file=sys.stderr)
+    return shrink or None
 
 
 def check_memory(rp: RunPlan) -> RunPlan:
@@ -66,7 +79,8 @@ def check_memory(rp: RunPlan) -> RunPlan:
     # float32 weights (autocast, the full fine-tuning default) may be all that keeps a plan off its
     # GPUs: the refusal then says that --precision bf16 fits
     problem = memory.check_fits(p, gpu_bytes, placement, bf16=memory.bf16_plan(*inputs))
-    if shrink := shrunk_micro_tokens(rp, inputs, problem, gpu_bytes, placement):
+    tight = None if problem else memory.check_tight(p, gpu_bytes, placement)
+    if shrink := shrunk_micro_tokens(rp, inputs, problem, tight, gpu_bytes, placement):
         rp = replace(rp, learner=replace(rp.learner, micro_batch_tokens=shrink))
         inputs = (inputs[0], replace(inputs[1], micro_tokens=shrink))
         p = memory.plan(*inputs)

@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass, replace
 
 from grpo.config import CommonConfig, LaunchConfig, LearnerConfig, SamplerConfig
-from grpo.flags import parse_config
+from grpo.flags import load_config_file, parse_config
 
 # Set in the environment of every worker the launcher spawns from a plan: the launcher has checked
 # what the worker would check of its flags before loading anything (grpo.workers), so the worker
@@ -42,11 +42,15 @@ class RunPlan:
     placement: Placement | None = None
 
     def left_default(self, name: str) -> bool:
-        """Whether the user left the worker option `name` alone: no flag, and no --config file (which
-        may set it). Only then may the launcher choose it."""
+        """Whether the user left the worker option `name` alone: no flag, and no key of the --config
+        file. Only then may the launcher choose it (a config file that sets other keys leaves this
+        one to the launcher, as the same flags typed would)."""
         given = {tok[2:].partition("=")[0].replace("-", "_") for tok in self.sampler_flags + self.learner_flags
                  if tok.startswith("--")}
-        return name not in given and not self.launch.config
+        if self.launch.config:
+            for cls in (SamplerConfig, LearnerConfig):
+                given |= set(load_config_file(self.launch.config, cls))
+        return name not in given
 
 
 def config_flag(config: str) -> list[str]:

@@ -581,12 +581,44 @@ def test_the_launcher_gives_every_rank_the_halved_budget_and_says_so(monkeypatch
         check_memory(plan_for(["--micro-batch-tokens", "18432"]))
 
 
+def test_on_a_shared_gpu_the_reserve_counts_and_the_budget_halves(monkeypatch, capsys, config_folder):
+    """Counted items that fit but a reserve that does not: on a GPU the learner shares with its sampler
+    the default budget halves until the whole plan fits, said in one line; on GPUs of their own only
+    the warning is said (there the reserve is an estimate of a cache no other process competes for)."""
+    from grpo.launch.memfit import check_memory, memory_inputs
+    from grpo.launch.plan import parse, place
+    from grpo.launch.runplan import from_flags, with_placement
+
+    def plan_for(*layout):
+        cfg, to_s, to_l = parse(["--model", str(config_folder), *layout, "--max-new-tokens", "1024"])
+        return with_placement(from_flags(cfg, to_s, to_l), place(cfg, 2))
+
+    rp = plan_for("--sampling-gpus", "0", "--training-gpus", "0", "--share-gpus")
+    shape, r = memory_inputs(rp, 1, 1)
+    p = memory.plan(shape, r)
+    whole = sum(b for items in p.values() for _, b in items)
+    assert memory._counted(p, {"learner0": 0, "sampler0": 0}, 0) < whole - 1
+    monkeypatch.setattr(probe, "gpu_total_bytes", lambda: {0: whole - 1, 1: whole - 1})
+    done = check_memory(rp)
+    want = memory.fitting_micro_tokens(shape, r, {0: whole - 1}, {"learner0": 0, "sampler0": 0}, with_reserve=True)
+    assert want and done.learner.micro_batch_tokens == want < r.micro_tokens
+    err = capsys.readouterr().err
+    assert f"learner micro-batches of at most {want} tokens, not the default {r.micro_tokens}: at the default the " \
+           f"plan may not fit GPU 0: learner0 + sampler0 need about" in err and "warning" not in err
+    apart = plan_for("--sampling-gpus", "1", "--training-gpus", "0")
+    learner_alone = sum(b for _, b in memory.plan(*memory_inputs(apart, 1, 1))["learner0"])
+    monkeypatch.setattr(probe, "gpu_total_bytes", lambda: {0: learner_alone - 1, 1: whole})
+    assert check_memory(apart).learner.micro_batch_tokens == 0
+    err = capsys.readouterr().err
+    assert "micro-batches of at most" not in err and "warning: the memory plan may not fit GPU 0: learner0 need" in err
+
+
 def test_in_flight_rows_the_staleness_bound_cannot_fill_raise_a_default_bound_or_are_said(monkeypatch, capsys, tmp_path):
     """320 rows in flight, steps of 128 completions in groups of 16 (8 groups), --max-staleness 2
     (Staleness.pool_rows): one sampler keeps 2 x 8 = 16 groups, 256 rows, decoding, and 3 would keep
     all 320 (20 groups); two samplers keep 128 rows each and need 5. A default bound is raised to
     that and IN_FLIGHT_SPAN (2) more, 5, on every learner rank and said; with steps of 2 groups one
-    sampler needs 10, and 12 is past AUTO_STALENESS_MAX (8); a bound given by hand (or in a
+    sampler needs 10, and 12 is past AUTO_STALENESS_MAX (8); a bound given by hand (or set in a
     --config file) is kept: then the line only says which bound would fill the rows. Rounds (no rows
     in flight, or no swaps) are left alone."""
     from grpo.config import LearnerConfig, SamplerConfig
@@ -635,7 +667,10 @@ def test_in_flight_rows_the_staleness_bound_cannot_fill_raise_a_default_bound_or
     assert "--max-staleness 3 would keep all of them decoding, with groups up to 3 versions old" in err
     config = tmp_path / "c.yaml"
     config.write_text("train_batch_size: 128\n")
-    bound, err = bound_after("--config", str(config))
+    bound, err = bound_after("--config", str(config))   # a file that leaves the bound alone: chosen as typed
+    assert bound == 5
+    config.write_text("train_batch_size: 128\nmax_staleness: 2\n")
+    bound, err = bound_after("--config", str(config))   # a file that sets it: kept, and said
     assert bound == 2 and "warning: at --max-staleness 2" in err
     bound, err = bound_after("--train-batch-size", "64")         # 4 groups a step: 5 fill, 7 set
     assert bound == 7

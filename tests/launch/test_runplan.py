@@ -89,3 +89,23 @@ def test_workers_trust_the_plan_and_check_flags_given_by_hand(monkeypatch, tmp_p
         workers._sampler_checks(replace(bad, dataset=SamplerConfig.dataset))
     monkeypatch.setenv(PLANNED_ENV, "1")
     assert workers._sampler_checks(bad)[0] == "sampler2"
+
+
+def test_a_config_file_leaves_to_the_launcher_what_it_does_not_set(tmp_path):
+    """An option is the launcher's to choose unless a flag or a key of the --config file sets it: a
+    file that sizes the run but says nothing of rows in flight still gets them (the GPU demo ran with
+    fixed rounds when any --config file counted as setting everything)."""
+    from grpo.launch.inflight import AUTO_IN_FLIGHT_ROWS, in_flight_rows
+
+    sizing = tmp_path / "sizing.yaml"
+    sizing.write_text("num_generations: 16\ntrain_batch_size: 128\nmax_new_tokens: 512\ngeneration_backend: fast\n")
+    rows = tmp_path / "rows.yaml"
+    rows.write_text("in-flight-rows: 64\n")
+    rp = from_flags(*parse(["--config", str(sizing), "--device", "cuda"]))
+    assert rp.left_default("in_flight_rows") and rp.left_default("max_staleness")
+    assert in_flight_rows(rp, 1, True) == AUTO_IN_FLIGHT_ROWS
+    typed = from_flags(*parse(["--config", str(sizing), "--device", "cuda", "--max-staleness", "3"]))
+    assert not typed.left_default("max_staleness") and typed.left_default("in_flight_rows")
+    filed = from_flags(*parse(["--config", str(rows), "--device", "cuda"]))
+    assert not filed.left_default("in_flight_rows") and filed.left_default("max_staleness")
+    assert in_flight_rows(filed, 1, True) == 0     # the user's 64 stands: the launcher adds none
