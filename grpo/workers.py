@@ -19,22 +19,16 @@ from grpo.data.rewards import RewardBroken
 from grpo.data.sources import DatasetUnavailable, local_file
 from grpo.flags import parse_config
 from grpo.launch.probe import cuda_driver
+from grpo.model.gguf.header import ModelUnavailable
 from grpo.launch.runplan import PLANNED_ENV
 from grpo.obs.rundir import create_run_dir, freeze_for_exit, provenance, remove_created, save_config, setup_logging
 from grpo.obs.stages import mark as mark_stage
 from grpo.weights.methods import check_method
+from grpo.wire.ports import PortInUse
 
 USER_ERROR_EXIT = 2
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    # here: the learner's engine, the model and the wire bring torch (and zmq); asked only once a
-    # role is starting, so that a flag mistake is said before they load
-    from grpo.learner.engine import ConfigError
-    from grpo.model.gguf.header import ModelUnavailable
-    from grpo.wire.transport import PortInUse
-
-    return (DatasetUnavailable, ConfigError, ModelUnavailable, PortInUse, ValueError)
+# The mistakes a user can fix, said in one line (a ConfigError of the learner's engine is a ValueError)
+USER_ERRORS = (DatasetUnavailable, ModelUnavailable, PortInUse, ValueError)
 
 
 def _fail(prog: str, exc: BaseException, made: tuple | None = None) -> int:
@@ -116,7 +110,7 @@ def _start(prog: str, cfg, check, load):
         if not planned():
             _gpu_env(cfg.device, cfg.gpu_id)
         name, seed, save_as = check(cfg)
-    except (ValueError, DatasetUnavailable) as exc:   # here, not below: _user_errors() imports torch
+    except (ValueError, DatasetUnavailable) as exc:
         return _fail(prog, exc)
     made = None
     try:
@@ -130,7 +124,7 @@ def _start(prog: str, cfg, check, load):
         if save_as:
             save_config(run_dir, save_as, cfg)
         return load(cfg), run_dir
-    except _user_errors() as exc:
+    except USER_ERRORS as exc:
         return _fail(prog, exc, made)
 
 

@@ -8,6 +8,16 @@ from __future__ import annotations
 import socket
 
 
+class PortInUse(Exception):
+    """A port we must bind is taken; the message names the flag that changes it. `busy`: (port, flag)
+    of each port found taken, empty for another reason not to bind (bind_each joins them). Here, not
+    in grpo.wire.transport: the workers name it before zmq loads."""
+
+    def __init__(self, message: str, host: str = "", busy: list[tuple[int, str]] | None = None):
+        super().__init__(message)
+        self.host, self.busy = host, list(busy or [])
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port the OS says is free now (the learner ranks' rendezvous, NCCL's store, tests)."""
     with socket.socket() as s:

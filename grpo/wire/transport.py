@@ -24,22 +24,13 @@ import zmq
 
 from grpo.wire import codec
 from grpo.wire import messages as M
-from grpo.wire.ports import busy_ports_line
+from grpo.wire.ports import PortInUse, busy_ports_line
 
 if TYPE_CHECKING:
     from grpo.wire.curve import Curve
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-class PortInUse(Exception):
-    """A port we must bind is taken; the message names the flag that changes it. `busy`: (port, flag)
-    of each port found taken, empty for another reason not to bind (bind_each joins them)."""
-
-    def __init__(self, message: str, host: str = "", busy: list[tuple[int, str]] | None = None):
-        super().__init__(message)
-        self.host, self.busy = host, list(busy or [])
 
 
 def bind_each(*binders: Callable[[], T]) -> list[T]:
