@@ -187,7 +187,7 @@ def test_ipc_publisher_slots_hold_the_per_tensor_bytes():
 def test_a_real_deepspeed_zero2_model_publishes_in_one_copy():
     """DeepSpeed ZeRO-2 (CPU, gloo, world 1; the repo's deepspeed.json): every parameter is a
     view of one flat buffer, so the whole model is one run, before and after an optimizer step."""
-    from test_checkpoint import _engine, _train_step
+    from engines import _engine, _train_step
 
     from grpo.model.zoo import resolve_model
 
