@@ -12,7 +12,6 @@ from engines import _ds_config, _engine, _train_step  # noqa: F401 (test_warmup 
 from grpo.model.load import load_causal_lm, load_tokenizer
 from grpo.model.zoo import resolve_model
 
-ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
 
 
