@@ -223,7 +223,7 @@ def _replan(row: dict, argv: list[str]) -> dict[str, float]:
         resolve_model(launch.model)   # the config folder the plan reads
         specs = plan(launch, 1, to_s, to_l, 29500)
         procs = {role: [s for s in specs if s.role == role] for role in ("learner", "sampler")}
-        p = memory_plan(launch, procs["learner"][0].argv[2:], procs["sampler"][0].argv[2:],
+        p = memory_plan(launch, procs["learner"][0].flags, procs["sampler"][0].flags,
                         len(procs["learner"]), len(procs["sampler"]))
     return {name: round(sum(b for _, b in items) / memory.GiB, 2) for name, items in p.items()}
 

@@ -203,3 +203,14 @@ def learner_main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(0)
     return 0
+
+
+if __name__ == "__main__":
+    # python -m grpo.workers sampler|learner FLAGS: the launcher's way to start a worker where the
+    # checkout's root scripts are not installed (grpo.launch.plan.worker_command)
+    role = sys.argv.pop(1) if len(sys.argv) > 1 else ""
+    if role not in ("sampler", "learner"):
+        print("usage: python -m grpo.workers sampler|learner [flags]", file=sys.stderr)
+        sys.exit(USER_ERROR_EXIT)
+    sys.exit(sampler_main() if role == "sampler" else learner_main())
+

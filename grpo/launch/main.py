@@ -51,7 +51,7 @@ def check_role_flags(procs: list) -> None:
     """Each process's argv parsed as its worker will parse it: a value out of its range or type is
     one line and exit code 2 here, not a worker that fails after the launch."""
     for p in procs:
-        parse_config(LearnerConfig if p.role == "learner" else SamplerConfig, p.argv[2:], "run_distributed.py")
+        parse_config(LearnerConfig if p.role == "learner" else SamplerConfig, p.flags, "run_distributed.py")
 
 
 def check_sampler_flags(flags: list[str]) -> str | None:

@@ -55,6 +55,11 @@ class ProcSpec:
     env: dict[str, str]
     role: str  # "learner" or "sampler"
 
+    @property
+    def flags(self) -> list[str]:
+        """The worker's flags: argv after the interpreter and the script (or `-m grpo.workers ROLE`)."""
+        return self.argv[4:] if self.argv[1:2] == ["-m"] else self.argv[2:]
+
 
 def parse_gpus(text: str, flag: str) -> list[int]:
     if not text.strip():
@@ -217,10 +222,18 @@ def base_env(cuda: bool) -> dict[str, str]:
     return env
 
 
+def worker_command(role: str, root: Path = ROOT) -> list[str]:
+    """How a worker of `role` ('sampler', 'learner') is started: the checkout's root script where
+    there is one (its name in every ps listing), else `python -m grpo.workers ROLE` (a package
+    installed without the checkout's scripts)."""
+    script = root / {"sampler": "sampling_worker.py", "learner": "training_worker.py"}[role]
+    return [sys.executable, str(script)] if script.is_file() else [sys.executable, "-m", "grpo.workers", role]
+
+
 def specs(rp: RunPlan, master_port: int, run_dir: str = "") -> list[ProcSpec]:
     """Every process of a placed plan, learner ranks first (`run_dir`: the one the launcher made, in
     place of the roles'): here, and only here, argv is written."""
-    p, py = rp.placement, sys.executable
+    p = rp.placement
     env0 = base_env(p.cuda)
     out: list[ProcSpec] = []
     for r in range(p.ranks):
@@ -229,7 +242,7 @@ def specs(rp: RunPlan, master_port: int, run_dir: str = "") -> list[ProcSpec]:
         if p.cuda:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, p.training_gpus))
         cfg = dataclasses.replace(rp.learner, gpu_id=r if p.cuda else -1, run_dir=run_dir or rp.learner.run_dir)
-        out.append(ProcSpec(f"learner{r}", [py, str(ROOT / "training_worker.py"), *worker_argv(cfg)], env, "learner"))
+        out.append(ProcSpec(f"learner{r}", [*worker_command("learner"), *worker_argv(cfg)], env, "learner"))
     for k in range(p.samplers):
         env = dict(env0)
         if p.cuda:
@@ -238,7 +251,7 @@ def specs(rp: RunPlan, master_port: int, run_dir: str = "") -> list[ProcSpec]:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, dict.fromkeys([p.sampling_gpus[k], p.training_gpus[0]])))
         cfg = dataclasses.replace(rp.sampler, sampler_id=k, num_samplers=p.samplers, gpu_id=0 if p.cuda else -1,
                                   run_dir=run_dir or rp.sampler.run_dir)
-        out.append(ProcSpec(f"sampler{k}", [py, str(ROOT / "sampling_worker.py"), *worker_argv(cfg, WHICH_SAMPLER)], env,
+        out.append(ProcSpec(f"sampler{k}", [*worker_command("sampler"), *worker_argv(cfg, WHICH_SAMPLER)], env,
                             "sampler"))
     return out
 

@@ -109,3 +109,24 @@ def test_a_config_file_leaves_to_the_launcher_what_it_does_not_set(tmp_path):
     filed = from_flags(*parse(["--config", str(rows), "--device", "cuda"]))
     assert not filed.left_default("in_flight_rows") and filed.left_default("max_staleness")
     assert in_flight_rows(filed, 1, True) == 0     # the user's 64 stands: the launcher adds none
+
+
+def test_without_the_checkouts_scripts_workers_start_as_a_module(tmp_path):
+    """An installed package has no sampling_worker.py beside it: the launcher then starts
+    `python -m grpo.workers ROLE`, which is the same worker (its flags, its one-line refusals)."""
+    import subprocess
+    import sys
+
+    from grpo.launch.plan import ROOT, ProcSpec, worker_command
+
+    assert worker_command("sampler") == [sys.executable, str(ROOT / "sampling_worker.py")]
+    assert worker_command("learner", tmp_path) == [sys.executable, "-m", "grpo.workers", "learner"]
+    spec = ProcSpec("sampler0", [*worker_command("sampler", tmp_path), "--seed", "3"], {}, "sampler")
+    assert spec.flags == ["--seed", "3"]
+    assert ProcSpec("learner0", [*worker_command("learner"), "--seed", "3"], {}, "learner").flags == ["--seed", "3"]
+    out = subprocess.run([*worker_command("sampler", tmp_path), "--loss-type", "x"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.strip() == "sampling_worker.py: error: unknown flag --loss-type (see --help)"
+    bad = subprocess.run([sys.executable, "-m", "grpo.workers", "judge"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip() == "usage: python -m grpo.workers sampler|learner [flags]"
