@@ -53,6 +53,11 @@ class Intake:
         self.queue: collections.deque[M.Group] = collections.deque()
         self.counts = collections.Counter()   # received, trained, dropped_<reason>
         self.ages = collections.Counter()     # groups judged for training, by age (version - theirs)
+        # A resumed learner starts at start_version; groups made from older weights (a sampler's round
+        # 0, generated before the learner's first answer) are judged, but counted apart: they say
+        # nothing of the bound a run needs (staleness_advice reads `ages` only).
+        self.start_version = 0
+        self.ages_before_start = collections.Counter()
         # Groups that reached us per sampler id (valid or rejected): the publisher's budget reads it.
         self.received_by: collections.Counter[int] = collections.Counter()
         # Groups taken off the queue for the step being collected or trained (the learner sets it
@@ -98,7 +103,8 @@ class Intake:
     def _fresh(self, g: M.Group, version: int) -> bool:
         reason = drop_reason(g, version, self.cfg.max_staleness, self.cfg.filter_zero_signal, self.cfg.beta > 0)
         if version >= g.policy_version:
-            self.ages[version - g.policy_version] += 1
+            ages = self.ages if g.policy_version >= self.start_version else self.ages_before_start
+            ages[version - g.policy_version] += 1
         if reason:
             self.counts["dropped_" + reason] += 1
         return reason is None

@@ -51,6 +51,8 @@ class Learner:
         self.parts = build(cfg)   # every part, built and wired (grpo.learner.setup); resumed with --resume
         self.rank = self.parts.rank
         self.version = self.version_at_start = self.parts.version   # policy version = optimizer steps taken
+        if self.parts.intake is not None:   # rank 0
+            self.parts.intake.start_version = self.version_at_start
         self.stop = StopRequest()   # Ctrl+C / SIGTERM: rank 0 reads it (grpo.learner.stop)
         self.ended_by = "max_steps"   # rank 0: what ended the loop (max_steps, max_time_s, SIGINT, SIGTERM)
         self._zero_signal_mark = (0, 0)   # the books' (sent, zero-signal) when the alarm last looked
@@ -347,6 +349,7 @@ class Learner:
                    "steps_at_start": self.version_at_start, "ended_by": self.ended_by, "max_steps": self.cfg.max_steps,
                    "checkpoint": self._newest_checkpoint(),
                    "groups": acc, "balance": books_say, "ages": dict(sorted(p.intake.ages.items())),
+                   "ages_before_start": dict(sorted(p.intake.ages_before_start.items())),
                    # the versions that generated the groups still queued (oldest token's), for the run's
                    # last lines: what the queued groups were
                    "queued_versions": [min(queued), max(queued)] if queued else None,

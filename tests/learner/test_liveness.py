@@ -198,3 +198,25 @@ def test_learner_intake_bounds_its_fifo_and_drops_what_it_would_not_train():
     # what the end-of-run accounting makes of it (the bad ids' messages never reached the group books)
     assert lrn.accounting() == {"received": 6, "trained": 0, "queued": 2, "sent": 6, "balanced": True,
                                 "dropped": {"buffer_full": 2, "too_long": 2}}
+
+
+def test_a_resumed_learner_counts_groups_made_before_its_start_apart():
+    """Resumed at version 3: a group from the weights before it (a sampler's round 0, generated before
+    the learner's first answer) is judged and dropped stale as any, but its age stays out of `ages`,
+    which the end-of-run staleness advice reads: no bound choice is about such groups."""
+    import collections
+    from types import SimpleNamespace
+
+    from grpo.config import LearnerConfig
+    from grpo.learner.intake import Intake
+    from grpo.rules.staleness import staleness_advice
+
+    cfg = LearnerConfig(max_staleness=2)
+    lrn = Intake(cfg, SimpleNamespace(rejected=collections.Counter()), Liveness(30.0, 4), Books(), MessageLedger())
+    lrn.start_version = 3
+    kept = [lrn._fresh(make_group(sampler_id=0, incarnation=1, policy_version=v), version=4) for v in (0, 0, 3, 4)]
+    assert kept == [False, False, True, True]
+    assert lrn.counts == {"dropped_stale": 2}
+    assert lrn.ages == {1: 1, 0: 1} and lrn.ages_before_start == {4: 2}
+    assert staleness_advice(lrn.ages, cfg.max_staleness) is None   # counted with them: 50% stale, advice given
+    assert staleness_advice(lrn.ages + lrn.ages_before_start, cfg.max_staleness).startswith("staleness: 50% of")
