@@ -12,6 +12,7 @@ import logging
 import os
 import random
 import sys
+import time
 
 from grpo.config import LearnerConfig, SamplerConfig, resolve_precision, use_allocator_default
 from grpo.config.constants import NO_CUDA
@@ -75,7 +76,7 @@ def _allocator(device: str) -> None:
 
 def seed_all(seed: int) -> None:
     import numpy as np   # here: a role's seed, once it is starting (a flag mistake is said before torch loads)
-    import torch
+    import torch   # here: as numpy
 
     random.seed(seed)
     np.random.seed(seed)
@@ -99,13 +100,15 @@ def planned() -> bool:
     return os.environ.get(PLANNED_ENV) == "1"
 
 
-def _start(prog: str, cfg, check, load):
+def _start(prog: str, cfg, check, role):
     """A worker's start-up, one for both roles: `check(cfg)` is the role's own checks that need no
     torch (after the device's, which a planned process skips; a mistake raises ValueError or
     DatasetUnavailable) and names the process: (its name, its seed, the name its config is saved
-    under or None); then the run folder, logging, the allocator, the seed and the config, and
-    `load(cfg)` builds the role (torch, the model). Returns (the role, the run folder), or the exit
-    code of a refused start (_fail's line)."""
+    under or None); then the run folder, logging and the allocator; `role()` imports the role's
+    class, which brings torch, transformers and the model code: seconds, timed and handed to the
+    role, whose start-up line says them apart from CUDA's init and the model's load; then the seed,
+    the config, and the role, built. Returns (the role, the run folder), or the exit code of a
+    refused start (_fail's line)."""
     try:
         if not planned():
             _gpu_env(cfg.device, cfg.gpu_id)
@@ -120,10 +123,13 @@ def _start(prog: str, cfg, check, load):
         setup_logging(name, cfg.log_file)
         mark_stage(run_dir, name, "started")
         _allocator(cfg.device)
+        t_import = time.perf_counter()
+        role_class = role()
+        import_s = time.perf_counter() - t_import
         seed_all(seed)
         if save_as:
             save_config(run_dir, save_as, cfg)
-        return load(cfg), run_dir
+        return role_class(cfg, import_s), run_dir
     except USER_ERRORS as exc:
         return _fail(prog, exc, made)
 
@@ -136,16 +142,16 @@ def _sampler_checks(cfg: SamplerConfig) -> tuple[str, int, str]:
     return f"sampler{cfg.sampler_id}", cfg.seed + cfg.sampler_id, f"sampler{cfg.sampler_id}"
 
 
-def _load_sampler(cfg: SamplerConfig):
-    from grpo.sampler.loop import Sampler   # here: the sampler's role (torch, the model) only in its process
+def _sampler_role():
+    from grpo.sampler.loop import Sampler   # here: the sampler's role (torch, transformers, the model) only in its process, timed by _start
 
-    return Sampler(cfg)
+    return Sampler
 
 
 def _sampler_main(argv: list[str] | None = None) -> int:
     prog = "sampling_worker.py"
     cfg = parse_config(SamplerConfig, argv, prog)
-    started = _start(prog, cfg, _sampler_checks, _load_sampler)
+    started = _start(prog, cfg, _sampler_checks, _sampler_role)
     if isinstance(started, int):
         return started
     sampler, run_dir = started
@@ -167,16 +173,16 @@ def _learner_checks(cfg: LearnerConfig) -> tuple[str, int, str | None]:
     return f"learner{rank}", cfg.seed, "learner" if rank == 0 else None
 
 
-def _load_learner(cfg: LearnerConfig):
-    from grpo.learner.loop import Learner   # here: the learner's role (torch, DeepSpeed) only in its process
+def _learner_role():
+    from grpo.learner.loop import Learner   # here: the learner's role (torch, transformers, the model) only in its process, timed by _start
 
-    return Learner(cfg)
+    return Learner
 
 
 def learner_main(argv: list[str] | None = None) -> int:
     prog = "training_worker.py"
     cfg = parse_config(LearnerConfig, argv, prog)
-    started = _start(prog, cfg, _learner_checks, _load_learner)
+    started = _start(prog, cfg, _learner_checks, _learner_role)
     if isinstance(started, int):
         return started
     learner, _ = started

@@ -46,9 +46,11 @@ class Learner:
     """One learner rank: built by grpo.learner.setup.build, run by run() until --max-steps or
     --max-time-s; rank 0 then evaluates and writes summary.json."""
 
-    def __init__(self, cfg: LearnerConfig):
+    def __init__(self, cfg: LearnerConfig, import_s: float | None = None):
         self.cfg = cfg
-        self.parts = build(cfg)   # every part, built and wired (grpo.learner.setup); resumed with --resume
+        # every part, built and wired (grpo.learner.setup); resumed with --resume (`import_s`: the
+        # seconds its worker took to import it, grpo.workers, in the start-up line)
+        self.parts = build(cfg, import_s)
         self.rank = self.parts.rank
         self.version = self.version_at_start = self.parts.version   # policy version = optimizer steps taken
         if self.parts.intake is not None:   # rank 0

@@ -37,7 +37,8 @@ from grpo.learner.liveness import Liveness, SyncPeers
 from grpo.learner.lora import wrap_lora
 from grpo.learner.step import TrainStep
 from grpo.loss import LossConfig
-from grpo.model.load import compute_dtype, load_causal_lm, load_tokenizer, pick_device, start_runtime
+from grpo.model.load import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, said_imports,
+                             start_runtime)
 from grpo.model.zoo import resolve_model
 from grpo.obs.gpu import GpuMonitor, release_cached
 from grpo.obs.metrics import MetricsWriter
@@ -212,9 +213,11 @@ def wire_queue_view(answers: SyncAnswer, intake: Intake, liveness: Liveness) -> 
                                    training=lambda: intake.taken)
 
 
-def start_engine(cfg: LearnerConfig, p: Placement, receiver: DataReceiver | None) -> tuple:
+def start_engine(cfg: LearnerConfig, p: Placement, receiver: DataReceiver | None,
+                 import_s: float | None = None) -> tuple:
     """(tokenizer, vocabulary size, optimizer engine): the process group, the model and the engine,
-    timed for the start-up line. A job of build's of its own: its clock readings and the
+    timed for the start-up line (which says `import_s` first: the worker's import of its role,
+    grpo.workers). A job of build's of its own: its clock readings and the
     communicator's warm-up (beside the model's loading) begin and end here."""
     t_dist = time.perf_counter()
     comm_warmup = None if cfg.no_deepspeed else start_process_group(cfg, p.device)
@@ -227,8 +230,8 @@ def start_engine(cfg: LearnerConfig, p: Placement, receiver: DataReceiver | None
     t_engine = time.perf_counter()
     comm_s = None if comm_warmup is None else comm_warmup.wait()
     engine = TorchEngine(model, p.ds_config, p.device) if cfg.no_deepspeed else DeepSpeedEngine(model, p.ds_config)
-    log.info("start-up: device %.1f s, DeepSpeed import and process group %.1f s, model %.1f s (%s), optimizer "
-             "engine %.1f s%s", p.device_s, t_model - t_dist, t_engine - t_model,
+    log.info("start-up: %sdevice %.1f s, DeepSpeed import and process group %.1f s, model %.1f s (%s), optimizer "
+             "engine %.1f s%s", said_imports(import_s), p.device_s, t_model - t_dist, t_engine - t_model,
              ", ".join(f"{k} {v:.1f} s" for k, v in load_times.items()), time.perf_counter() - t_engine,
              "" if comm_s is None else f" (the communicator's first collective: {comm_s:.2f} s, beside the model)")
     mark_stage(p.run_dir, f"learner{p.rank}", "engine_ready")
@@ -274,8 +277,9 @@ class LearnerParts:
     tracker: Tracker | None
 
 
-def build(cfg: LearnerConfig) -> LearnerParts:
-    """Every part of this learner rank, built and wired in start-up order (the module's docstring)."""
+def build(cfg: LearnerConfig, import_s: float | None = None) -> LearnerParts:
+    """Every part of this learner rank, built and wired in start-up order (the module's docstring);
+    `import_s`: the worker's import of its role (grpo.workers), for the start-up line."""
     t_created = time.time()   # --save-weights-every-s counts from here
     check_loss_options(cfg)
     check_save_options(cfg)
@@ -285,7 +289,7 @@ def build(cfg: LearnerConfig) -> LearnerParts:
     books = Books(max_entries=4 * cfg.max_samplers)
     messages = MessageLedger(max_keys=16 * cfg.max_samplers)
     server, receiver = bind_ports(cfg, p.run_dir) if rank == 0 else (None, None)
-    tok, vocab_size, engine = start_engine(cfg, p, receiver)
+    tok, vocab_size, engine = start_engine(cfg, p, receiver, import_s)
 
     # The control fields of every answer on the sync port (facts, levels, budget): rank 0's publisher asks it.
     answers = SyncAnswer(run_facts(cfg, vocab_size, device, p.groups_per_step))

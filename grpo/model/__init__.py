@@ -29,7 +29,7 @@ Where the names callers use live (tests/test_model_package.py reads this table):
   zoo           QWEN25_SHAPES QWEN25_3B_SHAPES resolve_model
   hub           check_hub_model cached_model go_offline offline unreachable_reason
   load          BUILD_STAMP BUILD_VERSION RANDOM_INIT_SEED build_is_current write_build_stamp cache_dir
-                compute_dtype pick_device start_runtime eos_ids load_tokenizer load_causal_lm
+                compute_dtype pick_device start_runtime said_imports eos_ids load_tokenizer load_causal_lm
                 weights_checksum
   logprobs      DEFAULT_CHUNK_ELEMS token_logprobs chunked_token_logprobs left_pad right_pad
   saved         FoundModel find_model load_found

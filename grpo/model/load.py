@@ -146,6 +146,13 @@ def start_runtime(device: torch.device, times: dict[str, float], cudnn_attention
         times["CUDA init"] = time.perf_counter() - t
 
 
+def said_imports(import_s: float | None) -> str:
+    """The start-up line's first part: the seconds a worker took to import its role (grpo.workers),
+    which brings torch, transformers and this code; '' when no worker timed it (a role built in
+    process)."""
+    return "" if import_s is None else f"imports (torch, transformers, this code) {import_s:.1f} s, "
+
+
 def load_causal_lm(path: str, device: torch.device, dtype: torch.dtype, times: dict[str, float] | None = None):
     """The model at `path` on `device` in `dtype`. `times`, when given, gets the seconds of
     'from_pretrained' (config, reading and building the model) and 'to device' (the copy)."""

@@ -38,10 +38,11 @@ class Sampler:
     """One sampler: built by grpo.sampler.setup.build, run by run() until the learner says stop or
     --max-rounds."""
 
-    def __init__(self, cfg: SamplerConfig):
+    def __init__(self, cfg: SamplerConfig, import_s: float | None = None):
         self.cfg = cfg
         # every part, built and wired (grpo.sampler.setup), with the start-up checks and lines
-        self.parts = build(cfg)
+        # (`import_s`: the seconds its worker took to import it, grpo.workers)
+        self.parts = build(cfg, import_s)
         self.counters = self.parts.counters   # loop's own: rounds, groups_offered, budget_wait_s, eval_*
         self.name = self.parts.name
         self._evaluated_at = -1

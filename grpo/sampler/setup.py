@@ -29,7 +29,8 @@ from grpo.evaluate import run_eval_problems
 from grpo.generate.backend import old_logprob_source, resolve_backend
 from grpo.generate.engine import RolloutEngine
 from grpo.generate.vllm_engine import VLLM, VllmEngine, check_vllm
-from grpo.model.load import compute_dtype, eos_ids, load_causal_lm, load_tokenizer, pick_device, start_runtime
+from grpo.model.load import (compute_dtype, eos_ids, load_causal_lm, load_tokenizer, pick_device, said_imports,
+                             start_runtime)
 from grpo.model.zoo import resolve_model
 from grpo.obs.gpu import GpuMonitor, release_cached
 from grpo.obs.profile import SpanProfiler
@@ -85,13 +86,14 @@ def check_on_full(cfg: SamplerConfig) -> None:
         raise ValueError(f"--on-full {cfg.on_full}: choose one of {', '.join(ON_FULL)}")
 
 
-def build(cfg: SamplerConfig) -> SamplerParts:
+def build(cfg: SamplerConfig, import_s: float | None = None) -> SamplerParts:
     """Every part of this sampler, built and wired in start-up order (the module's docstring), with
-    its start-up lines."""
+    its start-up lines (`import_s`: the worker's import of its role, grpo.workers, said first)."""
     check_on_full(cfg)
     curve = curve_for(cfg.curve_keys, CLIENT)  # bad keys fail here, before the model loads
     profiler = SpanProfiler(cfg.profile_steps, cfg.run_dir, f"sampler{cfg.sampler_id}")   # so does a bad span
-    times = {"device": time.perf_counter()}
+    times = {} if import_s is None else {"imports": import_s}
+    times["device"] = time.perf_counter()
     device = pick_device(cfg.device, cfg.gpu_id)   # on CUDA: torch's CUDA initialisation
     times["device"] = time.perf_counter() - times["device"]
     decoding = check_decoding(cfg, device)
@@ -137,8 +139,8 @@ def check_decoding(cfg: SamplerConfig, device: torch.device) -> Decoding:
 
 def load_rollout(cfg: SamplerConfig, device: torch.device, decoding: Decoding, times: dict[str, float]):
     """The tokenizer, the policy, the weight receiver and the decoder: (RolloutModel, receiver, the
-    weights method), with the start-up line of where the seconds went (`times`: device, problems,
-    probe so far)."""
+    weights method), with the start-up line of where the seconds went (`times`: imports when a
+    worker timed them, device, problems, probe so far)."""
     t_load = time.perf_counter()
     path = resolve_model(cfg.model)
     load_times: dict[str, float] = {}   # the parts of 'model' in the start-up line
@@ -155,8 +157,9 @@ def load_rollout(cfg: SamplerConfig, device: torch.device, decoding: Decoding, t
     # Qwen2.5 list several).
     eos = eos_ids(tok, policy)
     engine, decoding = make_engine(cfg, policy, eos, tok.pad_token_id, device, decoding, path)
-    log.info("start-up: device %.1f s, problems %.1f s, reward probe %.1f s, model %.1f s (%s), weight receiver "
-             "and engine %.1f s", times["device"], times["problems"], times["probe"], t_model - t_load,
+    log.info("start-up: %sdevice %.1f s, problems %.1f s, reward probe %.1f s, model %.1f s (%s), weight receiver "
+             "and engine %.1f s", said_imports(times.get("imports")), times["device"], times["problems"], times["probe"],
+             t_model - t_load,
              ", ".join(f"{k} {v:.1f} s" for k, v in load_times.items()), time.perf_counter() - t_model)
     rollout = RolloutModel(tok=tok, policy=policy, engine=engine, eos_ids=eos, device=device, path=path,
                            backend=decoding.backend, old_source=decoding.old_source, swaps=decoding.swaps)
