@@ -12,6 +12,9 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
+from transformers import AttentionInterface
+from transformers.cache_utils import get_layer_types_and_kwargs
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from grpo.generate.backend import describe
 
@@ -20,8 +23,6 @@ ATTENTION = "grpo_rollout"
 
 def register_attention() -> None:
     """Make ATTENTION a name Hugging Face models can dispatch to (idempotent)."""
-    from transformers import AttentionInterface  # here: start_runtime times transformers' first import (the start-up line)
-
     AttentionInterface.register(ATTENTION, rollout_attention)
 
 
@@ -59,8 +60,6 @@ def rollout_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     With `softcap` (Gemma2's attn_logit_softcapping: scores become tanh(scores / cap) * cap before the
     mask and softmax), which SDPA has no argument for, both go through an explicit path instead
     (_softcapped_attention), as Hugging Face's eager attention computes it."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward  # here: start_runtime times transformers' first import (the start-up line)
-
     b, heads, q_len, dim = query.shape
     kv_heads = key.shape[1]
     if q_len == 1 and attention_mask is not None and attention_mask.shape[-1] < key.shape[2]:
@@ -118,8 +117,6 @@ class LayerPlan:
 
 def layer_plan(model) -> LayerPlan:
     """The model's decoder layers as the engine serves them; ValueError naming what it cannot serve."""
-    from transformers.cache_utils import get_layer_types_and_kwargs  # here: start_runtime times transformers' first import (the start-up line)
-
     cfg = model.config
     if getattr(cfg, "is_encoder_decoder", False):
         raise ValueError(f"{cfg.model_type} is an encoder-decoder model")

@@ -16,6 +16,7 @@ from typing import Callable
 
 import numpy as np
 import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from grpo.model.logprobs import left_pad
 from grpo.rules.backend import backend_for
@@ -132,8 +133,6 @@ def eos_list(eos_ids) -> list[int]:
 
 def _stopping_criteria(should_stop: Callable[[], bool]):
     """A transformers StoppingCriteriaList that ends every row once should_stop() says so."""
-    from transformers import StoppingCriteria, StoppingCriteriaList  # here: start_runtime times transformers' first import (the start-up line)
-
     class _StopWhen(StoppingCriteria):
         def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
             return torch.full((input_ids.shape[0],), bool(should_stop()), dtype=torch.bool, device=input_ids.device)

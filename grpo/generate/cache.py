@@ -6,6 +6,7 @@ tensor addresses."""
 from __future__ import annotations
 
 import torch
+from transformers.cache_utils import Cache, StaticCache, StaticLayer
 
 from grpo.generate.attention import LayerPlan, layer_plan
 
@@ -18,8 +19,6 @@ def static_cache(model, length: int, device: torch.device, plan: LayerPlan | Non
     Each layer's write index is made on `device`: transformers makes it on the CPU and moves it at
     the layer's first write, a pageable copy that waits for all queued work, so a prefill queued
     behind decode steps would wait for them."""
-    from transformers.cache_utils import Cache, StaticCache, StaticLayer  # here: start_runtime times transformers' first import (the start-up line)
-
     plan = plan or layer_plan(model)
     cache = StaticCache.__new__(StaticCache)
     layers = [StaticLayer(max_cache_len=length) for _ in plan.kinds]

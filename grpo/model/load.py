@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from grpo.config.constants import NO_CUDA
 from grpo.model.gguf.header import ModelUnavailable
@@ -110,8 +111,6 @@ def eos_ids(tokenizer, model_or_generation_config=None) -> list[int]:
 
 
 def load_tokenizer(path: str):
-    from transformers import AutoTokenizer  # here: start_runtime times transformers' first import (the start-up line)
-
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as exc:
@@ -122,9 +121,10 @@ def load_tokenizer(path: str):
 
 
 def start_runtime(device: torch.device, times: dict[str, float], cudnn_attention: bool = False) -> None:
-    """Import transformers and make the first CUDA call on `device` (its context) now, each timed
-    into `times`, so that a start-up log tells them apart from loading the model: either can
-    take seconds on a GPU machine, where a 135M model's weights load in a tenth of one.
+    """Make the first CUDA call on `device` (its context) now, timed into `times` as 'CUDA init',
+    so that a start-up log tells it apart from loading the model: it can take seconds on a GPU
+    machine, where a 135M model's weights load in a tenth of one. (transformers' import, seconds
+    too, comes with this module's: a worker times it with its role's modules, grpo.workers.)
 
     On CUDA, scaled_dot_product_attention may use cuDNN's kernels only with `cudnn_attention`.
     torch prefers them on Hopper, but cuDNN builds a graph for every new shape of its inputs,
@@ -132,12 +132,6 @@ def start_runtime(device: torch.device, times: dict[str, float], cudnn_attention
     the builds land on the host's time of every step (docs/benchmarks.md, "Where a learner step
     goes"). Without cuDNN, SDPA takes FlashAttention or the memory-efficient kernels, which need
     no such build."""
-    t = time.perf_counter()
-    # The package, its auto classes and its model machinery (modeling_utils brings accelerate and
-    # torch's compiler stack with sympy): the first tokenizer load would import them all.
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, modeling_utils  # here: this is the timed first import  # noqa: F401
-
-    times["transformers import"] = time.perf_counter() - t
     if device.type == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
         t = time.perf_counter()
@@ -156,8 +150,6 @@ def said_imports(import_s: float | None) -> str:
 def load_causal_lm(path: str, device: torch.device, dtype: torch.dtype, times: dict[str, float] | None = None):
     """The model at `path` on `device` in `dtype`. `times`, when given, gets the seconds of
     'from_pretrained' (config, reading and building the model) and 'to device' (the copy)."""
-    from transformers import AutoConfig, AutoModelForCausalLM  # here: start_runtime times transformers' first import (the start-up line)
-
     t = time.perf_counter()
     try:
         cfg = AutoConfig.from_pretrained(path)

@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config
 
 from grpo.model.gguf.header import find_gguf, gguf_model_file
 from grpo.model.gguf.cache import gguf_builder, gguf_digest, gguf_folder_name
@@ -31,8 +32,6 @@ _convert_smollm2 = gguf_builder(find_gguf, "SmolLM2", chat_eos=True)
 
 def _make_tiny_random(dest: Path) -> None:
     """A 2-layer Llama with SmolLM2's tokenizer and random weights: fast tests, real code paths."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # here: start_runtime times transformers' first import (the start-up line)
-
     base = resolve_model("smollm2")
     tok = AutoTokenizer.from_pretrained(base)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -71,8 +70,6 @@ def _random_qwen25(size: str):
         The tokenizer is SmolLM2's (49,152 ids) while the model keeps Qwen2.5's 151,936-row
         (7B: 152,064) vocabulary, so the matrix shapes, and hence the cost, are Qwen2.5's.
         """
-        from transformers import AutoTokenizer, Qwen2Config  # here: start_runtime times transformers' first import (the start-up line)
-
         tok = AutoTokenizer.from_pretrained(resolve_model("smollm2"))
         cfg = Qwen2Config(**QWEN25_SHAPES[size], bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                           pad_token_id=tok.pad_token_id)

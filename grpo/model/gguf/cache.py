@@ -14,6 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
+from grpo.model.gguf.convert import convert_gguf
 from grpo.model.load import cache_dir, locked, write_build_stamp
 
 log = logging.getLogger(__name__)
@@ -23,10 +24,6 @@ def gguf_builder(gguf_path, label: str, chat_eos: bool = False, where: str | Non
     """A builder (dest -> None) converting a GGUF file: gguf_path is a Path or a callable giving one."""
     def build(dest: Path) -> None:
         gguf = gguf_path() if callable(gguf_path) else gguf_path
-        # convert imports transformers at its top: a run whose folder is cached leaves transformers'
-        # first import to start_runtime, which times it for the start-up line
-        from grpo.model.gguf.convert import convert_gguf  # here: transformers only for a conversion (above)
-
         tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
         try:
             convert_gguf(gguf, tmp, label, chat_eos=chat_eos, where=where)
