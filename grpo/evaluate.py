@@ -11,8 +11,7 @@ same function runs inside the sampler (`--eval-every N`) and at the learner's en
 
 This module picks the problems and scores the completions; the decoding (torch, transformers) is
 grpo.generate.greedy's, imported where it is used: the command refuses a bad flag or --dataset
-before torch loads, and the roles import this module before start_runtime times transformers'
-first import.
+before torch loads.
 """
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ this decodes): which decoder (eval_engine), a training module's copy in the comp
 (load_to_decode).
 
 grpo.evaluate imports this module only where it decodes: its command refuses a bad flag or
---dataset before torch loads, and the roles' modules import grpo.evaluate before start_runtime
-times transformers' first import (this module imports transformers at its top).
+--dataset before torch loads (this module imports transformers at its top).
 """
 from __future__ import annotations
 

@@ -208,8 +208,8 @@ class VllmEngine:
         if not vllm_installed():
             raise ValueError(MISSING)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # before vLLM reads its settings
-        from vllm import EngineArgs, LLMEngine, SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm import EngineArgs, LLMEngine, SamplingParams  # here: vLLM is an optional extra, and reads its settings (above) at import
+        from vllm.sampling_params import RequestOutputKind  # here: as vllm
 
         name = str(dtype).removeprefix("torch.")
         args = EngineArgs(**engine_fields(model_path, name, gpu_memory_utilization, seed, rows, tensor_parallel,

@@ -149,7 +149,7 @@ def _no_deepspeed_import():
         yield
         return
     try:
-        from accelerate.utils import other  # here: it comes with transformers' first import, which start_runtime times; and it may be missing (the except)
+        from accelerate.utils import other  # here: a save must work without accelerate (the except)
     except ImportError:   # no accelerate: transformers unwraps on its own, without DeepSpeed
         yield
         return

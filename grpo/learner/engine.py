@@ -227,8 +227,9 @@ def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 class CommunicatorWarmup(threading.Thread):
     """The default process group's first collective (a one-element all-reduce on `device`), on a
-    thread of its own, so that the communicator is made while the main thread imports transformers
-    and loads the model. NCCL makes its communicator at a group's first collective, which is
+    thread of its own, so that the communicator is made while the main thread loads the model (the
+    tokenizer, the weights, CUDA's first call: transformers is imported already, with the role's
+    modules, grpo.workers). NCCL makes its communicator at a group's first collective, which is
     otherwise the DeepSpeed engine's first parameter broadcast, on the learner's path to its first
     step; the collective's call releases the GIL, so the two overlap. `wait` joins it (bounded by
     the group's own timeout) and re-raises what it raised. Every rank runs it; it returns when all
