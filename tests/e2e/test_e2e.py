@@ -197,7 +197,7 @@ def _logs(run_dir):
     (["run_distributed.py", "--sampling-gpu", "0", "--training-gpus", "1,2,3"], "CUDA is not available"),
     (["run_distributed.py", "--device", "cpu", "--loss-type", "ppo"], "--loss-type: invalid choice: 'ppo'"),
     (["run_distributed.py", "--device", "cpu", "--dataset", "/nonexistent/gsm8k"], "'/nonexistent/gsm8k' does not exist"),
-    (["sampling_worker.py", "--device", "cpu", "--generation-backend", "vllm"], "invalid choice: 'vllm'"),
+    (["sampling_worker.py", "--device", "cpu", "--generation-backend", "vllm"], "--generation-backend vllm needs vLLM: pip install '.[vllm]'"),
     # found by a worker after the launch: the worker's line is the launcher's, exit 2, no run folder
     (["run_distributed.py", "--device", "cpu", "--weight-sync", "ipc", "--max-steps", "1"],
      "run_distributed.py: error: --weight-sync ipc needs a CUDA learner"),

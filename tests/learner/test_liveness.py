@@ -175,10 +175,10 @@ def test_learner_intake_bounds_its_fifo_and_drops_what_it_would_not_train():
     import collections
     from types import SimpleNamespace
 
-    from grpo.config import LearnerConfig
+    from grpo.config import LearnerConfig, from_flat
     from grpo.learner.intake import Intake
 
-    cfg = LearnerConfig(buffer_size=2, max_new_tokens=2, max_prompt_tokens=3, max_samplers=4)
+    cfg = from_flat(LearnerConfig, buffer_size=2, max_new_tokens=2, max_prompt_tokens=3, max_samplers=4)
     # no sockets: these messages are handed to take() directly
     lrn = Intake(cfg, SimpleNamespace(rejected=collections.Counter()), Liveness(30.0, 4), Books(), MessageLedger())
     # make_group's default: a prompt of 2 tokens, one completion of 2 tokens
