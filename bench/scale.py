@@ -220,7 +220,7 @@ def _replan(row: dict, argv: list[str]) -> dict[str, float]:
         if "--deepspeed-config" in argv:
             argv[argv.index("--deepspeed-config") + 1] = str(ds)
         launch, to_s, to_l = parse(argv)
-        resolve_model(launch.model)   # the config folder the plan reads
+        resolve_model(launch.run.model)   # the config folder the plan reads
         specs = plan(launch, 1, to_s, to_l, 29500)
         procs = {role: [s for s in specs if s.role == role] for role in ("learner", "sampler")}
         p = memory_plan(launch, procs["learner"][0].flags, procs["sampler"][0].flags,

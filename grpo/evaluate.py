@@ -48,17 +48,17 @@ def evaluate_module(module, tok, cfg, device: torch.device, autocast: bool = Fal
     decoder in the same dtype, from a copy of float32 weights)."""
     from grpo.generate.greedy import decoding  # here: the command refuses bad flags and --dataset before torch loads
 
-    with decoding(module, tok, cfg.generation_backend, device, autocast) as (model, engine):
-        return greedy_accuracy(model, tok, run_eval_problems(cfg), cfg.max_new_tokens, cfg.eval_batch_size,
-                               device, engine=engine)
+    with decoding(module, tok, cfg.rollout.generation_backend, device, autocast) as (model, engine):
+        return greedy_accuracy(model, tok, run_eval_problems(cfg), cfg.rollout.max_new_tokens,
+                               cfg.evaluation.eval_batch_size, device, engine=engine)
 
 
 def run_eval_problems(cfg) -> list[Problem]:
     """A training run's evaluation subset (sampler 0's and the learner's alike): --eval-dataset, else
     --dataset; with --curriculum at the tasks' starting level, so every evaluation scores the same."""
-    dataset = cfg.eval_dataset or cfg.dataset
-    levels = start_levels(dataset) if cfg.curriculum else None
-    return eval_problems(dataset, cfg.eval_size, levels=levels)
+    dataset = cfg.evaluation.eval_dataset or cfg.data.dataset
+    levels = start_levels(dataset) if cfg.data.curriculum else None
+    return eval_problems(dataset, cfg.evaluation.eval_size, levels=levels)
 
 
 def eval_problems(dataset: str, size: int, seed: int = 0, levels: dict[str, int] | None = None) -> list[Problem]:

@@ -15,7 +15,9 @@ import typing
 
 import yaml
 
-from grpo.config import SECTIONS, LaunchConfig, LearnerConfig, SamplerConfig, field_sections
+from grpo.config import (SECTIONS, LaunchConfig, LearnerConfig, SamplerConfig, field_sections, flat, flat_fields,
+                         from_flat)
+from grpo.config.sections import section_class
 from grpo.config.bounds import Bounds, bounds_of
 from grpo.config.cli import ArgumentParser, did_you_mean
 from grpo.data.tasks import TaskSpecError, from_yaml
@@ -23,10 +25,12 @@ from grpo.data.tasks import TaskSpecError, from_yaml
 
 @functools.cache
 def field_docs(cls: type) -> dict[str, str]:
-    """Docstrings written under dataclass fields (this class and its bases). Cached: reading them
-    parses the classes' source, and every parse of a role's flags asks; callers only read it."""
+    """Docstrings written under dataclass fields (this class, its bases, and for a role config its
+    sections'), by flat field name. Cached: reading them parses the classes' source, and every parse
+    of a role's flags asks; callers only read it."""
     docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
+    parts = [section_class(f) for f in dataclasses.fields(cls) if section_class(f)]
+    for klass in [k for part in parts for k in reversed(part.__mro__)] + list(reversed(cls.__mro__)):
         if not dataclasses.is_dataclass(klass):
             continue
         tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
@@ -52,9 +56,9 @@ def add_fields(parser: argparse.ArgumentParser, cls: type, names: list[str] | No
     group of its section (`groups`, made here when not given; a field of no section goes on the
     parser itself); the help is the docstring under the field, `note`, and its default."""
     docs = {k: v.replace("%", "%%") for k, v in field_docs(cls).items()}   # argparse formats help with %
-    hints = typing.get_type_hints(cls)
+    hints = flat_hints(cls)
     sections = field_sections(cls)
-    chosen = [f for f in dataclasses.fields(cls) if names is None or f.name in names]
+    chosen = [f for _, f in flat_fields(cls).values() if names is None or f.name in names]
     if groups is None:
         groups = section_groups(parser, [(cls, [f.name for f in chosen])])
     note = f"{note}; " if note else ""
@@ -83,6 +87,16 @@ def add_fields(parser: argparse.ArgumentParser, cls: type, names: list[str] | No
                                    default=default, help=help_text)
 
 
+@functools.cache
+def flat_hints(cls: type) -> dict[str, type]:
+    """The type of each flat field of role config `cls` (its sections' hints, and its own)."""
+    hints = {name: tp for name, tp in typing.get_type_hints(cls).items() if name in flat_fields(cls)}
+    for f in dataclasses.fields(cls):
+        if kind := section_class(f):
+            hints.update(typing.get_type_hints(kind))
+    return hints
+
+
 def in_range(tp: type, bounds: Bounds):
     """An argparse type: `tp` of the text, refused in one line when outside `bounds`."""
     def convert(text: str):
@@ -99,7 +113,7 @@ def build_parser(cls: type, prog: str, description: str = "",
                  aliases: dict[str, list[str]] | None = None,
                  skip: tuple[str, ...] = ("extra",)) -> ArgumentParser:
     parser = ArgumentParser(prog=prog, description=description or cls.__doc__)
-    add_fields(parser, cls, [f.name for f in dataclasses.fields(cls) if f.name not in skip], aliases)
+    add_fields(parser, cls, [name for name in flat_fields(cls) if name not in skip], aliases)
     return parser
 
 
@@ -107,7 +121,7 @@ def _all_fields() -> dict[str, dataclasses.Field]:
     """Every option of every role: one YAML file can configure a whole run."""
     out: dict[str, dataclasses.Field] = {}
     for klass in (SamplerConfig, LearnerConfig, LaunchConfig):
-        out.update({f.name: f for f in dataclasses.fields(klass) if f.name not in ("extra", "config")})
+        out.update({name: f for name, (_, f) in flat_fields(klass).items() if name not in ("extra", "config")})
     return out
 
 
@@ -165,11 +179,10 @@ def load_config_file(path: str, cls: type) -> dict:
     if not isinstance(data, dict):
         raise ConfigFileError(f"--config {path}: expected a mapping of option: value, got {type(data).__name__}")
     known = _all_fields()
-    mine = {f.name for f in dataclasses.fields(cls)}
-    hints = {**typing.get_type_hints(SamplerConfig), **typing.get_type_hints(LearnerConfig),
-             **typing.get_type_hints(LaunchConfig)}
+    mine = set(flat_fields(cls))
+    hints = {**flat_hints(SamplerConfig), **flat_hints(LearnerConfig), **flat_hints(LaunchConfig)}
     out: dict = {}
-    for raw_key, value in data.items():
+    for raw_key, value in _flat_items(data, path):
         key = str(raw_key).replace("-", "_")
         if key not in known:
             hint = did_you_mean(key, known, cutoff=0.5) or "; see --help for the options"
@@ -179,6 +192,35 @@ def load_config_file(path: str, cls: type) -> dict:
             raise ConfigFileError(f"--config {path}: {key}: {problem}")
         if key in mine:
             out[key] = value
+    return out
+
+
+def _section_keys() -> dict[str, set[str]]:
+    """Each section attribute (grpo.config.sections.ATTRS) -> the flat keys any role holds in it."""
+    out: dict[str, set[str]] = {}
+    for klass in (SamplerConfig, LearnerConfig, LaunchConfig):
+        for name, (attr, _) in flat_fields(klass).items():
+            if attr:
+                out.setdefault(attr, set()).add(name)
+    return out
+
+
+def _flat_items(data: dict, path: str) -> list[tuple]:
+    """The file's (key, value) pairs with a section's mapping (``rollout: {in_flight_rows: 4}``)
+    opened into its keys; a section name with a scalar value is the field of that name
+    (``instances: 2``, ``weight_sync: ipc``)."""
+    sections = _section_keys()
+    out = []
+    for raw_key, value in data.items():
+        attr = str(raw_key).replace("-", "_")
+        if attr not in sections or not isinstance(value, dict):
+            out.append((raw_key, value))
+            continue
+        for inner, v in value.items():
+            if str(inner).replace("-", "_") not in sections[attr]:
+                near = did_you_mean(str(inner).replace("-", "_"), sections[attr], cutoff=0.5)
+                raise ConfigFileError(f"--config {path}: {raw_key}: no key {inner!r} in this section{near}")
+            out.append((inner, v))
     return out
 
 
@@ -204,22 +246,20 @@ def parse_config(cls: type, argv: list[str] | None, prog: str, **kw):
     ns = parser.parse_args(argv)
     if getattr(ns, "config", ""):
         ns.config = os.path.abspath(ns.config)
-    return cls(**{k: v for k, v in vars(ns).items() if k in {f.name for f in dataclasses.fields(cls)}})
+    return from_flat(cls, {k: v for k, v in vars(ns).items() if k in flat_fields(cls)})
 
 
 def to_flags(cfg, cls: type | None = None) -> list[str]:
     """The inverse of parse_config for the fields `cls` knows (used by the launcher)."""
-    cls = cls or type(cfg)
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = flat_fields(cls or type(cfg))
     out: list[str] = []
-    for f in dataclasses.fields(cfg):
-        if f.name not in names or f.name == "extra":
+    for name, value in flat(cfg).items():
+        if name not in names or name == "extra":
             continue
-        value = getattr(cfg, f.name)
-        flag = "--" + f.name.replace("_", "-")
+        flag = "--" + name.replace("_", "-")
         if isinstance(value, bool):
-            if value or not f.name.startswith("no_"):
-                out.append(flag if value else "--no-" + f.name.replace("_", "-"))
+            if value or not name.startswith("no_"):
+                out.append(flag if value else "--no-" + name.replace("_", "-"))
         else:
             out += [flag, str(value)]
     return out

@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from grpo.config import LearnerConfig as _L   # the flags' defaults, kept in one place
+from grpo.config import LossSection as _L   # the flags' defaults, kept in one place
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True,
@@ -227,7 +227,7 @@ class LossConfig:
 
     @classmethod
     def of(cls, cfg) -> "LossConfig":
-        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
+        return cls(**{f.name: getattr(cfg.loss, f.name) for f in fields(cls)})
 
     def check(self) -> None:
         """Bad settings as one line naming the flag and the fix."""

@@ -59,9 +59,9 @@ def _gpu_env(device: str, gpu_id: int) -> None:
 def _cpu_weight_sync(cfg: LearnerConfig) -> None:
     """A CPU learner's --precision and --weight-sync, checked before torch loads by the rules the
     learner applies later (grpo.learner.setup.place), as the launcher checks them (grpo.launch.nodes)."""
-    lora = bool(cfg.lora_r)
-    precision = resolve_precision(cfg.precision, False, lora, not cfg.no_deepspeed)
-    check_method(cfg.weight_sync, "cpu", lora, precision == "bf16")
+    lora = bool(cfg.training.lora_r)
+    precision = resolve_precision(cfg.training.precision, False, lora, not cfg.training.no_deepspeed)
+    check_method(cfg.weight_sync.weight_sync, "cpu", lora, precision == "bf16")
 
 
 def _allocator(device: str) -> None:
@@ -111,18 +111,18 @@ def _start(prog: str, cfg, check, role):
     refused start (_fail's line)."""
     try:
         if not planned():
-            _gpu_env(cfg.device, cfg.gpu_id)
+            _gpu_env(cfg.run.device, cfg.run.gpu_id)
         name, seed, save_as = check(cfg)
     except (ValueError, DatasetUnavailable) as exc:
         return _fail(prog, exc)
     made = None
     try:
-        run_dir, top = create_run_dir(cfg.run_dir)
+        run_dir, top = create_run_dir(cfg.run.run_dir)
         made = (run_dir, top)
-        cfg.run_dir = str(run_dir)
-        setup_logging(name, cfg.log_file)
+        cfg.run.run_dir = str(run_dir)
+        setup_logging(name, cfg.observability.log_file)
         mark_stage(run_dir, name, "started")
-        _allocator(cfg.device)
+        _allocator(cfg.run.device)
         t_import = time.perf_counter()
         role_class = role()
         import_s = time.perf_counter() - t_import
@@ -136,10 +136,10 @@ def _start(prog: str, cfg, check, role):
 
 def _sampler_checks(cfg: SamplerConfig) -> tuple[str, int, str]:
     if not planned():   # the launcher's plan numbers the samplers and checked the data set's path
-        local_file(cfg.dataset)   # a mistyped path; a hub id is fetched later
-        if not 0 <= cfg.sampler_id < cfg.num_samplers:
-            raise ValueError(f"--sampler-id {cfg.sampler_id} must be in 0..{cfg.num_samplers - 1} (--num-samplers)")
-    return f"sampler{cfg.sampler_id}", cfg.seed + cfg.sampler_id, f"sampler{cfg.sampler_id}"
+        local_file(cfg.data.dataset)   # a mistyped path; a hub id is fetched later
+        if not 0 <= cfg.run.sampler_id < cfg.run.num_samplers:
+            raise ValueError(f"--sampler-id {cfg.run.sampler_id} must be in 0..{cfg.run.num_samplers - 1} (--num-samplers)")
+    return f"sampler{cfg.run.sampler_id}", cfg.run.seed + cfg.run.sampler_id, f"sampler{cfg.run.sampler_id}"
 
 
 def _sampler_role():
@@ -161,16 +161,16 @@ def _sampler_main(argv: list[str] | None = None) -> int:
         result = sampler.run()
     except (RunMismatch, NoFirstAnswer, AnswersRejected, RewardBroken) as exc:
         return _fail(prog, exc)
-    (run_dir / f"sampler{cfg.sampler_id}_result.json").write_text(json.dumps({**result, **provenance()}, indent=2,
+    (run_dir / f"sampler{cfg.run.sampler_id}_result.json").write_text(json.dumps({**result, **provenance()}, indent=2,
                                                                              default=str))
     return 0
 
 
 def _learner_checks(cfg: LearnerConfig) -> tuple[str, int, str | None]:
-    if cfg.device == "cpu":
+    if cfg.run.device == "cpu":
         _cpu_weight_sync(cfg)
     rank = int(os.environ.get("RANK", "0"))   # set by the launcher (or torchrun); rank 0 saves the config
-    return f"learner{rank}", cfg.seed, "learner" if rank == 0 else None
+    return f"learner{rank}", cfg.run.seed, "learner" if rank == 0 else None
 
 
 def _learner_role():

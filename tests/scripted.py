@@ -91,9 +91,10 @@ class ScriptedLearner(threading.Thread):
 def facts(s, **changes) -> M.RunFacts:
     """The run's facts that agree with sampler `s` (beta 0: no reference log-probs), with `changes`."""
     cfg = s.cfg
-    return M.RunFacts(**{"schema": M.SCHEMA_VERSION, "model": cfg.model, "vocab_size": s.parts.vocab_size, "dtype": "float32",
-                         "num_generations": cfg.num_generations, "max_new_tokens": cfg.max_new_tokens,
-                         "max_prompt_tokens": 4096, "temperature": cfg.temperature, "needs_ref_logprobs": False,
+    return M.RunFacts(**{"schema": M.SCHEMA_VERSION, "model": cfg.run.model, "vocab_size": s.parts.vocab_size,
+                         "dtype": "float32",
+                         "num_generations": cfg.rollout.num_generations, "max_new_tokens": cfg.rollout.max_new_tokens,
+                         "max_prompt_tokens": 4096, "temperature": cfg.rollout.temperature, "needs_ref_logprobs": False,
                          "max_staleness": 4, "groups_per_step": 1, **changes})
 
 

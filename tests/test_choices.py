@@ -33,7 +33,7 @@ def test_the_modules_know_the_same_choices_as_the_fields():
 ])
 def test_a_choice_is_taken_or_refused_at_parse_time(cls, flag, good, bad, capsys):
     cfg = parse_config(cls, [flag, good], "prog")
-    assert getattr(cfg, flag[2:].replace("-", "_")) == good
+    assert config.flat(cfg)[flag[2:].replace("-", "_")] == good
     with pytest.raises(SystemExit) as e:
         parse_config(cls, [flag, bad], "prog")
     assert e.value.code == 2

@@ -240,15 +240,15 @@ def test_a_command_not_run_here_parses(cmd, workdir, monkeypatch):
         assert script in ("--", "run_distributed.py"), cmd
         cfg, to_s, to_l = parse(args)
         check_gpus_flags(cfg)
-        if cfg.nodes:
+        if cfg.nodes.nodes:
             nodes.plan_nodes(cfg, to_s, to_l)
             return
-        if cfg.gpus:
+        if cfg.placement.gpus:
             cfg, _ = choose_gpus(cfg, 8, *launch_main.layout_inputs(cfg, to_l))
-        if cfg.instances != 1 or cfg.seeds:
+        if cfg.instances.instances != 1 or cfg.instances.seeds:
             plan_instances(cfg, 8)
         else:
-            launch_main.check_role_flags(plan(cfg, 0 if cfg.device == "cpu" else 8, to_s, to_l, 29500))
+            launch_main.check_role_flags(plan(cfg, 0 if cfg.run.device == "cpu" else 8, to_s, to_l, 29500))
 
 
 def steps_made(run_dir: Path) -> tuple[int, int]:

@@ -152,13 +152,13 @@ def test_final_evaluation_decodes_like_the_samplers(smollm2):
     """The learner's final evaluation picks its decoder by --generation-backend, the rule sampler 0
     scores the baseline by: 'auto' on CPU is Hugging Face generate, 'fast' the rollout engine;
     both score the same on the same weights (fp32 here)."""
-    from grpo.config import LearnerConfig
+    from grpo.config import LearnerConfig, from_flat
     from grpo.evaluate import evaluate_module
 
     model, tok = smollm2
     res = {}
     for backend in ("auto", "fast"):
-        cfg = LearnerConfig(eval_dataset=str(GSM8K), eval_size=4, eval_batch_size=4, max_new_tokens=6,
+        cfg = from_flat(LearnerConfig, eval_dataset=str(GSM8K), eval_size=4, eval_batch_size=4, max_new_tokens=6,
                             generation_backend=backend)
         res[backend] = evaluate_module(model, tok, cfg, torch.device("cpu"))
     assert (res["auto"]["decoder"], res["fast"]["decoder"]) == ("hf", "fast")
@@ -207,7 +207,7 @@ def test_final_evaluation_decodes_a_copy_in_the_samplers_dtype():
     autocast on CUDA; here bf16 weights on the CPU, whose compute dtype is fp32) is decoded from a
     copy in the compute dtype: exactly what a model loaded in that dtype from the same weights
     decodes, and the module itself is left as it was."""
-    from grpo.config import LearnerConfig
+    from grpo.config import LearnerConfig, from_flat
     from grpo.evaluate import evaluate_module
     from grpo.generate.greedy import decode_copy
 
@@ -224,7 +224,7 @@ def test_final_evaluation_decodes_a_copy_in_the_samplers_dtype():
     ref = load_causal_lm(path, torch.device("cpu"), torch.bfloat16).float()
     torch.testing.assert_close(copy(ids).logits, ref(ids).logits, rtol=0, atol=0)
 
-    cfg = LearnerConfig(eval_dataset=str(GSM8K), eval_size=3, eval_batch_size=3, max_new_tokens=6,
+    cfg = from_flat(LearnerConfig, eval_dataset=str(GSM8K), eval_size=3, eval_batch_size=3, max_new_tokens=6,
                         generation_backend="fast")
     got = evaluate_module(module, tok, cfg, torch.device("cpu"))
     want = evaluate_module(ref, tok, cfg, torch.device("cpu"))

@@ -412,12 +412,12 @@ def correctness_scorer() -> RewardSet:
 
 def reward_set_from_config(cfg: Any) -> RewardSet:
     """The RewardSet a SamplerConfig asks for."""
-    limits = SandboxLimits(timeout_s=cfg.code_timeout_s, memory_mb=cfg.code_memory_mb,
-                           max_workers=cfg.code_workers)
+    limits = SandboxLimits(timeout_s=cfg.data.code_timeout_s, memory_mb=cfg.data.code_memory_mb,
+                           max_workers=cfg.data.code_workers)
     if not (limits.timeout_s > 0 and limits.memory_mb >= 64 and limits.max_workers >= 1):
         raise RewardError("--code-timeout-s must be > 0, --code-memory-mb >= 64 (Python itself needs "
                           "~30 MiB) and --code-workers >= 1")
-    return RewardSet(cfg.reward, cfg.reward_weights, max_new_tokens=cfg.max_new_tokens,
-                     overlong_buffer=cfg.overlong_buffer, format_style=cfg.format_style,
+    return RewardSet(cfg.data.reward, cfg.data.reward_weights, max_new_tokens=cfg.rollout.max_new_tokens,
+                     overlong_buffer=cfg.data.overlong_buffer, format_style=cfg.data.format_style,
                      code_limits=limits)
 

@@ -58,7 +58,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from grpo.config import ROW_BUCKETS, SamplerConfig
+from grpo.config import ROW_BUCKETS, SamplerRollout
 from grpo.generate.attention import (LayerPlan, attend_limit, layer_masks, layer_plan, register_attention,
                                      rollout_attention_on)
 # Rollout is backend's (a fixed batch's result, whichever decoder made it), re-exported here.
@@ -77,7 +77,7 @@ log = logging.getLogger(__name__)
 
 # The sampler's default (one place: grpo.config), so that the evaluator and the probes, which build
 # engines without a config, decode as the sampler does.
-DEFAULT_ATTEND_CHUNK = SamplerConfig.attend_chunk
+DEFAULT_ATTEND_CHUNK = SamplerRollout.attend_chunk
 
 
 class RolloutEngine:

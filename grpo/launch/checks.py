@@ -25,13 +25,13 @@ from grpo.model.hub import check_hub_model
 
 def check_resume(rp: RunPlan) -> None:
     """A --resume that cannot work is a one-line mistake here, not a learner crash later."""
-    spec = rp.learner.resume
+    spec = rp.learner.checkpoints.resume
     if not spec:
         return
-    if spec == "latest" and not rp.launch.run_dir:
+    if spec == "latest" and not rp.launch.run.run_dir:
         raise LaunchError("--resume latest needs the --run-dir of the run to resume")
     try:
-        resolve_resume(spec, Path(rp.launch.run_dir), rp.launch.max_steps)
+        resolve_resume(spec, Path(rp.launch.run.run_dir), rp.launch.training.max_steps)
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
 
@@ -59,16 +59,16 @@ def sampler_problem(cfg: SamplerConfig) -> str | None:
     """The one-line error a sampler of `cfg` would give for its --reward / --dataset-transform
     choice and its data set (imports and names only), or None."""
     try:
-        local_file(cfg.dataset)   # a mistyped path; a hub id is the sampler's to fetch
-        evaluated = cfg.eval_dataset or cfg.dataset
-        if cfg.eval_every > 0 and local_file(evaluated, "test") is not None:
+        local_file(cfg.data.dataset)   # a mistyped path; a hub id is the sampler's to fetch
+        evaluated = cfg.evaluation.eval_dataset or cfg.data.dataset
+        if cfg.evaluation.eval_every > 0 and local_file(evaluated, "test") is not None:
             # sampler 0's evaluation set, when local: a folder without a test split, or a file too small to
             # hold rows out, would otherwise end the run only after the learner is up (its one row read here)
             load_problems(evaluated, "test", limit=1)
         reward_set_from_config(cfg)
-        load_transform(cfg.dataset_transform)
-        if cfg.curriculum and not cfg.dataset.startswith("rg:"):
-            tasks.start_levels(cfg.dataset)   # says why a curriculum needs rg: tasks
+        load_transform(cfg.data.dataset_transform)
+        if cfg.data.curriculum and not cfg.data.dataset.startswith("rg:"):
+            tasks.start_levels(cfg.data.dataset)   # says why a curriculum needs rg: tasks
     except (RewardError, PluginError, tasks.TaskSpecError, DatasetUnavailable) as exc:
         return str(exc)
     return None
@@ -78,10 +78,10 @@ def sampler_tasks_problem(cfg: SamplerConfig) -> str | None:
     """The one-line error a sampler of `cfg` would give for its rg: tasks and their settings
     (reasoning-gym's registry and the tasks' config classes), or None. The launcher runs it on a
     thread beside the workers' start-up: reasoning-gym's import is its slowest."""
-    if not cfg.dataset.startswith("rg:"):
+    if not cfg.data.dataset.startswith("rg:"):
         return None
     try:
-        tasks.check(tasks.parse_spec(cfg.dataset[3:]), curriculum=cfg.curriculum)
+        tasks.check(tasks.parse_spec(cfg.data.dataset[3:]), curriculum=cfg.data.curriculum)
     except tasks.TaskSpecError as exc:
         return str(exc)
     return None

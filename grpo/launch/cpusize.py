@@ -153,4 +153,5 @@ def worker_flags(sizing: CpuSizing) -> list[str]:
 
 def apply(cfg, sizing: CpuSizing):
     """The launcher's config with the sizing's G and new tokens (its own options)."""
-    return replace(cfg, num_generations=sizing.num_generations, max_new_tokens=sizing.max_new_tokens)
+    return replace(cfg, rollout=replace(cfg.rollout, num_generations=sizing.num_generations,
+                                        max_new_tokens=sizing.max_new_tokens))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
-from grpo.config import ROW_BUCKETS, LearnerConfig, SamplerConfig
+from grpo.config import ROW_BUCKETS, LearnerConfig, SamplerConfig, TrainingSection
 from grpo.launch.runplan import RunPlan
 from grpo.rules.backend import backend_for
 from grpo.rules.staleness import IN_FLIGHT_SPAN, Staleness, bucket_prompts, first_round_groups
@@ -26,7 +26,8 @@ AUTO_IN_FLIGHT_ROWS = 320
 def decodes_with_engine(scfg: SamplerConfig) -> bool:
     """Whether a sampler of this config decodes with an engine that keeps rows in flight (ours, or
     vLLM's): its --generation-backend on its device, auto meaning ours on CUDA."""
-    return backend_for(scfg.generation_backend, "cpu" if scfg.device == "cpu" else "cuda") in ("fast", "vllm")
+    return backend_for(scfg.rollout.generation_backend, "cpu" if scfg.run.device == "cpu" else "cuda") in ("fast",
+                                                                                                           "vllm")
 
 
 def in_flight_note(scfg: SamplerConfig, lcfg: LearnerConfig, samplers: int) -> tuple[int, str] | None:
@@ -34,17 +35,18 @@ def in_flight_note(scfg: SamplerConfig, lcfg: LearnerConfig, samplers: int) -> t
     learner's staleness bound lets them keep decoding (Staleness.pool_rows), the rest of the rows
     wait for budget and generation runs at the smaller batch: (the smallest bound that would keep
     them all decoding, the clause that says why). None otherwise."""
-    if not scfg.in_flight_rows or not scfg.swap_in_flight or samplers < 1 or not decodes_with_engine(scfg):
+    rollout = scfg.rollout
+    if not rollout.in_flight_rows or not rollout.swap_in_flight or samplers < 1 or not decodes_with_engine(scfg):
         return None   # Hugging Face generate has no rows in flight (the sampler refuses the flag)
-    G = scfg.num_generations
-    rule = Staleness(lcfg.max_staleness, lcfg.train_batch_size // G)
+    G = scfg.rollout.num_generations
+    rule = Staleness(lcfg.training.max_staleness, lcfg.training.train_batch_size // G)
     held = rule.pool_rows(G, samplers)
-    if held >= scfg.in_flight_rows:
+    if held >= scfg.rollout.in_flight_rows:
         return None
-    need = rule.staleness_for_pool(scfg.in_flight_rows, G, samplers)
+    need = rule.staleness_for_pool(scfg.rollout.in_flight_rows, G, samplers)
     who = f"each of the {samplers} samplers" if samplers > 1 else "the sampler"
-    why = (f"at --max-staleness {lcfg.max_staleness} the learner's budget lets {who} keep about {held} of its "
-           f"{scfg.in_flight_rows} --in-flight-rows decoding (--max-staleness x {rule.groups_per_step} groups a step / "
+    why = (f"at --max-staleness {lcfg.training.max_staleness} the learner's budget lets {who} keep about {held} of its "
+           f"{scfg.rollout.in_flight_rows} --in-flight-rows decoding (--max-staleness x {rule.groups_per_step} groups a step / "
            f"samplers, {G} rows a group; more where zero-signal groups are filtered)")
     return need, why
 
@@ -60,18 +62,20 @@ def in_flight_rows(rp: RunPlan, samplers: int, on_gpus: bool) -> int:
     or steps are small), the rows AUTO_STALENESS_MAX - IN_FLIGHT_SPAN keeps decoding, whole groups,
     at least one: a smaller pool that never drains, where rounds would be budget-sized as well."""
     s = rp.sampler
-    if (not on_gpus or samplers < 1 or not rp.left_default("in_flight_rows") or not s.swap_in_flight
-            or s.weight_sync == "shared" or not decodes_with_engine(s)):   # (numpy-free own_weights)
+    if (not on_gpus or samplers < 1 or not rp.left_default("in_flight_rows") or not s.rollout.swap_in_flight
+            or s.weight_sync.weight_sync == "shared" or not decodes_with_engine(s)):   # (numpy-free own_weights)
         return 0
-    found = in_flight_note(replace(s, in_flight_rows=AUTO_IN_FLIGHT_ROWS), rp.learner, samplers)
+    found = in_flight_note(replace(s, rollout=replace(s.rollout, in_flight_rows=AUTO_IN_FLIGHT_ROWS)), rp.learner,
+                           samplers)
     if found is None:
         return AUTO_IN_FLIGHT_ROWS
     if not rp.left_default("max_staleness"):
         return 0
     if found[0] + IN_FLIGHT_SPAN <= AUTO_STALENESS_MAX:
         return AUTO_IN_FLIGHT_ROWS
-    G = s.num_generations
-    rows = Staleness(AUTO_STALENESS_MAX - IN_FLIGHT_SPAN, rp.learner.train_batch_size // G).pool_rows(G, samplers)
+    G = s.rollout.num_generations
+    rows = Staleness(AUTO_STALENESS_MAX - IN_FLIGHT_SPAN, rp.learner.training.train_batch_size // G).pool_rows(G,
+                                                                                                               samplers)
     return rows if rows >= G else 0
 
 
@@ -94,7 +98,7 @@ def choose_in_flight(rp: RunPlan, samplers: int, on_gpus: bool) -> RunPlan:
           f"between decode steps, so a row starts its next sample as soon as its own ends instead of waiting for its "
           f"round's longest, and a sampler beside learner ranks decodes while they train (--in-flight-rows 0 for "
           f"fixed rounds){fewer}", file=sys.stderr)
-    return replace(rp, sampler=replace(rp.sampler, in_flight_rows=n))
+    return replace(rp, sampler=replace(rp.sampler, rollout=replace(rp.sampler.rollout, in_flight_rows=n)))
 
 
 def fill_in_flight_rows(rp: RunPlan, samplers: int) -> RunPlan:
@@ -108,10 +112,10 @@ def fill_in_flight_rows(rp: RunPlan, samplers: int) -> RunPlan:
     need, why = found
     bound = need + IN_FLIGHT_SPAN
     if bound <= AUTO_STALENESS_MAX and rp.left_default("max_staleness"):
-        print(f"run_distributed.py: --max-staleness {bound}, not the default {LearnerConfig.max_staleness}, so that every "
+        print(f"run_distributed.py: --max-staleness {bound}, not the default {TrainingSection.max_staleness}, so that every "
               f"in-flight row is kept decoding: {why}; {need} fills them, and {IN_FLIGHT_SPAN} more are for the versions a "
               f"group's longest completion takes to generate; give --max-staleness to choose", file=sys.stderr)
-        return replace(rp, learner=replace(rp.learner, max_staleness=bound))
+        return replace(rp, learner=replace(rp.learner, training=replace(rp.learner.training, max_staleness=bound)))
     print(f"run_distributed.py: warning: {why}, and the other rows wait; --max-staleness {need} would keep all of "
           f"them decoding, with groups up to {need} versions old", file=sys.stderr)
     return rp
@@ -129,16 +133,17 @@ def fit_first_round(rp: RunPlan, samplers: int) -> RunPlan:
     the layout, one shared device included."""
     if samplers < 1 or not rp.left_default("max_staleness"):
         return rp
-    s, default = rp.sampler, LearnerConfig.max_staleness
-    G = s.num_generations
+    s, default = rp.sampler, TrainingSection.max_staleness
+    G = s.rollout.num_generations
     # the engine with CUDA graphs pads a round to its smallest row bucket, so a round takes at least
     # that many prompts (RolloutWorkflow.bucket_prompts); Hugging Face generate and CPU have no floor
-    graphs = decodes_with_engine(s) and s.cuda_graphs and s.device != "cpu"
-    groups = first_round_groups(s.prompts_per_round, s.filter_zero_signal, s.max_prompts_per_round,
+    graphs = decodes_with_engine(s) and s.rollout.cuda_graphs and s.run.device != "cpu"
+    groups = first_round_groups(s.rollout.prompts_per_round, s.rollout.filter_zero_signal,
+                                s.rollout.max_prompts_per_round,
                                 bucket_prompts(ROW_BUCKETS if graphs else (), G))
-    rule = Staleness(default, rp.learner.train_batch_size // G)
+    rule = Staleness(default, rp.learner.training.train_batch_size // G)
     need = rule.staleness_for_first_round(groups, samplers)
-    if need <= rp.learner.max_staleness or need > AUTO_STALENESS_MAX:
+    if need <= rp.learner.training.max_staleness or need > AUTO_STALENESS_MAX:
         return rp
     each = f"each of the {samplers} samplers may make" if samplers > 1 else "the sampler may make"
     # On stdout with the launcher's other start-up lines (the layout it chose among them), not on
@@ -149,7 +154,7 @@ def fit_first_round(rp: RunPlan, samplers: int) -> RunPlan:
           f"the budget, {groups} groups of version 0, and at --max-staleness {default} the learner trains "
           f"{rule.largest_budget()} of {groups * samplers} ({default + 1} steps of {rule.groups_per_step} "
           f"group{'s' * (rule.groups_per_step != 1)}); give --max-staleness to choose", flush=True)
-    return replace(rp, learner=replace(rp.learner, max_staleness=need))
+    return replace(rp, learner=replace(rp.learner, training=replace(rp.learner.training, max_staleness=need)))
 
 
 def resolve_in_flight(rp: RunPlan, samplers: int, on_gpus: bool) -> RunPlan:

@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from grpo.config import LearnerConfig, SamplerConfig
+from grpo.config import LearnerConfig, SamplerConfig, flat, from_flat
 from grpo.flags import parse_config
 from grpo.launch import cpusize, memfit, nodes, probe, supervisor
 from grpo.launch.checks import (bytecode_warning, check_model, check_resume, missing_bytecode, sampler_problem,
@@ -63,8 +63,8 @@ def layout_costs(rp: RunPlan) -> tuple[int | None, int]:
     """What --gpus costs a split by, besides the launcher's own flags: the model's parameters (read as
     the memory plan reads its shape; None where that is not here yet) and the learner's
     --train-batch-size."""
-    shape, _ = probe.read_shape(rp.launch.model)
-    return (shape.params if shape else None), rp.learner.train_batch_size
+    shape, _ = probe.read_shape(rp.launch.run.model)
+    return (shape.params if shape else None), rp.learner.training.train_batch_size
 
 
 def layout_inputs(cfg, learner_flags: list[str]) -> tuple[int | None, int]:
@@ -125,7 +125,7 @@ def print_node_plan(rp: RunPlan) -> int:
     if mp.cuda and (p := memfit.memory_plan(rp, rp.placement.ranks, rp.placement.samplers)) is not None:
         print(memory.format_plan(p))
         totals = memory.gpu_totals(p, {q.name: (q.node, q.gpu) for q in mp.procs()})
-    print(nodes.format_plan(mp, totals, rp.launch.share_gpus))
+    print(nodes.format_plan(mp, totals, rp.launch.placement.share_gpus))
     return 0
 
 
@@ -134,12 +134,16 @@ def size_for_cpu(rp: RunPlan, argv: list[str], cuda_count: int) -> tuple[RunPlan
     (grpo.launch.cpusize; say_cpu_sizing says it): (the plan, the sizing; None for a CUDA run, which
     is left as it is)."""
     cfg = rp.launch
-    if cfg.device == "cuda" or (cfg.device == "auto" and (cuda_count or cfg.sampling_gpus or cfg.training_gpus)):
+    gpus = cfg.placement.sampling_gpus or cfg.placement.training_gpus
+    if cfg.run.device == "cuda" or (cfg.run.device == "auto" and (cuda_count or gpus)):
         return rp, None
     sizing, learner, sampler = cpusize.cpu_sizes(
-        cpusize.given_names(argv, cfg.config), cfg.num_generations, rp.learner.train_batch_size, cfg.max_new_tokens,
-        rp.learner.beta, rp.sampler.prompts_per_round, cfg.max_steps, rp.learner.max_time_s, cfg.num_samplers)
-    rp = replace(rp, sampler=replace(rp.sampler, **sampler), learner=replace(rp.learner, **learner))
+        cpusize.given_names(argv, cfg.run.config), cfg.rollout.num_generations, rp.learner.training.train_batch_size,
+        cfg.rollout.max_new_tokens, rp.learner.loss.beta, rp.sampler.rollout.prompts_per_round, cfg.training.max_steps,
+        rp.learner.training.max_time_s, cfg.placement.num_samplers)
+    # the sizes come by flag name, each role's in whichever section it keeps them
+    rp = replace(rp, sampler=from_flat(SamplerConfig, flat(rp.sampler), **sampler),
+                 learner=from_flat(LearnerConfig, flat(rp.learner), **learner))
     return with_launch(rp, cpusize.apply(cfg, sizing)), sizing
 
 
@@ -159,7 +163,7 @@ def say_cpu_sizing(sizing: cpusize.CpuSizing | None, model: str) -> str | None:
 def choose_layout(rp: RunPlan, cuda_count: int) -> RunPlan:
     """--gpus: the split chosen (grpo.rules.layout) and said; from here on the plan is the run of the
     explicit flags the choice stands for."""
-    cfg, line = choose_gpus(rp.launch, cuda_count, *layout_costs(rp), read_rates(rp.launch.layout_from))
+    cfg, line = choose_gpus(rp.launch, cuda_count, *layout_costs(rp), read_rates(rp.launch.placement.layout_from))
     print(f"[launcher] {line}", flush=True)
     return with_launch(rp, cfg)
 
@@ -172,9 +176,9 @@ def resolve(rp: RunPlan, cuda_count: int) -> RunPlan:
     check_resume(rp)
     rp = check_memory(resolve_in_flight(rp, rp.placement.samplers, rp.placement.cuda))
     cfg = rp.launch
-    if cfg.data_port == cfg.sync_port:
+    if cfg.run.data_port == cfg.run.sync_port:
         raise LaunchError("--data-port and --sync-port are equal; give them different ports")
-    check_ports(cfg.host, [(cfg.data_port, "--data-port"), (cfg.sync_port, "--sync-port")])
+    check_ports(cfg.run.host, [(cfg.run.data_port, "--data-port"), (cfg.run.sync_port, "--sync-port")])
     return rp
 
 
@@ -192,7 +196,7 @@ def start_instances(rp: RunPlan, instances: list, argv: list[str], sizing, slow:
     passthrough = passthrough_flags(argv) + (cpusize.worker_flags(sizing) if sizing else [])
     for inst in instances:
         inst.run_dir = inst.run_dir.resolve()   # the child launchers run in the repo root
-    base = Path(cfg.run_dir or "runs").resolve()
+    base = Path(cfg.run.run_dir or "runs").resolve()
     return supervisor.run_instances(cfg, instances, [instance_argv(cfg, inst, passthrough) for inst in instances],
                                     base)
 
@@ -208,7 +212,7 @@ def in_background(check, *args) -> Future:
 
 def start(rp: RunPlan, argv: list[str], slow: str | None) -> int:
     """The run folder, each process's argv and environment, and the supervisor."""
-    run_dir, made = create_run_dir(rp.launch.run_dir)   # made: the outermost folder this run made
+    run_dir, made = create_run_dir(rp.launch.run.run_dir)   # made: the outermost folder this run made
     run_dir = run_dir.resolve()
     procs = specs(rp, free_port(), str(run_dir))
     if commit := code_commit():   # asked of git once; the workers' run files record it from their environment
@@ -216,7 +220,7 @@ def start(rp: RunPlan, argv: list[str], slow: str | None) -> int:
             p.env.setdefault(COMMIT_ENV, commit)
     save_config(run_dir, "launch", rp.launch)
     tasks_check = in_background(sampler_tasks_problem, rp.sampler)
-    resume = resume_command(argv, run_dir, bool(rp.launch.run_dir))
+    resume = resume_command(argv, run_dir, bool(rp.launch.run.run_dir))
     rc = supervisor.run(rp.launch, procs, run_dir, tasks_check, resume, warnings=(slow,) if slow else ())
     if rc == 2:
         # refused (a worker's or a launch check's one-line mistake, said already): nothing is left
@@ -228,24 +232,25 @@ def start(rp: RunPlan, argv: list[str], slow: str | None) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     cfg, to_s, to_l = parse(argv)
-    rp = from_flags(cfg, to_s, to_l, chosen=bool(cfg.gpus))   # --gpus: how samplers decode is ours to choose too
+    rp = from_flags(cfg, to_s, to_l,
+                    chosen=bool(cfg.placement.gpus))   # --gpus: how samplers decode is ours to choose too
     try:
         check_gpus_flags(cfg)
-        if cfg.nodes and cfg.gpus:
-            split, line = nodes.choose_nodes_split(cfg, *layout_costs(rp), read_rates(cfg.layout_from))
+        if cfg.nodes.nodes and cfg.placement.gpus:
+            split, line = nodes.choose_nodes_split(cfg, *layout_costs(rp), read_rates(cfg.placement.layout_from))
             print(line, flush=True)
             rp = with_launch(rp, split)
     except LaunchError as exc:
         return refuse(exc)
-    if cfg.nodes:
+    if cfg.nodes.nodes:
         return print_node_plan(rp)
     instances = None
     try:
-        check_model(cfg.model)
-        cuda_count = 0 if cfg.device == "cpu" else cuda_device_count()
-        rp = choose_layout(rp, cuda_count) if cfg.gpus else rp
+        check_model(cfg.run.model)
+        cuda_count = 0 if cfg.run.device == "cpu" else cuda_device_count()
+        rp = choose_layout(rp, cuda_count) if cfg.placement.gpus else rp
         rp, sizing = size_for_cpu(rp, argv, cuda_count)
-        if cfg.instances != 1 or cfg.seeds:
+        if cfg.instances.instances != 1 or cfg.instances.seeds:
             instances = plan_instances(rp.launch, cuda_count)
         else:
             rp = resolve(rp, cuda_count)
@@ -253,5 +258,5 @@ def main(argv: list[str] | None = None) -> int:
         return refuse(exc)
     if note := bytecode_warning(sys.dont_write_bytecode, missing_bytecode()):
         print(f"run_distributed.py: warning: {note}", file=sys.stderr)
-    slow = say_cpu_sizing(sizing, rp.launch.model)
+    slow = say_cpu_sizing(sizing, rp.launch.run.model)
     return start(rp, argv, slow) if instances is None else start_instances(rp, instances, argv, sizing, slow)

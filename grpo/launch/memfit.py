@@ -17,11 +17,11 @@ def memory_inputs(rp: RunPlan, ranks: int, samplers: int) -> tuple[memory.Shape,
     """The model's shape and the run's for `ranks` learner ranks and `samplers` samplers; None, said
     in one line, while neither the model's config.json nor (for the default model or a GGUF file)
     its GGUF is here to read."""
-    shape, note = probe.read_shape(rp.launch.model)
+    shape, note = probe.read_shape(rp.launch.run.model)
     if shape is None:
         print(f"run_distributed.py: {note}", file=sys.stderr)
         return None
-    ds = Path(rp.learner.deepspeed_config)
+    ds = Path(rp.learner.training.deepspeed_config)
     ds = ds if ds.is_absolute() or ds.exists() else Path(__file__).resolve().parents[2] / ds
     return shape, probe.run_shape(rp.learner, rp.sampler, ranks, samplers, str(ds))
 
@@ -54,7 +54,7 @@ def shrunk_micro_tokens(rp: RunPlan, inputs, problem: str | None, tight: str | N
     ran out with only the reserve over. A budget the user gave, or -1 (fixed micro-batches), stays."""
     shared = shares_a_gpu(placement)
     why = problem or (tight if shared else None)
-    if not why or rp.launch.no_memory_check or rp.learner.micro_batch_tokens != 0:
+    if not why or rp.launch.placement.no_memory_check or rp.learner.training.micro_batch_tokens != 0:
         return None
     shrink = (shared and memory.fitting_micro_tokens(*inputs, gpu_bytes, placement, with_reserve=True)) or \
         (problem and memory.fitting_micro_tokens(*inputs, gpu_bytes, placement))
@@ -81,13 +81,13 @@ def check_memory(rp: RunPlan) -> RunPlan:
     problem = memory.check_fits(p, gpu_bytes, placement, bf16=memory.bf16_plan(*inputs))
     tight = None if problem else memory.check_tight(p, gpu_bytes, placement)
     if shrink := shrunk_micro_tokens(rp, inputs, problem, tight, gpu_bytes, placement):
-        rp = replace(rp, learner=replace(rp.learner, micro_batch_tokens=shrink))
+        rp = replace(rp, learner=replace(rp.learner, training=replace(rp.learner.training, micro_batch_tokens=shrink)))
         inputs = (inputs[0], replace(inputs[1], micro_tokens=shrink))
         p = memory.plan(*inputs)
         problem = memory.check_fits(p, gpu_bytes, placement, bf16=memory.bf16_plan(*inputs))
     print(memory.format_plan(p), file=sys.stderr)
     if problem:
-        if rp.launch.no_memory_check:
+        if rp.launch.placement.no_memory_check:
             print(f"run_distributed.py: warning: {problem} (starting anyway: --no-memory-check)", file=sys.stderr)
         else:
             raise LaunchError(problem + "; or pass --no-memory-check to start anyway")

@@ -23,7 +23,7 @@ import dataclasses
 import shlex
 from dataclasses import dataclass, field
 
-from grpo.config import CommonConfig, LaunchConfig, LearnerConfig, resolve_precision
+from grpo.config import CommonConfig, LaunchConfig, LearnerConfig, RunSection, flat, flat_fields, resolve_precision
 from grpo.flags import parse_config
 from grpo.launch.plan import ROOT, LaunchError
 from grpo.rules import layout
@@ -145,26 +145,27 @@ def sampler_weight_sync(requested: str, cuda: bool, on_rank0_node: bool) -> str:
 def changed_flags(cfg: CommonConfig) -> list[str]:
     """The common flags that differ from their defaults (and ALWAYS): short commands to print."""
     out: list[str] = []
-    for f in dataclasses.fields(CommonConfig):
-        value = getattr(cfg, f.name)
-        if f.name not in ALWAYS and value == f.default:
+    values = flat(cfg)
+    for name, (_, f) in flat_fields(CommonConfig).items():
+        value = values[name]
+        if name not in ALWAYS and value == f.default:
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flag = "--" + name.replace("_", "-")
         out += ([flag] if value else ["--no-" + flag[2:]]) if isinstance(value, bool) else [flag, str(value)]
     return out
 
 
 def check(cfg: LaunchConfig, nodes: list[Node]) -> None:
     """The mistakes that need no placement: other launcher modes, --host, ports."""
-    if cfg.sampling_gpus or cfg.training_gpus:
+    if cfg.placement.sampling_gpus or cfg.placement.training_gpus:
         raise LaunchError("--nodes places every process itself; drop --sampling-gpus/--training-gpus "
                           "(use --training-ranks and --num-samplers)")
-    if cfg.instances != 1 or cfg.seeds:
+    if cfg.instances.instances != 1 or cfg.instances.seeds:
         raise LaunchError("--nodes plans one run; drop --instances/--seeds (plan each seed's run on its own nodes)")
-    if cfg.host not in (CommonConfig.host, nodes[0].address):
-        raise LaunchError(f"--host {cfg.host} is not the first node of --nodes ({nodes[0].address}), where learner "
+    if cfg.run.host not in (RunSection.host, nodes[0].address):
+        raise LaunchError(f"--host {cfg.run.host} is not the first node of --nodes ({nodes[0].address}), where learner "
                           f"rank 0 binds: drop --host, or list that node first")
-    ports = {"--data-port": cfg.data_port, "--sync-port": cfg.sync_port, "--master-port": cfg.master_port}
+    ports = {"--data-port": cfg.run.data_port, "--sync-port": cfg.run.sync_port, "--master-port": cfg.nodes.master_port}
     for flag, port in ports.items():
         if not 0 < port < 65536:
             raise LaunchError(f"{flag} {port} is not a TCP port; give one in 1..65535")
@@ -182,61 +183,65 @@ def choose_nodes_split(cfg: LaunchConfig, params: int | None, train_batch_size: 
     --share-gpus, for one GPU in all) had been typed, the layout line). The split is
     grpo.rules.layout.choose_split's over every node's GPUs, among those `place` can lay out with
     every GPU used (learner ranks fill whole learner nodes from GPU 0, the samplers take the rest)."""
-    nodes = parse_nodes(cfg.nodes)
+    nodes = parse_nodes(cfg.nodes.nodes)
 
     def feasible(samplers: int, ranks: int) -> bool:
         try:
-            place(nodes, ranks, samplers, False, cfg.ranks_per_node)
+            place(nodes, ranks, samplers, False, cfg.nodes.ranks_per_node)
         except LaunchError:
             return False
         return True
 
     try:
-        split = layout.choose_split(sum(n.slots for n in nodes), params, cfg.max_new_tokens, train_batch_size,
-                                    cfg.num_generations, rates, feasible)
+        split = layout.choose_split(sum(n.slots for n in nodes), params, cfg.rollout.max_new_tokens, train_batch_size,
+                                    cfg.rollout.num_generations, rates, feasible)
     except ValueError:
-        raise LaunchError(f"--gpus all finds no split of --nodes {cfg.nodes} that fills every GPU (learner ranks "
+        raise LaunchError(f"--gpus all finds no split of --nodes {cfg.nodes.nodes} that fills every GPU (learner ranks "
                           f"fill whole nodes of --ranks-per-node GPUs from GPU 0, samplers the rest): give "
                           f"--training-ranks and --num-samplers yourself") from None
-    chosen = dataclasses.replace(cfg, gpus="", layout_from="", training_ranks=split.ranks,
-                                 num_samplers=split.samplers, share_gpus=split.share)
-    return chosen, layout.nodes_layout_line(cfg.nodes, split)
+    placement = dataclasses.replace(cfg.placement, gpus="", layout_from="", training_ranks=split.ranks,
+                                    num_samplers=split.samplers, share_gpus=split.share)
+    chosen = dataclasses.replace(cfg, placement=placement)
+    return chosen, layout.nodes_layout_line(cfg.nodes.nodes, split)
 
 
 def plan_nodes(cfg: LaunchConfig, sampler_flags: list[str], learner_flags: list[str]) -> MultiNodePlan:
     """Every node's processes and commands for cfg.nodes, --training-ranks M, --num-samplers N."""
-    nodes = parse_nodes(cfg.nodes)
+    nodes = parse_nodes(cfg.nodes.nodes)
     check(cfg, nodes)
-    cuda = cfg.device != "cpu"
+    cuda = cfg.run.device != "cpu"
     unit = "GPU" if cuda else "slot"
-    learners, samplers, per = place(nodes, cfg.training_ranks, cfg.num_samplers, cfg.share_gpus,
-                                    cfg.ranks_per_node, unit)
-    if cfg.no_deepspeed and len(learners) > 1:
+    learners, samplers, per = place(nodes, cfg.placement.training_ranks, cfg.placement.num_samplers,
+                                    cfg.placement.share_gpus,
+                                    cfg.nodes.ranks_per_node, unit)
+    if cfg.training.no_deepspeed and len(learners) > 1:
         raise LaunchError("--no-deepspeed runs one learner process; use --training-ranks 1")
     k_learn, m, n = len(learners) // per, len(learners), len(samplers)
-    if k_learn > 1 and not cfg.run_dir:
+    if k_learn > 1 and not cfg.run.run_dir:
         raise LaunchError("learner ranks on several nodes write one checkpoint together: give --run-dir on a "
                           "filesystem every learner node mounts, e.g. --run-dir /shared/runs/x")
     rank0 = nodes[0].address
-    common = changed_flags(dataclasses.replace(cfg, host=rank0, device="cuda" if cuda else "cpu"))
+    run = dataclasses.replace(cfg.run, host=rank0, device="cuda" if cuda else "cpu")
+    common = changed_flags(dataclasses.replace(cfg, run=run))
     plans = [NodePlan(x.address) for x in nodes]
 
     for r, (k, l) in enumerate(learners):
         env = {"RANK": str(r), "LOCAL_RANK": str(l), "WORLD_SIZE": str(m), "LOCAL_WORLD_SIZE": str(per),
-               "MASTER_ADDR": rank0 if k_learn > 1 else "127.0.0.1", "MASTER_PORT": str(cfg.master_port)}
-        argv = ["training_worker.py", *common, "--max-steps", str(cfg.max_steps)]
-        argv += (["--no-deepspeed"] if cfg.no_deepspeed else []) + learner_flags
+               "MASTER_ADDR": rank0 if k_learn > 1 else "127.0.0.1", "MASTER_PORT": str(cfg.nodes.master_port)}
+        argv = ["training_worker.py", *common, "--max-steps", str(cfg.training.max_steps)]
+        argv += (["--no-deepspeed"] if cfg.training.no_deepspeed else []) + learner_flags
         plans[k].procs.append(Proc(f"learner{r}", "learner", k, l, env, argv))
 
     lcfg = parse_config(LearnerConfig, plans[0].procs[0].argv[1:], "training_worker.py")
     try:
-        bf16 = resolve_precision(lcfg.precision, cuda, lcfg.lora_r > 0, not cfg.no_deepspeed) == "bf16"
-        check_method(cfg.weight_sync, "cuda" if cuda else "cpu", lcfg.lora_r > 0, bf16)
+        bf16 = resolve_precision(lcfg.training.precision, cuda, lcfg.training.lora_r > 0,
+                                 not cfg.training.no_deepspeed) == "bf16"
+        check_method(cfg.weight_sync.weight_sync, "cuda" if cuda else "cpu", lcfg.training.lora_r > 0, bf16)
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
     for i, (k, g) in enumerate(samplers):
-        method = sampler_weight_sync(cfg.weight_sync, cuda, k == 0)
-        if cfg.weight_sync == IPC and method != IPC:
+        method = sampler_weight_sync(cfg.weight_sync.weight_sync, cuda, k == 0)
+        if cfg.weight_sync.weight_sync == IPC and method != IPC:
             raise LaunchError(f"--weight-sync ipc needs every sampler on learner rank 0's node, but sampler{i} is "
                               f"on {nodes[k].address}: use --weight-sync auto (nccl there) or tcp")
         if method == SHARED and (k, g) != (0, 0):
@@ -248,13 +253,13 @@ def plan_nodes(cfg: LaunchConfig, sampler_flags: list[str], learner_flags: list[
         argv += (["--gpu-id", "0"] if cuda else []) + sampler_flags
         plans[k].procs.append(Proc(f"sampler{i}", "sampler", k, g, {"CUDA_VISIBLE_DEVICES": visible}, argv, method))
 
-    uses_deepspeed = cuda and not cfg.no_deepspeed
-    hostfile = f"{cfg.run_dir.rstrip('/')}/hostfile" if k_learn > 1 and uses_deepspeed else ""
+    uses_deepspeed = cuda and not cfg.training.no_deepspeed
+    hostfile = f"{cfg.run.run_dir.rstrip('/')}/hostfile" if k_learn > 1 and uses_deepspeed else ""
     hostfile_text = "".join(f"{nodes[k].address} slots={per}\n" for k in range(k_learn)) if hostfile else ""
-    mp = MultiNodePlan(plans, k_learn, per, hostfile, hostfile_text, cuda, cfg.data_port, cfg.sync_port,
-                       cfg.master_port)
+    mp = MultiNodePlan(plans, k_learn, per, hostfile, hostfile_text, cuda, cfg.run.data_port, cfg.run.sync_port,
+                       cfg.nodes.master_port)
     for k, node in enumerate(plans):
-        node.commands = node_commands(mp, k, cfg.no_deepspeed)
+        node.commands = node_commands(mp, k, cfg.training.no_deepspeed)
     return mp
 
 

@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo.config import LaunchConfig, LearnerConfig, SamplerConfig
+from grpo.config import LaunchConfig, LearnerConfig, PlacementSection, SamplerConfig, flat_fields, from_flat
 from grpo.config.cli import unknown_flag
 from grpo.flags import (ArgumentParser, add_fields, apply_config_file, build_parser, parse_config,
                         section_groups, to_flags)
@@ -77,26 +77,29 @@ def parse_gpus(text: str, flag: str) -> list[int]:
 
 def check_gpus_flags(cfg: LaunchConfig) -> None:
     """--gpus and --layout-from against the other flags: mistakes known before anything is counted."""
-    if cfg.layout_from and not cfg.gpus:
+    if cfg.placement.layout_from and not cfg.placement.gpus:
         raise LaunchError("--layout-from costs the split that --gpus chooses; add --gpus, or drop --layout-from")
-    if not cfg.gpus:
+    if not cfg.placement.gpus:
         return
-    given = [flag for flag, value in (("--sampling-gpus", cfg.sampling_gpus), ("--training-gpus", cfg.training_gpus),
-                                      ("--share-gpus", cfg.share_gpus)) if value]
+    given = [flag for flag, value in (("--sampling-gpus", cfg.placement.sampling_gpus), ("--training-gpus",
+                                                                                         cfg.placement.training_gpus),
+                                      ("--share-gpus", cfg.placement.share_gpus)) if value]
     if given:
         raise LaunchError(f"--gpus chooses which GPUs sample and which train, but {'/'.join(given)} "
                           f"{'gives' if len(given) == 1 else 'give'} that too: drop --gpus to give the split "
                           f"yourself, or drop {'/'.join(given)} to let --gpus choose")
-    if cfg.device == "cpu":
+    if cfg.run.device == "cpu":
         raise LaunchError("--gpus lists GPUs but --device is cpu: drop --gpus (on CPU, --training-ranks and "
                           "--num-samplers give the processes)")
-    if cfg.instances != 1 or cfg.seeds:
+    if cfg.instances.instances != 1 or cfg.instances.seeds:
         raise LaunchError("--gpus chooses one run's split; with --instances/--seeds give instance 0's "
                           "--sampling-gpus and --training-gpus, or neither (the GPUs are split into equal blocks)")
-    if cfg.nodes:
-        if cfg.gpus.strip() != "all":
-            raise LaunchError(f"--gpus {cfg.gpus} with --nodes: the nodes list their own GPUs; pass --gpus all")
-        if cfg.training_ranks != LaunchConfig.training_ranks or cfg.num_samplers != LaunchConfig.num_samplers:
+    if cfg.nodes.nodes:
+        if cfg.placement.gpus.strip() != "all":
+            raise LaunchError(f"--gpus {cfg.placement.gpus} with --nodes: the nodes list their own GPUs; pass --gpus all")
+        placed = cfg.placement
+        if (placed.training_ranks != PlacementSection.training_ranks
+                or placed.num_samplers != PlacementSection.num_samplers):
             raise LaunchError("--gpus all chooses --training-ranks and --num-samplers over --nodes; drop them to "
                               "let it, or drop --gpus to give them yourself")
 
@@ -121,16 +124,18 @@ def choose_gpus(cfg: LaunchConfig, cuda_count: int, params: int | None, train_ba
                 rates: layout.Rates | None = None) -> tuple[LaunchConfig, str]:
     """(the config as if the chosen --sampling-gpus/--training-gpus/--share-gpus had been typed in
     place of --gpus, the layout line that says so). `params`: the model's parameters (None: unknown)."""
-    ids = gpus_to_lay_out(cfg.gpus, cuda_count)
-    choice = layout.choose_layout(ids, params, cfg.max_new_tokens, train_batch_size, cfg.num_generations, rates)
-    chosen = dataclasses.replace(cfg, gpus="", layout_from="", share_gpus=choice.share,
-                                 sampling_gpus=",".join(map(str, choice.sampling_gpus)),
-                                 training_gpus=",".join(map(str, choice.training_gpus)))
-    return chosen, layout.layout_line(cfg.gpus.strip(), choice)
+    ids = gpus_to_lay_out(cfg.placement.gpus, cuda_count)
+    choice = layout.choose_layout(ids, params, cfg.rollout.max_new_tokens, train_batch_size,
+                                  cfg.rollout.num_generations, rates)
+    placement = dataclasses.replace(cfg.placement, gpus="", layout_from="", share_gpus=choice.share,
+                                    sampling_gpus=",".join(map(str, choice.sampling_gpus)),
+                                    training_gpus=",".join(map(str, choice.training_gpus)))
+    chosen = dataclasses.replace(cfg, placement=placement)
+    return chosen, layout.layout_line(cfg.placement.gpus.strip(), choice)
 
 
 def _fields(cls) -> dict[str, dataclasses.Field]:
-    return {f.name: f for f in dataclasses.fields(cls)}
+    return {name: f for name, (_, f) in flat_fields(cls).items()}
 
 
 def split_passthrough(rest: list[str]) -> tuple[list[str], list[str]]:
@@ -171,11 +176,11 @@ def _resolve_gpus(cfg: LaunchConfig, cuda_count: int) -> tuple[list[int], list[i
     says so; auto uses CUDA when GPUs are listed or CUDA sees any here. One resolution for a single
     run (plan) and for seeded instances (plan_instances), so both refuse the same mistakes in the
     same words; what empty lists then mean (defaults, equal blocks) is each one's own."""
-    samp = parse_gpus(cfg.sampling_gpus, "--sampling-gpus")
-    train = parse_gpus(cfg.training_gpus, "--training-gpus")
-    if cfg.device == "cpu" and (samp or train):
+    samp = parse_gpus(cfg.placement.sampling_gpus, "--sampling-gpus")
+    train = parse_gpus(cfg.placement.training_gpus, "--training-gpus")
+    if cfg.run.device == "cpu" and (samp or train):
         raise LaunchError("--device cpu with --sampling-gpus/--training-gpus; drop the GPU lists or the --device cpu")
-    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and bool(samp or train or cuda_count > 0))
+    use_cuda = cfg.run.device == "cuda" or (cfg.run.device == "auto" and bool(samp or train or cuda_count > 0))
     if use_cuda and cuda_count == 0:
         raise LaunchError("GPUs were asked for but CUDA is not available here; use --device cpu")
     return samp, train, use_cuda
@@ -185,13 +190,13 @@ def place(cfg: LaunchConfig, cuda_count: int) -> Placement:
     """Where one host's processes run: the GPU lists (defaults filled) or, on CPU, the counts."""
     samp_gpus, train_gpus, use_cuda = _resolve_gpus(cfg, cuda_count)
     if not use_cuda:
-        if cfg.training_ranks < 1 or cfg.num_samplers < 1:
+        if cfg.placement.training_ranks < 1 or cfg.placement.num_samplers < 1:
             raise LaunchError("--training-ranks and --num-samplers must be >= 1")
-        return _one_process_learner(cfg, Placement(False, cfg.training_ranks, cfg.num_samplers))
+        return _one_process_learner(cfg, Placement(False, cfg.placement.training_ranks, cfg.placement.num_samplers))
     samp_gpus = samp_gpus or [0]
     train_gpus = train_gpus or ([1] if cuda_count > 1 else [0])
     shared = sorted(set(samp_gpus) & set(train_gpus))
-    if shared and (cfg.sampling_gpus or cfg.training_gpus) and not cfg.share_gpus:
+    if shared and (cfg.placement.sampling_gpus or cfg.placement.training_gpus) and not cfg.placement.share_gpus:
         raise LaunchError(f"GPU(s) {','.join(map(str, shared))} in both --sampling-gpus and --training-gpus; "
                           f"give disjoint lists, or add --share-gpus to put a sampler beside learner ranks")
     for g in samp_gpus + train_gpus:
@@ -203,7 +208,7 @@ def place(cfg: LaunchConfig, cuda_count: int) -> Placement:
 
 
 def _one_process_learner(cfg: LaunchConfig, p: Placement) -> Placement:
-    if cfg.no_deepspeed and p.ranks > 1:
+    if cfg.training.no_deepspeed and p.ranks > 1:
         raise LaunchError("--no-deepspeed runs one learner process; give one training GPU (or --training-ranks 1)")
     return p
 
@@ -241,7 +246,8 @@ def specs(rp: RunPlan, master_port: int, run_dir: str = "") -> list[ProcSpec]:
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port))
         if p.cuda:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, p.training_gpus))
-        cfg = dataclasses.replace(rp.learner, gpu_id=r if p.cuda else -1, run_dir=run_dir or rp.learner.run_dir)
+        run = dataclasses.replace(rp.learner.run, gpu_id=r if p.cuda else -1, run_dir=run_dir or rp.learner.run.run_dir)
+        cfg = dataclasses.replace(rp.learner, run=run)
         out.append(ProcSpec(f"learner{r}", [*worker_command("learner"), *worker_argv(cfg)], env, "learner"))
     for k in range(p.samplers):
         env = dict(env0)
@@ -249,8 +255,9 @@ def specs(rp: RunPlan, master_port: int, run_dir: str = "") -> list[ProcSpec]:
             # The sampler's own GPU first (its device 0), then learner rank 0's GPU, which CUDA
             # IPC weight sync maps (peer access); found there by UUID, not by this numbering.
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, dict.fromkeys([p.sampling_gpus[k], p.training_gpus[0]])))
-        cfg = dataclasses.replace(rp.sampler, sampler_id=k, num_samplers=p.samplers, gpu_id=0 if p.cuda else -1,
-                                  run_dir=run_dir or rp.sampler.run_dir)
+        run = dataclasses.replace(rp.sampler.run, sampler_id=k, num_samplers=p.samplers, gpu_id=0 if p.cuda else -1,
+                                  run_dir=run_dir or rp.sampler.run.run_dir)
+        cfg = dataclasses.replace(rp.sampler, run=run)
         out.append(ProcSpec(f"sampler{k}", [*worker_command("sampler"), *worker_argv(cfg, WHICH_SAMPLER)], env,
                             "sampler"))
     return out
@@ -293,7 +300,7 @@ def parse(argv: list[str] | None) -> tuple[LaunchConfig, list[str], list[str]]:
     ns, rest = parser.parse_known_args(argv)
     if ns.config:
         ns.config = os.path.abspath(ns.config)  # the children get it as --config and read their keys
-    cfg = LaunchConfig(**{k: v for k, v in vars(ns).items() if k in _fields(LaunchConfig)})
+    cfg = from_flat(LaunchConfig, **{k: v for k, v in vars(ns).items() if k in _fields(LaunchConfig)})
     try:
         to_s, to_l = split_passthrough(rest)
     except LaunchError as exc:
@@ -326,18 +333,18 @@ class Instance:
 
 
 def parse_seeds(cfg: LaunchConfig) -> list[int]:
-    if cfg.seeds.strip():
+    if cfg.instances.seeds.strip():
         try:
-            seeds = [int(x) for x in cfg.seeds.replace(" ", "").strip(",").split(",")]
+            seeds = [int(x) for x in cfg.instances.seeds.replace(" ", "").strip(",").split(",")]
         except ValueError:
-            raise LaunchError(f"--seeds {cfg.seeds!r}: expected comma-separated integers like 42,1337") from None
-        if cfg.instances not in (1, len(seeds)):
-            raise LaunchError(f"--instances {cfg.instances} but --seeds lists {len(seeds)}; give one seed per instance")
+            raise LaunchError(f"--seeds {cfg.instances.seeds!r}: expected comma-separated integers like 42,1337") from None
+        if cfg.instances.instances not in (1, len(seeds)):
+            raise LaunchError(f"--instances {cfg.instances.instances} but --seeds lists {len(seeds)}; give one seed per instance")
     else:
-        seeds = [cfg.seed + k for k in range(cfg.instances)]
+        seeds = [cfg.run.seed + k for k in range(cfg.instances.instances)]
     if len(set(seeds)) != len(seeds):
-        raise LaunchError(f"--seeds {cfg.seeds!r} repeats a seed; each instance needs its own (it names the run dir)")
-    if cfg.instances < 1:
+        raise LaunchError(f"--seeds {cfg.instances.seeds!r} repeats a seed; each instance needs its own (it names the run dir)")
+    if cfg.instances.instances < 1:
         raise LaunchError("--instances must be >= 1")
     return seeds
 
@@ -357,12 +364,12 @@ def plan_instances(cfg: LaunchConfig, cuda_count: int) -> list[Instance]:
                                   f"this machine has {cuda_count}: use fewer --instances")
             samp0, train0 = [0], list(range(1, per))
         overlap = sorted(set(samp0) & set(train0))
-        if overlap and not cfg.share_gpus:
+        if overlap and not cfg.placement.share_gpus:
             raise LaunchError(f"GPU(s) {','.join(map(str, overlap))} in both --sampling-gpus and --training-gpus; "
                               f"give disjoint lists, or add --share-gpus")
     width = max(samp0 + train0, default=-1) + 1
     ports: set[int] = set()
-    base = Path(cfg.run_dir) if cfg.run_dir else Path("runs")
+    base = Path(cfg.run.run_dir) if cfg.run.run_dir else Path("runs")
     out = []
     for k, seed in enumerate(seeds):
         samp = [g + k * width for g in samp0]
@@ -370,19 +377,21 @@ def plan_instances(cfg: LaunchConfig, cuda_count: int) -> list[Instance]:
         if use_cuda and max(samp + train) >= cuda_count:
             raise LaunchError(f"instance {k} would need GPU {max(samp + train)} but this machine has {cuda_count} "
                               f"(0..{cuda_count - 1}); use fewer --instances or shorter GPU lists")
-        d, s = cfg.data_port + PORT_STRIDE * k, cfg.sync_port + PORT_STRIDE * k
+        d, s = cfg.run.data_port + PORT_STRIDE * k, cfg.run.sync_port + PORT_STRIDE * k
         if d in ports or s in ports or d == s or max(d, s) > 65535:
             raise LaunchError(f"instance {k}'s ports {d}/{s} collide or overflow (each instance adds {PORT_STRIDE}); "
                               f"use --data-port and --sync-port that differ by 1, e.g. 5555 and 5556")
         ports |= {d, s}
-        out.append(Instance(k, seed, base / f"{cfg.name}_seed{seed}", d, s, samp, train))
+        out.append(Instance(k, seed, base / f"{cfg.instances.name}_seed{seed}", d, s, samp, train))
     return out
 
 
 def instance_argv(cfg: LaunchConfig, inst: Instance, passthrough: list[str]) -> list[str]:
     """The child launcher's command line: this instance's settings plus the worker flags as given."""
-    sub = dataclasses.replace(cfg, instances=1, seeds="", seed=inst.seed, run_dir=str(inst.run_dir),
-                              data_port=inst.data_port, sync_port=inst.sync_port,
-                              sampling_gpus=",".join(map(str, inst.sampling_gpus)),
-                              training_gpus=",".join(map(str, inst.training_gpus)))
+    sub = dataclasses.replace(
+        cfg, instances=dataclasses.replace(cfg.instances, instances=1, seeds=""),
+        run=dataclasses.replace(cfg.run, seed=inst.seed, run_dir=str(inst.run_dir), data_port=inst.data_port,
+                                sync_port=inst.sync_port),
+        placement=dataclasses.replace(cfg.placement, sampling_gpus=",".join(map(str, inst.sampling_gpus)),
+                                      training_gpus=",".join(map(str, inst.training_gpus))))
     return [sys.executable, str(ROOT / "run_distributed.py"), *to_flags(sub, LaunchConfig), *passthrough]

@@ -110,19 +110,24 @@ def micro_batch_size(ds_config: str, train_batch_size: int, ranks: int) -> int:
 
 def run_shape(lcfg, scfg, ranks: int, samplers: int, ds_config: str) -> RunShape:
     """A RunShape from the learner's and a sampler's parsed configs (grpo.config), on CUDA."""
-    method = sampler_method(scfg.weight_sync, "cuda")   # the plan is for CUDA: auto is ipc
-    rows = decode_rows(scfg.num_generations, scfg.prompts_per_round, scfg.in_flight_rows,
-                       Staleness(lcfg.max_staleness, lcfg.train_batch_size // scfg.num_generations),
-                       scfg.filter_zero_signal, scfg.max_prompts_per_round, samplers, scfg.cuda_graphs)
-    micro = micro_batch_size(ds_config, lcfg.train_batch_size, ranks)
-    return RunShape(ranks=ranks, lora_r=lcfg.lora_r, beta=lcfg.beta, ipc=method == IPC,
-                    shared=method == SHARED, staging=method in (IPC, NCCL), rows=rows, prompt_tokens=min(PROMPT_TOKENS, lcfg.max_prompt_tokens),
-                    new_tokens=scfg.max_new_tokens, micro_batch=micro,
+    method = sampler_method(scfg.weight_sync.weight_sync, "cuda")   # the plan is for CUDA: auto is ipc
+    rows = decode_rows(scfg.rollout.num_generations, scfg.rollout.prompts_per_round, scfg.rollout.in_flight_rows,
+                       Staleness(lcfg.training.max_staleness,
+                                 lcfg.training.train_batch_size // scfg.rollout.num_generations),
+                       scfg.rollout.filter_zero_signal, scfg.rollout.max_prompts_per_round, samplers,
+                       scfg.rollout.cuda_graphs)
+    micro = micro_batch_size(ds_config, lcfg.training.train_batch_size, ranks)
+    return RunShape(ranks=ranks, lora_r=lcfg.training.lora_r, beta=lcfg.loss.beta, ipc=method == IPC,
+                    shared=method == SHARED, staging=method in (IPC, NCCL), rows=rows,
+                    prompt_tokens=min(PROMPT_TOKENS, lcfg.faults.max_prompt_tokens),
+                    new_tokens=scfg.rollout.max_new_tokens, micro_batch=micro,
                     # the budget the learner packs by (grpo.learner.loop), from its own flags
-                    micro_tokens=micro_token_budget(lcfg.micro_batch_tokens, micro, lcfg.max_prompt_tokens,
-                                                    lcfg.max_new_tokens),
-                    logprob_batch_size=scfg.logprob_batch_size,
+                    micro_tokens=micro_token_budget(lcfg.training.micro_batch_tokens, micro,
+                                                    lcfg.faults.max_prompt_tokens,
+                                                    lcfg.rollout.max_new_tokens),
+                    logprob_batch_size=scfg.rollout.logprob_batch_size,
                     samplers=samplers,
-                    precision=resolve_precision(lcfg.precision, True, lcfg.lora_r > 0, not lcfg.no_deepspeed),
-                    deepspeed=not lcfg.no_deepspeed, entropy=lcfg.entropy_coef > 0,
+                    precision=resolve_precision(lcfg.training.precision, True, lcfg.training.lora_r > 0,
+                                                not lcfg.training.no_deepspeed),
+                    deepspeed=not lcfg.training.no_deepspeed, entropy=lcfg.loss.entropy_coef > 0,
                     expandable=expandable_segments(allocator_conf(os.environ)[0]))

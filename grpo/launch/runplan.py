@@ -5,10 +5,9 @@ written from it only when a process is spawned (worker_argv), so no choice rewri
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, replace
 
-from grpo.config import CommonConfig, LaunchConfig, LearnerConfig, SamplerConfig
+from grpo.config import CommonConfig, LaunchConfig, LearnerConfig, SamplerConfig, flat, flat_fields, from_flat
 from grpo.flags import load_config_file, parse_config
 
 # Set in the environment of every worker the launcher spawns from a plan: the launcher has checked
@@ -47,9 +46,9 @@ class RunPlan:
         one to the launcher, as the same flags typed would)."""
         given = {tok[2:].partition("=")[0].replace("-", "_") for tok in self.sampler_flags + self.learner_flags
                  if tok.startswith("--")}
-        if self.launch.config:
+        if self.launch.run.config:
             for cls in (SamplerConfig, LearnerConfig):
-                given |= set(load_config_file(self.launch.config, cls))
+                given |= set(load_config_file(self.launch.run.config, cls))
         return name not in given
 
 
@@ -61,7 +60,7 @@ def from_flags(launch: LaunchConfig, sampler_flags: list[str], learner_flags: li
                chosen: bool = False) -> RunPlan:
     """Each role's config as its worker would parse it (the --config file included), once. The
     launcher's prog names a mistake: the user typed these flags to it."""
-    config = config_flag(launch.config)
+    config = config_flag(launch.run.config)
     sampler = parse_config(SamplerConfig, config + list(sampler_flags), "run_distributed.py")
     learner = parse_config(LearnerConfig, config + list(learner_flags), "run_distributed.py")
     return with_launch(RunPlan(launch, sampler, learner, tuple(sampler_flags), tuple(learner_flags), chosen), launch)
@@ -70,18 +69,20 @@ def from_flags(launch: LaunchConfig, sampler_flags: list[str], learner_flags: li
 def with_launch(rp: RunPlan, launch: LaunchConfig) -> RunPlan:
     """The plan with `launch` as the launcher's config: the fields it shares with the roles (a
     layout or CPU sizing changes them there) copied into both."""
-    common = {f.name: getattr(launch, f.name) for f in dataclasses.fields(CommonConfig)}
-    own = {name: getattr(launch, name) for name in LEARNER_FROM_LAUNCH}
-    return replace(rp, launch=launch, sampler=replace(rp.sampler, **common),
-                   learner=replace(rp.learner, **common, **own))
+    values = flat(launch)
+    common = {name: values[name] for name in flat_fields(CommonConfig)}
+    own = {name: values[name] for name in LEARNER_FROM_LAUNCH}
+    # by flat name: a shared field lies in the same section of every role, the launcher's own in its own
+    return replace(rp, launch=launch, sampler=from_flat(SamplerConfig, flat(rp.sampler), **common),
+                   learner=from_flat(LearnerConfig, flat(rp.learner), **common, **own))
 
 
 def with_placement(rp: RunPlan, placement: Placement) -> RunPlan:
     """The plan placed: the roles' device is the one they run on (what a rule reading 'auto' would
     otherwise have to guess)."""
     device = "cuda" if placement.cuda else "cpu"
-    return replace(rp, placement=placement, sampler=replace(rp.sampler, device=device),
-                   learner=replace(rp.learner, device=device))
+    return replace(rp, placement=placement, sampler=replace(rp.sampler, run=replace(rp.sampler.run, device=device)),
+                   learner=replace(rp.learner, run=replace(rp.learner.run, device=device)))
 
 
 def flag_words(name: str, value) -> list[str]:
@@ -95,14 +96,15 @@ def flag_words(name: str, value) -> list[str]:
 def changed_flags(base, cfg, always: tuple[str, ...] = ()) -> list[str]:
     """The flags that turn config `base` into `cfg` (same class), in field order; `always`: fields
     written even where they agree."""
-    return [word for f in dataclasses.fields(cfg) if f.name not in ("extra", "config")
-            and (f.name in always or getattr(cfg, f.name) != getattr(base, f.name))
-            for word in flag_words(f.name, getattr(cfg, f.name))]
+    mine, theirs = flat(cfg), flat(base)
+    return [word for name, value in mine.items() if name not in ("extra", "config")
+            and (name in always or value != theirs[name])
+            for word in flag_words(name, value)]
 
 
 def worker_argv(cfg, always: tuple[str, ...] = ()) -> list[str]:
     """A worker's flags for `cfg`: its --config file, then each field that file and the defaults
     leave otherwise (and `always`); the worker's parse of them gives `cfg` back
     (tests/launch/test_runplan.py)."""
-    base = parse_config(type(cfg), config_flag(cfg.config), "run_distributed.py")
-    return config_flag(cfg.config) + changed_flags(base, cfg, always)
+    base = parse_config(type(cfg), config_flag(cfg.run.config), "run_distributed.py")
+    return config_flag(cfg.run.config) + changed_flags(base, cfg, always)

@@ -229,7 +229,8 @@ def layout_note(cfg: LaunchConfig, run_dir: Path, summary: dict) -> str | None:
     """grpo.rules.layout's advice on the run's measured rates, where the user gave samplers and
     learner ranks GPUs of their own; None otherwise, or when the rates give no reason."""
     try:
-        sampling, training = parse_gpus(cfg.sampling_gpus, "--sampling-gpus"), parse_gpus(cfg.training_gpus,
+        sampling, training = parse_gpus(cfg.placement.sampling_gpus,
+                                        "--sampling-gpus"), parse_gpus(cfg.placement.training_gpus,
                                                                                           "--training-gpus")
         metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     except (OSError, ValueError):
@@ -278,7 +279,7 @@ def _stop_keeping_work(sup: Supervisor, cfg: LaunchConfig, learners: list[str], 
     name = signal.Signals(signum).name
     run_dir = sup.run_dir
     print(f"[launcher] {name}: the learner finishes the step in hand, saves it and writes summary.json, and the "
-          f"samplers stop with it (up to {cfg.stop_save_timeout_s:.0f} s, --stop-save-timeout-s); press Ctrl+C "
+          f"samplers stop with it (up to {cfg.supervision.stop_save_timeout_s:.0f} s, --stop-save-timeout-s); press Ctrl+C "
           f"again to stop every process at once, without saving", flush=True)
     sup.send(learners, signum)
     t0 = time.monotonic()
@@ -289,15 +290,15 @@ def _stop_keeping_work(sup: Supervisor, cfg: LaunchConfig, learners: list[str], 
             print(f"[launcher] {name} again: stopping every process now, without saving", flush=True)
             sup.kill(learners)   # it may be inside a long native call, where it would not hear a signal
             return 128 + signum
-        if now - t0 > cfg.stop_save_timeout_s:
-            print(f"[launcher] the learner has not finished saving within {cfg.stop_save_timeout_s:.0f} s "
+        if now - t0 > cfg.supervision.stop_save_timeout_s:
+            print(f"[launcher] the learner has not finished saving within {cfg.supervision.stop_save_timeout_s:.0f} s "
                   f"(--stop-save-timeout-s); stopping every process without its save. Last lines of "
                   f"learner0.log:\n{sup.tail('learner0', 5)}", file=sys.stderr, flush=True)
             return 128 + signum
         if now >= next_note:
             last = (sup.tail("learner0", 1).strip() or "(empty)")
             print(f"[launcher] still waiting for the learner to save and write its summary ({now - t0:.0f} s of up "
-                  f"to {cfg.stop_save_timeout_s:.0f} s; Ctrl+C again stops at once without saving); learner0.log "
+                  f"to {cfg.supervision.stop_save_timeout_s:.0f} s; Ctrl+C again stops at once without saving); learner0.log "
                   f"says: {last}", flush=True)
             next_note = now + STOP_NOTE_S
         seen, line = _status_line(run_dir, seen)   # the step in hand, finished
@@ -306,7 +307,7 @@ def _stop_keeping_work(sup: Supervisor, cfg: LaunchConfig, learners: list[str], 
         time.sleep(0.2)
     # The learner told the samplers to stop before it saved; they leave on their own (the finally
     # of run() stops what is left).
-    sup.wait_all(samplers, cfg.stop_timeout_s)
+    sup.wait_all(samplers, cfg.supervision.stop_timeout_s)
     rc = sup.procs["learner0"][0].returncode
     if rc not in (0, -signum):
         print(f"[launcher] learner0 {describe_exit(rc)} while stopping. Last lines of learner0.log:\n"
@@ -332,7 +333,7 @@ def _unbound_end(sup: Supervisor, bad: tuple[str, int] | None, cfg: LaunchConfig
               f"stopping every process (nothing trained, nothing to save)", flush=True)
         return 128 + sup.stopping
     else:
-        print(f"[launcher] the learner did not bind its ports within {cfg.ready_timeout_s:.0f} s; "
+        print(f"[launcher] the learner did not bind its ports within {cfg.supervision.ready_timeout_s:.0f} s; "
               f"see {run_dir}/learner0.log", file=sys.stderr, flush=True)
     return 1
 
@@ -351,7 +352,7 @@ def _start_all(sup: Supervisor, learners: list[ProcSpec], samplers: list[ProcSpe
 def _learner_finished(sup: Supervisor, cfg: LaunchConfig, names: list[str], run_dir: Path, t_launch: float) -> int:
     """Learner rank 0 exited 0, having told the samplers to stop: everyone gets time to exit on their
     own, then the run's end lines; the exit code of the run."""
-    ok = sup.wait_all(names, cfg.stop_timeout_s)
+    ok = sup.wait_all(names, cfg.supervision.stop_timeout_s)
     if (run_dir / "summary.json").exists():
         _end_lines(cfg, run_dir, t_launch)
     bad = sup.failed()
@@ -362,7 +363,7 @@ def _learner_finished(sup: Supervisor, cfg: LaunchConfig, names: list[str], run_
         # The run's work is done (the learner wrote its summary and exited 0): the stragglers are
         # stopped by run's finally, and the run still succeeded.
         late = [n for n, (p, _, _) in sup.procs.items() if p.poll() is None]
-        print(f"[launcher] {', '.join(late)} did not exit within {cfg.stop_timeout_s:.0f} s of the "
+        print(f"[launcher] {', '.join(late)} did not exit within {cfg.supervision.stop_timeout_s:.0f} s of the "
               f"learner finishing; stopping them (the run itself completed)", flush=True)
     return 0
 
@@ -383,7 +384,7 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future |
     try:
         _start_all(sup, learners, samplers, run_dir)
         ready = run_dir / "learner.ready"
-        deadline = time.monotonic() + cfg.ready_timeout_s
+        deadline = time.monotonic() + cfg.supervision.ready_timeout_s
         restarts = {s.name: 0 for s in samplers}
         bound = False   # learner rank 0 has bound its ports (its ready file exists)
         seen = 0
@@ -395,11 +396,11 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future |
         while True:
             if not bound and ready.exists():
                 bound = True
-                print(f"[launcher] learner ready on {cfg.host}:{cfg.data_port}/{cfg.sync_port}", flush=True)
+                print(f"[launcher] learner ready on {cfg.run.host}:{cfg.run.data_port}/{cfg.run.sync_port}", flush=True)
             if _check_failed(check):
                 return 2
             if not bound:
-                sup.note_late(cfg.stage_timeout_s)
+                sup.note_late(cfg.supervision.stage_timeout_s)
             else:
                 if warnings and (check is None or check.done()):
                     for w in warnings:
@@ -411,7 +412,7 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future |
             bad = sup.failed()
             if bad and _check_failed(check, CHECK_WAIT_S):
                 return 2
-            if _restarted(sup, bad, restarts, cfg.restart_samplers):
+            if _restarted(sup, bad, restarts, cfg.supervision.restart_samplers):
                 continue
             if not bound:
                 if bad or sup.stopping or time.monotonic() > deadline:
@@ -429,12 +430,12 @@ def run(cfg: LaunchConfig, specs: list[ProcSpec], run_dir: Path, check: Future |
             seen, line = _status_line(run_dir, seen)
             if line:
                 print(line, flush=True)
-            sup.note_late(cfg.stage_timeout_s)
+            sup.note_late(cfg.supervision.stage_timeout_s)
             if sup.procs["learner0"][0].poll() == 0:
                 return _learner_finished(sup, cfg, [s.name for s in specs], run_dir, t_launch)
             time.sleep(0.5)
     finally:
-        sup.stop(cfg.stop_timeout_s)
+        sup.stop(cfg.supervision.stop_timeout_s)
         # Learner rank 0 removes its ready file as it exits; one it could not (killed, or stopped
         # before it could) would tell a reader of the folder that ports are bound that are not.
         if sup.procs.get("learner0") and sup.procs["learner0"][0].poll() is not None:
@@ -474,4 +475,4 @@ def run_instances(cfg: LaunchConfig, instances: list[Instance], argvs: list[list
     finally:
         # Each child launcher stops its own processes (its workers die with it if it is killed), its
         # learner saving first: it is given that time too.
-        sup.stop(cfg.stop_save_timeout_s + cfg.stop_timeout_s + 15)
+        sup.stop(cfg.supervision.stop_save_timeout_s + cfg.supervision.stop_timeout_s + 15)

@@ -83,11 +83,11 @@ class Intake:
             self.counts["received"] += 1
             self.received_by[msg.sampler_id] += 1
             self.books.group(msg, version)
-            if (len(msg.prefix_token_ids) > self.cfg.max_prompt_tokens
-                    or max(len(c.generated_token_ids) for c in msg.completions) > self.cfg.max_new_tokens):
+            if (len(msg.prefix_token_ids) > self.cfg.faults.max_prompt_tokens
+                    or max(len(c.generated_token_ids) for c in msg.completions) > self.cfg.rollout.max_new_tokens):
                 self.counts["dropped_too_long"] += 1  # valid on the wire, but not ours to train on
                 return
-            if len(self.queue) >= self.cfg.buffer_size > 0:
+            if len(self.queue) >= self.cfg.faults.buffer_size > 0:
                 self.queue.popleft()  # FIFO: the oldest is the stalest
                 self.counts["dropped_buffer_full"] += 1
             self.queue.append(msg)
@@ -101,7 +101,8 @@ class Intake:
             self.messages.reject("data", "unexpected_kind")   # valid, but no kind a sampler sends here
 
     def _fresh(self, g: M.Group, version: int) -> bool:
-        reason = drop_reason(g, version, self.cfg.max_staleness, self.cfg.filter_zero_signal, self.cfg.beta > 0)
+        reason = drop_reason(g, version, self.cfg.training.max_staleness, self.cfg.loss.filter_zero_signal,
+                             self.cfg.loss.beta > 0)
         if version >= g.policy_version:
             ages = self.ages if g.policy_version >= self.start_version else self.ages_before_start
             ages[version - g.policy_version] += 1
@@ -119,7 +120,7 @@ class Intake:
         as queued."""
         groups: list[M.Group] = []
         waited_since = time.monotonic()
-        next_note = waited_since + self.cfg.data_timeout_s
+        next_note = waited_since + self.cfg.faults.data_timeout_s
         deadline = math.inf if within_s is None else waited_since + max(within_s, 0.0)
         while len(groups) < n:
             stopped = stop is not None and stop()
@@ -148,7 +149,7 @@ class Intake:
                 log.info("no data for %.0f s (have %d of %d groups for step %d); samplers alive %s, gone %s",
                          now - waited_since, len(groups), n, version + 1,
                          live["alive"] or "none", live["gone"] or "none")
-                next_note = now + self.cfg.data_timeout_s
+                next_note = now + self.cfg.faults.data_timeout_s
         self.drain(version)
         return groups
 

@@ -73,8 +73,9 @@ class Learner:
         self._warm_up()
         t_start = time.perf_counter()
         trained_samples = 0
-        bar = Progress("learner steps", total=cfg.max_steps - self.version, unit="step") if self.rank == 0 else None
-        for step in range(self.version + 1, cfg.max_steps + 1):
+        bar = Progress("learner steps", total=cfg.training.max_steps - self.version,
+                       unit="step") if self.rank == 0 else None
+        for step in range(self.version + 1, cfg.training.max_steps + 1):
             with p.profiler.around(step):
                 t0 = time.perf_counter()
                 groups, batch = self._receive(t0 - t_start) if self.rank == 0 else (None, None)
@@ -108,10 +109,10 @@ class Learner:
                     bar.update(1, loss=stats["loss"], reward=float(batch.scalars[:, 1].mean()))
                 elif gpu := p.gpu.sample():  # other ranks: their own GPU use, one line per step
                     log.info("step %d%s", step, format_gpu(gpu))
-                time_up = bool(cfg.max_time_s) and self._time_up(t_start)
+                time_up = bool(cfg.training.max_time_s) and self._time_up(t_start)
                 if time_up:
                     self.ended_by = "max_time_s"
-                self._save_due(step, last=step == cfg.max_steps or time_up)
+                self._save_due(step, last=step == cfg.training.max_steps or time_up)
                 if time_up:
                     break
         if bar is not None:
@@ -119,15 +120,15 @@ class Learner:
         broadcast_batch(None, True, p.device)
         checksums = self._rank_checksums()
         if self.rank == 0:
-            if cfg.lora_r:
+            if cfg.training.lora_r:
                 log.info("LoRA adapter saved to %s", save_adapter(p.engine.module, p.run_dir / "lora_adapter"))
             p.publisher.stop_samplers()   # they stop at their next sync while we evaluate
             final_eval = None
-            if cfg.eval_every > 0 and self.stop.requested():
+            if cfg.evaluation.eval_every > 0 and self.stop.requested():
                 # whoever stopped the run wants it to end: the evaluation of a large set can take minutes
                 log.info("final evaluation skipped (stopped by %s); python -m grpo.evaluate --model "
                          "<checkpoint>/hf scores the saved weights", self.stop.name)
-            elif cfg.eval_every > 0:
+            elif cfg.evaluation.eval_every > 0:
                 final_eval = self._final_eval()
             return self.shutdown(time.perf_counter() - t_start, checksums, final_eval)
         return {}
@@ -148,21 +149,21 @@ class Learner:
         """--warm-up on CUDA: round 0 is still being generated, so the first step's one-time costs
         go here."""
         p, cfg = self.parts, self.cfg
-        if not (cfg.warm_up and p.device.type == "cuda"):
+        if not (cfg.training.warm_up and p.device.type == "cuda"):
             return
         rows, length = warm_up_shape(min(p.ds_config["train_micro_batch_size_per_gpu"], -(-p.batch_size // p.world)),
-                                     cfg.max_prompt_tokens, cfg.max_new_tokens)
-        dt = warm_up(p.engine.module, p.vocab_size, rows, length, p.device, p.step.amp(), cfg.temperature)
+                                     cfg.faults.max_prompt_tokens, cfg.rollout.max_new_tokens)
+        dt = warm_up(p.engine.module, p.vocab_size, rows, length, p.device, p.step.amp(), cfg.rollout.temperature)
         log.info("warm-up pass (%d x %d made-up tokens, forward and backward, no update): %.2f s", rows, length, dt)
 
     def _receive(self, elapsed: float) -> tuple[list | None, Batch | None]:
         """Rank 0: the step's groups and their batch; no batch when --max-time-s ran out while
         waiting for them (`elapsed`: seconds since the loop began)."""
         cfg = self.cfg
-        left = (cfg.max_time_s - elapsed) if cfg.max_time_s else None
+        left = (cfg.training.max_time_s - elapsed) if cfg.training.max_time_s else None
         groups = self.parts.intake.collect(self.parts.groups_per_step, self.version, within_s=left,
                                            stop=self.stop.requested)
-        batch = build_batch(groups, cfg.num_generations, cfg.scale_rewards) if groups else None
+        batch = build_batch(groups, cfg.rollout.num_generations, cfg.loss.scale_rewards) if groups else None
         return groups, batch
 
     def _publish(self) -> float:
@@ -230,11 +231,11 @@ class Learner:
     def _time_up(self, t_start: float) -> bool:
         """--max-time-s reached? Rank 0's clock decides for all, so every rank leaves the loop together."""
         p = self.parts
-        flag = torch.tensor([float(time.perf_counter() - t_start >= self.cfg.max_time_s)], device=p.device)
+        flag = torch.tensor([float(time.perf_counter() - t_start >= self.cfg.training.max_time_s)], device=p.device)
         if dist.is_initialized() and p.world > 1:
             dist.broadcast(flag, 0)
         if flag.item() and self.rank == 0:
-            log.info("--max-time-s %.0f reached after step %d", self.cfg.max_time_s, self.version)
+            log.info("--max-time-s %.0f reached after step %d", self.cfg.training.max_time_s, self.version)
         return bool(flag.item())
 
     def _rank_checksums(self) -> list[str]:
@@ -269,7 +270,7 @@ class Learner:
                "time_s": now - t_start, **group_stats(groups, self.version)}
         # every rank's tokens over the step's training time on all of them, against their bf16 peak
         rec["bf16_peak_share"] = bf16_peak_share(self._params, stats["model_tokens"], rec["train_s"], p.world,
-                                                 self._peak, lora=bool(self.cfg.lora_r))
+                                                 self._peak, lora=bool(self.cfg.training.lora_r))
         if failures := reported_failures([e.status.stats for e in p.books.latest().values() if e.status is not None]):
             rec["reward_failures"] = failures   # so far, by '<reward>/<exception type>'
         if p.curriculum is not None:
@@ -323,7 +324,7 @@ class Learner:
                                  "rounds": int(e.status.stats.get("rounds", 0))}
                              for i, e in p.books.latest().items() if e.status is not None},
                 "groups": p.intake.accounting(), "books": p.books.dump(), "messages": p.messages.dump(),
-                "seed": self.cfg.seed}
+                "seed": self.cfg.run.seed}
 
     def _newest_checkpoint(self) -> dict | None:
         """The newest complete checkpoint under the run folder ({"step", "path"}), this run's or the
@@ -337,8 +338,8 @@ class Learner:
         p.publisher.stop_samplers()
         log.info("finished %d steps; stopping samplers %s (waiting up to %.0f s for their final status; "
                  "gone ones are not waited for)", self.version, sorted(p.intake.alive(self.version)),
-                 self.cfg.shutdown_timeout_s)
-        p.intake.wait_for_finals(self.cfg.shutdown_timeout_s, self.version)
+                 self.cfg.faults.shutdown_timeout_s)
+        p.intake.wait_for_finals(self.cfg.faults.shutdown_timeout_s, self.version)
         acc = p.intake.accounting()
         books_say = balance(acc, p.books, p.messages)   # names what a gap is, if there is one
         stages = stage_history(p.run_dir)
@@ -348,14 +349,15 @@ class Learner:
         failures = reported_failures([e.status.stats for e in latest.values() if e.status is not None])
         queued = [g.policy_version for g in p.intake.queue]
         summary = {"steps": self.version, "optimizer_updates": p.engine.updates, "elapsed_s": elapsed,
-                   "steps_at_start": self.version_at_start, "ended_by": self.ended_by, "max_steps": self.cfg.max_steps,
+                   "steps_at_start": self.version_at_start, "ended_by": self.ended_by,
+                   "max_steps": self.cfg.training.max_steps,
                    "checkpoint": self._newest_checkpoint(),
                    "groups": acc, "balance": books_say, "ages": dict(sorted(p.intake.ages.items())),
                    "ages_before_start": dict(sorted(p.intake.ages_before_start.items())),
                    # the versions that generated the groups still queued (oldest token's), for the run's
                    # last lines: what the queued groups were
                    "queued_versions": [min(queued), max(queued)] if queued else None,
-                   "staleness_note": staleness_advice(p.intake.ages, self.cfg.max_staleness),
+                   "staleness_note": staleness_advice(p.intake.ages, self.cfg.training.max_staleness),
                    "stages": stages, "first_step_s": first_step_s(stages, os.getpid()),
                    "samplers": {i: {"version": e.status.policy_version, "groups_sent": e.status.groups_sent,
                                     "final": e.final, "stats": e.status.stats}
@@ -373,7 +375,7 @@ class Learner:
                    "ranks_identical": len(set(checksums or [])) == 1,
                    "peak_mem_gb": (torch.cuda.max_memory_allocated(p.device) / 2**30
                                    if p.device.type == "cuda" else None)}
-        if self.cfg.lora_r:
+        if self.cfg.training.lora_r:
             summary["lora"] = lora_stats(p.engine)
         (p.run_dir / "summary.json").write_text(json.dumps({**summary, **provenance()}, indent=2) + "\n")
         p.metrics.write({"final": True, **summary})

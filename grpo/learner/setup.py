@@ -15,7 +15,6 @@ build(cfg), in start-up order:
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from grpo.config import LearnerConfig, micro_token_budget, resolve_precision
+from grpo.config import LearnerConfig, flat, micro_token_budget, resolve_precision
 from grpo.data.tasks import Curriculum
 from grpo.generate.backend import resolve_backend
 from grpo.learner.accounting import Books, MessageLedger
@@ -61,22 +60,23 @@ log = logging.getLogger(__name__)
 def check_loss_options(cfg: LearnerConfig) -> None:
     """Reject bad algorithm options with one line, before anything is loaded."""
     LossConfig.of(cfg).check()
-    if cfg.ppo_minibatches < 1 or cfg.ppo_minibatches > cfg.train_batch_size // max(cfg.num_generations, 1):
-        raise ValueError(f"--ppo-minibatches {cfg.ppo_minibatches}: must be between 1 and the groups per step "
+    groups = cfg.training.train_batch_size // max(cfg.rollout.num_generations, 1)
+    if cfg.training.ppo_minibatches < 1 or cfg.training.ppo_minibatches > groups:
+        raise ValueError(f"--ppo-minibatches {cfg.training.ppo_minibatches}: must be between 1 and the groups per step "
                          f"(--train-batch-size / --num-generations = "
-                         f"{cfg.train_batch_size // max(cfg.num_generations, 1)})")
-    parse_report_to(cfg.report_to)
+                         f"{cfg.training.train_batch_size // max(cfg.rollout.num_generations, 1)})")
+    parse_report_to(cfg.observability.report_to)
 
 
 def check_save_options(cfg: LearnerConfig) -> None:
     """--save-weights-every-s and its schedule: one line each, before the model loads."""
-    if cfg.save_weights_every_s < 0 or (cfg.save_weights_every_s and cfg.lora_r):
-        raise ValueError(f"--save-weights-every-s {cfg.save_weights_every_s}: must be >= 0 and needs full "
+    if cfg.checkpoints.save_weights_every_s < 0 or (cfg.checkpoints.save_weights_every_s and cfg.training.lora_r):
+        raise ValueError(f"--save-weights-every-s {cfg.checkpoints.save_weights_every_s}: must be >= 0 and needs full "
                          f"fine-tuning (with --lora-r the adapter is saved at the end); drop one of them")
-    if cfg.save_weights_schedule:
-        if not cfg.save_weights_every_s:
+    if cfg.checkpoints.save_weights_schedule:
+        if not cfg.checkpoints.save_weights_every_s:
             raise ValueError("--save-weights-schedule needs --save-weights-every-s > 0 (which turns the saves on)")
-        parse_save_schedule(cfg.save_weights_schedule)   # a bad spec fails here, before the model loads
+        parse_save_schedule(cfg.checkpoints.save_weights_schedule)   # a bad spec fails here, before the model loads
 
 
 @dataclass
@@ -103,47 +103,50 @@ def place(cfg: LearnerConfig) -> Placement:
     point: a bad flag fails here, before ports or weights."""
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    profiler = SpanProfiler(cfg.profile_steps, cfg.run_dir, f"learner{rank}")   # a bad span fails now
-    if cfg.no_deepspeed and world > 1:
+    profiler = SpanProfiler(cfg.observability.profile_steps, cfg.run.run_dir, f"learner{rank}")   # a bad span fails now
+    if cfg.training.no_deepspeed and world > 1:
         raise ValueError("--no-deepspeed runs one process; drop it or start a single rank")
     local = int(os.environ.get("LOCAL_RANK", "0"))
     t_device = time.perf_counter()   # on CUDA: torch's CUDA initialisation
-    device = pick_device(cfg.device, cfg.gpu_id if cfg.gpu_id >= 0 else (local if cfg.device != "cpu" else -1))
+    device = pick_device(cfg.run.device,
+                         cfg.run.gpu_id if cfg.run.gpu_id >= 0 else (local if cfg.run.device != "cpu" else -1))
     t_device = time.perf_counter() - t_device
-    precision = resolve_precision(cfg.precision, device.type == "cuda", bool(cfg.lora_r), not cfg.no_deepspeed)
-    check_method(cfg.weight_sync, device.type, bool(cfg.lora_r), precision == "bf16")
-    resolve_backend(cfg.generation_backend, device)   # a bad name fails now, not after training
-    curriculum = (Curriculum(cfg.dataset, cfg.curriculum_low, cfg.curriculum_high, cfg.curriculum_window)
-                  if cfg.curriculum else None)   # a bad --dataset or threshold fails here, before loading
-    run_dir = make_run_dir(cfg.run_dir)
-    raw_ds = load_ds_config(cfg.deepspeed_config)
+    precision = resolve_precision(cfg.training.precision, device.type == "cuda", bool(cfg.training.lora_r),
+                                  not cfg.training.no_deepspeed)
+    check_method(cfg.weight_sync.weight_sync, device.type, bool(cfg.training.lora_r), precision == "bf16")
+    resolve_backend(cfg.rollout.generation_backend, device)   # a bad name fails now, not after training
+    curriculum = (Curriculum(cfg.data.dataset, cfg.data.curriculum_low, cfg.data.curriculum_high,
+                             cfg.data.curriculum_window)
+                  if cfg.data.curriculum else None)   # a bad --dataset or threshold fails here, before loading
+    run_dir = make_run_dir(cfg.run.run_dir)
+    raw_ds = load_ds_config(cfg.training.deepspeed_config)
     ds_config, batch_size = resolve_ds_config(
-        raw_ds, world, cfg.train_batch_size, cfg.num_generations, cfg.learning_rate,
-        cuda=device.type == "cuda", source=cfg.deepspeed_config, precision=precision,
-        token_micro_batches=cfg.micro_batch_tokens != -1)
-    micro_tokens = micro_token_budget(cfg.micro_batch_tokens, ds_config["train_micro_batch_size_per_gpu"],
-                                      cfg.max_prompt_tokens, cfg.max_new_tokens)
-    path = resolve_model(cfg.model)  # a bad --model fails here, before ports or weights
-    resume_dir = resolve_resume(cfg.resume, run_dir, cfg.max_steps)  # so does a bad --resume
+        raw_ds, world, cfg.training.train_batch_size, cfg.rollout.num_generations, cfg.training.learning_rate,
+        cuda=device.type == "cuda", source=cfg.training.deepspeed_config, precision=precision,
+        token_micro_batches=cfg.training.micro_batch_tokens != -1)
+    micro_tokens = micro_token_budget(cfg.training.micro_batch_tokens, ds_config["train_micro_batch_size_per_gpu"],
+                                      cfg.faults.max_prompt_tokens, cfg.rollout.max_new_tokens)
+    path = resolve_model(cfg.run.model)  # a bad --model fails here, before ports or weights
+    resume_dir = resolve_resume(cfg.checkpoints.resume, run_dir, cfg.training.max_steps)  # so does a bad --resume
     return Placement(rank, world, device, t_device, precision, run_dir, ds_config, batch_size, micro_tokens,
-                     batch_size // cfg.num_generations, profiler, curriculum, path, resume_dir)
+                     batch_size // cfg.rollout.num_generations, profiler, curriculum, path, resume_dir)
 
 
 def bind_ports(cfg: LearnerConfig, run_dir: Path) -> tuple[SyncServer, DataReceiver]:
     """Rank 0 binds both ports before loading the model, so samplers can connect and queue while
     it loads; the ready file tells the launcher the ports are bound."""
-    curve = curve_for(cfg.curve_keys, SERVER)
-    bind = cfg.bind_host or cfg.host  # loopback unless a flag says otherwise
+    curve = curve_for(cfg.faults.curve_keys, SERVER)
+    bind = cfg.faults.bind_host or cfg.run.host  # loopback unless a flag says otherwise
     warn_if_exposed(bind, curve)
     # both tried before either is refused: one line names every taken port
     receiver, server = bind_each(
-        lambda: DataReceiver(bind, cfg.data_port, M.Limits(group_size=cfg.num_generations),
-                             max_message_bytes=cfg.max_message_mb << 20, curve=curve),
-        lambda: SyncServer(bind, cfg.sync_port, curve=curve))
+        lambda: DataReceiver(bind, cfg.run.data_port, M.Limits(group_size=cfg.rollout.num_generations),
+                             max_message_bytes=cfg.faults.max_message_mb << 20, curve=curve),
+        lambda: SyncServer(bind, cfg.run.sync_port, curve=curve))
     (run_dir / "learner.ready").write_text(json.dumps(
-        {"host": cfg.host, "data_port": cfg.data_port, "sync_port": cfg.sync_port, "pid": os.getpid()}))
-    log.info("learner bound data %s:%d and sync %s:%d%s; run dir %s", bind, cfg.data_port,
-             bind, cfg.sync_port, " (CURVE)" if curve else "", run_dir)
+        {"host": cfg.run.host, "data_port": cfg.run.data_port, "sync_port": cfg.run.sync_port, "pid": os.getpid()}))
+    log.info("learner bound data %s:%d and sync %s:%d%s; run dir %s", bind, cfg.run.data_port,
+             bind, cfg.run.sync_port, " (CURVE)" if curve else "", run_dir)
     mark_stage(run_dir, "learner0", "bound")
     return server, receiver
 
@@ -157,14 +160,14 @@ def start_process_group(cfg: LearnerConfig, device: torch.device) -> Communicato
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", str(device.index or 0))
     clear_build_locks()   # a build lock left by a stopped process would hang init silently
-    init_process_group(device, cfg.dist_timeout_s)
-    return CommunicatorWarmup(device, cfg.dist_timeout_s)
+    init_process_group(device, cfg.faults.dist_timeout_s)
+    return CommunicatorWarmup(device, cfg.faults.dist_timeout_s)
 
 
 def load_model(cfg: LearnerConfig, path: str, device: torch.device, precision: str,
                times: dict[str, float]) -> tuple:
     """(tokenizer, model) in training form; `times` gets the parts of the load by name."""
-    start_runtime(device, times, cfg.cudnn_attention)
+    start_runtime(device, times, cfg.run.cudnn_attention)
     t_tok = time.perf_counter()
     tok = load_tokenizer(path)
     times["tokenizer"] = time.perf_counter() - t_tok
@@ -173,18 +176,19 @@ def load_model(cfg: LearnerConfig, path: str, device: torch.device, precision: s
     dtype = compute_dtype(device) if precision == "bf16" else torch.float32
     model = load_causal_lm(path, device, dtype, times=times)
     model.config.use_cache = False
-    if cfg.lora_r:
-        model = wrap_lora(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_target_modules, cfg.lora_dropout)
+    if cfg.training.lora_r:
+        model = wrap_lora(model, cfg.training.lora_r, cfg.training.lora_alpha, cfg.training.lora_target_modules,
+                          cfg.training.lora_dropout)
     return tok, model
 
 
 def run_facts(cfg: LearnerConfig, vocab_size: int, device: torch.device, groups_per_step: int) -> M.RunFacts:
     """The facts every sampler must agree with, sent in its first answer."""
-    return M.RunFacts(schema=M.SCHEMA_VERSION, model=cfg.model, vocab_size=vocab_size,
+    return M.RunFacts(schema=M.SCHEMA_VERSION, model=cfg.run.model, vocab_size=vocab_size,
                       dtype=str(compute_dtype(device)).removeprefix("torch."),
-                      num_generations=cfg.num_generations, max_new_tokens=cfg.max_new_tokens,
-                      max_prompt_tokens=cfg.max_prompt_tokens, temperature=cfg.temperature,
-                      needs_ref_logprobs=cfg.beta > 0, max_staleness=cfg.max_staleness,
+                      num_generations=cfg.rollout.num_generations, max_new_tokens=cfg.rollout.max_new_tokens,
+                      max_prompt_tokens=cfg.faults.max_prompt_tokens, temperature=cfg.rollout.temperature,
+                      needs_ref_logprobs=cfg.loss.beta > 0, max_staleness=cfg.training.max_staleness,
                       groups_per_step=groups_per_step)
 
 
@@ -220,16 +224,17 @@ def start_engine(cfg: LearnerConfig, p: Placement, receiver: DataReceiver | None
     grpo.workers). A job of build's of its own: its clock readings and the
     communicator's warm-up (beside the model's loading) begin and end here."""
     t_dist = time.perf_counter()
-    comm_warmup = None if cfg.no_deepspeed else start_process_group(cfg, p.device)
+    comm_warmup = None if cfg.training.no_deepspeed else start_process_group(cfg, p.device)
     t_model = time.perf_counter()
     load_times: dict[str, float] = {}   # the parts of 'model' in the start-up line
     tok, model = load_model(cfg, p.model_path, p.device, p.precision, load_times)
     vocab_size = model.get_input_embeddings().weight.shape[0]
     if receiver is not None:
-        receiver.limits = M.Limits(group_size=cfg.num_generations, vocab_size=vocab_size)
+        receiver.limits = M.Limits(group_size=cfg.rollout.num_generations, vocab_size=vocab_size)
     t_engine = time.perf_counter()
     comm_s = None if comm_warmup is None else comm_warmup.wait()
-    engine = TorchEngine(model, p.ds_config, p.device) if cfg.no_deepspeed else DeepSpeedEngine(model, p.ds_config)
+    engine = TorchEngine(model, p.ds_config, p.device) if cfg.training.no_deepspeed else DeepSpeedEngine(model,
+                                                                                                         p.ds_config)
     log.info("start-up: %sdevice %.1f s, DeepSpeed import and process group %.1f s, model %.1f s (%s), optimizer "
              "engine %.1f s%s", said_imports(import_s), p.device_s, t_model - t_dist, t_engine - t_model,
              ", ".join(f"{k} {v:.1f} s" for k, v in load_times.items()), time.perf_counter() - t_engine,
@@ -285,17 +290,17 @@ def build(cfg: LearnerConfig, import_s: float | None = None) -> LearnerParts:
     check_save_options(cfg)
     p = place(cfg)
     rank, device = p.rank, p.device
-    liveness = Liveness(cfg.heartbeat_timeout_s, cfg.max_samplers)
-    books = Books(max_entries=4 * cfg.max_samplers)
-    messages = MessageLedger(max_keys=16 * cfg.max_samplers)
+    liveness = Liveness(cfg.faults.heartbeat_timeout_s, cfg.faults.max_samplers)
+    books = Books(max_entries=4 * cfg.faults.max_samplers)
+    messages = MessageLedger(max_keys=16 * cfg.faults.max_samplers)
     server, receiver = bind_ports(cfg, p.run_dir) if rank == 0 else (None, None)
     tok, vocab_size, engine = start_engine(cfg, p, receiver, import_s)
 
     # The control fields of every answer on the sync port (facts, levels, budget): rank 0's publisher asks it.
     answers = SyncAnswer(run_facts(cfg, vocab_size, device, p.groups_per_step))
     fingerprints = None
-    if cfg.verify_weight_sync and rank == 0:
-        if cfg.lora_r:  # samplers get merged weights, not the module's: nothing to compare
+    if cfg.weight_sync.verify_weight_sync and rank == 0:
+        if cfg.training.lora_r:  # samplers get merged weights, not the module's: nothing to compare
             log.warning("--verify-weight-sync is not supported with LoRA; not verifying")
         else:
             fingerprints = PublishedFingerprints()
@@ -309,15 +314,17 @@ def build(cfg: LearnerConfig, import_s: float | None = None) -> LearnerParts:
         # them and let it make more of version 0 than the learner trains before they go stale.
         intake = Intake(cfg, receiver, liveness, books, messages, fingerprints)
         wire_queue_view(answers, intake, liveness)
-        publisher = make_publisher(cfg.weight_sync, server, engine.module, device, compute_dtype(device), cfg.host,
-                                   cfg.sync_port, cfg.ipc_ack_timeout_s, cfg.nccl_timeout_s, answers)
-        wire_publisher(publisher, server, answers, liveness, messages, p.curriculum, cfg.max_samplers)
+        publisher = make_publisher(cfg.weight_sync.weight_sync, server, engine.module, device, compute_dtype(device),
+                                   cfg.run.host,
+                                   cfg.run.sync_port, cfg.weight_sync.ipc_ack_timeout_s,
+                                   cfg.weight_sync.nccl_timeout_s, answers)
+        wire_publisher(publisher, server, answers, liveness, messages, p.curriculum, cfg.faults.max_samplers)
     metrics = MetricsWriter(p.run_dir) if rank == 0 else None
-    tracker = Tracker(p.run_dir, cfg.report_to, dataclasses.asdict(cfg)) if rank == 0 else None
+    tracker = Tracker(p.run_dir, cfg.observability.report_to, flat(cfg)) if rank == 0 else None
     gpu = GpuMonitor(device)
-    checkpointer = Checkpointer(p.run_dir, cfg.save_every, cfg.keep_checkpoints, rank, p.world)
-    timed_weights = TimedWeights(p.run_dir / "weights", cfg.save_weights_every_s, t_created,
-                                 cfg.save_weights_schedule)
+    checkpointer = Checkpointer(p.run_dir, cfg.checkpoints.save_every, cfg.checkpoints.keep_checkpoints, rank, p.world)
+    timed_weights = TimedWeights(p.run_dir / "weights", cfg.checkpoints.save_weights_every_s, t_created,
+                                 cfg.checkpoints.save_weights_schedule)
 
     version, resumed = 0, None
     if p.resume_dir is not None:
@@ -343,7 +350,7 @@ def build(cfg: LearnerConfig, import_s: float | None = None) -> LearnerParts:
     step = TrainStep(cfg, engine, tok.pad_token_id, device, rank, p.world, p.micro_tokens,
                      autocast=p.precision == "autocast")
     log.info("learner rank %d/%d on %s: batch %d completions (%d groups of %d) per step, %s",
-             rank, p.world, device, p.batch_size, p.groups_per_step, cfg.num_generations,
+             rank, p.world, device, p.batch_size, p.groups_per_step, cfg.rollout.num_generations,
              f"micro-batches of at most {p.micro_tokens} padded tokens" if p.micro_tokens else f"gas {engine.gas}")
     return LearnerParts(cfg=cfg, rank=rank, world=p.world, device=device, run_dir=p.run_dir, ds_config=p.ds_config,
                         batch_size=p.batch_size, groups_per_step=p.groups_per_step, profiler=p.profiler,

@@ -92,12 +92,12 @@ def step_record(r: dict, cfg: LearnerConfig, updates: int, grad_norm: float) -> 
     toks = r["tokens"]
     return {"loss": r["loss"] / updates,
             # beta 0: samplers send no reference log-probs (zeros stand in), so there is no KL to report.
-            "kl": r["kl"] / max(toks, 1) if cfg.beta > 0 else None,
+            "kl": r["kl"] / max(toks, 1) if cfg.loss.beta > 0 else None,
             "clip_frac": r["clipped"] / max(toks, 1), "ratio_mean": r["ratio"] / max(toks, 1),
             "is_weight_mean": r["is_weight_sum"] / max(toks, 1), "is_weight_max": r["is_weight_max"],
             "is_limited_frac": r["is_limited"] / max(toks, 1), "updates": updates,
             # the whole distribution's entropy per token, where --entropy-coef computes it
-            "policy_entropy": r["entropy"] / max(toks, 1) if cfg.entropy_coef else None,
+            "policy_entropy": r["entropy"] / max(toks, 1) if cfg.loss.entropy_coef else None,
             "tokens": int(toks), "sequences": int(r["sequences"]),
             "model_tokens": int(r["model_tokens"]),   # prompts and completions, every rank's (the bf16 peak share's)
             "grad_norm": grad_norm,
@@ -149,10 +149,11 @@ class TrainStep:
         t_start = time.perf_counter()
         module.train()
         lens = batch.whole_lens()
-        parts = minibatches(batch.size // cfg.num_generations, cfg.num_generations, cfg.ppo_minibatches)
+        parts = minibatches(batch.size // cfg.rollout.num_generations, cfg.rollout.num_generations,
+                            cfg.training.ppo_minibatches)
         plans = [plan_shard(lens, part, self.world, self.rank, self.micro_tokens, self.engine.gas)
                  for part in parts]
-        decoupled = bool(cfg.tis_cap or cfg.is_mask_high)
+        decoupled = bool(cfg.loss.tis_cap or cfg.loss.is_mask_high)
         prox: dict[tuple[int, int], torch.Tensor] = {}
         if decoupled and len(plans) > 1:
             with torch.no_grad():
@@ -161,7 +162,7 @@ class TrainStep:
                         if piece:
                             mb = micro_batch(batch, [mine[i] for i in piece], self.pad_token_id, self.device)
                             with self.amp():
-                                prox[k, j] = token_logprobs(module, mb.input_ids, mb.attention, cfg.temperature,
+                                prox[k, j] = token_logprobs(module, mb.input_ids, mb.attention, cfg.rollout.temperature,
                                                             first=mb.first)
         mine_figs = dict.fromkeys(("loss", "kl", "clipped", "tokens", "ratio", "sequences", "is_weight_sum",
                                    "is_weight_max", "is_limited", "entropy"), 0.0)
@@ -199,18 +200,18 @@ class TrainStep:
                 self.engine.backward(out.float().sum() * 0.0)
                 continue
             mb = micro_batch(batch, [mine[i] for i in piece], self.pad_token_id, self.device)
-            if cfg.mask_truncated:
+            if cfg.loss.mask_truncated:
                 # Completions cut at --max-new-tokens: no answer yet, so no reliable reward;
                 # masked out, they still count in the normalisers (as in TRL).
                 mb.gen_mask = mb.gen_mask * mb.finished.unsqueeze(1)
             entropy = None
             # Only the completions' positions (gen_mask's) are computed: the loss reads no other.
             with self.amp():
-                if cfg.entropy_coef:
-                    logp, entropy = token_logprobs(module, mb.input_ids, mb.attention, cfg.temperature,
+                if cfg.loss.entropy_coef:
+                    logp, entropy = token_logprobs(module, mb.input_ids, mb.attention, cfg.rollout.temperature,
                                                    with_entropy=True, first=mb.first)      # [b, L-1] each
                 else:
-                    logp = token_logprobs(module, mb.input_ids, mb.attention, cfg.temperature,
+                    logp = token_logprobs(module, mb.input_ids, mb.attention, cfg.rollout.temperature,
                                           first=mb.first)                                  # [b, L-1]
             # The first update's own forward pass runs on the weights before any update: it is the
             # proximal policy. Later minibatches use the pass made before the first update.
@@ -218,7 +219,8 @@ class TrainStep:
             if decoupled:
                 base = logp.detach() if k == 0 else prox.pop((k, j))
             share, tl = compute_loss(logp, mb.old_logp, mb.ref_logp, mb.advantages, mb.gen_mask, self.loss_cfg,
-                                     Norms(len(part), total_tokens, cfg.max_new_tokens, self.world * len(micro)),
+                                     Norms(len(part), total_tokens, cfg.rollout.max_new_tokens,
+                                           self.world * len(micro)),
                                      prox_logp=base, entropy=entropy)
             self.engine.backward(share * scale)
             with torch.no_grad():   # one host sync per micro-step for every figure it logs

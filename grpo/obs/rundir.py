@@ -12,8 +12,10 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, is_dataclass
+from dataclasses import is_dataclass
 from pathlib import Path
+
+from grpo.config.sections import flat
 
 ROOT = Path(__file__).resolve().parents[2]   # the tree that holds the grpo package
 COMMIT_ENV = "GRPO_GIT_COMMIT"
@@ -110,7 +112,8 @@ def setup_logging(name: str, log_file: str = "") -> None:
 
 
 def save_config(run_dir: Path, name: str, cfg) -> None:
-    data = {**(asdict(cfg) if is_dataclass(cfg) else dict(cfg)), **provenance()}
+    # flat, as flags spell the fields: the run folders written before sections were nested read the same
+    data = {**(flat(cfg) if is_dataclass(cfg) else dict(cfg)), **provenance()}
     (run_dir / f"config_{name}.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
 
 

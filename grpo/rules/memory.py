@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from grpo.config import ROW_BUCKETS, LearnerConfig, SamplerConfig
+from grpo.config import ROW_BUCKETS, LossSection, SamplerRollout, TrainingSection
 from grpo.rules.staleness import Staleness, bucket_prompts
 
 GiB = 1 << 30
@@ -120,17 +120,17 @@ def logprob_pass(s: Shape, batch: int, seq: int, chunk_elems: int = CHUNK_ELEMS)
 class RunShape:
     """What the plan needs from the run's flags (see plan_from_configs)."""
     ranks: int = 1
-    lora_r: int = LearnerConfig.lora_r
-    beta: float = LearnerConfig.beta
+    lora_r: int = TrainingSection.lora_r
+    beta: float = LossSection.beta
     ipc: bool = True           # --weight-sync resolves to ipc (the publication slots live on learner rank 0)
     shared: bool = False       # --weight-sync shared: the sampler runs on the learner's weights
     staging: bool = True       # ipc or nccl: the sampler stages each version in a second copy (grpo.weights.receiver)
     rows: int = 512            # sequences decoded at once by a sampler
     prompt_tokens: int = PROMPT_TOKENS
-    new_tokens: int = SamplerConfig.max_new_tokens
+    new_tokens: int = SamplerRollout.max_new_tokens
     micro_batch: int = 16
     micro_tokens: int = 0      # the learner's budget of padded tokens per micro-batch (micro_token_budget; 0: fixed rows)
-    logprob_batch_size: int = SamplerConfig.logprob_batch_size
+    logprob_batch_size: int = SamplerRollout.logprob_batch_size
     samplers: int = 1
     dtype_bytes: int = 2       # bf16 on CUDA: the sampler's weights, KV cache, publications
     precision: str = "bf16"    # the learner's (grpo.config.resolve_precision): "bf16", "autocast" or "fp32"
@@ -329,9 +329,9 @@ def _over(p, gpu_bytes, placement, counted_only: bool) -> str | None:
 
 
 def decode_rows(group: int, prompts_per_round: int = 0, in_flight_rows: int = 0, staleness: Staleness | None = None,
-                filter_zero_signal: bool = SamplerConfig.filter_zero_signal,
-                max_prompts_per_round: int = SamplerConfig.max_prompts_per_round,
-                samplers: int = 1, cuda_graphs: bool = SamplerConfig.cuda_graphs) -> int:
+                filter_zero_signal: bool = SamplerRollout.filter_zero_signal,
+                max_prompts_per_round: int = SamplerRollout.max_prompts_per_round,
+                samplers: int = 1, cuda_graphs: bool = SamplerRollout.cuda_graphs) -> int:
     """The most rows a sampler's engine decodes at once, which its KV cache holds: --in-flight-rows;
     or a round's prompts x group (--prompts-per-round, or under 0 the largest round the sampler's
     rule can choose: the learner's `staleness` rule's largest_round_prompts, at least the smallest

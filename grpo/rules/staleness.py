@@ -29,10 +29,10 @@ import math
 from dataclasses import dataclass
 from typing import Reversible
 
-from grpo.config import SamplerConfig
+from grpo.config import SamplerRollout
 from grpo.stats import staleness
 
-MAX_PROMPTS = SamplerConfig.max_prompts_per_round   # a round's cap where the caller gives none
+MAX_PROMPTS = SamplerRollout.max_prompts_per_round   # a round's cap where the caller gives none
 
 # --prompts-per-round 0: the share of groups with signal assumed until a round has been scored (under
 # --filter-zero-signal; without it every group is sent, a share of 1), and the step's size assumed

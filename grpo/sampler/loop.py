@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict
 
-from grpo.config import SamplerConfig
+from grpo.config import SamplerConfig, flat
 from grpo.data.rewards import RewardBroken
 from grpo.evaluate import greedy_accuracy, record_eval
 from grpo.obs.progress import Progress
@@ -64,15 +63,15 @@ class Sampler:
         # Groups filtered out as zero-signal are in groups_sent already (SamplerCounters.groups_sent).
         for group in groups:
             self.counters.add(groups_offered=1)  # offered: a group dropped at the HWM is counted too
-            send_group(self.parts.data, group, self.cfg.on_full, self.cfg.send_timeout_s, self.counters,
+            send_group(self.parts.data, group, self.cfg.faults.on_full, self.cfg.faults.send_timeout_s, self.counters,
                        self._where, f"group {self.groups_sent}")
         if self.groups_sent and not self._sent_one:   # its first round is out (sent, or filtered whole)
             self._sent_one = True
-            mark_stage(self.cfg.run_dir, self.name, "first_group")
+            mark_stage(self.cfg.run.run_dir, self.name, "first_group")
 
     def send_status(self, final: bool) -> None:
         if final:  # the learner's books need this one: wait for room, but not forever
-            wait_send(self.parts.data, self.parts.statuses(True), self.cfg.send_timeout_s or 600.0, self._where)
+            wait_send(self.parts.data, self.parts.statuses(True), self.cfg.faults.send_timeout_s or 600.0, self._where)
         else:  # like a heartbeat: if the queue is full now, the next one says the same, newer
             self.parts.data.send(self.parts.statuses(False), timeout_s=0)
 
@@ -95,24 +94,25 @@ class Sampler:
 
     @property
     def _where(self) -> str:
-        return f"{self.cfg.host}:{self.cfg.data_port}"
+        return f"{self.cfg.run.host}:{self.cfg.run.data_port}"
 
     def eval_due(self) -> bool:
         """Whether the policy now running is due for an evaluation (v0: the baseline; then every
         --eval-every versions). A streaming round ends for it (workflow.stream_round's `ends`)."""
         if self.parts.eval_set is None or self.version == self._evaluated_at:
             return False
-        every = self.cfg.eval_every
+        every = self.cfg.evaluation.eval_every
         return not (self._evaluated_at >= 0 and self.version // every == self._evaluated_at // every)
 
     def maybe_evaluate(self) -> None:
         """Between rounds: evaluate the policy now running if its version is due (eval_due)."""
         if not self.eval_due():
             return
-        result = greedy_accuracy(self.parts.policy, self.parts.tok, self.parts.eval_set, self.cfg.max_new_tokens,
-                                 self.cfg.eval_batch_size, self.parts.device, engine=self.parts.engine)
+        result = greedy_accuracy(self.parts.policy, self.parts.tok, self.parts.eval_set,
+                                 self.cfg.rollout.max_new_tokens,
+                                 self.cfg.evaluation.eval_batch_size, self.parts.device, engine=self.parts.engine)
         self._evaluated_at = self.version
-        record_eval(self.cfg.run_dir, self.version, result, by=f"sampler{self.cfg.sampler_id}")
+        record_eval(self.cfg.run.run_dir, self.version, result, by=f"sampler{self.cfg.run.sampler_id}")
         # Reported to the learner with the next status, which puts it in metrics.jsonl.
         self.counters.put(eval_version=float(self.version), eval_accuracy=result["accuracy"],
                           eval_seconds=result["seconds"])
@@ -122,7 +122,7 @@ class Sampler:
         cfg, client, workflow = self.cfg, self.parts.client, self.parts.workflow
         rounds = 0
         t_start = time.perf_counter()
-        bar = Progress(f"sampler{cfg.sampler_id} rounds", total=cfg.max_rounds or None, unit="round")
+        bar = Progress(f"sampler{cfg.run.sampler_id} rounds", total=cfg.rollout.max_rounds or None, unit="round")
         self.parts.heartbeat.start()
         try:
             while True:
@@ -130,7 +130,7 @@ class Sampler:
                     # shared: we read the learner's live weights, so it must not step during a round
                     # (sync, evaluation, generation, old log-probs); sending needs no lock.
                     with client.round_guard():
-                        if not client.sync_weights() or (cfg.max_rounds and rounds >= cfg.max_rounds):
+                        if not client.sync_weights() or (cfg.rollout.max_rounds and rounds >= cfg.rollout.max_rounds):
                             break
                         # Round 0 generated before the learner's first answer (sync_weights): version 0's
                         # evaluation waits until the round is out, for only then is it known that the
@@ -177,11 +177,11 @@ class Sampler:
             self.parts.heartbeat.stop()
             elapsed = time.perf_counter() - t_start
             log.info("sampler %d done: %d rounds, %d groups sent, %.1f samples/s, %.2f MB sent, "
-                     "last version %d", cfg.sampler_id, rounds, self.groups_sent,
+                     "last version %d", cfg.run.sampler_id, rounds, self.groups_sent,
                      self.counters.samples / max(elapsed, 1e-9), self.parts.data.bytes_sent / 1e6, self.version)
             if (line := stream_line(self.counters.snapshot(), elapsed)):
                 log.info("%s", line)
             self.parts.data.close()  # LINGER lets queued groups reach the learner
             self.parts.sync.close()
         return {"rounds": rounds, "groups_sent": self.groups_sent, "version": self.version,
-                "config": asdict(self.cfg), **self.counters.values()}
+                "config": flat(self.cfg), **self.counters.values()}

@@ -82,22 +82,23 @@ class SamplerParts:
 
 
 def check_on_full(cfg: SamplerConfig) -> None:
-    if cfg.on_full not in ON_FULL:
-        raise ValueError(f"--on-full {cfg.on_full}: choose one of {', '.join(ON_FULL)}")
+    if cfg.faults.on_full not in ON_FULL:
+        raise ValueError(f"--on-full {cfg.faults.on_full}: choose one of {', '.join(ON_FULL)}")
 
 
 def build(cfg: SamplerConfig, import_s: float | None = None) -> SamplerParts:
     """Every part of this sampler, built and wired in start-up order (the module's docstring), with
     its start-up lines (`import_s`: the worker's import of its role, grpo.workers, said first)."""
     check_on_full(cfg)
-    curve = curve_for(cfg.curve_keys, CLIENT)  # bad keys fail here, before the model loads
-    profiler = SpanProfiler(cfg.profile_steps, cfg.run_dir, f"sampler{cfg.sampler_id}")   # so does a bad span
+    curve = curve_for(cfg.faults.curve_keys, CLIENT)  # bad keys fail here, before the model loads
+    profiler = SpanProfiler(cfg.observability.profile_steps, cfg.run.run_dir,
+                            f"sampler{cfg.run.sampler_id}")   # so does a bad span
     times = {} if import_s is None else {"imports": import_s}
     times["device"] = time.perf_counter()
-    device = pick_device(cfg.device, cfg.gpu_id)   # on CUDA: torch's CUDA initialisation
+    device = pick_device(cfg.run.device, cfg.run.gpu_id)   # on CUDA: torch's CUDA initialisation
     times["device"] = time.perf_counter() - times["device"]
     decoding = check_decoding(cfg, device)
-    torch.manual_seed(cfg.seed + 1000 * cfg.sampler_id)
+    torch.manual_seed(cfg.run.seed + 1000 * cfg.run.sampler_id)
     rewards = reward_set_from_config(cfg)  # a bad --reward fails here, before any model loads
     t0 = time.perf_counter()
     prompts = Prompts(cfg)   # this sampler's shard, at the curriculum's levels (--curriculum)
@@ -108,7 +109,7 @@ def build(cfg: SamplerConfig, import_s: float | None = None) -> SamplerParts:
     parts = connect(cfg, curve, profiler, prompts, rewards, rollout, receiver, method)
     say_parts(parts)
     release_cached(device)   # what start-up cached, for the other process on this GPU
-    mark_stage(cfg.run_dir, parts.name, "model_loaded")
+    mark_stage(cfg.run.run_dir, parts.name, "model_loaded")
     return parts
 
 
@@ -123,17 +124,18 @@ class Decoding:
 def check_decoding(cfg: SamplerConfig, device: torch.device) -> Decoding:
     """The generation backend, the old log-probs' source and in-flight swaps, from the flags: a bad
     choice or combination fails here, in one line, before any loading."""
-    backend = resolve_backend(cfg.generation_backend, device)  # a bad name fails before any loading
+    backend = resolve_backend(cfg.rollout.generation_backend, device)  # a bad name fails before any loading
     if backend == VLLM:
         check_vllm(device.type, device.index)   # installed (the optional extra), on CUDA, its first visible GPU
-    if cfg.in_flight_rows and backend not in ("fast", VLLM):   # a negative count is refused with the flag
-        raise ValueError(f"--in-flight-rows {cfg.in_flight_rows}: needs --generation-backend fast (here it is "
+    if cfg.rollout.in_flight_rows and backend not in ("fast", VLLM):   # a negative count is refused with the flag
+        raise ValueError(f"--in-flight-rows {cfg.rollout.in_flight_rows}: needs --generation-backend fast (here it is "
                          f"{backend}); or 0 for fixed rounds")
     # a bad choice fails before any loading too
-    old_source = old_logprob_source(cfg.old_logprobs, backend, compute_dtype(device))
+    old_source = old_logprob_source(cfg.rollout.old_logprobs, backend, compute_dtype(device))
     # (so does --old-logprobs pass with --swap-in-flight)
-    swaps = swaps_in_flight(cfg.swap_in_flight, cfg.in_flight_rows, sampler_method(cfg.weight_sync, device.type),
-                            cfg.old_logprobs)
+    swaps = swaps_in_flight(cfg.rollout.swap_in_flight, cfg.rollout.in_flight_rows,
+                            sampler_method(cfg.weight_sync.weight_sync, device.type),
+                            cfg.rollout.old_logprobs)
     return Decoding(backend, old_source, swaps)
 
 
@@ -142,9 +144,9 @@ def load_rollout(cfg: SamplerConfig, device: torch.device, decoding: Decoding, t
     weights method), with the start-up line of where the seconds went (`times`: imports when a
     worker timed them, device, problems, probe so far)."""
     t_load = time.perf_counter()
-    path = resolve_model(cfg.model)
+    path = resolve_model(cfg.run.model)
     load_times: dict[str, float] = {}   # the parts of 'model' in the start-up line
-    start_runtime(device, load_times, cfg.cudnn_attention)
+    start_runtime(device, load_times, cfg.run.cudnn_attention)
     t_tok = time.perf_counter()
     tok = load_tokenizer(path)
     load_times["tokenizer"] = time.perf_counter() - t_tok
@@ -174,18 +176,18 @@ def make_engine(cfg: SamplerConfig, policy, eos: list[int], pad_id: int, device:
     backend, old_source, swaps = decoding.backend, decoding.old_source, decoding.swaps
     if backend == VLLM:
         engine = VllmEngine.build(path, policy, eos, compute_dtype(device), vllm_memory_share(cfg, policy, device),
-                                  cfg.seed + 1000 * cfg.sampler_id, rows=cfg.in_flight_rows,
-                                  tensor_parallel=cfg.vllm_tensor_parallel_size,
-                                  cuda_graphs=cfg.cuda_graphs)
+                                  cfg.run.seed + 1000 * cfg.run.sampler_id, rows=cfg.rollout.in_flight_rows,
+                                  tensor_parallel=cfg.rollout.vllm_tensor_parallel_size,
+                                  cuda_graphs=cfg.rollout.cuda_graphs)
         if swaps and old_source != "sampling":
             log.info("--swap-in-flight: old log-probs from the sampling pass (--old-logprobs %s would choose a pass "
-                     "with the weights at each group's end)", cfg.old_logprobs)
+                     "with the weights at each group's end)", cfg.rollout.old_logprobs)
             old_source = "sampling"
         return engine, Decoding(backend, old_source, swaps)
-    engine = (RolloutEngine(policy, eos, pad_id, cuda_graphs=cfg.cuda_graphs and device.type == "cuda",
-                            compile_decode=cfg.compile_decode, attend_chunk=cfg.attend_chunk or None,
-                            compile_ring=cfg.compile_ring and cfg.in_flight_rows > 0,
-                            refill_behind=cfg.refill_behind)
+    engine = (RolloutEngine(policy, eos, pad_id, cuda_graphs=cfg.rollout.cuda_graphs and device.type == "cuda",
+                            compile_decode=cfg.rollout.compile_decode, attend_chunk=cfg.rollout.attend_chunk or None,
+                            compile_ring=cfg.rollout.compile_ring and cfg.rollout.in_flight_rows > 0,
+                            refill_behind=cfg.rollout.refill_behind)
               if backend == "fast" else None)
     if engine is not None and engine.fallback is not None:
         # An architecture the engine cannot serve (its warning said why): Hugging Face generate,
@@ -193,13 +195,13 @@ def make_engine(cfg: SamplerConfig, policy, eos: list[int], pad_id: int, device:
         # generate.
         backend = "hf"
         old_source = "pass"
-        if not cfg.in_flight_rows:
+        if not cfg.rollout.in_flight_rows:
             engine = None
     if swaps and old_source != "sampling":
         # Each token's log-prob as drawn is under the version that drew it (on the fallback, a
         # pass over each batch before the next swap); a pass at the group's end is not.
         log.info("--swap-in-flight: old log-probs from the sampling pass (--old-logprobs %s would choose a pass "
-                 "with the weights at each group's end)", cfg.old_logprobs)
+                 "with the weights at each group's end)", cfg.rollout.old_logprobs)
         old_source = "sampling"
     return engine, Decoding(backend, old_source, swaps)
 
@@ -208,17 +210,18 @@ def vllm_memory_share(cfg: SamplerConfig, policy, device: torch.device) -> float
     """vLLM's gpu_memory_utilization: --vllm-gpu-memory-utilization when set, else the memory plan's
     share for vLLM's items (grpo.rules.memory.vllm_items: its weights, the KV cache of this sampler's
     rows at the plan's prompt length, its workspace) of this GPU (vllm_gpu_fraction)."""
-    given = cfg.vllm_gpu_memory_utilization
+    given = cfg.rollout.vllm_gpu_memory_utilization
     if given:
         return given
-    rows = cfg.in_flight_rows or (cfg.prompts_per_round or cfg.max_prompts_per_round) * cfg.num_generations
+    r = cfg.rollout
+    rows = r.in_flight_rows or (r.prompts_per_round or r.max_prompts_per_round) * r.num_generations
     try:
         shape = shape_from_config(policy.config.to_dict())
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"vLLM's memory share: the model's config has no {exc} to plan by; give it with "
                          "--vllm-gpu-memory-utilization") from None
-    items = vllm_items(shape, rows, PROMPT_TOKENS + cfg.max_new_tokens,
-                       torch.finfo(compute_dtype(device)).bits // 8, cfg.vllm_tensor_parallel_size)
+    items = vllm_items(shape, rows, PROMPT_TOKENS + cfg.rollout.max_new_tokens,
+                       torch.finfo(compute_dtype(device)).bits // 8, cfg.rollout.vllm_tensor_parallel_size)
     share = vllm_gpu_fraction(items, torch.cuda.get_device_properties(device).total_memory)
     log.info("vLLM's memory share: %.2f of this GPU (%s; the memory plan's rule)", share,
              ", ".join(f"{k} {b / 2**30:.2f} GiB" for k, b in items))
@@ -233,12 +236,12 @@ def connect(cfg: SamplerConfig, curve, profiler: SpanProfiler, prompts: Prompts,
     # A restart under the same --sampler-id is a new process with fresh counts: the
     # learner's books tell the two apart by this random id.
     incarnation = secrets.randbits(48)
-    data = DataSender(cfg.host, cfg.data_port, hwm=cfg.send_hwm, curve=curve)
+    data = DataSender(cfg.run.host, cfg.run.data_port, hwm=cfg.faults.send_hwm, curve=curve)
     # Accept weights up to float32 size whatever our own dtype: a learner may publish fp32.
     total = sum(p.numel() * 4 for p in policy.parameters())
-    sync = SyncClient(cfg.host, cfg.sync_port, M.weights_limits(total + (64 << 20)), curve=curve)
+    sync = SyncClient(cfg.run.host, cfg.run.sync_port, M.weights_limits(total + (64 << 20)), curve=curve)
     # Sampler 0 evaluates (greedy pass@1) at version 0 and at every multiple of --eval-every.
-    eval_set = run_eval_problems(cfg) if cfg.eval_every > 0 and cfg.sampler_id == 0 else None
+    eval_set = run_eval_problems(cfg) if cfg.evaluation.eval_every > 0 and cfg.run.sampler_id == 0 else None
     gpu = GpuMonitor(device)
     # What every status carries (a snapshot under its lock for the heartbeat thread); the curriculum's
     # per-task entries from the start (--curriculum: per task, level, groups and rate).
@@ -249,10 +252,11 @@ def connect(cfg: SamplerConfig, curve, profiler: SpanProfiler, prompts: Prompts,
     if isinstance(rollout.engine, VllmEngine):
         rollout.engine.version_of = lambda: client.version   # a stream or batch first takes the policy's version
     workflow = RolloutWorkflow(cfg, prompts, rewards, rollout, client, counters, gpu, incarnation)
-    statuses = Statuses(cfg.sampler_id, incarnation, counters, lambda: client.version)
-    heartbeat = Heartbeat(DataSender(cfg.host, cfg.data_port, hwm=2, curve=curve), cfg.heartbeat_interval_s,
+    statuses = Statuses(cfg.run.sampler_id, incarnation, counters, lambda: client.version)
+    heartbeat = Heartbeat(DataSender(cfg.run.host, cfg.run.data_port, hwm=2, curve=curve),
+                          cfg.faults.heartbeat_interval_s,
                           lambda: statuses(False))
-    return SamplerParts(cfg=cfg, name=f"sampler{cfg.sampler_id}", profiler=profiler, prompts=prompts,
+    return SamplerParts(cfg=cfg, name=f"sampler{cfg.run.sampler_id}", profiler=profiler, prompts=prompts,
                         rewards=rewards, rollout=rollout, vocab_size=vocab_size, incarnation=incarnation, data=data,
                         sync=sync, eval_set=eval_set, gpu=gpu, counters=counters, client=client, workflow=workflow,
                         statuses=statuses, heartbeat=heartbeat)
@@ -262,12 +266,12 @@ def say_parts(parts: SamplerParts) -> None:
     """The sampler's start-up line: its shard, model, group size, round size and decoding."""
     cfg, swaps = parts.cfg, parts.swaps
     log.info("sampler %d/%d on %s: %d prompts in its shard, model %s, G=%d, %s prompts per round, "
-             "%s generation%s, old log-probs from %s", cfg.sampler_id, cfg.num_samplers, parts.device,
-             len(parts.prompts.mine), parts.model_path, cfg.num_generations,
-             cfg.prompts_per_round or ("no fixed number of" if swaps else
-                                       f"a step's worth of groups with signal (at most {cfg.max_prompts_per_round})"),
+             "%s generation%s, old log-probs from %s", cfg.run.sampler_id, cfg.run.num_samplers, parts.device,
+             len(parts.prompts.mine), parts.model_path, cfg.rollout.num_generations,
+             cfg.rollout.prompts_per_round or ("no fixed number of" if swaps else
+                                       f"a step's worth of groups with signal (at most {cfg.rollout.max_prompts_per_round})"),
              parts.backend,
-             (f", in flight on {cfg.in_flight_rows} rows" + (", weights swapped in flight, prompts started as "
+             (f", in flight on {cfg.rollout.in_flight_rows} rows" + (", weights swapped in flight, prompts started as "
                                                               "the learner's budget allows" if swaps else ""))
-             if cfg.in_flight_rows else "",
+             if cfg.rollout.in_flight_rows else "",
              "the sampling pass" if parts.old_source == "sampling" else "a teacher-forced pass")

@@ -65,11 +65,11 @@ def run_mismatches(facts: M.RunFacts, cfg: SamplerConfig, vocab_size: int) -> li
     """What this sampler and the learner's run facts disagree on, each as 'flag: here vs learner'."""
     out = []
     if facts.vocab_size != vocab_size:
-        out.append(f"vocabulary: {vocab_size} here, {facts.vocab_size} at the learner (--model {cfg.model} "
+        out.append(f"vocabulary: {vocab_size} here, {facts.vocab_size} at the learner (--model {cfg.run.model} "
                    f"here, {facts.model} there)")
-    for flag, mine, theirs in (("--num-generations", cfg.num_generations, facts.num_generations),
-                               ("--max-new-tokens", cfg.max_new_tokens, facts.max_new_tokens),
-                               ("--temperature", cfg.temperature, facts.temperature)):
+    for flag, mine, theirs in (("--num-generations", cfg.rollout.num_generations, facts.num_generations),
+                               ("--max-new-tokens", cfg.rollout.max_new_tokens, facts.max_new_tokens),
+                               ("--temperature", cfg.rollout.temperature, facts.temperature)):
         if mine != theirs:
             out.append(f"{flag}: {mine} here, {theirs} at the learner")
     return out
@@ -79,15 +79,15 @@ def method_receiver(cfg: SamplerConfig, method: str, policy: torch.nn.Module, dt
     """The receiver of `method` for `policy` (grpo.weights.registry): ipc and nccl move its parameters
     into flat buckets so that a version is one copy (so it is made before the rollout engine, which
     reads the parameters where they live)."""
-    receiver = make_receiver(method, policy, dtype, cfg.sync_port, cfg.sync_timeout_s * 12)
+    receiver = make_receiver(method, policy, dtype, cfg.run.sync_port, cfg.weight_sync.sync_timeout_s * 12)
     if method != LAST_RESORT:   # bytes set nothing up: said by the first version's line
-        log.info("weight sync: %s (--weight-sync %s)", method, cfg.weight_sync)
+        log.info("weight sync: %s (--weight-sync %s)", method, cfg.weight_sync.weight_sync)
     return receiver
 
 
 def start_receiver(cfg: SamplerConfig, policy: torch.nn.Module, device: torch.device):
     """(receiver, method) this sampler starts with: --weight-sync's choice on this device."""
-    method = sampler_method(cfg.weight_sync, device.type)
+    method = sampler_method(cfg.weight_sync.weight_sync, device.type)
     return method_receiver(cfg, method, policy, compute_dtype(device)), method
 
 
@@ -118,7 +118,7 @@ class WeightsClient:
         # Receivers of methods the learner answered with instead of the one asked (_receiver_of).
         self._served: dict[str, object] = {}
         self.counters, self.handed, self.on_levels = counters, counters.handed, on_levels
-        self.name = f"sampler{cfg.sampler_id}"
+        self.name = f"sampler{cfg.run.sampler_id}"
         self.version = 0
         self.run_facts: M.RunFacts | None = None
         self.budget = -1
@@ -194,7 +194,7 @@ class WeightsClient:
                      "%g, %s reference log-probs, staleness <= %d", facts.model, facts.vocab_size, facts.dtype,
                      facts.num_generations, facts.max_new_tokens, facts.temperature,
                      "needs" if facts.needs_ref_logprobs else "does not need", facts.max_staleness)
-            mark_stage(self.cfg.run_dir, self.name, "connected")
+            mark_stage(self.cfg.run.run_dir, self.name, "connected")
             if not facts.needs_ref_logprobs:
                 log.info("reference log-probs: not used by this run (the learner's beta is 0): no reference model, "
                          "no reference pass; groups carry none")
@@ -206,7 +206,7 @@ class WeightsClient:
         self._request_id += 1
         self._asked[self._request_id] = handed = self.handed()
         self._asked.pop(self._request_id - 64, None)   # answers come in order: older ones are long answered
-        return ask(self.inbox, self.cfg.sampler_id, self.version, self._request_id, self.sync_method, sent=handed)
+        return ask(self.inbox, self.cfg.run.sampler_id, self.version, self._request_id, self.sync_method, sent=handed)
 
     def sync_weights(self) -> bool:
         """Ask for newer weights and apply the newest answer; False when the learner says stop.
@@ -233,7 +233,7 @@ class WeightsClient:
             first = not self._heard
             self._ask()
             asked = time.monotonic()
-            wait = self.cfg.sync_timeout_s
+            wait = self.cfg.weight_sync.sync_timeout_s
             if first and own_weights(self.sync_method):
                 wait = min(wait, FIRST_GRACE_S)
             answered, newest, stop = await_answer(self.inbox, self.version, self._request_id, wait,
@@ -246,11 +246,11 @@ class WeightsClient:
                 self._first_request, self._first_asked = self._request_id, asked
                 log.info("no answer from the learner at %s:%d within %.2f s: generating round 0 with version %d (the "
                          "weights loaded here) while its first answer is on its way; nothing is sent before it comes",
-                         self.cfg.host, self.cfg.sync_port, wait, self.version)
+                         self.cfg.run.host, self.cfg.run.sync_port, wait, self.version)
                 break
             if not answered:
                 log.info("no answer from the learner at %s:%d within %.1f s; generating with version %d",
-                         self.cfg.host, self.cfg.sync_port, self.cfg.sync_timeout_s, self.version)
+                         self.cfg.run.host, self.cfg.run.sync_port, self.cfg.weight_sync.sync_timeout_s, self.version)
             if newest is None or not self._apply(newest):
                 break
         self.counters.add(sync_s=time.perf_counter() - t0)
@@ -281,12 +281,12 @@ class WeightsClient:
         newest: M.WeightsAnnounce | None = None
         while True:
             waited = time.monotonic() - self._first_asked
-            if waited >= cfg.first_answer_timeout_s:
-                raise NoFirstAnswer(f"no answer from the learner at {cfg.host}:{cfg.sync_port} within "
-                                    f"{cfg.first_answer_timeout_s:g} s of this sampler's first weights request "
+            if waited >= cfg.weight_sync.first_answer_timeout_s:
+                raise NoFirstAnswer(f"no answer from the learner at {cfg.run.host}:{cfg.run.sync_port} within "
+                                    f"{cfg.weight_sync.first_answer_timeout_s:g} s of this sampler's first weights request "
                                     f"(--first-answer-timeout-s); nothing was sent. Is the learner running, on "
                                     f"this --host and --sync-port?")
-            window = min(max(cfg.sync_timeout_s, 0.1), cfg.first_answer_timeout_s - waited)
+            window = min(max(cfg.weight_sync.sync_timeout_s, 0.1), cfg.weight_sync.first_answer_timeout_s - waited)
             answered, got, stop = await_answer(self.inbox, self.version, rid, window, on_answer=self._on_answer)
             self._count_rejections(answered)
             if got is not None and (newest is None or got.version > newest.version):
@@ -294,7 +294,8 @@ class WeightsClient:
             if answered:
                 break
             log.info("no answer from the learner at %s:%d yet (%.0f s); round 0 is generated and waits for the run's "
-                     "facts before anything is sent", cfg.host, cfg.sync_port, time.monotonic() - self._first_asked)
+                     "facts before anything is sent", cfg.run.host, cfg.run.sync_port,
+                     time.monotonic() - self._first_asked)
         self._first_request = None
         self.counters.add(sync_s=time.perf_counter() - t0)
         if stop is not None:
@@ -318,7 +319,7 @@ class WeightsClient:
             reasons = ", ".join(f"{reason} x{n}" for reason, n in sorted(self.sync.rejected.items()))
             raise AnswersRejected(
                 f"{self._rejected_streak} weight requests in a row got only answers this sampler rejected ({reasons}; "
-                f"the warning above gives the first one's detail): the learner at {self.cfg.host}:{self.cfg.sync_port} "
+                f"the warning above gives the first one's detail): the learner at {self.cfg.run.host}:{self.cfg.run.sync_port} "
                 f"sends messages this code does not accept, so this sampler would go on generating with version "
                 f"{self.version}; run the same version of this code on both sides, or another --weight-sync")
 
@@ -346,7 +347,7 @@ class WeightsClient:
         try:
             ok = self._receiver_of(newest.method).apply(newest)
         except RuntimeError as exc:
-            if not fall_back or fallback(newest.method, self.cfg.weight_sync) == newest.method:
+            if not fall_back or fallback(newest.method, self.cfg.weight_sync.weight_sync) == newest.method:
                 raise   # asked not to step down, or the last resort failed: nothing to step down to
             self._fall_back(str(exc))
             return True   # ask again, the new way
@@ -358,7 +359,7 @@ class WeightsClient:
         self.counters.add(apply_s=dt, weight_syncs=1, weight_bytes=sum(newest.bucket_nbytes))
         drill.maybe_die(int(self.counters.weight_syncs))   # only where GRPO_DRILL_DIE_IN_SWAP is set
         self.version = newest.version
-        if self.cfg.verify_weight_sync:  # after the apply's timing: not part of apply_s
+        if self.cfg.weight_sync.verify_weight_sync:  # after the apply's timing: not part of apply_s
             self.counters.put(verified_checksum=fingerprint(self.policy, compute_dtype(self.device)),
                               verified_version=float(self.version))
         log.info("now running policy version %d (%.1f MB by %s applied in %.4f s)", self.version,
@@ -413,7 +414,7 @@ class WeightsClient:
                 return None
         now = time.monotonic()
         # Out: unanswered, not yet given up on, and no later request sent (sync_weights' reads its answer).
-        out = self._swap_asked == self._request_id and now - self._swap_asked_at < self.cfg.sync_timeout_s
+        out = self._swap_asked == self._request_id and now - self._swap_asked_at < self.cfg.weight_sync.sync_timeout_s
         if again or (not out and now - self._swap_asked_at >= SWAP_ASK_S):
             if self._ask():
                 self._swap_asked, self._swap_asked_at = self._request_id, now
@@ -424,7 +425,7 @@ class WeightsClient:
 
     def _fall_back(self, why: str) -> None:
         """The current method proved impossible here: step down by the rule both sides share."""
-        method = fallback(self.sync_method, self.cfg.weight_sync)
+        method = fallback(self.sync_method, self.cfg.weight_sync.weight_sync)
         log.warning("%s unavailable (%s); asking for weights by %s from now on%s", self.sync_method, why, method,
                     " (auto: the learner is on another host)" if method == M.NCCL else "")
         self.receiver = self._served.pop(method, None) or method_receiver(self.cfg, method, self.policy,

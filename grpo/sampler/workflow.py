@@ -95,24 +95,24 @@ class Prompts:
 
     def __init__(self, cfg: SamplerConfig):
         self.cfg = cfg
-        self.levels = start_levels(cfg.dataset) if cfg.curriculum else None
-        self.window = SuccessWindow(cfg.curriculum_window)
+        self.levels = start_levels(cfg.data.dataset) if cfg.data.curriculum else None
+        self.window = SuccessWindow(cfg.data.curriculum_window)
         # --defer-zero-signal: prompts whose last group had no signal, passed over once (kept across
         # curriculum reloads: a prompt is known by its text)
-        self.deferrals = Deferrals() if cfg.defer_zero_signal else None
+        self.deferrals = Deferrals() if cfg.rollout.defer_zero_signal else None
         self.mine = self._load()
 
     def _load(self) -> list:
         cfg = self.cfg
-        problems = load_problems(cfg.dataset, "train", limit=cfg.dataset_limit or None, seed=cfg.seed,
-                                 transform=cfg.dataset_transform, levels=self.levels)
-        mine = shard(problems, cfg.sampler_id, cfg.num_samplers)
+        problems = load_problems(cfg.data.dataset, "train", limit=cfg.data.dataset_limit or None, seed=cfg.run.seed,
+                                 transform=cfg.data.dataset_transform, levels=self.levels)
+        mine = shard(problems, cfg.run.sampler_id, cfg.run.num_samplers)
         if not mine:
-            raise ValueError(f"sampler {cfg.sampler_id} of {cfg.num_samplers} got no prompts "
+            raise ValueError(f"sampler {cfg.run.sampler_id} of {cfg.run.num_samplers} got no prompts "
                              f"from {len(problems)} problems; use fewer samplers or more data")
         for task, level in (self.levels or {}).items():
             self.window.set_level(task, level)
-        self.stream = PromptStream(mine, seed=cfg.seed + cfg.sampler_id, deferrals=self.deferrals)
+        self.stream = PromptStream(mine, seed=cfg.run.seed + cfg.run.sampler_id, deferrals=self.deferrals)
         return mine
 
     def set_levels(self, levels: dict[str, int]) -> None:
@@ -172,17 +172,17 @@ class RolloutWorkflow:
         budget (grpo.rules.staleness.next_round_prompts). 0: wait."""
         facts = self.client.run_facts
         step = facts.groups_per_step if facts is not None else 0   # 0: not said yet
-        return next_round_prompts(self.cfg.prompts_per_round, self.client.budget, step, self.signal_share(),
-                                  self.cfg.max_prompts_per_round, self.bucket_prompts())
+        return next_round_prompts(self.cfg.rollout.prompts_per_round, self.client.budget, step, self.signal_share(),
+                                  self.cfg.rollout.max_prompts_per_round, self.bucket_prompts())
 
     def bucket_prompts(self) -> int:
         """grpo.rules.staleness.bucket_prompts for this sampler's engine (a round of a small step's worth,
         2 groups with the defaults, takes as long as this many)."""
-        return bucket_prompts(self.engine.buckets if self.engine is not None else (), self.cfg.num_generations)
+        return bucket_prompts(self.engine.buckets if self.engine is not None else (), self.cfg.rollout.num_generations)
 
     def signal_share(self) -> float:
         """The share of the last SIGNAL_GROUPS groups scored that had signal (grpo.rules.staleness.signal_share)."""
-        return signal_share(self._signal, self.cfg.filter_zero_signal)
+        return signal_share(self._signal, self.cfg.rollout.filter_zero_signal)
 
     def longest_prompt(self) -> int:
         """The longest prompt of this sampler's shard, in tokens (at its curriculum levels): a stream's
@@ -202,7 +202,7 @@ class RolloutWorkflow:
         --generation-backend hf, Hugging Face generate. With --generation-backend vllm, vLLM's engine
         (grpo.generate.vllm_engine) for both: a fixed round is its stream without a row cap (the
         round's prompts, all in flight at once)."""
-        if self.cfg.in_flight_rows or self.model.backend == "vllm":
+        if self.cfg.rollout.in_flight_rows or self.model.backend == "vllm":
             return self.engine
         return BatchStream(self.engine.generate if self.engine is not None else self._hf_batch)
 
@@ -232,7 +232,8 @@ class RolloutWorkflow:
         cfg, client = self.cfg, self.client
         rnd = _Round(self, n_prompts, ends)
         stream = self.rollout_stream().stream(
-            rnd.next_prompt, cfg.num_generations, cfg.max_new_tokens, cfg.temperature, rows=cfg.in_flight_rows,
+            rnd.next_prompt, cfg.rollout.num_generations, cfg.rollout.max_new_tokens, cfg.rollout.temperature,
+                                              rows=cfg.rollout.in_flight_rows,
             should_stop=client.stop_said, swap=rnd.swap if self.swaps else None, version=client.version,
             min_width=self.longest_prompt() if self.swaps else 0)
         for fg in itertools.chain(stream, [None]):   # None: the round has ended, send what is left
@@ -259,14 +260,14 @@ class RolloutWorkflow:
         zero-signal ones (--filter-zero-signal), take or compute old (and compute reference)
         log-probs, build. A group's policy_version is the oldest version its tokens were drawn by,
         by which its age is counted."""
-        cfg, G = self.cfg, self.cfg.num_generations
+        cfg, G = self.cfg, self.cfg.rollout.num_generations
         whole = [chunk.prompt_ids[k // G] + c for k, (c, _) in enumerate(chunk.completions)]
         t1 = time.perf_counter()
         texts, scores, signal = self._score(chunk)
         # Scored before the log-prob passes, so that with --filter-zero-signal a group whose
         # rewards are all equal (zero advantage: the learner would drop it) costs no passes and
         # is not sent; it still counts as offered, and the learner's books see it as dropped.
-        keep = [j for j in range(len(chunk.gis)) if not cfg.filter_zero_signal or signal[j]]
+        keep = [j for j in range(len(chunk.gis)) if not cfg.rollout.filter_zero_signal or signal[j]]
         t2 = time.perf_counter()
         old_lp, ref_lp = self._old_and_ref(chunk, whole, [k for j in keep for k in range(j * G, (j + 1) * G)])
         reward_s, logprob_s = t2 - t1, time.perf_counter() - t2   # (_logprobs ends in .cpu(): done by now)
@@ -282,7 +283,7 @@ class RolloutWorkflow:
     def _score(self, chunk: Chunk) -> tuple[list[str], list, list[bool]]:
         """Every completion's text and score, and per group whether it has signal; every group counts
         for its task's curriculum window and for the deferrals, filtered or not."""
-        G = self.cfg.num_generations
+        G = self.cfg.rollout.num_generations
         texts = [self.tok.decode(c, skip_special_tokens=True) for c, _ in chunk.completions]
         # A completion a reward fails on costs that completion its score (counted here, in the
         # status the learner books); RewardBroken, when a reward fails on most, ends the sampler.
@@ -307,7 +308,7 @@ class RolloutWorkflow:
                      ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
         """The kept rows' old log-probs (as sampled, or a teacher-forced pass) and reference ones
         (a pass with the frozen reference, loaded the first time; empty when the run needs none)."""
-        G, facts = self.cfg.num_generations, self.client.run_facts
+        G, facts = self.cfg.rollout.num_generations, self.client.run_facts
         kept_whole = [whole[k] for k in rows_kept]
         kept_plens = [len(chunk.prompt_ids[k // G]) for k in rows_kept]
         if self.old_source == "sampling" and chunk.sampled_lp is not None:   # --old-logprobs: exact, or asked for
@@ -325,7 +326,7 @@ class RolloutWorkflow:
     def _group(self, round_idx: int, chunk: Chunk, j: int, whole: list[list[int]], texts: list[str], scores: list,
                old_lp: dict[int, np.ndarray], ref_lp: dict[int, np.ndarray]) -> M.Group:
         """The chunk's group j as the wire's Group."""
-        cfg, G = self.cfg, self.cfg.num_generations
+        cfg, G = self.cfg, self.cfg.rollout.num_generations
         problem, pids = chunk.problems[j], chunk.prompt_ids[j]
         comps = []
         for k in range(j * G, (j + 1) * G):
@@ -336,7 +337,7 @@ class RolloutWorkflow:
                 whole_token_ids=np.asarray(whole[k], dtype=np.int32), text=texts[k],
                 reward=float(scores[k].reward), reward_info=dict(scores[k].info), is_finished=finished))
         return M.Group(
-            sampler_id=cfg.sampler_id, group_id=f"s{cfg.sampler_id}-r{round_idx}-g{chunk.gis[j]}",
+            sampler_id=cfg.run.sampler_id, group_id=f"s{cfg.run.sampler_id}-r{round_idx}-g{chunk.gis[j]}",
             policy_version=chunk.versions[j][0], max_version=chunk.versions[j][1], prefix=chunk.prompts[j],
             prefix_tokens=self.tok.convert_ids_to_tokens(pids), prefix_token_ids=np.asarray(pids, dtype=np.int32),
             completions=comps, meta={"answer": problem.answer.split("####")[-1].strip()[:64],
@@ -362,7 +363,7 @@ class RolloutWorkflow:
             self.counters.raise_to(peak_mem_gb=torch.cuda.max_memory_allocated(self.device) / 2**30,
                                    peak_reserved_gb=torch.cuda.max_memory_reserved(self.device) / 2**30)
         n = len(chunk.gis)
-        dropped = f", {n - kept} of {n} groups zero-signal" if cfg.filter_zero_signal else ""
+        dropped = f", {n - kept} of {n} groups zero-signal" if cfg.rollout.filter_zero_signal else ""
         swapped = f" (swapped in flight: tokens of v{version}-v{newest})" if newest != version else ""
         # A streaming sampler's chunk counts the seconds since its last chunk: groups that ended at the
         # same host check as the last ones have next to none, and a rate over them would be noise.
@@ -377,12 +378,12 @@ class RolloutWorkflow:
         similar lengths (sorted first, so each pads only to its own longest sequence)."""
         out: list[np.ndarray | None] = [None] * len(whole)
         order = sorted(range(len(whole)), key=lambda i: len(whole[i]))
-        bs = self.cfg.logprob_batch_size
+        bs = self.cfg.rollout.logprob_batch_size
         for s in range(0, len(order), bs):
             idx = order[s:s + bs]
             ids, mask = right_pad([whole[i] for i in idx], self.tok.pad_token_id, self.device)
             first = torch.tensor([prompt_lens[i] - 1 for i in idx])            # [b]: the completions only
-            lp = token_logprobs(model, ids, mask, self.cfg.temperature, first=first).cpu()   # [b, L-1]
+            lp = token_logprobs(model, ids, mask, self.cfg.rollout.temperature, first=first).cpu()   # [b, L-1]
             for j, i in enumerate(idx):
                 p = prompt_lens[i]
                 # token t (t >= p) is predicted at position t-1
@@ -429,10 +430,10 @@ class _Round:
         """Groups a chunk holds at most: this sampler's share of a learner step when streaming,
         otherwise a step; a fixed round (one batch, all ended at once) is finished whole."""
         cfg, facts = self.wf.cfg, self.wf.client.run_facts
-        if not cfg.in_flight_rows:
+        if not cfg.rollout.in_flight_rows:
             return max(1, self.n_prompts)
-        step = facts.groups_per_step if facts is not None else cfg.prompts_per_round or FIRST_STEP_GROUPS
-        return max(1, -(-step // cfg.num_samplers) if self.streaming() else step)
+        step = facts.groups_per_step if facts is not None else cfg.rollout.prompts_per_round or FIRST_STEP_GROUPS
+        return max(1, -(-step // cfg.run.num_samplers) if self.streaming() else step)
 
     def next_prompt(self) -> tuple[int, list[int]] | None:
         """The stream's source: the next prompt of the shard as (index, ids), or None for now."""
@@ -440,7 +441,7 @@ class _Round:
         if not self.streaming():
             if self.taken >= self.n_prompts:
                 return None
-        elif ((cfg.prompts_per_round and self.taken >= cfg.prompts_per_round) or self.ends()
+        elif ((cfg.rollout.prompts_per_round and self.taken >= cfg.rollout.prompts_per_round) or self.ends()
               or pool_room(wf.client.live_budget(), self.taken - self.done, wf.signal_share()) == 0):
             return None
         problem = wf.prompts.stream.next_batch(1)[0]

@@ -157,7 +157,7 @@ def test_ours_command_reaches_both_roles_and_a_typo_stops_the_script(capsys, mon
     --ours-flags last and winning; a flag the launcher does not know stops the script first: before
     the rows' models are looked up (a machine without the 0.5B GGUF gets the typo, not "fetch the
     model") and before any row, a TRL row listed first included."""
-    from grpo.config import LearnerConfig, SamplerConfig
+    from grpo.config import LearnerConfig, SamplerConfig, flat
     from grpo.flags import parse_config
     from grpo.launch.plan import parse, plan
 
@@ -172,11 +172,12 @@ def test_ours_command_reaches_both_roles_and_a_typo_stops_the_script(capsys, mon
     sampler = parse_config(SamplerConfig, specs["sampler0"].argv[2:], "s")   # [python, script, flags...]
     learner = parse_config(LearnerConfig, specs["learner0"].argv[2:], "l")
     for k in ("num_generations", "max_new_tokens", "temperature"):
-        assert getattr(sampler, k) == rw.SHARED[k], k
+        assert flat(sampler)[k] == rw.SHARED[k], k
     for k in ("train_batch_size", "max_new_tokens", "learning_rate", "beta", "loss_type"):
-        assert getattr(learner, k) == rw.SHARED[k], k
-    assert sampler.filter_zero_signal and learner.filter_zero_signal and sampler.reward == "correctness"
-    assert (learner.seed, learner.max_staleness, learner.save_weights_schedule) == (7, 0, "30x4,60")
+        assert flat(learner)[k] == rw.SHARED[k], k
+    assert sampler.rollout.filter_zero_signal and learner.loss.filter_zero_signal and sampler.data.reward == "correctness"
+    assert (learner.run.seed, learner.training.max_staleness, learner.checkpoints.save_weights_schedule) == (7, 0,
+                                                                                                             "30x4,60")
     capsys.readouterr()
 
     def too_soon(*a, **kw):

@@ -78,7 +78,7 @@ def test_the_same_in_a_config_file(tmp_path):
     path.write_text("dataset:\n  rg:\n    - {name: letter_counting, weight: 2}\n"
                     "    - {name: basic_arithmetic, config: {min_terms: 2, max_terms: 2}}\n")
     cfg = parse_config(SamplerConfig, ["--config", str(path)], "sampling_worker.py")
-    assert cfg.dataset == "rg:letter_counting@2+basic_arithmetic:min_terms=2,max_terms=2"
+    assert cfg.data.dataset == "rg:letter_counting@2+basic_arithmetic:min_terms=2,max_terms=2"
     with pytest.raises(TaskSpecError, match=r"dataset.rg\[0\] must be"):
         from_yaml({"rg": [{"task": "letter_counting"}]}, "x")
 

@@ -104,7 +104,7 @@ def test_the_chosen_layout_keeps_rows_in_flight_where_the_bound_fills_them(capsy
     _, done = resolved(chosen, to_s, to_l, 4, chosen=True)
     err = capsys.readouterr().err
     given = int(extra[extra.index("--max-staleness") + 1]) if "--max-staleness" in extra else 2
-    assert (done.sampler.in_flight_rows, done.learner.max_staleness) == (rows, bound or given)
+    assert (done.sampler.rollout.in_flight_rows, done.learner.training.max_staleness) == (rows, bound or given)
     said = "run_distributed.py: --in-flight-rows 320 on each sampler: they decode with the engine and swap" in err
     assert said == (rows == 320 and "--in-flight-rows" not in extra)
     fewer = f"run_distributed.py: --in-flight-rows {rows} on each sampler: they decode" in err and \
@@ -118,7 +118,7 @@ def test_measured_rates_move_the_choice():
     cfg = parse(["--gpus", "0,1,2,3", *WORKLOAD])[0]
     # generation 10 s a step on one GPU, training 1.8 s on one rank: 3+1 (3.33 s) against 2+2 (5 s)
     chosen, line = choose_gpus(cfg, 4, Q05, 128, Rates(6553.6, {3: 0.6}, 65536, "runs/a"))
-    assert (chosen.sampling_gpus, chosen.training_gpus) == ("0,1,2", "3")
+    assert (chosen.placement.sampling_gpus, chosen.placement.training_gpus) == ("0,1,2", "3")
     assert "by rates measured in runs/a: 3+1 takes about 3.33 s a step" in line
 
 
@@ -134,9 +134,9 @@ def test_gpus_all_over_nodes_is_the_plan_of_the_chosen_counts():
                            "(as --training-ranks 3 --num-samplers 5; why: 494M parameters")
     # learner ranks fill whole nodes of --ranks-per-node 4: 4+4 (0.85 s), the best that can be placed
     chosen, _ = choose_nodes_split(parse([*argv, "--gpus", "all", "--ranks-per-node", "4"])[0], Q05, 128)
-    assert (chosen.training_ranks, chosen.num_samplers) == (4, 4)
+    assert (chosen.placement.training_ranks, chosen.placement.num_samplers) == (4, 4)
     chosen, line = choose_nodes_split(parse(["--nodes", "a:1", "--gpus", "all"])[0], Q05, 128)
-    assert (chosen.training_ranks, chosen.num_samplers, chosen.share_gpus) == (1, 1, True)
+    assert (chosen.placement.training_ranks, chosen.placement.num_samplers, chosen.placement.share_gpus) == (1, 1, True)
     with pytest.raises(LaunchError, match="finds no split of --nodes a:2,b:2 that fills every GPU"):
         choose_nodes_split(parse(["--nodes", "a:2,b:2", "--gpus", "all", "--ranks-per-node", "3"])[0], Q05, 128)
 
@@ -239,7 +239,7 @@ def test_a_layout_given_by_hand_keeps_its_rounds_and_is_told_of_rows_in_flight(c
         "first round: the sampler may make it before the learner's first answer says the step's size and the budget, "
         "8 groups of version 0, and at --max-staleness 2 the learner trains 3 of 8 (3 steps of 1 group); give "
         "--max-staleness to choose\n")
-    assert (done.learner.max_staleness, done.sampler.in_flight_rows) == (7, 0)
+    assert (done.learner.training.max_staleness, done.sampler.rollout.in_flight_rows) == (7, 0)
 
 
 def test_gpus_all_over_nodes_keeps_rows_in_flight_by_the_one_host_rule(capsys):
@@ -252,7 +252,7 @@ def test_gpus_all_over_nodes_keeps_rows_in_flight_by_the_one_host_rule(capsys):
     cfg, to_s, to_l = parse(argv)
     done, mp = launch_main.node_in_flight(from_flags(cfg, to_s, to_l, chosen=True), plan_nodes(cfg, to_s, to_l))
     want = plan_nodes(cfg, to_s + ["--in-flight-rows", "320"], to_l + ["--max-staleness", "7"])
-    assert mp == want and (done.sampler.in_flight_rows, done.learner.max_staleness) == (320, 7)
+    assert mp == want and (done.sampler.rollout.in_flight_rows, done.learner.training.max_staleness) == (320, 7)
     assert all(p.argv[-2:] == ["--in-flight-rows", "320"] for p in mp.procs("sampler"))
     assert all(p.argv[-2:] == ["--max-staleness", "7"] for p in mp.procs("learner"))
     assert "--in-flight-rows 320" in mp.nodes[1].commands[2] and "--max-staleness 7" in mp.nodes[0].commands[2]

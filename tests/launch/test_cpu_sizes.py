@@ -22,7 +22,7 @@ def planned(argv: list[str], cuda_count: int = 0):
     parses the argv the launcher writes for it."""
     cfg, to_s, to_l = parse(argv)
     rp, sizing = launch_main.size_for_cpu(from_flags(cfg, to_s, to_l), argv, cuda_count)
-    launch_main.say_cpu_sizing(sizing, rp.launch.model)
+    launch_main.say_cpu_sizing(sizing, rp.launch.run.model)
     procs = specs(with_placement(rp, place(rp.launch, cuda_count)), 29500)
     learner = next(parse_config(LearnerConfig, s.argv[2:], "l") for s in procs if s.role == "learner")
     sampler = next(parse_config(SamplerConfig, s.argv[2:], "s") for s in procs if s.role == "sampler")
@@ -34,9 +34,9 @@ def test_the_newcomers_cpu_run_is_sized_for_cpu(capsys):
     gets the CPU sizes, and the line says each against its default."""
     learner, sampler, sizing = planned(["--device", "cpu", "--max-steps", "2", *GSM8K])
     for role in (learner, sampler):
-        assert (role.num_generations, role.max_new_tokens) == (4, 64)
-    assert (learner.train_batch_size, learner.beta) == (8, 0.0)
-    assert sampler.prompts_per_round == 2       # one step's 2 groups, one sampler
+        assert (role.rollout.num_generations, role.rollout.max_new_tokens) == (4, 64)
+    assert (learner.training.train_batch_size, learner.loss.beta) == (8, 0.0)
+    assert sampler.rollout.prompts_per_round == 2       # one step's 2 groups, one sampler
     assert capsys.readouterr().out == (
         "[launcher] on CPU: --num-generations 4 --train-batch-size 8 --max-new-tokens 64 --beta 0 "
         "--prompts-per-round 2, not the defaults 8, 16, 256, 0.04, 0, so that a step takes seconds on a few cores "
@@ -47,12 +47,12 @@ def test_the_newcomers_cpu_run_is_sized_for_cpu(capsys):
 
 def test_two_samplers_share_a_step():
     _, sampler, _ = planned(["--device", "cpu", "--training-ranks", "2", "--num-samplers", "2", *GSM8K])
-    assert sampler.prompts_per_round == 1       # 2 samplers x 1 group = a step of 2
+    assert sampler.rollout.prompts_per_round == 1       # 2 samplers x 1 group = a step of 2
 
 
 def test_auto_without_a_gpu_is_a_cpu_run():
     learner, _, sizing = planned(GSM8K, cuda_count=0)
-    assert sizing.chosen and learner.train_batch_size == 8
+    assert sizing.chosen and learner.training.train_batch_size == 8
 
 
 @pytest.mark.parametrize("given", [
@@ -62,20 +62,20 @@ def test_a_run_the_user_sized_is_kept_whole(given, capsys):
     """Any one step size given: none chosen (not G 4 beside the user's batch 16, nor --beta 0 behind
     their back), and the CPU line is not said."""
     learner, sampler, sizing = planned(["--device", "cpu", *GSM8K, *given])
-    assert sizing.chosen == () and learner.beta == 0.04 and sampler.prompts_per_round == 0
-    assert learner.num_generations == 8 and "on CPU" not in capsys.readouterr().out
+    assert sizing.chosen == () and learner.loss.beta == 0.04 and sampler.rollout.prompts_per_round == 0
+    assert learner.rollout.num_generations == 8 and "on CPU" not in capsys.readouterr().out
 
 
 def test_a_config_key_counts_as_given(tmp_path):
     (tmp_path / "run.yaml").write_text("device: cpu\nmax-new-tokens: 32\n")   # dashes, as files may spell keys
     learner, _, sizing = planned(["--config", str(tmp_path / "run.yaml"), *GSM8K])
-    assert sizing.chosen == () and learner.max_new_tokens == 32
+    assert sizing.chosen == () and learner.rollout.max_new_tokens == 32
 
 
 def test_beta_and_rounds_given_are_kept():
     learner, sampler, sizing = planned(["--device", "cpu", *GSM8K, "--beta", "0.04", "--prompts-per-round", "3"])
-    assert learner.beta == 0.04 and sampler.prompts_per_round == 3
-    assert learner.train_batch_size == 8 and sizing.beta == 0.04
+    assert learner.loss.beta == 0.04 and sampler.rollout.prompts_per_round == 3
+    assert learner.training.train_batch_size == 8 and sizing.beta == 0.04
 
 
 def test_a_refused_cpu_launch_says_its_mistake_alone(capsys):
@@ -87,7 +87,7 @@ def test_a_refused_cpu_launch_says_its_mistake_alone(capsys):
 
 def test_a_cuda_run_is_left_alone(capsys):
     learner, _, sizing = planned(["--device", "cuda", "--sampling-gpus", "0", "--training-gpus", "1"], cuda_count=2)
-    assert sizing is None and learner.num_generations == 8 and "on CPU" not in capsys.readouterr().out
+    assert sizing is None and learner.rollout.num_generations == 8 and "on CPU" not in capsys.readouterr().out
 
 
 def test_the_estimate_worked_by_hand():
@@ -122,7 +122,7 @@ def test_a_sized_run_that_will_take_long_is_warned_about(capsys):
     argv = ["--device", "cpu", "--num-generations", "8", "--max-steps", "20", *GSM8K]
     cfg, to_s, to_l = parse(argv)
     rp, sizing = launch_main.size_for_cpu(from_flags(cfg, to_s, to_l), argv, 0)
-    warning = launch_main.say_cpu_sizing(sizing, rp.launch.model)
+    warning = launch_main.say_cpu_sizing(sizing, rp.launch.run.model)
     out, err = capsys.readouterr()
     assert out == "" and err == ""
     assert warning.startswith("on CPU these settings take long: about 138 s a step (16 completions of up to 256 "

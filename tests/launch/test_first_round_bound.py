@@ -14,12 +14,12 @@ def bound_after(argv: list[str], cuda_count: int = 0, chosen: bool = False):
     main() resolves it."""
     cfg, to_s, to_l = parse(argv)
     rp = from_flags(cfg, to_s, to_l, chosen)
-    if cfg.gpus:
+    if cfg.placement.gpus:
         rp = with_launch(rp, choose_gpus(cfg, cuda_count, None, 16)[0])
     placed = with_placement(rp, place(rp.launch, cuda_count))
     done = resolve_in_flight(placed, placed.placement.samplers, placed.placement.cuda)
-    bound = done.learner.max_staleness
-    return (None if bound == placed.learner.max_staleness else bound), done.sampler.in_flight_rows
+    bound = done.learner.training.max_staleness
+    return (None if bound == placed.learner.training.max_staleness else bound), done.sampler.rollout.in_flight_rows
 
 
 CPU = ["--device", "cpu", "--model", "tiny-random"]

@@ -68,11 +68,11 @@ def test_autocast_holds_float32_weights_and_bf16_copies():
 
 
 def test_run_shape_resolves_the_learners_precision(tmp_path):
-    from grpo.config import LearnerConfig, SamplerConfig
+    from grpo.config import LearnerConfig, SamplerConfig, from_flat
 
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 8}))
-    shape = lambda **kw: probe.run_shape(LearnerConfig(**kw), SamplerConfig(), 1, 1, str(ds))  # noqa: E731
+    shape = lambda **kw: probe.run_shape(from_flat(LearnerConfig, **kw), SamplerConfig(), 1, 1, str(ds))  # noqa: E731
     assert (shape().precision, shape().deepspeed) == ("autocast", True)
     assert shape(lora_r=16).precision == "bf16"              # LoRA: the frozen base stays bf16
     assert shape(precision="bf16").precision == "bf16"
@@ -152,25 +152,26 @@ def test_sampler_kv_cache_and_reference_model():
 
 
 def test_rows_from_the_flags():
-    from grpo.config import LearnerConfig, SamplerConfig
+    from grpo.config import LearnerConfig, SamplerConfig, from_flat
 
     l = LearnerConfig()
     # the defaults (G=8, 16 rows a step, --max-staleness 2, no filter): rounds of at most 8 prompts
     # (grpo.rules.staleness: Staleness.largest_round_prompts), 64 rows, the smallest bucket
-    assert probe.run_shape(l, SamplerConfig(num_generations=8), 1, 1, "/nonexistent").rows == 64
+    assert probe.run_shape(l, from_flat(SamplerConfig, num_generations=8), 1, 1, "/nonexistent").rows == 64
     # under --filter-zero-signal up to 32 prompts, 256 rows
-    assert probe.run_shape(l, SamplerConfig(num_generations=8, filter_zero_signal=True), 1, 1, "").rows == 256
+    assert probe.run_shape(l, from_flat(SamplerConfig, num_generations=8, filter_zero_signal=True), 1, 1,
+                           "").rows == 256
     # the benchmark's: G=16, 128 rows a step, filter: 64 prompts (the cap), 1,024 rows
-    assert probe.run_shape(LearnerConfig(train_batch_size=128), SamplerConfig(num_generations=16,
+    assert probe.run_shape(from_flat(LearnerConfig, train_batch_size=128), from_flat(SamplerConfig, num_generations=16,
                             filter_zero_signal=True), 1, 1, "").rows == 1024
     # --prompts-per-round 4: 32 rows, padded to the 64-row bucket; without CUDA graphs exactly 32
-    assert probe.run_shape(l, SamplerConfig(prompts_per_round=4, num_generations=8), 1, 1, "").rows == 64
-    assert probe.run_shape(l, SamplerConfig(prompts_per_round=4, num_generations=8, cuda_graphs=False),
+    assert probe.run_shape(l, from_flat(SamplerConfig, prompts_per_round=4, num_generations=8), 1, 1, "").rows == 64
+    assert probe.run_shape(l, from_flat(SamplerConfig, prompts_per_round=4, num_generations=8, cuda_graphs=False),
                             1, 1, "").rows == 32
     # 20 prompts x 8 = 160 rows: the 256 bucket; 200 x 8 = 1,600 decode in chunks of the largest, 1,024
     assert memory.decode_rows(8, prompts_per_round=20) == 256
     assert memory.decode_rows(8, prompts_per_round=200) == 1024
-    assert probe.run_shape(l, SamplerConfig(in_flight_rows=100), 1, 1, "").rows == 100
+    assert probe.run_shape(l, from_flat(SamplerConfig, in_flight_rows=100), 1, 1, "").rows == 100
 
 
 def test_micro_batch_from_the_deepspeed_config(tmp_path):
@@ -193,11 +194,12 @@ def test_activations_follow_the_learners_token_budget(tmp_path):
     assert act(micro_tokens=0) == 4 * 16 * per_token          # fixed rows: 4 x (10 + 6)
     assert act(micro_tokens=100) == 100 * per_token           # the budget bounds every micro-batch
     assert act(micro_tokens=8) == 16 * per_token              # a 16-token row travels alone, past a budget of 8
-    from grpo.config import LearnerConfig, SamplerConfig
+    from grpo.config import LearnerConfig, SamplerConfig, from_flat
 
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 32}))
-    shape = lambda **kw: probe.run_shape(LearnerConfig(**{"train_batch_size": 128, **kw}), SamplerConfig(), 1, 1,  # noqa: E731
+    shape = lambda **kw: probe.run_shape(from_flat(LearnerConfig, **{"train_batch_size": 128, **kw}), SamplerConfig(),
+                                         1, 1,  # noqa: E731
                                           str(ds))
     # the learner's default budget: 32 rows x (a 128-token prompt + 256 new tokens), not 32 x (512 + 256)
     assert shape().micro_tokens == 32 * (128 + 256) == 12_288
@@ -572,7 +574,7 @@ def test_the_launcher_gives_every_rank_the_halved_budget_and_says_so(monkeypatch
     half = memory._counted(memory.plan(shape, replace(r, micro_tokens=9216)), shared, 0)
     monkeypatch.setattr(probe, "gpu_total_bytes", lambda: {0: half})
     done = check_memory(rp)
-    assert done.learner.micro_batch_tokens == 9216 and done.sampler == rp.sampler
+    assert done.learner.training.micro_batch_tokens == 9216 and done.sampler == rp.sampler
     err = capsys.readouterr().err
     assert "learner micro-batches of at most 9216 tokens, not the default 18432: at the default the plan does not " \
            "fit GPU 0: learner0 + sampler0 need about" in err and "(--micro-batch-tokens sets it)" in err
@@ -601,14 +603,14 @@ def test_on_a_shared_gpu_the_reserve_counts_and_the_budget_halves(monkeypatch, c
     monkeypatch.setattr(probe, "gpu_total_bytes", lambda: {0: whole - 1, 1: whole - 1})
     done = check_memory(rp)
     want = memory.fitting_micro_tokens(shape, r, {0: whole - 1}, {"learner0": 0, "sampler0": 0}, with_reserve=True)
-    assert want and done.learner.micro_batch_tokens == want < r.micro_tokens
+    assert want and done.learner.training.micro_batch_tokens == want < r.micro_tokens
     err = capsys.readouterr().err
     assert f"learner micro-batches of at most {want} tokens, not the default {r.micro_tokens}: at the default the " \
            f"plan may not fit GPU 0: learner0 + sampler0 need about" in err and "warning" not in err
     apart = plan_for("--sampling-gpus", "1", "--training-gpus", "0")
     learner_alone = sum(b for _, b in memory.plan(*memory_inputs(apart, 1, 1))["learner0"])
     monkeypatch.setattr(probe, "gpu_total_bytes", lambda: {0: learner_alone - 1, 1: whole})
-    assert check_memory(apart).learner.micro_batch_tokens == 0
+    assert check_memory(apart).learner.training.micro_batch_tokens == 0
     err = capsys.readouterr().err
     assert "micro-batches of at most" not in err and "warning: the memory plan may not fit GPU 0: learner0 need" in err
 
@@ -654,7 +656,7 @@ def test_in_flight_rows_the_staleness_bound_cannot_fill_raise_a_default_bound_or
         done = resolve_in_flight(rp, rp.placement.samplers, rp.placement.cuda)
         captured = capsys.readouterr()
         said["out"] = captured.out
-        return done.learner.max_staleness, captured.err
+        return done.learner.training.max_staleness, captured.err
 
     bound, err = bound_after()
     assert bound == 5

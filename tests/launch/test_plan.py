@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo.config import LaunchConfig, LearnerConfig, SamplerConfig
+from grpo.config import LaunchConfig, LearnerConfig, SamplerConfig, TrainingSection, flat_fields
 from grpo.flags import build_parser, field_docs, parse_config, to_flags
 from grpo.launch.plan import LaunchError, parse, plan, split_passthrough
 from grpo.learner.engine import ConfigError, resolve_ds_config
@@ -17,7 +17,7 @@ def test_every_field_has_a_docstring_and_a_flag():
         docs = field_docs(cls)
         parser = build_parser(cls, "x")
         flags = {a.dest for a in parser._actions}
-        for name in cls.__dataclass_fields__:
+        for name in flat_fields(cls):   # the flat names flags and docs use
             assert docs.get(name), f"{cls.__name__}.{name} has no docstring"
             if name != "extra":
                 assert name in flags
@@ -25,9 +25,9 @@ def test_every_field_has_a_docstring_and_a_flag():
 
 def test_defaults_and_round_trip():
     cfg = parse_config(LearnerConfig, [], "t")
-    assert (cfg.data_port, cfg.sync_port) == (5555, 5556)
+    assert (cfg.run.data_port, cfg.run.sync_port) == (5555, 5556)
     cfg2 = parse_config(LearnerConfig, ["--beta", "0.5", "--no-deepspeed", "--max-steps", "3"], "t")
-    assert (cfg2.beta, cfg2.no_deepspeed, cfg2.max_steps) == (0.5, True, 3)
+    assert (cfg2.loss.beta, cfg2.training.no_deepspeed, cfg2.training.max_steps) == (0.5, True, 3)
     assert parse_config(LearnerConfig, to_flags(cfg2), "t") == cfg2
 
 
@@ -51,7 +51,7 @@ def test_deepspeed_json_auto_values():
     assert raw["train_batch_size"] == "auto" and raw["optimizer"]["params"]["lr"] == "auto"
     assert raw["train_micro_batch_size_per_gpu"] == 32
     assert raw["zero_optimization"]["stage"] == 2
-    assert LearnerConfig.train_batch_size == 16                # the default lives in the typed config
+    assert TrainingSection.train_batch_size == 16                # the default lives in the typed config
     cfg, batch = resolve_ds_config(raw, world=3, train_batch_size=16, group_size=8, learning_rate=1e-6, cuda=True)
     assert batch == 16
     assert cfg["gradient_accumulation_steps"] == 1          # ceil(16 / (32 * 3))

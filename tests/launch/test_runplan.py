@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from grpo.config import LearnerConfig, SamplerConfig
+from grpo.config import LearnerConfig, SamplerConfig, SamplerData, from_flat
 from grpo.flags import parse_config
 from grpo.launch.plan import parse, place, plan, specs
 from grpo.launch.runplan import changed_flags, from_flags, with_placement, worker_argv
@@ -18,8 +18,10 @@ def round_trip(cfg):
 @pytest.mark.parametrize("cfg", [
     SamplerConfig(),
     LearnerConfig(),
-    SamplerConfig(in_flight_rows=320, swap_in_flight=False, temperature=0.7, sampler_id=3, num_samplers=4, gpu_id=0),
-    LearnerConfig(max_staleness=7, learning_rate=2e-6, micro_batch_tokens=-1, no_deepspeed=True, device="cpu",
+    from_flat(SamplerConfig, in_flight_rows=320, swap_in_flight=False, temperature=0.7, sampler_id=3, num_samplers=4,
+              gpu_id=0),
+    from_flat(LearnerConfig, max_staleness=7, learning_rate=2e-6, micro_batch_tokens=-1, no_deepspeed=True,
+              device="cpu",
                   warm_up=False, lora_target_modules="q_proj,v_proj"),
 ])
 def test_a_config_comes_back_from_its_argv(cfg):
@@ -28,7 +30,8 @@ def test_a_config_comes_back_from_its_argv(cfg):
 
 def test_only_what_differs_is_written():
     assert worker_argv(LearnerConfig()) == []
-    assert worker_argv(LearnerConfig(max_staleness=5, warm_up=False)) == ["--no-warm-up", "--max-staleness", "5"]
+    assert worker_argv(from_flat(LearnerConfig, max_staleness=5, warm_up=False)) == ["--no-warm-up", "--max-staleness",
+                                                                                     "5"]
     assert changed_flags(SamplerConfig(), SamplerConfig(), always=("sampler_id",)) == ["--sampler-id", "0"]
 
 
@@ -39,7 +42,8 @@ def test_a_config_file_is_the_baseline(tmp_path):
     path.write_text("max_staleness: 4\nbeta: 0.5\nprompts_per_round: 3\n")
     cfg, to_s, to_l = parse(["--config", str(path), "--device", "cpu", "--beta", "0.04"])
     rp = from_flags(cfg, to_s, to_l)
-    assert (rp.learner.max_staleness, rp.learner.beta, rp.sampler.prompts_per_round) == (4, 0.04, 3)
+    assert (rp.learner.training.max_staleness, rp.learner.loss.beta, rp.sampler.rollout.prompts_per_round) == (4, 0.04,
+                                                                                                               3)
     argv = worker_argv(rp.learner)
     assert argv[:2] == ["--config", str(path.resolve())] and "--max-staleness" not in argv
     assert argv[argv.index("--beta") + 1] == "0.04"
@@ -57,17 +61,18 @@ def test_every_process_parses_back_the_plans_config(argv, cuda_count):
     that process's own id, GPU and run folder; choices made on the plan travel the same way."""
     cfg, to_s, to_l = parse(argv)
     rp = with_placement(from_flags(cfg, to_s, to_l), place(cfg, cuda_count))
-    rp = replace(rp, learner=replace(rp.learner, max_staleness=6), sampler=replace(rp.sampler, in_flight_rows=96))
+    rp = replace(rp, learner=replace(rp.learner, training=replace(rp.learner.training, max_staleness=6)),
+                 sampler=replace(rp.sampler, rollout=replace(rp.sampler.rollout, in_flight_rows=96)))
     procs = specs(rp, 29500, "/tmp/run")
     for p in procs:
         role = LearnerConfig if p.role == "learner" else SamplerConfig
         got = parse_config(role, p.argv[2:], "worker")
         k = int(p.name.removeprefix(p.role))
         if p.role == "learner":
-            want = replace(rp.learner, gpu_id=k if cuda_count else -1, run_dir="/tmp/run")
+            want = replace(rp.learner, run=replace(rp.learner.run, gpu_id=k if cuda_count else -1, run_dir="/tmp/run"))
         else:
-            want = replace(rp.sampler, sampler_id=k, num_samplers=rp.placement.samplers,
-                           gpu_id=0 if cuda_count else -1, run_dir="/tmp/run")
+            want = replace(rp.sampler, run=replace(rp.sampler.run, sampler_id=k, num_samplers=rp.placement.samplers,
+                                                   gpu_id=0 if cuda_count else -1, run_dir="/tmp/run"))
         assert got == want, p.name
     assert specs(rp, 29500, "/tmp/run") == procs   # the same plan, the same processes
     assert plan(cfg, cuda_count, to_s, to_l, 29500)[0].argv[:2] == procs[0].argv[:2]
@@ -81,12 +86,12 @@ def test_workers_trust_the_plan_and_check_flags_given_by_hand(monkeypatch, tmp_p
 
     cfg, to_s, to_l = parse(["--device", "cpu"])
     assert all(p.env[PLANNED_ENV] == "1" for p in plan(cfg, 0, to_s, to_l, 29500))
-    bad = SamplerConfig(sampler_id=2, num_samplers=2, dataset=str(tmp_path / "none.jsonl"))
+    bad = from_flat(SamplerConfig, sampler_id=2, num_samplers=2, dataset=str(tmp_path / "none.jsonl"))
     monkeypatch.delenv(PLANNED_ENV, raising=False)
     with pytest.raises(Exception, match="none.jsonl"):
         workers._sampler_checks(bad)
     with pytest.raises(ValueError, match="--sampler-id 2 must be in 0..1"):
-        workers._sampler_checks(replace(bad, dataset=SamplerConfig.dataset))
+        workers._sampler_checks(replace(bad, data=replace(bad.data, dataset=SamplerData.dataset)))
     monkeypatch.setenv(PLANNED_ENV, "1")
     assert workers._sampler_checks(bad)[0] == "sampler2"
 

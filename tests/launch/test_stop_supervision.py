@@ -25,7 +25,7 @@ def launcher(run_dir: Path, stop_save_timeout_s: float) -> subprocess.Popen:
     script = f"""
 import os, sys
 from pathlib import Path
-from grpo.config import LaunchConfig
+from grpo.config import LaunchConfig, from_flat
 from grpo.launch import supervisor
 from grpo.launch.plan import ProcSpec
 supervisor.STOP_NOTE_S = 0.5   # the word while it waits, at a test's pace
@@ -33,7 +33,7 @@ run_dir = Path({str(run_dir)!r})
 env = dict(os.environ)
 specs = [ProcSpec("learner0", [sys.executable, "-c", {SAVING!r}, str(run_dir)], env, "learner"),
          ProcSpec("sampler0", [sys.executable, "-c", "import time; time.sleep(300)"], env, "sampler")]
-cfg = LaunchConfig(stop_timeout_s=2.0, stage_timeout_s=0, stop_save_timeout_s={stop_save_timeout_s})
+cfg = from_flat(LaunchConfig, stop_timeout_s=2.0, stage_timeout_s=0, stop_save_timeout_s={stop_save_timeout_s})
 sys.exit(supervisor.run(cfg, specs, run_dir, resume="python run_distributed.py --resume latest"))
 """
     run_dir.mkdir(parents=True)

@@ -212,14 +212,14 @@ def test_a_process_that_outlives_a_finished_learner_is_stopped_and_the_run_succe
     script = f"""
 import os, sys
 from pathlib import Path
-from grpo.config import LaunchConfig
+from grpo.config import LaunchConfig, from_flat
 from grpo.launch.plan import ProcSpec
 from grpo.launch.supervisor import run
 run_dir = Path({str(run_dir)!r})
 env = dict(os.environ)
 specs = [ProcSpec("learner0", [sys.executable, "-c", {learner!r}, str(run_dir)], env, "learner"),
          ProcSpec("sampler0", [sys.executable, "-c", "import time; time.sleep(120)"], env, "sampler")]
-sys.exit(run(LaunchConfig(stop_timeout_s=1.0, stage_timeout_s=0), specs, run_dir))
+sys.exit(run(from_flat(LaunchConfig, stop_timeout_s=1.0, stage_timeout_s=0), specs, run_dir))
 """
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)

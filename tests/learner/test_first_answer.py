@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from netutil import free_ports
 
-from grpo.config import LearnerConfig
+from grpo.config import LearnerConfig, from_flat
 from grpo.learner.setup import build
 from grpo.sync.client import ask, await_answer
 from grpo.wire import messages as M
@@ -22,7 +22,8 @@ def test_a_request_sent_before_the_learner_loads_gets_a_budget(tmp_path, monkeyp
         # queued before the ports are bound: the publisher's thread finds it the moment it starts, as
         # a sampler's first request that waited while the learner loaded its model
         assert ask(client, 0, 0, 1, sent=0)
-        parts = build(LearnerConfig(device="cpu", model="tiny-random", no_deepspeed=True, run_dir=str(tmp_path),
+        parts = build(from_flat(LearnerConfig, device="cpu", model="tiny-random", no_deepspeed=True,
+                                run_dir=str(tmp_path),
                                     data_port=data, sync_port=sync, report_to="none"))
         answers: list[M.Message] = []
         answered, _, _ = await_answer(client, 0, 1, 30.0, on_answer=answers.append)

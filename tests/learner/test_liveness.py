@@ -175,10 +175,10 @@ def test_learner_intake_bounds_its_fifo_and_drops_what_it_would_not_train():
     import collections
     from types import SimpleNamespace
 
-    from grpo.config import LearnerConfig
+    from grpo.config import LearnerConfig, from_flat
     from grpo.learner.intake import Intake
 
-    cfg = LearnerConfig(buffer_size=2, max_new_tokens=2, max_prompt_tokens=3, max_samplers=4)
+    cfg = from_flat(LearnerConfig, buffer_size=2, max_new_tokens=2, max_prompt_tokens=3, max_samplers=4)
     # no sockets: these messages are handed to take() directly
     lrn = Intake(cfg, SimpleNamespace(rejected=collections.Counter()), Liveness(30.0, 4), Books(), MessageLedger())
     # make_group's default: a prompt of 2 tokens, one completion of 2 tokens
@@ -207,16 +207,16 @@ def test_a_resumed_learner_counts_groups_made_before_its_start_apart():
     import collections
     from types import SimpleNamespace
 
-    from grpo.config import LearnerConfig
+    from grpo.config import LearnerConfig, from_flat
     from grpo.learner.intake import Intake
     from grpo.rules.staleness import staleness_advice
 
-    cfg = LearnerConfig(max_staleness=2)
+    cfg = from_flat(LearnerConfig, max_staleness=2)
     lrn = Intake(cfg, SimpleNamespace(rejected=collections.Counter()), Liveness(30.0, 4), Books(), MessageLedger())
     lrn.start_version = 3
     kept = [lrn._fresh(make_group(sampler_id=0, incarnation=1, policy_version=v), version=4) for v in (0, 0, 3, 4)]
     assert kept == [False, False, True, True]
     assert lrn.counts == {"dropped_stale": 2}
     assert lrn.ages == {1: 1, 0: 1} and lrn.ages_before_start == {4: 2}
-    assert staleness_advice(lrn.ages, cfg.max_staleness) is None   # counted with them: 50% stale, advice given
-    assert staleness_advice(lrn.ages + lrn.ages_before_start, cfg.max_staleness).startswith("staleness: 50% of")
+    assert staleness_advice(lrn.ages, cfg.training.max_staleness) is None   # counted with them: 50% stale, advice given
+    assert staleness_advice(lrn.ages + lrn.ages_before_start, cfg.training.max_staleness).startswith("staleness: 50% of")

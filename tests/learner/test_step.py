@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from netutil import free_ports
 
-from grpo.config import LearnerConfig
+from grpo.config import LearnerConfig, from_flat
 from grpo.learner.step import (EACH, MAX, MEAN, RANK_FIGURES, SUM, combine, plan_shard, reduce_by_name,
                                step_record)
 
@@ -33,7 +33,7 @@ def _figures(rank: int) -> dict[str, float]:
 
 
 def _cfg(**kw) -> LearnerConfig:
-    return LearnerConfig(**{"beta": 0.04, "entropy_coef": 0.01, **kw})
+    return from_flat(LearnerConfig, **{"beta": 0.04, "entropy_coef": 0.01, **kw})
 
 
 # The two ranks' figures through step_record (2 updates, grad norm 0.75), by hand: loss

@@ -13,7 +13,7 @@ import pytest
 import torch
 from builders import make_completion, make_group
 
-from grpo.config import LearnerConfig, SamplerConfig
+from grpo.config import LearnerConfig, SamplerConfig, flat, from_flat
 from grpo.flags import parse_config
 from grpo.launch.plan import parse, plan
 from grpo.obs.gpu import GpuMonitor, format_gpu, release_cached
@@ -36,14 +36,14 @@ def test_config_file_sets_options_and_flags_override(tmp_path):
     cfg_file = _yaml(tmp_path, "learning-rate: 2e-6\nbeta: 0.1\nno_deepspeed: true\nlora_target_modules: [q_proj, v_proj]\n"
                                "max_steps: 7\ndataset: rg:gsm_symbolic\n")
     cfg = parse_config(LearnerConfig, ["--config", str(cfg_file), "--beta", "0.3"], "t")
-    assert cfg.learning_rate == 2e-6            # YAML 1.1 reads 2e-6 as a string; taken as the flag would
-    assert cfg.beta == 0.3                       # the command line wins
-    assert cfg.no_deepspeed is True and cfg.max_steps == 7
-    assert cfg.lora_target_modules == "q_proj,v_proj"
-    assert cfg.config == str(cfg_file.resolve())
+    assert cfg.training.learning_rate == 2e-6            # YAML 1.1 reads 2e-6 as a string; taken as the flag would
+    assert cfg.loss.beta == 0.3                       # the command line wins
+    assert cfg.training.no_deepspeed is True and cfg.training.max_steps == 7
+    assert cfg.training.lora_target_modules == "q_proj,v_proj"
+    assert cfg.run.config == str(cfg_file.resolve())
     s = parse_config(SamplerConfig, ["--config", str(cfg_file)], "t")
-    assert s.dataset == "rg:gsm_symbolic"        # one file for every role; each takes its own keys
-    assert not hasattr(s, "beta")
+    assert s.data.dataset == "rg:gsm_symbolic"   # one file for every role; each takes its own keys
+    assert "beta" not in flat(s)
 
 
 @pytest.mark.parametrize("text,expect", [
@@ -64,14 +64,15 @@ def test_launcher_passes_the_config_file_to_every_child(tmp_path):
     cfg_file = _yaml(tmp_path, "device: cpu\ntraining_ranks: 2\nmax_steps: 5\nlora_r: 4\nprompts_per_round: 3\n"
                                "model: tiny-random\n")
     cfg, to_s, to_l = parse(["--config", str(cfg_file), "--beta", "0.5"])
-    assert (cfg.training_ranks, cfg.max_steps, cfg.model) == (2, 5, "tiny-random")
+    assert (cfg.placement.training_ranks, cfg.training.max_steps, cfg.run.model) == (2, 5, "tiny-random")
     specs = plan(cfg, 0, to_s, to_l, master_port=29999)
     assert [s.name for s in specs] == ["learner0", "learner1", "sampler0"]
     learner = parse_config(LearnerConfig, specs[0].argv[2:], "t")
     sampler = parse_config(SamplerConfig, specs[2].argv[2:], "t")
-    assert (learner.lora_r, learner.max_steps, learner.beta, learner.model) == (4, 5, 0.5, "tiny-random")
-    assert (sampler.prompts_per_round, sampler.model, sampler.device) == (3, "tiny-random", "cpu")
-    assert learner.config == sampler.config == str(cfg_file.resolve())
+    assert (learner.training.lora_r, learner.training.max_steps, learner.loss.beta, learner.run.model) == (4, 5, 0.5,
+                                                                                                           "tiny-random")
+    assert (sampler.rollout.prompts_per_round, sampler.run.model, sampler.run.device) == (3, "tiny-random", "cpu")
+    assert learner.run.config == sampler.run.config == str(cfg_file.resolve())
 
 
 # --------------------------------------------------------------------------- tracking
@@ -302,7 +303,7 @@ def test_run_files_record_command_and_commit(tmp_path, monkeypatch):
     try:
         assert rundir.provenance() == {"command": f"{sys.executable} training_worker.py --seed 7",
                                        "commit": "abc123"}
-        cfg = LearnerConfig(seed=7, learning_rate=3e-6)
+        cfg = from_flat(LearnerConfig, seed=7, learning_rate=3e-6)
         rundir.save_config(tmp_path, "learner", cfg)
         saved = json.loads((tmp_path / "config_learner.json").read_text())
         assert (saved["command"], saved["commit"], saved["seed"]) == (rundir.provenance()["command"], "abc123", 7)

@@ -26,11 +26,11 @@ def test_sampler_round_with_fast_backend(monkeypatch):
     pass token for token, in a fixed round and in an in-flight one."""
     from netutil import free_ports
 
-    from grpo.config import SamplerConfig
+    from grpo.config import SamplerConfig, from_flat
     from grpo.sampler.loop import Sampler
 
     d, s = free_ports(2)
-    cfg = SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
+    cfg = from_flat(SamplerConfig, model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
                         prompts_per_round=2, num_generations=3, max_new_tokens=6, generation_backend="fast",
                         data_port=d, sync_port=s)
     sampler = Sampler(cfg)
@@ -44,7 +44,7 @@ def test_sampler_round_with_fast_backend(monkeypatch):
         chunks = list(sampler.parts.workflow.stream_round(0, 2))   # a fixed round: one batch, one chunk
         assert len(chunks) == 1
         groups = chunks[0]
-        sampler.cfg.in_flight_rows = 4
+        sampler.cfg.rollout.in_flight_rows = 4
         groups += [g for chunk in sampler.parts.workflow.stream_round(1, 2) for g in chunk]
         assert passes == ["ref", "ref"]   # the reference pass only (no learner said beta is 0)
         monkeypatch.undo()
@@ -52,7 +52,7 @@ def test_sampler_round_with_fast_backend(monkeypatch):
         # order and equal one sequence at a time (no padding at all).
         whole = prompts((9, 4, 12, 6, 5))
         plens = [3, 2, 5, 1, 4]
-        sampler.cfg.logprob_batch_size = 2
+        sampler.cfg.rollout.logprob_batch_size = 2
         # Only the completions' positions reach the LM head: 6 + 2 + 7 + 5 + 1 rows, none of a prompt's.
         head_rows = []
         hook = sampler.parts.policy.get_output_embeddings().register_forward_hook(
@@ -83,9 +83,9 @@ def test_sampler_round_with_fast_backend(monkeypatch):
             # (old) equal the reference's teacher-forced pass
             np.testing.assert_allclose(c.old_policy_log_probs, c.ref_policy_log_probs, atol=1e-5)
     with pytest.raises(ValueError, match="--generation-backend"):
-        Sampler(SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
+        Sampler(from_flat(SamplerConfig, model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
                               generation_backend="turbo", data_port=d, sync_port=s))
-    first = Sampler(SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
+    first = Sampler(from_flat(SamplerConfig, model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
                                   generation_backend="fast", refill_behind=False, data_port=d, sync_port=s))
     try:
         assert first.parts.engine.refill_behind is False   # --no-refill-behind reaches the engine
@@ -100,7 +100,7 @@ def test_sampler_falls_back_at_start_up(monkeypatch):
     from netutil import free_ports
 
     import grpo.generate.engine as engine_module
-    from grpo.config import SamplerConfig
+    from grpo.config import SamplerConfig, from_flat
     from grpo.sampler.loop import Sampler
 
     def unservable(model):
@@ -108,7 +108,7 @@ def test_sampler_falls_back_at_start_up(monkeypatch):
 
     monkeypatch.setattr(engine_module, "layer_plan", unservable)
     d, s = free_ports(2)
-    sampler = Sampler(SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
+    sampler = Sampler(from_flat(SamplerConfig, model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
                                     prompts_per_round=2, num_generations=2, max_new_tokens=4,
                                     generation_backend="fast", data_port=d, sync_port=s))
     try:
@@ -132,9 +132,10 @@ def test_flags_and_one_line_error_for_a_bad_backend(tmp_path):
     from grpo.flags import parse_config
 
     cfg = parse_config(SamplerConfig, ["--generation-backend", "hf", "--no-cuda-graphs", "--compile-decode"], "s")
-    assert (cfg.generation_backend, cfg.cuda_graphs, cfg.compile_decode) == ("hf", False, True)
+    assert (cfg.rollout.generation_backend, cfg.rollout.cuda_graphs, cfg.rollout.compile_decode) == ("hf", False, True)
     default = parse_config(SamplerConfig, [], "s")
-    assert (default.generation_backend, default.cuda_graphs, default.compile_decode) == ("auto", True, False)
+    assert (default.rollout.generation_backend, default.rollout.cuda_graphs, default.rollout.compile_decode) == \
+        ("auto", True, False)
     root = Path(__file__).resolve().parents[2]
     r = subprocess.run([sys.executable, "sampling_worker.py", "--device", "cpu", "--model", "tiny-random",
                         "--dataset", str(GSM8K), "--generation-backend", "turbo", "--run-dir", str(tmp_path / "run")], cwd=root, capture_output=True,

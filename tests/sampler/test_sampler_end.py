@@ -21,7 +21,7 @@ import torch
 from netutil import free_ports, one_thread  # noqa: F401 - module-wide fixture (autouse)
 from scripted import ScriptedLearner, facts, run_against
 
-from grpo.config import SamplerConfig
+from grpo.config import SamplerConfig, from_flat
 from grpo.obs import stages
 from grpo.sampler.loop import Sampler
 from grpo.sampler.weights_client import AnswersRejected, NoFirstAnswer, RunMismatch
@@ -35,7 +35,7 @@ GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
 
 
 def make_sampler(data_port: int, sync_port: int, **kw) -> Sampler:
-    return Sampler(SamplerConfig(**{"model": "tiny-random", "device": "cpu", "dataset": str(GSM8K),
+    return Sampler(from_flat(SamplerConfig, **{"model": "tiny-random", "device": "cpu", "dataset": str(GSM8K),
                                     "dataset_limit": 8, "num_generations": 2, "max_new_tokens": 4,
                                     "data_port": data_port, "sync_port": sync_port, "heartbeat_interval_s": 0,
                                     **kw}))
@@ -86,7 +86,7 @@ class RoundWatch:
 
     def __init__(self, s: Sampler):
         self.done, self.at = threading.Event(), None
-        eng, n = s.parts.engine, s.cfg.prompts_per_round
+        eng, n = s.parts.engine, s.cfg.rollout.prompts_per_round
         generate, stream = eng.generate, eng.stream
 
         def generated(*a, **k):

@@ -20,7 +20,7 @@ import torch
 from netutil import free_ports, one_thread  # noqa: F401 - module-wide fixture (autouse)
 from scripted import ScriptedLearner, facts, run_against
 
-from grpo.config import SamplerConfig
+from grpo.config import SamplerConfig, from_flat
 from grpo.model.logprobs import right_pad, token_logprobs
 from grpo.sampler.loop import Sampler
 from grpo.sampler.workflow import stream_line, swaps_in_flight
@@ -61,7 +61,7 @@ def test_a_version_announced_mid_stream_is_swapped_in_between_decode_steps():
     sample waited for a row (its prompt prefilled by version 0) and took one at step 12: token 0 from
     that prefill, the rest by version 1; prompt 2, prefilled after the swap: all version 1."""
     data_port, sync_port = free_ports(2)
-    s = Sampler(SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
+    s = Sampler(from_flat(SamplerConfig, model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
                               num_generations=2, max_new_tokens=12, prompts_per_round=3, in_flight_rows=3,
                               generation_backend="fast", data_port=data_port, sync_port=sync_port,
                               heartbeat_interval_s=0))
@@ -145,10 +145,10 @@ def test_a_streaming_round_takes_prompts_as_the_budget_allows_and_no_more(caplog
     With rounds (one learner step of 1 group each) the same budget would have taken 6 rounds."""
     K = 6
     data_port, sync_port = free_ports(2)
-    s = Sampler(SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=16,
+    s = Sampler(from_flat(SamplerConfig, model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=16,
                               num_generations=2, max_new_tokens=6, in_flight_rows=4, generation_backend="fast",
                               data_port=data_port, sync_port=sync_port, heartbeat_interval_s=0))
-    assert s.parts.swaps and s.cfg.prompts_per_round == 0
+    assert s.parts.swaps and s.cfg.rollout.prompts_per_round == 0
     # stop once three requests have said all K were handed: two of them asked for room in vain
     learner = ScriptedLearner(sync_port, facts(s, groups_per_step=4), budget=lambda req: max(0, K - max(req.sent, 0)),
                               stop_when=lambda reqs: sum(r.sent == K for r in reqs) >= 3)
@@ -178,7 +178,7 @@ def test_a_round_ending_for_an_evaluation_swaps_nothing_in_while_its_rows_end():
     is version 0's and the evaluation that follows scores version 0. The announcement is not lost:
     the next swap request applies it."""
     data_port, sync_port = free_ports(2)
-    s = Sampler(SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
+    s = Sampler(from_flat(SamplerConfig, model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
                               num_generations=2, max_new_tokens=12, in_flight_rows=6, generation_backend="fast",
                               data_port=data_port, sync_port=sync_port, heartbeat_interval_s=0))
     s.parts.engine.check_every = 3

@@ -14,7 +14,7 @@ import torch
 from fakevllm import FakeLLM, make_params
 from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 
-from grpo.config import GenerationBackend, SamplerConfig
+from grpo.config import GenerationBackend, SamplerConfig, from_flat
 from grpo.generate.vllm_engine import MISSING, VllmEngine, vllm_installed
 
 GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
@@ -25,7 +25,7 @@ def test_check_decoding_refuses_vllm_when_not_installed(monkeypatch):
     from grpo.sampler.setup import check_decoding
 
     monkeypatch.setattr(ve, "vllm_installed", lambda: False)
-    cfg = SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), generation_backend="vllm")
+    cfg = from_flat(SamplerConfig, model="tiny-random", device="cpu", dataset=str(GSM8K), generation_backend="vllm")
     with pytest.raises(ValueError) as e:
         check_decoding(cfg, torch.device("cpu"))
     assert str(e.value) == "--generation-backend vllm needs vLLM: pip install '.[vllm]'" == MISSING
@@ -62,16 +62,16 @@ def test_vllm_memory_share_from_the_plan(monkeypatch):
         intermediate_size=128)))
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=80 * GiB))
     cuda = torch.device("cuda", 0)
-    cfg = SamplerConfig(in_flight_rows=64, max_new_tokens=100)
+    cfg = from_flat(SamplerConfig, in_flight_rows=64, max_new_tokens=100)
     shape = shape_from_config(policy.config.to_dict())
     # rows: --in-flight-rows; bf16 (2 bytes); the plan's prompt length + max_new_tokens
     want = vllm_gpu_fraction(vllm_items(shape, 64, PROMPT_TOKENS + 100, 2), 80 * GiB)
     assert setup.vllm_memory_share(cfg, policy, cuda) == want == 0.02   # 1 GiB workspace + a little: 1.3%, rounded up
     # fixed rounds: --prompts-per-round x G rows
-    cfg = SamplerConfig(prompts_per_round=4, num_generations=8, max_new_tokens=100)
+    cfg = from_flat(SamplerConfig, prompts_per_round=4, num_generations=8, max_new_tokens=100)
     assert setup.vllm_memory_share(cfg, policy, cuda) == vllm_gpu_fraction(
         vllm_items(shape, 32, PROMPT_TOKENS + 100, 2), 80 * GiB)
-    cfg.vllm_gpu_memory_utilization = 0.4   # given, it wins
+    cfg.rollout.vllm_gpu_memory_utilization = 0.4   # given, it wins
     assert setup.vllm_memory_share(cfg, policy, cuda) == 0.4
 
 
@@ -99,7 +99,8 @@ def test_sampler_rounds_and_evaluation_through_the_vllm_engine(monkeypatch):
     monkeypatch.setattr(setup, "vllm_memory_share", lambda cfg, policy, device: 0.5)
     monkeypatch.setattr(VllmEngine, "build", classmethod(fake_build))
     d, s = free_ports(2)
-    cfg = SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8, prompts_per_round=2,
+    cfg = from_flat(SamplerConfig, model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
+                    prompts_per_round=2,
                         num_generations=3, max_new_tokens=6, generation_backend="vllm", data_port=d, sync_port=s)
     sampler = Sampler(cfg)
     try:
@@ -112,7 +113,7 @@ def test_sampler_rounds_and_evaluation_through_the_vllm_engine(monkeypatch):
         chunks = list(parts.workflow.stream_round(0, 2))   # a fixed round: every prompt in flight, one chunk
         assert len(chunks) == 1 and parts.engine.llm.most_live == 6
         groups = chunks[0]
-        sampler.cfg.in_flight_rows = 3
+        sampler.cfg.rollout.in_flight_rows = 3
         parts.engine.llm.most_live = 0
         groups += [g for chunk in parts.workflow.stream_round(1, 2) for g in chunk]
         assert parts.engine.llm.most_live == 3   # in flight: at most 3 rows (one prompt) at a time

@@ -11,7 +11,7 @@ import pytest
 from netutil import free_ports, one_thread  # noqa: F401 - module-wide fixture (autouse)
 from scripted import ScriptedLearner, facts, run_against
 
-from grpo.config import SamplerConfig
+from grpo.config import SamplerConfig, from_flat
 from grpo.data.prompts import PromptStream
 from grpo.learner.accounting import Books
 from grpo.sampler.counters import SamplerCounters
@@ -37,7 +37,7 @@ def reward(tmp_path, monkeypatch):
 
 
 def sampler(reward: str, filt: bool, data_port: int, sync_port: int, **kw) -> Sampler:
-    return Sampler(SamplerConfig(model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
+    return Sampler(from_flat(SamplerConfig, model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
                                  prompts_per_round=3, num_generations=2, max_new_tokens=4,
                                  generation_backend="fast", old_logprobs="pass",   # both passes, to count them
                                  reward=reward, filter_zero_signal=filt,
@@ -60,7 +60,7 @@ def drain(receiver: DataReceiver, within_s: float = 30.0) -> tuple[list[M.Group]
 
 def no_update_learner(s: Sampler) -> ScriptedLearner:
     """A scripted learner that answers every request with no update."""
-    return ScriptedLearner(s.cfg.sync_port, facts(s, needs_ref_logprobs=True))
+    return ScriptedLearner(s.cfg.run.sync_port, facts(s, needs_ref_logprobs=True))
 
 
 @pytest.mark.parametrize("filt", [True, False])
@@ -159,7 +159,7 @@ def test_rounds_grow_until_their_groups_with_signal_fill_a_step(reward):
     seen so far sets the size: 1 of 6 -> ceil(2 / (1/6)) = 12 prompts, then 2 of 18 -> 18 (from 24:
     1 of 24 -> 48, 2 of 72 -> floored at 1/16 -> 32)."""
     s = sampler(reward, True, *free_ports(2), max_rounds=3)
-    s.cfg.prompts_per_round = 0
+    s.cfg.rollout.prompts_per_round = 0
     sizes = []
     real = s.parts.workflow.stream_round
 
@@ -168,7 +168,7 @@ def test_rounds_grow_until_their_groups_with_signal_fill_a_step(reward):
         return real(round_idx, n_prompts, **kw)
 
     s.parts.workflow.stream_round = counted
-    run_against(s, ScriptedLearner(s.cfg.sync_port, facts(s, groups_per_step=2)))
+    run_against(s, ScriptedLearner(s.cfg.run.sync_port, facts(s, groups_per_step=2)))
     assert sizes in ([6, 12, 18], [24, 48, 32])
 
 
@@ -182,7 +182,7 @@ def test_round_sizes_fill_the_engines_smallest_bucket_within_the_budget(reward, 
     8 without. Without buckets (hf, or no graphs: this CPU engine) no floor."""
     s = sampler(reward, filt, *free_ports(2))
     try:
-        s.cfg.prompts_per_round = 0
+        s.cfg.rollout.prompts_per_round = 0
         assert s.parts.engine is not None and s.parts.engine.buckets == ()   # CPU: no graphs, exact sizes
         assert s.parts.workflow.bucket_prompts() == 1
         assert s.parts.workflow.round_prompts() == (24 if filt else 8)          # round 0
@@ -211,7 +211,7 @@ def test_deferred_prompts_are_not_generated_again_at_once_and_the_books_balance(
                 defer_zero_signal=True)
     prompts = s.parts.workflow.prompts
     prompts.mine = prompts.mine[:3]
-    prompts.stream = PromptStream(prompts.mine, seed=s.cfg.seed, deferrals=prompts.deferrals)
+    prompts.stream = PromptStream(prompts.mine, seed=s.cfg.run.seed, deferrals=prompts.deferrals)
     e = [[prompts.mine[i].question for i in prompts.stream._permutation(k)] for k in range(3)]
     result = run_against(s, no_update_learner(s))
     groups, final = drain(receiver)

@@ -11,7 +11,7 @@ import torch
 from netutil import free_ports
 
 from grpo import config
-from grpo.config import SamplerConfig
+from grpo.config import SamplerConfig, from_flat
 from grpo.rules import methods as rules
 from grpo.sampler.counters import SamplerCounters
 from grpo.sampler.weights_client import WeightsClient
@@ -106,8 +106,9 @@ class Two(torch.nn.Module):
 
 def _client(monkeypatch, policy: torch.nn.Module) -> WeightsClient:
     monkeypatch.setitem(REGISTRY, "toy", _toy())
-    cfg = SamplerConfig(weight_sync="tcp")   # what --weight-sync said only matters to fallback: toy -> tcp either way
-    receiver = make_receiver("toy", policy, torch.float32, cfg.sync_port, 1.0)
+    cfg = from_flat(SamplerConfig,
+                    weight_sync="tcp")   # what --weight-sync said only matters to fallback: toy -> tcp either way
+    receiver = make_receiver("toy", policy, torch.float32, cfg.run.sync_port, 1.0)
     return WeightsClient(cfg, None, policy, torch.device("cpu"), 10, receiver, "toy", SamplerCounters(),
                          lambda levels: None)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from netutil import free_ports
 
-from grpo.config import SamplerConfig
+from grpo.config import SamplerConfig, from_flat
 from grpo.sampler.weights_client import run_mismatches
 from grpo.wire import messages as M
 
@@ -69,7 +69,7 @@ def test_run_mismatches_by_hand():
                        max_new_tokens=256, max_prompt_tokens=4096, temperature=1.0, needs_ref_logprobs=True,
                        max_staleness=4)
     assert run_mismatches(facts, SamplerConfig(), 49152) == []
-    cfg = SamplerConfig(num_generations=4, temperature=0.7)
+    cfg = from_flat(SamplerConfig, num_generations=4, temperature=0.7)
     assert run_mismatches(facts, cfg, 151936) == [
         "vocabulary: 151936 here, 49152 at the learner (--model smollm2 here, smollm2 there)",
         "--num-generations: 4 here, 8 at the learner", "--temperature: 0.7 here, 1.0 at the learner"]
