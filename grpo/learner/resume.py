@@ -1,5 +1,5 @@
 """Which checkpoint --resume names: the complete checkpoints of a run and the one a --resume value
-picks. Standard library only: the launcher (grpo.launch.main.check_resume) asks it before any worker
+picks. Standard library only: the launcher (grpo.launch.checks.check_resume) asks it before any worker
 starts, when nothing may import torch or numpy yet; grpo.learner.checkpoint saves and loads them.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 them: one learner and one sampler on one device, as on one shared GPU, where a default run dropped a
 third of the groups it judged. Its sampler may make round 0 before the learner's first answer (8
 groups of version 0, more than the default bound trains with steps of 2 groups: the launcher raises
-it, grpo.launch.main.fit_first_round), and the learner's first answer carries the budget whenever it
+it, grpo.launch.inflight.fit_first_round), and the learner's first answer carries the budget whenever it
 comes (grpo.learner.setup), so that round 0's groups still on their way count against the next."""
 from __future__ import annotations
 
