@@ -47,9 +47,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import ROOT, read_run_file, versions  # noqa: E402  (also puts the repo root on sys.path)
-from fetch_models import MODELS, RECEIVE_DIR, default_dest  # noqa: E402
 
 from grpo.learner.checkpoint import parse_save_schedule  # noqa: E402
+from grpo.model import fetch  # noqa: E402
+from grpo.model.fetch import MODELS  # noqa: E402
 from grpo.obs.rundir import git_head  # noqa: E402
 
 # The standard rows, the set the docs report: `all` without --rows runs them one after another;
@@ -279,13 +280,10 @@ def model_path(model: str) -> str:
     """A row's MODEL as --model takes it: the GGUF file of 0.5b / 1.5b, else the value itself."""
     if model not in SHORT:
         return model
-    spec = MODELS[SHORT[model]]
-    # fetch_models' folders: `receive` assembles into RECEIVE_DIR, `get` downloads into default_dest()
-    dirs = [os.environ.get("GRPO_GGUF_DIR", ""), str(RECEIVE_DIR), str(default_dest())]
-    for d in filter(None, dirs):
-        if (Path(d) / spec["file"]).is_file():
-            return str(Path(d) / spec["file"])
-    raise SystemExit(f"benchmark: {spec['file']} is in none of {', '.join(filter(None, dirs))}; "
+    if (found := fetch.find(SHORT[model])) is not None:   # where --model qwen2.5-coder-* looks too
+        return str(found)
+    raise SystemExit(f"benchmark: {MODELS[SHORT[model]]['file']} is in none of "
+                     f"{', '.join(map(str, fetch.search_dirs()))}; "
                      f"run `python bench/fetch_models.py get {SHORT[model]}` (or set GRPO_GGUF_DIR)")
 
 

@@ -196,7 +196,7 @@ def test_the_gguf_files_are_looked_up_in_order(tmp_path, monkeypatch):
     any other MODEL is --model's value as given. The receive folder is the test's (not /tmp/gguf)."""
     name = rw.MODELS[rw.SHORT["0.5b"]]["file"]
     mine, received, cache = tmp_path / "mine", tmp_path / "received", tmp_path / "cache"
-    monkeypatch.setattr(rw, "RECEIVE_DIR", received)
+    monkeypatch.setattr(rw.fetch, "RECEIVE_DIR", received)
     monkeypatch.setenv("GRPO_GGUF_DIR", str(mine))
     monkeypatch.setenv("GRPO_CACHE", str(cache))
     assert rw.model_path("tiny-random") == "tiny-random"
@@ -204,7 +204,8 @@ def test_the_gguf_files_are_looked_up_in_order(tmp_path, monkeypatch):
         rw.model_path("0.5b")
     for d in (cache / "gguf", received, mine):   # each folder, once it holds the file, wins over the later ones
         d.mkdir(parents=True)
-        (d / name).write_bytes(b"")
+        with open(d / name, "wb") as fh:   # sparse, of the model's size: what the lookup checks
+            fh.truncate(rw.MODELS[rw.SHORT["0.5b"]]["bytes"])
         assert rw.model_path("0.5b") == str(d / name)
 
 
