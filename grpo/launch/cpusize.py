@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from grpo.config import LaunchConfig, LearnerConfig, SamplerConfig
-from grpo.flags import load_config_file
 
 # The sizes a CPU run takes where the user left each at its default: two groups of 4 a step, each
 # completion up to 64 tokens, no KL term (so no reference model and no reference pass), and rounds
@@ -49,17 +47,6 @@ class CpuSizing:
     beta: float
     max_steps: int
     max_time_s: float   # the learner's time limit (0: none)
-
-
-def given_names(argv: list[str], config_path: str) -> set[str]:
-    """The option names (underscored) the user gave: flags of `argv` (--name, --name=value) and the
-    keys of the --config file, read as every role reads it (grpo.flags.load_config_file). Only an
-    option not among them is the launcher's to choose."""
-    names = {tok[2:].partition("=")[0].replace("-", "_") for tok in argv if tok.startswith("--")}
-    if config_path:
-        for cls in (LaunchConfig, SamplerConfig, LearnerConfig):
-            names |= set(load_config_file(config_path, cls))
-    return names
 
 
 # The options that size a step: a user who gave any of them has sized the run, and the launcher

@@ -27,7 +27,7 @@ from grpo.launch.inflight import resolve_in_flight
 from grpo.launch.memfit import check_memory, memory_inputs
 from grpo.launch.plan import (LaunchError, check_gpus_flags, choose_gpus, instance_argv, parse, passthrough_flags,
                               place, plan_instances, specs)
-from grpo.launch.runplan import Placement, RunPlan, changed_flags, from_flags, with_launch, with_placement
+from grpo.launch.runplan import Placement, RunPlan, changed_flags, from_flags, given_names, with_launch, with_placement
 from grpo.obs.rundir import COMMIT_ENV, code_commit, create_run_dir, remove_created, save_config
 from grpo.rules import layout, memory
 from grpo.wire.ports import busy_ports_line, free_port, port_in_use
@@ -138,7 +138,7 @@ def size_for_cpu(rp: RunPlan, argv: list[str], cuda_count: int) -> tuple[RunPlan
     if cfg.run.device == "cuda" or (cfg.run.device == "auto" and (cuda_count or gpus)):
         return rp, None
     sizing, learner, sampler = cpusize.cpu_sizes(
-        cpusize.given_names(argv, cfg.run.config), cfg.rollout.num_generations, rp.learner.training.train_batch_size,
+        given_names(argv, cfg.run.config), cfg.rollout.num_generations, rp.learner.training.train_batch_size,
         cfg.rollout.max_new_tokens, rp.learner.loss.beta, rp.sampler.rollout.prompts_per_round, cfg.training.max_steps,
         rp.learner.training.max_time_s, cfg.placement.num_samplers)
     # the sizes come by flag name, each role's in whichever section it keeps them

@@ -44,12 +44,18 @@ class RunPlan:
         """Whether the user left the worker option `name` alone: no flag, and no key of the --config
         file. Only then may the launcher choose it (a config file that sets other keys leaves this
         one to the launcher, as the same flags typed would)."""
-        given = {tok[2:].partition("=")[0].replace("-", "_") for tok in self.sampler_flags + self.learner_flags
-                 if tok.startswith("--")}
-        if self.launch.run.config:
-            for cls in (SamplerConfig, LearnerConfig):
-                given |= set(load_config_file(self.launch.run.config, cls))
-        return name not in given
+        return name not in given_names([*self.sampler_flags, *self.learner_flags], self.launch.run.config)
+
+
+def given_names(argv: list[str], config_path: str) -> set[str]:
+    """The option names (underscored) the user gave: flags of `argv` (--name, --name=value) and the
+    keys of the --config file, read as every role reads it (grpo.flags.load_config_file). Only an
+    option not among them is the launcher's to choose."""
+    names = {tok[2:].partition("=")[0].replace("-", "_") for tok in argv if tok.startswith("--")}
+    if config_path:
+        for cls in (LaunchConfig, SamplerConfig, LearnerConfig):
+            names |= set(load_config_file(config_path, cls))
+    return names
 
 
 def config_flag(config: str) -> list[str]:
