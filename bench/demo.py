@@ -12,33 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shlex
 import subprocess
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def versions() -> dict:
-    out = {"python": platform.python_version()}
-    for pkg in ("torch", "transformers", "deepspeed"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = None
-    return out
-
-
-def device_name() -> str:
-    try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=30).stdout.splitlines()[0].strip()
-    except (OSError, IndexError, subprocess.TimeoutExpired):
-        return "cpu"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchutil import ROOT, device_name, pick, versions  # noqa: E402
 
 
 def summarise(run_dir: Path, launch: float, end: float, command: str, device: str, vers: dict) -> dict:
@@ -86,11 +67,11 @@ def main(argv=None) -> int:
         if rc != 0:
             print(f"demo: make demo-run exited {rc}", file=sys.stderr)
             return rc
-        result = summarise(args.run_dir, launch, end, shlex.join(cmd), device_name(), versions())
+        result = summarise(args.run_dir, launch, end, shlex.join(cmd), device_name(pick("auto")), versions())
     else:
         dev = json.loads(args.device_json.read_text()) if args.device_json else {}
-        result = summarise(args.run_dir, args.launch, args.end, args.command, dev.get("device", device_name()),
-                           dev.get("versions", versions()))
+        result = summarise(args.run_dir, args.launch, args.end, args.command,
+                           dev.get("device") or device_name(pick("auto")), dev.get("versions") or versions())
     # one file holds a demo's repeats: a run is added to the file's "runs"
     runs = json.loads(args.out.read_text())["runs"] if args.out.is_file() else []
     args.out.parent.mkdir(parents=True, exist_ok=True)
