@@ -83,7 +83,7 @@ def test_the_benchmark_finds_no_qwen_gguf_of_this_machine(monkeypatch, tmp_path)
     """bench/benchmark.py's 0.5b row: with only the session's folders to look in (its receive folder,
     /tmp/gguf, made the test's own), the GGUF is not found, however often this machine fetched it."""
     rw = load_bench("benchmark")
-    monkeypatch.setattr(rw, "RECEIVE_DIR", tmp_path)
+    monkeypatch.setattr(rw.fetch, "RECEIVE_DIR", tmp_path)
     try:
         found = rw.model_path("0.5b")
     except SystemExit as e:
