@@ -22,8 +22,8 @@ $GRPO_GGUF_DIR, /tmp/gguf and $GRPO_CACHE/gguf), or any --model value (tiny-rand
 LAYOUT: 1gpu (ours: sampler and learner share GPU 0; TRL: one process) or seed (ours:
 `--sampling-gpu 0 --training-gpus 1,2,3`; TRL: DDP over 4 processes through torchrun), chosen
 (ours: `--gpus 0,1,2,3`) or 2gpu (a two-GPU host; ours: `--sampling-gpu 0 --training-gpus 1`; TRL:
-DDP over 2). TRAINER: ours,
-trl (bench/trl_grpo.py, Hugging Face generate) or trl-vllm (the same with vLLM in TRL's colocate mode). Both get the same model, prompts (grpo.data.prompts), reward
+DDP over 2). TRAINER: ours, ours-vllm (ours with vLLM's engine in the sampler),
+trl (bench/trl_grpo.py, Hugging Face generate) or trl-vllm (the same with vLLM in TRL's colocate mode). All get the same model, prompts (grpo.data.prompts), reward
 (grpo.data.rewards' correctness), G, completions a step, new tokens, learning rate, beta, loss and
 temperature (SHARED). On the GPU machine bench/benchmark.sh runs rows as a device plan.
 
@@ -85,7 +85,10 @@ LAYOUTS = {"1gpu": {"gpus": 1, "ours": ["--sampling-gpu", "0", "--training-gpus"
            # one GPU as run_distributed.py --gpus 0 uses it (sampler and learner share it, rows in
            # flight); TRL: one process, as in 1gpu
            "1gpu-chosen": {"gpus": 1, "ours": ["--gpus", "0"]}}
-TRAINERS = ("ours", "trl", "trl-vllm")   # trl-vllm: TRL generating with vLLM (colocate)
+# ours' trainers and the flags each adds to ours' command: ours-vllm generates with vLLM's engine
+# in the sampler (--generation-backend vllm), everything else as ours
+OURS_TRAINERS = {"ours": [], "ours-vllm": ["--generation-backend", "vllm"]}
+TRAINERS = (*OURS_TRAINERS, "trl", "trl-vllm")   # trl-vllm: TRL generating with vLLM (colocate)
 SHORT = {"0.5b": "qwen2.5-coder-0.5b", "1.5b": "qwen2.5-coder-1.5b"}
 SAVE_SCHEDULE = "30x4,60"     # 30, 60, 90, 120 s, then every 60 s
 MARKS_S = (60, 120, 240, 600)
@@ -322,7 +325,8 @@ def ours_command(args, row: dict, run_dir: Path, model: str | None = None) -> li
     return [sys.executable, str(ROOT / "run_distributed.py"), "--model", model, *ports,
             "--dataset", args.dataset, *shared, *only, *layout, *cpu, "--eval-size", str(args.eval_size),
             "--max-time-s", str(args.seconds), "--max-steps", "100000", *ours_save_flags(args.save_schedule),
-            "--seed", str(row["seed"]), "--run-dir", str(run_dir), *args.ours_flags.split()]
+            "--seed", str(row["seed"]), "--run-dir", str(run_dir), *OURS_TRAINERS[row["trainer"]],
+            *args.ours_flags.split()]
 
 
 def trl_command(args, row: dict, run_dir: Path) -> list[str]:
@@ -357,7 +361,7 @@ def check_rows(args, rows: list[dict]) -> None:
     stops the script before a model is looked up or converted and before any row (a TRL row listed
     first included) runs. --model stands as the row gives it: the launcher's parse reads flags, not files."""
     for row in rows:
-        if row["trainer"] == "ours":
+        if row["trainer"] in OURS_TRAINERS:
             check_ours(ours_command(args, row, Path(args.work_dir) / row["name"], model=row["model"]))
 
 
@@ -386,8 +390,8 @@ def launch(cmd: list[str], run_dir: Path, trainer: str, extra: dict) -> dict:
 def run_row(args, spec: str) -> dict:
     row = parse_row(spec)
     run_dir = Path(args.work_dir) / row["name"]
-    cmd = (ours_command if row["trainer"] == "ours" else trl_command)(args, row, run_dir)
-    if row["trainer"] == "ours":
+    cmd = (ours_command if row["trainer"] in OURS_TRAINERS else trl_command)(args, row, run_dir)
+    if row["trainer"] in OURS_TRAINERS:
         check_ours(cmd)
     commit = args.git_commit or git_head(ROOT)[0]
     # --first-gpu: a row beside another on one host (benchmark.sh's ROW+ROW) takes the GPUs from there
@@ -634,7 +638,7 @@ def row_result(run: Path, work: Path, device: dict) -> dict:
     out = {"model": launch["model"], "layout": launch["layout"], "trainer": launch["trainer"], "gpus": gpus,
            "seed": launch["seed"], "seconds": launch.get("seconds"), "exit_code": launch["exit_code"],
            "wall_s": round(launch["wall_s"], 1)}
-    if launch["trainer"] == "ours":
+    if launch["trainer"] in OURS_TRAINERS:
         books = ours_books(run)
         metrics, summary = _run_json(run, "metrics.jsonl", lines=True) or [], _run_json(run, "summary.json") or {}
         steps, rates = summary.get("steps"), ours_rates(metrics, summary, gpus)
@@ -720,11 +724,13 @@ def plot(rows: list[dict], path: Path, device: str, model: str) -> None:
                ("ours", "chosen"): "tab:green",
                ("trl", "seed"): "tab:orange", ("trl", "chosen"): "tab:orange",
                ("trl", "1gpu"): "tab:red", ("ours", "2gpu"): "tab:purple", ("trl", "2gpu"): "tab:brown",
-               ("trl-vllm", "1gpu"): "tab:olive", ("trl-vllm", "2gpu"): "tab:olive", ("trl-vllm", "seed"): "tab:olive"}
+               ("trl-vllm", "1gpu"): "tab:olive", ("trl-vllm", "2gpu"): "tab:olive", ("trl-vllm", "seed"): "tab:olive",
+               ("ours-vllm", "1gpu-chosen"): "tab:pink", ("ours-vllm", "chosen"): "tab:pink"}
     for r in rows:
         xs, ys = [p["seconds"] for p in r["points"]], [p["accuracy"] for p in r["points"]]
-        who = {"ours": "ours", "trl": "TRL GRPOTrainer"}.get(r["trainer"], "TRL GRPOTrainer + vLLM colocate")
-        how = ("DDP" if r["gpus"] > 1 else "one process") if r["trainer"] != "ours" else \
+        who = {"ours": "ours", "ours-vllm": "ours, vLLM engine", "trl": "TRL GRPOTrainer"}.get(
+            r["trainer"], "TRL GRPOTrainer + vLLM colocate")
+        how = ("DDP" if r["gpus"] > 1 else "one process") if r["trainer"] not in OURS_TRAINERS else \
             {"seed": "1 sampler + 3 learner ranks", "chosen": "--gpus' split",
              "2gpu": "1 sampler + 1 learner rank", "1gpu-chosen": "--gpus 0: shared, rows in flight"}.get(
                 r["layout"], "shared")

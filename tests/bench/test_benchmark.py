@@ -191,6 +191,26 @@ def test_ours_command_reaches_both_roles_and_a_typo_stops_the_script(capsys, mon
     assert not list(tmp_path.iterdir())
 
 
+def test_ours_vllm_is_ours_with_the_vllm_engine_in_the_sampler():
+    """ours-vllm: ours' command with --generation-backend vllm (after ours' fast), which reaches the
+    sampler; --ours-flags
+    still come last (and win); its row is summarised as ours' (books, rates) under its own name."""
+    from grpo.config import SamplerConfig
+    from grpo.flags import parse_config
+    from grpo.launch.plan import parse, plan
+
+    row = rw.parse_row("0.5b:1gpu-chosen:ours-vllm:3")
+    assert (row["trainer"], row["name"]) == ("ours-vllm", "0.5b_1gpu-chosen_ours-vllm_s3")
+    cmd = rw.ours_command(_args(device="auto", ours_flags="--seed 5"), {**row, "model": "tiny-random"}, Path("/r/x"))
+    assert cmd[-4:] == ["--generation-backend", "vllm", "--seed", "5"]
+    launch, to_s, to_l = parse(cmd[2:])
+    specs = {p.name: p for p in plan(launch, 1, to_s, to_l, 29500)}
+    sampler = parse_config(SamplerConfig, specs["sampler0"].argv[2:], "s")
+    assert sampler.rollout.generation_backend == "vllm"
+    plain = rw.ours_command(_args(device="auto"), {**rw.parse_row("0.5b:1gpu-chosen:ours:3"), "model": "m"}, Path("/r"))
+    assert plain[plain.index("--generation-backend") + 1] == "fast" and plain.count("--generation-backend") == 1
+
+
 def test_the_gguf_files_are_looked_up_in_order(tmp_path, monkeypatch):
     """0.5b / 1.5b: the file in $GRPO_GGUF_DIR, else fetch_models' receive folder, else $GRPO_CACHE/gguf;
     any other MODEL is --model's value as given. The receive folder is the test's (not /tmp/gguf)."""
