@@ -150,20 +150,21 @@ def test_eval_prompts_are_the_samplers_training_prompts():
 
 def test_final_evaluation_decodes_like_the_samplers(smollm2):
     """The learner's final evaluation picks its decoder by --generation-backend, the rule sampler 0
-    scores the baseline by: 'auto' on CPU is Hugging Face generate, 'fast' the rollout engine;
-    both score the same on the same weights (fp32 here)."""
+    scores the baseline by: 'auto' on CPU is Hugging Face generate, 'fast' the rollout engine, and
+    'vllm' (whose engine lives in the sampler) the rollout engine too; all score the same on the
+    same weights (fp32 here)."""
     from grpo.config import LearnerConfig, from_flat
     from grpo.evaluate import evaluate_module
 
     model, tok = smollm2
     res = {}
-    for backend in ("auto", "fast"):
+    for backend in ("auto", "fast", "vllm"):
         cfg = from_flat(LearnerConfig, eval_dataset=str(GSM8K), eval_size=4, eval_batch_size=4, max_new_tokens=6,
                             generation_backend=backend)
         res[backend] = evaluate_module(model, tok, cfg, torch.device("cpu"))
-    assert (res["auto"]["decoder"], res["fast"]["decoder"]) == ("hf", "fast")
-    keys = ("correct", "n", "has_answer", "mean_completion_len", "truncated_frac")
-    assert [res["auto"][k] for k in keys] == [res["fast"][k] for k in keys]
+    assert [res[b]["decoder"] for b in ("auto", "fast", "vllm")] == ["hf", "fast", "fast"]
+    keys = ("correct", "n", "has_answer", "mean_completion_len", "truncated_frac", "completions_sha256")
+    assert [res["auto"][k] for k in keys] == [res["fast"][k] for k in keys] == [res["vllm"][k] for k in keys]
     assert res["fast"]["n"] == 4 and res["fast"]["mean_completion_len"] > 0
 
 

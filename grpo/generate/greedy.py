@@ -26,8 +26,11 @@ def eval_engine(model, tok, backend: str, device: torch.device):
     to 'fast' (CUDA by default), else None (Hugging Face `generate`). Sampler 0 (the baseline),
     the learner (the final weights) and the evaluate command all decide by this one rule, so a
     run's accuracies before and after come from the same decoder: in learning run 7 the two
-    decoders, on the same bf16 weights, differed by 2 of 500 problems."""
-    if resolve_backend(backend, device) != "fast":
+    decoders, on the same bf16 weights, differed by 2 of 500 problems. vLLM's engine lives in a
+    sampler (grpo.generate.vllm_engine), beside whose memory the learner has no room for a second:
+    a vllm run's learner decodes its final weights with our engine, the faster of the other two (sampler
+    0's evaluations decode with vLLM's)."""
+    if resolve_backend(backend, device) == "hf":
         return None
     return RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id, cuda_graphs=device.type == "cuda")
 
