@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import sys
 import time
 from pathlib import Path
@@ -212,16 +213,7 @@ def eos_workload(model, tok, device, n_prompts: int, G: int, rows: int, new: int
     prompts = gsm8k_prompts(tok, "train", n_prompts)
     flat = [p for p in prompts for _ in range(G)]
     out = {"prompts": n_prompts, "G": G, "rows": rows, "max_new_tokens": new, "consumer_ms": consumer_ms}
-
-    def streamed(engine):
-        it = iter(enumerate(prompts))
-        tokens = 0
-        for g in engine.stream(lambda: next(it, None), G, new, temperature=1.0, rows=rows):
-            tokens += sum(len(r) for r in g.token_ids)
-            if consumer_ms:
-                time.sleep(consumer_ms / 1e3)
-        return tokens
-
+    streamed = functools.partial(stream_tokens, prompts=prompts, G=G, new=new, rows=rows, consumer_ms=consumer_ms)
     stream_engine = RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id, **ENGINE_KW)
     with Timer(device) as first:   # captures (and with compile_decode compiles) the ring's step
         streamed(stream_engine)
@@ -255,6 +247,43 @@ def eos_workload(model, tok, device, n_prompts: int, G: int, rows: int, new: int
     out.update(eos_hf_tok_s=hf_tokens / hf_s, eos_hf_tokens=hf_tokens, eos_hf_s=hf_s,
                stream_vs_hf=out["eos_stream_tok_s"] * hf_s / hf_tokens,
                fixed_vs_hf=out["eos_fast_tok_s"] * hf_s / hf_tokens)
+    return out
+
+
+def stream_tokens(engine, prompts: list[list[int]], G: int, new: int, rows: int, consumer_ms: float = 0.0) -> int:
+    """The prompts through `engine`'s in-flight stream (ours or vLLM's: grpo.generate.stream's
+    interface), G samples each at temperature 1 on `rows` rows; the tokens kept."""
+    it = iter(enumerate(prompts))
+    tokens = 0
+    for g in engine.stream(lambda: next(it, None), G, new, temperature=1.0, rows=rows):
+        tokens += sum(len(r) for r in g.token_ids)
+        if consumer_ms:
+            time.sleep(consumer_ms / 1e3)
+    return tokens
+
+
+def vllm_workload(path: str, model, tok, device, n_prompts: int, G: int, rows: int, new: int,
+                  gpu_memory_utilization: float, consumer_ms: float = 0.0) -> dict:
+    """eos_workload's in-flight stream through vLLM's engine (--generation-backend vllm's VllmEngine,
+    in this process, stepped by hand, at most `rows` sequences at once) on the same prompts: run once
+    untimed (vLLM's start, its graphs, the copy of `model`'s weights in), then timed."""
+    from grpo.generate.vllm_engine import VllmEngine
+
+    prompts = gsm8k_prompts(tok, "train", n_prompts)
+    t0 = time.perf_counter()
+    engine = VllmEngine.build(path, model, eos_ids(tok, model), next(model.parameters()).dtype,
+                              gpu_memory_utilization, seed=0, rows=rows, max_model_len=max(map(len, prompts)) + new)
+    out = {"vllm_build_s": time.perf_counter() - t0, "vllm_gpu_memory_utilization": gpu_memory_utilization}
+    streamed = functools.partial(stream_tokens, engine, prompts, G, new, rows, consumer_ms)
+    with Timer(device) as first:
+        streamed()
+    out["vllm_stream_first_call_s"] = first.s
+    before = dict(engine.stream_counts)
+    with Timer(device) as t:
+        tokens = streamed()
+    out.update(vllm_stream_tok_s=tokens / t.s, vllm_stream_tokens=tokens, vllm_stream_s=t.s,
+               vllm_stream_counts={k: v - before[k] for k, v in engine.stream_counts.items()})
+    del engine
     return out
 
 
@@ -321,6 +350,9 @@ def main() -> int:
                     help="only the EOS workload (in-flight, fixed batches, HF generate) and the fixed-length rate "
                          "at its rows x new tokens; writes rollout_workload_<device>.json")
     ap.add_argument("--skip-hf", action="store_true", help="--workload-only: leave out Hugging Face generate")
+    ap.add_argument("--vllm", type=float, default=0.0, metavar="GPU_MEMORY_UTILIZATION",
+                    help="--workload-only: the in-flight stream through vLLM's engine too (the sampler's "
+                         "--generation-backend vllm), after ours, with this share of the GPU; needs vLLM installed")
     ap.add_argument("--workload", default="", help="--workload-only: PROMPTS,G,ROWS,NEW instead of the plan's "
                     "(128,8,512,256 on CUDA); the result file's name then says them")
     ap.add_argument("--consumer-ms", type=float, default=0.0,
@@ -362,6 +394,11 @@ def main() -> int:
         suffix += "_" + "x".join(map(str, p["workload"]))
     if args.consumer_ms:
         suffix += f"_consumer{args.consumer_ms:g}"
+    if args.vllm and (not args.workload_only or device.type != "cuda"):
+        print("bench/rollout.py: error: --vllm measures the in-flight workload on CUDA: add --workload-only and run "
+              "it on a GPU", file=sys.stderr)
+        return 2
+    suffix += "_vllm" if args.vllm else ""
     dtype = compute_dtype(device)
     path = resolve_model(args.model)
     tok = load_tokenizer(path)
@@ -384,6 +421,11 @@ def main() -> int:
         _, _, rows_n, new_n = p["workload"]
         work = eos_workload(model, tok, device, *p["workload"], hf=not args.skip_hf, consumer_ms=args.consumer_ms,
                             stream_only=args.stream_only)
+        if args.vllm:
+            torch.cuda.empty_cache()   # ours' stream and fixed batches gave their caches back (clear())
+            work.update(vllm_workload(str(path), model, tok, device, *p["workload"], args.vllm,
+                                      consumer_ms=args.consumer_ms))
+            work["vllm_vs_ours_stream"] = work["vllm_stream_tok_s"] / work["eos_stream_tok_s"]
         if not args.stream_only:
             fixed = throughput(args.model, model, tok, device, p, [(rows_n, new_n)], [], [])
             work["fixed_length_tok_s"] = fixed[0]["fast_tok_s"]
@@ -393,7 +435,8 @@ def main() -> int:
         print("stream counts: " + ", ".join(f"{k} {v:.6g}" for k, v in work["eos_stream_counts"].items()), flush=True)
         settings = {"model": args.model, "dtype": str(dtype), "attend_chunk": args.attend_chunk or None, "seed": 0,
                     "compile_decode": args.compile_decode, "compile_ring": args.compile_ring,
-                    "refill_behind": args.refill_behind, "stream_only": args.stream_only}
+                    "refill_behind": args.refill_behind, "stream_only": args.stream_only,
+                    "vllm_gpu_memory_utilization": args.vllm or None}
         print(f"wrote {write_result('rollout_workload' + suffix, device, {'settings': settings, 'eos_workload': work})}")
         return 0
     rows = throughput(args.model, model, tok, device, p, fast_cfgs, p["hf"], p["eos"],
