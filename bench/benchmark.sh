@@ -41,6 +41,10 @@ for group in $ROWS; do
     done
     wait
     cat $WORK.*.log; rm -f $WORK.*.log
+    # The machine's disk is 64 GB: a 1.5B learner's checkpoint (optimizer state included) is about
+    # 18 GB and its weight saves 3 GB each, and a plan that filled the disk lost the machine with
+    # every file. Rows are scored from weights/ only, so checkpoints go now and weights once scored.
+    rm -rf $WORK/*/checkpoints
     python3 bench/benchmark.py score --work-dir $WORK --dataset "$DATA" --gpus "${GPUS:-0,1,2,3}" \
         || echo "benchmark.sh: scoring failed"
     for item in ${group//+/ }; do
@@ -60,5 +64,6 @@ for group in $ROWS; do
             -o -type f -print | tar -cf - -T - | tar -C $dest -xf -)
     done
     cp $WORK/device.json $WORK/base_*.json $OUT_DIR/runs/ 2>/dev/null
+    rm -rf $WORK/*/weights $WORK/*/trl_output
 done
 echo "benchmark.sh: done at $(date +%T)"
