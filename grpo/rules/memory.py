@@ -46,7 +46,7 @@ SHRINK = {
     "CUDA context": "nothing (a fixed cost): put fewer processes on this GPU",
     "weight staging": "--weight-sync tcp (the sampler then receives each version straight into its weights)",
     "allocator reserve": "what shrinks the learner's other items, or the sampler's KV cache",
-    "vLLM weights": "a smaller --model, or more GPUs per vLLM sampler (tensor parallel: each GPU holds a share)",
+    "vLLM weights": "a smaller --model, or a larger --vllm-tensor-parallel-size (each of a sampler's GPUs holds a share)",
     "vLLM workspace": "nothing (vLLM's activations and graphs): put fewer processes on this GPU",
     "autocast copies": "--precision bf16 (bf16 weights: nothing to cast, and half the weights' bytes)",
 }
@@ -138,7 +138,7 @@ class RunShape:
     entropy: bool = False      # --entropy-coef > 0: the learner's LM-head chunk also takes the softmax
     expandable: bool = True    # the allocator grows segments in place (allocator_conf): a smaller reserve
     vllm: bool = False         # --generation-backend vllm: the sampler also holds vLLM's engine (vllm_items)
-    tensor_parallel: int = 1   # GPUs one vLLM sampler spreads over (planned): its weights and KV cache split over them
+    tensor_parallel: int = 1   # GPUs one vLLM sampler spreads over: its weights and KV cache split over them
 
 
 def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
@@ -198,9 +198,12 @@ def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
         kv = kv_cache(s, r.rows, seq, r.dtype_bytes)
         lp = logprob_pass(s, min(r.logprob_batch_size, r.rows), seq)
         if r.vllm:
-            # vLLM's engine beside the weights the receiver writes: its own copy and its paged KV cache,
-            # a GPU's share of them (vllm_items); its reserve is inside its own budget, not torch's.
-            items += vllm_items(s, r.rows, seq, r.dtype_bytes, r.tensor_parallel)
+            # vLLM's engine beside the weights the receiver writes: its own copy and its paged KV cache
+            # (vllm_items); its reserve is inside its own budget, not torch's. On one GPU vLLM's worker
+            # runs in the sampler's process; over several, each GPU's share is a worker process of its
+            # own (tp_worker_items), and the sampler keeps only its own items on its first GPU.
+            if r.tensor_parallel == 1:
+                items += vllm_items(s, r.rows, seq, r.dtype_bytes)
             items += [("log-prob pass", lp), ("allocator reserve", int(RESERVE[r.expandable]["sampler"] * lp)),
                       ("CUDA context", CUDA_CONTEXT)]
         else:
@@ -209,6 +212,9 @@ def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
                                                 * (kv + lp))),
                       ("CUDA context", CUDA_CONTEXT)]
         out[f"sampler{k}"] = items
+        if r.vllm and r.tensor_parallel > 1:
+            out.update({tp_worker(k, i): tp_worker_items(s, r.rows, seq, r.dtype_bytes, r.tensor_parallel)
+                        for i in range(r.tensor_parallel)})
     return out
 
 
@@ -375,6 +381,18 @@ def vllm_items(s: Shape, rows: int, seq: int, dtype_bytes: int = 2, tensor_paral
     return [("vLLM weights", per_gpu(s.params * dtype_bytes, tensor_parallel)),
             ("KV cache", per_gpu(kv_cache(s, rows, seq, dtype_bytes), tensor_parallel)),
             ("vLLM workspace", VLLM_WORKSPACE)]
+
+
+def tp_worker(sampler: int, rank: int) -> str:
+    """The plan's name for vLLM's worker process of tensor-parallel `rank` under sampler `sampler`."""
+    return f"sampler{sampler}.tp{rank}"
+
+
+def tp_worker_items(s: Shape, rows: int, seq: int, dtype_bytes: int, tensor_parallel: int) -> list[tuple[str, int]]:
+    """What one of vLLM's worker processes holds on its GPU when a sampler spreads over
+    `tensor_parallel` GPUs (vLLM's multiprocess executor: a process per GPU, the sampler's own one
+    apart): its GPU's share of vLLM's items (vllm_items) and a CUDA context of its own."""
+    return [*vllm_items(s, rows, seq, dtype_bytes, tensor_parallel), ("CUDA context", CUDA_CONTEXT)]
 
 
 def vllm_gpu_fraction(sampler_items: list[tuple[str, int]], gpu_total: int) -> float:

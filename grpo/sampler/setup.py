@@ -220,11 +220,16 @@ def vllm_memory_share(cfg: SamplerConfig, policy, device: torch.device) -> float
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"vLLM's memory share: the model's config has no {exc} to plan by; give it with "
                          "--vllm-gpu-memory-utilization") from None
+    tp = cfg.rollout.vllm_tensor_parallel_size
     items = vllm_items(shape, rows, PROMPT_TOKENS + cfg.rollout.max_new_tokens,
-                       torch.finfo(compute_dtype(device)).bits // 8, cfg.rollout.vllm_tensor_parallel_size)
-    share = vllm_gpu_fraction(items, torch.cuda.get_device_properties(device).total_memory)
-    log.info("vLLM's memory share: %.2f of this GPU (%s; the memory plan's rule)", share,
-             ", ".join(f"{k} {b / 2**30:.2f} GiB" for k, b in items))
+                       torch.finfo(compute_dtype(device)).bits // 8, tp)
+    # Over several GPUs (visible devices 0..tp-1, vLLM's workers' ranks) each holds the same share and vLLM
+    # gives every worker the same fraction: the smallest GPU's sets it.
+    total = min(torch.cuda.get_device_properties(i).total_memory for i in range(tp)) if tp > 1 else \
+        torch.cuda.get_device_properties(device).total_memory
+    share = vllm_gpu_fraction(items, total)
+    log.info("vLLM's memory share: %.2f of %s (%s; the memory plan's rule)", share,
+             "this GPU" if tp == 1 else f"each of its {tp} GPUs", ", ".join(f"{k} {b / 2**30:.2f} GiB" for k, b in items))
     return share
 
 
