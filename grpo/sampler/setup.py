@@ -36,6 +36,7 @@ from grpo.obs.gpu import GpuMonitor, release_cached
 from grpo.obs.profile import SpanProfiler
 from grpo.obs.stages import mark as mark_stage
 from grpo.rules.memory import PROMPT_TOKENS, shape_from_config, vllm_gpu_fraction, vllm_items
+from grpo.rules.tensor_parallel import tensor_parallel_problem
 from grpo.sampler.counters import SamplerCounters
 from grpo.sampler.heartbeat import ON_FULL, Heartbeat, Statuses
 from grpo.sampler.weights_client import WeightsClient, start_receiver
@@ -125,8 +126,13 @@ def check_decoding(cfg: SamplerConfig, device: torch.device) -> Decoding:
     """The generation backend, the old log-probs' source and in-flight swaps, from the flags: a bad
     choice or combination fails here, in one line, before any loading."""
     backend = resolve_backend(cfg.rollout.generation_backend, device)  # a bad name fails before any loading
+    tp = cfg.rollout.vllm_tensor_parallel_size
+    # the launcher's refusals again, for a sampler started by hand (grpo.rules.tensor_parallel)
+    if problem := tensor_parallel_problem(tp, cfg.rollout.generation_backend, device.type, cfg.weight_sync.weight_sync):
+        raise ValueError(problem)
     if backend == VLLM:
-        check_vllm(device.type, device.index)   # installed (the optional extra), on CUDA, its first visible GPU
+        # installed (the optional extra), on CUDA, its first visible GPU, and as many visible as it spreads over
+        check_vllm(device.type, device.index, tp, torch.cuda.device_count() if device.type == "cuda" else None)
     if cfg.rollout.in_flight_rows and backend not in ("fast", VLLM):   # a negative count is refused with the flag
         raise ValueError(f"--in-flight-rows {cfg.rollout.in_flight_rows}: needs --generation-backend fast (here it is "
                          f"{backend}); or 0 for fixed rounds")
