@@ -181,3 +181,20 @@ def test_the_launchers_run_shape_knows_the_vllm_sampler(config_folder):
     assert inputs[1].vllm and inputs[1].tensor_parallel == 2
     p = memory.plan(*inputs)
     assert list(p) == ["learner0", "sampler0", "sampler0.tp0", "sampler0.tp1"]
+
+
+def test_the_end_of_run_layout_advice_is_not_given_for_samplers_over_several_gpus(monkeypatch, tmp_path):
+    """The advice's splits count one GPU a sampler, so a run whose samplers spread over two says none."""
+    import json
+
+    from grpo.launch import supervisor
+
+    monkeypatch.setattr(supervisor, "measured", lambda metrics, summary: {"step_s": 1.0})
+    monkeypatch.setattr(supervisor, "advice", lambda rates, sampling, training: f"split {sampling} {training}")
+    (tmp_path / "metrics.jsonl").write_text("")
+    cfg, _, _ = parse([*VLLM2, "--sampling-gpus", "0,1", "--training-gpus", "2,3"])
+    assert supervisor.layout_note(cfg, tmp_path, {}) == "split [0, 1] [2, 3]"   # no sampler config: one GPU each
+    (tmp_path / "config_sampler0.json").write_text(json.dumps({"vllm_tensor_parallel_size": 1}))
+    assert supervisor.layout_note(cfg, tmp_path, {}) == "split [0, 1] [2, 3]"
+    (tmp_path / "config_sampler0.json").write_text(json.dumps({"vllm_tensor_parallel_size": 2}))
+    assert supervisor.layout_note(cfg, tmp_path, {}) is None
