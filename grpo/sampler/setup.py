@@ -215,7 +215,8 @@ def make_engine(cfg: SamplerConfig, policy, eos: list[int], pad_id: int, device:
 def vllm_memory_share(cfg: SamplerConfig, policy, device: torch.device) -> float:
     """vLLM's gpu_memory_utilization: --vllm-gpu-memory-utilization when set, else the memory plan's
     share for vLLM's items (grpo.rules.memory.vllm_items: its weights, the KV cache of this sampler's
-    rows at the plan's prompt length, its workspace) of this GPU (vllm_gpu_fraction)."""
+    rows at the plan's prompt length, its workspace) of this GPU (vllm_gpu_fraction); over several
+    GPUs (--vllm-tensor-parallel-size), each GPU's share of them, of the smallest of its GPUs."""
     given = cfg.rollout.vllm_gpu_memory_utilization
     if given:
         return given

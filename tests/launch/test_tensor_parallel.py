@@ -143,6 +143,10 @@ def test_seeded_instances_give_each_instance_whole_samplers():
     insts = plan_instances(cfg, 6, tp=2)
     # no lists: equal blocks of 3, the first two GPUs of each sampling
     assert [(i.sampling_gpus, i.training_gpus) for i in insts] == [([0, 1], [2]), ([3, 4], [5])]
+    # instance 0's lists, shifted by the highest id + 1 for the next: whole samplers of two each
+    cfg, _, _ = parse([*VLLM2, "--seeds", "1,2", "--sampling-gpus", "0,1,2,3", "--training-gpus", "4"])
+    insts = plan_instances(cfg, 10, tp=2)
+    assert [(i.sampling_gpus, i.training_gpus) for i in insts] == [([0, 1, 2, 3], [4]), ([5, 6, 7, 8], [9])]
 
 
 def test_the_memory_plan_places_each_vllm_worker_on_its_gpu():
