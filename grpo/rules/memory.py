@@ -185,36 +185,42 @@ def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
         items += [("allocator reserve", int(reserve * sum(b for _, b in items))), ("CUDA context", CUDA_CONTEXT)]
         out[f"learner{k}"] = items
     for k in range(r.samplers):
-        # Over shared weights too: the sampler loads its own copy, generates round 0 with it while the
-        # learner starts, and drops it once it maps the learner's storages (grpo.weights.shared), so
-        # its peak holds it (measured: the allocated peak exceeded the other items by about the
-        # weights' bytes at 0.5B, 1.5B and 3B: 0.75, 2.72, 5.76 GiB against 0.92, 2.88, 5.75).
-        items = [("weights", s.params * r.dtype_bytes)]
-        if r.beta > 0:
-            items.append(("reference model", s.params * r.dtype_bytes))
-        if r.staging and not r.shared:
-            # a whole version lands here first and is copied over the live weights once complete
-            items.append(("weight staging", s.params * r.dtype_bytes))
-        kv = kv_cache(s, r.rows, seq, r.dtype_bytes)
-        lp = logprob_pass(s, min(r.logprob_batch_size, r.rows), seq)
-        if r.vllm:
-            # vLLM's engine beside the weights the receiver writes: its own copy and its paged KV cache
-            # (vllm_items); its reserve is inside its own budget, not torch's. On one GPU vLLM's worker
-            # runs in the sampler's process; over several, each GPU's share is a worker process of its
-            # own (tp_worker_items), and the sampler keeps only its own items on its first GPU.
-            if r.tensor_parallel == 1:
-                items += vllm_items(s, r.rows, seq, r.dtype_bytes)
-            items += [("log-prob pass", lp), ("allocator reserve", int(RESERVE[r.expandable]["sampler"] * lp)),
-                      ("CUDA context", CUDA_CONTEXT)]
-        else:
-            items += [("KV cache", kv), ("log-prob pass", lp),
-                      ("allocator reserve", int(RESERVE[r.expandable]["sampler_shared" if r.shared else "sampler"]
-                                                * (kv + lp))),
-                      ("CUDA context", CUDA_CONTEXT)]
-        out[f"sampler{k}"] = items
-        if r.vllm and r.tensor_parallel > 1:
-            out.update({tp_worker(k, i): tp_worker_items(s, r.rows, seq, r.dtype_bytes, r.tensor_parallel)
-                        for i in range(r.tensor_parallel)})
+        out.update(_sampler_plan(s, r, seq, k))
+    return out
+
+
+def _sampler_plan(s: Shape, r: RunShape, seq: int, k: int) -> dict[str, list[tuple[str, int]]]:
+    """Sampler k's processes (plan's): the sampler's own, and over several GPUs vLLM's workers'."""
+    # Over shared weights too: the sampler loads its own copy, generates round 0 with it while the
+    # learner starts, and drops it once it maps the learner's storages (grpo.weights.shared), so
+    # its peak holds it (measured: the allocated peak exceeded the other items by about the
+    # weights' bytes at 0.5B, 1.5B and 3B: 0.75, 2.72, 5.76 GiB against 0.92, 2.88, 5.75).
+    items = [("weights", s.params * r.dtype_bytes)]
+    if r.beta > 0:
+        items.append(("reference model", s.params * r.dtype_bytes))
+    if r.staging and not r.shared:
+        # a whole version lands here first and is copied over the live weights once complete
+        items.append(("weight staging", s.params * r.dtype_bytes))
+    kv = kv_cache(s, r.rows, seq, r.dtype_bytes)
+    lp = logprob_pass(s, min(r.logprob_batch_size, r.rows), seq)
+    if r.vllm:
+        # vLLM's engine beside the weights the receiver writes: its own copy and its paged KV cache
+        # (vllm_items); its reserve is inside its own budget, not torch's. On one GPU vLLM's worker
+        # runs in the sampler's process; over several, each GPU's share is a worker process of its
+        # own (tp_worker_items), and the sampler keeps only its own items on its first GPU.
+        if r.tensor_parallel == 1:
+            items += vllm_items(s, r.rows, seq, r.dtype_bytes)
+        items += [("log-prob pass", lp), ("allocator reserve", int(RESERVE[r.expandable]["sampler"] * lp)),
+                  ("CUDA context", CUDA_CONTEXT)]
+    else:
+        items += [("KV cache", kv), ("log-prob pass", lp),
+                  ("allocator reserve", int(RESERVE[r.expandable]["sampler_shared" if r.shared else "sampler"]
+                                            * (kv + lp))),
+                  ("CUDA context", CUDA_CONTEXT)]
+    out = {f"sampler{k}": items}
+    if r.vllm and r.tensor_parallel > 1:
+        out.update({tp_worker(k, i): tp_worker_items(s, r.rows, seq, r.dtype_bytes, r.tensor_parallel)
+                    for i in range(r.tensor_parallel)})
     return out
 
 
