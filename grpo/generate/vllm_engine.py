@@ -163,9 +163,10 @@ def sampling_fields(temperature: float, greedy: bool, max_new_tokens: int, eos: 
 def engine_fields(model: str, dtype: str, gpu_memory_utilization: float, seed: int, rows: int = 0,
                   tensor_parallel: int = 1, cuda_graphs: bool = True, max_model_len: int | None = None) -> dict:
     """EngineArgs' fields for a sampler's engine: in process (the caller sets
-    VLLM_ENABLE_V1_MULTIPROCESSING=0; over several GPUs, vLLM's workers in processes of their own), synchronous steps, processed log-probs, the model's generation
-    config ignored, no tokenizer (prompts come as our token ids, and nothing is detokenized), its memory share from the plan (grpo.rules.memory.vllm_gpu_fraction), at least
-    `rows` sequences at once (0: vLLM's own cap)."""
+    VLLM_ENABLE_V1_MULTIPROCESSING=0; over several GPUs, vLLM's workers in processes of their own),
+    synchronous steps, processed log-probs, the model's generation config ignored, no tokenizer
+    (prompts come as our token ids, and nothing is detokenized), its memory share from the plan
+    (grpo.rules.memory.vllm_gpu_fraction), at least `rows` sequences at once (0: vLLM's own cap)."""
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"vLLM's gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     out = dict(model=model, skip_tokenizer_init=True, dtype=dtype, seed=int(seed),

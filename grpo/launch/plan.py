@@ -5,8 +5,9 @@ With --gpus the split is chosen first (grpo.rules.layout, choose_gpus) and the p
 of the explicit flags it stands for.
 
 A single run: learner ranks get every training GPU visible and LOCAL_RANK set, as torchrun and
-the deepspeed launcher do; each sampler sees its own GPU first, then learner rank 0's (for
-CUDA IPC weight sync). Flags the launcher does not own go to the sampler and/or learner that
+the deepspeed launcher do; each sampler sees its own GPU first (a vLLM sampler over N GPUs: its N
+consecutive --sampling-gpus, grpo.rules.tensor_parallel), then learner rank 0's (for CUDA IPC
+weight sync). Flags the launcher does not own go to the sampler and/or learner that
 know them (`split_passthrough`); `--help` lists them too, grouped by who receives them. They are
 parsed once into the RunPlan (grpo.launch.runplan), `place` puts its processes on the GPUs, and
 `specs` writes each one's argv from its config, once every choice is made.
