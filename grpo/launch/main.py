@@ -20,8 +20,8 @@ from pathlib import Path
 from grpo.config import LearnerConfig, SamplerConfig, flat, from_flat
 from grpo.flags import parse_config
 from grpo.launch import cpusize, memfit, nodes, probe, supervisor
-from grpo.launch.checks import (bytecode_warning, check_model, check_resume, missing_bytecode, sampler_problem,
-                                sampler_tasks_problem)
+from grpo.launch.checks import (bytecode_warning, check_model, check_resume, check_tensor_parallel_model,
+                                missing_bytecode, sampler_problem, sampler_tasks_problem)
 from grpo.launch.ending import resume_command
 from grpo.launch.inflight import resolve_in_flight
 from grpo.launch.memfit import check_memory, memory_inputs
@@ -177,6 +177,7 @@ def choose_layout(rp: RunPlan, cuda_count: int) -> RunPlan:
 def resolve(rp: RunPlan, cuda_count: int) -> RunPlan:
     """One host's run: placed, checked, and every choice the launcher makes on it made, in order."""
     rp = with_placement(rp, place(rp.launch, cuda_count, tensor_parallel(rp)))
+    check_tensor_parallel_model(rp)   # the model's widths against the GPUs a sampler spreads over
     if problem := sampler_problem(rp.sampler):   # a bad --reward fails before any model loads
         raise LaunchError(problem)
     check_resume(rp)

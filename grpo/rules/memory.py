@@ -65,6 +65,8 @@ class Shape:
     q_dim: int           # attention heads x head dim
     intermediate: int
     vocab: int
+    heads: int = 0       # attention heads (0: not known), which vLLM's tensor parallelism splits evenly
+    kv_heads: int = 0    # KV heads (0: not known)
 
 
 def shape_from_config(c: dict) -> Shape:
@@ -74,13 +76,14 @@ def shape_from_config(c: dict) -> Shape:
     h, layers, v = int(c["hidden_size"]), int(c["num_hidden_layers"]), int(c["vocab_size"])
     heads = int(c.get("num_attention_heads", 1))
     hd = int(c.get("head_dim") or h // heads)
-    kv = int(c.get("num_key_value_heads") or heads) * hd
+    kv_heads = int(c.get("num_key_value_heads") or heads)
+    kv = kv_heads * hd
     q = heads * hd
     inter = int(c.get("intermediate_size", 4 * h))
     bias = (q + 2 * kv) if (c.get("attention_bias") or c.get("model_type") == "qwen2") else 0
     per_layer = h * q + 2 * h * kv + q * h + bias + 3 * h * inter + 2 * h
     embed = v * h * (1 if c.get("tie_word_embeddings", False) else 2)
-    return Shape(embed + layers * per_layer + h, layers, h, kv, q, inter, v)
+    return Shape(embed + layers * per_layer + h, layers, h, kv, q, inter, v, heads, kv_heads)
 
 
 def lora_params(s: Shape, r: int) -> int:

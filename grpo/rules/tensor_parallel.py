@@ -12,6 +12,9 @@ The rules (docs/configuration.md, "vLLM as the rollout engine"):
             multiple of N; the sampler sees them first (its device 0 is the first of them, where
             its own model and vLLM's rank-0 worker live), then learner rank 0's GPU.
   nodes     N > 1 with --nodes is not planned: the several-node plan places one GPU per sampler.
+  model     N must divide the model's attention heads and MLP width, and divide or be a multiple of
+            its KV heads (vLLM splits them evenly over the ranks, replicating KV heads when there
+            are fewer than N; it refuses otherwise, but only once the sampler has loaded).
 """
 from __future__ import annotations
 
@@ -55,3 +58,19 @@ def visible_devices(group: tuple[int, ...], learner_gpu: int) -> str:
     device i; the sampler's own model lives on device 0), then learner rank 0's GPU, which CUDA IPC
     weight sync maps (found there by UUID), unless it is one of them already."""
     return ",".join(map(str, dict.fromkeys([*group, learner_gpu])))
+
+
+def _splits(tp: int, heads: int, kv_heads: int, intermediate: int) -> bool:
+    """Whether vLLM can split a model of these widths over `tp` GPUs (0: a width not known)."""
+    return ((not heads or heads % tp == 0) and (not kv_heads or kv_heads % tp == 0 or tp % kv_heads == 0)
+            and (not intermediate or intermediate % tp == 0))
+
+
+def model_problem(tp: int, heads: int, kv_heads: int, intermediate: int) -> str | None:
+    """The one-line refusal of a model vLLM cannot split over `tp` GPUs (the module's 'model' rule),
+    naming the sizes that would; None when it can (or tp is 1)."""
+    if tp == 1 or _splits(tp, heads, kv_heads, intermediate):
+        return None
+    ok = [n for n in range(1, max(heads, kv_heads, 1) + 1) if _splits(n, heads, kv_heads, intermediate)]
+    return (f"{FLAG} {tp} cannot split the model (vLLM splits its {heads} attention heads, {kv_heads} KV heads and "
+            f"MLP width {intermediate} evenly over a sampler's GPUs): use {FLAG} {' or '.join(map(str, ok))}")

@@ -202,3 +202,39 @@ def test_the_end_of_run_layout_advice_is_not_given_for_samplers_over_several_gpu
     assert supervisor.layout_note(cfg, tmp_path, {}) == "split [0, 1] [2, 3]"
     (tmp_path / "config_sampler0.json").write_text(json.dumps({"vllm_tensor_parallel_size": 2}))
     assert supervisor.layout_note(cfg, tmp_path, {}) is None
+
+
+@pytest.mark.parametrize("tp, widths, sizes", [
+    (2, (9, 3, 1536), "1 or 3"),           # SmolLM2-135M: 9 heads, 3 KV heads
+    (4, (14, 2, 4864), "1 or 2"),          # Qwen2.5-0.5B: 14 heads
+    (8, (28, 4, 18944), "1 or 2 or 4"),    # Qwen2.5-7B: 28 heads do not split over 8
+    (3, (4, 2, 256), "1 or 2 or 4"),       # the test config: 4 heads; 4 GPUs replicate its 2 KV heads
+])
+def test_a_model_vllm_cannot_split_is_refused_naming_the_sizes_that_would(tp, widths, sizes):
+    from grpo.rules.tensor_parallel import model_problem
+
+    problem = model_problem(tp, *widths)
+    assert problem.endswith(f"use --vllm-tensor-parallel-size {sizes}") and "\n" not in problem
+    assert f"its {widths[0]} attention heads" in problem
+
+
+def test_models_vllm_can_split():
+    from grpo.rules.tensor_parallel import model_problem
+
+    assert model_problem(2, 14, 2, 4864) is None       # Qwen2.5-0.5B over 2
+    assert model_problem(4, 28, 4, 18944) is None      # Qwen2.5-7B over 4
+    assert model_problem(16, 32, 8, 14336) is None     # more GPUs than KV heads: vLLM replicates them
+    assert model_problem(2, 0, 0, 0) is None           # widths not known: left to vLLM
+    assert model_problem(1, 9, 3, 1536) is None
+
+
+def test_the_launcher_refuses_a_model_vllm_cannot_split(monkeypatch, capsys, config_folder):
+    monkeypatch.setattr(launch_main, "cuda_device_count", lambda: 4)
+    monkeypatch.setattr(launch_main, "sampler_problem", lambda cfg: None)
+    rc = launch_main.main(["--model", str(config_folder), "--generation-backend", "vllm",
+                           "--vllm-tensor-parallel-size", "3", "--sampling-gpus", "0,1,2", "--training-gpus", "3"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "memory plan" not in err[0], err
+    assert err[0] == ("run_distributed.py: error: --vllm-tensor-parallel-size 3 cannot split the model (vLLM splits "
+                      "its 4 attention heads, 2 KV heads and MLP width 256 evenly over a sampler's GPUs): use "
+                      "--vllm-tensor-parallel-size 1 or 2 or 4")
