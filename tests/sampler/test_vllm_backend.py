@@ -78,10 +78,12 @@ def test_vllm_memory_share_from_the_plan(monkeypatch):
 def test_vllm_memory_share_over_two_gpus_is_the_smaller_gpus(monkeypatch):
     """--vllm-tensor-parallel-size 2: each GPU's items (half of vLLM's weights and KV cache, the whole
     workspace) against the smaller of its two GPUs (vLLM gives every worker one fraction). Shape: 2
-    layers, hidden 64, KV 2 heads x 16, intermediate 128, vocab 1000, untied: 128,000 + 2 x 45,184 + 64
-    = 218,432 parameters; bf16. Rows 64 of 512 + 100 tokens: KV 2 x 2 x 64 x 612 x 32 x 2 = 10,027,008.
-    Per GPU: 218,432 + 5,013,504 + 1 GiB = 1,078,973,760 bytes; of 10 GiB (GPU 1): 10.05%, so 0.11."""
-    from grpo.rules.memory import GiB
+    layers, hidden 64, 4 heads of 16 (KV 2 x 16 = 32), intermediate 128, vocab 1000, untied: a layer
+    64 x 64 + 2 x 64 x 32 + 64 x 64 + 3 x 64 x 128 + 2 x 64 = 36,992, so 128,000 + 2 x 36,992 + 64 =
+    202,048 parameters, 404,096 bytes in bf16. Rows 64 of 512 + 100 tokens: KV 2 x 2 x 64 x 612 x 32
+    x 2 = 10,027,008. Per GPU: 202,048 + 5,013,504 + 1 GiB = 1,078,957,376 bytes; of 10 GiB (GPU 1):
+    10.05%, so 0.11."""
+    from grpo.rules.memory import GiB, shape_from_config, vllm_items
     from grpo.sampler import setup
 
     policy = SimpleNamespace(config=SimpleNamespace(to_dict=lambda: dict(
@@ -90,6 +92,8 @@ def test_vllm_memory_share_over_two_gpus_is_the_smaller_gpus(monkeypatch):
     totals = {0: 80 * GiB, 1: 10 * GiB}
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device: SimpleNamespace(total_memory=totals[getattr(device, "index", device)]))
+    assert vllm_items(shape_from_config(policy.config.to_dict()), 64, 612, 2, 2) == [
+        ("vLLM weights", 202_048), ("KV cache", 5_013_504), ("vLLM workspace", GiB)]
     cfg = from_flat(SamplerConfig, in_flight_rows=64, max_new_tokens=100, vllm_tensor_parallel_size=2)
     assert setup.vllm_memory_share(cfg, policy, torch.device("cuda", 0)) == 0.11
     cfg.rollout.vllm_tensor_parallel_size = 1   # one GPU: its own 80 GiB, and the whole of vLLM's items: 0.02
