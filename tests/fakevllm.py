@@ -10,10 +10,17 @@ at one of its stop_token_ids ('stop', the token kept) or at max_tokens ('length'
 copies (name, tensor) pairs into its model in place. What it does not: it keeps no KV cache (each
 step is a full forward over prompt and tokens so far, with the weights in force), so a token's
 log-prob is that of a teacher-forced pass of the version that drew it over the whole sequence.
+
+FakeTPLLM: the same over several GPUs as the sampler sees vLLM's engine then: apply_model goes
+through collective_rpc("apply_model", args=(fn,)) to worker processes, so `fn` is pickled (with the
+standard pickle, as vLLM's shared-memory broadcast queue does: a closure fails as it would there) and
+run once per worker on a copy of the message; the calls are recorded. Its workers share one model
+(the tensors' shards are vLLM's business, not the engine's).
 """
 from __future__ import annotations
 
 import copy
+import pickle
 from types import SimpleNamespace
 
 import torch
@@ -79,6 +86,26 @@ class FakeLLM:
             if reason is not None:
                 del self.requests[rid]
         return outs
+
+
+class FakeTPLLM(FakeLLM):
+    def __init__(self, model: torch.nn.Module, tensor_parallel: int = 2, seed: int = 0):
+        super().__init__(model, seed)
+        self.tensor_parallel = tensor_parallel
+        self.rpc_calls: list[tuple] = []   # (method, args) as each call sent them
+
+    def apply_model(self, fn):
+        return self.collective_rpc("apply_model", args=(fn,))
+
+    def collective_rpc(self, method, timeout=None, args: tuple = (), kwargs: dict | None = None) -> list:
+        self.rpc_calls.append((method, args))
+        message = pickle.dumps((method, args, kwargs or {}), protocol=pickle.HIGHEST_PROTOCOL)
+        out = []
+        for _ in range(self.tensor_parallel):
+            name, (fn,), _ = pickle.loads(message)   # (our own bytes: each worker's copy of the one message)
+            assert name == "apply_model"
+            out.append(fn(self))   # the worker's apply_model(fn): fn(its model)
+        return out
 
 
 def make_params(**fields):

@@ -22,6 +22,20 @@ that step (RowTrace). Log-probs: SamplingParams(logprobs=0) returns the sampled 
 and logprobs_mode="processed_logprobs" makes it the log-prob under the distribution it was drawn
 from (after the temperature; greedy: the plain softmax), as our engine's.
 
+Over several GPUs (--vllm-tensor-parallel-size N > 1): vLLM runs a worker process per GPU (its
+multiprocess executor, distributed_executor_backend="mp"; the engine core stays in this process), so
+the copy above, a closure over the policy's tensors, cannot reach them: apply_model's function is
+pickled to every worker (vLLM's shared-memory broadcast queue). The engine then sends each version
+as CUDA IPC handles of the policy's parameters (torch's reduce_tensor: a rebuild function and its
+arguments, a few hundred bytes a tensor, never the bytes), bound by functools.partial to
+load_from_handles, a module-level function pickled by name; each worker rebuilds the tensors (views
+of the sampler's memory on its first GPU) and calls its model's load_weights, which takes its
+rank's shard of each. The sampler's GPUs are visible devices 0..N-1 (the launcher's plan, with the
+learner's GPU after them), the policy on device 0. NOT YET RUN ON A GPU: written against vLLM 0.25's
+source (LLMEngine.apply_model -> collective_rpc("apply_model", args=(fn,)); the worker's
+apply_model(fn) -> fn(its model)) and tested on CPU over a stand-in whose workers unpickle the
+function as vLLM's do (tests/fakevllm.py, FakeTPLLM).
+
 The same prompt rule and ends as our engine: prompt token ids from our tokenizer (TokensPrompt),
 stop_token_ids = our EOS ids with ignore_eos (so vLLM adds no end of its own), the EOS kept in the
 completion; temperature, top_p=1, top_k=0 (vLLM 0.25: 0 or -1 is off), no penalties, and the
@@ -29,6 +43,7 @@ model's generation config ignored (generation_config="vllm").
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import itertools
 import logging
@@ -39,6 +54,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 import torch
+from torch.multiprocessing.reductions import reduce_tensor
 
 from grpo.generate.backend import Rollout, eos_list
 from grpo.generate.stream import STREAM_COUNTS, FinishedGroup, checked_swap, group_versions
@@ -54,12 +70,13 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def check_vllm(device_type: str, index: int | None = 0) -> None:
+def check_vllm(device_type: str, index: int | None = 0, tensor_parallel: int = 1, visible: int | None = None) -> None:
     """The one-line refusals of --generation-backend vllm before anything loads (ValueError: the
     workers' exit code 2): vLLM not installed, a sampler without CUDA, or on another GPU than its
     first visible one (vLLM 0.25's in-process worker takes local rank 0, cuda:0, and makes it the
     current device: vllm/v1/executor/uniproc_executor.py, _distributed_args; the launcher gives each
-    sampler its GPU as CUDA_VISIBLE_DEVICES and --gpu-id 0)."""
+    sampler its GPU as CUDA_VISIBLE_DEVICES and --gpu-id 0), or over more GPUs (`tensor_parallel`)
+    than it sees (`visible`: vLLM's worker of rank i takes visible device i)."""
     if not vllm_installed():
         raise ValueError(MISSING)
     if device_type != "cuda":
@@ -68,6 +85,10 @@ def check_vllm(device_type: str, index: int | None = 0) -> None:
     if index not in (None, 0):
         raise ValueError(f"--generation-backend vllm runs on the first visible GPU, not --gpu-id {index}: choose the "
                          f"GPU with CUDA_VISIBLE_DEVICES={index} and --gpu-id 0")
+    if visible is not None and tensor_parallel > visible:
+        raise ValueError(f"--vllm-tensor-parallel-size {tensor_parallel} needs {tensor_parallel} visible GPUs, and this "
+                         f"sampler sees {visible}: list its GPUs first in CUDA_VISIBLE_DEVICES (run_distributed.py "
+                         f"does), or lower --vllm-tensor-parallel-size")
 
 
 # ----------------------------------------------------------------------------- pure helpers (no vLLM)
@@ -142,9 +163,10 @@ def sampling_fields(temperature: float, greedy: bool, max_new_tokens: int, eos: 
 def engine_fields(model: str, dtype: str, gpu_memory_utilization: float, seed: int, rows: int = 0,
                   tensor_parallel: int = 1, cuda_graphs: bool = True, max_model_len: int | None = None) -> dict:
     """EngineArgs' fields for a sampler's engine: in process (the caller sets
-    VLLM_ENABLE_V1_MULTIPROCESSING=0), synchronous steps, processed log-probs, the model's generation
-    config ignored, no tokenizer (prompts come as our token ids, and nothing is detokenized), its memory share from the plan (grpo.rules.memory.vllm_gpu_fraction), at least
-    `rows` sequences at once (0: vLLM's own cap)."""
+    VLLM_ENABLE_V1_MULTIPROCESSING=0; over several GPUs, vLLM's workers in processes of their own),
+    synchronous steps, processed log-probs, the model's generation config ignored, no tokenizer
+    (prompts come as our token ids, and nothing is detokenized), its memory share from the plan
+    (grpo.rules.memory.vllm_gpu_fraction), at least `rows` sequences at once (0: vLLM's own cap)."""
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"vLLM's gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     out = dict(model=model, skip_tokenizer_init=True, dtype=dtype, seed=int(seed),
@@ -152,11 +174,32 @@ def engine_fields(model: str, dtype: str, gpu_memory_utilization: float, seed: i
                tensor_parallel_size=int(tensor_parallel), enforce_eager=not cuda_graphs,
                logprobs_mode="processed_logprobs", async_scheduling=False, stream_interval=1,
                generation_config="vllm", enable_prefix_caching=True, disable_log_stats=True)
+    if tensor_parallel > 1:
+        # a worker process per GPU (the engine core stays in this process: VLLM_ENABLE_V1_MULTIPROCESSING=0)
+        out["distributed_executor_backend"] = "mp"
     if rows:
         out["max_num_seqs"] = int(rows)
     if max_model_len:
         out["max_model_len"] = int(max_model_len)
     return out
+
+
+def ipc_handles(weights: list[tuple[str, torch.Tensor]]) -> list[tuple[str, tuple]]:
+    """(name, (rebuild function, its arguments)) for each tensor (torch's reduce_tensor): for a CUDA
+    tensor a CUDA IPC handle of its memory with its shape, offset and an event the consumer waits on
+    (so that a worker reads a version only after the writes queued before it), picklable and small; a
+    CPU tensor's (the tests') carries its storage."""
+    return [(name, reduce_tensor(t)) for name, t in weights]
+
+
+def load_from_handles(handles: list[tuple[str, tuple]], model) -> int:
+    """In each of vLLM's worker processes (through apply_model, pickled by name: see the module's
+    docstring): rebuild the sampler's tensors from their handles and load them into `model` (vLLM's
+    load_weights takes this rank's shard of each and copies it in place). Returns how many it loaded,
+    which the engine checks."""
+    weights = [(name, rebuild(*args)) for name, (rebuild, args) in handles]
+    model.load_weights(weights)
+    return len(weights)
 
 
 # ----------------------------------------------------------------------------- the engine
@@ -177,7 +220,8 @@ class VllmEngine:
     `llm` is vLLM's LLMEngine, or anything with its add_request / step / abort_request (the CPU tests
     give a scripted one); `make_params(**sampling_fields)` makes SamplingParams; `policy` is the
     sampler's own model, whose parameters the weight receivers write: `sync_weights` copies them into
-    vLLM's model (load_weights(name, tensor) through `llm.apply_model`). `version_of()` says the
+    vLLM's model (load_weights(name, tensor) through `llm.apply_model`; over `tensor_parallel` > 1
+    GPUs, from CUDA IPC handles in each worker process). `version_of()` says the
     policy's version now (the weights client's), so that a stream or a batch started after the
     policy moved on first takes its weights."""
 
@@ -185,9 +229,10 @@ class VllmEngine:
     buckets: tuple = ()   # no fixed batch shapes (grpo.rules.staleness.bucket_prompts)
 
     def __init__(self, llm, make_params: Callable[..., object], eos: list[int], policy: torch.nn.Module | None = None,
-                 version_of: Callable[[], int] | None = None):
+                 version_of: Callable[[], int] | None = None, tensor_parallel: int = 1):
         self.llm, self.make_params, self.eos, self.policy = llm, make_params, eos_list(eos), policy
         self.version_of = version_of
+        self.tensor_parallel = int(tensor_parallel)   # > 1: vLLM's workers are processes of their own (sync_weights)
         self.loaded: int | None = None     # the policy version vLLM's model holds (None: not copied yet)
         self.stream_counts = dict.fromkeys(STREAM_COUNTS, 0.0)
         self.swap_s = 0.0                  # seconds copying the policy into vLLM's model
@@ -199,15 +244,15 @@ class VllmEngine:
               gpu_memory_utilization: float, seed: int, rows: int = 0, tensor_parallel: int = 1,
               cuda_graphs: bool = True, max_model_len: int | None = None) -> "VllmEngine":
         """vLLM's LLMEngine on `model_path` in this process, its weights then those of `policy` (at
-        the first stream)."""
-        if tensor_parallel != 1:
-            # A sampler over several GPUs runs vLLM's workers in processes of their own, which the
-            # in-process copy from the policy (apply_model with a closure over its tensors) cannot reach.
-            raise ValueError(f"vLLM tensor parallel size {tensor_parallel}: this sampler runs vLLM in its own "
-                             "process on one GPU; a sampler over several GPUs is planned, not built yet")
+        the first stream); over `tensor_parallel` GPUs (visible devices 0..N-1) with a worker process
+        on each (the module's docstring: not yet run on a GPU)."""
         if not vllm_installed():
             raise ValueError(MISSING)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # before vLLM reads its settings
+        if tensor_parallel > 1:
+            # CUDA is initialised here already (the policy is loaded): a forked worker could not use it,
+            # so vLLM's workers start fresh (vLLM would switch to spawn itself, with a warning)
+            os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         from vllm import EngineArgs, LLMEngine, SamplingParams  # here: vLLM is an optional extra, and reads its settings (above) at import
         from vllm.sampling_params import RequestOutputKind  # here: as vllm
 
@@ -216,14 +261,15 @@ class VllmEngine:
                                           cuda_graphs, max_model_len))
         t0 = time.perf_counter()
         llm = LLMEngine.from_engine_args(args)
-        log.info("vLLM engine on %s in %.1f s (gpu_memory_utilization %.2f, %s, %s)", model_path,
+        log.info("vLLM engine on %s in %.1f s (gpu_memory_utilization %.2f, %s, %s%s)", model_path,
                  time.perf_counter() - t0, gpu_memory_utilization, name,
-                 "CUDA graphs" if cuda_graphs else "eager")
+                 "CUDA graphs" if cuda_graphs else "eager",
+                 f", tensor parallel over {tensor_parallel} GPUs" if tensor_parallel > 1 else "")
 
         def make_params(**fields):
             return SamplingParams(**fields, output_kind=RequestOutputKind.DELTA)
 
-        return cls(llm, make_params, eos, policy)
+        return cls(llm, make_params, eos, policy, tensor_parallel=tensor_parallel)
 
     # ------------------------------------------------------------------ weights
     def sync_weights(self, version: int | None = None) -> bool:
@@ -237,7 +283,13 @@ class VllmEngine:
             return False
         t0 = time.perf_counter()
         weights = [(name, p.detach()) for name, p in self.policy.named_parameters()]
-        self.llm.apply_model(lambda model: model.load_weights(weights))
+        if self.tensor_parallel > 1:
+            # vLLM's workers are processes of their own: each gets the tensors' IPC handles, not a closure
+            loaded = self.llm.apply_model(functools.partial(load_from_handles, ipc_handles(weights)))
+            if len(loaded) != self.tensor_parallel or any(n != len(weights) for n in loaded):
+                raise RuntimeError(f"vLLM's {self.tensor_parallel} workers loaded {loaded} of {len(weights)} tensors")
+        else:
+            self.llm.apply_model(lambda model: model.load_weights(weights))
         if self.llm.get_num_unfinished_requests() == 0:
             # Prompts of later requests must not reuse blocks the old weights computed (between streams,
             # nothing is running; in flight this is not done: the rows keep their KV as it is).

@@ -21,6 +21,7 @@ from grpo.launch.runplan import RunPlan
 from grpo.learner.resume import resolve_resume
 from grpo.model.gguf.header import ModelUnavailable, gguf_model_file
 from grpo.model.hub import check_hub_model
+from grpo.rules.tensor_parallel import model_problem
 
 
 def check_resume(rp: RunPlan) -> None:
@@ -34,6 +35,18 @@ def check_resume(rp: RunPlan) -> None:
         resolve_resume(spec, Path(rp.launch.run.run_dir), rp.launch.training.max_steps)
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
+
+
+def check_tensor_parallel_model(rp: RunPlan) -> None:
+    """A model vLLM cannot split over a sampler's GPUs (grpo.rules.tensor_parallel.model_problem) is a
+    one-line mistake here, read from its config as the memory plan reads it, not vLLM's refusal once
+    the sampler has loaded; a model whose config is not here yet is left to vLLM."""
+    tp = rp.sampler.rollout.vllm_tensor_parallel_size
+    if tp == 1:
+        return
+    shape, _ = probe.read_shape(rp.launch.run.model)
+    if shape is not None and (problem := model_problem(tp, shape.heads, shape.kv_heads, shape.intermediate)):
+        raise LaunchError(problem)
 
 
 def check_model(model: str) -> None:

@@ -20,13 +20,13 @@ from pathlib import Path
 from grpo.config import LearnerConfig, SamplerConfig, flat, from_flat
 from grpo.flags import parse_config
 from grpo.launch import cpusize, memfit, nodes, probe, supervisor
-from grpo.launch.checks import (bytecode_warning, check_model, check_resume, missing_bytecode, sampler_problem,
-                                sampler_tasks_problem)
+from grpo.launch.checks import (bytecode_warning, check_model, check_resume, check_tensor_parallel_model,
+                                missing_bytecode, sampler_problem, sampler_tasks_problem)
 from grpo.launch.ending import resume_command
 from grpo.launch.inflight import resolve_in_flight
 from grpo.launch.memfit import check_memory, memory_inputs
-from grpo.launch.plan import (LaunchError, check_gpus_flags, choose_gpus, instance_argv, parse, passthrough_flags,
-                              place, plan_instances, specs)
+from grpo.launch.plan import (LaunchError, check_gpus_flags, check_tensor_parallel, choose_gpus, instance_argv, parse,
+                              passthrough_flags, place, plan_instances, specs)
 from grpo.launch.runplan import Placement, RunPlan, changed_flags, from_flags, given_names, with_launch, with_placement
 from grpo.obs.rundir import COMMIT_ENV, code_commit, create_run_dir, remove_created, save_config
 from grpo.rules import layout, memory
@@ -160,17 +160,24 @@ def say_cpu_sizing(sizing: cpusize.CpuSizing | None, model: str) -> str | None:
     return None
 
 
+def tensor_parallel(rp: RunPlan) -> int:
+    """GPUs per sampler: the samplers' --vllm-tensor-parallel-size (grpo.rules.tensor_parallel)."""
+    return rp.sampler.rollout.vllm_tensor_parallel_size
+
+
 def choose_layout(rp: RunPlan, cuda_count: int) -> RunPlan:
     """--gpus: the split chosen (grpo.rules.layout) and said; from here on the plan is the run of the
     explicit flags the choice stands for."""
-    cfg, line = choose_gpus(rp.launch, cuda_count, *layout_costs(rp), read_rates(rp.launch.placement.layout_from))
+    cfg, line = choose_gpus(rp.launch, cuda_count, *layout_costs(rp), read_rates(rp.launch.placement.layout_from),
+                            tensor_parallel(rp))
     print(f"[launcher] {line}", flush=True)
     return with_launch(rp, cfg)
 
 
 def resolve(rp: RunPlan, cuda_count: int) -> RunPlan:
     """One host's run: placed, checked, and every choice the launcher makes on it made, in order."""
-    rp = with_placement(rp, place(rp.launch, cuda_count))
+    rp = with_placement(rp, place(rp.launch, cuda_count, tensor_parallel(rp)))
+    check_tensor_parallel_model(rp)   # the model's widths against the GPUs a sampler spreads over
     if problem := sampler_problem(rp.sampler):   # a bad --reward fails before any model loads
         raise LaunchError(problem)
     check_resume(rp)
@@ -236,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
                     chosen=bool(cfg.placement.gpus))   # --gpus: how samplers decode is ours to choose too
     try:
         check_gpus_flags(cfg)
+        if cfg.nodes.nodes:
+            check_tensor_parallel(cfg, tensor_parallel(rp), cfg.run.device != "cpu")
         if cfg.nodes.nodes and cfg.placement.gpus:
             split, line = nodes.choose_nodes_split(cfg, *layout_costs(rp), read_rates(cfg.placement.layout_from))
             print(line, flush=True)
@@ -251,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         rp = choose_layout(rp, cuda_count) if cfg.placement.gpus else rp
         rp, sizing = size_for_cpu(rp, argv, cuda_count)
         if cfg.instances.instances != 1 or cfg.instances.seeds:
-            instances = plan_instances(rp.launch, cuda_count)
+            instances = plan_instances(rp.launch, cuda_count, tensor_parallel(rp))
         else:
             rp = resolve(rp, cuda_count)
     except LaunchError as exc:

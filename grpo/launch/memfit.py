@@ -33,10 +33,17 @@ def memory_plan(rp: RunPlan, ranks: int, samplers: int) -> dict | None:
 
 
 def gpu_of(rp: RunPlan) -> dict[str, int]:
-    """Each process's GPU: learner rank r on the r-th training GPU, sampler k on the k-th sampling one."""
+    """Each process's GPU: learner rank r on the r-th training GPU, sampler k on the first of its
+    GPUs (Placement.sampler_gpus) and, over several (a vLLM sampler's tensor parallelism), vLLM's
+    worker of rank i on its i-th (the plan's sampler{k}.tp{i}, grpo.rules.memory.plan)."""
     p = rp.placement
-    return {**{f"learner{r}": g for r, g in enumerate(p.training_gpus)},
-            **{f"sampler{k}": g for k, g in enumerate(p.sampling_gpus)}}
+    out = {f"learner{r}": g for r, g in enumerate(p.training_gpus)}
+    for k in range(p.samplers):
+        gpus = p.sampler_gpus(k)
+        out[f"sampler{k}"] = gpus[0]
+        if p.tensor_parallel > 1:
+            out.update({memory.tp_worker(k, i): g for i, g in enumerate(gpus)})
+    return out
 
 
 def shares_a_gpu(placement: dict[str, int]) -> bool:

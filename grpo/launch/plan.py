@@ -5,8 +5,9 @@ With --gpus the split is chosen first (grpo.rules.layout, choose_gpus) and the p
 of the explicit flags it stands for.
 
 A single run: learner ranks get every training GPU visible and LOCAL_RANK set, as torchrun and
-the deepspeed launcher do; each sampler sees its own GPU first, then learner rank 0's (for
-CUDA IPC weight sync). Flags the launcher does not own go to the sampler and/or learner that
+the deepspeed launcher do; each sampler sees its own GPU first (a vLLM sampler over N GPUs: its N
+consecutive --sampling-gpus, grpo.rules.tensor_parallel), then learner rank 0's (for CUDA IPC
+weight sync). Flags the launcher does not own go to the sampler and/or learner that
 know them (`split_passthrough`); `--help` lists them too, grouped by who receives them. They are
 parsed once into the RunPlan (grpo.launch.runplan), `place` puts its processes on the GPUs, and
 `specs` writes each one's argv from its config, once every choice is made.
@@ -33,6 +34,8 @@ from grpo.flags import (ArgumentParser, add_fields, apply_config_file, build_par
                         section_groups, to_flags)
 from grpo.launch.runplan import PLANNED_ENV, Placement, RunPlan, from_flags, with_placement, worker_argv
 from grpo.rules import layout
+from grpo.rules.tensor_parallel import FLAG as TP_FLAG
+from grpo.rules.tensor_parallel import sampler_groups, tensor_parallel_problem, visible_devices
 
 ROOT = Path(__file__).resolve().parents[2]
 ALIASES = {"sampling_gpus": ["--sampling-gpu"], "training_gpus": ["--training-gpu"]}
@@ -121,12 +124,17 @@ def gpus_to_lay_out(text: str, cuda_count: int) -> list[int]:
 
 
 def choose_gpus(cfg: LaunchConfig, cuda_count: int, params: int | None, train_batch_size: int,
-                rates: layout.Rates | None = None) -> tuple[LaunchConfig, str]:
+                rates: layout.Rates | None = None, tp: int = 1) -> tuple[LaunchConfig, str]:
     """(the config as if the chosen --sampling-gpus/--training-gpus/--share-gpus had been typed in
-    place of --gpus, the layout line that says so). `params`: the model's parameters (None: unknown)."""
+    place of --gpus, the layout line that says so). `params`: the model's parameters (None: unknown);
+    `tp`: GPUs per sampler (--vllm-tensor-parallel-size), so each sampler takes that many."""
     ids = gpus_to_lay_out(cfg.placement.gpus, cuda_count)
-    choice = layout.choose_layout(ids, params, cfg.rollout.max_new_tokens, train_batch_size,
-                                  cfg.rollout.num_generations, rates)
+    check_tensor_parallel(cfg, tp, True)
+    try:
+        choice = layout.choose_layout(ids, params, cfg.rollout.max_new_tokens, train_batch_size,
+                                      cfg.rollout.num_generations, rates, tp)
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
     placement = dataclasses.replace(cfg.placement, gpus="", layout_from="", share_gpus=choice.share,
                                     sampling_gpus=",".join(map(str, choice.sampling_gpus)),
                                     training_gpus=",".join(map(str, choice.training_gpus)))
@@ -186,15 +194,36 @@ def _resolve_gpus(cfg: LaunchConfig, cuda_count: int) -> tuple[list[int], list[i
     return samp, train, use_cuda
 
 
-def place(cfg: LaunchConfig, cuda_count: int) -> Placement:
-    """Where one host's processes run: the GPU lists (defaults filled) or, on CPU, the counts."""
+def check_tensor_parallel(cfg: LaunchConfig, tp: int, use_cuda: bool) -> None:
+    """A sampler over `tp` GPUs that cannot work (grpo.rules.tensor_parallel): one line, before anything loads."""
+    problem = tensor_parallel_problem(tp, cfg.rollout.generation_backend, "cuda" if use_cuda else "cpu",
+                                      cfg.weight_sync.weight_sync)
+    if problem is None and tp > 1 and cfg.nodes.nodes:
+        problem = (f"{TP_FLAG} {tp} with --nodes: the several-node plan gives each sampler one GPU; run a vLLM "
+                   f"sampler over several GPUs on one host, or drop {TP_FLAG}")
+    if problem:
+        raise LaunchError(problem)
+
+
+def place(cfg: LaunchConfig, cuda_count: int, tp: int = 1) -> Placement:
+    """Where one host's processes run: the GPU lists (defaults filled) or, on CPU, the counts; each
+    sampler over `tp` GPUs (--vllm-tensor-parallel-size)."""
     samp_gpus, train_gpus, use_cuda = _resolve_gpus(cfg, cuda_count)
+    check_tensor_parallel(cfg, tp, use_cuda)
     if not use_cuda:
         if cfg.placement.training_ranks < 1 or cfg.placement.num_samplers < 1:
             raise LaunchError("--training-ranks and --num-samplers must be >= 1")
         return _one_process_learner(cfg, Placement(False, cfg.placement.training_ranks, cfg.placement.num_samplers))
-    samp_gpus = samp_gpus or [0]
-    train_gpus = train_gpus or ([1] if cuda_count > 1 else [0])
+    if not samp_gpus and tp > cuda_count:
+        raise LaunchError(f"{TP_FLAG} {tp}: a sampler takes {tp} GPUs, but this machine has {cuda_count}; "
+                          f"lower {TP_FLAG}")
+    # the defaults: one sampler on the first GPU(s), the learner on the next one (or the first, with one GPU)
+    samp_gpus = samp_gpus or list(range(tp))
+    train_gpus = train_gpus or ([tp] if cuda_count > tp else [0])
+    try:
+        groups = sampler_groups(samp_gpus, tp)
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
     shared = sorted(set(samp_gpus) & set(train_gpus))
     if shared and (cfg.placement.sampling_gpus or cfg.placement.training_gpus) and not cfg.placement.share_gpus:
         raise LaunchError(f"GPU(s) {','.join(map(str, shared))} in both --sampling-gpus and --training-gpus; "
@@ -203,8 +232,8 @@ def place(cfg: LaunchConfig, cuda_count: int) -> Placement:
         if g >= cuda_count:
             raise LaunchError(f"GPU {g} does not exist: this machine has {cuda_count} GPU(s) "
                               f"(0..{cuda_count - 1}); fix --sampling-gpus/--training-gpus")
-    return _one_process_learner(cfg, Placement(True, len(train_gpus), len(samp_gpus), tuple(train_gpus),
-                                               tuple(samp_gpus)))
+    return _one_process_learner(cfg, Placement(True, len(train_gpus), len(groups), tuple(train_gpus),
+                                               tuple(samp_gpus), tp))
 
 
 def _one_process_learner(cfg: LaunchConfig, p: Placement) -> Placement:
@@ -252,9 +281,9 @@ def specs(rp: RunPlan, master_port: int, run_dir: str = "") -> list[ProcSpec]:
     for k in range(p.samplers):
         env = dict(env0)
         if p.cuda:
-            # The sampler's own GPU first (its device 0), then learner rank 0's GPU, which CUDA
-            # IPC weight sync maps (peer access); found there by UUID, not by this numbering.
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, dict.fromkeys([p.sampling_gpus[k], p.training_gpus[0]])))
+            # The sampler's own GPU(s) first (its device 0; vLLM's worker of rank i on device i), then
+            # learner rank 0's GPU, which CUDA IPC weight sync maps (peer access); found there by UUID.
+            env["CUDA_VISIBLE_DEVICES"] = visible_devices(p.sampler_gpus(k), p.training_gpus[0])
         run = dataclasses.replace(rp.sampler.run, sampler_id=k, num_samplers=p.samplers, gpu_id=0 if p.cuda else -1,
                                   run_dir=run_dir or rp.sampler.run.run_dir)
         cfg = dataclasses.replace(rp.sampler, run=run)
@@ -266,8 +295,9 @@ def specs(rp: RunPlan, master_port: int, run_dir: str = "") -> list[ProcSpec]:
 def plan(cfg: LaunchConfig, cuda_count: int, sampler_flags: list[str], learner_flags: list[str],
          master_port: int) -> list[ProcSpec]:
     """Every process of the run of these flags as given, learner ranks first (no choice made)."""
-    placement = place(cfg, cuda_count)
-    return specs(with_placement(from_flags(cfg, sampler_flags, learner_flags), placement), master_port)
+    rp = from_flags(cfg, sampler_flags, learner_flags)
+    placement = place(cfg, cuda_count, rp.sampler.rollout.vllm_tensor_parallel_size)
+    return specs(with_placement(rp, placement), master_port)
 
 
 def launcher_parser(with_workers: bool = False):
@@ -349,20 +379,27 @@ def parse_seeds(cfg: LaunchConfig) -> list[int]:
     return seeds
 
 
-def plan_instances(cfg: LaunchConfig, cuda_count: int) -> list[Instance]:
-    """Seeds, GPUs, ports and run directories of every instance (no side effects)."""
+def plan_instances(cfg: LaunchConfig, cuda_count: int, tp: int = 1) -> list[Instance]:
+    """Seeds, GPUs, ports and run directories of every instance (no side effects); `tp`: GPUs per
+    sampler (--vllm-tensor-parallel-size)."""
     seeds = parse_seeds(cfg)
     k_all = len(seeds)
     samp0, train0, use_cuda = _resolve_gpus(cfg, cuda_count)
+    check_tensor_parallel(cfg, tp, use_cuda)
     if use_cuda:
         if bool(samp0) != bool(train0):
             raise LaunchError("with --instances give both --sampling-gpus and --training-gpus (instance 0's), or neither")
         if not samp0:
             per = cuda_count // k_all
-            if per < 2:
-                raise LaunchError(f"{k_all} instances need at least {2 * k_all} GPUs (a sampler and a learner each); "
-                                  f"this machine has {cuda_count}: use fewer --instances")
-            samp0, train0 = [0], list(range(1, per))
+            if per < tp + 1:
+                sampler = "a sampler" if tp == 1 else f"a sampler of {tp} GPUs"
+                raise LaunchError(f"{k_all} instances need at least {(tp + 1) * k_all} GPUs ({sampler} and a learner "
+                                  f"each); this machine has {cuda_count}: use fewer --instances")
+            samp0, train0 = list(range(tp)), list(range(tp, per))
+        try:
+            sampler_groups(samp0, tp)   # each instance's samplers, tp GPUs each: a count that does not divide is refused
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from None
         overlap = sorted(set(samp0) & set(train0))
         if overlap and not cfg.placement.share_gpus:
             raise LaunchError(f"GPU(s) {','.join(map(str, overlap))} in both --sampling-gpus and --training-gpus; "

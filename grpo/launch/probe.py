@@ -15,6 +15,7 @@ from pathlib import Path
 from grpo.config import allocator_conf, expandable_segments, micro_token_budget, resolve_precision
 from grpo.model import fetch
 from grpo.model.gguf.header import ModelUnavailable, find_gguf, gguf_config
+from grpo.rules.backend import backend_for
 from grpo.rules.memory import PROMPT_TOKENS, RunShape, Shape, decode_rows, shape_from_config
 from grpo.rules.staleness import Staleness
 from grpo.weights.methods import IPC, NCCL, SHARED, sampler_method
@@ -130,4 +131,6 @@ def run_shape(lcfg, scfg, ranks: int, samplers: int, ds_config: str) -> RunShape
                     precision=resolve_precision(lcfg.training.precision, True, lcfg.training.lora_r > 0,
                                                 not lcfg.training.no_deepspeed),
                     deepspeed=not lcfg.training.no_deepspeed, entropy=lcfg.loss.entropy_coef > 0,
-                    expandable=expandable_segments(allocator_conf(os.environ)[0]))
+                    expandable=expandable_segments(allocator_conf(os.environ)[0]),
+                    vllm=backend_for(scfg.rollout.generation_backend, "cuda") == "vllm",
+                    tensor_parallel=scfg.rollout.vllm_tensor_parallel_size)

@@ -21,13 +21,19 @@ LEARNER_FROM_LAUNCH = ("max_steps", "no_deepspeed")
 
 @dataclass(frozen=True)
 class Placement:
-    """Where the processes of one host run: CUDA or not, and each one's GPU (CUDA only)."""
+    """Where the processes of one host run: CUDA or not, and each one's GPUs (CUDA only): learner
+    rank r on training_gpus[r], sampler k on `tensor_parallel` consecutive sampling GPUs (sampler_gpus)."""
 
     cuda: bool
     ranks: int
     samplers: int
     training_gpus: tuple[int, ...] = ()
-    sampling_gpus: tuple[int, ...] = ()
+    sampling_gpus: tuple[int, ...] = ()   # every sampler's, in order: samplers x tensor_parallel ids
+    tensor_parallel: int = 1              # GPUs per sampler (--vllm-tensor-parallel-size)
+
+    def sampler_gpus(self, k: int) -> tuple[int, ...]:
+        """Sampler k's GPUs (grpo.rules.tensor_parallel.sampler_groups): the k-th run of tensor_parallel ids."""
+        return self.sampling_gpus[k * self.tensor_parallel:(k + 1) * self.tensor_parallel]
 
 
 @dataclass(frozen=True)

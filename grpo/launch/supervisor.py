@@ -225,9 +225,20 @@ def _check_failed(check: Future | None, wait_s: float = 0.0) -> bool:
     return bool(problem)
 
 
+def gpus_per_sampler(run_dir: Path) -> int:
+    """--vllm-tensor-parallel-size of the run's samplers, from sampler 0's saved config (1 without one)."""
+    try:
+        return int(json.loads((run_dir / "config_sampler0.json").read_text()).get("vllm_tensor_parallel_size", 1))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 1
+
+
 def layout_note(cfg: LaunchConfig, run_dir: Path, summary: dict) -> str | None:
     """grpo.rules.layout's advice on the run's measured rates, where the user gave samplers and
-    learner ranks GPUs of their own; None otherwise, or when the rates give no reason."""
+    learner ranks GPUs of their own; None otherwise, or when the rates give no reason, or when a
+    sampler spread over several GPUs (the advice's splits count one GPU a sampler)."""
+    if gpus_per_sampler(run_dir) > 1:
+        return None
     try:
         sampling, training = parse_gpus(cfg.placement.sampling_gpus,
                                         "--sampling-gpus"), parse_gpus(cfg.placement.training_gpus,

@@ -172,20 +172,28 @@ def _size(params: int) -> str:
 
 
 def choose_split(gpus: int, params: int | None, max_new_tokens: int, train_batch_size: int,
-                 num_generations: int, rates: Rates | None = None, feasible=None) -> Split:
+                 num_generations: int, rates: Rates | None = None, feasible=None, tp: int = 1) -> Split:
     """The split of `gpus` GPUs: 1 -> the sampler and the learner share it; otherwise s samplers and
     gpus - s ranks (at least one each, s at most max_samplers, feasible(s, r) where given) whose slower
     role is fastest by role_seconds, ties to fewer samplers. params None: the model's size is not known
     here, costed as REFERENCE_PARAMS. The reason names the inputs, both roles' seconds and the
-    neighbouring splits'."""
+    neighbouring splits'. tp > 1: each sampler takes tp GPUs (a vLLM sampler over several GPUs), so
+    s samplers leave gpus - s x tp ranks; a sampler is costed at one GPU's rate (how much faster
+    tensor parallelism decodes depends on the model: a stated underestimate), and no GPU is shared
+    (one GPU cannot hold a sampler of several)."""
     if gpus < 1:
         raise ValueError("no GPUs to lay out")
+    if tp > 1 and gpus < tp + 1:
+        raise ValueError(f"--gpus gives {gpus} GPU(s): a vLLM sampler over {tp} GPUs (--vllm-tensor-parallel-size "
+                         f"{tp}) and a learner rank need at least {tp + 1}; list more GPUs, or lower "
+                         f"--vllm-tensor-parallel-size")
     if gpus == 1:
         return Split(1, 1, True, "one GPU: the sampler and the learner share it")
     size = params if params else REFERENCE_PARAMS
     tokens = step_tokens(train_batch_size, max_new_tokens)
     cap = max_samplers(train_batch_size, num_generations)
-    ok = [(s, gpus - s) for s in range(1, min(cap, gpus - 1) + 1) if feasible is None or feasible(s, gpus - s)]
+    ok = [(s, gpus - s * tp) for s in range(1, min(cap, gpus - 1) + 1)
+          if gpus - s * tp >= 1 and (feasible is None or feasible(s, gpus - s * tp))]
     if not ok:
         raise ValueError(f"no split of {gpus} GPUs into samplers and learner ranks can be placed")
     step = {sr: max(role_seconds(*sr, size, tokens, rates)) for sr in ok}
@@ -193,10 +201,11 @@ def choose_split(gpus: int, params: int | None, max_new_tokens: int, train_batch
     gen, train = role_seconds(s, r, size, tokens, rates)
     by = f"rates measured in {rates.source}" if rates and rates.source else "the default rates"
     model = f"{_size(params)} parameters" if params else f"model size not known here (costed as {_size(size)})"
+    on = f"{s} GPU{'s' * (s > 1)}" if tp == 1 else f"{s} sampler{'s' * (s > 1)} of {tp} GPUs, each costed as one GPU"
     why = (f"{model}, {train_batch_size} x {max_new_tokens} tokens a step, by {by}: {s}+{r} takes about "
-           f"{step[(s, r)]:.2f} s a step (generation {gen:.2f} s on {s} GPU{'s' * (s > 1)}, training {train:.2f} s "
+           f"{step[(s, r)]:.2f} s a step (generation {gen:.2f} s on {on}, training {train:.2f} s "
            f"on {r} rank{'s' * (r > 1)})")
-    others = [f"{a}+{b} {step[(a, b)]:.2f} s" for a, b in ((s - 1, r + 1), (s + 1, r - 1)) if (a, b) in step]
+    others = [f"{a}+{b} {step[(a, b)]:.2f} s" for a, b in sorted(step) if a in (s - 1, s + 1)]
     if others:
         why += f"; {', '.join(others)}"
     if cap < gpus - 1:
@@ -205,14 +214,14 @@ def choose_split(gpus: int, params: int | None, max_new_tokens: int, train_batch
 
 
 def choose_layout(gpu_ids: list[int], params: int | None, max_new_tokens: int, train_batch_size: int,
-                  num_generations: int, rates: Rates | None = None) -> Choice:
-    """choose_split on these GPUs: the samplers take the first ids, the learner ranks the rest (as the
-    seed's --sampling-gpu 0 --training-gpus 1,2,3); one GPU does both."""
-    sp = choose_split(len(gpu_ids), params, max_new_tokens, train_batch_size, num_generations, rates)
+                  num_generations: int, rates: Rates | None = None, tp: int = 1) -> Choice:
+    """choose_split on these GPUs: the samplers take the first ids (tp each), the learner ranks the
+    rest (as the seed's --sampling-gpu 0 --training-gpus 1,2,3); one GPU does both."""
+    sp = choose_split(len(gpu_ids), params, max_new_tokens, train_batch_size, num_generations, rates, tp=tp)
     ids = tuple(gpu_ids)
     if sp.share:
         return Choice(ids, ids, True, sp.why)
-    return Choice(ids[:sp.samplers], ids[sp.samplers:], False, sp.why)
+    return Choice(ids[:sp.samplers * tp], ids[sp.samplers * tp:], False, sp.why)
 
 
 def layout_line(given: str, choice: Choice) -> str:

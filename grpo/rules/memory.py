@@ -46,7 +46,7 @@ SHRINK = {
     "CUDA context": "nothing (a fixed cost): put fewer processes on this GPU",
     "weight staging": "--weight-sync tcp (the sampler then receives each version straight into its weights)",
     "allocator reserve": "what shrinks the learner's other items, or the sampler's KV cache",
-    "vLLM weights": "a smaller --model, or more GPUs per vLLM sampler (tensor parallel: each GPU holds a share)",
+    "vLLM weights": "a smaller --model, or a larger --vllm-tensor-parallel-size (each of a sampler's GPUs holds a share)",
     "vLLM workspace": "nothing (vLLM's activations and graphs): put fewer processes on this GPU",
     "autocast copies": "--precision bf16 (bf16 weights: nothing to cast, and half the weights' bytes)",
 }
@@ -65,6 +65,8 @@ class Shape:
     q_dim: int           # attention heads x head dim
     intermediate: int
     vocab: int
+    heads: int = 0       # attention heads (0: not known), which vLLM's tensor parallelism splits evenly
+    kv_heads: int = 0    # KV heads (0: not known)
 
 
 def shape_from_config(c: dict) -> Shape:
@@ -74,13 +76,14 @@ def shape_from_config(c: dict) -> Shape:
     h, layers, v = int(c["hidden_size"]), int(c["num_hidden_layers"]), int(c["vocab_size"])
     heads = int(c.get("num_attention_heads", 1))
     hd = int(c.get("head_dim") or h // heads)
-    kv = int(c.get("num_key_value_heads") or heads) * hd
+    kv_heads = int(c.get("num_key_value_heads") or heads)
+    kv = kv_heads * hd
     q = heads * hd
     inter = int(c.get("intermediate_size", 4 * h))
     bias = (q + 2 * kv) if (c.get("attention_bias") or c.get("model_type") == "qwen2") else 0
     per_layer = h * q + 2 * h * kv + q * h + bias + 3 * h * inter + 2 * h
     embed = v * h * (1 if c.get("tie_word_embeddings", False) else 2)
-    return Shape(embed + layers * per_layer + h, layers, h, kv, q, inter, v)
+    return Shape(embed + layers * per_layer + h, layers, h, kv, q, inter, v, heads, kv_heads)
 
 
 def lora_params(s: Shape, r: int) -> int:
@@ -138,7 +141,7 @@ class RunShape:
     entropy: bool = False      # --entropy-coef > 0: the learner's LM-head chunk also takes the softmax
     expandable: bool = True    # the allocator grows segments in place (allocator_conf): a smaller reserve
     vllm: bool = False         # --generation-backend vllm: the sampler also holds vLLM's engine (vllm_items)
-    tensor_parallel: int = 1   # GPUs one vLLM sampler spreads over (planned): its weights and KV cache split over them
+    tensor_parallel: int = 1   # GPUs one vLLM sampler spreads over: its weights and KV cache split over them
 
 
 def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
@@ -185,30 +188,42 @@ def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
         items += [("allocator reserve", int(reserve * sum(b for _, b in items))), ("CUDA context", CUDA_CONTEXT)]
         out[f"learner{k}"] = items
     for k in range(r.samplers):
-        # Over shared weights too: the sampler loads its own copy, generates round 0 with it while the
-        # learner starts, and drops it once it maps the learner's storages (grpo.weights.shared), so
-        # its peak holds it (measured: the allocated peak exceeded the other items by about the
-        # weights' bytes at 0.5B, 1.5B and 3B: 0.75, 2.72, 5.76 GiB against 0.92, 2.88, 5.75).
-        items = [("weights", s.params * r.dtype_bytes)]
-        if r.beta > 0:
-            items.append(("reference model", s.params * r.dtype_bytes))
-        if r.staging and not r.shared:
-            # a whole version lands here first and is copied over the live weights once complete
-            items.append(("weight staging", s.params * r.dtype_bytes))
-        kv = kv_cache(s, r.rows, seq, r.dtype_bytes)
-        lp = logprob_pass(s, min(r.logprob_batch_size, r.rows), seq)
-        if r.vllm:
-            # vLLM's engine beside the weights the receiver writes: its own copy and its paged KV cache,
-            # a GPU's share of them (vllm_items); its reserve is inside its own budget, not torch's.
-            items += vllm_items(s, r.rows, seq, r.dtype_bytes, r.tensor_parallel)
-            items += [("log-prob pass", lp), ("allocator reserve", int(RESERVE[r.expandable]["sampler"] * lp)),
-                      ("CUDA context", CUDA_CONTEXT)]
-        else:
-            items += [("KV cache", kv), ("log-prob pass", lp),
-                      ("allocator reserve", int(RESERVE[r.expandable]["sampler_shared" if r.shared else "sampler"]
-                                                * (kv + lp))),
-                      ("CUDA context", CUDA_CONTEXT)]
-        out[f"sampler{k}"] = items
+        out.update(_sampler_plan(s, r, seq, k))
+    return out
+
+
+def _sampler_plan(s: Shape, r: RunShape, seq: int, k: int) -> dict[str, list[tuple[str, int]]]:
+    """Sampler k's processes (plan's): the sampler's own, and over several GPUs vLLM's workers'."""
+    # Over shared weights too: the sampler loads its own copy, generates round 0 with it while the
+    # learner starts, and drops it once it maps the learner's storages (grpo.weights.shared), so
+    # its peak holds it (measured: the allocated peak exceeded the other items by about the
+    # weights' bytes at 0.5B, 1.5B and 3B: 0.75, 2.72, 5.76 GiB against 0.92, 2.88, 5.75).
+    items = [("weights", s.params * r.dtype_bytes)]
+    if r.beta > 0:
+        items.append(("reference model", s.params * r.dtype_bytes))
+    if r.staging and not r.shared:
+        # a whole version lands here first and is copied over the live weights once complete
+        items.append(("weight staging", s.params * r.dtype_bytes))
+    kv = kv_cache(s, r.rows, seq, r.dtype_bytes)
+    lp = logprob_pass(s, min(r.logprob_batch_size, r.rows), seq)
+    if r.vllm:
+        # vLLM's engine beside the weights the receiver writes: its own copy and its paged KV cache
+        # (vllm_items); its reserve is inside its own budget, not torch's. On one GPU vLLM's worker
+        # runs in the sampler's process; over several, each GPU's share is a worker process of its
+        # own (tp_worker_items), and the sampler keeps only its own items on its first GPU.
+        if r.tensor_parallel == 1:
+            items += vllm_items(s, r.rows, seq, r.dtype_bytes)
+        items += [("log-prob pass", lp), ("allocator reserve", int(RESERVE[r.expandable]["sampler"] * lp)),
+                  ("CUDA context", CUDA_CONTEXT)]
+    else:
+        items += [("KV cache", kv), ("log-prob pass", lp),
+                  ("allocator reserve", int(RESERVE[r.expandable]["sampler_shared" if r.shared else "sampler"]
+                                            * (kv + lp))),
+                  ("CUDA context", CUDA_CONTEXT)]
+    out = {f"sampler{k}": items}
+    if r.vllm and r.tensor_parallel > 1:
+        out.update({tp_worker(k, i): tp_worker_items(s, r.rows, seq, r.dtype_bytes, r.tensor_parallel)
+                    for i in range(r.tensor_parallel)})
     return out
 
 
@@ -375,6 +390,18 @@ def vllm_items(s: Shape, rows: int, seq: int, dtype_bytes: int = 2, tensor_paral
     return [("vLLM weights", per_gpu(s.params * dtype_bytes, tensor_parallel)),
             ("KV cache", per_gpu(kv_cache(s, rows, seq, dtype_bytes), tensor_parallel)),
             ("vLLM workspace", VLLM_WORKSPACE)]
+
+
+def tp_worker(sampler: int, rank: int) -> str:
+    """The plan's name for vLLM's worker process of tensor-parallel `rank` under sampler `sampler`."""
+    return f"sampler{sampler}.tp{rank}"
+
+
+def tp_worker_items(s: Shape, rows: int, seq: int, dtype_bytes: int, tensor_parallel: int) -> list[tuple[str, int]]:
+    """What one of vLLM's worker processes holds on its GPU when a sampler spreads over
+    `tensor_parallel` GPUs (vLLM's multiprocess executor: a process per GPU, the sampler's own one
+    apart): its GPU's share of vLLM's items (vllm_items) and a CUDA context of its own."""
+    return [*vllm_items(s, rows, seq, dtype_bytes, tensor_parallel), ("CUDA context", CUDA_CONTEXT)]
 
 
 def vllm_gpu_fraction(sampler_items: list[tuple[str, int]], gpu_total: int) -> float:

@@ -36,6 +36,7 @@ from grpo.obs.gpu import GpuMonitor, release_cached
 from grpo.obs.profile import SpanProfiler
 from grpo.obs.stages import mark as mark_stage
 from grpo.rules.memory import PROMPT_TOKENS, shape_from_config, vllm_gpu_fraction, vllm_items
+from grpo.rules.tensor_parallel import tensor_parallel_problem
 from grpo.sampler.counters import SamplerCounters
 from grpo.sampler.heartbeat import ON_FULL, Heartbeat, Statuses
 from grpo.sampler.weights_client import WeightsClient, start_receiver
@@ -125,8 +126,13 @@ def check_decoding(cfg: SamplerConfig, device: torch.device) -> Decoding:
     """The generation backend, the old log-probs' source and in-flight swaps, from the flags: a bad
     choice or combination fails here, in one line, before any loading."""
     backend = resolve_backend(cfg.rollout.generation_backend, device)  # a bad name fails before any loading
+    tp = cfg.rollout.vllm_tensor_parallel_size
+    # the launcher's refusals again, for a sampler started by hand (grpo.rules.tensor_parallel)
+    if problem := tensor_parallel_problem(tp, cfg.rollout.generation_backend, device.type, cfg.weight_sync.weight_sync):
+        raise ValueError(problem)
     if backend == VLLM:
-        check_vllm(device.type, device.index)   # installed (the optional extra), on CUDA, its first visible GPU
+        # installed (the optional extra), on CUDA, its first visible GPU, and as many visible as it spreads over
+        check_vllm(device.type, device.index, tp, torch.cuda.device_count() if device.type == "cuda" else None)
     if cfg.rollout.in_flight_rows and backend not in ("fast", VLLM):   # a negative count is refused with the flag
         raise ValueError(f"--in-flight-rows {cfg.rollout.in_flight_rows}: needs --generation-backend fast (here it is "
                          f"{backend}); or 0 for fixed rounds")
@@ -209,7 +215,8 @@ def make_engine(cfg: SamplerConfig, policy, eos: list[int], pad_id: int, device:
 def vllm_memory_share(cfg: SamplerConfig, policy, device: torch.device) -> float:
     """vLLM's gpu_memory_utilization: --vllm-gpu-memory-utilization when set, else the memory plan's
     share for vLLM's items (grpo.rules.memory.vllm_items: its weights, the KV cache of this sampler's
-    rows at the plan's prompt length, its workspace) of this GPU (vllm_gpu_fraction)."""
+    rows at the plan's prompt length, its workspace) of this GPU (vllm_gpu_fraction); over several
+    GPUs (--vllm-tensor-parallel-size), each GPU's share of them, of the smallest of its GPUs."""
     given = cfg.rollout.vllm_gpu_memory_utilization
     if given:
         return given
@@ -220,11 +227,16 @@ def vllm_memory_share(cfg: SamplerConfig, policy, device: torch.device) -> float
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"vLLM's memory share: the model's config has no {exc} to plan by; give it with "
                          "--vllm-gpu-memory-utilization") from None
+    tp = cfg.rollout.vllm_tensor_parallel_size
     items = vllm_items(shape, rows, PROMPT_TOKENS + cfg.rollout.max_new_tokens,
-                       torch.finfo(compute_dtype(device)).bits // 8, cfg.rollout.vllm_tensor_parallel_size)
-    share = vllm_gpu_fraction(items, torch.cuda.get_device_properties(device).total_memory)
-    log.info("vLLM's memory share: %.2f of this GPU (%s; the memory plan's rule)", share,
-             ", ".join(f"{k} {b / 2**30:.2f} GiB" for k, b in items))
+                       torch.finfo(compute_dtype(device)).bits // 8, tp)
+    # Over several GPUs (visible devices 0..tp-1, vLLM's workers' ranks) each holds the same share and vLLM
+    # gives every worker the same fraction: the smallest GPU's sets it.
+    total = min(torch.cuda.get_device_properties(i).total_memory for i in range(tp)) if tp > 1 else \
+        torch.cuda.get_device_properties(device).total_memory
+    share = vllm_gpu_fraction(items, total)
+    log.info("vLLM's memory share: %.2f of %s (%s; the memory plan's rule)", share,
+             "this GPU" if tp == 1 else f"each of its {tp} GPUs", ", ".join(f"{k} {b / 2**30:.2f} GiB" for k, b in items))
     return share
 
 

@@ -5,17 +5,18 @@ decodes with a Hugging Face model. tests/generate/test_vllm_gpu.py runs the real
 from __future__ import annotations
 
 import copy
+import pickle
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from fakevllm import FakeLLM, make_params
+from fakevllm import FakeLLM, FakeTPLLM, make_params
 from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 
 from grpo.generate.backend import hf_generate, old_logprob_source, resolve_backend
 from grpo.generate.vllm_engine import (MISSING, RowTrace, VllmEngine, check_vllm, ended_with_eos, engine_fields,
-                                       group_of, sampled_logprobs, sampling_fields)
+                                       group_of, ipc_handles, load_from_handles, sampled_logprobs, sampling_fields)
 from test_architectures import EOS, NEW, PAD, SwapAt, build, prompts, source, teacher_forced
 
 
@@ -91,6 +92,9 @@ def test_engine_fields():
     assert f["async_scheduling"] is False and f["stream_interval"] == 1 and f["logprobs_mode"] == "processed_logprobs"
     assert f["generation_config"] == "vllm" and f["max_num_seqs"] == 64 and f["enforce_eager"] is False
     assert f["tensor_parallel_size"] == 1 and "max_model_len" not in f
+    assert "distributed_executor_backend" not in f   # one GPU: vLLM's worker in this process
+    t = engine_fields("/m", "bfloat16", 0.25, 7, tensor_parallel=2)
+    assert t["tensor_parallel_size"] == 2 and t["distributed_executor_backend"] == "mp"   # a worker process a GPU
     g = engine_fields("/m", "float32", 1.0, 0, cuda_graphs=False, max_model_len=512)
     assert g["enforce_eager"] is True and g["max_model_len"] == 512 and "max_num_seqs" not in g
     for bad in (0.0, 1.5):
@@ -119,8 +123,13 @@ def test_check_vllm_refuses_in_one_line(monkeypatch):
         check_vllm("cuda", 2)
     check_vllm("cuda", 0)
     check_vllm("cuda", None)
-    with pytest.raises(ValueError, match="tensor parallel size 2"):
-        VllmEngine.build("/m", None, [], torch.bfloat16, 0.5, 0, tensor_parallel=2)
+    # over two GPUs it must see two (its own first: the launcher's CUDA_VISIBLE_DEVICES)
+    with pytest.raises(ValueError) as e:
+        check_vllm("cuda", 0, tensor_parallel=2, visible=1)
+    assert str(e.value) == ("--vllm-tensor-parallel-size 2 needs 2 visible GPUs, and this sampler sees 1: list its "
+                            "GPUs first in CUDA_VISIBLE_DEVICES (run_distributed.py does), or lower "
+                            "--vllm-tensor-parallel-size")
+    check_vllm("cuda", 0, tensor_parallel=2, visible=3)
 
 
 # ----------------------------------------------------------------------------- the engine over a stand-in
@@ -139,26 +148,28 @@ def greedy_pick(model, ids: list[int]) -> int:
     return int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
 
 
-def engine_on(model, eos=(EOS,), seed=4):
+def engine_on(model, eos=(EOS,), seed=4, tp=1):
     policy = copy.deepcopy(model)   # the sampler's own model, which the receivers (and swap) write
-    llm = FakeLLM(policy, seed=seed)
-    return VllmEngine(llm, make_params, list(eos), policy=policy), llm, policy
+    llm = FakeLLM(policy, seed=seed) if tp == 1 else FakeTPLLM(policy, tp, seed=seed)
+    return VllmEngine(llm, make_params, list(eos), policy=policy, tensor_parallel=tp), llm, policy
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_stream_swaps_between_two_steps_without_draining(old, new, temperature):
+@pytest.mark.parametrize("temperature, tp", [(0.0, 1), (0.8, 1), (0.8, 2)])
+def test_stream_swaps_between_two_steps_without_draining(old, new, temperature, tp):
     """3 prompts, G=2, at most 4 rows, 8 tokens each (no EOS): prompts 0 and 1 take the 4 rows at
     step 1; swap() copies new weights into the policy at its 2nd call (after step 2) and the engine
     copies them into vLLM's model before step 3, with 4 requests in flight: their tokens 0-1 are
     version 0's, 2-7 version 1's. Prompt 2 starts when rows free (after step 8): all version 1. Each
     log-prob is that of the version that drew the token (the stand-in keeps no KV cache: a
-    teacher-forced pass of that version), greedy tokens its argmax."""
+    teacher-forced pass of that version), greedy tokens its argmax. tp 2: the same over vLLM's worker
+    processes (the stand-in's: each copy loads from the policy's IPC handles), versions as they were."""
     ps = prompts((5, 9, 3), seed=6)
-    engine, llm, policy = engine_on(old, eos=())
+    engine, llm, policy = engine_on(old, eos=(), tp=tp)
     swap = SwapAt(policy, new, 2)
     got = {g.key: g for g in engine.stream(source(enumerate(ps)), 2, NEW, temperature=temperature, rows=4,
                                            swap=swap)}
-    assert sorted(got) == [0, 1, 2] and llm.most_live == 4 and llm.loads == 2 and not llm.requests
+    # two copies (version 0 at the start, version 1 after step 2), each loaded by every worker
+    assert sorted(got) == [0, 1, 2] and llm.most_live == 4 and llm.loads == 2 * tp and not llm.requests
     span, after = [0, 0] + [1] * (NEW - 2), [1] * NEW
     for k, want in {0: span, 1: span, 2: after}.items():
         g = got[k]
@@ -291,3 +302,42 @@ def test_vllm_is_imported_only_inside_the_engines_build():
             if any(n.split(".")[0] == "vllm" for n in names):
                 found.append((path.relative_to(root).as_posix(), id(node) in top))
     assert found and all(p == "generate/vllm_engine.py" and not at_top for p, at_top in found), found
+
+
+def test_over_several_gpus_each_worker_loads_the_policy_from_its_handles(old, new):
+    """tp 2: a weight copy is one collective_rpc('apply_model', (fn,)) whose fn is load_from_handles
+    bound to the policy's handles (torch's reduce_tensor: the rebuild function and its arguments), each
+    worker rebuilds the tensors with that function and loads them, and vLLM's model then holds the
+    policy's new values; the in-process closure of one GPU would not cross to a worker at all."""
+    engine, llm, policy = engine_on(old, tp=2)
+    assert engine.sync_weights(0) and llm.loads == 2 and len(llm.rpc_calls) == 1
+    with torch.no_grad():
+        for p, q in zip(policy.parameters(), new.parameters()):
+            p.copy_(q)   # the receivers write version 1 into the policy
+    assert engine.sync_weights(1) and not engine.sync_weights(1)   # once a version
+    method, (fn,) = llm.rpc_calls[-1]
+    assert method == "apply_model" and fn.func is load_from_handles
+    handles = fn.args[0]
+    named = list(policy.named_parameters())
+    assert [name for name, _ in handles] == [name for name, _ in named]
+    for (_, (rebuild, args)), (_, p) in zip(handles, named):
+        assert rebuild is ipc_handles([("x", p.detach())])[0][1][0]   # torch's own rebuild function
+        assert torch.equal(rebuild(*args), p)
+    for (name, mine), theirs in zip(llm.model.named_parameters(), new.parameters()):
+        assert torch.equal(mine, theirs), name
+    assert llm.loads == 4
+    # what a worker runs, by hand: the two tensors rebuilt and loaded, the count returned
+    got = []
+    assert load_from_handles(ipc_handles([("a", torch.ones(2)), ("b", torch.zeros(3))]),
+                             SimpleNamespace(load_weights=got.extend)) == 2
+    assert [(n, t.tolist()) for n, t in got] == [("a", [1.0, 1.0]), ("b", [0.0, 0.0, 0.0])]
+    # a closure does not cross to a worker (pickled as vLLM's queue pickles it)
+    with pytest.raises((AttributeError, TypeError, pickle.PicklingError), match="local"):
+        llm.apply_model(lambda model: model.load_weights([]))
+
+
+def test_a_worker_count_other_than_the_engines_is_an_error(old):
+    policy = copy.deepcopy(old)
+    engine = VllmEngine(FakeTPLLM(policy, 3), make_params, [EOS], policy=policy, tensor_parallel=2)
+    with pytest.raises(RuntimeError, match=r"vLLM's 2 workers loaded \[\d+, \d+, \d+\] of \d+ tensors"):
+        engine.sync_weights(0)

@@ -1,4 +1,6 @@
 """vLLM's share of a sampler's GPU (grpo.rules.memory: vllm_items, vllm_gpu_fraction, per_gpu), by hand."""
+from dataclasses import replace
+
 import pytest
 
 from grpo.rules import memory
@@ -52,9 +54,42 @@ def test_the_plan_of_a_vllm_sampler():
     assert s0["KV cache"] == 16_384 and s0["vLLM workspace"] == GiB
     lp = memory.logprob_pass(SHAPE, 4, 16)
     assert s0["log-prob pass"] == lp and s0["allocator reserve"] == int(0.7 * lp)
-    # over two GPUs (planned), each holds half of vLLM's weights and cache
-    s2 = dict(memory.plan(SHAPE, RunShape(rows=4, prompt_tokens=10, new_tokens=6, beta=0.0, vllm=True,
-                                          tensor_parallel=2))["sampler0"])
-    assert (s2["vLLM weights"], s2["KV cache"]) == (1_000_000, 8_192)
     # the fraction the sampler gives vLLM on an 80 GiB GPU: (2,000,000 + 16,384 + 1 GiB) / 80 GiB = 1.25%: 0.02
     assert memory.vllm_gpu_fraction(list(s0.items()), 80 * GiB) == 0.02
+
+
+def test_a_sampler_over_two_gpus_by_hand():
+    """--vllm-tensor-parallel-size 2: the sampler process keeps its own items on its first GPU, and
+    vLLM's two worker processes each hold half of vLLM's weights and KV cache, the whole workspace
+    and a CUDA context of their own. SHAPE, 4 rows of 10 + 6 tokens, no reference, tcp (no staging):
+      sampler0: weights 1e6 x 2 = 2,000,000; log-prob pass 4 x 16 x (2 x 64 + 2 x 256) x 2 = 81,920
+        + logits 2 x (4 x 16 x 1000) x 4 = 512,000 -> 593,920; reserve int(0.7 x 593,920) = 415,744;
+        CUDA context 536,870,912
+      sampler0.tp0 and .tp1: vLLM weights 2,000,000 / 2 = 1,000,000; KV cache 2 x 2 layers x 4 rows
+        x 16 x 32 x 2 bytes / 2 = 8,192; workspace 1 GiB = 1,073,741,824; CUDA context 536,870,912"""
+    r = RunShape(ranks=1, rows=4, prompt_tokens=10, new_tokens=6, beta=0.0, ipc=False, staging=False, vllm=True,
+                 logprob_batch_size=4, tensor_parallel=2)
+    p = memory.plan(SHAPE, r)
+    assert list(p) == ["learner0", "sampler0", "sampler0.tp0", "sampler0.tp1"]
+    assert p["sampler0"] == [("weights", 2_000_000), ("log-prob pass", 593_920), ("allocator reserve", 415_744),
+                             ("CUDA context", 536_870_912)]
+    worker = [("vLLM weights", 1_000_000), ("KV cache", 8_192), ("vLLM workspace", 1_073_741_824),
+              ("CUDA context", 536_870_912)]
+    assert p["sampler0.tp0"] == p["sampler0.tp1"] == worker == memory.tp_worker_items(SHAPE, 4, 16, 2, 2)
+    # on GPUs 0 and 1 (the launcher's gpu_of): GPU 0 adds the sampler and its rank-0 worker
+    totals = memory.gpu_totals(p, {"sampler0": 0, "sampler0.tp0": 0, "sampler0.tp1": 1})
+    assert totals == {0: 2_000_000 + 593_920 + 415_744 + 536_870_912 + 1_000_000 + 8_192 + 1_073_741_824
+                      + 536_870_912, 1: 1_000_000 + 8_192 + 1_073_741_824 + 536_870_912}
+    # the fit check refuses the GPU whose share does not fit (1 GiB: GPU 1's 1,611,620,928 bytes), naming it
+    msg = memory.check_fits(p, {0: 80 * GiB, 1: GiB}, {"sampler0": 0, "sampler0.tp0": 0, "sampler0.tp1": 1})
+    assert msg.startswith("the memory plan does not fit GPU 1: sampler0.tp1 need about 1.50 GiB of its 1.00 GiB")
+    # vLLM's share of each of its GPUs, as the sampler asks for it (vllm_gpu_fraction over its items):
+    # (1,000,000 + 8,192 + 1 GiB) / 80 GiB = 1.26%: 0.02
+    assert memory.vllm_gpu_fraction(worker, 80 * GiB) == 0.02
+    # three samplers' worth of GPUs: each sampler's workers, named by sampler and rank
+    p3 = memory.plan(SHAPE, RunShape(rows=4, prompt_tokens=10, new_tokens=6, vllm=True, tensor_parallel=3, samplers=2))
+    assert [n for n in p3 if n.startswith("sampler")] == ["sampler0", "sampler0.tp0", "sampler0.tp1", "sampler0.tp2",
+                                                          "sampler1", "sampler1.tp0", "sampler1.tp1", "sampler1.tp2"]
+    assert dict(p3["sampler1.tp2"])["vLLM weights"] == 666_667   # 2,000,000 / 3 rounded up
+    # one GPU: vLLM's items in the sampler's own process, no worker of its own
+    assert not any(".tp" in n for n in memory.plan(SHAPE, replace(r, tensor_parallel=1)))

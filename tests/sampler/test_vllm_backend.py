@@ -75,6 +75,45 @@ def test_vllm_memory_share_from_the_plan(monkeypatch):
     assert setup.vllm_memory_share(cfg, policy, cuda) == 0.4
 
 
+def test_vllm_memory_share_over_two_gpus_is_the_smaller_gpus(monkeypatch):
+    """--vllm-tensor-parallel-size 2: each GPU's items (half of vLLM's weights and KV cache, the whole
+    workspace) against the smaller of its two GPUs (vLLM gives every worker one fraction). Shape: 2
+    layers, hidden 64, 4 heads of 16 (KV 2 x 16 = 32), intermediate 128, vocab 1000, untied: a layer
+    64 x 64 + 2 x 64 x 32 + 64 x 64 + 3 x 64 x 128 + 2 x 64 = 36,992, so 128,000 + 2 x 36,992 + 64 =
+    202,048 parameters, 404,096 bytes in bf16. Rows 64 of 512 + 100 tokens: KV 2 x 2 x 64 x 612 x 32
+    x 2 = 10,027,008. Per GPU: 202,048 + 5,013,504 + 1 GiB = 1,078,957,376 bytes; of 10 GiB (GPU 1):
+    10.05%, so 0.11."""
+    from grpo.rules.memory import GiB, shape_from_config, vllm_items
+    from grpo.sampler import setup
+
+    policy = SimpleNamespace(config=SimpleNamespace(to_dict=lambda: dict(
+        hidden_size=64, num_hidden_layers=2, vocab_size=1000, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128)))
+    totals = {0: 80 * GiB, 1: 10 * GiB}
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: SimpleNamespace(total_memory=totals[getattr(device, "index", device)]))
+    assert vllm_items(shape_from_config(policy.config.to_dict()), 64, 612, 2, 2) == [
+        ("vLLM weights", 202_048), ("KV cache", 5_013_504), ("vLLM workspace", GiB)]
+    cfg = from_flat(SamplerConfig, in_flight_rows=64, max_new_tokens=100, vllm_tensor_parallel_size=2)
+    assert setup.vllm_memory_share(cfg, policy, torch.device("cuda", 0)) == 0.11
+    cfg.rollout.vllm_tensor_parallel_size = 1   # one GPU: its own 80 GiB, and the whole of vLLM's items: 0.02
+    assert setup.vllm_memory_share(cfg, policy, torch.device("cuda", 0)) == 0.02
+
+
+@pytest.mark.parametrize("flags, words", [
+    (dict(vllm_tensor_parallel_size=2), "--vllm-tensor-parallel-size 2 spreads vLLM's engine over 2 GPUs, but "
+                                        "--generation-backend is auto"),
+    (dict(vllm_tensor_parallel_size=2, generation_backend="vllm", weight_sync="shared"), "with --weight-sync shared"),
+])
+def test_a_sampler_started_by_hand_refuses_what_the_launcher_refuses(flags, words):
+    from grpo.sampler.setup import check_decoding
+
+    cfg = from_flat(SamplerConfig, model="tiny-random", dataset=str(GSM8K), **flags)
+    with pytest.raises(ValueError) as e:
+        check_decoding(cfg, torch.device("cuda", 0))
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
 def test_sampler_rounds_and_evaluation_through_the_vllm_engine(monkeypatch):
     """A sampler with --generation-backend vllm (the engine built over the stand-in): a fixed round is
     one chunk, an in-flight round streams; the groups' old log-probs are the engine's (float32 on CPU:
@@ -95,7 +134,7 @@ def test_sampler_rounds_and_evaluation_through_the_vllm_engine(monkeypatch):
         built.append(dict(path=path, eos=eos, dtype=dtype, share=share, rows=rows, tensor_parallel=tensor_parallel))
         return cls(FakeLLM(policy, seed=seed), make_params, eos, policy)
 
-    monkeypatch.setattr(setup, "check_vllm", lambda device_type, index: None)
+    monkeypatch.setattr(setup, "check_vllm", lambda device_type, index, *more: None)
     monkeypatch.setattr(setup, "vllm_memory_share", lambda cfg, policy, device: 0.5)
     monkeypatch.setattr(VllmEngine, "build", classmethod(fake_build))
     d, s = free_ports(2)
