@@ -9,3 +9,26 @@ def backend_for(choice: str, device_type: str) -> str:
     if choice == "auto":
         return "fast" if device_type == "cuda" else "hf"
     return choice
+
+
+# What `auto` rests on where CUDA leaves a choice: each engine's decode rate inside one sampler
+# process, one H200, bench/rollout.py's in-flight workload (96 GSM8K train prompts x 16, up to 512
+# tokens, 320 rows), by model size: (parameters, our engine's tokens/s, vLLM's tokens/s).
+# docs/benchmarks.md, "vLLM's engine in the sampler" (Qwen2.5-Coder-0.5B, bf16, vLLM 0.25).
+MEASURED_DECODE: tuple[tuple[int, float, float], ...] = ((494_032_768, 30_301.0, 14_806.0),)
+
+
+def auto_engine(params: int, vllm_installed: bool,
+                measured: tuple[tuple[int, float, float], ...] = MEASURED_DECODE) -> tuple[str, str]:
+    """--generation-backend auto on CUDA for a model of `params` parameters: the engine that decoded
+    faster at the measured size nearest it (by ratio), among the installed ones; (its name, the one
+    line that says why). 1.5e9 against sizes 0.5e9 and 7e9: 0.5e9 is nearer (3x against 4.7x)."""
+    if params < 1:
+        raise ValueError(f"auto_engine: a model has at least one parameter, got {params}")
+    if not vllm_installed:
+        return "fast", "--generation-backend auto: fast (vLLM is not installed, so nothing to weigh it against)"
+    size, fast, vllm = min(measured, key=lambda m: max(m[0], params) / min(m[0], params))
+    name = "vllm" if vllm > fast else "fast"
+    return name, (f"--generation-backend auto: {name}: at {size / 1e9:.2f}B parameters, the measured size nearest "
+                  f"this model's {params / 1e9:.2f}B, our engine decoded {fast / 1e3:.1f}k tokens/s and vLLM's "
+                  f"{vllm / 1e3:.1f}k in one sampler on one H200 (docs/benchmarks.md)")

@@ -28,13 +28,14 @@ from grpo.data.rewards import reward_set_from_config
 from grpo.evaluate import run_eval_problems
 from grpo.generate.backend import old_logprob_source, resolve_backend
 from grpo.generate.engine import RolloutEngine
-from grpo.generate.vllm_engine import VLLM, VllmEngine, check_vllm
+from grpo.generate.vllm_engine import VLLM, VllmEngine, check_vllm, vllm_installed
 from grpo.model.load import (compute_dtype, eos_ids, load_causal_lm, load_tokenizer, pick_device, said_imports,
                              start_runtime)
 from grpo.model.zoo import resolve_model
 from grpo.obs.gpu import GpuMonitor, release_cached
 from grpo.obs.profile import SpanProfiler
 from grpo.obs.stages import mark as mark_stage
+from grpo.rules.backend import auto_engine
 from grpo.rules.memory import PROMPT_TOKENS, shape_from_config, vllm_gpu_fraction, vllm_items
 from grpo.rules.tensor_parallel import tensor_parallel_problem
 from grpo.sampler.counters import SamplerCounters
@@ -180,6 +181,13 @@ def make_engine(cfg: SamplerConfig, policy, eos: list[int], pad_id: int, device:
     and the decoding as it then is: on a model our engine cannot serve, Hugging Face generate with old
     log-probs from a pass."""
     backend, old_source, swaps = decoding.backend, decoding.old_source, decoding.swaps
+    if cfg.rollout.generation_backend == "auto" and device.type == "cuda":
+        # The launcher planned auto as our engine (grpo.rules.backend.backend_for); the measured rule
+        # says which is faster at this model's size, and where it says vLLM the sampler says so
+        # without switching: the plan's memory and rows were made for ours.
+        name, why = auto_engine(sum(p.numel() for p in policy.parameters()), vllm_installed())
+        log.info("%s%s", why, "" if name == backend else f"; this run keeps {backend}, as planned: pass "
+                 f"--generation-backend {name} to use it")
     if backend == VLLM:
         engine = VllmEngine.build(path, policy, eos, compute_dtype(device), vllm_memory_share(cfg, policy, device),
                                   cfg.run.seed + 1000 * cfg.run.sampler_id, rows=cfg.rollout.in_flight_rows,
