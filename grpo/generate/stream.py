@@ -124,7 +124,10 @@ class _StepTimer:
         return self.start.elapsed_time(self.end) / 1e3 if self.cuda else self.t1 - self.t0
 
 
-STREAM_COUNTS = ("steps", "row_steps", "busy_row_steps", "decode_s", "refill_s", "check_s", "sync_s", "prompts")
+# swaps / swap_s: new weights taken in flight and the host seconds of taking them (the receiver's apply
+# into the policy, and for vLLM's engine its copy from the policy), inside check_s
+STREAM_COUNTS = ("steps", "row_steps", "busy_row_steps", "decode_s", "refill_s", "check_s", "sync_s", "prompts",
+                 "swaps", "swap_s")
 """RolloutEngine.stream_counts, over the engine's streams: decode steps; rows x steps; busy rows x
 steps (a row is busy from its refill to the check that sees it ended); the device seconds of the
 steps; host seconds asking for prompts, prefilling and refilling rows (with refill_behind the
@@ -316,6 +319,8 @@ class RingStream:
         t_check = time.perf_counter()
         if swap is not None and (new := checked_swap(swap, f.version)) is not None:
             # (the device is idle here: the new weights land between two decode steps)
+            counts["swaps"] += 1
+            counts["swap_s"] += time.perf_counter() - t_check
             if e._param_ptrs() != e._ptrs:
                 raise RuntimeError("stream: swap() replaced model parameters (new storage) instead of copying "
                                    "into them, and the captured decode graphs read the old memory: write new "

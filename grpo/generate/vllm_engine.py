@@ -350,9 +350,12 @@ class VllmEngine:
                 if live:
                     self.llm.abort_request(list(live))
                 return
+            t_swap = time.perf_counter()
             if swap is not None and (new := checked_swap(swap, version)) is not None:
                 self.sync_weights(new)   # (between two steps: nothing of vLLM's runs now)
                 version = new
+                counts["swaps"] += 1
+                counts["swap_s"] += time.perf_counter() - t_swap
             counts["check_s"] += time.perf_counter() - t_check
             for n, group in enumerate(ended):
                 group.last_in_check = n == len(ended) - 1

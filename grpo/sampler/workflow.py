@@ -78,7 +78,8 @@ def stream_line(stats: dict, elapsed: float) -> str:
     steps and their device time, the share of the run's seconds they cover, the share of row-steps
     that had a sample, the host seconds asking for prompts, prefilling and refilling (with
     --refill-behind while a check's steps run, otherwise with none queued) and at the checks, and
-    the host's wait for the queued work at the checks' syncs."""
+    the host's wait for the queued work at the checks' syncs, and the weight swaps taken in flight with
+    their host seconds each."""
     steps = stats.get("stream_steps", 0.0)
     if not steps:
         return ""
@@ -86,7 +87,9 @@ def stream_line(stats: dict, elapsed: float) -> str:
     return (f"stream: {steps:,.0f} decode steps, {dev / steps * 1e3:.2f} ms each on the device ({dev:.0f} s, "
             f"{dev / max(elapsed, 1e-9):.0%} of {elapsed:.0f} s), rows busy {stats['stream_busy_row_steps'] / max(stats['stream_row_steps'], 1):.1%}; "
             f"{stats['stream_prompts']:,.0f} prompts prefilled and refilled in {stats['stream_refill_s']:.1f} s, "
-            f"checks {stats['stream_check_s']:.1f} s, waiting at the syncs {stats['stream_sync_s']:.1f} s (host)")
+            f"checks {stats['stream_check_s']:.1f} s, waiting at the syncs {stats['stream_sync_s']:.1f} s (host)"
+            + (f"; {swaps:,.0f} weight swaps in flight, {stats['stream_swap_s'] / swaps * 1e3:.1f} ms each (host)"
+               if (swaps := stats.get("stream_swaps", 0.0)) else ""))
 
 
 class Prompts:

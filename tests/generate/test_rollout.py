@@ -546,9 +546,12 @@ def test_stream_swaps_weights_in_place_without_draining(tiny, new_weights, tempe
     T = 1.0 if greedy else temperature
     torch.manual_seed(4)
     swap = SwapAt(model, new_weights, 2)
-    got = {g.key: g for g in RolloutEngine(model, 2, 2, check_every=3).stream(
-        source(list(enumerate(ps))), 2, 12, temperature=temperature, rows=3, swap=swap)}
+    engine = RolloutEngine(model, 2, 2, check_every=3)
+    got = {g.key: g for g in engine.stream(source(list(enumerate(ps))), 2, 12, temperature=temperature, rows=3,
+                                           swap=swap)}
     assert sorted(got) == [0, 1, 2] and swap.calls == 8          # a check after steps 3, 6, ..., 24
+    counts = engine.stream_counts   # the one swap taken, its host seconds within the checks'
+    assert counts["swaps"] == 1 and 0 < counts["swap_s"] <= counts["check_s"]
     assert [p.data_ptr() for p in model.parameters()] == ptrs     # copied in place
     assert all(len(r) == 12 for g in got.values() for r in g.token_ids)   # no EOS: the hand-worked steps hold
     span, waited, after = [0] * 7 + [1] * 5, [0] + [1] * 11, [1] * 12

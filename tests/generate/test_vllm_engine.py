@@ -185,7 +185,9 @@ def test_stream_swaps_between_two_steps_without_draining(old, new, temperature, 
                 np.testing.assert_allclose(lp[mask], want[mask], rtol=0, atol=1e-5)
             if temperature == 0:   # each token the argmax of the version that drew it
                 assert row == [greedy_pick(models[v], ps[k] + row[:c]) for c, v in enumerate(vs.tolist())]
-    assert engine.stream_counts["steps"] == 16 and engine.stream_counts["prompts"] == 3
+    counts = engine.stream_counts   # one swap in flight (the first copy is the stream's start, not one)
+    assert counts["steps"] == 16 and counts["prompts"] == 3
+    assert counts["swaps"] == 1 and 0 < counts["swap_s"] <= counts["check_s"]
 
 
 def test_stream_without_swap_and_a_fixed_round(old):

@@ -169,6 +169,9 @@ def test_a_streaming_round_takes_prompts_as_the_budget_allows_and_no_more(caplog
     line = stream_line(result, 10.0)
     assert line.startswith(f"stream: {steps:,.0f} decode steps") and f"{K} prompts prefilled" in line, line
     assert stream_line({"stream_steps": 0.0}, 10.0) == ""
+    assert "weight swaps" not in stream_line({**result, "stream_swaps": 0.0}, 10.0)
+    assert stream_line({**result, "stream_swaps": 4.0, "stream_swap_s": 0.1}, 10.0).endswith(
+        "; 4 weight swaps in flight, 25.0 ms each (host)")
 
 
 def test_a_round_ending_for_an_evaluation_swaps_nothing_in_while_its_rows_end():
