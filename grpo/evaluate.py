@@ -35,6 +35,7 @@ from grpo.flags import parse_config
 from grpo.model.gguf.header import ModelUnavailable
 from grpo.model.saved import find_model
 from grpo.obs.rundir import freeze_for_exit, setup_logging
+from grpo.rules.backend import VLLM_MISSING, vllm_installed
 
 if TYPE_CHECKING:   # annotations only: torch is imported where it is used, so `--help` stays instant
     import torch
@@ -151,12 +152,15 @@ def _main(argv: list[str] | None = None) -> int:
     cfg = parse_config(EvalConfig, argv, "python -m grpo.evaluate")
     setup_logging("evaluate")
     try:
+        if cfg.generation_backend == "vllm" and not vllm_installed():   # before a model is looked up (or converted)
+            raise ValueError(VLLM_MISSING)
         problems = eval_problems(cfg.dataset, cfg.eval_size)   # a bad --dataset ends here, before torch loads
         found = find_model(cfg.model, cfg.base_model)   # a folder it cannot take too (a checkpoint's is fine)
         log.info("evaluating %s", found.what)
         from grpo.generate.greedy import load_to_decode  # here: the command refuses bad flags and --dataset before torch loads
 
-        device, tok, model, engine = load_to_decode(found, cfg.device, cfg.gpu_id, cfg.generation_backend)
+        device, tok, model, engine = load_to_decode(found, cfg.device, cfg.gpu_id, cfg.generation_backend,
+                                                    cfg.eval_batch_size, cfg.max_new_tokens)
     except (DatasetUnavailable, ModelUnavailable, ValueError) as exc:
         print(f"python -m grpo.evaluate: error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
         return 2

@@ -232,3 +232,51 @@ def test_final_evaluation_decodes_a_copy_in_the_samplers_dtype():
     keys = ("correct", "n", "mean_completion_len", "truncated_frac")
     assert [got[k] for k in keys] == [want[k] for k in keys]
     assert next(module.parameters()).dtype == torch.bfloat16   # the learner's own weights untouched
+
+
+def test_evaluate_command_refuses_vllm_it_cannot_run_in_one_line(tmp_path):
+    """--generation-backend vllm where vLLM cannot run (here: not installed, or no CUDA): one line
+    naming it, exit code 2, before any model loads, and no result file."""
+    out = tmp_path / "r.json"
+    r = subprocess.run([sys.executable, "-m", "grpo.evaluate", "--model", "tiny-random", "--dataset", str(GSM8K),
+                        "--eval-size", "2", "--device", "cpu", "--generation-backend", "vllm", "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    err = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and len(err) == 1 and "--generation-backend vllm" in err[0], r.stderr
+    assert err[0].startswith("python -m grpo.evaluate: error:") and not out.exists()
+
+
+def test_vllm_decoder_takes_its_share_from_the_plan_and_decodes_as_our_engine(smollm2, monkeypatch):
+    """vllm_decoder (the evaluate command's --generation-backend vllm) over the stand-in of vLLM's
+    engine (tests/fakevllm.py): built on the model's folder with the memory rule's share for the
+    command's rows and tokens on an 80 GiB GPU; its greedy batch through decode() gives the same
+    texts, lengths and truncations as our engine's on the same fp32 weights."""
+    from fakevllm import FakeLLM, make_params
+    from types import SimpleNamespace
+
+    import grpo.generate.greedy as greedy
+    from grpo.generate.engine import RolloutEngine
+    from grpo.generate.vllm_engine import VllmEngine
+    from grpo.model.load import eos_ids
+    from grpo.rules.memory import PROMPT_TOKENS, shape_from_config, vllm_gpu_fraction, vllm_items
+
+    model, tok = smollm2
+    built = {}
+
+    def build(cls, path, policy, eos, dtype, share, seed, rows, cuda_graphs):
+        built.update(path=path, share=share, rows=rows, eos=eos, dtype=dtype)
+        return cls(FakeLLM(policy), make_params, eos, policy)
+
+    monkeypatch.setattr(VllmEngine, "build", classmethod(build))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=80 * 2**30))
+    engine = greedy.vllm_decoder("/models/smol", model, tok, torch.device("cpu"), rows=4, max_new_tokens=6)
+    want = vllm_gpu_fraction(vllm_items(shape_from_config(model.config.to_dict()), 4, PROMPT_TOKENS + 6, 4),
+                             80 * 2**30)
+    assert built == {"path": "/models/smol", "share": want, "rows": 4, "eos": eos_ids(tok, model),
+                     "dtype": torch.float32} and 0 < want <= 0.02
+    problems = [build_prompt(tok, q, None) for q in ("What is 2 + 3?", "Name a colour.", "Count to three.")]
+    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in problems]
+    got = greedy.decode(model, tok, ids, 6, 4, torch.device("cpu"), engine)
+    ours = greedy.decode(model, tok, ids, 6, 4, torch.device("cpu"),
+                         RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id, cuda_graphs=False))
+    assert got == ours and len(got[0]) == 3

@@ -8,9 +8,8 @@ from grpo.config.bounds import at_least
 from grpo.config.constants import DEFAULT_DATASET, DEFAULT_MODEL
 from grpo.config.run import Device
 
-# python -m grpo.evaluate decodes with our engine or Hugging Face generate; vLLM's engine lives in a
-# sampler (grpo.generate.vllm_engine), where sampler 0's evaluations use it
-EvalBackend = Literal["auto", "fast", "hf"]
+# python -m grpo.evaluate decodes with our engine, Hugging Face generate or vLLM's engine (an optional extra)
+EvalBackend = Literal["auto", "fast", "hf", "vllm"]
 
 
 @dataclass
@@ -52,4 +51,4 @@ class EvalConfig:
     out: str = ""
     """Also write the result as JSON to this file."""
     generation_backend: EvalBackend = "auto"
-    """Greedy decoding with 'fast' (grpo/generate/engine.py), 'hf' (Hugging Face generate) or 'auto' (fast on CUDA, hf on CPU): the decoder the training run's evaluations use."""
+    """Greedy decoding with 'fast' (our engine), 'hf' (Hugging Face generate), 'vllm' (pip install '.[vllm]', CUDA) or 'auto' (fast on CUDA, hf on CPU): the training run's decoder."""

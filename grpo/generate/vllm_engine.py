@@ -44,7 +44,6 @@ model's generation config ignored (generation_config="vllm").
 from __future__ import annotations
 
 import functools
-import importlib.util
 import itertools
 import logging
 import os
@@ -58,16 +57,12 @@ from torch.multiprocessing.reductions import reduce_tensor
 
 from grpo.generate.backend import Rollout, eos_list
 from grpo.generate.stream import STREAM_COUNTS, FinishedGroup, checked_swap, group_versions
+from grpo.rules.backend import VLLM_MISSING, vllm_installed
 
 log = logging.getLogger(__name__)
 
 VLLM = "vllm"
-MISSING = "--generation-backend vllm needs vLLM: pip install '.[vllm]'"
-
-
-def vllm_installed() -> bool:
-    """Whether vLLM can be imported here (without importing it)."""
-    return importlib.util.find_spec("vllm") is not None
+MISSING = VLLM_MISSING
 
 
 def check_vllm(device_type: str, index: int | None = 0, tensor_parallel: int = 1, visible: int | None = None) -> None:

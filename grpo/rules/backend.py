@@ -2,6 +2,15 @@
 tell whether a sampler will have rows in flight before any worker starts."""
 from __future__ import annotations
 
+import importlib.util
+
+VLLM_MISSING = "--generation-backend vllm needs vLLM: pip install '.[vllm]'"
+
+
+def vllm_installed() -> bool:
+    """Whether vLLM can be imported here (without importing it: it starts its runtime)."""
+    return importlib.util.find_spec("vllm") is not None
+
 
 def backend_for(choice: str, device_type: str) -> str:
     """The decoder --generation-backend `choice` gives a process on `device_type` ('cuda' or 'cpu'):
