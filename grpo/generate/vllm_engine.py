@@ -49,6 +49,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
@@ -176,7 +177,21 @@ def engine_fields(model: str, dtype: str, gpu_memory_utilization: float, seed: i
         out["max_num_seqs"] = int(rows)
     if max_model_len:
         out["max_model_len"] = int(max_model_len)
+    if not holds_weights(model):
+        # a folder of config and tokenizer only (random:qwen2.5-*: weights drawn at load): vLLM draws
+        # its own, which the first stream overwrites with the policy's (sync_weights), so both engines
+        # decode the same weights
+        out["load_format"] = "dummy"
     return out
+
+
+def holds_weights(model: str) -> bool:
+    """Whether vLLM can load `model`'s weights: a hub id (not a folder here), or a folder with
+    safetensors or PyTorch weight files."""
+    folder = Path(model)
+    if not folder.is_dir():
+        return True
+    return any(any(folder.glob(pattern)) for pattern in ("*.safetensors", "*.bin", "*.pt"))
 
 
 def ipc_handles(weights: list[tuple[str, torch.Tensor]]) -> list[tuple[str, tuple]]:

@@ -84,9 +84,24 @@ def test_sampling_fields_are_our_engines_rule():
         sampling_fields(1.0, False, 0, [])
 
 
-def test_engine_fields():
-    f = engine_fields("/m", "bfloat16", 0.25, 7, rows=64)
-    assert (f["model"], f["dtype"], f["seed"], f["gpu_memory_utilization"]) == ("/m", "bfloat16", 7, 0.25)
+def test_a_folder_without_weights_gets_dummy_weights_that_the_policy_overwrites(tmp_path):
+    """random:qwen2.5-* folders hold a config and a tokenizer only: vLLM draws dummy weights (the
+    first stream copies the policy's in); a folder with weight files, or a hub id, loads them."""
+    from grpo.generate.vllm_engine import holds_weights
+
+    (tmp_path / "config.json").write_text("{}")
+    assert not holds_weights(str(tmp_path))
+    assert engine_fields(str(tmp_path), "bfloat16", 0.5, 0)["load_format"] == "dummy"
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert holds_weights(str(tmp_path)) and holds_weights("Qwen/Qwen2.5-0.5B-Instruct")
+    assert "load_format" not in engine_fields(str(tmp_path), "bfloat16", 0.5, 0)
+
+
+def test_engine_fields(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"")   # a folder with weights: vLLM loads them
+    f = engine_fields(str(tmp_path), "bfloat16", 0.25, 7, rows=64)
+    assert (f["model"], f["dtype"], f["seed"], f["gpu_memory_utilization"]) == (str(tmp_path), "bfloat16", 7, 0.25)
+    assert "load_format" not in f
     assert f["skip_tokenizer_init"] is True   # our token ids in, token ids out: no tokenizer of vLLM's
     # synchronous steps (no batch queued behind the running one), each step's tokens at once, processed log-probs
     assert f["async_scheduling"] is False and f["stream_interval"] == 1 and f["logprobs_mode"] == "processed_logprobs"
