@@ -7,8 +7,13 @@ temperature 1, our EOS ids, up to NEW tokens, at most ROWS sequences at once), o
   generate-sync   vLLM's own LLM.generate in process with async scheduling off, log-probs on
   generate-async  the same with async scheduling on (vLLM overlaps its host work with the GPU)
   generate-async-nolp  async scheduling on, no log-probs
+  generate-mp     vLLM's defaults: its engine core in a process of its own, async scheduling on,
+                  log-probs on (what a sampler would get by not running vLLM in process)
+  generate-mp-nolp     the same without log-probs (the usual serving setting)
 
 Each mode builds its engine, runs a short warm-up (graphs, compiled kernels), then the timed pass.
+Convert a GGUF model once first (`python -c "from grpo.model.zoo import resolve_model; resolve_model(PATH)"`):
+the first mode otherwise pays the conversion inside its time limit.
 Usage (GPU machine, vLLM installed):
   python bench/vllm_overhead.py --model /tmp/gguf/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
       --dataset /tmp/data/gsm8k --mode stream
@@ -36,7 +41,7 @@ from grpo.generate.vllm_engine import engine_fields, sampling_fields  # noqa: E4
 from grpo.model.load import compute_dtype, eos_ids, load_causal_lm, load_tokenizer  # noqa: E402
 from grpo.model.zoo import resolve_model  # noqa: E402
 
-MODES = ("stream", "generate-sync", "generate-async", "generate-async-nolp")
+MODES = ("stream", "generate-sync", "generate-async", "generate-async-nolp", "generate-mp", "generate-mp-nolp")
 
 
 def top_functions(prof: cProfile.Profile, key: str, n: int = 25) -> list[dict]:
@@ -81,8 +86,8 @@ def run_stream(path: str, policy, prompts, eos, args, device) -> dict:
             "top_cumulative": top_functions(prof, "cumulative")}
 
 
-def run_generate(path: str, prompts, eos, args, asynchronous: bool, logprobs: bool) -> dict:
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+def run_generate(path: str, prompts, eos, args, asynchronous: bool, logprobs: bool, in_process: bool = True) -> dict:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
     from vllm import LLM, SamplingParams  # here: vLLM is an optional extra (and reads the variable above at import)
 
     fields = engine_fields(path, "bfloat16", args.gpu_memory_utilization, 0, args.rows,
@@ -135,7 +140,7 @@ def main() -> int:
     else:
         del policy
         res = run_generate(path, prompts, eos, args, asynchronous=args.mode != "generate-sync",
-                           logprobs=args.mode != "generate-async-nolp")
+                           logprobs=not args.mode.endswith("-nolp"), in_process=not args.mode.startswith("generate-mp"))
     print(f"{args.mode}: {res['tokens']} tokens in {res['seconds']:.2f} s = {res['tok_s']:,.0f} tok/s "
           f"(build {res['build_s']:.1f} s)", flush=True)
     for r in res.get("top_tottime", [])[:15]:
