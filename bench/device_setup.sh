@@ -66,7 +66,8 @@ fi
 # warning says, by importing what the workers import.
 export PYTHONPYCACHEPREFIX=/tmp/pyc
 unset PYTHONDONTWRITEBYTECODE
-if [ ! -f /tmp/pyc/.warm ] && python -c "import torch, deepspeed, reasoning_gym; import transformers.modeling_utils, transformers.models.llama.modeling_llama" >/dev/null 2>&1; then
+# (reasoning_gym is not carried: importing it failed the warm-up, which then ran again at every call)
+if [ ! -f /tmp/pyc/.warm ] && python -c "import torch, deepspeed, zmq; import transformers.modeling_utils, transformers.models.llama.modeling_llama, transformers.models.qwen2.modeling_qwen2" >/dev/null 2>&1; then
     touch /tmp/pyc/.warm
 fi
 _ds_pyc="bytecode under /tmp/pyc$([ -f /tmp/pyc/.warm ] || echo ' (NOT WRITTEN)')"
