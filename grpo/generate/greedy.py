@@ -15,12 +15,11 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from grpo.generate.backend import resolve_backend
 from grpo.generate.engine import RolloutEngine
-from grpo.generate.vllm_engine import VLLM, VllmEngine, check_vllm
+from grpo.generate.vllm_engine import VLLM, VllmEngine, check_vllm, plan_share
 from grpo.model.load import compute_dtype, eos_ids, load_tokenizer, pick_device, start_runtime
 from grpo.model.logprobs import left_pad
 from grpo.model.saved import FoundModel, load_found
 from grpo.obs.progress import Progress
-from grpo.rules.memory import PROMPT_TOKENS, shape_from_config, vllm_gpu_fraction, vllm_items
 
 
 def eval_engine(model, tok, backend: str, device: torch.device):
@@ -134,14 +133,15 @@ def load_to_decode(found: FoundModel, device_flag: str, gpu_id: int, backend: st
     (vllm_decoder: `rows` sequences at once of up to `max_new_tokens`). User mistakes raise
     ValueError or ModelUnavailable (one line each)."""
     device = pick_device(device_flag, gpu_id)
-    if resolve_backend(backend, device) == VLLM:
+    vllm = resolve_backend(backend, device) == VLLM
+    if vllm:
         check_vllm(device.type, device.index)   # installed, on CUDA, the first visible GPU: before any loading
     # The workers' attention kernels (start_runtime turns cuDNN's off on CUDA): another kernel rounds
     # bf16 otherwise, and greedy decoding then parts from the learner's and samplers' on some problems.
     start_runtime(device, {})
     tok = load_tokenizer(found.tokenizer)
     model = load_found(found, device, compute_dtype(device))
-    if resolve_backend(backend, device) == VLLM:
+    if vllm:
         return device, tok, model, vllm_decoder(found.model, model, tok, device, rows, max_new_tokens)
     return device, tok, model, eval_engine(model, tok, backend, device)
 
@@ -150,10 +150,7 @@ def vllm_decoder(path: str, model, tok, device: torch.device, rows: int, max_new
     """vLLM's engine for the evaluate command's greedy batches, as a sampler builds it: on `path` (the
     folder vLLM loads its architecture from; `model`'s weights, an adapter merged in, are copied into
     it before the first batch), its share of this GPU from the memory rule for `rows` sequences of a
-    prompt and `max_new_tokens` (grpo.rules.memory.vllm_items; the command holds only `model` beside it)."""
-    dtype = compute_dtype(device)
-    items = vllm_items(shape_from_config(model.config.to_dict()), rows, PROMPT_TOKENS + max_new_tokens,
-                       torch.finfo(dtype).bits // 8)
-    share = vllm_gpu_fraction(items, torch.cuda.get_device_properties(device).total_memory)
-    return VllmEngine.build(path, model, eos_ids(tok, model), dtype, share, seed=0, rows=rows,
+    prompt and `max_new_tokens` (plan_share, the sampler's rule; the command holds only `model` beside it)."""
+    share, _ = plan_share(model, device, rows, max_new_tokens)
+    return VllmEngine.build(path, model, eos_ids(tok, model), compute_dtype(device), share, seed=0, rows=rows,
                             cuda_graphs=device.type == "cuda")

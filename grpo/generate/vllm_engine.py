@@ -58,12 +58,13 @@ from torch.multiprocessing.reductions import reduce_tensor
 
 from grpo.generate.backend import Rollout, eos_list
 from grpo.generate.stream import STREAM_COUNTS, FinishedGroup, checked_swap, group_versions
+from grpo.model.load import compute_dtype
 from grpo.rules.backend import VLLM_MISSING, vllm_installed
+from grpo.rules.memory import PROMPT_TOKENS, shape_from_config, vllm_gpu_fraction, vllm_items
 
 log = logging.getLogger(__name__)
 
 VLLM = "vllm"
-MISSING = VLLM_MISSING
 
 
 def check_vllm(device_type: str, index: int | None = 0, tensor_parallel: int = 1, visible: int | None = None) -> None:
@@ -74,7 +75,7 @@ def check_vllm(device_type: str, index: int | None = 0, tensor_parallel: int = 1
     sampler its GPU as CUDA_VISIBLE_DEVICES and --gpu-id 0), or over more GPUs (`tensor_parallel`)
     than it sees (`visible`: vLLM's worker of rank i takes visible device i)."""
     if not vllm_installed():
-        raise ValueError(MISSING)
+        raise ValueError(VLLM_MISSING)
     if device_type != "cuda":
         raise ValueError(f"--generation-backend vllm needs a CUDA device (here it is {device_type}); "
                          "use fast, hf or auto")
@@ -212,6 +213,26 @@ def load_from_handles(handles: list[tuple[str, tuple]], model) -> int:
     return len(weights)
 
 
+def plan_share(policy, device: torch.device, rows: int, max_new_tokens: int,
+               tensor_parallel: int = 1) -> tuple[float, list[tuple[str, int]]]:
+    """vLLM's gpu_memory_utilization from the memory plan's rule, and the items it counts
+    (grpo.rules.memory.vllm_items: its weights, the KV cache of `rows` sequences of the plan's prompt
+    and `max_new_tokens`, its workspace) over this GPU's memory (vllm_gpu_fraction); over several
+    GPUs (visible devices 0..tensor_parallel-1, vLLM's workers' ranks) each GPU's share, of the
+    smallest: vLLM gives every worker the same fraction. A config without the shape's keys is a
+    ValueError naming the key."""
+    try:
+        shape = shape_from_config(policy.config.to_dict())
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"vLLM's memory share: the model's config has no {exc} to plan by; give it with "
+                         "--vllm-gpu-memory-utilization") from None
+    items = vllm_items(shape, rows, PROMPT_TOKENS + max_new_tokens,
+                       torch.finfo(compute_dtype(device)).bits // 8, tensor_parallel)
+    total = min(torch.cuda.get_device_properties(i).total_memory for i in range(tensor_parallel)) \
+        if tensor_parallel > 1 else torch.cuda.get_device_properties(device).total_memory
+    return vllm_gpu_fraction(items, total), items
+
+
 # ----------------------------------------------------------------------------- the engine
 @dataclass
 class _Prompt:
@@ -245,7 +266,6 @@ class VllmEngine:
         self.tensor_parallel = int(tensor_parallel)   # > 1: vLLM's workers are processes of their own (sync_weights)
         self.loaded: int | None = None     # the policy version vLLM's model holds (None: not copied yet)
         self.stream_counts = dict.fromkeys(STREAM_COUNTS, 0.0)
-        self.swap_s = 0.0                  # seconds copying the policy into vLLM's model
         self._ids = itertools.count()
 
     # ------------------------------------------------------------------ building it (the only vLLM import)
@@ -257,7 +277,7 @@ class VllmEngine:
         the first stream); over `tensor_parallel` GPUs (visible devices 0..N-1) with a worker process
         on each (the module's docstring: not yet run on a GPU)."""
         if not vllm_installed():
-            raise ValueError(MISSING)
+            raise ValueError(VLLM_MISSING)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # before vLLM reads its settings
         if tensor_parallel > 1:
             # CUDA is initialised here already (the policy is loaded): a forked worker could not use it,
@@ -291,7 +311,6 @@ class VllmEngine:
             version = self.version_of()
         if self.policy is None or (version is not None and version == self.loaded):
             return False
-        t0 = time.perf_counter()
         weights = [(name, p.detach()) for name, p in self.policy.named_parameters()]
         if self.tensor_parallel > 1:
             # vLLM's workers are processes of their own: each gets the tensors' IPC handles, not a closure
@@ -304,7 +323,6 @@ class VllmEngine:
             # Prompts of later requests must not reuse blocks the old weights computed (between streams,
             # nothing is running; in flight this is not done: the rows keep their KV as it is).
             self.llm.reset_prefix_cache()
-        self.swap_s += time.perf_counter() - t0
         self.loaded = version
         return True
 

@@ -28,7 +28,7 @@ from grpo.data.rewards import reward_set_from_config
 from grpo.evaluate import run_eval_problems
 from grpo.generate.backend import old_logprob_source, resolve_backend
 from grpo.generate.engine import RolloutEngine
-from grpo.generate.vllm_engine import VLLM, VllmEngine, check_vllm, vllm_installed
+from grpo.generate.vllm_engine import VLLM, VllmEngine, check_vllm, plan_share, vllm_installed
 from grpo.model.load import (compute_dtype, eos_ids, load_causal_lm, load_tokenizer, pick_device, said_imports,
                              start_runtime)
 from grpo.model.zoo import resolve_model
@@ -36,7 +36,6 @@ from grpo.obs.gpu import GpuMonitor, release_cached
 from grpo.obs.profile import SpanProfiler
 from grpo.obs.stages import mark as mark_stage
 from grpo.rules.backend import auto_engine
-from grpo.rules.memory import PROMPT_TOKENS, shape_from_config, vllm_gpu_fraction, vllm_items
 from grpo.rules.tensor_parallel import tensor_parallel_problem
 from grpo.sampler.counters import SamplerCounters
 from grpo.sampler.heartbeat import ON_FULL, Heartbeat, Statuses
@@ -230,19 +229,8 @@ def vllm_memory_share(cfg: SamplerConfig, policy, device: torch.device) -> float
         return given
     r = cfg.rollout
     rows = r.in_flight_rows or (r.prompts_per_round or r.max_prompts_per_round) * r.num_generations
-    try:
-        shape = shape_from_config(policy.config.to_dict())
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"vLLM's memory share: the model's config has no {exc} to plan by; give it with "
-                         "--vllm-gpu-memory-utilization") from None
-    tp = cfg.rollout.vllm_tensor_parallel_size
-    items = vllm_items(shape, rows, PROMPT_TOKENS + cfg.rollout.max_new_tokens,
-                       torch.finfo(compute_dtype(device)).bits // 8, tp)
-    # Over several GPUs (visible devices 0..tp-1, vLLM's workers' ranks) each holds the same share and vLLM
-    # gives every worker the same fraction: the smallest GPU's sets it.
-    total = min(torch.cuda.get_device_properties(i).total_memory for i in range(tp)) if tp > 1 else \
-        torch.cuda.get_device_properties(device).total_memory
-    share = vllm_gpu_fraction(items, total)
+    tp = r.vllm_tensor_parallel_size
+    share, items = plan_share(policy, device, rows, r.max_new_tokens, tp)
     log.info("vLLM's memory share: %.2f of %s (%s; the memory plan's rule)", share,
              "this GPU" if tp == 1 else f"each of its {tp} GPUs", ", ".join(f"{k} {b / 2**30:.2f} GiB" for k, b in items))
     return share

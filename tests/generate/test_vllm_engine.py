@@ -15,8 +15,9 @@ from fakevllm import FakeLLM, FakeTPLLM, make_params
 from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 
 from grpo.generate.backend import hf_generate, old_logprob_source, resolve_backend
-from grpo.generate.vllm_engine import (MISSING, RowTrace, VllmEngine, check_vllm, ended_with_eos, engine_fields,
+from grpo.generate.vllm_engine import (RowTrace, VllmEngine, check_vllm, ended_with_eos, engine_fields,
                                        group_of, ipc_handles, load_from_handles, sampled_logprobs, sampling_fields)
+from grpo.rules.backend import VLLM_MISSING as MISSING
 from test_architectures import EOS, NEW, PAD, SwapAt, build, prompts, source, teacher_forced
 
 

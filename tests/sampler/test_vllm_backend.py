@@ -15,7 +15,8 @@ from fakevllm import FakeLLM, make_params
 from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 
 from grpo.config import GenerationBackend, SamplerConfig, from_flat
-from grpo.generate.vllm_engine import MISSING, VllmEngine, vllm_installed
+from grpo.generate.vllm_engine import VllmEngine, vllm_installed
+from grpo.rules.backend import VLLM_MISSING as MISSING
 
 GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
 
