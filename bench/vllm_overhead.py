@@ -34,6 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import pick, write_result  # noqa: E402
+from rollout import stream_tokens  # noqa: E402  (bench/rollout.py's in-flight workload, the same count)
 
 from grpo.data.prompts import problem_prompt  # noqa: E402
 from grpo.data.sources import load_problems  # noqa: E402
@@ -65,9 +66,7 @@ def run_stream(path: str, policy, prompts, eos, args, device) -> dict:
     build_s = time.perf_counter() - t0
 
     def one(ps):
-        it = iter(enumerate(ps))
-        return sum(sum(len(r) for r in g.token_ids)
-                   for g in engine.stream(lambda: next(it, None), args.G, args.new, temperature=1.0, rows=args.rows))
+        return stream_tokens(engine, ps, args.G, args.new, args.rows)
 
     one(prompts[:args.warm])
     before = dict(engine.stream_counts)
