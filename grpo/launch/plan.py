@@ -197,10 +197,7 @@ def _resolve_gpus(cfg: LaunchConfig, cuda_count: int) -> tuple[list[int], list[i
 def check_tensor_parallel(cfg: LaunchConfig, tp: int, use_cuda: bool) -> None:
     """A sampler over `tp` GPUs that cannot work (grpo.rules.tensor_parallel): one line, before anything loads."""
     problem = tensor_parallel_problem(tp, cfg.rollout.generation_backend, "cuda" if use_cuda else "cpu",
-                                      cfg.weight_sync.weight_sync)
-    if problem is None and tp > 1 and cfg.nodes.nodes:
-        problem = (f"{TP_FLAG} {tp} with --nodes: the several-node plan gives each sampler one GPU; run a vLLM "
-                   f"sampler over several GPUs on one host, or drop {TP_FLAG}")
+                                      cfg.weight_sync.weight_sync, cfg.nodes.nodes)
     if problem:
         raise LaunchError(problem)
 

@@ -21,10 +21,11 @@ from __future__ import annotations
 FLAG = "--vllm-tensor-parallel-size"
 
 
-def tensor_parallel_problem(tp: int, backend: str, device_type: str, weight_sync: str) -> str | None:
+def tensor_parallel_problem(tp: int, backend: str, device_type: str, weight_sync: str, nodes: int = 0) -> str | None:
     """The one-line refusal of a sampler over `tp` GPUs with --generation-backend `backend` (as
     given: 'auto' is not vllm), on `device_type` ('cuda' or 'cpu'), receiving weights by
-    `weight_sync`; None when it can work (or tp is 1)."""
+    `weight_sync`, in a run over `nodes` hosts (--nodes; 0: one host, as a sampler started by hand
+    sees it); None when it can work (or tp is 1)."""
     if tp == 1:
         return None
     if backend != "vllm":
@@ -36,6 +37,9 @@ def tensor_parallel_problem(tp: int, backend: str, device_type: str, weight_sync
         return (f"{FLAG} {tp} with --weight-sync shared: vLLM's workers load each version from CUDA IPC handles of "
                 f"the sampler's weights, which cannot be handed on when they are the learner's own; use "
                 f"--weight-sync ipc (or nccl, tcp), or {FLAG} 1")
+    if nodes:
+        return (f"{FLAG} {tp} with --nodes: the several-node plan gives each sampler one GPU; run a vLLM sampler "
+                f"over several GPUs on one host, or drop {FLAG}")
     return None
 
 
