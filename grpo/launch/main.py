@@ -221,7 +221,8 @@ def start(rp: RunPlan, argv: list[str], slow: str | None) -> int:
     """The run folder, each process's argv and environment, and the supervisor."""
     run_dir, made = create_run_dir(rp.launch.run.run_dir)   # made: the outermost folder this run made
     run_dir = run_dir.resolve()
-    procs = specs(rp, free_port(), str(run_dir))
+    run = rp.launch.run
+    procs = specs(rp, free_port(avoid=(run.data_port, run.sync_port)), str(run_dir))   # the rendezvous port
     if commit := code_commit():   # asked of git once; the workers' run files record it from their environment
         for p in procs:
             p.env.setdefault(COMMIT_ENV, commit)

@@ -18,11 +18,17 @@ class PortInUse(Exception):
         self.host, self.busy = host, list(busy or [])
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port the OS says is free now (the learner ranks' rendezvous, NCCL's store, tests)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def free_port(host: str = "127.0.0.1", avoid: tuple[int, ...] = ()) -> int:
+    """A TCP port the OS says is free now (the learner ranks' rendezvous, NCCL's store, tests), none of
+    `avoid`: ports the run will bind later (its data and sync ports), which the OS can hand out
+    while nothing listens on them yet (a learner's rendezvous once took its own sync port)."""
+    for _ in range(64):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in avoid:
+            return port
+    raise OSError(f"no free port outside {sorted(avoid)} on {host} after 64 tries")
 
 
 def port_in_use(host: str, port: int) -> bool:

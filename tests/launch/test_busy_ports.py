@@ -102,3 +102,30 @@ def test_bind_each_closes_what_it_bound_and_keeps_another_reason_as_it_is():
     with pytest.raises(PortInUse, match="fix --host"):
         bind_each(bad_host, taken(2, "--sync-port"))
     assert len(bind_each(Sock, Sock)) == 2
+
+
+def test_the_rendezvous_port_is_never_one_the_run_binds_later(monkeypatch):
+    """free_port(avoid=...): the OS may hand out the run's data or sync port while nothing listens on
+    it yet; such an answer is asked again, and 64 such answers in a row are an OSError."""
+    import grpo.wire.ports as ports
+
+    answers = iter([5556, 5555, 5556, 41234])
+
+    class Sock:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def bind(self, addr):
+            self.port = next(answers)
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(ports.socket, "socket", Sock)
+    assert ports.free_port(avoid=(5555, 5556)) == 41234
+    answers = iter([5555] * 64)
+    with pytest.raises(OSError, match="no free port outside"):
+        ports.free_port(avoid=(5555,))
