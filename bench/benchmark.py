@@ -720,7 +720,7 @@ def plot(rows: list[dict], path: Path, device: str, model: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.0))
-    colours = {("ours", "seed"): "tab:blue", ("ours", "1gpu"): "tab:cyan", ("ours", "1gpu-chosen"): "tab:cyan",
+    colours = {("ours", "seed"): "tab:blue", ("ours", "1gpu"): "tab:cyan", ("ours", "1gpu-chosen"): "darkblue",
                ("ours", "chosen"): "tab:green",
                ("trl", "seed"): "tab:orange", ("trl", "chosen"): "tab:orange",
                ("trl", "1gpu"): "tab:red", ("ours", "2gpu"): "tab:purple", ("trl", "2gpu"): "tab:brown",
