@@ -17,7 +17,8 @@ the first mode otherwise pays the conversion inside its time limit.
 Usage (GPU machine, vLLM installed):
   python bench/vllm_overhead.py --model /tmp/gguf/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
       --dataset /tmp/data/gsm8k --mode stream
-Writes bench/results/vllm_overhead_<mode>_<device>.json.
+Writes bench/results/vllm_overhead_<mode>_<model>_<device>.json (<model>: the registry's short name of a
+GGUF file it knows, else the name given, as a file name).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import cProfile
 import io
 import os
 import pstats
+import re
 import sys
 import time
 from pathlib import Path
@@ -39,6 +41,7 @@ from rollout import stream_tokens  # noqa: E402  (bench/rollout.py's in-flight w
 from grpo.data.prompts import problem_prompt  # noqa: E402
 from grpo.data.sources import load_problems  # noqa: E402
 from grpo.generate.vllm_engine import engine_fields, sampling_fields  # noqa: E402
+from grpo.model.fetch import MODELS  # noqa: E402
 from grpo.model.load import compute_dtype, eos_ids, load_causal_lm, load_tokenizer  # noqa: E402
 from grpo.model.zoo import resolve_model  # noqa: E402
 
@@ -55,6 +58,14 @@ def top_functions(prof: cProfile.Profile, key: str, n: int = 25) -> list[dict]:
         rows.append({"function": f"{Path(func[0]).name}:{func[1]}:{func[2]}", "calls": nc,
                      "tottime_s": round(tt, 3), "cumtime_s": round(ct, 3)})
     return rows
+
+
+def model_tag(model: str) -> str:
+    """The model's part of the result's file name: '/tmp/gguf/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf' ->
+    'qwen2.5-coder-0.5b' (the registry's name for that file), 'random:qwen2.5-7b' -> 'random-qwen2.5-7b'."""
+    name = Path(model).name
+    short = next((k for k, spec in MODELS.items() if spec["file"] == name), None)
+    return short or re.sub(r"[^A-Za-z0-9._-]+", "-", name.removesuffix(".gguf"))
 
 
 def run_stream(path: str, policy, prompts, eos, args, device) -> dict:
@@ -146,7 +157,7 @@ def main() -> int:
         print(f"  {r['tottime_s']:8.3f} {r['cumtime_s']:8.3f} {r['calls']:>8} {r['function']}")
     settings = {k: getattr(args, k) for k in ("mode", "prompts", "warm", "G", "rows", "new", "gpu_memory_utilization")}
     settings.update(model=args.model, temperature=1.0, seed=0)
-    out = write_result(f"vllm_overhead_{args.mode}", device, {"settings": settings, "result": res},
+    out = write_result(f"vllm_overhead_{args.mode}_{model_tag(args.model)}", device, {"settings": settings, "result": res},
                        extra_versions=("vllm",), results_dir=Path(d) if (d := os.environ.get("RESULTS_DIR")) else None)
     print(f"wrote {out}")
     return 0
