@@ -26,6 +26,21 @@ from types import SimpleNamespace
 import torch
 
 
+class FlatLogprobs:
+    """vLLM 0.25's FlatLogprobs as a DELTA output carries it (SamplingParams(flat_logprobs=True)): flat
+    lists over positions x entries, position i's entries at start_indices[i]:end_indices[i], the
+    sampled token's first; its length is the number of positions."""
+
+    def __init__(self, start_indices, end_indices, token_ids, logprobs):
+        self.start_indices, self.end_indices = list(start_indices), list(end_indices)
+        self.token_ids, self.logprobs = list(token_ids), list(logprobs)
+        self.ranks = [None] * len(self.logprobs)
+        self.decoded_tokens = [None] * len(self.logprobs)
+
+    def __len__(self) -> int:
+        return len(self.start_indices)
+
+
 class FakeLLM:
     def __init__(self, model: torch.nn.Module, seed: int = 0):
         self.model = copy.deepcopy(model).eval()   # its own weights, as vLLM's engine holds its own
@@ -81,8 +96,10 @@ class FakeLLM:
                 tok = int(torch.multinomial(lp.exp(), 1, generator=self.gen))
             r["out"].append(tok)
             reason = "stop" if tok in p.stop_token_ids else "length" if len(r["out"]) >= p.max_tokens else None
+            logprobs = FlatLogprobs([0], [1], [tok], [float(lp[tok])]) if getattr(p, "flat_logprobs", False) \
+                else [{tok: SimpleNamespace(logprob=float(lp[tok]))}]
             outs.append(SimpleNamespace(request_id=rid, finished=reason is not None, outputs=[SimpleNamespace(
-                token_ids=[tok], logprobs=[{tok: SimpleNamespace(logprob=float(lp[tok]))}], finish_reason=reason)]))
+                token_ids=[tok], logprobs=logprobs, finish_reason=reason)]))
             if reason is not None:
                 del self.requests[rid]
         return outs

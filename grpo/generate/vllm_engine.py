@@ -20,7 +20,9 @@ Which version drew each token: requests ask for DELTA outputs (each `step()` ret
 tokens that step drew), so every token a step returns is tagged with the version in force during
 that step (RowTrace). Log-probs: SamplingParams(logprobs=0) returns the sampled token's log-prob,
 and logprobs_mode="processed_logprobs" makes it the log-prob under the distribution it was drawn
-from (after the temperature; greedy: the plain softmax), as our engine's.
+from (after the temperature; greedy: the plain softmax), as our engine's; flat_logprobs=True keeps
+them in a few flat lists per request instead of a dict and a Logprob object per token (vLLM's own
+option against that per-token cost, which its log-probs add to every step).
 
 Over several GPUs (--vllm-tensor-parallel-size N > 1): vLLM runs a worker process per GPU (its
 multiprocess executor, distributed_executor_backend="mp"; the engine core stays in this process), so
@@ -91,12 +93,23 @@ def check_vllm(device_type: str, index: int | None = 0, tensor_parallel: int = 1
 # ----------------------------------------------------------------------------- pure helpers (no vLLM)
 def sampled_logprobs(token_ids, logprobs) -> list[float]:
     """The sampled tokens' log-probs out of vLLM's per-token entries (CompletionOutput.logprobs with
-    SamplingParams(logprobs=0)): per token, a dict {token id: Logprob (its .logprob) or a float} that
-    holds the sampled token's entry (and, with logprobs=k > 0, the top k)."""
+    SamplingParams(logprobs=0)): either vLLM's FlatLogprobs (flat_logprobs=True, what the sampler asks
+    for: per position i, entries start_indices[i]:end_indices[i] of its flat token_ids and logprobs,
+    the sampled token's first), or per token a dict {token id: Logprob (its .logprob) or a float}
+    that holds the sampled token's entry (and, with logprobs=k > 0, the top k)."""
     if logprobs is None:
         raise ValueError("vLLM returned no log-probs: the requests must ask for them (SamplingParams(logprobs=0))")
     if len(logprobs) != len(token_ids):
         raise ValueError(f"vLLM returned {len(logprobs)} log-prob entries for {len(token_ids)} tokens")
+    starts = getattr(logprobs, "start_indices", None)
+    if starts is not None:
+        ids, values = logprobs.token_ids, logprobs.logprobs
+        out = []
+        for tok, s, e in zip(token_ids, starts, logprobs.end_indices):
+            if e <= s or int(ids[s]) != int(tok):
+                raise ValueError(f"vLLM's flat log-probs do not start with the sampled token {int(tok)} at a position")
+            out.append(float(values[s]))
+        return out
     out = []
     for tok, entry in zip(token_ids, logprobs):
         value = entry[int(tok)]
@@ -154,7 +167,7 @@ def sampling_fields(temperature: float, greedy: bool, max_new_tokens: int, eos: 
     return dict(n=1, temperature=0.0 if greedy else float(temperature), top_p=1.0, top_k=0, min_p=0.0,
                 presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0,
                 max_tokens=int(max_new_tokens), min_tokens=0, stop_token_ids=eos_list(eos), ignore_eos=True,
-                logprobs=0, detokenize=False, skip_special_tokens=False)
+                logprobs=0, flat_logprobs=True, detokenize=False, skip_special_tokens=False)
 
 
 def engine_fields(model: str, dtype: str, gpu_memory_utilization: float, seed: int, rows: int = 0,

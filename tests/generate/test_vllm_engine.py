@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from fakevllm import FakeLLM, FakeTPLLM, make_params
+from fakevllm import FakeLLM, FakeTPLLM, FlatLogprobs, make_params
 from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 
 from grpo.generate.backend import hf_generate, old_logprob_source, resolve_backend
@@ -35,6 +35,20 @@ def test_sampled_logprobs_picks_the_sampled_tokens_entry():
         sampled_logprobs([3], [{3: -1.0}, {4: -1.0}])
     with pytest.raises(KeyError):
         sampled_logprobs([3], [{4: -1.0}])   # the sampled token's entry is missing
+
+
+def test_sampled_logprobs_read_vllms_flat_lists():
+    """flat_logprobs=True: positions 0 and 1 of a delta, entries [0:1] and [1:3] (position 1 with a top
+    token after the sampled one), the sampled token's log-prob at each start."""
+    flat = FlatLogprobs([0, 1], [1, 3], [5, 9, 7], [-0.5, -1.25, -0.1])
+    assert sampled_logprobs([5, 9], flat) == [-0.5, -1.25]
+    assert sampled_logprobs([], FlatLogprobs([], [], [], [])) == []
+    with pytest.raises(ValueError, match="do not start with the sampled token 9"):
+        sampled_logprobs([5, 9], FlatLogprobs([0, 1], [1, 2], [5, 7], [-0.5, -0.1]))
+    with pytest.raises(ValueError, match="do not start with the sampled token 9"):
+        sampled_logprobs([5, 9], FlatLogprobs([0, 1], [1, 1], [5], [-0.5]))   # position 1 without entries
+    with pytest.raises(ValueError, match="1 log-prob entries for 2 tokens"):
+        sampled_logprobs([5, 9], FlatLogprobs([0], [1], [5], [-0.5]))
 
 
 def test_row_traces_into_a_finished_group_with_per_token_versions():
@@ -77,7 +91,7 @@ def test_sampling_fields_are_our_engines_rule():
     # our EOS ids exactly: ignore_eos keeps vLLM from adding the tokenizer's or the generation config's
     assert f["stop_token_ids"] == [2, 5] and f["ignore_eos"] is True
     assert (f["max_tokens"], f["min_tokens"], f["n"], f["logprobs"]) == (12, 0, 1, 0)
-    assert f["detokenize"] is False
+    assert f["detokenize"] is False and f["flat_logprobs"] is True   # a few lists a request, not objects a token
     assert sampling_fields(0.7, True, 12, [])["temperature"] == 0.0    # greedy: vLLM's temperature 0
     assert sampling_fields(0.0, False, 12, [])["temperature"] == 0.0
     assert sampling_fields(1.0, False, 3, None)["stop_token_ids"] == []
