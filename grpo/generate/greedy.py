@@ -151,6 +151,7 @@ def vllm_decoder(path: str, model, tok, device: torch.device, rows: int, max_new
     folder vLLM loads its architecture from; `model`'s weights, an adapter merged in, are copied into
     it before the first batch), its share of this GPU from the memory rule for `rows` sequences of a
     prompt and `max_new_tokens` (plan_share, the sampler's rule; the command holds only `model` beside it)."""
-    share, _ = plan_share(model, device, rows, max_new_tokens)
+    share, _ = plan_share(model, device, rows, max_new_tokens,
+                          remedy="decode with --generation-backend fast, which needs no share")
     return VllmEngine.build(path, model, eos_ids(tok, model), compute_dtype(device), share, seed=0, rows=rows,
                             cuda_graphs=device.type == "cuda")

@@ -226,19 +226,18 @@ def load_from_handles(handles: list[tuple[str, tuple]], model) -> int:
     return len(weights)
 
 
-def plan_share(policy, device: torch.device, rows: int, max_new_tokens: int,
-               tensor_parallel: int = 1) -> tuple[float, list[tuple[str, int]]]:
+def plan_share(policy, device: torch.device, rows: int, max_new_tokens: int, tensor_parallel: int = 1,
+               remedy: str = "give it with --vllm-gpu-memory-utilization") -> tuple[float, list[tuple[str, int]]]:
     """vLLM's gpu_memory_utilization from the memory plan's rule, and the items it counts
     (grpo.rules.memory.vllm_items: its weights, the KV cache of `rows` sequences of the plan's prompt
     and `max_new_tokens`, its workspace) over this GPU's memory (vllm_gpu_fraction); over several
     GPUs (visible devices 0..tensor_parallel-1, vLLM's workers' ranks) each GPU's share, of the
     smallest: vLLM gives every worker the same fraction. A config without the shape's keys is a
-    ValueError naming the key."""
+    ValueError naming the key and the caller's `remedy` (the sampler's flag; the evaluate command has none)."""
     try:
         shape = shape_from_config(policy.config.to_dict())
     except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"vLLM's memory share: the model's config has no {exc} to plan by; give it with "
-                         "--vllm-gpu-memory-utilization") from None
+        raise ValueError(f"vLLM's memory share: the model's config has no {exc} to plan by; {remedy}") from None
     items = vllm_items(shape, rows, PROMPT_TOKENS + max_new_tokens,
                        torch.finfo(compute_dtype(device)).bits // 8, tensor_parallel)
     total = min(torch.cuda.get_device_properties(i).total_memory for i in range(tensor_parallel)) \

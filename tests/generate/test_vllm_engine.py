@@ -16,7 +16,8 @@ from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 
 from grpo.generate.backend import hf_generate, old_logprob_source, resolve_backend
 from grpo.generate.vllm_engine import (RowTrace, VllmEngine, check_vllm, ended_with_eos, engine_fields,
-                                       group_of, ipc_handles, load_from_handles, sampled_logprobs, sampling_fields)
+                                       group_of, ipc_handles, load_from_handles, plan_share, sampled_logprobs,
+                                       sampling_fields)
 from grpo.rules.backend import VLLM_MISSING as MISSING
 from test_architectures import EOS, NEW, PAD, SwapAt, build, prompts, source, teacher_forced
 
@@ -82,6 +83,16 @@ def test_finish_reasons():
     assert ended_with_eos("stop") is True and ended_with_eos("length") is False
     with pytest.raises(RuntimeError, match="'abort'"):
         ended_with_eos("abort")
+
+
+def test_a_config_without_the_shape_is_refused_with_the_callers_remedy():
+    """The memory rule needs the model's shape; the refusal names the missing key and what the caller
+    can do instead: the sampler's flag by default, the evaluate command's own way (it has no flag)."""
+    policy = SimpleNamespace(config=SimpleNamespace(to_dict=lambda: {"hidden_size": 8}))
+    with pytest.raises(ValueError, match="no 'num_hidden_layers' to plan by; give it with --vllm-gpu-memory-utilization"):
+        plan_share(policy, torch.device("cpu"), 4, 8)
+    with pytest.raises(ValueError, match="to plan by; decode with --generation-backend fast$"):
+        plan_share(policy, torch.device("cpu"), 4, 8, remedy="decode with --generation-backend fast")
 
 
 def test_sampling_fields_are_our_engines_rule():
