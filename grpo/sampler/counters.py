@@ -49,6 +49,8 @@ class SamplerCounters:
     swaps: float = 0.0                 # weights_client: versions applied between decode steps (--swap-in-flight)
     reward_failures: float = 0.0       # workflow: completions a reward could not score (their failure value counted)
     prompts_deferred: float = 0.0      # workflow: --defer-zero-signal: train prompts passed over once
+    zero_signal_solved: float = 0.0    # workflow: of dropped_zero_signal, groups every completion of which was correct
+    zero_signal_unsolved: float = 0.0  # workflow: of dropped_zero_signal, groups none of whose completions was
     stream: dict[str, float] = field(default_factory=_stream)   # workflow: stream_<k>, the engine's stream_counts
     curriculum: dict[str, float] = field(default_factory=dict)  # workflow: curriculum/<task>/{level,groups,rate}
     reward_kinds: dict[str, float] = field(default_factory=dict)  # workflow: reward_failures/<reward>/<type>

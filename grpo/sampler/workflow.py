@@ -73,6 +73,15 @@ def encode_prompts(tok, problems: list) -> tuple[list[str], list[list[int]]]:
     return prompts, [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
 
 
+def solved_and_unsolved(corrects: list[list[float | None]]) -> tuple[int, int]:
+    """Of the groups dropped for no signal, by each completion's 'correct' (the rewards' correctness
+    part; None where a reward set has none): how many every completion solved (too easy for the
+    policy now) and how many none did (too hard); a group without 'correct' counts in neither.
+    [[1, 1], [0, 0], [0, 0], [None, None]] -> (1, 2)."""
+    known = [c for c in corrects if c and all(x is not None for x in c)]
+    return sum(all(x == 1.0 for x in c) for c in known), sum(all(x == 0.0 for x in c) for c in known)
+
+
 def stream_line(stats: dict, elapsed: float) -> str:
     """The run's in-flight decoding in one line, from the stream_* stats (empty without streams):
     steps and their device time, the share of the run's seconds they cover, the share of row-steps
@@ -277,7 +286,10 @@ class RolloutWorkflow:
         # A filtered group was offered and dropped here: groups_sent counts it with dropped_zero_signal
         # (SamplerCounters.groups_sent), so every status has sent >= what it says it dropped, and a
         # round filtered whole is counted although nothing of it is sent.
-        self.counters.add(dropped_zero_signal=len(chunk.gis) - len(keep))
+        solved, unsolved = solved_and_unsolved(
+            [[sc.info.get("correct") for sc in scores[j * G:(j + 1) * G]] for j in range(len(chunk.gis)) if j not in keep])
+        self.counters.add(dropped_zero_signal=len(chunk.gis) - len(keep), zero_signal_solved=solved,
+                          zero_signal_unsolved=unsolved)
         self._signal.append((len(keep), len(chunk.gis)))
         groups = [self._group(round_idx, chunk, j, whole, texts, scores, old_lp, ref_lp) for j in keep]
         self._account(round_idx, chunk, [sc.reward for sc in scores], len(keep), reward_s, logprob_s)

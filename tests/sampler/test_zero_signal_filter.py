@@ -16,6 +16,7 @@ from grpo.data.prompts import PromptStream
 from grpo.learner.accounting import Books
 from grpo.sampler.counters import SamplerCounters
 from grpo.sampler.loop import Sampler
+from grpo.sampler.workflow import solved_and_unsolved
 from grpo.wire import messages as M
 from grpo.wire.transport import DataReceiver
 
@@ -79,6 +80,8 @@ def test_zero_signal_groups_cost_no_logprob_passes_and_are_not_sent(reward, monk
         assert [g.group_id for g in groups] == ["s0-r0-g0"]
         assert passes == [2, 2]   # policy and reference passes over group 0's two completions only
         assert s.counters.dropped_zero_signal == 2
+        # this reward has no correctness part, so neither kind is claimed for the two
+        assert (s.counters.zero_signal_solved, s.counters.zero_signal_unsolved) == (0, 0)
     else:
         assert [g.group_id for g in groups] == ["s0-r0-g0", "s0-r0-g1", "s0-r0-g2"]
         assert passes == [6, 6] and s.counters.dropped_zero_signal == 0
@@ -88,6 +91,22 @@ def test_zero_signal_groups_cost_no_logprob_passes_and_are_not_sent(reward, monk
             n = len(c.generated_token_ids)
             assert c.old_policy_log_probs.shape == c.ref_policy_log_probs.shape == (n,)
             assert list(c.whole_token_ids[-n:]) == list(c.generated_token_ids)
+
+
+def test_dropped_groups_are_split_into_solved_and_unsolved_by_the_correctness_part():
+    """By hand: a group every completion of which is right, two none of which is, one without the
+    part (a reward set with no correctness part); then a real round of the tiny random model under
+    the correctness reward, which solves nothing in 4 tokens: every group is dropped, all unsolved."""
+    assert solved_and_unsolved([[1.0, 1.0], [0.0, 0.0], [0.0, 0.0], [None, None]]) == (1, 2)
+    assert solved_and_unsolved([]) == (0, 0)
+    s = sampler("correctness", True, *free_ports(2))
+    try:
+        groups = [g for chunk in s.parts.workflow.stream_round(0, 3) for g in chunk]
+    finally:
+        s.parts.data.close()
+        s.parts.sync.close()
+    assert groups == [] and s.counters.dropped_zero_signal == 3
+    assert (s.counters.zero_signal_solved, s.counters.zero_signal_unsolved) == (0, 3)
 
 
 def test_filtered_groups_count_as_offered_and_the_books_balance(reward):
