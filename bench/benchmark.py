@@ -108,15 +108,15 @@ def parse_row(spec: str) -> dict:
             "name": f"{slug}_{layout}_{trainer}_s{seed}"}
 
 
-def recipe_groups(specs) -> list[str]:
+def recipe_groups(specs, host_gpus: int = HOST_GPUS) -> list[str]:
     """The rows as bench/benchmark.sh takes them: one-GPU rows in a row joined by '+' (side by side,
-    each on a GPU of its own) up to HOST_GPUS a group; every other row alone, in the given order.
+    each on a GPU of its own) up to `host_gpus` a group; every other row alone, in the given order.
     ('0.5b:seed:ours:42', '0.5b:1gpu:ours:42', '0.5b:1gpu:trl:42') -> ['0.5b:seed:ours:42',
     '0.5b:1gpu:ours:42+0.5b:1gpu:trl:42']"""
     groups: list[list[str]] = []
     for spec in specs:
         one = LAYOUTS[parse_row(spec)["layout"]]["gpus"] == 1
-        if one and groups and LAYOUTS[parse_row(groups[-1][0])["layout"]]["gpus"] == 1 and len(groups[-1]) < HOST_GPUS:
+        if one and groups and LAYOUTS[parse_row(groups[-1][0])["layout"]]["gpus"] == 1 and len(groups[-1]) < host_gpus:
             groups[-1].append(spec)
         else:
             groups.append([spec])
@@ -786,6 +786,8 @@ def main(argv=None) -> int:
     ap.add_argument("--save-schedule", default=SAVE_SCHEDULE)
     ap.add_argument("--eval-size", type=int, default=EVAL_SIZE)
     ap.add_argument("--gpus", default="0,1,2,3", help="`score`: one scoring process per GPU")
+    ap.add_argument("--host-gpus", type=int, default=HOST_GPUS, help="`rows`: the host's GPUs (one-GPU rows "
+                    "side by side up to this many; rows needing more left out)")
     ap.add_argument("--first-gpu", type=int, default=0, help="`run`: the row's GPUs start here (rows side by side)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu"])
     ap.add_argument("--trl-micro-batch", type=int, default=16, help="TRL: completions per device per forward")
@@ -805,7 +807,12 @@ def main(argv=None) -> int:
     except ValueError as e:
         ap.error(f"--save-schedule: {e}")
     if args.step == "rows":
-        print(" ".join(recipe_groups(args.rows.split() or STANDARD_ROWS)))
+        specs = args.rows.split() or STANDARD_ROWS
+        fit = [r for r in specs if LAYOUTS[parse_row(r)["layout"]]["gpus"] <= args.host_gpus]
+        if left := [r for r in specs if r not in fit]:
+            print(f"benchmark: left out, as they need more than this host's {args.host_gpus} GPUs: {' '.join(left)}",
+                  file=sys.stderr)
+        print(" ".join(recipe_groups(fit, args.host_gpus)))
     elif args.step == "prepare":   # the rows' models converted, nothing run (bench/benchmark.sh, first)
         prepare(args, sorted({parse_row(r)["model"] for r in (args.rows.split() or STANDARD_ROWS)}))
     elif args.step == "score-worker":

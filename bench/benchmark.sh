@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The device recipe for bench/benchmark.py: rows one after another, each scored and summarised before
 # the next starts, its run files (without weights) copied to $OUT_DIR after each, so a plan cut short
-# keeps what it finished. ROWS defaults to the standard rows (`python3 bench/benchmark.py rows`).
+# keeps what it finished. ROWS defaults to the standard rows this host's GPUs hold (`python3
+# bench/benchmark.py rows --host-gpus N`: one-GPU rows N side by side, rows needing more than N left out).
 # OURS_FLAGS: flags appended to ours' command in every row; SAVE_SCHEDULE: benchmark.py's --save-schedule;
-# GPUS: the GPUs that score (0,1,2,3; 0,1 on a two-GPU host); LABEL: the rows' label in the result file
+# GPUS: the GPUs that score (default: all of the host's); LABEL: the rows' label in the result file
 # (kept beside unlabelled runs of the same rows). An
 # item is ROW, ROW@SECONDS (that row's own length) or ROW+ROW+... (side by side, each on GPUs of its
 # own). Runs from a copy of the checkout in /tmp/code (the device tool re-sends the tree with each
@@ -20,7 +21,9 @@ CODE=/tmp/code
 rm -rf $CODE && mkdir -p $CODE $OUT_DIR/results $OUT_DIR/runs
 tar -C . --exclude=./.whl --exclude=./.chunk --exclude=./.data --exclude=./.git -cf - . | tar -C $CODE -xf -
 cd $CODE && { set +u; . bench/device_setup.sh; set -u; }
-ROWS=${ROWS:-$(python3 bench/benchmark.py rows)}
+NGPU=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+ROWS=${ROWS:-$(python3 bench/benchmark.py rows --host-gpus "$NGPU")}
+GPUS=${GPUS:-$(seq -s, 0 $((NGPU - 1)))}
 export GRPO_GIT_COMMIT=$COMMIT
 # The rows' GGUF files converted first, with vLLM's wheels off the path: some of them break the
 # converter's imports (transformers' language_code asks for pycountry), which ended a plan at once.
@@ -45,7 +48,7 @@ for group in $ROWS; do
     # 18 GB and its weight saves 3 GB each, and a plan that filled the disk lost the machine with
     # every file. Rows are scored from weights/ only, so checkpoints go now and weights once scored.
     rm -rf $WORK/*/checkpoints
-    python3 bench/benchmark.py score --work-dir $WORK --dataset "$DATA" --gpus "${GPUS:-0,1,2,3}" \
+    python3 bench/benchmark.py score --work-dir $WORK --dataset "$DATA" --gpus "$GPUS" \
         || echo "benchmark.sh: scoring failed"
     for item in ${group//+/ }; do
         row=${item%@*}; name=$(echo "$row" | awk -F: '{print $1"_"$2"_"$3"_s"$4}')

@@ -35,6 +35,17 @@ def test_the_standard_rows_and_how_the_recipe_groups_them():
                                       "a:1gpu:ours:1+a:1gpu:ours:2+a:1gpu:ours:3+a:1gpu:ours:4", "a:1gpu:ours:5"]
     assert rw.recipe_groups(rw.STANDARD_ROWS)[-1].count("+") == 3   # the four one-GPU rows fill one host
     assert rw.recipe_groups(["a:1gpu-chosen:ours:1", "a:1gpu:trl-vllm:1"]) == ["a:1gpu-chosen:ours:1+a:1gpu:trl-vllm:1"]
+    assert rw.recipe_groups(rows[3:], host_gpus=2) == ["a:1gpu:ours:1+a:1gpu:ours:2", "a:1gpu:ours:3+a:1gpu:ours:4",
+                                                       "a:1gpu:ours:5"]
+
+
+def test_rows_on_a_two_gpu_host_pair_the_one_gpu_rows_and_leave_out_the_four_gpu_ones(capsys):
+    """What bench/benchmark.sh runs by default on a host of two GPUs (it passes the host's count)."""
+    assert rw.main(["rows", "--host-gpus", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert out.split() == ["0.5b:1gpu-chosen:ours:42+0.5b:1gpu:trl-vllm:42", "1.5b:1gpu-chosen:ours:42+1.5b:1gpu:trl-vllm:42"]
+    assert err.startswith("benchmark: left out, as they need more than this host's 2 GPUs: 0.5b:seed:ours:42 ")
+    assert "1.5b:chosen:ours:42" in err
 
 
 def test_row_specs():
