@@ -629,6 +629,17 @@ def _evals(run: Path) -> dict:
             for k, v in pick.items() if v}
 
 
+def zero_signal_kinds(run: Path) -> dict | None:
+    """Ours: the groups the samplers dropped for no signal, by kind, summed over the run's samplers'
+    results (sampler<i>_result.json): {"solved": every completion right, "unsolved": none}; None
+    where no sampler result counts them (runs made before the counters existed)."""
+    results = [json.loads(p.read_text()) for p in sorted(run.glob("sampler*_result.json"))]
+    counted = [r for r in results if "zero_signal_solved" in r]
+    if not counted:
+        return None
+    return {k: int(sum(r[f"zero_signal_{k}"] for r in counted)) for k in ("solved", "unsolved")}
+
+
 def row_result(run: Path, work: Path, device: dict) -> dict:
     launch = json.loads((run / "launch.json").read_text())
     base = json.loads((work / f"base_{launch['model']}.json").read_text())
@@ -645,6 +656,8 @@ def row_result(run: Path, work: Path, device: dict) -> dict:
         first, _ = first_step_ours(run, launch["launch_time"])
         last_end = max((m["time_s"] for m in metrics if "step" in m and "time_s" in m), default=None)
         extra = {"books": books.get("groups"), "evals": _evals(run)}
+        if (kinds := zero_signal_kinds(run)) is not None:   # (absent from rows made before it was counted)
+            extra["zero_signal_kinds"] = kinds
         stale, zero = books.get("stale_fraction"), books.get("zero_signal_fraction")
     else:
         books = trl_books(run, launch)

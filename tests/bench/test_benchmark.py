@@ -39,6 +39,16 @@ def test_the_standard_rows_and_how_the_recipe_groups_them():
                                                        "a:1gpu:ours:5"]
 
 
+def test_zero_signal_kinds_sum_the_samplers_results_and_stay_absent_before_they_were_counted(tmp_path):
+    (tmp_path / "sampler0_result.json").write_text(json.dumps({"zero_signal_solved": 3.0, "zero_signal_unsolved": 40.0}))
+    (tmp_path / "sampler1_result.json").write_text(json.dumps({"zero_signal_solved": 1.0, "zero_signal_unsolved": 2.0}))
+    assert rw.zero_signal_kinds(tmp_path) == {"solved": 4, "unsolved": 42}
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "sampler0_result.json").write_text(json.dumps({"dropped_zero_signal": 9.0}))
+    assert rw.zero_signal_kinds(old) is None and rw.zero_signal_kinds(tmp_path / "none") is None
+
+
 def test_rows_on_a_two_gpu_host_pair_the_one_gpu_rows_and_leave_out_the_four_gpu_ones(capsys):
     """What bench/benchmark.sh runs by default on a host of two GPUs (it passes the host's count)."""
     assert rw.main(["rows", "--host-gpus", "2"]) == 0
