@@ -39,6 +39,7 @@ from grpo.data.prompts import problem_prompt
 from grpo.data.sources import load_problems  # noqa: E402
 from grpo.generate.backend import hf_generate  # noqa: E402
 from grpo.generate.engine import RolloutEngine  # noqa: E402
+from grpo.generate.vllm_engine import sampling_fields  # noqa: E402
 from grpo.model.load import compute_dtype, eos_ids, load_causal_lm, load_tokenizer  # noqa: E402
 from grpo.model.logprobs import left_pad, right_pad, token_logprobs  # noqa: E402
 from grpo.model.zoo import resolve_model  # noqa: E402
@@ -436,7 +437,9 @@ def main() -> int:
         settings = {"model": args.model, "dtype": str(dtype), "attend_chunk": args.attend_chunk or None, "seed": 0,
                     "compile_decode": args.compile_decode, "compile_ring": args.compile_ring,
                     "refill_behind": args.refill_behind, "stream_only": args.stream_only,
-                    "vllm_gpu_memory_utilization": args.vllm or None}
+                    "vllm_gpu_memory_utilization": args.vllm or None,
+                    # (results made before vLLM's requests asked for flat log-probs lack the key)
+                    **({"vllm_flat_logprobs": sampling_fields(1.0, False, 1, [])["flat_logprobs"]} if args.vllm else {})}
         print(f"wrote {write_result('rollout_workload' + suffix, device, {'settings': settings, 'eos_workload': work})}")
         return 0
     rows = throughput(args.model, model, tok, device, p, fast_cfgs, p["hf"], p["eos"],

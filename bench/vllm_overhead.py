@@ -156,7 +156,9 @@ def main() -> int:
     for r in res.get("top_tottime", [])[:15]:
         print(f"  {r['tottime_s']:8.3f} {r['cumtime_s']:8.3f} {r['calls']:>8} {r['function']}")
     settings = {k: getattr(args, k) for k in ("mode", "prompts", "warm", "G", "rows", "new", "gpu_memory_utilization")}
-    settings.update(model=args.model, temperature=1.0, seed=0)
+    # (results made before the requests asked for flat log-probs lack the key: they ran without)
+    settings.update(model=args.model, temperature=1.0, seed=0,
+                    flat_logprobs=sampling_fields(1.0, False, 1, eos)["flat_logprobs"])
     out = write_result(f"vllm_overhead_{args.mode}_{model_tag(args.model)}", device, {"settings": settings, "result": res},
                        extra_versions=("vllm",), results_dir=Path(d) if (d := os.environ.get("RESULTS_DIR")) else None)
     print(f"wrote {out}")
