@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from grpo.generate.backend import Rollout
-from grpo.generate.stream import FinishedGroup, checked_swap, group_versions
+from grpo.generate.stream import FinishedGroup, checked_swap, group_versions, samples_of
 
 
 class BatchStream:
@@ -43,36 +43,41 @@ class BatchStream:
             batch = self._take(next_prompt, G, rows)
             if not batch:
                 return
-            out = self.generate([p for _, p in batch for _ in range(G)], max_new_tokens, temperature, greedy,
+            out = self.generate([p for _, p, n in batch for _ in range(n)], max_new_tokens, temperature, greedy,
                                 should_stop)
             if out.stats.get("stopped"):
                 return
             drew = version
             if swap is not None and (new := checked_swap(swap, version)) is not None:
                 version = new
-            yield from _groups(batch, out, G, drew)
+            yield from _groups(batch, out, drew)
 
     @staticmethod
-    def _take(next_prompt, G: int, rows: int | None) -> list[tuple[object, list[int]]]:
-        """The next batch's (key, prompt ids): up to `rows` samples (at least one prompt), or every
-        prompt the source gives before it says None when rows is 0 or None."""
-        batch: list[tuple[object, list[int]]] = []
-        while not rows or (len(batch) + 1) * G <= max(rows, G):
+    def _take(next_prompt, G: int, rows: int | None) -> list[tuple[object, list[int], int]]:
+        """The next batch's (key, prompt ids, samples): up to `rows` samples (at least one prompt),
+        or every prompt the source gives before it says None when rows is 0 or None. A prompt asks
+        for G samples, or n with (key, ids, n) (samples_of)."""
+        batch: list[tuple[object, list[int], int]] = []
+        samples = 0
+        while not rows or samples + G <= max(rows, G):   # (room for a whole group: n is at most G)
             item = next_prompt()
             if item is None:
                 break
             if not item[1]:
                 raise ValueError("stream: an empty prompt")
-            batch.append((item[0], list(item[1])))
+            batch.append((item[0], list(item[1]), samples_of(item, G)))
+            samples += batch[-1][2]
         return batch
 
 
-def _groups(batch: list[tuple[object, list[int]]], out: Rollout, G: int, drew: int) -> Iterator[FinishedGroup]:
-    """A decoded batch's groups (G rows each, in the batch's order), every token drawn by `drew`."""
-    for n, (key, _) in enumerate(batch):
-        sl = slice(n * G, (n + 1) * G)
+def _groups(batch: list[tuple[object, list[int], int]], out: Rollout, drew: int) -> Iterator[FinishedGroup]:
+    """A decoded batch's groups (each prompt's n rows, in the batch's order), every token drawn by `drew`."""
+    start = 0
+    for i, (key, _, n) in enumerate(batch):
+        sl = slice(start, start + n)
+        start += n
         vs = [np.full(len(t), drew, dtype=np.int32) for t in out.token_ids[sl]]
         yield FinishedGroup(key, out.token_ids[sl], out.finished[sl],
                             out.logprobs[sl] if out.logprobs is not None else None,
                             out.stats["decode_steps"], vs, *group_versions(vs, drew),
-                            last_in_check=n == len(batch) - 1)
+                            last_in_check=i == len(batch) - 1)

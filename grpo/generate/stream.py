@@ -66,6 +66,19 @@ class Stream(Protocol):
                version: int = 0, min_width: int = 0) -> Iterator[FinishedGroup]: ...
 
 
+def samples_of(item: tuple, group_size: int) -> int:
+    """How many samples a stream's source asks for with a prompt: (key, ids) is a group of
+    `group_size`; (key, ids, n) asks for n (1 <= n <= group_size: a screened group's first or
+    second part, grpo.sampler.workflow)."""
+    if len(item) < 3:
+        return group_size
+    n = item[2]
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= group_size:
+        raise ValueError(f"stream: a prompt asked for {n!r} samples; give 1..{group_size} (the group size), "
+                         f"or (key, ids) for a whole group")
+    return int(n)
+
+
 def token_versions(n: int, started: int, first_version: int, change_steps: np.ndarray,
                    change_versions: np.ndarray) -> np.ndarray:
     """The weights version that drew each of a ring row's n tokens (int32 [n]).
@@ -193,10 +206,12 @@ class RingStream:
 
         next_prompt() -> (key, prompt token ids) | None is asked for a prompt whenever a row is free
         and no sample is waiting; each prompt is prefilled once and becomes `group_size` waiting
-        samples (each draws its own tokens). None means none for now (the caller's budget, or no more
-        prompts): asked again at the next check. The stream ends when no row is busy and nothing
-        waits. Rows: `rows` (default the engine's largest bucket's), on one ring of cache slots (Ring) of
-        the first prompts' width (at least `min_width`) rounded up to prompt_multiple; a longer prompt
+        samples (each draws its own tokens), or n with (key, ids, n) (samples_of), and its group is
+        then n rows. None means none for now (the caller's budget, or no more prompts): asked again at
+        the next check. The stream ends when no row is busy, nothing waits and the source, asked after
+        the last groups were yielded, gives nothing. Rows: `rows` (default the engine's largest
+        bucket's), on one ring of cache slots (Ring) of the first prompts' width (at least
+        `min_width`) rounded up to prompt_multiple; a longer prompt
         waits until every row is free, then a wider ring is made (so a caller that knows its longest
         prompt gives it as min_width: no drain, no second capture).
 
@@ -247,9 +262,11 @@ class RingStream:
             self.counts["prompts"] += len(fresh)
             self.counts["refill_s"] += time.perf_counter() - t_top
             if not f.busy:
-                yield from self._groups(f.ended_at)
-                f.ended_at = []
-                if f.pending is None and not f.waiting:
+                # The caller may answer the groups yielded here with more prompts (the rest of a
+                # screened group): the stream ends only once a pass that yielded nothing found none.
+                ended, f.ended_at = f.ended_at, []
+                yield from self._groups(ended)
+                if not ended and f.pending is None and not f.waiting:
                     return
                 continue
             if timer is None and (timer := self._queue(f, should_stop)) is None:   # the refill went first
@@ -270,19 +287,20 @@ class RingStream:
                 break          # nothing for now: asked again at the next check
             if not item[1]:
                 raise ValueError("stream: an empty prompt")
-            rec = {"key": item[0], "ids": list(item[1]), "out": [None] * f.G, "left": f.G, "since": f.steps}
+            n = samples_of(item, f.G)
+            rec = {"key": item[0], "ids": list(item[1]), "out": [None] * n, "left": n, "since": f.steps}
             if f.ring is not None and len(rec["ids"]) > f.ring.width:
                 f.pending = rec  # waits until every row is free, for a wider ring
                 break
             fresh.append(rec)
-            f.waiting.extend((rec, j) for j in range(f.G))
+            f.waiting.extend((rec, j) for j in range(n))
         return fresh
 
     def _new_ring(self, f: _Flight, fresh: list[dict]) -> list[int]:
         """The first ring, or a wider one for the pending prompt (every row is free): the rows, all free."""
         if f.pending is not None:
             fresh.append(f.pending)
-            f.waiting.extend((f.pending, j) for j in range(f.G))
+            f.waiting.extend((f.pending, j) for j in range(len(f.pending["out"])))
             f.pending = None
         width = max(f.min_width, *(len(rec["ids"]) for rec in fresh))
         multiple = self.engine.prompt_multiple

@@ -59,7 +59,7 @@ import torch
 from torch.multiprocessing.reductions import reduce_tensor
 
 from grpo.generate.backend import Rollout, eos_list
-from grpo.generate.stream import STREAM_COUNTS, FinishedGroup, checked_swap, group_versions
+from grpo.generate.stream import STREAM_COUNTS, FinishedGroup, checked_swap, group_versions, samples_of
 from grpo.model.load import compute_dtype
 from grpo.rules.backend import VLLM_MISSING, vllm_installed
 from grpo.rules.memory import PROMPT_TOKENS, shape_from_config, vllm_gpu_fraction, vllm_items
@@ -248,7 +248,7 @@ def plan_share(policy, device: torch.device, rows: int, max_new_tokens: int, ten
 # ----------------------------------------------------------------------------- the engine
 @dataclass
 class _Prompt:
-    """One prompt of a stream: its G samples' traces, how many are still in flight, and the step count
+    """One prompt of a stream: its samples' traces (G, or the n its source asked for), how many are still in flight, and the step count
     when its requests were added."""
     key: object
     rows: list[RowTrace]
@@ -345,11 +345,12 @@ class VllmEngine:
                version: int = 0, min_width: int = 0) -> Iterator[FinishedGroup]:
         """As RingStream.stream, on vLLM: next_prompt() is asked while fewer than `rows` samples are in
         flight (rows 0 or None: every prompt it gives before it says None, a fixed round) and each
-        prompt becomes `group_size` requests; each step()'s new tokens are tagged with the version in
-        force; after each step should_stop() is asked (True: the requests in flight are aborted, the
-        stream ends, nothing more is yielded), then swap() (a new version: copied into vLLM's model
-        before the next step), then the groups whose rows all ended that step are yielded. The stream
-        ends when nothing is in flight and the source says None. min_width: no meaning here."""
+        prompt becomes `group_size` requests (n with (key, ids, n): samples_of); each step()'s new
+        tokens are tagged with the version in force; after each step should_stop() is asked (True: the
+        requests in flight are aborted, the stream ends, nothing more is yielded), then swap() (a new
+        version: copied into vLLM's model before the next step), then the groups whose rows all ended
+        that step are yielded. The stream ends when nothing is in flight and the source says None.
+        min_width: no meaning here."""
         G = int(group_size)
         if G < 1 or max_new_tokens < 1:
             raise ValueError(f"stream needs group_size >= 1 and max_new_tokens >= 1, got {G} and {max_new_tokens}")
@@ -367,9 +368,10 @@ class VllmEngine:
                     break
                 if not item[1]:
                     raise ValueError("stream: an empty prompt")
-                rec = _Prompt(item[0], [RowTrace() for _ in range(G)], G, steps)
+                n = samples_of(item, G)
+                rec = _Prompt(item[0], [RowTrace() for _ in range(n)], n, steps)
                 prompt = {"prompt_token_ids": [int(t) for t in item[1]]}
-                for j in range(G):
+                for j in range(n):
                     rid = f"s{next(self._ids)}"
                     self.llm.add_request(rid, prompt, params)
                     live[rid] = (rec, j)

@@ -460,6 +460,43 @@ def test_stream_spreads_a_group_over_whichever_rows_are_free(tiny):
     assert all(g.token_ids == [ref[g.key]] * 2 for g in got)
 
 
+class Answering:
+    """next_prompt for stream() that serves `items` and, once `after` groups were yielded to it
+    (answer), the prompt `extra`: a source that answers a group it was given with more work, as
+    the rest of a screened group is (grpo.sampler.workflow)."""
+
+    def __init__(self, items, after: int, extra):
+        self.queue, self.after, self.extra, self.seen = list(items), after, extra, 0
+
+    def __call__(self):
+        return self.queue.pop(0) if self.queue else None
+
+    def answer(self, group) -> None:
+        self.seen += 1
+        if self.seen == self.after:
+            self.queue.append(self.extra)
+
+
+@pytest.mark.parametrize("behind", [False, True])
+def test_stream_takes_a_count_per_prompt_and_a_prompt_given_after_its_last_group(tiny, behind):
+    """(key, ids, n) asks for n samples of a prompt: its group is n rows, each what generate gives
+    (greedy). A source that answers the last group yielded with another prompt, after it had said
+    None and with no row busy, is asked again: the stream ends only once a pass found nothing."""
+    ps = prompts((5, 9, 3), seed=6)
+    ref = RolloutEngine(tiny, 2, 2).generate(ps, 8, greedy=True).token_ids
+    src = Answering([(0, ps[0], 1), (1, ps[1], 3), (2, ps[2])], after=3, extra=("rest", ps[1], 1))
+    got = []
+    for g in RolloutEngine(tiny, 2, 2, check_every=2, refill_behind=behind).stream(src, 3, 8, greedy=True, rows=4):
+        got.append(g)
+        src.answer(g)
+    assert {g.key: len(g.token_ids) for g in got} == {0: 1, 1: 3, 2: 3, "rest": 1} and got[-1].key == "rest"
+    for g in got:
+        assert g.token_ids == [ref[1 if g.key == "rest" else g.key]] * len(g.token_ids)
+    for bad in (0, 3, True, 1.0):   # more than the group, none, or not a count
+        with pytest.raises(ValueError, match="samples; give 1..2"):
+            list(RolloutEngine(tiny, 2, 2).stream(source([(0, ps[0], bad)]), 2, 4, greedy=True, rows=4))
+
+
 class StopAfter:
     """A stop condition that says True from its n-th question on; counts the questions."""
 
@@ -650,3 +687,27 @@ def test_batch_stream_decodes_what_its_source_gives_as_one_batch(tiny):
     hf = list(BatchStream(lambda rows, m, t, g, stop: hf_rollout(tiny, rows, m, t, g, 2, 2, stop)).stream(
         source(list(enumerate(ps))), 2, 6, greedy=True))
     assert [g.token_ids for g in hf] == [g.token_ids for g in got] and all(g.logprobs is None for g in hf)
+
+
+def test_batch_stream_takes_a_count_per_prompt_and_a_prompt_given_after_its_batch(tiny):
+    """BatchStream with (key, ids, n): the prompt's n rows in the batch and its group, the batch's
+    samples counted per prompt against `rows`; a prompt the source gives in answer to the batch's
+    groups, after it had said None, is the next batch."""
+    ps = prompts((5, 9, 3), seed=4)
+    eng = RolloutEngine(tiny, 2, 2)
+    ref = eng.generate(ps, 6, greedy=True).token_ids
+    calls = []
+
+    def counted(rows, *a):
+        calls.append(len(rows))
+        return eng.generate(rows, *a)
+
+    src = Answering([(0, ps[0], 1), (1, ps[1], 3), (2, ps[2], 1)], after=3, extra=("rest", ps[2], 3))
+    got = []
+    for g in BatchStream(counted).stream(src, 3, 6, greedy=True, rows=5):
+        got.append(g)
+        src.answer(g)
+    # rows 5: prompts 0 and 1 (4 samples; a third prompt might need 3 more), then 2, then the answer
+    assert calls == [4, 1, 3] and [(g.key, len(g.token_ids)) for g in got] == [(0, 1), (1, 3), (2, 1), ("rest", 3)]
+    for g in got:
+        assert g.token_ids == [ref[2 if g.key == "rest" else g.key]] * len(g.token_ids)

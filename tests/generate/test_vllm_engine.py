@@ -250,6 +250,23 @@ def test_stream_without_swap_and_a_fixed_round(old):
     assert llm.loads == 1
 
 
+def test_stream_takes_a_count_per_prompt_and_a_prompt_given_after_its_last_group(old):
+    """(key, ids, n): n requests for that prompt, its group n rows; a prompt the source gives in
+    answer to the last group yielded, after it had said None, is still decoded (greedy: each row the
+    greedy continuation, so a prompt's rows are alike)."""
+    ps = prompts((5, 9), seed=6)
+    engine, llm, _ = engine_on(old, eos=())
+    queue = [(0, ps[0], 1), (1, ps[1])]
+    got = []
+    for g in engine.stream(lambda: queue.pop(0) if queue else None, 3, NEW, temperature=0.0, rows=4):
+        got.append(g)
+        if len(got) == 2:
+            queue.append(("rest", ps[0], 2))
+    assert [(g.key, len(g.token_ids)) for g in got] == [(0, 1), (1, 3), ("rest", 2)] and not llm.requests
+    assert llm.most_live == 4   # 1 + 3 rows of the first two prompts at once
+    assert got[2].token_ids == got[0].token_ids * 2
+
+
 def test_should_stop_aborts_the_requests_in_flight(old):
     ps = prompts((4, 6), seed=2)
     engine, llm, _ = engine_on(old, eos=())
