@@ -640,6 +640,34 @@ def zero_signal_kinds(run: Path) -> dict | None:
     return {k: int(sum(r[f"zero_signal_{k}"] for r in counted)) for k in ("solved", "unsolved")}
 
 
+def screening(run: Path, group_size: int) -> dict | None:
+    """Ours: what the samplers' results say of --screen-generations, summed over the run's samplers:
+    prompts dropped at their screen (solved, unsolved) and the completions those cost, and the
+    share of every completion generated that reached no learner step for want of signal
+    (`no_signal_completions`: those screens' completions and the whole groups dropped as
+    zero-signal, group_size each). None where no sampler result counts screens (rows made before)."""
+    results = [json.loads(p.read_text()) for p in sorted(run.glob("sampler*_result.json"))]
+    counted = [r for r in results if "screened_out" in r]
+    if not counted:
+        return None
+    total = {k: sum(r.get(k, 0.0) for r in counted) for k in ("screened_out", "screened_solved", "screened_unsolved",
+                                                              "screen_samples", "dropped_zero_signal", "samples")}
+    wasted = total["screen_samples"] + total["dropped_zero_signal"] * group_size
+    return {"prompts": int(total["screened_out"]), "solved": int(total["screened_solved"]),
+            "unsolved": int(total["screened_unsolved"]), "completions": int(total["screen_samples"]),
+            "no_signal_completions": round(wasted / total["samples"], 4) if total["samples"] else None}
+
+
+def group_size_of(command: list[str]) -> int:
+    """--num-generations in a row's command (`--num-generations=16` or `--num-generations 16`)."""
+    for i, arg in enumerate(command):
+        if arg.startswith("--num-generations="):
+            return int(arg.split("=", 1)[1])
+        if arg == "--num-generations" and i + 1 < len(command):
+            return int(command[i + 1])
+    raise ValueError(f"no --num-generations in the row's command {command}")
+
+
 def row_result(run: Path, work: Path, device: dict) -> dict:
     launch = json.loads((run / "launch.json").read_text())
     base = json.loads((work / f"base_{launch['model']}.json").read_text())
@@ -658,6 +686,8 @@ def row_result(run: Path, work: Path, device: dict) -> dict:
         extra = {"books": books.get("groups"), "evals": _evals(run)}
         if (kinds := zero_signal_kinds(run)) is not None:   # (absent from rows made before it was counted)
             extra["zero_signal_kinds"] = kinds
+        if (screens := screening(run, group_size_of(launch["command"]))) is not None:   # (the same)
+            extra["screening"] = screens
         stale, zero = books.get("stale_fraction"), books.get("zero_signal_fraction")
     else:
         books = trl_books(run, launch)

@@ -50,6 +50,8 @@ class SamplerRolloutSection:
     """Drop all-equal-reward groups (DAPO dynamic sampling), counted."""
     defer_zero_signal: bool = False
     """Skip, once, a prompt whose last group had no signal."""
+    screen_generations: int = at_least(0, 0, "0: whole groups at once")
+    """Generate a prompt's first K completions first, the rest of its group only if their rewards differ (0: off)."""
     cuda_graphs: bool = True
     """CUDA-graph the fast decode step (off: eager, to debug)."""
     compile_decode: bool = False

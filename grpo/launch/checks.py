@@ -21,6 +21,7 @@ from grpo.launch.runplan import RunPlan
 from grpo.learner.resume import resolve_resume
 from grpo.model.gguf.header import ModelUnavailable, gguf_model_file
 from grpo.model.hub import check_hub_model
+from grpo.rules.screening import screen_problem
 from grpo.rules.tensor_parallel import model_problem
 
 
@@ -69,8 +70,10 @@ def check_model(model: str) -> None:
 
 
 def sampler_problem(cfg: SamplerConfig) -> str | None:
-    """The one-line error a sampler of `cfg` would give for its --reward / --dataset-transform
-    choice and its data set (imports and names only), or None."""
+    """The one-line error a sampler of `cfg` would give for its --screen-generations, its --reward /
+    --dataset-transform choice and its data set (imports and names only), or None."""
+    if problem := screen_problem(cfg.rollout.screen_generations, cfg.rollout.num_generations):
+        return problem
     try:
         local_file(cfg.data.dataset)   # a mistyped path; a hub id is the sampler's to fetch
         evaluated = cfg.evaluation.eval_dataset or cfg.data.dataset

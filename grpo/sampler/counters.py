@@ -51,6 +51,10 @@ class SamplerCounters:
     prompts_deferred: float = 0.0      # workflow: --defer-zero-signal: train prompts passed over once
     zero_signal_solved: float = 0.0    # workflow: of dropped_zero_signal, groups every completion of which was correct
     zero_signal_unsolved: float = 0.0  # workflow: of dropped_zero_signal, groups none of whose completions was
+    screened_out: float = 0.0          # workflow: --screen-generations: prompts dropped at their screen (all alike)
+    screened_solved: float = 0.0       # workflow: of screened_out, screens every completion of which was correct
+    screened_unsolved: float = 0.0     # workflow: of screened_out, screens none of whose completions was
+    screen_samples: float = 0.0        # workflow: completions those screens cost (in samples too)
     stream: dict[str, float] = field(default_factory=_stream)   # workflow: stream_<k>, the engine's stream_counts
     curriculum: dict[str, float] = field(default_factory=dict)  # workflow: curriculum/<task>/{level,groups,rate}
     reward_kinds: dict[str, float] = field(default_factory=dict)  # workflow: reward_failures/<reward>/<type>

@@ -37,6 +37,7 @@ from grpo.obs.profile import SpanProfiler
 from grpo.obs.stages import mark as mark_stage
 from grpo.rules.backend import auto_engine
 from grpo.rules.tensor_parallel import tensor_parallel_problem
+from grpo.rules.screening import screen_problem
 from grpo.sampler.counters import SamplerCounters
 from grpo.sampler.heartbeat import ON_FULL, Heartbeat, Statuses
 from grpo.sampler.weights_client import WeightsClient, start_receiver
@@ -136,6 +137,8 @@ def check_decoding(cfg: SamplerConfig, device: torch.device) -> Decoding:
     if cfg.rollout.in_flight_rows and backend not in ("fast", VLLM):   # a negative count is refused with the flag
         raise ValueError(f"--in-flight-rows {cfg.rollout.in_flight_rows}: needs --generation-backend fast (here it is "
                          f"{backend}); or 0 for fixed rounds")
+    if problem := screen_problem(cfg.rollout.screen_generations, cfg.rollout.num_generations):
+        raise ValueError(problem)
     # a bad choice fails before any loading too
     old_source = old_logprob_source(cfg.rollout.old_logprobs, backend, compute_dtype(device))
     # (so does --old-logprobs pass with --swap-in-flight)

@@ -25,7 +25,7 @@ import collections
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -194,7 +194,8 @@ class RolloutWorkflow:
 
     def signal_share(self) -> float:
         """The share of the last SIGNAL_GROUPS groups scored that had signal (grpo.rules.staleness.signal_share)."""
-        return signal_share(self._signal, self.cfg.rollout.filter_zero_signal)
+        r = self.cfg.rollout   # (a prompt dropped at its screen is not sent either)
+        return signal_share(self._signal, r.filter_zero_signal or bool(r.screen_generations))
 
     def longest_prompt(self) -> int:
         """The longest prompt of this sampler's shard, in tokens (at its curriculum levels): a stream's
@@ -290,34 +291,52 @@ class RolloutWorkflow:
             [[sc.info.get("correct") for sc in scores[j * G:(j + 1) * G]] for j in range(len(chunk.gis)) if j not in keep])
         self.counters.add(dropped_zero_signal=len(chunk.gis) - len(keep), zero_signal_solved=solved,
                           zero_signal_unsolved=unsolved)
-        self._signal.append((len(keep), len(chunk.gis)))
+        # a prompt dropped at its screen is a group without signal for the round's sizing (pool_room)
+        self._signal.append((len(keep), len(chunk.gis) + chunk.screened_out))
         groups = [self._group(round_idx, chunk, j, whole, texts, scores, old_lp, ref_lp) for j in keep]
         self._account(round_idx, chunk, [sc.reward for sc in scores], len(keep), reward_s, logprob_s)
         return groups
 
     def _score(self, chunk: Chunk) -> tuple[list[str], list, list[bool]]:
-        """Every completion's text and score, and per group whether it has signal; every group counts
-        for its task's curriculum window and for the deferrals, filtered or not."""
+        """Every completion's text and score (a screen's rows were scored already: chunk.known), and
+        per group whether it has signal; every group counts for its task's curriculum window and for
+        the deferrals, filtered or not."""
         G = self.cfg.rollout.num_generations
         texts = [self.tok.decode(c, skip_special_tokens=True) for c, _ in chunk.completions]
-        # A completion a reward fails on costs that completion its score (counted here, in the
-        # status the learner books); RewardBroken, when a reward fails on most, ends the sampler.
-        scores = self.rewards.score([chunk.problems[k // G] for k in range(len(chunk.completions))], texts,
-                                    [c for c, _ in chunk.completions])
+        todo = [k for k in range(len(texts)) if k not in chunk.known]
+        fresh = iter(self.score_rows([chunk.problems[k // G] for k in todo], [texts[k] for k in todo],
+                                     [chunk.completions[k][0] for k in todo]))
+        scores = [chunk.known[k] if k in chunk.known else next(fresh) for k in range(len(texts))]
+        per_group = [scores[j * G:(j + 1) * G] for j in range(len(chunk.gis))]
+        signal = [has_signal([sc.reward for sc in g]) for g in per_group]
+        # a screened group's screen counted for the window and the deferrals already: its rest only
+        self.note_groups(chunk.problems, [[sc for k, sc in enumerate(g, j * G) if k not in chunk.known]
+                                          for j, g in enumerate(per_group)], signal)
+        return texts, scores, signal
+
+    def score_rows(self, problems: list, texts: list[str], token_ids: list[list[int]]) -> list:
+        """Each completion's score (rewards.score). A completion a reward fails on costs that
+        completion its score (counted here, in the status the learner books); RewardBroken, when a
+        reward fails on most, ends the sampler."""
+        scores = self.rewards.score(problems, texts, token_ids) if texts else []
         failures = self.rewards.faults.stats()
         self.counters.put(reward_failures=failures.pop("reward_failures"), reward_kinds=failures)
+        return scores
+
+    def note_groups(self, problems: list, scores: list[list], signal: list[bool]) -> None:
+        """Scored completions of each problem for its task's curriculum window, and whether its group
+        had signal for the deferrals: every group, filtered or not (a screen when it is scored)."""
         if self.prompts.levels is not None:   # every group counts for its task, before any filter
             window = self.prompts.window
-            for j, problem in enumerate(chunk.problems):
-                window.add(problem.columns.get("rg_task", ""),
-                           sum(sc.info.get("correct", 0.0) for sc in scores[j * G:(j + 1) * G]), G)
+            for problem, group in zip(problems, scores):
+                if group:
+                    window.add(problem.columns.get("rg_task", ""), sum(sc.info.get("correct", 0.0) for sc in group),
+                               len(group))
             self.counters.put(curriculum=window.stats())
-        signal = [has_signal([sc.reward for sc in scores[j * G:(j + 1) * G]]) for j in range(len(chunk.gis))]
-        if (deferrals := self.prompts.deferrals) is not None:   # every group, filtered or not
-            for problem, sig in zip(chunk.problems, signal):
+        if (deferrals := self.prompts.deferrals) is not None:
+            for problem, sig in zip(problems, signal):
                 deferrals.mark(problem, sig)
             self.counters.put(prompts_deferred=float(deferrals.deferred))
-        return texts, scores, signal
 
     def _old_and_ref(self, chunk: Chunk, whole: list[list[int]], rows_kept: list[int]
                      ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
@@ -379,6 +398,8 @@ class RolloutWorkflow:
                                    peak_reserved_gb=torch.cuda.max_memory_reserved(self.device) / 2**30)
         n = len(chunk.gis)
         dropped = f", {n - kept} of {n} groups zero-signal" if cfg.rollout.filter_zero_signal else ""
+        if chunk.screened_out:
+            dropped += f", {chunk.screened_out} prompts dropped at their screen"
         swapped = f" (swapped in flight: tokens of v{version}-v{newest})" if newest != version else ""
         # A streaming sampler's chunk counts the seconds since its last chunk: groups that ended at the
         # same host check as the last ones have next to none, and a rate over them would be noise.
@@ -420,6 +441,8 @@ class Chunk:
     sampled_lp: list[np.ndarray] | None
     versions: list[tuple[int, int]]
     gen_s: float                  # the seconds spent generating it (since the last chunk, waits left out)
+    known: dict[int, object] = field(default_factory=dict)   # row -> its score, for the rows a screen scored
+    screened_out: int = 0         # prompts dropped at their screen since the last chunk (no group, no row here)
 
 
 class _Round:
@@ -431,11 +454,19 @@ class _Round:
     def __init__(self, workflow: RolloutWorkflow, n_prompts: int, ends: Callable[[], bool]):
         self.wf, self.n_prompts, self.ends = workflow, n_prompts, ends
         self.started: dict[int, tuple[object, str, list[int]]] = {}   # index -> (problem, text, ids)
-        self.taken = self.done = 0   # prompts started; groups finished (sent or filtered)
+        self.taken = self.done = 0   # prompts started; groups finished (sent, filtered or screened out)
         self.gis: list[int] = []
         self.rows: list[tuple[list[int], bool]] = []
         self.sampled_lp: list[np.ndarray] | None = []
         self.versions: list[tuple[int, int]] = []   # per group: (oldest, newest) version among its tokens
+        self.known: dict[int, object] = {}          # row of the next chunk -> its score (a screen's rows)
+        # --screen-generations K: a prompt starts as K samples; a screen whose rewards differ waits in
+        # `held` (its group, its scores) while the other G - K are generated, asked for first
+        # (`rest`), before any new prompt and whatever the budget: the prompt is in flight already.
+        self.screen = workflow.cfg.rollout.screen_generations
+        self.held: dict[int, tuple[FinishedGroup, list]] = {}
+        self.rest: collections.deque[int] = collections.deque()
+        self.screened_out = 0   # prompts dropped at their screen since the last chunk
         self.t0 = time.perf_counter()
 
     def streaming(self) -> bool:   # (round 0 may learn the run's facts, and so the step's size, as it goes)
@@ -450,9 +481,14 @@ class _Round:
         step = facts.groups_per_step if facts is not None else cfg.rollout.prompts_per_round or FIRST_STEP_GROUPS
         return max(1, -(-step // cfg.run.num_samplers) if self.streaming() else step)
 
-    def next_prompt(self) -> tuple[int, list[int]] | None:
-        """The stream's source: the next prompt of the shard as (index, ids), or None for now."""
+    def next_prompt(self) -> tuple[int, list[int]] | tuple[int, list[int], int] | None:
+        """The stream's source: the next prompt of the shard as (index, ids), or None for now. With
+        screening, (index, ids, K) for a new prompt, and first of all (index, ids, G - K) for the rest
+        of a screened group."""
         wf, cfg = self.wf, self.wf.cfg
+        if self.rest:
+            i = self.rest.popleft()
+            return i, self.started[i][2], cfg.rollout.num_generations - self.screen
         if not self.streaming():
             if self.taken >= self.n_prompts:
                 return None
@@ -463,7 +499,7 @@ class _Round:
         text, ids = encode_prompts(wf.tok, [problem])
         self.started[self.taken] = (problem, text[0], ids[0])
         self.taken += 1
-        return self.taken - 1, ids[0]
+        return (self.taken - 1, ids[0], self.screen) if self.screen else (self.taken - 1, ids[0])
 
     def swap(self) -> int | None:
         # Once the round is ending for an evaluation, the weights stay at the version due for it
@@ -471,6 +507,15 @@ class _Round:
         return None if self.ends() else self.wf.client.apply_newer_now()
 
     def add(self, fg: FinishedGroup) -> None:
+        """A group the stream finished into the next chunk; with screening, a screen is scored first
+        (held for its rest, or dropped) and a rest joins its screen into the whole group."""
+        if self.screen:
+            if fg.key not in self.held:
+                self._screened(fg)
+                return
+            first, scores = self.held.pop(fg.key)
+            self.known.update((len(self.rows) + n, sc) for n, sc in enumerate(scores))
+            fg = joined(first, fg)
         self.gis.append(fg.key)
         self.versions.append((fg.min_version, fg.max_version))
         self.rows.extend(zip(fg.token_ids, fg.finished))
@@ -479,6 +524,27 @@ class _Round:
         else:
             self.sampled_lp.extend(fg.logprobs)
 
+    def _screened(self, fg: FinishedGroup) -> None:
+        """A prompt's first K completions, scored: rewards that differ hold them for the rest of the
+        group; all alike drop the prompt here (counted, by kind, and noted for its curriculum window
+        and its deferral as any group is)."""
+        wf = self.wf
+        problem = self.started[fg.key][0]
+        texts = [wf.tok.decode(c, skip_special_tokens=True) for c in fg.token_ids]
+        scores = wf.score_rows([problem] * len(texts), texts, fg.token_ids)
+        signal = has_signal([sc.reward for sc in scores])
+        wf.note_groups([problem], [scores], [signal])
+        if signal:
+            self.held[fg.key] = (fg, scores)
+            self.rest.append(fg.key)
+            return
+        solved, unsolved = solved_and_unsolved([[sc.info.get("correct") for sc in scores]])
+        wf.counters.add(screened_out=1, screened_solved=solved, screened_unsolved=unsolved,
+                        screen_samples=len(texts), samples=len(texts), tokens=sum(map(len, fg.token_ids)))
+        self.started.pop(fg.key)
+        self.done += 1
+        self.screened_out += 1
+
     def full(self) -> bool:
         return len(self.gis) >= self.chunk()
 
@@ -486,7 +552,17 @@ class _Round:
         """The groups gathered so far as a chunk; their prompts are finished with (counted done)."""
         problems, prompts, prompt_ids = zip(*(self.started.pop(gi) for gi in self.gis))
         chunk = Chunk(self.gis, list(problems), list(prompts), list(prompt_ids), self.rows, self.sampled_lp,
-                      self.versions, time.perf_counter() - self.t0)
+                      self.versions, time.perf_counter() - self.t0, self.known, self.screened_out)
         self.done += len(self.gis)   # (sent by the time the stream asks again: the caller sends a chunk first)
-        self.gis, self.rows, self.sampled_lp, self.versions = [], [], [], []
+        self.gis, self.rows, self.sampled_lp, self.versions, self.known = [], [], [], [], {}
+        self.screened_out = 0
         return chunk
+
+
+def joined(first: FinishedGroup, rest: FinishedGroup) -> FinishedGroup:
+    """A screened group whole: its screen's rows, then its rest's, with the versions of both."""
+    vs = first.versions + rest.versions
+    logprobs = None if first.logprobs is None or rest.logprobs is None else first.logprobs + rest.logprobs
+    return FinishedGroup(rest.key, first.token_ids + rest.token_ids, first.finished + rest.finished, logprobs,
+                         first.decode_steps + rest.decode_steps, vs, min(first.min_version, rest.min_version),
+                         max(first.max_version, rest.max_version), rest.last_in_check)

@@ -49,6 +49,26 @@ def test_zero_signal_kinds_sum_the_samplers_results_and_stay_absent_before_they_
     assert rw.zero_signal_kinds(old) is None and rw.zero_signal_kinds(tmp_path / "none") is None
 
 
+def test_screening_sums_the_samplers_results_and_the_share_of_completions_without_signal(tmp_path):
+    """Two samplers of G=16: 10 + 2 prompts dropped at screens of 4 (48 completions) and 3 + 1
+    zero-signal groups (64 completions) of 400 + 112 generated: 112 / 512 = 0.21875."""
+    (tmp_path / "sampler0_result.json").write_text(json.dumps(
+        {"screened_out": 10.0, "screened_solved": 3.0, "screened_unsolved": 7.0, "screen_samples": 40.0,
+         "dropped_zero_signal": 3.0, "samples": 400.0}))
+    (tmp_path / "sampler1_result.json").write_text(json.dumps(
+        {"screened_out": 2.0, "screened_solved": 0.0, "screened_unsolved": 2.0, "screen_samples": 8.0,
+         "dropped_zero_signal": 1.0, "samples": 112.0}))
+    assert rw.screening(tmp_path, 16) == {"prompts": 12, "solved": 3, "unsolved": 9, "completions": 48,
+                                          "no_signal_completions": 0.2188}
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "sampler0_result.json").write_text(json.dumps({"dropped_zero_signal": 9.0, "samples": 10.0}))
+    assert rw.screening(old, 16) is None
+    assert rw.group_size_of(["x", "--num-generations=16"]) == 16 == rw.group_size_of(["--num-generations", "16"])
+    with pytest.raises(ValueError, match="no --num-generations"):
+        rw.group_size_of(["--model", "m"])
+
+
 def test_rows_on_a_two_gpu_host_pair_the_one_gpu_rows_and_leave_out_the_four_gpu_ones(capsys):
     """What bench/benchmark.sh runs by default on a host of two GPUs (it passes the host's count)."""
     assert rw.main(["rows", "--host-gpus", "2"]) == 0

@@ -25,7 +25,8 @@ DICT_KEYS = ["samples", "tokens", "gen_s", "logprob_s", "reward_s", "sync_s", "w
              "rounds", "dropped_full", "dropped_send_timeout", "dropped_zero_signal", "peak_mem_gb",
              "peak_reserved_gb", "eval_version", "eval_accuracy", "eval_seconds", "verified_version",
              "verified_checksum", "budget_wait_s", "swaps", "reward_failures", "prompts_deferred",
-             "zero_signal_solved", "zero_signal_unsolved",
+             "zero_signal_solved", "zero_signal_unsolved", "screened_out", "screened_solved", "screened_unsolved",
+             "screen_samples",
              *(f"stream_{k}" for k in STREAM_COUNTS)]
 SAMPLER = Path(grpo.sampler.__file__).parent
 
