@@ -253,6 +253,24 @@ def base_env(cuda: bool) -> dict[str, str]:
     return env
 
 
+def as_visible(indices: str, parent: str | None) -> str:
+    """A worker's CUDA_VISIBLE_DEVICES for these GPU indices ("1,0"): the launcher numbers the GPUs
+    it sees, as torch and the driver do, so under a CUDA_VISIBLE_DEVICES of its own (a scheduler's
+    allocation, another job beside it) index i is that list's entry i, not the host's GPU i: "1,0"
+    under "4,6" is "6,4". Entries go through as they are (UUIDs, MIG ids); without a list of its own
+    the indices are the host's."""
+    if not parent or not parent.strip() or not indices:
+        return indices
+    entries = [e.strip() for e in parent.split(",")]
+    picked = []
+    for i in indices.split(","):
+        if int(i) >= len(entries):
+            raise ValueError(f"GPU {i} is not among the {len(entries)} this process may use "
+                             f"(CUDA_VISIBLE_DEVICES={parent}); give indices below {len(entries)}")
+        picked.append(entries[int(i)])
+    return ",".join(picked)
+
+
 def worker_command(role: str, root: Path = ROOT) -> list[str]:
     """How a worker of `role` ('sampler', 'learner') is started: the checkout's root script where
     there is one (its name in every ps listing), else `python -m grpo.workers ROLE` (a package
@@ -266,12 +284,13 @@ def specs(rp: RunPlan, master_port: int, run_dir: str = "") -> list[ProcSpec]:
     place of the roles'): here, and only here, argv is written."""
     p = rp.placement
     env0 = base_env(p.cuda)
+    parent = os.environ.get("CUDA_VISIBLE_DEVICES")   # the launcher's own: its GPU indices count within it
     out: list[ProcSpec] = []
     for r in range(p.ranks):
         env = dict(env0, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(p.ranks), LOCAL_WORLD_SIZE=str(p.ranks),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port))
         if p.cuda:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, p.training_gpus))
+            env["CUDA_VISIBLE_DEVICES"] = as_visible(",".join(map(str, p.training_gpus)), parent)
         run = dataclasses.replace(rp.learner.run, gpu_id=r if p.cuda else -1, run_dir=run_dir or rp.learner.run.run_dir)
         cfg = dataclasses.replace(rp.learner, run=run)
         out.append(ProcSpec(f"learner{r}", [*worker_command("learner"), *worker_argv(cfg)], env, "learner"))
@@ -280,7 +299,7 @@ def specs(rp: RunPlan, master_port: int, run_dir: str = "") -> list[ProcSpec]:
         if p.cuda:
             # The sampler's own GPU(s) first (its device 0; vLLM's worker of rank i on device i), then
             # learner rank 0's GPU, which CUDA IPC weight sync maps (peer access); found there by UUID.
-            env["CUDA_VISIBLE_DEVICES"] = visible_devices(p.sampler_gpus(k), p.training_gpus[0])
+            env["CUDA_VISIBLE_DEVICES"] = as_visible(visible_devices(p.sampler_gpus(k), p.training_gpus[0]), parent)
         run = dataclasses.replace(rp.sampler.run, sampler_id=k, num_samplers=p.samplers, gpu_id=0 if p.cuda else -1,
                                   run_dir=run_dir or rp.sampler.run.run_dir)
         cfg = dataclasses.replace(rp.sampler, run=run)

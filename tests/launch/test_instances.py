@@ -5,7 +5,7 @@ import pytest
 
 from grpo.config import LaunchConfig
 from grpo.flags import build_parser
-from grpo.launch.plan import LaunchError, instance_argv, parse, plan, plan_instances
+from grpo.launch.plan import LaunchError, as_visible, instance_argv, parse, plan, plan_instances
 from grpo.launch.supervisor import describe_exit
 
 
@@ -92,3 +92,21 @@ def test_launcher_refuses_a_resume_that_cannot_work(tmp_path, capsys, extra, nee
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
+
+
+def test_gpu_indices_count_within_the_launchers_own_cuda_visible_devices(monkeypatch):
+    """Under a CUDA_VISIBLE_DEVICES of the launcher's own (a scheduler's allocation, a benchmark row
+    beside another), GPU i is that list's entry i, as torch numbers it: the workers get those
+    entries. Two rows started as `CUDA_VISIBLE_DEVICES=1 run_distributed.py --gpus 0` and
+    `CUDA_VISIBLE_DEVICES=0 ... --gpus 0` had all four processes on the host's GPU 0, and ran out of
+    memory."""
+    assert as_visible("1,0", "4,6") == "6,4" and as_visible("0", " 4, 6") == "4"
+    assert as_visible("0", None) == "0" and as_visible("0,1", "") == "0,1" and as_visible("", "3") == ""
+    assert as_visible("0", "GPU-aaaa,GPU-bbbb") == "GPU-aaaa"
+    with pytest.raises(ValueError, match=r"GPU 2 is not among the 2 this process may use \(CUDA_VISIBLE_DEVICES=4,6\)"):
+        as_visible("2", "4,6")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    cfg, s, l = parse(["--sampling-gpus", "1", "--training-gpus", "0"])
+    assert [sp.env["CUDA_VISIBLE_DEVICES"] for sp in plan(cfg, 2, s, l, master_port=1)] == ["5", "7,5"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert [sp.env["CUDA_VISIBLE_DEVICES"] for sp in plan(cfg, 2, s, l, master_port=1)] == ["0", "1,0"]
