@@ -5,10 +5,11 @@
 # bench/benchmark.py rows --host-gpus N`: one-GPU rows N side by side, rows needing more than N left out).
 # OURS_FLAGS: flags appended to ours' command in every row; SAVE_SCHEDULE: benchmark.py's --save-schedule;
 # GPUS: the GPUs that score (default: all of the host's); LABEL: the rows' label in the result file
-# (kept beside unlabelled runs of the same rows). An
+# (kept beside unlabelled runs of the same rows); FIRST_GPU: the GPU each group's first row starts
+# at (default 0), so that two of these scripts share a host, each with its own CODE, WORK and GPUS. An
 # item is ROW, ROW@SECONDS (that row's own length) or ROW+ROW+... (side by side, each on GPUs of its
-# own). Runs from a copy of the checkout in /tmp/code (the device tool re-sends the tree with each
-# call; a row started later must not see it change under it).
+# own). Runs from a copy of the checkout in $CODE, /tmp/code by default (the device tool re-sends
+# the tree with each call; a row started later must not see it change under it).
 # On the GPU machine, from the repo root, once the model's chunks are received (bench/fetch_models.py)
 # and GSM8K is in /tmp/data/gsm8k:
 #   bash bench/device_bg.sh start 'ROWS="0.5b:seed:ours:42 0.5b:1gpu:ours:42+0.5b:1gpu:trl:42" SECS=600 COMMIT=<sha> \
@@ -17,7 +18,7 @@
 set -uo pipefail
 : "${COMMIT:?COMMIT: the commit of the checkout}"
 SECS=${SECS:-600}; OUT_DIR=${OUT_DIR:-/tmp/bg/out}; WORK=${WORK:-/tmp/rw}; DATA=${DATA:-/tmp/data/gsm8k}
-CODE=/tmp/code
+CODE=${CODE:-/tmp/code}
 rm -rf $CODE && mkdir -p $CODE $OUT_DIR/results $OUT_DIR/runs
 tar -C . --exclude=./.whl --exclude=./.chunk --exclude=./.data --exclude=./.git -cf - . | tar -C $CODE -xf -
 cd $CODE && { set +u; . bench/device_setup.sh; set -u; }
@@ -31,12 +32,12 @@ all_rows=$(for group in $ROWS; do for item in ${group//+/ }; do echo "${item%@*}
 PYTHONPATH=$(echo ":${PYTHONPATH:-}:" | sed 's#:/tmp/site_vllm:#:#; s#^:##; s#:$##') \
     python3 bench/benchmark.py prepare --rows "$(echo $all_rows)" || echo "benchmark.sh: converting the models failed"
 for group in $ROWS; do
-    first=0
+    first=${FIRST_GPU:-0}
     for item in ${group//+/ }; do
         row=${item%@*}; secs=$SECS; [ "$item" != "$row" ] && secs=${item#*@}
         echo "benchmark.sh: row $row ($secs s, GPUs from $first) at $(date +%T)"
         python3 bench/benchmark.py run --row "$row" --seconds "$secs" --dataset "$DATA" --work-dir $WORK \
-            --git-commit "$COMMIT" --first-gpu $first ${OURS_FLAGS:+--ours-flags "$OURS_FLAGS"} \
+            --git-commit "$COMMIT" --first-gpu $first ${OURS_FLAGS:+--ours-flags="$OURS_FLAGS"} \
             ${SAVE_SCHEDULE:+--save-schedule "$SAVE_SCHEDULE"} ${LABEL:+--label "$LABEL"} \
             > $WORK.$first.log 2>&1 || echo "benchmark.sh: row $row failed" &
         case $row in *:1gpu:*|*:1gpu-chosen:*) first=$((first + 1));; *:2gpu:*) first=$((first + 2));; *) first=$((first + 4));; esac
