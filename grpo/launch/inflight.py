@@ -10,7 +10,7 @@ from dataclasses import replace
 from grpo.config import ROW_BUCKETS, LearnerConfig, SamplerConfig, TrainingSection
 from grpo.launch.runplan import RunPlan
 from grpo.rules.backend import backend_for
-from grpo.rules.staleness import IN_FLIGHT_SPAN, Staleness, bucket_prompts, first_round_groups
+from grpo.rules.staleness import Staleness, bucket_prompts, first_round_groups, flight_span
 
 # The highest --max-staleness the launcher sets by itself so that in-flight rows are kept decoding,
 # where the user left the bound at its default: the highest that runs with rows in flight have been
@@ -59,7 +59,7 @@ def in_flight_rows(rp: RunPlan, samplers: int, on_gpus: bool) -> int:
     them (docs/benchmarks.md, "One shared GPU"). Then AUTO_IN_FLIGHT_ROWS where the staleness bound
     keeps them all decoding, as given or as fill_in_flight_rows may raise a default one (up to
     AUTO_STALENESS_MAX); with a default bound where it cannot (more samplers share a step's groups,
-    or steps are small), the rows AUTO_STALENESS_MAX - IN_FLIGHT_SPAN keeps decoding, whole groups,
+    or steps are small), the rows AUTO_STALENESS_MAX - flight_span keeps decoding, whole groups,
     at least one: a smaller pool that never drains, where rounds would be budget-sized as well."""
     s = rp.sampler
     if (not on_gpus or samplers < 1 or not rp.left_default("in_flight_rows") or not s.rollout.swap_in_flight
@@ -71,10 +71,11 @@ def in_flight_rows(rp: RunPlan, samplers: int, on_gpus: bool) -> int:
         return AUTO_IN_FLIGHT_ROWS
     if not rp.left_default("max_staleness"):
         return 0
-    if found[0] + IN_FLIGHT_SPAN <= AUTO_STALENESS_MAX:
+    span = flight_span(s.rollout.screen_generations)
+    if found[0] + span <= AUTO_STALENESS_MAX:
         return AUTO_IN_FLIGHT_ROWS
     G = s.rollout.num_generations
-    rows = Staleness(AUTO_STALENESS_MAX - IN_FLIGHT_SPAN, rp.learner.training.train_batch_size // G).pool_rows(G,
+    rows = Staleness(AUTO_STALENESS_MAX - span, rp.learner.training.train_batch_size // G).pool_rows(G,
                                                                                                                samplers)
     return rows if rows >= G else 0
 
@@ -103,18 +104,20 @@ def choose_in_flight(rp: RunPlan, samplers: int, on_gpus: bool) -> RunPlan:
 
 def fill_in_flight_rows(rp: RunPlan, samplers: int) -> RunPlan:
     """Where streaming samplers' rows would wait on the staleness bound (in_flight_note), a default
-    bound raised to the one that keeps them decoding and IN_FLIGHT_SPAN more, up to
+    bound raised to the one that keeps them decoding and flight_span more, up to
     AUTO_STALENESS_MAX, said in one line; otherwise the plan as it is, and the line says which
     bound would fill them."""
     found = in_flight_note(rp.sampler, rp.learner, samplers) if samplers else None
     if found is None:
         return rp
     need, why = found
-    bound = need + IN_FLIGHT_SPAN
+    span = flight_span(rp.sampler.rollout.screen_generations)
+    bound = need + span
     if bound <= AUTO_STALENESS_MAX and rp.left_default("max_staleness"):
         print(f"run_distributed.py: --max-staleness {bound}, not the default {TrainingSection.max_staleness}, so that every "
-              f"in-flight row is kept decoding: {why}; {need} fills them, and {IN_FLIGHT_SPAN} more are for the versions a "
-              f"group's longest completion takes to generate; give --max-staleness to choose", file=sys.stderr)
+              f"in-flight row is kept decoding: {why}; {need} fills them, and {span} more are for the versions "
+              f"{'a group takes to generate its screen, then its rest' if rp.sampler.rollout.screen_generations else 'a group' + chr(39) + 's longest completion takes to generate'}"
+              f"; give --max-staleness to choose", file=sys.stderr)
         return replace(rp, learner=replace(rp.learner, training=replace(rp.learner.training, max_staleness=bound)))
     print(f"run_distributed.py: warning: {why}, and the other rows wait; --max-staleness {need} would keep all of "
           f"them decoding, with groups up to {need} versions old", file=sys.stderr)

@@ -211,6 +211,14 @@ def pool_room(budget: int, in_pool: int, signal_share: float, min_share: float =
 # versions old; one sampler at 4 (fill 3) on 2x H200 dropped 0.4% (docs/benchmarks.md).
 IN_FLIGHT_SPAN = 2
 
+
+def flight_span(screen_generations: int) -> int:
+    """IN_FLIGHT_SPAN for a sampler's groups: twice it with --screen-generations, whose rest of a
+    group starts only once its screen has ended, so a group's first token is one generation older
+    (two `--gpus 0` rows at fill 3 + 2 dropped 17% and 19% of the groups judged, ages up to 7:
+    docs/benchmarks.md)."""
+    return IN_FLIGHT_SPAN * (2 if screen_generations else 1)
+
 # A run that drops more than this share of the groups it judged as stale gets a line at its end.
 STALE_SHARE_NOTE = 0.02
 

@@ -664,6 +664,10 @@ def test_in_flight_rows_the_staleness_bound_cannot_fill_raise_a_default_bound_or
                           "kept decoding: at --max-staleness 2 the learner's budget lets the sampler keep about 256")
     assert "decoding (--max-staleness x 8 groups a step / samplers, 16 rows a group; more where zero-signal groups " \
            "are filtered); 3 fills them, and 2 more are for the versions a group's longest completion takes" in err
+    # --screen-generations: a group's rest starts once its screen has ended, so twice the span: 3 + 4
+    bound, err = bound_after("--screen-generations", "4")
+    assert bound == 7 and "3 fills them, and 4 more are for the versions a group takes to generate its screen, " \
+        "then its rest;" in err
     bound, err = bound_after("--max-staleness", "2")
     assert bound == 2 and "warning: at --max-staleness 2" in err
     assert "--max-staleness 3 would keep all of them decoding, with groups up to 3 versions old" in err
