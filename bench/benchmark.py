@@ -779,7 +779,9 @@ def plot(rows: list[dict], path: Path, device: str, model: str) -> None:
                 r["layout"], "shared")
         label = f"{who}, {r['gpus']} GPU{'s' if r['gpus'] > 1 else ''} ({how}), seed {r['seed']}" + \
             (f", {r['label']}" if r.get("label") else "")
-        ax.plot(xs, ys, marker="o", ms=3, color=colours.get((r["trainer"], r["layout"])), label=label)
+        # a labelled run (other flags) is dashed, in its row's colour
+        ax.plot(xs, ys, marker="o", ms=3, color=colours.get((r["trainer"], r["layout"])), label=label,
+                ls="--" if r.get("label") else "-")
     if rows:
         base = rows[0]["baseline_accuracy"]
         ax.axhline(base, color="gray", ls=":", label=f"baseline {base:.3f}")
