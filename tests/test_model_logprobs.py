@@ -166,3 +166,69 @@ def test_runtime_chooses_whether_attention_may_use_cudnn(cudnn):
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
         ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
     assert torch.allclose(out.float(), ref, atol=2e-2)
+
+
+def groups_batch(lengths, prompts=((5, 9), (8, 3), (6,))):
+    """Right-padded rows as the learner's micro-batches hold them: for each prompt (its length, then
+    the lengths of its rows' completions) the same prompt ids in every row, and `first` at each
+    prompt's last position. A completion of length 0 is a row with its prompt alone."""
+    g = torch.Generator().manual_seed(2)
+    seqs, first = [], []
+    for plen, *comps in lengths:
+        prompt = torch.randint(3, 49152, (plen,), generator=g).tolist()
+        for n in comps:
+            seqs.append(prompt + torch.randint(3, 49152, (n,), generator=g).tolist())
+            first.append(plen - 1)
+    ids, mask = right_pad(seqs, 2, torch.device("cpu"))
+    return ids, mask, torch.tensor(first)
+
+
+@pytest.mark.parametrize("with_entropy", [False, True])
+def test_shared_prompts_give_the_plain_paths_values_and_grads(model, with_entropy):
+    """Three prompts (7, 4 and 10 tokens) with 3, 2 and 1 completions of 1 to 9 tokens, one of 0:
+    each distinct prompt runs once and the completions after it with its keys and values as their
+    past; every log-prob (and entropy), and every weight's gradient of a loss over them, is the
+    plain path's, and the positions not asked for are 0 in both."""
+    from grpo.model.logprobs import _split_model, shared_prompt_logprobs
+
+    ids, mask, first = groups_batch([(7, 5, 1, 9), (4, 3, 0), (10, 6)])
+    w = torch.randn(ids.shape[0], ids.shape[1] - 1, generator=torch.Generator().manual_seed(3))
+
+    def run(shared):
+        model.zero_grad(set_to_none=True)
+        if shared:
+            out = shared_prompt_logprobs(_split_model(model), ids, mask, 0.7, first, with_entropy=with_entropy)
+        else:
+            out = chunked_token_logprobs(model, ids, mask, 0.7, with_entropy=with_entropy, first=first)
+        lp, ent = out if with_entropy else (out, torch.zeros_like(out))
+        ((lp + 0.5 * ent) * w).sum().backward()
+        return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    lp_s, ent_s, g_s = run(True)
+    lp_p, ent_p, g_p = run(False)
+    assert (lp_p != 0).sum() == 5 + 1 + 9 + 3 + 6 and torch.equal(lp_s != 0, lp_p != 0)
+    torch.testing.assert_close(lp_s, lp_p, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent_s, ent_p, rtol=1e-5, atol=1e-5)
+    assert g_s.keys() == g_p.keys() and g_s
+    for n in g_p:
+        torch.testing.assert_close(g_s[n], g_p[n], rtol=1e-4, atol=1e-5, msg=n)
+
+
+def test_token_logprobs_shares_prompts_only_where_asked_and_where_it_can(model, monkeypatch):
+    """share_prompts with `first`: the shared path; without either, or on a model with sliding
+    windows, the plain one (a sliding-window cache keeps a window of the prompt, not all of it)."""
+    import grpo.model.logprobs as lp
+
+    ids, mask, first = groups_batch([(5, 2, 3)])
+    called = []
+    real = lp.shared_prompt_logprobs
+    monkeypatch.setattr(lp, "shared_prompt_logprobs", lambda *a, **k: called.append(1) or real(*a, **k))
+    with torch.no_grad():
+        shared = token_logprobs(model, ids, mask, 1.0, first=first, share_prompts=True)
+        assert called == [1]
+        torch.testing.assert_close(shared, token_logprobs(model, ids, mask, 1.0, first=first), rtol=1e-5, atol=1e-5)
+        token_logprobs(model, ids, mask, 1.0, share_prompts=True)          # no first: the plain path
+        monkeypatch.setattr(model.config, "layer_types", ["sliding_attention"] * model.config.num_hidden_layers,
+                            raising=False)
+        token_logprobs(model, ids, mask, 1.0, first=first, share_prompts=True)
+    assert called == [1]
