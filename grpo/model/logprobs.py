@@ -12,8 +12,7 @@ from torch.utils.checkpoint import checkpoint
 
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float, with_entropy: bool = False, first: torch.Tensor | None = None,
-                   share_prompts: bool = False):
+                   temperature: float, with_entropy: bool = False, first: torch.Tensor | None = None):
     """log p(input_ids[:, t+1] | input_ids[:, :t+1]) for every position: [B, L-1], float32.
 
     Sampler (old and reference log-probs) and learner (current log-probs) both use this, so
@@ -24,11 +23,7 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     first: [B], each row's first position wanted (prompt length - 1 for a caller that reads only
     the completion); earlier positions come back 0 and are not computed (the LM head over a long
     prompt is most of the cost of a short completion's pass).
-    share_prompts (with first): rows whose prompts (their ids up to first) are the same, a group's,
-    run that prompt through the model once (shared_prompt_logprobs); the same values.
     """
-    if share_prompts and first is not None and (parts := _split_model(model)) is not None and _full_attention(model):
-        return shared_prompt_logprobs(parts, input_ids, attention_mask, temperature, first, with_entropy=with_entropy)
     return chunked_token_logprobs(model, input_ids, attention_mask, temperature, with_entropy=with_entropy,
                                   first=first)
 
@@ -166,94 +161,5 @@ def chunked_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch
         out = torch.zeros((B * (L - 1),), dtype=torch.float32, device=input_ids.device)
         return out.index_copy(0, into, flat).view(B, L - 1)                # [B, L-1]
     out = torch.zeros((B * (L - 1), 2), dtype=torch.float32, device=input_ids.device)
-    out = out.index_copy(0, into, flat).view(B, L - 1, 2)                  # [B, L-1, 2]
-    return out[..., 0], out[..., 1]
-
-
-# ----------------------------------------------------------------------------- shared prompts
-# A learner step's sequences come in groups: G completions of one prompt, each row of a micro-batch
-# its prompt and its completion. Run whole, every row takes its prompt through the model again: on
-# GSM8K with Qwen2.5 the prompts were 27% of the tokens a step put through the model. Here each
-# distinct prompt of the micro-batch runs once (its keys and values kept, with their graph), and
-# the completions run after it with those keys and values as their past: the same attention over
-# the same tokens, so the same log-probs, and backward sums each row's gradient into its prompt's
-# pass. Full attention only (a sliding-window cache keeps a window, not the prompt).
-
-
-def _full_attention(model) -> bool:
-    """Whether every layer attends to the whole past (no sliding window), so a prompt's keys and
-    values can be another pass's past."""
-    cfg = getattr(model, "config", None)
-    types = getattr(cfg, "layer_types", None)
-    if types:   # transformers' own per-layer word for it (Qwen2's False use_sliding_window included)
-        return all(t == "full_attention" for t in types)
-    return getattr(cfg, "sliding_window", None) is None   # (Mistral, Phi-3: a window for every layer)
-
-
-def shared_prompt_logprobs(parts, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float,
-                           first: torch.Tensor, with_entropy: bool = False,
-                           chunk_elems: int = DEFAULT_CHUNK_ELEMS):
-    """chunked_token_logprobs' result ([B, L-1], and the entropy with with_entropy) for rows laid out
-    as the learner's micro-batches are: right-padded, row b's prompt ids[b, :first[b] + 1] and its
-    completion after it, up to its attention mask's length. parts: (decoder, lm_head).
-
-    The distinct prompts run once ([U, P] right-padded, keys and values kept); the completions
-    ([B, T] right-padded, positions first[b] + 1 on) run with their prompt's keys and values as the
-    past, the prompt's padding masked out of it. Position first[b] (the prompt's last) predicts the
-    completion's first token from the prompt pass; the completion's positions predict the rest."""
-    from transformers import DynamicCache   # here: only this path builds a cache by hand
-
-    decoder, head = parts
-    B, L = input_ids.shape
-    device = input_ids.device
-    plen = first.to(device).long() + 1                                     # [B] prompt lengths
-    tlen = attention_mask.sum(dim=1) - plen                                # [B] completion lengths
-    host, host_plen = input_ids.tolist(), plen.tolist()                    # (one sync)
-    prompt_of: dict[tuple[int, ...], int] = {}
-    which = [prompt_of.setdefault(tuple(host[b][:host_plen[b]]), len(prompt_of)) for b in range(B)]
-    P, T = max(host_plen), max(int(tlen.max()), 1)
-    p_ids = torch.zeros((len(prompt_of), P), dtype=torch.long)             # [U, P], right-padded
-    p_mask = torch.zeros((len(prompt_of), P), dtype=torch.long)
-    for prompt, u in prompt_of.items():
-        p_ids[u, :len(prompt)] = torch.tensor(prompt)
-        p_mask[u, :len(prompt)] = 1
-    out_p = decoder(input_ids=p_ids.to(device), attention_mask=p_mask.to(device), use_cache=True)
-    p_hidden = out_p.last_hidden_state                                     # [U, P, D]
-    sel = torch.tensor(which, device=device)                               # [B]: each row's prompt
-    past = DynamicCache(ddp_cache_data=[(layer.keys.index_select(0, sel), layer.values.index_select(0, sel))
-                                        for layer in out_p.past_key_values.layers])   # [B, H, P, Dh] each
-    ar = torch.arange(T, device=device)
-    in_c = ar[None, :] < tlen[:, None]                                     # [B, T]: a completion token
-    src = (plen[:, None] + ar[None, :]).clamp(max=L - 1)                   # [B, T]: where it sits in the row
-    c_ids = torch.where(in_c, input_ids.gather(1, src), 0)                 # [B, T]
-    mask = torch.cat([p_mask.to(device).index_select(0, sel), in_c.long()], dim=1)   # [B, P + T]
-    c_hidden = decoder(input_ids=c_ids, attention_mask=mask, position_ids=src, past_key_values=past,
-                       use_cache=True).last_hidden_state                   # [B, T, D]
-    # What predicts each completion token, by flat index as in chunked_token_logprobs: token 0 of
-    # row b from its prompt's last position, token t + 1 from the completion's position t.
-    has = (tlen > 0).nonzero().squeeze(1)                                  # [N0] rows with a completion
-    own = (ar[None, :] < (tlen - 1)[:, None]).reshape(-1).nonzero().squeeze(1)   # [N1] = b * T + t
-    D = p_hidden.shape[-1]
-    hidden = torch.cat([p_hidden.reshape(-1, D).index_select(0, sel.index_select(0, has) * P
-                                                             + plen.index_select(0, has) - 1),
-                        c_hidden.reshape(-1, D).index_select(0, own)])    # [N, D]
-    targets = torch.cat([c_ids[:, 0].index_select(0, has), c_ids.reshape(-1).index_select(0, own + 1)])   # [N]
-    b_own, t_own = own // T, own % T
-    into = torch.cat([has * (L - 1) + plen.index_select(0, has) - 1,
-                      b_own * (L - 1) + plen.index_select(0, b_own) + t_own])   # [N]: b * (L-1) + position
-    step = max(1, chunk_elems // head.out_features)
-    grad = torch.is_grad_enabled() and hidden.requires_grad
-    fn = _chunk_logprobs_entropy if with_entropy else _chunk_logprobs
-    pieces = []
-    for s0 in range(0, hidden.shape[0], step):
-        h, t = hidden[s0:s0 + step], targets[s0:s0 + step]
-        pieces.append(checkpoint(fn, h, t, head, temperature, use_reentrant=False) if grad
-                      else fn(h, t, head, temperature))
-    width = (2,) if with_entropy else ()
-    flat = torch.cat(pieces) if pieces else hidden.new_zeros((0, *width), dtype=torch.float32)
-    if not with_entropy:
-        out = torch.zeros((B * (L - 1),), dtype=torch.float32, device=device)
-        return out.index_copy(0, into, flat).view(B, L - 1)                # [B, L-1]
-    out = torch.zeros((B * (L - 1), 2), dtype=torch.float32, device=device)
     out = out.index_copy(0, into, flat).view(B, L - 1, 2)                  # [B, L-1, 2]
     return out[..., 0], out[..., 1]

@@ -384,28 +384,3 @@ def test_fallback_stream_swaps_weights_between_its_batches():
         assert (got[k].min_version, got[k].max_version) == (v, v)
     for lp, want in zip(got[2].logprobs, teacher_forced(new, [ps[2]] * 2, got[2].token_ids, 1.0)):
         np.testing.assert_allclose(lp, want, rtol=0, atol=1e-6)
-
-
-def test_shared_prompt_logprobs_equal_the_plain_paths_on_every_architecture(arch):
-    """The learner's shared-prompt pass (token_logprobs with share_prompts): two prompts with two and
-    three completions each, every architecture; those with full attention take the shared path
-    (the prompt once, its keys and values the completions' past), those with sliding windows the
-    plain one; the same log-probs either way."""
-    from grpo.model.logprobs import _full_attention
-
-    name, model = arch
-    g = torch.Generator().manual_seed(5)
-    seqs, first = [], []
-    for plen, comps in ((9, (4, 7)), (5, (1, 6, 3))):
-        prompt = torch.randint(3, VOCAB, (plen,), generator=g).tolist()
-        for n in comps:
-            seqs.append(prompt + torch.randint(3, VOCAB, (n,), generator=g).tolist())
-            first.append(plen - 1)
-    ids, mask = right_pad(seqs, PAD, torch.device("cpu"))
-    first = torch.tensor(first)
-    with torch.no_grad():
-        shared = token_logprobs(model, ids, mask, 0.8, first=first, share_prompts=True)
-        plain = token_logprobs(model, ids, mask, 0.8, first=first)
-    assert (plain != 0).sum() == 4 + 7 + 1 + 6 + 3
-    torch.testing.assert_close(shared, plain, rtol=1e-4, atol=1e-4)
-    assert _full_attention(model) == (name in ("llama", "qwen2", "qwen3", "phi3", "olmo2")), name
