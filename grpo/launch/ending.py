@@ -1,9 +1,10 @@
 """The run's last lines: what it made, where it is, and what to do next.
 
 Once the learner has exited, the launcher says, from the files the run left (summary.json,
-eval.jsonl, checkpoints/): the run folder, the steps and the time, the last evaluation, the
-newest checkpoint, the group books in words (what the queued groups were, and whether the books
-balance), and the command that draws the report. A run stopped by Ctrl+C or SIGTERM ends with
+eval.jsonl, checkpoints/, the samplers' results): the run folder, the steps and the time, the last
+evaluation, the newest checkpoint, the group books in words (what the queued groups were, and
+whether the books balance), what the screens dropped (--screen-generations), and the command that
+draws the report. A run stopped by Ctrl+C or SIGTERM ends with
 one line that says what was saved and the command that resumes it.
 
 Pure functions of those files' contents, and torch-free: the launcher imports nothing heavy.
@@ -82,6 +83,29 @@ def books_line(summary: dict) -> str:
     return line
 
 
+def screens_line(run_dir: Path) -> str | None:
+    """With --screen-generations, what the screens dropped, summed over the samplers' results
+    (sampler<i>_result.json): the prompts (every completion right, none right), the completions
+    they cost and their share of all the samplers generated. None where no screen dropped one."""
+    results = []
+    for path in sorted(run_dir.glob("sampler*_result.json")):
+        try:
+            results.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    total = {k: sum(float(r.get(k) or 0.0) for r in results)
+             for k in ("screened_out", "screened_solved", "screened_unsolved", "screen_samples", "samples")}
+    if not total["screened_out"]:
+        return None
+    share = f", {total['screen_samples'] / total['samples']:.0%} of the {total['samples']:,.0f} generated" \
+        if total["samples"] else ""
+    # the kinds where the rewards have a correctness part to tell them by
+    kinds = (f" ({total['screened_solved']:,.0f} with every completion right, {total['screened_unsolved']:,.0f} "
+             f"with none)" if total["screened_solved"] + total["screened_unsolved"] else "")
+    return (f"screens: {total['screened_out']:,.0f} prompts dropped at their screen{kinds}: "
+            f"{total['screen_samples']:,.0f} completions{share}")
+
+
 def eval_line(ev: dict | None) -> str:
     if ev is None:
         return "last evaluation: none (--eval-every N evaluates every N versions and the final weights)"
@@ -120,6 +144,8 @@ def end_lines(run_dir: Path, summary: dict | None, launch_s: float, signal_name:
                      f"{launch_s:.0f} s since launch")
         lines.append(eval_line(last_eval(run_dir)))
         lines.append(books_line(summary))
+        if screens := screens_line(run_dir):
+            lines.append(screens)
     if not signal_name:
         lines.append(f"newest checkpoint: {newest['path']} (step {newest['step']})" if newest else
                      "newest checkpoint: none (--save-every N saves every N steps and the last)")

@@ -60,3 +60,29 @@ def test_resume_command_replaces_any_resume_and_names_the_run_folder(tmp_path):
     assert cmd[2:] == ["--device", "cpu", "--max-steps", "9", "--run-dir", str(tmp_path / "run"), "--resume", "latest"]
     cmd = shlex.split(resume_command(["--run-dir", "runs/my run", "--resume=latest"], tmp_path, run_dir_given=True))
     assert cmd[2:] == ["--run-dir", "runs/my run", "--resume", "latest"]
+
+
+def test_the_screens_line_sums_the_samplers_results_and_is_absent_without_screens(tmp_path):
+    """Two samplers' results of a --screen-generations 4 run: 30 + 12 prompts dropped at their screen
+    (7 + 2 solved, 23 + 10 unsolved), 168 completions of 1,000 + 400 generated (12%); a run whose
+    samplers dropped none, or left no result, says nothing of screens."""
+    from grpo.launch.ending import screens_line
+
+    assert screens_line(tmp_path) is None
+    (tmp_path / "sampler0_result.json").write_text(json.dumps(
+        {"screened_out": 30.0, "screened_solved": 7.0, "screened_unsolved": 23.0, "screen_samples": 120.0,
+         "samples": 1000.0}))
+    (tmp_path / "sampler1_result.json").write_text(json.dumps(
+        {"screened_out": 12.0, "screened_solved": 2.0, "screened_unsolved": 10.0, "screen_samples": 48.0,
+         "samples": 400.0}))
+    (tmp_path / "sampler2_result.json").write_text("{not json")   # a sampler killed while writing: left out
+    want = ("screens: 42 prompts dropped at their screen (9 with every completion right, 33 with none): 168 "
+            "completions, 12% of the 1,400 generated")
+    assert screens_line(tmp_path) == want
+    assert want in end_lines(tmp_path, summary(), 20.0)
+    (tmp_path / "sampler1_result.json").write_text(json.dumps({"screened_out": 5.0, "screen_samples": 10.0}))
+    (tmp_path / "sampler0_result.json").unlink()   # a reward without a correctness part: no kinds to tell
+    assert screens_line(tmp_path) == "screens: 5 prompts dropped at their screen: 10 completions"
+    (tmp_path / "sampler0_result.json").write_text(json.dumps({"screened_out": 0.0, "samples": 10.0}))
+    (tmp_path / "sampler1_result.json").unlink()
+    assert screens_line(tmp_path) is None and not any(x.startswith("screens") for x in end_lines(tmp_path, summary(), 1.0))
