@@ -121,3 +121,17 @@ class ScriptedEngine:
         rows = [self.tok(self.script.get(tuple(p), ""), add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
                 for p in prompts]
         return SimpleNamespace(token_ids=rows, finished=[True] * len(rows))
+
+
+def drain(receiver, within_s: float = 30.0) -> tuple[list[M.Group], M.SamplerStatus | None]:
+    """The groups a sampler sent, until its final status (None if none came within `within_s`); closes the receiver."""
+    groups, final = [], None
+    deadline = time.monotonic() + within_s
+    while final is None and time.monotonic() < deadline:
+        m = receiver.receive(timeout_s=0.5)
+        if isinstance(m, M.SamplerStatus) and m.final:
+            final = m
+        elif isinstance(m, M.Group):
+            groups.append(m)
+    receiver.close()
+    return groups, final

@@ -4,12 +4,11 @@ other G - K generated and is sent as one whole group, its screen scored once. Th
 fixed round on the tiny model, and a streaming run over real sockets against a scripted learner."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 from netutil import free_ports, one_thread  # noqa: F401 - module-wide fixture (autouse)
-from scripted import ScriptedLearner, facts, run_against
+from scripted import ScriptedLearner, drain, facts, run_against
 
 from grpo.config import SamplerConfig, from_flat
 from grpo.data.rewards import RewardResult
@@ -102,15 +101,7 @@ def test_a_streaming_run_sends_whole_groups_and_counts_the_screens():
     s = sampler(data_port, sync_port, in_flight_rows=8, max_rounds=1, sync_timeout_s=0.2, heartbeat_interval_s=0)
     s.parts.workflow.rewards.score = Scripted()
     result = run_against(s, ScriptedLearner(s.cfg.run.sync_port, facts(s)))
-    groups, final = [], None
-    deadline = time.monotonic() + 30
-    while final is None and time.monotonic() < deadline:
-        m = receiver.receive(timeout_s=0.5)
-        if isinstance(m, M.SamplerStatus) and m.final:
-            final = m
-        elif isinstance(m, M.Group):
-            groups.append(m)
-    receiver.close()
+    groups, final = drain(receiver)
     assert final is not None and result["groups_sent"] == final.groups_sent == 1
     assert [len(g.completions) for g in groups] == [4]
     assert [c.reward for c in groups[0].completions] == [1.0, 0.0, 1.0, 0.0]

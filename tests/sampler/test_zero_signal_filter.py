@@ -4,12 +4,11 @@ sent; it still counts as offered, and the learner's books show it as dropped
 (sampler_zero_signal), so sent = trained + dropped + queued still holds."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 from netutil import free_ports, one_thread  # noqa: F401 - module-wide fixture (autouse)
-from scripted import ScriptedLearner, facts, run_against
+from scripted import ScriptedLearner, drain, facts, run_against
 
 from grpo.config import SamplerConfig, from_flat
 from grpo.data.prompts import PromptStream
@@ -43,20 +42,6 @@ def sampler(reward: str, filt: bool, data_port: int, sync_port: int, **kw) -> Sa
                                  generation_backend="fast", old_logprobs="pass",   # both passes, to count them
                                  reward=reward, filter_zero_signal=filt,
                                  data_port=data_port, sync_port=sync_port, **kw))
-
-
-def drain(receiver: DataReceiver, within_s: float = 30.0) -> tuple[list[M.Group], M.SamplerStatus | None]:
-    """The groups a sampler sent, until its final status (None if none came within `within_s`); closes the receiver."""
-    groups, final = [], None
-    deadline = time.monotonic() + within_s
-    while final is None and time.monotonic() < deadline:
-        m = receiver.receive(timeout_s=0.5)
-        if isinstance(m, M.SamplerStatus) and m.final:
-            final = m
-        elif isinstance(m, M.Group):
-            groups.append(m)
-    receiver.close()
-    return groups, final
 
 
 def no_update_learner(s: Sampler) -> ScriptedLearner:
