@@ -48,6 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import ROOT, read_run_file, versions  # noqa: E402  (also puts the repo root on sys.path)
 
+from grpo.launch.plan import as_visible  # noqa: E402
 from grpo.learner.checkpoint import parse_save_schedule  # noqa: E402
 from grpo.model import fetch  # noqa: E402
 from grpo.model.fetch import MODELS  # noqa: E402
@@ -394,18 +395,27 @@ def run_row(args, spec: str) -> dict:
     if row["trainer"] in OURS_TRAINERS:
         check_ours(cmd)
     commit = args.git_commit or git_head(ROOT)[0]
-    # --first-gpu: a row beside another on one host (benchmark.sh's ROW+ROW) takes the GPUs from there
-    env_gpus = ",".join(str(args.first_gpu + i) for i in range(LAYOUTS[row["layout"]]["gpus"]))
     os.environ.setdefault("GRPO_GIT_COMMIT", commit or "")
+    parent = os.environ.get("CUDA_VISIBLE_DEVICES")
     if args.device != "cpu":
-        os.environ["CUDA_VISIBLE_DEVICES"] = env_gpus
+        os.environ["CUDA_VISIBLE_DEVICES"] = row_gpus(args.first_gpu, LAYOUTS[row["layout"]]["gpus"], parent)
     try:
         return launch(cmd, run_dir, row["trainer"], {**row, "commit": commit, "save_schedule": args.save_schedule,
                                                      "seconds": args.seconds, "row": spec,
                                                      "eval_tokens": eval_tokens(args),
                                                      **({"label": args.label} if args.label else {})})
     finally:
-        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        if parent is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = parent
+
+
+def row_gpus(first_gpu: int, count: int, parent: str | None) -> str:
+    """A row's CUDA_VISIBLE_DEVICES: `count` GPUs from --first-gpu (a row beside another on one host,
+    benchmark.sh's ROW+ROW, takes the GPUs from there), counted within this process's own
+    CUDA_VISIBLE_DEVICES when it has one, as the launcher counts them."""
+    return as_visible(",".join(str(first_gpu + i) for i in range(count)), parent)
 
 
 def prepare(args, models: list[str]) -> dict:
@@ -466,7 +476,8 @@ def score(args) -> None:
     for k, share in enumerate(split_items(items, len(gpus))):
         todo = work / f".score_{k}.json"
         todo.write_text(json.dumps(share))
-        env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": gpus[k]} if gpus[k] != "cpu" else {})}
+        env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": as_visible(gpus[k], os.environ.get("CUDA_VISIBLE_DEVICES"))}
+                                if gpus[k] != "cpu" else {})}
         cmd = [sys.executable, __file__, "score-worker", "--items", str(todo), "--work-dir", str(work),
                "--eval-tokens", str(eval_tokens(args)),
                "--dataset", args.dataset, "--eval-size", str(args.eval_size), "--device", args.device, "--worker", str(k)]

@@ -497,3 +497,10 @@ def test_the_trl_vllm_probe_figures_are_trl_rates_of_its_own_steps():
     assert round(rates["gen_tokens_per_s_per_gpu"]) == doc["completion_tokens_per_s_training"]
     assert doc["steps"] == len(doc["per_step"]) and doc["training_s"] == round(doc["per_step"][-1]["time_s"], 1)
     assert doc["config"]["use_vllm"] and "--use-vllm" in doc["command"] and doc["commit"] and doc["seed"] == 42
+
+
+def test_a_rows_gpus_count_within_the_scripts_own_cuda_visible_devices():
+    """--first-gpu 1 is the host's GPU 1, or entry 1 of a CUDA_VISIBLE_DEVICES the script was given
+    (the launcher counts the same way, so `--gpus 0` in the row's command lands there)."""
+    assert rw.row_gpus(1, 1, None) == "1" and rw.row_gpus(0, 2, "") == "0,1"
+    assert rw.row_gpus(1, 1, "4,6") == "6" and rw.row_gpus(0, 2, "3,5,7") == "3,5"
