@@ -59,7 +59,7 @@ def timed_steps(engine, model, reps: int, device: torch.device) -> list[float]:
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--shape", default="qwen2.5-1.5b", choices=sorted(SHAPES))
     ap.add_argument("--device", default="auto")
     ap.add_argument("--reps", type=int, default=5)
