@@ -48,6 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import ROOT, read_run_file, versions  # noqa: E402  (also puts the repo root on sys.path)
 
+from grpo.launch.ending import screen_totals  # noqa: E402
 from grpo.launch.plan import as_visible  # noqa: E402
 from grpo.learner.checkpoint import parse_save_schedule  # noqa: E402
 from grpo.model import fetch  # noqa: E402
@@ -657,12 +658,9 @@ def screening(run: Path, group_size: int) -> dict | None:
     share of every completion generated that reached no learner step for want of signal
     (`no_signal_completions`: those screens' completions and the whole groups dropped as
     zero-signal, group_size each). None where no sampler result counts screens (rows made before)."""
-    results = [json.loads(p.read_text()) for p in sorted(run.glob("sampler*_result.json"))]
-    counted = [r for r in results if "screened_out" in r]
-    if not counted:
+    total = screen_totals(run)
+    if total is None:
         return None
-    total = {k: sum(r.get(k, 0.0) for r in counted) for k in ("screened_out", "screened_solved", "screened_unsolved",
-                                                              "screen_samples", "dropped_zero_signal", "samples")}
     wasted = total["screen_samples"] + total["dropped_zero_signal"] * group_size
     return {"prompts": int(total["screened_out"]), "solved": int(total["screened_solved"]),
             "unsolved": int(total["screened_unsolved"]), "completions": int(total["screen_samples"]),

@@ -83,19 +83,31 @@ def books_line(summary: dict) -> str:
     return line
 
 
-def screens_line(run_dir: Path) -> str | None:
-    """With --screen-generations, what the screens dropped, summed over the samplers' results
-    (sampler<i>_result.json): the prompts (every completion right, none right), the completions
-    they cost and their share of all the samplers generated. None where no screen dropped one."""
+SCREEN_COUNTS = ("screened_out", "screened_solved", "screened_unsolved", "screen_samples", "dropped_zero_signal",
+                 "samples")
+
+
+def screen_totals(run_dir: Path) -> dict[str, float] | None:
+    """SCREEN_COUNTS summed over the samplers' results (sampler<i>_result.json; one that does not
+    read is left out); None where none counts screens (made before the counters existed)."""
     results = []
     for path in sorted(run_dir.glob("sampler*_result.json")):
         try:
             results.append(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue
-    total = {k: sum(float(r.get(k) or 0.0) for r in results)
-             for k in ("screened_out", "screened_solved", "screened_unsolved", "screen_samples", "samples")}
-    if not total["screened_out"]:
+    counted = [r for r in results if "screened_out" in r]
+    if not counted:
+        return None
+    return {k: sum(float(r.get(k) or 0.0) for r in counted) for k in SCREEN_COUNTS}
+
+
+def screens_line(run_dir: Path) -> str | None:
+    """With --screen-generations, what the screens dropped (screen_totals): the prompts (every
+    completion right, none right), the completions they cost and their share of all the samplers
+    generated. None where no screen dropped one."""
+    total = screen_totals(run_dir)
+    if not total or not total["screened_out"]:
         return None
     share = f", {total['screen_samples'] / total['samples']:.0%} of the {total['samples']:,.0f} generated" \
         if total["samples"] else ""

@@ -111,13 +111,15 @@ def fill_in_flight_rows(rp: RunPlan, samplers: int) -> RunPlan:
     if found is None:
         return rp
     need, why = found
-    span = flight_span(rp.sampler.rollout.screen_generations)
+    screened = rp.sampler.rollout.screen_generations
+    span = flight_span(screened)
     bound = need + span
     if bound <= AUTO_STALENESS_MAX and rp.left_default("max_staleness"):
+        takes = ("a group takes to generate its screen, then its rest" if screened else
+                 "a group's longest completion takes to generate")
         print(f"run_distributed.py: --max-staleness {bound}, not the default {TrainingSection.max_staleness}, so that every "
               f"in-flight row is kept decoding: {why}; {need} fills them, and {span} more are for the versions "
-              f"{'a group takes to generate its screen, then its rest' if rp.sampler.rollout.screen_generations else 'a group' + chr(39) + 's longest completion takes to generate'}"
-              f"; give --max-staleness to choose", file=sys.stderr)
+              f"{takes}; give --max-staleness to choose", file=sys.stderr)
         return replace(rp, learner=replace(rp.learner, training=replace(rp.learner.training, max_staleness=bound)))
     print(f"run_distributed.py: warning: {why}, and the other rows wait; --max-staleness {need} would keep all of "
           f"them decoding, with groups up to {need} versions old", file=sys.stderr)

@@ -298,15 +298,16 @@ class RolloutWorkflow:
         return groups
 
     def _score(self, chunk: Chunk) -> tuple[list[str], list, list[bool]]:
-        """Every completion's text and score (a screen's rows were scored already: chunk.known), and
-        per group whether it has signal; every group counts for its task's curriculum window and for
-        the deferrals, filtered or not."""
-        G = self.cfg.rollout.num_generations
-        texts = [self.tok.decode(c, skip_special_tokens=True) for c, _ in chunk.completions]
-        todo = [k for k in range(len(texts)) if k not in chunk.known]
+        """Every completion's text and score (a screen's rows were decoded and scored already:
+        chunk.known), and per group whether it has signal; every group counts for its task's
+        curriculum window and for the deferrals, filtered or not."""
+        G, known = self.cfg.rollout.num_generations, chunk.known
+        texts = [known[k][0] if k in known else self.tok.decode(c, skip_special_tokens=True)
+                 for k, (c, _) in enumerate(chunk.completions)]
+        todo = [k for k in range(len(texts)) if k not in known]
         fresh = iter(self.score_rows([chunk.problems[k // G] for k in todo], [texts[k] for k in todo],
                                      [chunk.completions[k][0] for k in todo]))
-        scores = [chunk.known[k] if k in chunk.known else next(fresh) for k in range(len(texts))]
+        scores = [known[k][1] if k in known else next(fresh) for k in range(len(texts))]
         per_group = [scores[j * G:(j + 1) * G] for j in range(len(chunk.gis))]
         signal = [has_signal([sc.reward for sc in g]) for g in per_group]
         # a screened group's screen counted for the window and the deferrals already: its rest only
@@ -441,7 +442,7 @@ class Chunk:
     sampled_lp: list[np.ndarray] | None
     versions: list[tuple[int, int]]
     gen_s: float                  # the seconds spent generating it (since the last chunk, waits left out)
-    known: dict[int, object] = field(default_factory=dict)   # row -> its score, for the rows a screen scored
+    known: dict[int, tuple[str, object]] = field(default_factory=dict)   # row -> (text, score): a screen's rows
     screened_out: int = 0         # prompts dropped at their screen since the last chunk (no group, no row here)
 
 
@@ -459,12 +460,12 @@ class _Round:
         self.rows: list[tuple[list[int], bool]] = []
         self.sampled_lp: list[np.ndarray] | None = []
         self.versions: list[tuple[int, int]] = []   # per group: (oldest, newest) version among its tokens
-        self.known: dict[int, object] = {}          # row of the next chunk -> its score (a screen's rows)
+        self.known: dict[int, tuple[str, object]] = {}   # row of the next chunk -> (text, score): a screen's rows
         # --screen-generations K: a prompt starts as K samples; a screen whose rewards differ waits in
-        # `held` (its group, its scores) while the other G - K are generated, asked for first
+        # `held` (its group, texts and scores) while the other G - K are generated, asked for first
         # (`rest`), before any new prompt and whatever the budget: the prompt is in flight already.
         self.screen = workflow.cfg.rollout.screen_generations
-        self.held: dict[int, tuple[FinishedGroup, list]] = {}
+        self.held: dict[int, tuple[FinishedGroup, list[str], list]] = {}
         self.rest: collections.deque[int] = collections.deque()
         self.screened_out = 0   # prompts dropped at their screen since the last chunk
         self.t0 = time.perf_counter()
@@ -513,8 +514,8 @@ class _Round:
             if fg.key not in self.held:
                 self._screened(fg)
                 return
-            first, scores = self.held.pop(fg.key)
-            self.known.update((len(self.rows) + n, sc) for n, sc in enumerate(scores))
+            first, texts, scores = self.held.pop(fg.key)
+            self.known.update((len(self.rows) + n, ts) for n, ts in enumerate(zip(texts, scores)))
             fg = joined(first, fg)
         self.gis.append(fg.key)
         self.versions.append((fg.min_version, fg.max_version))
@@ -535,7 +536,7 @@ class _Round:
         signal = has_signal([sc.reward for sc in scores])
         wf.note_groups([problem], [scores], [signal])
         if signal:
-            self.held[fg.key] = (fg, scores)
+            self.held[fg.key] = (fg, texts, scores)
             self.rest.append(fg.key)
             return
         solved, unsolved = solved_and_unsolved([[sc.info.get("correct") for sc in scores]])
