@@ -209,12 +209,13 @@ def wire_publisher(publisher, server: SyncServer, answers: SyncAnswer, liveness:
     server.on_reject = lambda exc, peer: rejected(exc.reason, peer)
 
 
-def wire_queue_view(answers: SyncAnswer, intake: Intake, liveness: Liveness) -> None:
-    """Each answer tells its sampler how much it may generate: the budget reads the intake's queue."""
+def wire_queue_view(answers: SyncAnswer, intake: Intake, liveness: Liveness, max_steps: int) -> None:
+    """Each answer tells its sampler how much it may generate: the budget reads the intake's queue,
+    and stops at the groups the steps left to `max_steps` train."""
     answers.queue_view = QueueView(queued=lambda: len(intake.queue),
                                    received=lambda sid: intake.received_by.get(sid, 0),
                                    samplers=lambda: max(1, liveness.count_alive()),
-                                   training=lambda: intake.taken)
+                                   training=lambda: intake.taken, max_steps=max_steps)
 
 
 def start_engine(cfg: LearnerConfig, p: Placement, receiver: DataReceiver | None,
@@ -313,7 +314,7 @@ def build(cfg: LearnerConfig, import_s: float | None = None) -> LearnerParts:
         # while its round 0 was still on the way, had those groups taken as lost: the budget ignored
         # them and let it make more of version 0 than the learner trains before they go stale.
         intake = Intake(cfg, receiver, liveness, books, messages, fingerprints)
-        wire_queue_view(answers, intake, liveness)
+        wire_queue_view(answers, intake, liveness, cfg.training.max_steps)
         publisher = make_publisher(cfg.weight_sync.weight_sync, server, engine.module, device, compute_dtype(device),
                                    cfg.run.host,
                                    cfg.run.sync_port, cfg.weight_sync.ipc_ack_timeout_s,

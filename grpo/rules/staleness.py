@@ -6,8 +6,9 @@ asks here (the job of AReaL's staleness manager):
 
   drop     the learner at version V trains a group of version v only if 0 <= V - v <= max_staleness:
            older is `stale`, newer than V is `future_version` (grpo.learner.intake)
-  budget   how many groups one sampler may generate now with none certain to be dropped as stale;
-           every answer on the sync port carries it (grpo.sync.answer)
+  budget   how many groups one sampler may generate now with none certain to be dropped as stale,
+           nor past what the steps left to --max-steps train; every answer on the sync port carries
+           it (grpo.sync.answer)
   rounds   how many prompts a sampler's round takes: enough that its groups with signal fill one
            learner step, within that budget (grpo.sampler); and the most a round can ever take,
            which the memory plan sizes the KV cache for (grpo.rules.memory)
@@ -74,8 +75,9 @@ class Staleness:
         return None
 
     def budget(self, version: int, sampler_version: int, queued: int = 0, in_flight: int = 0, training: int = 0,
-               samplers: int = 1) -> int:
-        """How many groups one sampler may generate now with none of them certain to be dropped as stale.
+               samplers: int = 1, steps_left: int = -1) -> int:
+        """How many groups one sampler may generate now with none of them certain to be dropped as stale,
+        or to be left untrained when the run ends.
 
         A group made from `sampler_version` joins the learner's line behind the groups ahead of it:
         `queued`, this sampler's still `in_flight` (grpo.sync.flow.gap_floor), and those already
@@ -86,9 +88,18 @@ class Staleness:
         p < (max_staleness - lag + 1) * groups_per_step are safe (lag = version - sampler_version):
         AReaL's bound of (staleness + 1) x batch rollouts in flight, less what is ahead. Samplers
         on one port share it evenly.
+
+        steps_left: the steps the learner will still take, the one being collected or trained
+        included (--max-steps less its version; -1: no end known). Those steps train
+        steps_left x groups_per_step groups in all, so no more than that, less what is ahead, may
+        be made: a group past them would be generated and never trained. Learner at 98 of
+        --max-steps 100, 8 groups a step, 10 ahead: 2 x 8 - 10 = 6, where the bound alone allows more.
         """
         lag = max(0, version - sampler_version)
-        room = (self.max_staleness - lag + 1) * self.groups_per_step - (queued + in_flight + training)
+        ahead = queued + in_flight + training
+        room = (self.max_staleness - lag + 1) * self.groups_per_step - ahead
+        if steps_left >= 0:
+            room = min(room, steps_left * self.groups_per_step - ahead)
         return max(0, room) // max(1, samplers)
 
     def largest_budget(self, samplers: int = 1) -> int:

@@ -76,16 +76,17 @@ class Sampler:
             self.parts.data.send(self.parts.statuses(False), timeout_s=0)
 
     def _wait_for_room(self) -> None:
-        """The learner has as many groups queued as it can train before they go stale: wait a
-        moment before asking again (a word every 10 s; the learner's answer bounds the wait)."""
+        """The learner has as many groups queued as it can train before they go stale, or as its
+        steps left to --max-steps train: wait a moment before asking again (a word every 10 s; the
+        learner's answer bounds the wait)."""
         t0 = time.perf_counter()
         time.sleep(0.2)
         self.counters.add(budget_wait_s=time.perf_counter() - t0)
         if time.monotonic() - self._last_wait_note > 10.0:
             self._last_wait_note = time.monotonic()
             log.info("waiting: the learner's queue is full for version %d (budget 0: anything generated now would "
-                     "be too stale when trained); asking again every 0.2 s (%.0f s waited so far)", self.version,
-                     self.counters.budget_wait_s)
+                     "be too stale when trained, or past its last step); asking again every 0.2 s (%.0f s waited "
+                     "so far)", self.version, self.counters.budget_wait_s)
 
     def _round_ends(self) -> bool:
         """A streaming round takes no more prompts: an evaluation is due, or a version the learner

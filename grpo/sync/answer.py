@@ -5,8 +5,9 @@ kind's own fields (the weights, no_update, stop).
            and in any answer to have_version -1, so a sampler checks it agrees before it sends
   levels   --curriculum: every task's current level, in every answer (a stop included)
   queued, budget
-           the learner's queue and how many groups this sampler may generate now (grpo.rules.staleness),
-           in every answer but a stop; -1 each when the learner gave no queue view
+           the learner's queue and how many groups this sampler may generate now (grpo.rules.staleness:
+           none certain to go stale, none past what the steps left to --max-steps train), in every
+           answer but a stop; -1 each when the learner gave no queue view
 
 The publisher's serving thread (grpo.weights.publisher) owns the socket and calls `fields` for
 every answer; this object holds the learner's side of the state those rules need.
@@ -31,6 +32,7 @@ class QueueView:
     received: Callable[[int], int]      # groups received from a sampler id (valid or rejected)
     samplers: Callable[[], int]         # samplers alive (at least 1)
     training: Callable[[], int] = lambda: 0   # groups taken for the step being collected or trained
+    max_steps: int = 0                  # the learner's --max-steps: its last version (0: none known)
 
 
 class SyncAnswer:
@@ -85,5 +87,7 @@ class SyncAnswer:
             self._gap_floor.move_to_end(identity)
             while len(self._gap_floor) > MAX_CONNECTIONS:   # bounded: made-up connections cannot grow it
                 self._gap_floor.popitem(last=False)
+        # `version` is the newest published: the learner's steps done, so max_steps - version are left
+        steps_left = max(0, view.max_steps - version) if view.max_steps > 0 else -1
         return queued, Staleness.of(run).budget(version, sampler_version, queued, in_flight, view.training(),
-                                                view.samplers())
+                                                view.samplers(), steps_left)

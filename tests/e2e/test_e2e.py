@@ -314,3 +314,22 @@ def test_max_time_ends_a_run_whose_samplers_send_nothing(tmp_path):
     assert acc["balanced"] and acc["trained"] == 0 and acc["sent"] == acc["dropped"].get("sampler_zero_signal", 0)
     assert "--max-time-s reached while waiting for data" in (run_dir / "learner0.log").read_text()
     assert time.monotonic() - t0 < 400
+
+
+@pytest.mark.slow
+def test_a_run_to_max_steps_generates_no_group_its_steps_cannot_train(tmp_path):
+    """--max-steps 3, one group a step, a bound that would let the sampler run 5 groups ahead: from
+    the learner's first answer on, the budget stops at the groups the steps left train, so the run
+    ends with nothing queued that no step took (one-prompt rounds: round 0, before any answer, is
+    one group too)."""
+    d, s = free_ports(2)
+    run_dir = tmp_path / "run"
+    r = run(["run_distributed.py", "--device", "cpu", "--max-steps", "3", "--model", "tiny-random",
+             "--dataset", str(GSM8K), "--num-generations", "4", "--prompts-per-round", "1",
+             "--train-batch-size", "4", "--max-new-tokens", "8", "--max-staleness", "4",
+             "--data-port", str(d), "--sync-port", str(s), "--run-dir", str(run_dir)], timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr + _logs(run_dir)
+    steps, summary = steps_of(run_dir)
+    assert [x["step"] for x in steps] == [1, 2, 3]
+    acc = summary["groups"]
+    assert acc == {"received": 3, "trained": 3, "dropped": {}, "queued": 0, "sent": 3, "balanced": True}, acc

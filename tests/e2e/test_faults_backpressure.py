@@ -6,8 +6,8 @@ learner's sync side (in this process) gives them those, and leaves before the le
   sampler 0 --on-full drop: queues exactly 2 groups, drops the rest (counted), peak memory flat;
   sampler 1 --on-full block: queues 2 groups and waits on the third (logged), generating nothing more.
 Then the learner starts with --buffer-size 2: the backlog arrives while it loads its model, so its
-FIFO overflows (oldest dropped, counted as buffer_full), and it stops after 3 steps with groups still
-queued, which are counted as queued, not vanished.
+FIFO overflows (oldest dropped, counted as buffer_full), and it stops after its one step with groups
+of that backlog still queued, which are counted as queued, not vanished.
 """
 import json
 import re
@@ -55,9 +55,10 @@ def test_absent_then_slow_learner_bounded_queues_and_books(tmp_path):
 
         stand_in.done.set()   # the sync port is the learner's from now on
         stand_in.join(timeout=10)
-        # --max-staleness 8: the budget in the learner's answers (from its first one on) lets the samplers
-        # keep generating while it trains its 3 steps, so groups are still arriving, and queue, at its end
-        c.learner("--max-steps", "3", "--train-batch-size", "4", "--buffer-size", "2", "--max-staleness", "8",
+        # One step of one group: the backlog, made under the stand-in's answers (which set no budget),
+        # is more than it trains, so groups are still queued at its end. (From the learner's first
+        # answer on, the budget stops at what its steps left train: a longer run would leave none.)
+        c.learner("--max-steps", "1", "--train-batch-size", "4", "--buffer-size", "2", "--max-staleness", "8",
                   "--heartbeat-timeout-s", "60", "--shutdown-timeout-s", "60")
         assert c.procs["learner"].wait(timeout=400) == 0, c.logs()
         for n in samplers:
@@ -75,7 +76,7 @@ def test_absent_then_slow_learner_bounded_queues_and_books(tmp_path):
           f"accounting: {acc}")
     assert growth_mb < 128, (growth_mb, rss)  # a sanity bound: the peak follows prompt length, not drops
     check_books(acc)
-    assert s["steps"] == 3 and acc["trained"] == 3
+    assert s["steps"] == 1 and acc["trained"] == 1
     # Sampler-side drops are in the books, exactly as the samplers counted them.
     assert r0["dropped_full"] >= 30 and acc["dropped"]["sampler_full"] == r0["dropped_full"]
     assert r1["dropped_full"] == 0 and r1["dropped_send_timeout"] == 0

@@ -41,6 +41,13 @@ def test_budget_by_hand():
     assert rule.budget(10, 10, samplers=3) == 8             # 24 shared by three samplers
     assert rule.budget(10, 10, queued=5, samplers=2) == 9   # 19 // 2
     assert rule.largest_budget() == 24 and rule.largest_budget(samplers=2) == 12
+    # steps left to --max-steps: the learner at 98 of 100 trains 2 x 8 = 16 more groups; 10 ahead leave 6
+    assert rule.budget(98, 98, queued=10, steps_left=2) == 6
+    assert rule.budget(98, 98, queued=10) == 14                      # the bound alone: 24 - 10
+    assert rule.budget(99, 99, training=8, steps_left=1) == 0        # the last step has its groups
+    assert rule.budget(99, 99, training=3, steps_left=1, samplers=2) == 2   # 8 - 3 = 5, shared: 2 each
+    assert rule.budget(100, 100, steps_left=0) == 0                  # done: nothing more is trained
+    assert rule.budget(10, 10, steps_left=50) == 24                  # far from the end: the bound decides
 
 
 def test_budget_by_hand_small_steps():
@@ -73,6 +80,20 @@ def test_the_budget_never_makes_a_group_the_learner_drops():
                     trained_at = [version + (ahead + k) // gps for k in range(room + 1)]
                     assert all(rule.drop_reason(sampler_version, v) is None for v in trained_at[:room])
                     assert rule.drop_reason(sampler_version, trained_at[room]) == "stale"
+
+
+def test_the_budget_never_makes_a_group_past_the_last_step():
+    """With steps_left, every position the budget allows is trained by one of those steps: the group
+    at position p of the line is trained by step p // groups_per_step + 1 of those left."""
+    for stale, gps in [(2, 8), (0, 2), (4, 2), (1, 3)]:
+        rule = Staleness(stale, gps)
+        for steps_left in range(0, stale + 3):
+            for ahead in range(0, 3 * gps):
+                room = rule.budget(7, 7, queued=ahead, steps_left=steps_left)
+                assert all((ahead + k) // gps + 1 <= steps_left for k in range(room))
+                # and it is the tighter of the two limits, never less
+                end = max(0, steps_left * gps - ahead)
+                assert room == min(rule.budget(7, 7, queued=ahead), end)
 
 
 def test_round_prompts_by_hand():

@@ -50,6 +50,28 @@ def test_sync_answer_fields_by_hand():
         {"run": None, "levels": None, "queued": -1, "budget": -1}   # no facts: neither facts nor budget
 
 
+def test_near_max_steps_the_budget_stops_at_the_groups_the_last_steps_train():
+    """FACTS: 2 groups a step, bound 1 (4 safe positions). A learner with --max-steps 5 at version
+    v has 5 - v steps left, 2 x (5 - v) groups in all; what is ahead counts against it."""
+    state = {"queued": 1, "training": 0}
+    a = SyncAnswer(FACTS)
+    a.queue_view = QueueView(queued=lambda: state["queued"], received=lambda sid: 3, samplers=lambda: 1,
+                             training=lambda: state["training"], max_steps=5)
+
+    def budget(version):
+        req = M.WeightsRequest(sampler_id=0, have_version=version, request_id=1, sent=3)
+        return a.fields(b"conn", req, False, version, True, False)["budget"]
+
+    assert budget(0) == 3      # 5 steps left: the bound's 4 - 1 queued, not 10 - 1
+    assert budget(3) == 3      # 2 left: 4 - 1 either way
+    assert budget(4) == 1      # 1 left: 2 - 1, where the bound alone gives 3
+    state["training"] = 1      # the last step has taken 1 of its 2 groups; 1 is queued for it
+    assert budget(4) == 0
+    assert budget(5) == 0      # the last step is done: nothing more is trained
+    a.queue_view = QueueView(queued=lambda: 1, received=lambda sid: 3, samplers=lambda: 1)
+    assert budget(4) == 3      # no --max-steps said (0): the bound alone
+
+
 def test_answers_carry_the_queue_and_the_budget():
     port = free_ports(1)[0]
     state = {"queued": 1, "received": 3, "training": 0}
