@@ -94,13 +94,17 @@ class Staleness:
         steps_left x groups_per_step groups in all, so no more than that, less what is ahead, may
         be made: a group past them would be generated and never trained. Learner at 98 of
         --max-steps 100, 8 groups a step, 10 ahead: 2 x 8 - 10 = 6, where the bound alone allows more.
+        Shared by samplers rounded up, not down: the bound's room grows again as the learner steps,
+        but the end's grows only once its last groups have come, so 1 group left for 2 samplers is
+        1 each (at most samplers - 1 made in vain), never 0 each (the last step never fed).
         """
         lag = max(0, version - sampler_version)
         ahead = queued + in_flight + training
-        room = (self.max_staleness - lag + 1) * self.groups_per_step - ahead
+        n = max(1, samplers)
+        room = max(0, (self.max_staleness - lag + 1) * self.groups_per_step - ahead) // n
         if steps_left >= 0:
-            room = min(room, steps_left * self.groups_per_step - ahead)
-        return max(0, room) // max(1, samplers)
+            room = min(room, -(-max(0, steps_left * self.groups_per_step - ahead) // n))
+        return room
 
     def largest_budget(self, samplers: int = 1) -> int:
         """The largest budget a learner answers: that of an empty line and a sampler at its version,

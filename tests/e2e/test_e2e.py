@@ -333,3 +333,23 @@ def test_a_run_to_max_steps_generates_no_group_its_steps_cannot_train(tmp_path):
     assert [x["step"] for x in steps] == [1, 2, 3]
     acc = summary["groups"]
     assert acc == {"received": 3, "trained": 3, "dropped": {}, "queued": 0, "sent": 3, "balanced": True}, acc
+
+
+@pytest.mark.slow
+def test_two_samplers_share_what_the_last_steps_train(tmp_path):
+    """Two samplers, one group a step, --max-steps 3, a bound that alone would let 5 groups wait:
+    the run ends with its 3 steps and at most one group a sampler made in vain (each rounds its
+    share of what is left up, so 1 group left is 1 for each, never 0 for both; and neither counts
+    the other's groups still on the way)."""
+    d, s = free_ports(2)
+    run_dir = tmp_path / "run"
+    r = run(["run_distributed.py", "--device", "cpu", "--num-samplers", "2", "--max-steps", "3",
+             "--model", "tiny-random", "--dataset", str(GSM8K), "--num-generations", "4",
+             "--prompts-per-round", "1", "--train-batch-size", "4", "--max-new-tokens", "8",
+             "--max-staleness", "4", "--data-port", str(d), "--sync-port", str(s), "--run-dir", str(run_dir)],
+            timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr + _logs(run_dir)
+    steps, summary = steps_of(run_dir)
+    assert [x["step"] for x in steps] == [1, 2, 3]
+    acc = summary["groups"]
+    assert acc["trained"] == 3 and acc["dropped"] == {} and acc["queued"] <= 2 and acc["balanced"], acc

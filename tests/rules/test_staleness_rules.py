@@ -45,7 +45,10 @@ def test_budget_by_hand():
     assert rule.budget(98, 98, queued=10, steps_left=2) == 6
     assert rule.budget(98, 98, queued=10) == 14                      # the bound alone: 24 - 10
     assert rule.budget(99, 99, training=8, steps_left=1) == 0        # the last step has its groups
-    assert rule.budget(99, 99, training=3, steps_left=1, samplers=2) == 2   # 8 - 3 = 5, shared: 2 each
+    # 8 - 3 = 5 left for 2 samplers: 3 each, rounded up (the bound's 24 - 3 = 21 shared is 10 each)
+    assert rule.budget(99, 99, training=3, steps_left=1, samplers=2) == 3
+    # 1 group left, 2 samplers: 1 each, never 0 each, which would leave the last step unfed
+    assert rule.budget(99, 99, training=7, steps_left=1, samplers=2) == 1
     assert rule.budget(100, 100, steps_left=0) == 0                  # done: nothing more is trained
     assert rule.budget(10, 10, steps_left=50) == 24                  # far from the end: the bound decides
 
@@ -83,8 +86,10 @@ def test_the_budget_never_makes_a_group_the_learner_drops():
 
 
 def test_the_budget_never_makes_a_group_past_the_last_step():
-    """With steps_left, every position the budget allows is trained by one of those steps: the group
-    at position p of the line is trained by step p // groups_per_step + 1 of those left."""
+    """With steps_left, every position the budget allows one sampler is trained by one of those
+    steps: the group at position p of the line is trained by step p // groups_per_step + 1 of those
+    left. Several samplers together may overshoot the end by at most samplers - 1 groups, and never
+    leave it short while the bound has room."""
     for stale, gps in [(2, 8), (0, 2), (4, 2), (1, 3)]:
         rule = Staleness(stale, gps)
         for steps_left in range(0, stale + 3):
@@ -94,6 +99,11 @@ def test_the_budget_never_makes_a_group_past_the_last_step():
                 # and it is the tighter of the two limits, never less
                 end = max(0, steps_left * gps - ahead)
                 assert room == min(rule.budget(7, 7, queued=ahead), end)
+                for samplers in (2, 3):
+                    each = rule.budget(7, 7, queued=ahead, samplers=samplers, steps_left=steps_left)
+                    bound_each = rule.budget(7, 7, queued=ahead, samplers=samplers)
+                    assert each * samplers <= end + samplers - 1
+                    assert each == bound_each or each * samplers >= end   # the end is covered, or the bound rules
 
 
 def test_round_prompts_by_hand():
