@@ -136,9 +136,48 @@ def test_token_buckets_pack_short_rows_together_hand_worked():
     # [1] 9 -> +4 would be 2x20=40: cut; [4] alone, 20 > 16 (a row past the budget travels alone)
     assert token_buckets(lens, 16) == [[0, 2, 3], [1], [4]]
     assert token_buckets(lens, 100) == [[0, 1, 2, 3, 4]]          # 5 x 20 = 100 fits exactly
-    assert token_buckets(lens, 99) == [[0, 1, 2, 3], [4]]          # 4 x 9 = 36, then 20 alone
+    # budget 99: first fit makes 2 runs, [2 0 3 1] 4 x 9 = 36 and [4] 20, 56 slots; cut instead as
+    # [2 0 3] 3 x 5 = 15 and [1 4] 2 x 20 = 40, 55 slots
+    assert token_buckets(lens, 99) == [[0, 2, 3], [1, 4]]
     assert token_buckets([], 10) == []
     assert token_buckets([7, 7, 7], 1) == [[0], [1], [2]]
+
+
+def test_token_buckets_cut_where_the_fewest_slots_are_padded_hand_worked():
+    from grpo.learner.batch import padded_tokens, token_buckets
+
+    # sorted: 1, 3, 5 (len 2), 2 (len 3), 0, 4 (len 4); budget 8. First fit: [1 3 5] 6, then
+    # [2 0] 2 x 4 = 8, then [4] 4: 18 slots for 17 tokens. The same 3 runs cut as [1 3 5] 6,
+    # [2] 3, [0 4] 8: 17 slots, no padding.
+    lens = [4, 2, 3, 2, 4, 2]
+    assert token_buckets(lens, 8) == [[1, 3, 5], [2], [0, 4]]
+    assert padded_tokens(lens, token_buckets(lens, 8)) == 17 == sum(lens)
+
+
+def test_token_buckets_are_the_fewest_runs_and_the_least_padding_of_them():
+    """Against every cut of the sorted rows into runs (small cases, by brute force): no cut that
+    fits has fewer runs, and none with as few runs pads fewer slots; every run fits or is one row."""
+    import itertools
+    import random
+
+    from grpo.learner.batch import padded_tokens, token_buckets
+
+    rng = random.Random(3)
+    for _ in range(300):
+        n = rng.randint(1, 8)
+        lens = [rng.randint(1, 12) for _ in range(n)]
+        budget = rng.randint(1, 40)
+        got = token_buckets(lens, budget)
+        assert sorted(i for run in got for i in run) == list(range(n))
+        assert all(len(r) == 1 or len(r) * max(lens[i] for i in r) <= budget for r in got)
+        order = sorted(range(n), key=lambda i: (lens[i], i))
+        cuts = []
+        for k in range(n):
+            for points in itertools.combinations(range(1, n), k):
+                runs = [order[a:b] for a, b in zip((0, *points), (*points, n))]
+                if all(len(r) == 1 or len(r) * max(lens[i] for i in r) <= budget for r in runs):
+                    cuts.append((len(runs), padded_tokens(lens, runs)))
+        assert (len(got), padded_tokens(lens, got)) == min(cuts), (lens, budget, got)
 
 
 def test_micro_token_budget_rule():
