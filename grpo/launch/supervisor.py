@@ -64,10 +64,13 @@ class Supervisor:
         self.procs[spec.name] = (p, spec, log_path)
         self.started[spec.name] = time.time()
         self._noted.pop(spec.name, None)
-        # Which pid is which process, for whoever operates the run (and the no-orphan test).
+        # Which pid is which process, for whoever operates the run (and the no-orphan test); written
+        # aside and renamed in, so a reader never sees it half written (a test polling it read '').
         pids = {n: q.pid for n, (q, _, _) in self.procs.items()}
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "pids.json").write_text(json.dumps({"launcher": os.getpid(), **pids}) + "\n")
+        tmp = self.run_dir / ".pids.json.tmp"
+        tmp.write_text(json.dumps({"launcher": os.getpid(), **pids}) + "\n")
+        os.replace(tmp, self.run_dir / "pids.json")
 
     def note_late(self, bound_s: float) -> None:
         """Name every process that has not reached its next startup stage within bound_s (grpo.obs.stages)."""
