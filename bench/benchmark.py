@@ -652,19 +652,23 @@ def zero_signal_kinds(run: Path) -> dict | None:
     return {k: int(sum(r[f"zero_signal_{k}"] for r in counted)) for k in ("solved", "unsolved")}
 
 
-def screening(run: Path, group_size: int) -> dict | None:
+def screening(run: Path, group_size: int, trained: int | None = None) -> dict | None:
     """Ours: what the samplers' results say of --screen-generations, summed over the run's samplers:
     prompts dropped at their screen (solved, unsolved) and the completions those cost, and the
     share of every completion generated that reached no learner step for want of signal
     (`no_signal_completions`: those screens' completions and the whole groups dropped as
-    zero-signal, group_size each). None where no sampler result counts screens (rows made before)."""
+    zero-signal, group_size each); and every completion generated over the groups the learner
+    trained (`completions_per_trained_group`: what a trained group cost in generation, stale,
+    zero-signal and never-trained groups included). None where no sampler result counts screens
+    (rows made before)."""
     total = screen_totals(run)
     if total is None:
         return None
     wasted = total["screen_samples"] + total["dropped_zero_signal"] * group_size
     return {"prompts": int(total["screened_out"]), "solved": int(total["screened_solved"]),
             "unsolved": int(total["screened_unsolved"]), "completions": int(total["screen_samples"]),
-            "no_signal_completions": round(wasted / total["samples"], 4) if total["samples"] else None}
+            "no_signal_completions": round(wasted / total["samples"], 4) if total["samples"] else None,
+            "completions_per_trained_group": round(total["samples"] / trained, 2) if trained else None}
 
 
 def group_size_of(command: list[str]) -> int:
@@ -695,7 +699,8 @@ def row_result(run: Path, work: Path, device: dict) -> dict:
         extra = {"books": books.get("groups"), "evals": _evals(run)}
         if (kinds := zero_signal_kinds(run)) is not None:   # (absent from rows made before it was counted)
             extra["zero_signal_kinds"] = kinds
-        if (screens := screening(run, group_size_of(launch["command"]))) is not None:   # (the same)
+        trained = (books.get("groups") or {}).get("trained")
+        if (screens := screening(run, group_size_of(launch["command"]), trained)) is not None:   # (the same)
             extra["screening"] = screens
         stale, zero = books.get("stale_fraction"), books.get("zero_signal_fraction")
     else:

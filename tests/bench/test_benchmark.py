@@ -51,7 +51,8 @@ def test_zero_signal_kinds_sum_the_samplers_results_and_stay_absent_before_they_
 
 def test_screening_sums_the_samplers_results_and_the_share_of_completions_without_signal(tmp_path):
     """Two samplers of G=16: 10 + 2 prompts dropped at screens of 4 (48 completions) and 3 + 1
-    zero-signal groups (64 completions) of 400 + 112 generated: 112 / 512 = 0.21875."""
+    zero-signal groups (64 completions) of 400 + 112 generated: 112 / 512 = 0.21875; and those 512
+    over the groups the learner trained, where the caller gives that count."""
     (tmp_path / "sampler0_result.json").write_text(json.dumps(
         {"screened_out": 10.0, "screened_solved": 3.0, "screened_unsolved": 7.0, "screen_samples": 40.0,
          "dropped_zero_signal": 3.0, "samples": 400.0}))
@@ -59,7 +60,9 @@ def test_screening_sums_the_samplers_results_and_the_share_of_completions_withou
         {"screened_out": 2.0, "screened_solved": 0.0, "screened_unsolved": 2.0, "screen_samples": 8.0,
          "dropped_zero_signal": 1.0, "samples": 112.0}))
     assert rw.screening(tmp_path, 16) == {"prompts": 12, "solved": 3, "unsolved": 9, "completions": 48,
-                                          "no_signal_completions": 0.2188}
+                                          "no_signal_completions": 0.2188, "completions_per_trained_group": None}
+    # 512 completions generated for 20 groups trained: 25.6 a trained group
+    assert rw.screening(tmp_path, 16, trained=20)["completions_per_trained_group"] == 25.6
     old = tmp_path / "old"
     old.mkdir()
     (old / "sampler0_result.json").write_text(json.dumps({"dropped_zero_signal": 9.0, "samples": 10.0}))
