@@ -154,11 +154,9 @@ def token_buckets(lengths: list[int], budget: int) -> list[list[int]]:
                 i -= 1
         best = nxt
         cut.append(back)
-    # Walk back from all n rows in k runs (first fit proved k enough).
+    # Walk back from all n rows in exactly k runs (first fit proved k enough).
     runs, j = [], n
     for back in reversed(cut):
-        if j == 0:
-            break
         i = back[j]
         runs.append(sorted(order[i:j]))
         j = i

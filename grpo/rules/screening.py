@@ -6,8 +6,11 @@ whole, G rows like any other, its first K scored once.
 
 The price is a group dropped that would have had signal: all K agree although not all G would.
 With pass rate p, the screen agrees with probability p**K + (1 - p)**K (screen_agrees), so a
-prompt costs K + (1 - that) * (G - K) completions on average (expected_samples). Without torch, so
-the launcher checks the flag before any worker starts.
+prompt costs K + (1 - that) * (G - K) completions on average (expected_samples). Per group with
+signal that is K / (1 - aK) + G - K against G / (1 - aG) for whole groups (aN the chance that N
+agree): less only for prompts solved always or never, more for every other pass rate (p = 0.5,
+K = 4, G = 16: 16.6 against 16.0), so screening pays where many prompts are settled either way.
+Without torch, so the launcher checks the flag before any worker starts.
 """
 from __future__ import annotations
 

@@ -230,8 +230,10 @@ IN_FLIGHT_SPAN = 2
 def flight_span(screen_generations: int) -> int:
     """IN_FLIGHT_SPAN for a sampler's groups: twice it with --screen-generations, whose rest of a
     group starts only once its screen has ended, so a group's first token is one generation older
-    (two `--gpus 0` rows at fill 3 + 2 dropped 17% and 19% of the groups judged, ages up to 7:
-    docs/benchmarks.md)."""
+    (two `--gpus 0` rows at fill 3 + 2 dropped 17% and 19% of the groups judged, ages up to 7).
+    It narrows the drops without ending them: a screen takes K rows, so the budget, not the rows,
+    caps what a screening sampler starts, and its line then fills whatever bound it is given
+    (docs/benchmarks.md, "Screening at bound 7")."""
     return IN_FLIGHT_SPAN * (2 if screen_generations else 1)
 
 # A run that drops more than this share of the groups it judged as stale gets a line at its end.
