@@ -26,4 +26,6 @@ python3 -m pip download -q --no-deps --only-binary=:all: -d .whl trl==1.16.0 2>&
 # pycountry: vLLM's tar brings pydantic-extra-types, whose language codes transformers' import chain
 # reaches once /tmp/site_vllm is on the path (converting a GGUF there failed without it)
 python3 -m pip download -q --no-deps --only-binary=:all: -d .whl pycountry==26.2.16 2>&1 | grep -v "^WARNING: Location" || true
+# Liger-Kernel for --liger-kernel and bench/learner_kernels.py (pure Python over the image's Triton)
+python3 -m pip download -q --no-deps --only-binary=:all: -d .whl liger-kernel==0.8.5 2>&1 | grep -v "^WARNING: Location" || true
 echo "device_wheels: $(ls .whl/*.whl | wc -l) wheels, $(du -sh .whl | cut -f1) in .whl/"

@@ -8,6 +8,8 @@ from grpo.config.bounds import at_least, bounded
 
 Precision = Literal["auto", "autocast", "bf16", "fp32"]
 PRECISIONS = get_args(Precision)
+LigerChoice = Literal["auto", "on", "off"]
+LIGER_CHOICES = get_args(LigerChoice)
 
 
 # deepspeed.json, the default --deepspeed-config, as written. Its "auto" values belong to the options
@@ -57,6 +59,8 @@ class TrainingSection:
     """Updates per learner step, each on a minibatch of groups."""
     micro_batch_tokens: int = at_least(-1, 0, "0: the default budget, -1: off")
     """Padded tokens per learner micro-batch, packed by length (0: default budget; -1: fixed micro-batches of rows)."""
+    liger_kernel: LigerChoice = "auto"
+    """Liger-Kernel's fused RMSNorm, SwiGLU and rotary kernels in the learner's passes (TRL's use_liger_kernel); auto: where installed, on CUDA."""
     warm_up: bool = True
     """CUDA: warm up on made-up tokens while round 0 generates."""
     max_staleness: int = at_least(0, 2, "0 trains only groups of the newest version")

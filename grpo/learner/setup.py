@@ -33,6 +33,7 @@ from grpo.learner.engine import (CommunicatorWarmup, DeepSpeedEngine, TorchEngin
                                  init_process_group, load_ds_config, resolve_ds_config)
 from grpo.learner.intake import Intake
 from grpo.learner.liveness import Liveness, SyncPeers
+from grpo.learner.kernels import fuse_layers, liger_choice, liger_installed
 from grpo.learner.lora import wrap_lora
 from grpo.learner.step import TrainStep
 from grpo.loss import LossConfig
@@ -115,6 +116,7 @@ def place(cfg: LearnerConfig) -> Placement:
                                   not cfg.training.no_deepspeed)
     check_method(cfg.weight_sync.weight_sync, device.type, bool(cfg.training.lora_r), precision == "bf16")
     resolve_backend(cfg.rollout.generation_backend, device)   # a bad name fails now, not after training
+    liger_choice(cfg.training.liger_kernel, device.type == "cuda", liger_installed(), supported=True)   # and 'on' where it cannot run
     curriculum = (Curriculum(cfg.data.dataset, cfg.data.curriculum_low, cfg.data.curriculum_high,
                              cfg.data.curriculum_window)
                   if cfg.data.curriculum else None)   # a bad --dataset or threshold fails here, before loading
@@ -166,7 +168,7 @@ def start_process_group(cfg: LearnerConfig, device: torch.device) -> Communicato
 
 def load_model(cfg: LearnerConfig, path: str, device: torch.device, precision: str,
                times: dict[str, float]) -> tuple:
-    """(tokenizer, model) in training form; `times` gets the parts of the load by name."""
+    """(tokenizer, model, fused layers or None) in training form; `times` gets the parts of the load by name."""
     start_runtime(device, times, cfg.run.cudnn_attention)
     t_tok = time.perf_counter()
     tok = load_tokenizer(path)
@@ -176,10 +178,11 @@ def load_model(cfg: LearnerConfig, path: str, device: torch.device, precision: s
     dtype = compute_dtype(device) if precision == "bf16" else torch.float32
     model = load_causal_lm(path, device, dtype, times=times)
     model.config.use_cache = False
+    fused = fuse_layers(model, cfg.training.liger_kernel, device.type == "cuda")   # before LoRA wraps its linears
     if cfg.training.lora_r:
         model = wrap_lora(model, cfg.training.lora_r, cfg.training.lora_alpha, cfg.training.lora_target_modules,
                           cfg.training.lora_dropout)
-    return tok, model
+    return tok, model, fused
 
 
 def run_facts(cfg: LearnerConfig, vocab_size: int, device: torch.device, groups_per_step: int) -> M.RunFacts:
@@ -220,7 +223,7 @@ def wire_queue_view(answers: SyncAnswer, intake: Intake, liveness: Liveness, max
 
 def start_engine(cfg: LearnerConfig, p: Placement, receiver: DataReceiver | None,
                  import_s: float | None = None) -> tuple:
-    """(tokenizer, vocabulary size, optimizer engine): the process group, the model and the engine,
+    """(tokenizer, vocabulary size, optimizer engine, fused layers or None): the process group, the model and the engine,
     timed for the start-up line (which says `import_s` first: the worker's import of its role,
     grpo.workers). A job of build's of its own: its clock readings and the
     communicator's warm-up (beside the model's loading) begin and end here."""
@@ -228,7 +231,7 @@ def start_engine(cfg: LearnerConfig, p: Placement, receiver: DataReceiver | None
     comm_warmup = None if cfg.training.no_deepspeed else start_process_group(cfg, p.device)
     t_model = time.perf_counter()
     load_times: dict[str, float] = {}   # the parts of 'model' in the start-up line
-    tok, model = load_model(cfg, p.model_path, p.device, p.precision, load_times)
+    tok, model, fused = load_model(cfg, p.model_path, p.device, p.precision, load_times)
     vocab_size = model.get_input_embeddings().weight.shape[0]
     if receiver is not None:
         receiver.limits = M.Limits(group_size=cfg.rollout.num_generations, vocab_size=vocab_size)
@@ -245,7 +248,7 @@ def start_engine(cfg: LearnerConfig, p: Placement, receiver: DataReceiver | None
              {"autocast": "float32 weights and optimizer state, bf16 matmuls under torch.autocast",
               "bf16": "bf16 weights, fp32 master copies in DeepSpeed's optimizer",
               "fp32": "float32 throughout"}[p.precision])
-    return tok, vocab_size, engine
+    return tok, vocab_size, engine, fused
 
 
 @dataclass
@@ -295,7 +298,7 @@ def build(cfg: LearnerConfig, import_s: float | None = None) -> LearnerParts:
     books = Books(max_entries=4 * cfg.faults.max_samplers)
     messages = MessageLedger(max_keys=16 * cfg.faults.max_samplers)
     server, receiver = bind_ports(cfg, p.run_dir) if rank == 0 else (None, None)
-    tok, vocab_size, engine = start_engine(cfg, p, receiver, import_s)
+    tok, vocab_size, engine, fused = start_engine(cfg, p, receiver, import_s)
 
     # The control fields of every answer on the sync port (facts, levels, budget): rank 0's publisher asks it.
     answers = SyncAnswer(run_facts(cfg, vocab_size, device, p.groups_per_step))
@@ -349,7 +352,7 @@ def build(cfg: LearnerConfig, import_s: float | None = None) -> LearnerParts:
         log.info("books carried over from step %d (%d groups queued then are lost with the old learner)",
                  version, lost)
     step = TrainStep(cfg, engine, tok.pad_token_id, device, rank, p.world, p.micro_tokens,
-                     autocast=p.precision == "autocast")
+                     autocast=p.precision == "autocast", fused=fused)
     log.info("learner rank %d/%d on %s: batch %d completions (%d groups of %d) per step, %s",
              rank, p.world, device, p.batch_size, p.groups_per_step, cfg.rollout.num_generations,
              f"micro-batches of at most {p.micro_tokens} padded tokens" if p.micro_tokens else f"gas {engine.gas}")

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from grpo.config import LearnerConfig
 from grpo.learner.batch import (Batch, balanced_split, length_buckets, micro_batch, minibatches, padded_tokens,
                                 token_buckets)
+from grpo.learner.kernels import FusedLayers
 from grpo.loss import LossConfig, Norms, compute_loss
 from grpo.model.logprobs import token_logprobs
 
@@ -130,13 +131,19 @@ class TrainStep:
     returns the step record's training fields (step_record), the same on every rank."""
 
     def __init__(self, cfg: LearnerConfig, engine, pad_token_id: int, device: torch.device, rank: int, world: int,
-                 micro_tokens: int, autocast: bool):
+                 micro_tokens: int, autocast: bool, fused: FusedLayers | None = None):
         self.cfg, self.engine, self.pad_token_id, self.device = cfg, engine, pad_token_id, device
         self.rank, self.world, self.micro_tokens, self.autocast = rank, world, micro_tokens, autocast
+        self.fused = fused   # Liger's layers (--liger-kernel): their module-level names only inside amp()
         self.loss_cfg = LossConfig.of(cfg)
 
+    @contextlib.contextmanager
     def amp(self):
-        return torch.autocast("cuda", dtype=torch.bfloat16) if self.autocast else contextlib.nullcontext()
+        """Around every forward pass of the learner's: bf16 autocast (--precision autocast) and the
+        fused layers' scope."""
+        with (torch.autocast("cuda", dtype=torch.bfloat16) if self.autocast else contextlib.nullcontext()), \
+                (self.fused.passes() if self.fused is not None else contextlib.nullcontext()):
+            yield
 
     def __call__(self, batch: Batch) -> dict:
         """One learner step (one policy version): --ppo-minibatches optimizer updates on the batch.
