@@ -72,6 +72,8 @@ class Learner:
         self.stop.install()
         self._warm_up()
         t_start = time.perf_counter()
+        if p.time_limit is not None:
+            p.time_limit.start(t_start)
         trained_samples = 0
         bar = Progress("learner steps", total=cfg.training.max_steps - self.version,
                        unit="step") if self.rank == 0 else None
@@ -106,6 +108,8 @@ class Learner:
                     trained_samples += batch.size
                     self._curriculum_step(step)
                     self._log_step(step, groups, batch, stats, t0, t_data, t_train, stall, trained_samples, t_start)
+                    if p.time_limit is not None:
+                        p.time_limit.record(time.perf_counter() - t0)
                     bar.update(1, loss=stats["loss"], reward=float(batch.scalars[:, 1].mean()))
                 elif gpu := p.gpu.sample():  # other ranks: their own GPU use, one line per step
                     log.info("step %d%s", step, format_gpu(gpu))

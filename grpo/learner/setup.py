@@ -35,6 +35,7 @@ from grpo.learner.intake import Intake
 from grpo.learner.liveness import Liveness, SyncPeers
 from grpo.learner.kernels import fuse_layers, liger_choice, liger_installed
 from grpo.learner.lora import wrap_lora
+from grpo.learner.timelimit import TimeLimit
 from grpo.learner.step import TrainStep
 from grpo.loss import LossConfig
 from grpo.model.load import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, said_imports,
@@ -212,13 +213,15 @@ def wire_publisher(publisher, server: SyncServer, answers: SyncAnswer, liveness:
     server.on_reject = lambda exc, peer: rejected(exc.reason, peer)
 
 
-def wire_queue_view(answers: SyncAnswer, intake: Intake, liveness: Liveness, max_steps: int) -> None:
+def wire_queue_view(answers: SyncAnswer, intake: Intake, liveness: Liveness, max_steps: int,
+                    time_limit: TimeLimit | None = None) -> None:
     """Each answer tells its sampler how much it may generate: the budget reads the intake's queue,
-    and stops at the groups the steps left to `max_steps` train."""
+    and stops at the groups the steps left to `max_steps` train, or those `time_limit` leaves time for."""
     answers.queue_view = QueueView(queued=lambda: len(intake.queue),
                                    received=lambda sid: intake.received_by.get(sid, 0),
                                    samplers=lambda: max(1, liveness.count_alive()),
-                                   training=lambda: intake.taken, max_steps=max_steps)
+                                   training=lambda: intake.taken, max_steps=max_steps,
+                                   time_steps_left=time_limit.steps_left if time_limit else lambda: -1)
 
 
 def start_engine(cfg: LearnerConfig, p: Placement, receiver: DataReceiver | None,
@@ -284,6 +287,7 @@ class LearnerParts:
     intake: Intake | None
     metrics: MetricsWriter | None
     tracker: Tracker | None
+    time_limit: TimeLimit | None = None
 
 
 def build(cfg: LearnerConfig, import_s: float | None = None) -> LearnerParts:
@@ -310,6 +314,7 @@ def build(cfg: LearnerConfig, import_s: float | None = None) -> LearnerParts:
             fingerprints = PublishedFingerprints()
     intake = None
     publisher = None
+    time_limit = TimeLimit(cfg.training.max_time_s)   # the loop's clock; the budget reads its steps left
     if rank == 0:
         # The intake is wired into the answers before the publisher's thread exists: that thread answers
         # at once the requests that queued while the model loaded. An answer without the queue view
@@ -317,7 +322,7 @@ def build(cfg: LearnerConfig, import_s: float | None = None) -> LearnerParts:
         # while its round 0 was still on the way, had those groups taken as lost: the budget ignored
         # them and let it make more of version 0 than the learner trains before they go stale.
         intake = Intake(cfg, receiver, liveness, books, messages, fingerprints)
-        wire_queue_view(answers, intake, liveness, cfg.training.max_steps)
+        wire_queue_view(answers, intake, liveness, cfg.training.max_steps, time_limit)
         publisher = make_publisher(cfg.weight_sync.weight_sync, server, engine.module, device, compute_dtype(device),
                                    cfg.run.host,
                                    cfg.run.sync_port, cfg.weight_sync.ipc_ack_timeout_s,
@@ -362,4 +367,4 @@ def build(cfg: LearnerConfig, import_s: float | None = None) -> LearnerParts:
                         liveness=liveness, books=books, messages=messages, answers=answers, gpu=gpu,
                         checkpointer=checkpointer, timed_weights=timed_weights, version=version, server=server,
                         receiver=receiver, publisher=publisher, fingerprints=fingerprints, intake=intake,
-                        metrics=metrics, tracker=tracker)
+                        metrics=metrics, tracker=tracker, time_limit=time_limit)

@@ -7,8 +7,8 @@ asks here (the job of AReaL's staleness manager):
   drop     the learner at version V trains a group of version v only if 0 <= V - v <= max_staleness:
            older is `stale`, newer than V is `future_version` (grpo.learner.intake)
   budget   how many groups one sampler may generate now with none certain to be dropped as stale,
-           nor past what the steps left to --max-steps train; every answer on the sync port carries
-           it (grpo.sync.answer)
+           nor past what the steps left to --max-steps train, or those --max-time-s leaves time for
+           (steps_left_by_time); every answer on the sync port carries it (grpo.sync.answer)
   rounds   how many prompts a sampler's round takes: enough that its groups with signal fill one
            learner step, within that budget (grpo.sampler); and the most a round can ever take,
            which the memory plan sizes the KV cache for (grpo.rules.memory)
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Reversible
+from typing import Reversible, Sequence
 
 from grpo.config import SamplerRollout
 from grpo.stats import staleness
@@ -52,6 +52,28 @@ FIRST_STEP_GROUPS = 8
 # The lowest share of groups with signal a round is sized for: a round that found none cannot ask
 # for unboundedly many.
 MIN_SIGNAL_SHARE = 1 / 16
+
+
+# Timed steps before --max-time-s's steps left are estimated, and how many recent ones the estimate reads.
+TIMED_STEPS_KNOWN = 3
+TIMED_STEPS_RECENT = 5
+
+
+def steps_left_by_time(remaining_s: float, recent_step_s: Sequence[float]) -> int:
+    """The steps a learner that stops after the step ending past --max-time-s will still take, the
+    one being collected or trained included (Staleness.budget's steps_left): -1, not known, until
+    TIMED_STEPS_KNOWN steps are timed; then one for the step under way and one for each of the
+    fastest recent steps (the last TIMED_STEPS_RECENT) that fits in the time left, the last one
+    started before the limit counted whole. 10 s left after steps of 2.5, 2.0 and 3.0 s:
+    1 + ceil(10 / 2.0) = 6; no time left: 1, the step under way.
+
+    The fastest, not the median: once the samplers stop generating at the end, a learner that
+    shares their GPU steps faster, so the estimate errs towards feeding a step that may not come
+    (its groups made in vain, as without the estimate) rather than starving one that does."""
+    if len(recent_step_s) < TIMED_STEPS_KNOWN:
+        return -1
+    fastest = max(min(recent_step_s[-TIMED_STEPS_RECENT:]), 1e-3)
+    return 1 + max(0, math.ceil(max(0.0, remaining_s) / fastest))
 
 
 @dataclass(frozen=True)
@@ -90,7 +112,8 @@ class Staleness:
         on one port share it evenly.
 
         steps_left: the steps the learner will still take, the one being collected or trained
-        included (--max-steps less its version; -1: no end known). Those steps train
+        included (--max-steps less its version, or steps_left_by_time's estimate under --max-time-s,
+        whichever is fewer; -1: no end known). Those steps train
         steps_left x groups_per_step groups in all, so no more than that, less what is ahead, may
         be made: a group past them would be generated and never trained. Learner at 98 of
         --max-steps 100, 8 groups a step, 10 ahead: 2 x 8 - 10 = 6, where the bound alone allows more.

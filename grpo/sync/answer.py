@@ -33,6 +33,7 @@ class QueueView:
     samplers: Callable[[], int]         # samplers alive (at least 1)
     training: Callable[[], int] = lambda: 0   # groups taken for the step being collected or trained
     max_steps: int = 0                  # the learner's --max-steps: its last version (0: none known)
+    time_steps_left: Callable[[], int] = lambda: -1   # steps --max-time-s leaves time for (-1: not known)
 
 
 class SyncAnswer:
@@ -87,7 +88,11 @@ class SyncAnswer:
             self._gap_floor.move_to_end(identity)
             while len(self._gap_floor) > MAX_CONNECTIONS:   # bounded: made-up connections cannot grow it
                 self._gap_floor.popitem(last=False)
-        # `version` is the newest published: the learner's steps done, so max_steps - version are left
+        # `version` is the newest published: the learner's steps done, so max_steps - version are left;
+        # under --max-time-s, at most the steps its time left allows (the fewer of the two ends)
         steps_left = max(0, view.max_steps - version) if view.max_steps > 0 else -1
+        by_time = view.time_steps_left()
+        if by_time >= 0:
+            steps_left = by_time if steps_left < 0 else min(steps_left, by_time)
         return queued, Staleness.of(run).budget(version, sampler_version, queued, in_flight, view.training(),
                                                 view.samplers(), steps_left)

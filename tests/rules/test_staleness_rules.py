@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from grpo.config import ROW_BUCKETS
 from grpo.rules.staleness import (FIRST_SIGNAL_SHARE, Staleness, bucket_prompts, first_round_groups, next_round_prompts,
-                                 pool_room, round_prompts, signal_share, staleness_advice)
+                                 pool_room, round_prompts, signal_share, staleness_advice, steps_left_by_time)
 
 
 def test_drop_reason_by_hand():
@@ -83,6 +83,24 @@ def test_the_budget_never_makes_a_group_the_learner_drops():
                     trained_at = [version + (ahead + k) // gps for k in range(room + 1)]
                     assert all(rule.drop_reason(sampler_version, v) is None for v in trained_at[:room])
                     assert rule.drop_reason(sampler_version, trained_at[room]) == "stale"
+
+
+def test_steps_left_by_time_by_hand():
+    # not known until 3 steps are timed
+    assert steps_left_by_time(10.0, []) == -1 and steps_left_by_time(10.0, [2.0, 2.0]) == -1
+    # 10 s left after steps of 2.5, 2.0 and 3.0 s: the step under way and ceil(10 / 2.0) = 5 more
+    assert steps_left_by_time(10.0, [2.5, 2.0, 3.0]) == 6
+    assert steps_left_by_time(10.5, [2.5, 2.0, 3.0]) == 7    # ceil(5.25): the last one started counts
+    # only the last 5 are read: the early 1.0 s step is forgotten, the fastest since is 2.0
+    assert steps_left_by_time(10.0, [1.0, 2.5, 2.0, 3.0, 2.2, 2.4]) == 6
+    assert steps_left_by_time(10.0, [1.0, 2.5, 2.0, 3.0, 2.2]) == 11
+    # the limit passed: the step under way only
+    assert steps_left_by_time(0.0, [2.0] * 3) == 1 and steps_left_by_time(-4.0, [2.0] * 3) == 1
+    # fed to the budget, 8 groups a step at bound 2, 10 queued: 1 s left is 2 steps, 16 - 10 = 6 where the
+    # bound alone allows (2 + 1) x 8 - 10 = 14; 30 s left is 16 steps, and the bound decides
+    rule = Staleness(max_staleness=2, groups_per_step=8)
+    assert rule.budget(50, 50, queued=10, steps_left=steps_left_by_time(1.0, [2.0, 2.5, 2.1])) == 6
+    assert rule.budget(50, 50, queued=10, steps_left=steps_left_by_time(30.0, [2.0, 2.5, 2.1])) == 14
 
 
 def test_the_budget_never_makes_a_group_past_the_last_step():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from netutil import free_ports
 
+from grpo.learner.timelimit import TimeLimit
 from grpo.sync.answer import QueueView, SyncAnswer
 from grpo.sync.client import request_weights
 from grpo.weights.tcp import TcpPublisher
@@ -70,6 +71,38 @@ def test_near_max_steps_the_budget_stops_at_the_groups_the_last_steps_train():
     assert budget(5) == 0      # the last step is done: nothing more is trained
     a.queue_view = QueueView(queued=lambda: 1, received=lambda sid: 3, samplers=lambda: 1)
     assert budget(4) == 3      # no --max-steps said (0): the bound alone
+
+
+def test_under_max_time_s_the_budget_stops_at_the_steps_its_time_leaves():
+    """FACTS: 2 groups a step, bound 1 (4 safe positions). The learner's TimeLimit (--max-time-s 20,
+    its own clock here) says how many steps the time left allows, and the budget stops at the groups
+    those train, as at --max-steps; with both, the fewer steps decide."""
+    now = [0.0]
+    limit = TimeLimit(20.0, clock=lambda: now[0])
+    a = SyncAnswer(FACTS)
+    a.queue_view = QueueView(queued=lambda: 1, received=lambda sid: 3, samplers=lambda: 1,
+                             time_steps_left=limit.steps_left)
+
+    def budget(version=0):
+        req = M.WeightsRequest(sampler_id=0, have_version=version, request_id=1, sent=3)
+        return a.fields(b"conn", req, False, version, True, False)["budget"]
+
+    assert budget() == 3                     # not started: no estimate, the bound's 4 - 1
+    limit.start(0.0)
+    for s in (3.0, 2.0, 2.5):
+        limit.record(s)
+    now[0] = 16.0                            # 4 s left, steps of at least 2 s: 1 + 2 = 3 steps, 6 groups
+    assert limit.steps_left() == 3 and budget() == 3
+    now[0] = 19.0                            # 1 s left: 1 + 1 = 2 steps, 4 groups: 4 - 1
+    assert budget() == 3
+    now[0] = 25.0                            # past the limit: the step under way only, 2 - 1
+    assert limit.steps_left() == 1 and budget() == 1
+    a.queue_view = QueueView(queued=lambda: 1, received=lambda sid: 3, samplers=lambda: 1, max_steps=10,
+                             time_steps_left=limit.steps_left)
+    assert budget(9) == 1                    # both ends: 1 step left either way
+    now[0] = 10.0                            # 10 s left is 6 steps by time, 1 by --max-steps: 2 - 1
+    assert budget(9) == 1 and budget(7) == 3 # 3 left by --max-steps: 6 - 1, cut to the bound's 4 - 1
+    assert TimeLimit(0.0).steps_left() == -1  # no --max-time-s: never an estimate
 
 
 def test_answers_carry_the_queue_and_the_budget():
