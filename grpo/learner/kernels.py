@@ -74,16 +74,18 @@ def scoped_patch(apply: Callable[[object], None], model) -> FusedLayers:
         return {n: m for n, m in list(sys.modules.items()) if n.startswith("transformers.") and m is not None}
 
     before = {n: dict(vars(m)) for n, m in loaded().items()}
-    apply(model)
     fused = FusedLayers()
-    for n, m in loaded().items():
-        old = before.get(n)
-        if old is None:
-            continue
-        for name, value in list(vars(m).items()):
-            if name in old and old[name] is not value:
-                fused.names.append((m, name, old[name], value))
-                setattr(m, name, old[name])
+    try:
+        apply(model)
+    finally:   # a patch that fails half-way leaves no module-level name behind either
+        for n, m in loaded().items():
+            old = before.get(n)
+            if old is None:
+                continue
+            for name, value in list(vars(m).items()):
+                if name in old and old[name] is not value:
+                    fused.names.append((m, name, old[name], value))
+                    setattr(m, name, old[name])
     return fused
 
 

@@ -107,6 +107,13 @@ def test_the_patch_names_are_in_place_only_for_the_learners_passes():
     copy = decode_copy(model, torch.bfloat16)
     assert type(copy.model.layers[0].input_layernorm) is hf_norm
     assert "forward" not in vars(copy.model.layers[0].input_layernorm)
+    # a patch that fails half-way leaves the module's names as they were
+    def failing(m):
+        modeling_llama.apply_rotary_pos_emb = rope
+        raise RuntimeError("a patch that fails")
+    with pytest.raises(RuntimeError, match="a patch that fails"):
+        scoped_patch(failing, tiny_llama())
+    assert modeling_llama.apply_rotary_pos_emb is hf_rope
     # an error inside the scope still puts the names back
     with pytest.raises(RuntimeError), fused.passes():
         raise RuntimeError("a failed pass")
