@@ -24,6 +24,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
+from grpo.config.training import LIGER_CHOICES
+
 log = logging.getLogger(__name__)
 
 INSTALL = "pip install liger-kernel"
@@ -33,8 +35,8 @@ def liger_choice(choice: str, cuda: bool, installed: bool, supported: bool) -> t
     """(use Liger's kernels, why in a few words) for --liger-kernel `choice` ('auto', 'on', 'off') on
     a CUDA device or not, with liger-kernel installed or not, for a model type it supports or not.
     'on' where it cannot run is a ValueError naming the fix; 'auto' uses it wherever it can."""
-    if choice not in ("auto", "on", "off"):
-        raise ValueError(f"--liger-kernel {choice!r}: choose one of auto, on, off")
+    if choice not in LIGER_CHOICES:
+        raise ValueError(f"--liger-kernel {choice!r}: choose one of {', '.join(LIGER_CHOICES)}")
     if choice == "off":
         return False, "--liger-kernel off"
     missing = ("its kernels are Triton kernels, which need a CUDA device" if not cuda else
@@ -92,11 +94,11 @@ def scoped_patch(apply: Callable[[object], None], model) -> FusedLayers:
 def fuse_layers(model, choice: str, cuda: bool) -> FusedLayers | None:
     """The learner's model with Liger's kernels where --liger-kernel says (None: Hugging Face's
     layers); one line says which and why."""
-    supported = False
-    if cuda and liger_installed():
+    installed, supported = liger_installed(), False
+    if cuda and installed:
         from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
         supported = getattr(model.config, "model_type", None) in MODEL_TYPE_TO_APPLY_LIGER_FN
-    use, why = liger_choice(choice, cuda, liger_installed(), supported)
+    use, why = liger_choice(choice, cuda, installed, supported)
     if not use:
         log.info("learner layers: Hugging Face's (%s)", why)
         return None

@@ -77,7 +77,7 @@ class Sampler:
 
     def _wait_for_room(self) -> None:
         """The learner has as many groups queued as it can train before they go stale, or as its
-        steps left to --max-steps train: wait a moment before asking again (a word every 10 s; the
+        steps left to --max-steps (or the time left to --max-time-s) train: wait a moment before asking again (a word every 10 s; the
         learner's answer bounds the wait)."""
         t0 = time.perf_counter()
         time.sleep(0.2)

@@ -6,8 +6,9 @@ kind's own fields (the weights, no_update, stop).
   levels   --curriculum: every task's current level, in every answer (a stop included)
   queued, budget
            the learner's queue and how many groups this sampler may generate now (grpo.rules.staleness:
-           none certain to go stale, none past what the steps left to --max-steps train), in every
-           answer but a stop; -1 each when the learner gave no queue view
+           none certain to go stale, none past what the steps left to --max-steps, or the time left
+           to --max-time-s, train), in every answer but a stop; -1 each when the learner gave no
+           queue view
 
 The publisher's serving thread (grpo.weights.publisher) owns the socket and calls `fields` for
 every answer; this object holds the learner's side of the state those rules need.
