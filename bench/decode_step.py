@@ -15,6 +15,8 @@ to 64, plus max new tokens), each part captured as its own CUDA graph and replay
 * sample_ms: sample_step on a [rows, vocab] logits buffer (temperature 1, Gumbel-max, log-prob);
 * forward_ms_attend_<n>: the forward with attention reading only the first n slots (the rest is
   what attending every slot of the ring costs);
+* sample_ms_fused: the fused Triton kernel (grpo.generate.fused_sampling) on the same buffer, where
+  it runs; step_ms is the engine's step with it unless --no-fused-sampling;
 * with --compile, sample_ms_compiled (sample_step through torch.compile, then captured) and
   step_ms_compiled (the engine's compile_decode=True, at the largest rows count only).
 
@@ -37,6 +39,7 @@ from benchutil import pick, write_result  # noqa: E402
 
 from grpo.generate.attention import layer_masks, rollout_attention_on  # noqa: E402
 from grpo.generate.engine import RolloutEngine  # noqa: E402
+from grpo.generate.fused_sampling import fused_sample_step  # noqa: E402
 from grpo.generate.sampling import sample_step  # noqa: E402
 from grpo.model.load import compute_dtype, eos_ids, load_causal_lm, load_tokenizer  # noqa: E402
 from grpo.model.zoo import resolve_model  # noqa: E402
@@ -150,6 +153,9 @@ def measure(engine: RolloutEngine, rows: int, width: int, new: int, steps: int, 
         rec[f"forward_ms_attend_{n}"] = per_call_ms(capture(lambda n=n: p.forward(attend=n)), steps, device)
     p.logits = torch.randn(rows, engine.model.config.vocab_size, device=device, dtype=engine.dtype) * 3
     rec["sample_ms"] = per_call_ms(capture(p.sample, engine.gen), steps, device)
+    if engine.seed is not None:
+        rec["sample_ms_fused"] = per_call_ms(capture(lambda: fused_sample_step(
+            p.logits, ring.inv_t, False, engine.seed, ring.finished, engine.pad_id, engine.eos)), steps, device)
     if compile_parts:
         fused = torch.compile(lambda: sample_step(p.logits, ring.inv_t, False, engine.gen, ring.finished,
                                                   engine.pad_id, engine.eos), dynamic=False)
@@ -157,7 +163,7 @@ def measure(engine: RolloutEngine, rows: int, width: int, new: int, steps: int, 
         fused()
         rec["sample_compile_s"] = time.perf_counter() - t0
         rec["sample_ms_compiled"] = per_call_ms(capture(fused, engine.gen), steps, device)
-    rec["rest_ms"] = rec["step_ms"] - rec["forward_ms"] - rec["sample_ms"]
+    rec["rest_ms"] = rec["step_ms"] - rec["forward_ms"] - rec["sample_ms_fused" if engine.ring.fused else "sample_ms"]
     rec["tok_s"] = rows / rec["step_ms"] * 1e3
     print({k: round(v, 3) if isinstance(v, float) else v for k, v in rec.items()}, flush=True)
     return rec
@@ -212,6 +218,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200, help="replays per timing (default 200)")
     ap.add_argument("--compile", action="store_true",
                     help="also sample_step through torch.compile, and the engine's compile_decode step at the largest rows")
+    ap.add_argument("--no-fused-sampling", action="store_true",
+                    help="the engine's step samples with torch's ops (the sampler's --no-fused-sampling)")
+    ap.add_argument("--liger", action="store_true",
+                    help="Liger-Kernel's RMSNorm, SwiGLU and rotary kernels in the model (as --liger-kernel gives the learner)")
     ap.add_argument("--name", default="decode_step", help="result file bench/results/<name>_<device>.json")
     args = ap.parse_args()
     try:
@@ -225,12 +235,18 @@ def main() -> int:
     path = resolve_model(args.model)
     tok = load_tokenizer(path)
     model = load_causal_lm(path, device, compute_dtype(device)).eval()
+    if args.liger:
+        from liger_kernel.transformers import _apply_liger_kernel_to_instance
+        _apply_liger_kernel_to_instance(model=model, rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                        fused_linear_cross_entropy=False)
     cfg = model.config
     setup = {"model": args.model, "dtype": str(next(model.parameters()).dtype), "layers": cfg.num_hidden_layers,
              "hidden": cfg.hidden_size, "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads,
-             "vocab": cfg.vocab_size, "width": args.width, "new": args.new, "steps": args.steps, "seed": 0}
+             "vocab": cfg.vocab_size, "width": args.width, "new": args.new, "steps": args.steps, "seed": 0,
+             "liger": args.liger}
+    engine = RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id, fused_sampling=not args.no_fused_sampling)
+    setup["fused_sampling"] = engine.fused
     print(setup, flush=True)
-    engine = RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id)
     rows = [measure(engine, r, args.width, args.new, args.steps, device, args.compile and r == max(rows_list))
             for r in rows_list]
     if len(rows) >= 2:   # least squares step_ms = fixed + per_row * rows

@@ -60,6 +60,8 @@ class SamplerRolloutSection:
     """--in-flight-rows: torch.compile only its decode step."""
     refill_behind: bool = True
     """Refill ended rows while the queued decode steps run."""
+    fused_sampling: bool = True
+    """Fast backend on CUDA: draw each token with one Triton kernel (off: torch's ops)."""
     vllm_gpu_memory_utilization: float = 0.0
     """vLLM backend: its share of the GPU's memory (0: from the memory plan)."""
     vllm_tensor_parallel_size: int = at_least(1, 1)

@@ -67,6 +67,7 @@ from grpo.generate.batch import BatchStream
 from grpo.generate.cache import Slot
 from grpo.generate.capture import (COMPILED_VERSIONS, CaptureFailed, allow_recompiles, capture_decode,
                                    reset_generators_after_failed_capture)
+from grpo.generate.fused_sampling import available as fused_available, fused_sample_step, new_seed
 from grpo.generate.sampling import new_generator, sample_step
 # FinishedGroup and the version rules are stream's, re-exported: callers import them from here too.
 from grpo.generate.stream import (STREAM_COUNTS, FinishedGroup, RingStream, group_versions,  # noqa: F401
@@ -87,7 +88,7 @@ class RolloutEngine:
                  buckets: tuple[int, ...] | None = None, prompt_multiple: int | None = None,
                  check_every: int = 16, max_slots: int = 2, compile_decode: bool = False,
                  attend_chunk: int | None = DEFAULT_ATTEND_CHUNK, compile_ring: bool = False,
-                 refill_behind: bool = False):
+                 refill_behind: bool = False, fused_sampling: bool = True):
         """cuda_graphs: capture the decode step (default: on CUDA). compile_decode: run the
         decode step through torch.compile first (fuses the many small kernels of a small
         model; compiled in the graph warm-up, then captured as usual). buckets / prompt_multiple:
@@ -101,7 +102,9 @@ class RolloutEngine:
         generate() (evaluations, fixed rounds) keeps its plain captured steps. refill_behind: at each
         host check of stream(), queue the next check_every steps before prefilling new prompts and
         refilling the rows that ended, so the host's refill runs while the GPU decodes (otherwise the
-        GPU waits for it); the rows refilled join one check later.
+        GPU waits for it); the rows refilled join one check later. fused_sampling: draw each token
+        with one Triton kernel (grpo.generate.fused_sampling) where Triton runs on the device, in
+        the steps torch.compile does not fuse (compile_decode: none; compile_ring: generate()'s).
 
         A model the engine cannot serve (layer_plan's reasons: chunked or linear attention, sinks,
         an encoder-decoder...; or a first tiny decode that raises) is said in one warning here, and
@@ -137,6 +140,9 @@ class RolloutEngine:
         # graph; if a capture fails half-way it is replaced, so a failure can never leave the
         # generator that eager decoding draws from stuck in "capturing" state.
         self.gen = new_generator(self.device)
+        # The fused kernel's noise: a device seed it advances itself, so graphs need not register it.
+        self.fused = bool(fused_sampling) and not compile_decode and fused_available(self.device)
+        self.seed = new_seed(self.device) if self.fused else None
         # torch.compile specialises on shapes (dynamic=False): one compilation per bucket shape,
         # greedy flag and attention length (COMPILED_VERSIONS).
         self.compile_decode = compile_decode
@@ -145,7 +151,7 @@ class RolloutEngine:
             allow_recompiles(COMPILED_VERSIONS)
         self._step = torch.compile(self._decode, dynamic=False) if compile_decode else self._decode
         # stream()'s path: its rings, its (compiled) step and its counts last from one stream to the next
-        self.ring = RingStream(self, compile_ring=self.compile_ring)
+        self.ring = RingStream(self, compile_ring=self.compile_ring, fused=self.fused and not self.compile_ring)
         self.plan: LayerPlan | None = None
         self.fallback: str | None = None
         try:
@@ -370,12 +376,19 @@ class RolloutEngine:
 
     def _emit(self, s: Slot, logits: torch.Tensor, greedy: bool) -> None:
         """A fixed batch's next token (sample_step) written at the slot's output column."""
-        nxt, lp, ended = sample_step(logits, s.inv_t, greedy, self.gen, s.finished, self.pad_id, self.eos)
+        nxt, lp, ended = self.sample(logits, s.inv_t, greedy, s.finished, self.fused)
         s.out.index_copy_(1, s.col, nxt.unsqueeze(1))
         s.out_lp.index_copy_(1, s.col, lp.unsqueeze(1))
         s.col.add_(1)
         s.finished.copy_(ended)
         s.tok.copy_(nxt.unsqueeze(1))
+
+    def sample(self, logits: torch.Tensor, inv_t: torch.Tensor, greedy: bool, done: torch.Tensor, fused: bool
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(token, log-prob, ended) per row of `logits` [n, V]: the fused kernel or sample_step."""
+        if fused:
+            return fused_sample_step(logits, inv_t, greedy, self.seed, done, self.pad_id, self.eos)
+        return sample_step(logits, inv_t, greedy, self.gen, done, self.pad_id, self.eos)
 
     def _capture(self, s, greedy: bool, step=None, limit: int | None = None, compiled: bool | None = None):
         """Capture one decode step (capture_decode; `compiled`: whether `step` is torch.compile'd,

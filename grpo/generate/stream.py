@@ -36,7 +36,6 @@ import torch
 
 from grpo.generate.attention import layer_masks, rollout_attention_on
 from grpo.generate.cache import Ring, static_cache
-from grpo.generate.sampling import sample_step
 from grpo.model.logprobs import left_pad
 
 
@@ -189,9 +188,10 @@ class RingStream:
     a time), its decode step (`step_fn`: through torch.compile with compile_ring) and where its time
     went (`counts`, STREAM_COUNTS)."""
 
-    def __init__(self, engine, compile_ring: bool = False):
+    def __init__(self, engine, compile_ring: bool = False, fused: bool = False):
         self.engine = engine
         self.compile_ring = compile_ring
+        self.fused = fused   # the fused sampling kernel (the engine's), in an uncompiled step
         self.rings: dict[tuple[int, int, int], Ring] = {}
         self.counts = dict.fromkeys(STREAM_COUNTS, 0.0)
         self.step_fn = torch.compile(self.step, dynamic=False) if compile_ring else self.step
@@ -501,7 +501,7 @@ class RingStream:
         a row also ends at max_new tokens, and an ended row's column moves to the spare one."""
         col = r.col[rows]
         e = self.engine
-        nxt, lp, ended = sample_step(logits, r.inv_t, greedy, e.gen, r.finished[rows], e.pad_id, e.eos)
+        nxt, lp, ended = e.sample(logits, r.inv_t, greedy, r.finished[rows], self.fused)
         r.out[rows] = r.out[rows].scatter(1, col, nxt.unsqueeze(1))
         r.out_lp[rows] = r.out_lp[rows].scatter(1, col, lp.unsqueeze(1))
         ended = ended | (col.squeeze(1) + 1 >= r.max_new)
