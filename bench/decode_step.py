@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import pick, write_result  # noqa: E402
 
-from grpo.generate.attention import layer_masks, rollout_attention_on  # noqa: E402
+from grpo.generate.attention import layer_masks  # noqa: E402
 from grpo.generate.engine import RolloutEngine  # noqa: E402
 from grpo.generate.fused_sampling import fused_sample_step  # noqa: E402
 from grpo.generate.sampling import sample_step  # noqa: E402
@@ -78,7 +78,7 @@ class Parts:
         distance = (r.t - r.key_index).remainder(r.length)
         valid = r.key_valid[:, :attend] if attend else r.key_valid
         mask = layer_masks(e.plan, e.dtype, valid.reshape(r.rows, 1, 1, -1), distance[:attend] if attend else distance)
-        with rollout_attention_on(e.model):
+        with e.passes():
             if body:
                 out = e.model.model(input_ids=r.tok, position_ids=r.pos, attention_mask=mask, past_key_values=r.cache,
                                     use_cache=True).last_hidden_state
@@ -220,8 +220,8 @@ def main() -> int:
                     help="also sample_step through torch.compile, and the engine's compile_decode step at the largest rows")
     ap.add_argument("--no-fused-sampling", action="store_true",
                     help="the engine's step samples with torch's ops (the sampler's --no-fused-sampling)")
-    ap.add_argument("--liger", action="store_true",
-                    help="Liger-Kernel's RMSNorm, SwiGLU and rotary kernels in the model (as --liger-kernel gives the learner)")
+    ap.add_argument("--no-liger-decode", action="store_true",
+                    help="Hugging Face's layers in the engine's model, not Liger-Kernel's (the sampler's --no-liger-decode)")
     ap.add_argument("--name", default="decode_step", help="result file bench/results/<name>_<device>.json")
     args = ap.parse_args()
     try:
@@ -235,17 +235,13 @@ def main() -> int:
     path = resolve_model(args.model)
     tok = load_tokenizer(path)
     model = load_causal_lm(path, device, compute_dtype(device)).eval()
-    if args.liger:
-        from liger_kernel.transformers import _apply_liger_kernel_to_instance
-        _apply_liger_kernel_to_instance(model=model, rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
-                                        fused_linear_cross_entropy=False)
     cfg = model.config
     setup = {"model": args.model, "dtype": str(next(model.parameters()).dtype), "layers": cfg.num_hidden_layers,
              "hidden": cfg.hidden_size, "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads,
-             "vocab": cfg.vocab_size, "width": args.width, "new": args.new, "steps": args.steps, "seed": 0,
-             "liger": args.liger}
-    engine = RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id, fused_sampling=not args.no_fused_sampling)
-    setup["fused_sampling"] = engine.fused
+             "vocab": cfg.vocab_size, "width": args.width, "new": args.new, "steps": args.steps, "seed": 0}
+    engine = RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id, fused_sampling=not args.no_fused_sampling,
+                           liger_layers=not args.no_liger_decode)
+    setup["fused_sampling"], setup["liger_layers"] = engine.fused, engine.layers is not None
     print(setup, flush=True)
     rows = [measure(engine, r, args.width, args.new, args.steps, device, args.compile and r == max(rows_list))
             for r in rows_list]

@@ -345,6 +345,9 @@ def main() -> int:
     ap.add_argument("--no-fused-sampling", action="store_true",
                     help="every engine samples with torch's ops, not the fused Triton kernel (the sampler's "
                          "--no-fused-sampling); the result files get a _torch_sampling suffix")
+    ap.add_argument("--no-liger-decode", action="store_true",
+                    help="every engine decodes with Hugging Face's layers, not Liger-Kernel's (the sampler's "
+                         "--no-liger-decode); the result files get a _hf_layers suffix")
     ap.add_argument("--check-every", type=int, default=0,
                     help="decode steps between the engines' host checks (default: the engine's, 16); the result "
                          "files get a _checkN suffix")
@@ -380,6 +383,9 @@ def main() -> int:
     if args.no_fused_sampling:
         ENGINE_KW["fused_sampling"] = False
         suffix += "_torch_sampling"
+    if args.no_liger_decode:
+        ENGINE_KW["liger_layers"] = False
+        suffix += "_hf_layers"
     if args.check_every:
         ENGINE_KW["check_every"] = args.check_every
         suffix += f"_check{args.check_every}"
@@ -442,7 +448,8 @@ def main() -> int:
         print("stream counts: " + ", ".join(f"{k} {v:.6g}" for k, v in work["eos_stream_counts"].items()), flush=True)
         settings = {"model": args.model, "dtype": str(dtype), "attend_chunk": args.attend_chunk or None, "seed": 0,
                     "compile_decode": args.compile_decode, "compile_ring": args.compile_ring,
-                    "refill_behind": args.refill_behind, "fused_sampling": not args.no_fused_sampling, "stream_only": args.stream_only,
+                    "refill_behind": args.refill_behind, "fused_sampling": not args.no_fused_sampling,
+                    "liger_decode": not args.no_liger_decode, "stream_only": args.stream_only,
                     "vllm_gpu_memory_utilization": args.vllm or None,
                     # (results made before vLLM's requests asked for flat log-probs lack the key)
                     **({"vllm_flat_logprobs": sampling_fields(1.0, False, 1, [])["flat_logprobs"]} if args.vllm else {})}

@@ -49,7 +49,8 @@ def evaluate_module(module, tok, cfg, device: torch.device, autocast: bool = Fal
     decoder in the same dtype, from a copy of float32 weights)."""
     from grpo.generate.greedy import decoding  # here: the command refuses bad flags and --dataset before torch loads
 
-    with decoding(module, tok, cfg.rollout.generation_backend, device, autocast) as (model, engine):
+    with decoding(module, tok, cfg.rollout.generation_backend, device, autocast,
+                  cfg.rollout.liger_decode) as (model, engine):
         return greedy_accuracy(model, tok, run_eval_problems(cfg), cfg.rollout.max_new_tokens,
                                cfg.evaluation.eval_batch_size, device, engine=engine)
 

@@ -24,6 +24,8 @@ class RolloutSection:
     """Sampling temperature; the learner scores with it too."""
     generation_backend: GenerationBackend = "auto"
     """Rollout and evaluation decoder: 'fast' (CUDA-graph engine), 'hf' (generate), 'vllm' (pip install '.[vllm]'); 'auto': fast on CUDA."""
+    liger_decode: bool = True
+    """Fast backend on CUDA: Liger-Kernel's RMSNorm, SwiGLU and rotary kernels in every decode, where installed (off: Hugging Face's)."""
 
 
 @dataclass

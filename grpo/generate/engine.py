@@ -50,6 +50,7 @@ is grpo.generate.backend's.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import time
 import weakref
@@ -69,6 +70,7 @@ from grpo.generate.capture import (COMPILED_VERSIONS, CaptureFailed, allow_recom
                                    reset_generators_after_failed_capture)
 from grpo.generate.fused_sampling import available as fused_available, fused_sample_step, new_seed
 from grpo.generate.sampling import new_generator, sample_step
+from grpo.model.liger import FusedLayers, apply_liger, liger_installed, liger_supported
 # FinishedGroup and the version rules are stream's, re-exported: callers import them from here too.
 from grpo.generate.stream import (STREAM_COUNTS, FinishedGroup, RingStream, group_versions,  # noqa: F401
                                   token_versions)
@@ -88,7 +90,7 @@ class RolloutEngine:
                  buckets: tuple[int, ...] | None = None, prompt_multiple: int | None = None,
                  check_every: int = 16, max_slots: int = 2, compile_decode: bool = False,
                  attend_chunk: int | None = DEFAULT_ATTEND_CHUNK, compile_ring: bool = False,
-                 refill_behind: bool = False, fused_sampling: bool = True):
+                 refill_behind: bool = False, fused_sampling: bool = True, liger_layers: bool = True):
         """cuda_graphs: capture the decode step (default: on CUDA). compile_decode: run the
         decode step through torch.compile first (fuses the many small kernels of a small
         model; compiled in the graph warm-up, then captured as usual). buckets / prompt_multiple:
@@ -105,6 +107,9 @@ class RolloutEngine:
         GPU waits for it); the rows refilled join one check later. fused_sampling: draw each token
         with one Triton kernel (grpo.generate.fused_sampling) where Triton runs on the device, in
         the steps torch.compile does not fuse (compile_decode: none; compile_ring: generate()'s).
+        liger_layers: Liger-Kernel's RMSNorm, SwiGLU and rotary kernels in the model (grpo.model.liger)
+        where they run (CUDA, liger-kernel installed, a model type it serves); their module-level
+        names are in place only inside the engine's passes (passes()).
 
         A model the engine cannot serve (layer_plan's reasons: chunked or linear attention, sinks,
         an encoder-decoder...; or a first tiny decode that raises) is said in one warning here, and
@@ -119,6 +124,7 @@ class RolloutEngine:
             raise ValueError("cuda_graphs needs the model on a CUDA device; use cuda_graphs=False on CPU")
         self.cuda_graphs = cuda_graphs
         register_attention()
+        self.layers = decode_layers(model, liger_layers, self.device)
         impl = getattr(model.config, "_attn_implementation", "eager")
         if impl not in ("sdpa", "eager"):
             raise ValueError(f"the fast generation backend supports sdpa and eager attention, not {impl!r}; "
@@ -163,6 +169,14 @@ class RolloutEngine:
         if self.fallback is not None:
             log.warning("the fast generation backend cannot serve this model (%s): decoding with Hugging Face "
                         "generate instead", self.fallback)
+
+    @contextlib.contextmanager
+    def passes(self):
+        """Around each of the engine's forward passes (eager, or being captured): its attention, and
+        Liger's module-level names where its layers are on. A captured graph keeps the kernels chosen
+        here."""
+        with rollout_attention_on(self.model), (self.layers.passes() if self.layers else contextlib.nullcontext()):
+            yield
 
     def _probe(self) -> str | None:
         """One prefill and one decode step of 2 rows (one with left padding) on a throwaway slot,
@@ -345,7 +359,7 @@ class RolloutEngine:
         pos = (valid.long().cumsum(-1) - 1).clamp(min=0)                              # [B, P]
         # Slot i holds position i - (the row's padding) in every layer, and a row's real tokens are
         # contiguous: slot distance is position distance.
-        with rollout_attention_on(self.model):
+        with self.passes():
             logits = self.model(input_ids=ids, position_ids=pos,
                                 attention_mask=layer_masks(self.plan, self.dtype, allowed.unsqueeze(1),
                                                            (q - k).unsqueeze(1)),
@@ -365,7 +379,7 @@ class RolloutEngine:
         and the mask's width is what rollout_attention reads."""
         allowed = s.key_valid[:, :limit] & (s.key_index[:limit] <= s.t)              # [B, limit or L]
         distance = s.t - s.key_index[:limit]                                          # [limit or L]
-        with rollout_attention_on(self.model):
+        with self.passes():
             logits = self.model(input_ids=s.tok, position_ids=s.pos,
                                 attention_mask=layer_masks(self.plan, self.dtype, allowed.view(s.rows, 1, 1, -1),
                                                            distance),
@@ -403,6 +417,17 @@ class RolloutEngine:
             if exc.stage == "capture":   # the generators may be stuck in capture mode
                 reset_generators_after_failed_capture(self.gen)
             return None
+
+
+def decode_layers(model, wanted: bool, device: torch.device) -> FusedLayers | None:
+    """Liger's layers on `model` for the engine's decode where they run (None: Hugging Face's); one
+    line says which."""
+    if not (wanted and device.type == "cuda" and liger_installed() and liger_supported(model)):
+        return None
+    fused = apply_liger(model)
+    log.info("decode layers: Liger-Kernel's fused RMSNorm, SwiGLU and rotary embedding (--no-liger-decode: "
+             "Hugging Face's)")
+    return fused
 
 
 _ENGINES: "weakref.WeakKeyDictionary[torch.nn.Module, RolloutEngine]" = weakref.WeakKeyDictionary()

@@ -22,7 +22,7 @@ from grpo.model.saved import FoundModel, load_found
 from grpo.obs.progress import Progress
 
 
-def eval_engine(model, tok, backend: str, device: torch.device):
+def eval_engine(model, tok, backend: str, device: torch.device, liger: bool = True):
     """The decoder a greedy evaluation uses: the rollout engine where --generation-backend resolves
     to 'fast' (CUDA by default), else None (Hugging Face `generate`). Sampler 0 (the baseline),
     the learner (the final weights) and the evaluate command all decide by this one rule, so a
@@ -30,10 +30,12 @@ def eval_engine(model, tok, backend: str, device: torch.device):
     decoders, on the same bf16 weights, differed by 2 of 500 problems. vLLM's engine lives in a
     sampler (grpo.generate.vllm_engine), beside whose memory the learner has no room for a second:
     a vllm run's learner decodes its final weights with our engine, the faster of the other two (sampler
-    0's evaluations decode with vLLM's)."""
+    0's evaluations decode with vLLM's). liger: --liger-decode, Liger's layers in the engine where they
+    run, as in the samplers' engines."""
     if resolve_backend(backend, device) == "hf":
         return None
-    return RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id, cuda_graphs=device.type == "cuda")
+    return RolloutEngine(model, eos_ids(tok, model), tok.pad_token_id, cuda_graphs=device.type == "cuda",
+                         liger_layers=liger)
 
 
 def decode_copy(module, dtype: torch.dtype):
@@ -58,7 +60,7 @@ def decode_copy(module, dtype: torch.dtype):
 
 
 @contextlib.contextmanager
-def decoding(module, tok, backend: str, device: torch.device, autocast: bool = False):
+def decoding(module, tok, backend: str, device: torch.device, autocast: bool = False, liger: bool = True):
     """(model, engine) that decode a training module (the learner's final weights) as sampler 0
     decoded the baseline: the same decoder (eval_engine) in the same dtype (compute_dtype: bf16 on
     CUDA). A module that holds float32 weights (--precision autocast, the default for full
@@ -69,7 +71,7 @@ def decoding(module, tok, backend: str, device: torch.device, autocast: bool = F
     module.config.use_cache = True
     copy = decode_copy(module, compute_dtype(device))
     model = copy if copy is not None else module
-    engine = eval_engine(model, tok, backend, device)
+    engine = eval_engine(model, tok, backend, device, liger)
     amp = autocast and engine is None and copy is None
     try:
         with torch.autocast("cuda", dtype=torch.bfloat16) if amp else contextlib.nullcontext():

@@ -34,7 +34,7 @@ from typing import Callable, Iterator, Protocol
 import numpy as np
 import torch
 
-from grpo.generate.attention import layer_masks, rollout_attention_on
+from grpo.generate.attention import layer_masks
 from grpo.generate.cache import Ring, static_cache
 from grpo.model.logprobs import left_pad
 
@@ -431,7 +431,7 @@ class RingStream:
         allowed = (q.view(1, P, 1) >= q.view(1, 1, P)) & (valid.unsqueeze(1) | (q.view(1, P, 1) == q.view(1, 1, P)))
         pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
         tmp = static_cache(e.model, P, e.device, e.plan)
-        with rollout_attention_on(e.model):
+        with e.passes():
             logits = e.model(input_ids=ids, position_ids=pos,
                              attention_mask=layer_masks(e.plan, e.dtype, allowed.unsqueeze(1),
                                                         (q.view(1, 1, P, 1) - q.view(1, 1, 1, P))),
@@ -486,7 +486,7 @@ class RingStream:
         r.key_valid.index_fill_(1, r.t, True)   # this step's key is written at slot t in every row
         # A row's sequence is contiguous around the ring, so its key at slot i is (t - i) mod length back.
         distance = (r.t - r.key_index).remainder(r.length)                            # [L]
-        with rollout_attention_on(e.model):
+        with e.passes():
             logits = e.model(input_ids=r.tok, position_ids=r.pos,
                              attention_mask=layer_masks(e.plan, e.dtype, r.key_valid.view(r.rows, 1, 1, -1), distance),
                              past_key_values=r.cache, use_cache=True, logits_to_keep=1).logits[:, -1]

@@ -7,15 +7,14 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from types import MethodType
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama import modeling_llama
 
 from grpo.generate.greedy import decode_copy
 from grpo.learner.kernels import FusedLayers, liger_choice, scoped_patch
+from ligerutil import liger_like_patch, tiny_llama
 from grpo.learner.step import TrainStep
 from grpo.model.logprobs import token_logprobs
 
@@ -44,38 +43,6 @@ def test_liger_on_where_it_cannot_run_names_the_fix(cuda, installed, supported, 
     assert "--liger-kernel off" in str(err.value)
     with pytest.raises(ValueError, match="choose one of auto, on, off"):
         liger_choice("yes", True, True, True)
-
-
-def tiny_llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    return LlamaForCausalLM(cfg).eval()
-
-
-def liger_like_patch(calls: dict):
-    """What Liger's apply function does to a model, with counting stand-ins for its kernels: the
-    modelling module's rotary function and RMSNorm class replaced, each instance norm's forward
-    rebound. Each stand-in computes exactly what Hugging Face's does."""
-    hf_rope, hf_norm = modeling_llama.apply_rotary_pos_emb, modeling_llama.LlamaRMSNorm
-
-    def rope(*a, **k):
-        calls["rope"] += 1
-        return hf_rope(*a, **k)
-
-    def norm_forward(self, x):
-        calls["norm"] += 1
-        return hf_norm.forward(self, x)
-
-    class CountingNorm(hf_norm):
-        pass
-
-    def apply(model):
-        modeling_llama.apply_rotary_pos_emb = rope
-        modeling_llama.LlamaRMSNorm = CountingNorm
-        for layer in model.model.layers:
-            layer.input_layernorm.forward = MethodType(norm_forward, layer.input_layernorm)
-    return apply, rope, CountingNorm
 
 
 def test_the_patch_names_are_in_place_only_for_the_learners_passes():

@@ -1,0 +1,45 @@
+"""--liger-decode in our engine: where Liger cannot run (CPU) the model is left as it is; where it
+does, its module-level names are in place only inside the engine's passes (a real Llama, a real
+patch of its modelling module with counting stand-ins for Liger's kernels: tests/learner/
+test_kernels.py's), so a forward outside the engine (a log-prob pass, another model of the type)
+runs Hugging Face's. Liger's kernels themselves are checked on a GPU (test_liger_decode_gpu.py)."""
+from __future__ import annotations
+
+import torch
+from ligerutil import liger_like_patch, tiny_llama
+from transformers.models.llama import modeling_llama
+
+from grpo.generate.engine import RolloutEngine, decode_layers
+from grpo.model.liger import scoped_patch
+
+CPU = torch.device("cpu")
+
+
+def test_on_cpu_the_engine_keeps_hugging_faces_layers():
+    model = tiny_llama()
+    before = {n: m.forward for n, m in model.named_modules()}
+    assert decode_layers(model, True, CPU) is None
+    eng = RolloutEngine(model, 2, 0, cuda_graphs=False)
+    assert eng.layers is None and {n: m.forward for n, m in model.named_modules()} == before
+
+
+def test_the_patchs_names_are_in_place_only_inside_the_engines_passes():
+    calls = {"rope": 0, "norm": 0}
+    hf_rope = modeling_llama.apply_rotary_pos_emb
+    apply, rope, _ = liger_like_patch(calls)
+    model = tiny_llama()
+    want = RolloutEngine(tiny_llama(), 2, 0, cuda_graphs=False).generate([[5, 6, 7], [9]], 6, greedy=True).token_ids
+    eng = RolloutEngine(model, 2, 0, cuda_graphs=False)
+    eng.layers = scoped_patch(apply, model)
+    assert modeling_llama.apply_rotary_pos_emb is hf_rope      # scoped at once
+    got = eng.generate([[5, 6, 7], [9]], 6, greedy=True).token_ids
+    # the prefill and 5 decode steps, 3 layers each, through the patched rotary function
+    assert calls["rope"] == 6 * 3 and got == want
+    assert modeling_llama.apply_rotary_pos_emb is hf_rope
+    calls["rope"] = calls["norm"] = 0
+    with torch.no_grad():
+        model(input_ids=torch.tensor([[5, 6, 7]]))            # outside the engine: Hugging Face's rotary
+    assert calls["rope"] == 0 and calls["norm"] == 3           # the instance's norms stay patched
+    with eng.passes():
+        assert modeling_llama.apply_rotary_pos_emb is rope
+    assert modeling_llama.apply_rotary_pos_emb is hf_rope
