@@ -22,6 +22,7 @@ run's facts are checked.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
 import time
@@ -416,15 +417,19 @@ class RolloutWorkflow:
         out: list[np.ndarray | None] = [None] * len(whole)
         order = sorted(range(len(whole)), key=lambda i: len(whole[i]))
         bs = self.cfg.rollout.logprob_batch_size
-        for s in range(0, len(order), bs):
-            idx = order[s:s + bs]
-            ids, mask = right_pad([whole[i] for i in idx], self.tok.pad_token_id, self.device)
-            first = torch.tensor([prompt_lens[i] - 1 for i in idx])            # [b]: the completions only
-            lp = token_logprobs(model, ids, mask, self.cfg.rollout.temperature, first=first).cpu()   # [b, L-1]
-            for j, i in enumerate(idx):
-                p = prompt_lens[i]
-                # token t (t >= p) is predicted at position t-1
-                out[i] = lp[j, p - 1:len(whole[i]) - 1].numpy().astype(np.float32)
+        # the policy's pass with the layers its decode ran (--liger-decode: the patch's rotary function
+        # is in place only inside its scope), as the sampling log-probs and the learner's were taken
+        layers = getattr(self.engine, "layers", None) if model is self.policy else None
+        with layers.passes() if layers is not None else contextlib.nullcontext():
+            for s in range(0, len(order), bs):
+                idx = order[s:s + bs]
+                ids, mask = right_pad([whole[i] for i in idx], self.tok.pad_token_id, self.device)
+                first = torch.tensor([prompt_lens[i] - 1 for i in idx])            # [b]: the completions only
+                lp = token_logprobs(model, ids, mask, self.cfg.rollout.temperature, first=first).cpu()   # [b, L-1]
+                for j, i in enumerate(idx):
+                    p = prompt_lens[i]
+                    # token t (t >= p) is predicted at position t-1
+                    out[i] = lp[j, p - 1:len(whole[i]) - 1].numpy().astype(np.float32)
         return out
 
 

@@ -43,3 +43,34 @@ def test_the_patchs_names_are_in_place_only_inside_the_engines_passes():
     with eng.passes():
         assert modeling_llama.apply_rotary_pos_emb is rope
     assert modeling_llama.apply_rotary_pos_emb is hf_rope
+
+
+def test_the_samplers_pass_over_its_policy_runs_the_decodes_layers_and_the_references_does_not():
+    """RolloutWorkflow._logprobs (old log-probs by a teacher-forced pass): over the policy, inside the
+    engine's layers' scope (the patched rotary function); over another model (the reference), outside
+    it. The stand-ins compute what Hugging Face's layers do, so the values are token_logprobs'."""
+    from types import SimpleNamespace
+
+    from grpo.model.logprobs import right_pad, token_logprobs
+    from grpo.sampler.workflow import RolloutWorkflow
+
+    calls = {"rope": 0, "norm": 0}
+    apply, _, _ = liger_like_patch(calls)
+    policy, ref = tiny_llama(), tiny_llama()
+    eng = RolloutEngine(policy, 2, 0, cuda_graphs=False)
+    eng.layers = scoped_patch(apply, policy)
+    wf = RolloutWorkflow.__new__(RolloutWorkflow)
+    wf.policy, wf.engine, wf.device = policy, eng, CPU
+    wf.tok = SimpleNamespace(pad_token_id=0)
+    wf.cfg = SimpleNamespace(rollout=SimpleNamespace(logprob_batch_size=2, temperature=1.0))
+    whole, plens = [[5, 6, 7, 8, 9], [4, 3, 2], [7, 7, 7, 7]], [2, 1, 3]
+    got = wf._logprobs(policy, whole, plens)
+    assert calls["rope"] == 2 * 3                              # two micro-batches, three layers
+    ids, mask = right_pad(whole, 0, CPU)
+    with torch.no_grad():
+        want = token_logprobs(policy, ids, mask, 1.0)
+    for i, (w, p) in enumerate(zip(whole, plens)):
+        torch.testing.assert_close(torch.from_numpy(got[i]), want[i, p - 1:len(w) - 1])
+    calls["rope"] = 0
+    wf._logprobs(ref, whole, plens)
+    assert calls["rope"] == 0 and modeling_llama.apply_rotary_pos_emb.__name__ == "apply_rotary_pos_emb"
