@@ -68,7 +68,7 @@ from grpo.generate.batch import BatchStream
 from grpo.generate.cache import Slot
 from grpo.generate.capture import (COMPILED_VERSIONS, CaptureFailed, allow_recompiles, capture_decode,
                                    reset_generators_after_failed_capture)
-from grpo.generate.fused_sampling import available as fused_available, fused_sample_step, new_seed
+from grpo.generate.fused_sampling import available as fused_available, check as fused_check, fused_sample_step, new_seed
 from grpo.generate.sampling import new_generator, sample_step
 from grpo.model.liger import FusedLayers, apply_liger, liger_installed, liger_supported
 # FinishedGroup and the version rules are stream's, re-exported: callers import them from here too.
@@ -124,7 +124,7 @@ class RolloutEngine:
             raise ValueError("cuda_graphs needs the model on a CUDA device; use cuda_graphs=False on CPU")
         self.cuda_graphs = cuda_graphs
         register_attention()
-        self.layers = decode_layers(model, liger_layers, self.device)
+        self.layers: FusedLayers | None = None   # Liger's, once a test decode passed with them (below)
         impl = getattr(model.config, "_attn_implementation", "eager")
         if impl not in ("sdpa", "eager"):
             raise ValueError(f"the fast generation backend supports sdpa and eager attention, not {impl!r}; "
@@ -148,6 +148,9 @@ class RolloutEngine:
         self.gen = new_generator(self.device)
         # The fused kernel's noise: a device seed it advances itself, so graphs need not register it.
         self.fused = bool(fused_sampling) and not compile_decode and fused_available(self.device)
+        if self.fused and (why := fused_check(self.device, vocab_size(model))) is not None:
+            log.warning("fused sampling cannot run here (%s): sampling with torch's ops", why)
+            self.fused = False
         self.seed = new_seed(self.device) if self.fused else None
         # torch.compile specialises on shapes (dynamic=False): one compilation per bucket shape,
         # greedy flag and attention length (COMPILED_VERSIONS).
@@ -169,6 +172,16 @@ class RolloutEngine:
         if self.fallback is not None:
             log.warning("the fast generation backend cannot serve this model (%s): decoding with Hugging Face "
                         "generate instead", self.fallback)
+        elif (layers := decode_layers(model, liger_layers, self.device)) is not None:
+            # Liger's layers only if a test decode passes with them too; else the patch is undone
+            self.layers = layers
+            if (why := self._probe()) is not None:
+                layers.remove()
+                self.layers = None
+                log.warning("decode layers: Hugging Face's (Liger's failed a test decode: %s)", why)
+            else:
+                log.info("decode layers: Liger-Kernel's fused RMSNorm, SwiGLU and rotary embedding "
+                         "(--no-liger-decode: Hugging Face's)")
 
     @contextlib.contextmanager
     def passes(self):
@@ -420,14 +433,17 @@ class RolloutEngine:
 
 
 def decode_layers(model, wanted: bool, device: torch.device) -> FusedLayers | None:
-    """Liger's layers on `model` for the engine's decode where they run (None: Hugging Face's); one
-    line says which."""
+    """Liger's layers patched onto `model` for the engine's decode where they can run (CUDA, installed,
+    a model type Liger serves); None: Hugging Face's."""
     if not (wanted and device.type == "cuda" and liger_installed() and liger_supported(model)):
         return None
-    fused = apply_liger(model)
-    log.info("decode layers: Liger-Kernel's fused RMSNorm, SwiGLU and rotary embedding (--no-liger-decode: "
-             "Hugging Face's)")
-    return fused
+    return apply_liger(model)
+
+
+def vocab_size(model) -> int:
+    """The width of the model's logits: its output layer's rows (a padded vocabulary included)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
 
 
 _ENGINES: "weakref.WeakKeyDictionary[torch.nn.Module, RolloutEngine]" = weakref.WeakKeyDictionary()

@@ -92,6 +92,23 @@ def _compile():
     return _kernel
 
 
+def check(device: torch.device, vocab: int) -> str | None:
+    """None if a draw of 2 rows of `vocab` logits runs on `device` (Triton compiles the kernel for that
+    width here, as the engine's steps will use it), else why not, in one line."""
+    try:
+        logits = torch.zeros(2, vocab, device=device)
+        inv_t = torch.ones((), device=device)
+        done = torch.zeros(2, dtype=torch.bool, device=device)
+        eos = torch.zeros(0, dtype=torch.long, device=device)
+        for greedy in (True, False):
+            seed = torch.zeros(1, dtype=torch.int64, device=device)   # not torch's RNG: runs repeat as before
+            tok, _, _ = fused_sample_step(logits, inv_t, greedy, seed, done, 0, eos)
+            tok.cpu()   # a host sync: a kernel that failed on the device says so here
+    except Exception as exc:   # noqa: BLE001 - any failure means: use torch's ops
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+    return None
+
+
 def new_seed(device: torch.device) -> torch.Tensor:
     """The device seed fused_sample_step draws with, taken from torch's global RNG (a CPU draw), so
     torch.manual_seed still makes runs repeatable."""

@@ -39,8 +39,22 @@ def liger_supported(model) -> bool:
 
 @dataclass
 class FusedLayers:
-    """The module-level names a patch changed: (module, name, Hugging Face's value, the patch's)."""
+    """The module-level names a patch changed: (module, name, Hugging Face's value, the patch's); and
+    each of the model's modules with its attributes before the patch (`instance`, for remove)."""
     names: list[tuple[object, str, object, object]] = field(default_factory=list)
+    instance: list[tuple[object, dict]] = field(default_factory=list)
+
+    def remove(self) -> None:
+        """Undo the patch of the instance: every module's attributes as they were before it (Liger's
+        instance patch sets attributes and binds methods in each module's __dict__). The module-level
+        names are Hugging Face's outside passes() already."""
+        for module, before in self.instance:
+            now = module.__dict__
+            for key in [k for k in now if k not in before]:
+                del now[key]
+            for key, value in before.items():
+                if now.get(key) is not value:
+                    now[key] = value
 
     @contextlib.contextmanager
     def passes(self):
@@ -57,12 +71,12 @@ class FusedLayers:
 def scoped_patch(apply: Callable[[object], None], model) -> FusedLayers:
     """Run apply(model) (a patch of the instance and of module-level names), then put every
     transformers module-level name it changed back: the returned FusedLayers puts them in again
-    for the passes inside its passes()."""
+    for the passes inside its passes(), and its remove() undoes the instance's patch."""
     def loaded() -> dict[str, object]:
         return {n: m for n, m in list(sys.modules.items()) if n.startswith("transformers.") and m is not None}
 
     before = {n: dict(vars(m)) for n, m in loaded().items()}
-    fused = FusedLayers()
+    fused = FusedLayers(instance=[(m, dict(m.__dict__)) for m in model.modules()])
     try:
         apply(model)
     finally:   # a patch that fails half-way leaves no module-level name behind either

@@ -61,6 +61,10 @@ def test_greedy_equals_sample_step_with_ties_across_blocks_padding_and_eos():
     assert ended.tolist() == [False, True, False, False, False, False]
 
 
+def test_the_engines_start_up_check_passes_where_the_kernel_runs():
+    assert fused_sampling.check(CPU, 300) is None
+
+
 def test_greedy_log_prob_by_hand():
     logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
     tok, lp, _ = fused_sample_step(logits, torch.tensor(1.0), True, new_seed(CPU), torch.tensor([False]), PAD,

@@ -74,3 +74,44 @@ def test_the_samplers_pass_over_its_policy_runs_the_decodes_layers_and_the_refer
     calls["rope"] = 0
     wf._logprobs(ref, whole, plens)
     assert calls["rope"] == 0 and modeling_llama.apply_rotary_pos_emb.__name__ == "apply_rotary_pos_emb"
+
+
+def test_a_patch_that_fails_the_test_decode_is_undone_and_the_engine_keeps_hugging_faces(monkeypatch, caplog):
+    """Where Liger's layers fail the engine's test decode (a Triton kernel that cannot compile on this
+    GPU, say), the engine warns, undoes the instance's patch (every module's attributes as before)
+    and decodes with Hugging Face's layers, not with Hugging Face generate."""
+    from types import MethodType
+
+    import grpo.generate.engine as engine_mod
+
+    def broken(model):
+        def forward(self, x):
+            raise RuntimeError("triton: no kernel image for this GPU")
+        for layer in model.model.layers:
+            layer.input_layernorm.forward = MethodType(forward, layer.input_layernorm)
+            layer.mlp.act_shape = "patched"
+    monkeypatch.setattr(engine_mod, "decode_layers", lambda model, wanted, device: scoped_patch(broken, model))
+    model = tiny_llama()
+    before = [dict(m.__dict__) for m in model.modules()]
+    eng = RolloutEngine(model, 2, 0, cuda_graphs=False)
+    assert eng.layers is None and eng.fallback is None
+    assert "Liger's failed a test decode" in caplog.text and "no kernel image" in caplog.text
+    assert [m.__dict__.keys() for m in model.modules()] == [b.keys() for b in before]
+    want = RolloutEngine(tiny_llama(), 2, 0, cuda_graphs=False, liger_layers=False)
+    assert eng.generate([[5, 6, 7], [9]], 6, greedy=True).token_ids == \
+        want.generate([[5, 6, 7], [9]], 6, greedy=True).token_ids
+
+
+def test_fused_sampling_that_cannot_run_leaves_torchs_ops(monkeypatch, caplog):
+    """A Triton that cannot compile the kernel here: one warning at start-up, and torch's sampling."""
+    import grpo.generate.engine as engine_mod
+    from grpo.generate import fused_sampling
+
+    def no_triton():
+        raise RuntimeError("0 active drivers ([]). There should only be one.")
+    monkeypatch.setattr(engine_mod, "fused_available", lambda device: True)
+    monkeypatch.setattr(fused_sampling, "_compile", no_triton)
+    eng = RolloutEngine(tiny_llama(), 2, 0, cuda_graphs=False)
+    assert not eng.fused and eng.seed is None and not eng.ring.fused
+    assert "fused sampling cannot run here (RuntimeError: 0 active drivers" in caplog.text
+    assert len(eng.generate([[5, 6, 7]], 4, greedy=True).token_ids[0]) == 4
