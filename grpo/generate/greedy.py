@@ -67,7 +67,8 @@ def decoding(module, tok, backend: str, device: torch.device, autocast: bool = F
     fine-tuning) is decoded from a bf16 copy of them (decode_copy), so the result is that of the
     weights a sampler would run and of the checkpoint saved in that dtype; `autocast` is then moot.
     A module that cannot be copied so (LoRA adapters) decodes as it is, its fp32 matmuls under bf16
-    autocast on Hugging Face `generate`."""
+    autocast on Hugging Face `generate`. Our engine puts Liger's layers in the model it decodes
+    (`liger`, --liger-decode); on the training module itself they are taken out again after."""
     module.config.use_cache = True
     copy = decode_copy(module, compute_dtype(device))
     model = copy if copy is not None else module
@@ -77,6 +78,8 @@ def decoding(module, tok, backend: str, device: torch.device, autocast: bool = F
         with torch.autocast("cuda", dtype=torch.bfloat16) if amp else contextlib.nullcontext():
             yield model, engine
     finally:
+        if copy is None and engine is not None and engine.layers is not None:
+            engine.layers.remove()   # the training module itself was patched for the decode: as it was
         del engine, model, copy   # the copy's memory (and the engine's cache) go back before shutdown
 
 

@@ -115,3 +115,21 @@ def test_fused_sampling_that_cannot_run_leaves_torchs_ops(monkeypatch, caplog):
     assert not eng.fused and eng.seed is None and not eng.ring.fused
     assert "fused sampling cannot run here (RuntimeError: 0 active drivers" in caplog.text
     assert len(eng.generate([[5, 6, 7]], 4, greedy=True).token_ids[0]) == 4
+
+
+def test_an_evaluation_that_decodes_the_training_module_itself_leaves_it_as_it_was(monkeypatch):
+    """grpo.generate.greedy.decoding on a module it does not copy (already in the compute dtype): the
+    engine's patch is on the module while it decodes, and taken off after (the learner trains on)."""
+    import grpo.generate.engine as engine_mod
+    from grpo.generate.greedy import decoding
+
+    calls = {"rope": 0, "norm": 0}
+    apply, _, _ = liger_like_patch(calls)
+    monkeypatch.setattr(engine_mod, "decode_layers", lambda model, wanted, device: scoped_patch(apply, model))
+    module = tiny_llama()
+    norm = module.model.layers[0].input_layernorm
+    tok = type("Tok", (), {"pad_token_id": 0, "eos_token_id": 2})()
+    with decoding(module, tok, "fast", CPU) as (model, engine):
+        assert model is module and engine.layers is not None and "forward" in norm.__dict__
+        engine.generate([[5, 6, 7]], 3, greedy=True)
+    assert calls["rope"] > 0 and "forward" not in norm.__dict__
