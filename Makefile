@@ -17,6 +17,8 @@ $(STAMP): requirements.txt pyproject.toml
 	# The package itself, editable, for the console commands (grpo-run, ...); its dependencies are the
 	# pins above. A fresh clone's install checks pyproject.toml this way too.
 	$(BIN)/python -m pip install -q --no-deps -e .
+	# On a GPU, Liger-Kernel's fused layers for the learner and the decode (pyproject's `liger` extra).
+	$(if $(HAS_GPU),$(BIN)/python -m pip install -q liger-kernel==0.8.5)
 	touch $(STAMP)
 
 install: $(STAMP)
