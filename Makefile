@@ -18,7 +18,9 @@ $(STAMP): requirements.txt pyproject.toml
 	# pins above. A fresh clone's install checks pyproject.toml this way too.
 	$(BIN)/python -m pip install -q --no-deps -e .
 	# On a GPU, Liger-Kernel's fused layers for the learner and the decode (pyproject's `liger` extra).
-	$(if $(HAS_GPU),$(BIN)/python -m pip install -q liger-kernel==0.8.5)
+	# Without one, Triton alone (torch's CUDA builds bring their own): the fused sampling kernel's
+	# tests run it as an interpreter on CPU.
+	$(if $(HAS_GPU),$(BIN)/python -m pip install -q liger-kernel==0.8.5,$(BIN)/python -m pip install -q triton==3.6.0)
 	touch $(STAMP)
 
 install: $(STAMP)
