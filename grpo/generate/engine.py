@@ -70,7 +70,7 @@ from grpo.generate.capture import (COMPILED_VERSIONS, CaptureFailed, allow_recom
                                    reset_generators_after_failed_capture)
 from grpo.generate.fused_sampling import available as fused_available, check as fused_check, fused_sample_step, new_seed
 from grpo.generate.sampling import new_generator, sample_step
-from grpo.model.liger import FusedLayers, apply_liger, liger_installed, liger_supported
+from grpo.model.liger import FusedLayers, fuse
 # FinishedGroup and the version rules are stream's, re-exported: callers import them from here too.
 from grpo.generate.stream import (STREAM_COUNTS, FinishedGroup, RingStream, group_versions,  # noqa: F401
                                   token_versions)
@@ -148,7 +148,7 @@ class RolloutEngine:
         self.gen = new_generator(self.device)
         # The fused kernel's noise: a device seed it advances itself, so graphs need not register it.
         self.fused = bool(fused_sampling) and not compile_decode and fused_available(self.device)
-        if self.fused and (why := fused_check(self.device, vocab_size(model))) is not None:
+        if self.fused and (why := fused_check(self.device, model.config.vocab_size)) is not None:
             log.warning("fused sampling cannot run here (%s): sampling with torch's ops", why)
             self.fused = False
         self.seed = new_seed(self.device) if self.fused else None
@@ -433,17 +433,9 @@ class RolloutEngine:
 
 
 def decode_layers(model, wanted: bool, device: torch.device) -> FusedLayers | None:
-    """Liger's layers patched onto `model` for the engine's decode where they can run (CUDA, installed,
-    a model type Liger serves); None: Hugging Face's."""
-    if not (wanted and device.type == "cuda" and liger_installed() and liger_supported(model)):
-        return None
-    return apply_liger(model)
-
-
-def vocab_size(model) -> int:
-    """The width of the model's logits: its output layer's rows (a padded vocabulary included)."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    return int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
+    """Liger's layers patched onto `model` for the engine's decode where grpo.model.liger's rule lets
+    them run ('auto' for --liger-decode, 'off' without it); None: Hugging Face's."""
+    return fuse(model, "auto" if wanted else "off", device.type == "cuda")[0]
 
 
 _ENGINES: "weakref.WeakKeyDictionary[torch.nn.Module, RolloutEngine]" = weakref.WeakKeyDictionary()

@@ -33,11 +33,12 @@ from grpo.learner.engine import (CommunicatorWarmup, DeepSpeedEngine, TorchEngin
                                  init_process_group, load_ds_config, resolve_ds_config)
 from grpo.learner.intake import Intake
 from grpo.learner.liveness import Liveness, SyncPeers
-from grpo.learner.kernels import fuse_layers, liger_choice, liger_installed
+from grpo.learner.kernels import fuse_layers
 from grpo.learner.lora import wrap_lora
 from grpo.learner.timelimit import TimeLimit
 from grpo.learner.step import TrainStep
 from grpo.loss import LossConfig
+from grpo.model.liger import liger_choice, liger_installed
 from grpo.model.load import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, said_imports,
                              start_runtime)
 from grpo.model.zoo import resolve_model

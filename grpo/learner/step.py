@@ -20,8 +20,8 @@ import torch.distributed as dist
 from grpo.config import LearnerConfig
 from grpo.learner.batch import (Batch, balanced_split, length_buckets, micro_batch, minibatches, padded_tokens,
                                 token_buckets)
-from grpo.learner.kernels import FusedLayers
 from grpo.loss import LossConfig, Norms, compute_loss
+from grpo.model.liger import FusedLayers
 from grpo.model.logprobs import token_logprobs
 
 # How the ranks' values of one figure combine: added up, the largest, the mean over ranks, or

@@ -14,7 +14,8 @@ Face's rotary embedding unless it is patched too. The backward needs no scope: i
 autograd functions the forward recorded.
 
 Liger's kernels are Triton kernels: CUDA only, and liger-kernel is not a requirement (`pip install
-liger-kernel`, or `pip install -e '.[liger]'`).
+liger-kernel`, or `pip install -e '.[liger]'`). Whether to use them (liger_choice) is a rule of its
+own, tested by hand.
 """
 from __future__ import annotations
 
@@ -24,7 +25,25 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
+from grpo.config.training import LIGER_CHOICES
+
 INSTALL = "pip install liger-kernel"
+
+
+def liger_choice(choice: str, cuda: bool, installed: bool, supported: bool) -> tuple[bool, str]:
+    """(use Liger's kernels, why in a few words) for --liger-kernel `choice` ('auto', 'on', 'off') on
+    a CUDA device or not, with liger-kernel installed or not, for a model type it supports or not.
+    'on' where it cannot run is a ValueError naming the fix; 'auto' uses it wherever it can."""
+    if choice not in LIGER_CHOICES:
+        raise ValueError(f"--liger-kernel {choice!r}: choose one of {', '.join(LIGER_CHOICES)}")
+    if choice == "off":
+        return False, "--liger-kernel off"
+    missing = ("its kernels are Triton kernels, which need a CUDA device" if not cuda else
+               f"liger-kernel is not installed ({INSTALL})" if not installed else
+               "Liger has no kernels for this model type" if not supported else "")
+    if missing and choice == "on":
+        raise ValueError(f"--liger-kernel on: {missing}; drop --liger-kernel or pass --liger-kernel off")
+    return (False, missing) if missing else (True, "fused RMSNorm, SwiGLU and rotary embedding")
 
 
 def liger_installed() -> bool:
@@ -98,3 +117,12 @@ def apply_liger(model) -> FusedLayers:
 
     return scoped_patch(lambda m: _apply_liger_kernel_to_instance(
         model=m, rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False), model)
+
+
+def fuse(model, choice: str, cuda: bool) -> tuple[FusedLayers | None, str]:
+    """(the patch on `model`, or None for Hugging Face's layers; why in a few words) for a choice of
+    liger_choice's on a CUDA device or not: the one rule the learner (--liger-kernel) and our engine
+    (--liger-decode: 'auto' or 'off') both follow."""
+    installed = liger_installed()
+    use, why = liger_choice(choice, cuda, installed, cuda and installed and liger_supported(model))
+    return (apply_liger(model) if use else None), why

@@ -13,7 +13,7 @@ import torch
 from transformers.models.llama import modeling_llama
 
 from grpo.generate.greedy import decode_copy
-from grpo.learner.kernels import FusedLayers, liger_choice, scoped_patch
+from grpo.model.liger import FusedLayers, liger_choice, scoped_patch
 from ligerutil import liger_like_patch, tiny_llama
 from grpo.learner.step import TrainStep
 from grpo.model.logprobs import token_logprobs
