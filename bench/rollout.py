@@ -46,6 +46,12 @@ from grpo.model.zoo import resolve_model  # noqa: E402
 
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 ENGINE_KW: dict = {}   # --attend-chunk: passed to every RolloutEngine this script makes
+# The on/off flags that set every engine's keyword: (flag's dest, RolloutEngine keyword, its value when
+# the flag is given, the result files' suffix), in the suffix's order
+ENGINE_SWITCHES = (("compile_ring", "compile_ring", True, "_ring_compiled"),
+                   ("refill_behind", "refill_behind", True, "_refill_behind"),
+                   ("no_fused_sampling", "fused_sampling", False, "_torch_sampling"),
+                   ("no_liger_decode", "liger_layers", False, "_hf_layers"))
 
 
 def plan(quick: bool, cuda: bool):
@@ -374,18 +380,10 @@ def main() -> int:
     ENGINE_KW["attend_chunk"] = args.attend_chunk or None   # 0: the whole cache (the engine's default is 64)
     if args.compile_decode:
         ENGINE_KW["compile_decode"] = True
-    if args.compile_ring:
-        ENGINE_KW["compile_ring"] = True
-        suffix += "_ring_compiled"
-    if args.refill_behind:
-        ENGINE_KW["refill_behind"] = True
-        suffix += "_refill_behind"
-    if args.no_fused_sampling:
-        ENGINE_KW["fused_sampling"] = False
-        suffix += "_torch_sampling"
-    if args.no_liger_decode:
-        ENGINE_KW["liger_layers"] = False
-        suffix += "_hf_layers"
+    for dest, keyword, value, tag in ENGINE_SWITCHES:
+        if getattr(args, dest):
+            ENGINE_KW[keyword] = value
+            suffix += tag
     if args.check_every:
         ENGINE_KW["check_every"] = args.check_every
         suffix += f"_check{args.check_every}"
