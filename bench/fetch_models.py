@@ -90,13 +90,16 @@ def receive(folder: Path) -> Path | None:
         print(f"fetch_models: chunk {manifest['index'] + 1} of {manifest['chunks']} of {manifest['model']} "
               f"received; missing {','.join(missing)}")
         return None
-    with open(whole, "wb") as out:
+    # assembled aside and renamed once checked: a plan waiting for the file sees it whole or not at all
+    partial = whole.with_name(whole.name + ".partial")
+    with open(partial, "wb") as out:
         for p in have:
             with open(p, "rb") as src:
                 shutil.copyfileobj(src, out, 1 << 24)
-    problem = check_file(whole, manifest)
+    problem = check_file(partial, manifest)
     if problem:
         raise SystemExit(f"fetch_models: {problem}")
+    partial.replace(whole)
     for p in have:
         p.unlink()
     print(f"fetch_models: {whole} is whole (sha256 ok)")

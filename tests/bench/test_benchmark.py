@@ -475,6 +475,8 @@ def test_any_file_splits_and_reassembles_with_its_own_checksum(tmp_path, monkeyp
         fm.receive(f) if f is not folders[-1] else None
     with pytest.raises(SystemExit, match="sha256"):
         fm.receive(folders[-1])
+    # the spoilt assembly never took the file's name: a plan waiting for it sees the good one or none
+    assert (tmp_path / "recv" / "w.tar").read_bytes() == data
 
 
 def test_a_trl_vllm_row_is_trls_command_with_vllm_colocate_and_nothing_else_changed():
