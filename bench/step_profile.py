@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(run, ignore_errors=True)   # a run folder is appended to: start each variant afresh
         bm = argparse.Namespace(device=args.device, dataset=args.dataset, eval_size=16, seconds=3600,
                                 save_schedule="100000", ours_flags=flags)
-        cmd = rw.ours_command(bm, {"seed": args.seed, "layout": layout}, run, model=args.model)
+        cmd = rw.ours_command(bm, {"seed": args.seed, "layout": layout, "trainer": "ours"}, run, model=args.model)
         cmd += ["--max-steps", str(args.steps), "--profile-steps", f"{args.step}-{args.step}"]
         t0 = time.perf_counter()
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
