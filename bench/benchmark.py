@@ -563,6 +563,18 @@ def ours_books(run: Path) -> dict:
             "zero_signal_fraction": round(g["dropped"].get("sampler_zero_signal", 0) / sent, 4)}
 
 
+def rate_from_launch(steps: int | None, first_from_launch: float | None, first_end: float | None,
+                     last_end: float | None) -> float | None:
+    """Steps per second counted from the command's launch to the last step's end, start-up included
+    (steps_per_s counts the trainer's own clock). The trainers' clocks start after launch, so the
+    last step's time from launch is the first step's plus the span between the two on that clock:
+    10 steps, the first ending 20 s from launch and at 5 s of the trainer's clock, the last at 95 s:
+    10 / (20 + 90) = 0.0909."""
+    if not steps or first_from_launch is None or first_end is None or last_end is None:
+        return None
+    return round(steps / (first_from_launch + last_end - first_end), 4)
+
+
 def first_step_ours(run: Path, launch_time: float) -> tuple[float | None, str | None]:
     """Seconds from the command's launch to the learner's first optimizer step, and where from: the
     first 'first_step' stage mark at or after the launch (a run dir may keep an earlier launch's
@@ -695,7 +707,8 @@ def row_result(run: Path, work: Path, device: dict) -> dict:
         metrics, summary = _run_json(run, "metrics.jsonl", lines=True) or [], _run_json(run, "summary.json") or {}
         steps, rates = summary.get("steps"), ours_rates(metrics, summary, gpus)
         first, _ = first_step_ours(run, launch["launch_time"])
-        last_end = max((m["time_s"] for m in metrics if "step" in m and "time_s" in m), default=None)
+        ends = [m["time_s"] for m in metrics if "step" in m and "time_s" in m]
+        first_end, last_end = (min(ends), max(ends)) if ends else (None, None)
         extra = {"books": books.get("groups"), "evals": _evals(run)}
         if (kinds := zero_signal_kinds(run)) is not None:   # (absent from rows made before it was counted)
             extra["zero_signal_kinds"] = kinds
@@ -708,11 +721,12 @@ def row_result(run: Path, work: Path, device: dict) -> dict:
         doc = json.loads((run / "steps.json").read_text()) if (run / "steps.json").is_file() else {"steps": []}
         steps, rates = books["steps"], trl_rates(doc["steps"], gpus)
         first = books.get("first_step_s")
-        last_end = doc["steps"][-1]["time_s"] if doc["steps"] else None
+        first_end, last_end = (doc["steps"][0]["time_s"], doc["steps"][-1]["time_s"]) if doc["steps"] else (None, None)
         extra = {"error": books.get("error"), "trl_config": books.get("config")}
         stale, zero = 0.0, books.get("zero_signal_fraction")
     span = (first or 0.0) if last_end is None else last_end
-    out.update({"steps": steps, "steps_per_s": round(steps / span, 4) if steps and span else None, **rates,
+    out.update({"steps": steps, "steps_per_s": round(steps / span, 4) if steps and span else None,
+                "steps_per_s_from_launch": rate_from_launch(steps, first, first_end, last_end), **rates,
                 "first_step_s": first, "stale_share": stale, "zero_signal_share": zero,
                 "baseline_accuracy": base["accuracy"],
                 "accuracy_at_s": accuracy_marks(saves, launch.get("seconds")),
@@ -760,7 +774,7 @@ def summarise(args) -> Path:
     out.write_text(json.dumps(doc, indent=2) + "\n")
     for model in sorted({r["model"] for r in doc["rows"]}):
         plot([r for r in doc["rows"] if r["model"] == model], out.with_name(f"{out.stem}_{model}.png"), name, model)
-    cols = ["model", "layout", "trainer", "seed", "steps", "median_step_s", "learner_busy_share",
+    cols = ["model", "layout", "trainer", "seed", "steps", "steps_per_s_from_launch", "median_step_s", "learner_busy_share",
             "gen_tokens_per_s_per_gpu", "stale_share", "zero_signal_share", "baseline_accuracy",
             "seconds_to_plus5", "seconds_to_plus10"]
     from benchutil import table

@@ -150,6 +150,14 @@ def test_rates_by_hand():
                                       "gen_tokens_per_s_per_gpu": 87.0}
 
 
+def test_steps_per_second_from_launch_by_hand():
+    # 10 steps: the first ends 20 s after launch, at 5 s of the trainer's clock; the last at 95 s
+    assert rw.rate_from_launch(10, 20.0, 5.0, 95.0) == round(10 / 110, 4)
+    # one step: its own time from launch
+    assert rw.rate_from_launch(1, 30.0, 12.0, 12.0) == round(1 / 30, 4)
+    assert rw.rate_from_launch(0, 20.0, 5.0, 95.0) is None and rw.rate_from_launch(3, None, 5.0, 9.0) is None
+
+
 def test_figures_of_a_run_cut_short_by_hand(tmp_path, capsys):
     """A run whose machine was taken back: no summary.json, a half-written last line; its figures
     come from metrics.jsonl, the samplers' logs and eval.jsonl."""
