@@ -98,6 +98,16 @@ def step_figures(run: Path) -> dict:
                                                 "both_busy_share")} for r in steps]}
 
 
+def variant_command(name: str, args: argparse.Namespace, run: Path) -> list[str]:
+    """Ours' command for a variant: the benchmark's one-GPU row in the variant's layout with its
+    flags, stopped after --steps, the learner tracing step --step."""
+    layout, flags = VARIANTS[name]
+    bm = argparse.Namespace(device=args.device, dataset=args.dataset, eval_size=16, seconds=3600,
+                            save_schedule="100000", ours_flags=flags)
+    cmd = rw.ours_command(bm, {"seed": args.seed, "layout": layout, "trainer": "ours"}, run, model=args.model)
+    return cmd + ["--max-steps", str(args.steps), "--profile-steps", f"{args.step}-{args.step}"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="--model for ours (a GGUF file, a folder, tiny-random)")
@@ -115,13 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"step_profile: unknown variant {bad[0]!r}; give some of {', '.join(VARIANTS)}")
     out: dict = {"seeds": [args.seed], "step_profiled": args.step, "variants": {}}
     for name in names:
-        layout, flags = VARIANTS[name]
         run = Path(args.work_dir) / name
         shutil.rmtree(run, ignore_errors=True)   # a run folder is appended to: start each variant afresh
-        bm = argparse.Namespace(device=args.device, dataset=args.dataset, eval_size=16, seconds=3600,
-                                save_schedule="100000", ours_flags=flags)
-        cmd = rw.ours_command(bm, {"seed": args.seed, "layout": layout, "trainer": "ours"}, run, model=args.model)
-        cmd += ["--max-steps", str(args.steps), "--profile-steps", f"{args.step}-{args.step}"]
+        cmd = variant_command(name, args, run)
         t0 = time.perf_counter()
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         entry = {"command": cmd, "exit": r.returncode, "wall_s": round(time.perf_counter() - t0, 1)}

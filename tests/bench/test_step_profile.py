@@ -19,3 +19,20 @@ def test_a_trace_is_summarised_by_hand():
     # top level only: the matmul inside the step is not counted again
     assert got["main_thread_top"] == [{"name": "step", "ms": 10.0, "calls": 1},
                                       {"name": "aten::copy_", "ms": 1.0, "calls": 1}]
+
+
+def test_each_variant_is_the_benchmark_row_with_its_flags(tmp_path):
+    import argparse
+    args = argparse.Namespace(device="auto", dataset="/data/gsm8k", seed=7, steps=5, step=3, model="tiny-random")
+    cmds = {name: sp.variant_command(name, args, tmp_path / name) for name in sp.VARIANTS}
+    joined = {name: " ".join(cmd) for name, cmd in cmds.items()}
+    assert "--share-gpus" in cmds["rounds"] and "--gpus" not in cmds["rounds"]
+    for name in ("inflight", "inflight-torch", "inflight-unfused", "inflight-bf16"):
+        assert cmds[name][cmds[name].index("--gpus") + 1] == "0" and "--share-gpus" not in cmds[name]
+    assert "--no-deepspeed" in cmds["inflight-torch"] and "--no-deepspeed" not in cmds["inflight"]
+    assert "--no-fused-sampling --no-liger-decode" in joined["inflight-unfused"]
+    assert "--precision bf16" in joined["inflight-bf16"]
+    for name, cmd in cmds.items():   # the benchmark's settings, then the profile's stop and trace
+        assert "--seed 7" in joined[name] and "--num-generations=16" in joined[name]
+        assert cmd[-4:] == ["--max-steps", "5", "--profile-steps", "3-3"]
+        assert cmd[cmd.index("--run-dir") + 1] == str(tmp_path / name)
