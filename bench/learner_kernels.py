@@ -2,7 +2,10 @@
 a step of micro-batches costs each way, and how far the log-probs and gradients move.
 
 Usage (GPU machine with liger-kernel installed, repo root):
-    python bench/learner_kernels.py --shape qwen2.5-0.5b [--micro-batches 5 --rows 20 --length 512]
+    python bench/learner_kernels.py --shape qwen2.5-0.5b [--micro-batches 5 --rows 20 --length 512] [--padded]
+
+Both copies run the learner's passes over the real tokens only (padding-free); --padded: over the
+right-padded rows, as with --no-padding-free.
 
 Two copies of one model at Qwen2.5's shapes (random weights, float32 as the learner keeps them, bf16
 autocast as it trains): one as Hugging Face builds it, one with Liger's RMSNorm, SwiGLU MLP and
@@ -51,6 +54,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--micro-batches", type=int, default=5)
     ap.add_argument("--rows", type=int, default=20)
     ap.add_argument("--length", type=int, default=512)
+    ap.add_argument("--padded", action="store_true",
+                    help="the passes over right-padded rows (--no-padding-free), not over the real tokens only")
     ap.add_argument("--results-dir", default=None)
     args = ap.parse_args(argv)
     device = pick(args.device)
@@ -75,7 +80,7 @@ def main(argv=None) -> dict:
         model = models[mode]
         for ids, mask in batches:   # [rows, L]
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                lp = token_logprobs(model, ids, mask, 1.0)   # [rows, L - 1]
+                lp = token_logprobs(model, ids, mask, 1.0, padding_free=not args.padded)   # [rows, L - 1]
             if not grads:
                 return lp
             (-(lp * mask[:, 1:]).sum() / mask[:, 1:].sum()).backward()
@@ -84,6 +89,7 @@ def main(argv=None) -> dict:
     # How far the log-probs and the gradients move: the first micro-batch, before any step
     from importlib.metadata import version
     result = {"shape": args.shape, "seeds": [0, 1], "reps": args.reps, "tokens": tokens,
+              "padded_tokens": sum(m.numel() for _, m in batches), "padding_free": not args.padded,
               "liger_kernel": version("liger-kernel"),
               "step_shape": {"micro_batches": args.micro_batches, "rows": args.rows, "length": args.length}}
     with torch.no_grad():
@@ -117,7 +123,7 @@ def main(argv=None) -> dict:
     result["speedup"] = round(result["plain_median_s"] / result["liger_median_s"], 3)
     if device.type == "cuda":
         result["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
-    out = write_result(f"learner_kernels_{args.shape}", device, result,
+    out = write_result(f"learner_kernels_{args.shape}{'_padded' if args.padded else ''}", device, result,
                        results_dir=Path(args.results_dir) if args.results_dir else None)
     print(f"{args.shape}: {tokens} tokens, forward and backward {result['plain_median_s']:.3f} s plain, "
           f"{result['liger_median_s']:.3f} s with Liger ({result['speedup']}x); log-probs within "

@@ -59,6 +59,8 @@ class TrainingSection:
     """Updates per learner step, each on a minibatch of groups."""
     micro_batch_tokens: int = at_least(-1, 0, "0: the default budget, -1: off")
     """Padded tokens per learner micro-batch, packed by length (0: default budget; -1: fixed micro-batches of rows)."""
+    padding_free: bool = True
+    """The learner's passes over each micro-batch's real tokens only, no padding slot (TRL's padding_free), where the model's type allows."""
     liger_kernel: LigerChoice = "auto"
     """Liger-Kernel's fused RMSNorm, SwiGLU and rotary kernels in the learner's passes (TRL's use_liger_kernel); auto: where installed, on CUDA."""
     warm_up: bool = True

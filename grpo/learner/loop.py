@@ -157,7 +157,8 @@ class Learner:
             return
         rows, length = warm_up_shape(min(p.ds_config["train_micro_batch_size_per_gpu"], -(-p.batch_size // p.world)),
                                      cfg.faults.max_prompt_tokens, cfg.rollout.max_new_tokens)
-        dt = warm_up(p.engine.module, p.vocab_size, rows, length, p.device, p.step.amp(), cfg.rollout.temperature)
+        dt = warm_up(p.engine.module, p.vocab_size, rows, length, p.device, p.step.amp(), cfg.rollout.temperature,
+                     cfg.training.padding_free)
         log.info("warm-up pass (%d x %d made-up tokens, forward and backward, no update): %.2f s", rows, length, dt)
 
     def _receive(self, elapsed: float) -> tuple[list | None, Batch | None]:

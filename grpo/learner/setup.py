@@ -41,6 +41,7 @@ from grpo.loss import LossConfig
 from grpo.model.liger import liger_choice, liger_installed
 from grpo.model.load import (compute_dtype, load_causal_lm, load_tokenizer, pick_device, said_imports,
                              start_runtime)
+from grpo.model.packed import packable
 from grpo.model.zoo import resolve_model
 from grpo.obs.gpu import GpuMonitor, release_cached
 from grpo.obs.metrics import MetricsWriter
@@ -181,6 +182,10 @@ def load_model(cfg: LearnerConfig, path: str, device: torch.device, precision: s
     model = load_causal_lm(path, device, dtype, times=times)
     model.config.use_cache = False
     fused = fuse_layers(model, cfg.training.liger_kernel, device.type == "cuda")   # before LoRA wraps its linears
+    why = packable(model)
+    log.info("learner passes: %s", "padding-free, over each micro-batch's real tokens only (--no-padding-free: "
+             "right-padded rows)" if cfg.training.padding_free and why is None else
+             f"right-padded rows ({'--no-padding-free' if not cfg.training.padding_free else why})")
     if cfg.training.lora_r:
         model = wrap_lora(model, cfg.training.lora_r, cfg.training.lora_alpha, cfg.training.lora_target_modules,
                           cfg.training.lora_dropout)

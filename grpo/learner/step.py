@@ -170,7 +170,7 @@ class TrainStep:
                             mb = micro_batch(batch, [mine[i] for i in piece], self.pad_token_id, self.device)
                             with self.amp():
                                 prox[k, j] = token_logprobs(module, mb.input_ids, mb.attention, cfg.rollout.temperature,
-                                                            first=mb.first)
+                                                            first=mb.first, padding_free=cfg.training.padding_free)
         mine_figs = dict.fromkeys(("loss", "kl", "clipped", "tokens", "ratio", "sequences", "is_weight_sum",
                                    "is_weight_max", "is_limited", "entropy"), 0.0)
         for k, ((mine, micro), part) in enumerate(zip(plans, parts)):
@@ -216,10 +216,11 @@ class TrainStep:
             with self.amp():
                 if cfg.loss.entropy_coef:
                     logp, entropy = token_logprobs(module, mb.input_ids, mb.attention, cfg.rollout.temperature,
-                                                   with_entropy=True, first=mb.first)      # [b, L-1] each
+                                                   with_entropy=True, first=mb.first,
+                                                   padding_free=cfg.training.padding_free)  # [b, L-1] each
                 else:
                     logp = token_logprobs(module, mb.input_ids, mb.attention, cfg.rollout.temperature,
-                                          first=mb.first)                                  # [b, L-1]
+                                          first=mb.first, padding_free=cfg.training.padding_free)  # [b, L-1]
             # The first update's own forward pass runs on the weights before any update: it is the
             # proximal policy. Later minibatches use the pass made before the first update.
             base = None

@@ -31,7 +31,8 @@ def warm_up_shape(micro_rows: int, max_prompt_tokens: int, max_new_tokens: int) 
 
 
 def warm_up(module: torch.nn.Module, vocab_size: int, rows: int, length: int, device: torch.device,
-            amp: contextlib.AbstractContextManager | None = None, temperature: float = 1.0) -> float:
+            amp: contextlib.AbstractContextManager | None = None, temperature: float = 1.0,
+            padding_free: bool = True) -> float:
     """One forward and backward pass on [rows, length] made-up tokens; returns the seconds it took
     (the device synchronised). Changes no parameter, gradient, optimizer state or RNG state."""
     t0 = time.perf_counter()
@@ -49,7 +50,7 @@ def warm_up(module: torch.nn.Module, vocab_size: int, rows: int, length: int, de
     devices = [device] if device.type == "cuda" else []
     try:
         with torch.random.fork_rng(devices=devices), (amp or contextlib.nullcontext()):
-            logp = token_logprobs(module, ids, mask, temperature)        # [rows, length-1]
+            logp = token_logprobs(module, ids, mask, temperature, padding_free=padding_free)   # [rows, length-1]
             torch.autograd.grad(logp.float().mean(), start)               # activations' gradients only
     finally:
         handle.remove()

@@ -10,9 +10,12 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from grpo.model.packed import packable, packed_decoder
+
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float, with_entropy: bool = False, first: torch.Tensor | None = None):
+                   temperature: float, with_entropy: bool = False, first: torch.Tensor | None = None,
+                   padding_free: bool = True):
     """log p(input_ids[:, t+1] | input_ids[:, :t+1]) for every position: [B, L-1], float32.
 
     Sampler (old and reference log-probs) and learner (current log-probs) both use this, so
@@ -23,9 +26,11 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     first: [B], each row's first position wanted (prompt length - 1 for a caller that reads only
     the completion); earlier positions come back 0 and are not computed (the LM head over a long
     prompt is most of the cost of a short completion's pass).
+    padding_free: the decoder computes no padding slot (grpo.model.packed), where the model's type
+    allows (the same values within float tolerance); False: the right-padded rows as they are.
     """
     return chunked_token_logprobs(model, input_ids, attention_mask, temperature, with_entropy=with_entropy,
-                                  first=first)
+                                  first=first, padding_free=padding_free)
 
 
 def right_pad(sequences: list[list[int]] | list[torch.Tensor], pad_id: int,
@@ -110,10 +115,13 @@ def _split_model(model):
 
 def chunked_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            temperature: float, chunk_elems: int = DEFAULT_CHUNK_ELEMS,
-                           with_entropy: bool = False, first: torch.Tensor | None = None):
+                           with_entropy: bool = False, first: torch.Tensor | None = None,
+                           padding_free: bool = True):
     """log p(input_ids[:, t+1] | input_ids[:, :t+1]): [B, L-1] float32 (0 where the target is padding,
     and before position first[b] of row b when first [B] is given).
     with_entropy: (that, the entropy of each position's distribution [B, L-1]), for --entropy-coef.
+    padding_free: the decoder runs over the real tokens only (grpo.model.packed) where the model
+    allows it (packable); the rows must then be right-padded.
 
     Equal to the full-logits computation (same ops, row by row), gradients included.
     """
@@ -133,15 +141,19 @@ def chunked_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch
             return picked
         return picked, (lse - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)) * keep
     decoder, head = parts
-    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     # The predicting positions by flat index, not by a boolean mask: a mask's backward is an
     # accumulating index_put (it sorts every index on CUDA: 0.35 s of a 2.1 s 0.5B learner step in
     # bench/results/step_profile_NVIDIA_H200.json), index_select's is an index_add. Positions are
-    # b * L + t in the [B, L] layout, so `hidden` is read as the view [B * L, D] with no copy.
+    # b * L + t in the [B, L] layout.
     at = torch.zeros((B, L), dtype=torch.bool, device=input_ids.device)
     at[:, :-1] = valid
     idx = at.reshape(-1).nonzero().squeeze(1)                              # [N] (one host sync)
-    rows = hidden.reshape(B * L, -1).index_select(0, idx)                  # [N, D]
+    if padding_free and packable(model) is None:
+        hidden, slot = packed_decoder(decoder, input_ids, attention_mask)  # [T, D], [B * L]
+        rows = hidden.index_select(0, slot.index_select(0, idx))           # [N, D]
+    else:   # `hidden` read as the view [B * L, D], no copy
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        rows = hidden.reshape(B * L, -1).index_select(0, idx)              # [N, D]
     targets = input_ids.reshape(-1).index_select(0, idx + 1)               # [N]: position t predicts t+1
     step = max(1, chunk_elems // head.out_features)
     grad = torch.is_grad_enabled() and rows.requires_grad

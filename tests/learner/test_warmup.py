@@ -43,7 +43,8 @@ def test_warm_up_runs_a_backward_pass_through_every_layer(tiny):   # noqa: F811 
     seen = []
     handle = first.register_full_backward_hook(lambda mod, gin, gout: seen.append(gout[0].shape))
     try:
-        warm_up(engine.module, 1000, 2, 9, CPU)
+        warm_up(engine.module, 1000, 2, 9, CPU)                      # padding-free: one row of 2 x 9 tokens
+        warm_up(engine.module, 1000, 2, 9, CPU, padding_free=False)  # the rows as they are
     finally:
         handle.remove()
-    assert seen and seen[0][:2] == (2, 9)
+    assert [s[:2] for s in seen] == [(1, 18), (2, 9)]
