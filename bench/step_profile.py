@@ -11,6 +11,7 @@ the run's step records (median step, training seconds, the share both were busy)
   inflight-torch  the same with --no-deepspeed (plain AdamW: what ZeRO-2's hooks cost on one rank)
   inflight-unfused  --gpus 0 with the decode of 2026-11-29: torch's sampling ops, Hugging Face's layers
   inflight-bf16  --gpus 0 with --precision bf16 (bf16 weights, DeepSpeed's fp32 master copies)
+  inflight-padded  --gpus 0 with --no-padding-free (the learner's passes over right-padded rows)
 
     python bench/step_profile.py --model /tmp/gguf/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
         --dataset /tmp/data/gsm8k --variants rounds,inflight --out-dir $OUT
@@ -40,7 +41,8 @@ from benchutil import ROOT, pick, write_result  # noqa: E402  (also puts the rep
 # variant -> (bench/benchmark.py's layout, flags added to ours' command)
 VARIANTS = {"rounds": ("1gpu", ""), "inflight": ("1gpu-chosen", ""), "inflight-torch": ("1gpu-chosen", "--no-deepspeed"),
             "inflight-unfused": ("1gpu-chosen", "--no-fused-sampling --no-liger-decode"),
-            "inflight-bf16": ("1gpu-chosen", "--precision bf16")}
+            "inflight-bf16": ("1gpu-chosen", "--precision bf16"),
+            "inflight-padded": ("1gpu-chosen", "--no-padding-free")}
 
 
 def summarise_trace(trace: dict, top: int = 12) -> dict:
