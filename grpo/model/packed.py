@@ -37,6 +37,8 @@ class Layout:
     real: torch.Tensor      # [T] int64: the padded slot of each packed token, ascending
 
 
+# Hugging Face's layers call the attention function with no word of the padded rows: packed_decoder
+# sets the layout here for the length of its pass, in its own thread's context.
 _LAYOUT: contextvars.ContextVar[Layout | None] = contextvars.ContextVar("grpo_packed_layout", default=None)
 
 
