@@ -100,6 +100,7 @@ def test_run_distributed_cpu_two_ranks_two_samplers(tmp_path):
     assert ver["all_matched"] and ver["mismatched"] == 0 and set(ver["per_sampler"]) == {"0", "1"}, ver
     log0 = (run_dir / "learner0.log").read_text()
     assert "DeepSpeed ZeRO stage 2 engine" in log0 and "balanced" in log0
+    assert "learner passes: padding-free" in log0          # the default, for this Llama
     # gloo's collectives, without DeepSpeed's shared-memory op (a C++ build before a CPU run starts)
     for k in (0, 1):
         assert "deepspeed_shm_comm" not in (run_dir / f"learner{k}.log").read_text()
