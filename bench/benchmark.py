@@ -198,6 +198,21 @@ def both_busy_medians(steps: list[dict]) -> dict[str, float]:
 
 
 DECODE_LINE = re.compile(r"completions, (\d+) tokens in ([\d.]+) s")   # a sampler log's round/chunk line
+STREAM_LINE = re.compile(r"stream: [\d,]+ decode steps, ([\d.]+) ms each on the device")   # rows in flight
+
+
+def peak_share_median(steps: list[dict]) -> float | None:
+    """The median of the step records' bf16_peak_share (the learner's model FLOPs over the GPUs' bf16
+    peak in its training seconds), the first step left out; None where no record has one."""
+    shares = [s["bf16_peak_share"] for s in steps[1:] or steps if isinstance(s.get("bf16_peak_share"), (int, float))]
+    return round(statistics.median(shares), 4) if shares else None
+
+
+def stream_step_ms(lines: list[str]) -> float | None:
+    """A sampler's device milliseconds a decode step in flight, from its last stream line (the
+    stream's whole run); None for a sampler that decoded in rounds."""
+    found = [float(m[1]) for m in map(STREAM_LINE.search, lines) if m]
+    return found[-1] if found else None
 
 
 def run_figures(run: Path) -> dict:
@@ -715,6 +730,10 @@ def row_result(run: Path, work: Path, device: dict) -> dict:
         trained = (books.get("groups") or {}).get("trained")
         if (screens := screening(run, group_size_of(launch["command"]), trained)) is not None:   # (the same)
             extra["screening"] = screens
+        if (peak := peak_share_median(metrics)) is not None:   # (absent from rows made before it was logged)
+            extra["bf16_peak_share_median"] = peak
+        if ms := {log.stem: v for log in sorted(run.glob("sampler*.log")) if (v := stream_step_ms(_lines(log)))}:
+            extra["decode_step_ms"] = ms
         stale, zero = books.get("stale_fraction"), books.get("zero_signal_fraction")
     else:
         books = trl_books(run, launch)

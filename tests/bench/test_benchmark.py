@@ -150,6 +150,17 @@ def test_rates_by_hand():
                                       "gen_tokens_per_s_per_gpu": 87.0}
 
 
+def test_peak_share_and_decode_step_by_hand():
+    steps = [{"step": 1, "bf16_peak_share": 0.01}, {"step": 2, "bf16_peak_share": 0.12},
+             {"step": 3}, {"step": 4, "bf16_peak_share": 0.10}, {"step": 5, "bf16_peak_share": 0.14}]
+    assert rw.peak_share_median(steps) == 0.12        # the first step's 0.01 left out; step 3 logged none
+    assert rw.peak_share_median([{"step": 1}]) is None
+    lines = ["02:24:13 sampler0 INFO round 0 (v0): 16 completions, 3519 tokens in 6.58 s (535 tok/s)",
+             "02:26:00 sampler0 INFO stream: 9,000 decode steps, 9.20 ms each on the device (80 s, 70% of 110 s)",
+             "02:29:24 sampler0 INFO stream: 28,656 decode steps, 8.61 ms each on the device (247 s, 76% of 324 s)"]
+    assert rw.stream_step_ms(lines) == 8.61 and rw.stream_step_ms(lines[:1]) is None
+
+
 def test_steps_per_second_from_launch_by_hand():
     # 10 steps: the first ends 20 s after launch, at 5 s of the trainer's clock; the last at 95 s
     assert rw.rate_from_launch(10, 20.0, 5.0, 95.0) == round(10 / 110, 4)
