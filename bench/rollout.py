@@ -47,11 +47,16 @@ from grpo.model.zoo import resolve_model  # noqa: E402
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 ENGINE_KW: dict = {}   # --attend-chunk: passed to every RolloutEngine this script makes
 # The on/off flags that set every engine's keyword: (flag's dest, RolloutEngine keyword, its value when
-# the flag is given, the result files' suffix), in the suffix's order
-ENGINE_SWITCHES = (("compile_ring", "compile_ring", True, "_ring_compiled"),
-                   ("refill_behind", "refill_behind", True, "_refill_behind"),
-                   ("no_fused_sampling", "fused_sampling", False, "_torch_sampling"),
-                   ("no_liger_decode", "liger_layers", False, "_hf_layers"))
+# the flag is given, the result files' suffix, what the flag does), in the suffix's order
+ENGINE_SWITCHES = (
+    ("compile_ring", "compile_ring", True, "_ring_compiled",
+     "every engine compiles its in-flight (stream) step only (the sampler's --compile-ring)"),
+    ("refill_behind", "refill_behind", True, "_refill_behind",
+     "every engine's in-flight stream queues a check's decode steps before its refill (the engine's refill_behind)"),
+    ("no_fused_sampling", "fused_sampling", False, "_torch_sampling",
+     "every engine samples with torch's ops, not the fused Triton kernel (the sampler's --no-fused-sampling)"),
+    ("no_liger_decode", "liger_layers", False, "_hf_layers",
+     "every engine decodes with Hugging Face's layers, not Liger-Kernel's (the sampler's --no-liger-decode)"))
 
 
 def plan(quick: bool, cuda: bool):
@@ -342,18 +347,9 @@ def main() -> int:
     ap.add_argument("--compile-decode", action="store_true",
                     help="every engine runs its decode step through torch.compile before capture (the sampler's "
                          "--compile-decode); the result files get a _compiled suffix")
-    ap.add_argument("--compile-ring", action="store_true",
-                    help="every engine compiles its in-flight (stream) step only (the sampler's --compile-ring); the "
-                         "result files get a _ring_compiled suffix")
-    ap.add_argument("--refill-behind", action="store_true",
-                    help="every engine's in-flight stream queues a check's decode steps before its refill (the "
-                         "engine's refill_behind); the result files get a _refill_behind suffix")
-    ap.add_argument("--no-fused-sampling", action="store_true",
-                    help="every engine samples with torch's ops, not the fused Triton kernel (the sampler's "
-                         "--no-fused-sampling); the result files get a _torch_sampling suffix")
-    ap.add_argument("--no-liger-decode", action="store_true",
-                    help="every engine decodes with Hugging Face's layers, not Liger-Kernel's (the sampler's "
-                         "--no-liger-decode); the result files get a _hf_layers suffix")
+    for dest, _, _, tag, what in ENGINE_SWITCHES:
+        ap.add_argument("--" + dest.replace("_", "-"), action="store_true",
+                        help=f"{what}; the result files get a {tag} suffix")
     ap.add_argument("--check-every", type=int, default=0,
                     help="decode steps between the engines' host checks (default: the engine's, 16); the result "
                          "files get a _checkN suffix")
@@ -380,7 +376,7 @@ def main() -> int:
     ENGINE_KW["attend_chunk"] = args.attend_chunk or None   # 0: the whole cache (the engine's default is 64)
     if args.compile_decode:
         ENGINE_KW["compile_decode"] = True
-    for dest, keyword, value, tag in ENGINE_SWITCHES:
+    for dest, keyword, value, tag, _ in ENGINE_SWITCHES:
         if getattr(args, dest):
             ENGINE_KW[keyword] = value
             suffix += tag
