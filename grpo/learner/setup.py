@@ -182,10 +182,9 @@ def load_model(cfg: LearnerConfig, path: str, device: torch.device, precision: s
     model = load_causal_lm(path, device, dtype, times=times)
     model.config.use_cache = False
     fused = fuse_layers(model, cfg.training.liger_kernel, device.type == "cuda")   # before LoRA wraps its linears
-    why = packable(model)
-    log.info("learner passes: %s", "padding-free, over each micro-batch's real tokens only (--no-padding-free: "
-             "right-padded rows)" if cfg.training.padding_free and why is None else
-             f"right-padded rows ({'--no-padding-free' if not cfg.training.padding_free else why})")
+    why = packable(model) if cfg.training.padding_free else "--no-padding-free"
+    log.info("learner passes: %s", f"right-padded rows ({why})" if why else
+             "padding-free, over each micro-batch's real tokens only (--no-padding-free: right-padded rows)")
     if cfg.training.lora_r:
         model = wrap_lora(model, cfg.training.lora_r, cfg.training.lora_alpha, cfg.training.lora_target_modules,
                           cfg.training.lora_dropout)
