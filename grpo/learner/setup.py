@@ -223,7 +223,7 @@ def wire_queue_view(answers: SyncAnswer, intake: Intake, liveness: Liveness, max
     """Each answer tells its sampler how much it may generate: the budget reads the intake's queue,
     and stops at the groups the steps left to `max_steps` train, or those `time_limit` leaves time for."""
     answers.queue_view = QueueView(queued=lambda: len(intake.queue),
-                                   received=lambda sid: intake.received_by.get(sid, 0),
+                                   received=intake.received,
                                    samplers=lambda: max(1, liveness.count_alive()),
                                    training=lambda: intake.taken, max_steps=max_steps,
                                    time_steps_left=time_limit.steps_left if time_limit else lambda: -1)

@@ -133,6 +133,16 @@ class SyncInbox:
         self.client.close()
 
 
+def hand_group(sender: Sender, group: M.Group, on_full: str, timeout_s: float, counters: SamplerCounters,
+               where: str) -> bool:
+    """Offer one group to the data socket under the --on-full policy (send_group), numbered as handed
+    (Group.seq): a group dropped here takes no number, so the learner sees 1, 2, 3... and can tell
+    the groups a weights request's `sent` counts from those handed after it."""
+    group.seq = counters.handed() + 1
+    counters.add(groups_offered=1)  # offered: a group dropped at the HWM is counted too
+    return send_group(sender, group, on_full, timeout_s, counters, where, f"group {counters.groups_sent}")
+
+
 def send_group(sender: Sender, msg: M.Message, on_full: str, timeout_s: float, counters: SamplerCounters,
                where: str, what: str = "group") -> bool:
     """Send one group under the --on-full policy; False when it was dropped (and counted in `counters`)."""

@@ -24,7 +24,7 @@ from grpo.data.rewards import RewardBroken
 from grpo.evaluate import greedy_accuracy, record_eval
 from grpo.obs.progress import Progress
 from grpo.obs.stages import mark as mark_stage
-from grpo.sampler.heartbeat import send_group, wait_send
+from grpo.sampler.heartbeat import hand_group, wait_send
 from grpo.sampler.setup import build
 from grpo.sampler.weights_client import AnswersRejected, RunMismatch
 from grpo.sampler.workflow import stream_line
@@ -62,9 +62,8 @@ class Sampler:
     def _send(self, groups: list[M.Group]) -> None:
         # Groups filtered out as zero-signal are in groups_sent already (SamplerCounters.groups_sent).
         for group in groups:
-            self.counters.add(groups_offered=1)  # offered: a group dropped at the HWM is counted too
-            send_group(self.parts.data, group, self.cfg.faults.on_full, self.cfg.faults.send_timeout_s, self.counters,
-                       self._where, f"group {self.groups_sent}")
+            hand_group(self.parts.data, group, self.cfg.faults.on_full, self.cfg.faults.send_timeout_s, self.counters,
+                       self._where)
         if self.groups_sent and not self._sent_one:   # its first round is out (sent, or filtered whole)
             self._sent_one = True
             mark_stage(self.cfg.run.run_dir, self.name, "first_group")

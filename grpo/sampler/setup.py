@@ -260,7 +260,7 @@ def connect(cfg: SamplerConfig, curve, profiler: SpanProfiler, prompts: Prompts,
     counters = SamplerCounters(curriculum=prompts.window.stats())
     vocab_size = policy.get_input_embeddings().weight.shape[0]
     client = WeightsClient(cfg, sync, policy, device, vocab_size, receiver, method, counters,
-                           on_levels=prompts.set_levels)
+                           on_levels=prompts.set_levels, incarnation=incarnation)
     if isinstance(rollout.engine, VllmEngine):
         rollout.engine.version_of = lambda: client.version   # a stream or batch first takes the policy's version
     workflow = RolloutWorkflow(cfg, prompts, rewards, rollout, client, counters, gpu, incarnation)

@@ -112,13 +112,14 @@ class WeightsClient:
 
     def __init__(self, cfg: SamplerConfig, sync: SyncClient, policy: torch.nn.Module, device: torch.device,
                  vocab_size: int, receiver, method: str, counters: SamplerCounters,
-                 on_levels: Callable[[dict[str, int]], None]):
+                 on_levels: Callable[[dict[str, int]], None], incarnation: int = 0):
         self.cfg, self.sync, self.policy, self.device, self.vocab_size = cfg, sync, policy, device, vocab_size
         self.receiver, self.sync_method = receiver, method
         # Receivers of methods the learner answered with instead of the one asked (_receiver_of).
         self._served: dict[str, object] = {}
         self.counters, self.handed, self.on_levels = counters, counters.handed, on_levels
         self.name = f"sampler{cfg.run.sampler_id}"
+        self.incarnation = incarnation   # this process's random id, as its groups carry (each request says it)
         self.version = 0
         self.run_facts: M.RunFacts | None = None
         self.budget = -1
@@ -206,7 +207,8 @@ class WeightsClient:
         self._request_id += 1
         self._asked[self._request_id] = handed = self.handed()
         self._asked.pop(self._request_id - 64, None)   # answers come in order: older ones are long answered
-        return ask(self.inbox, self.cfg.run.sampler_id, self.version, self._request_id, self.sync_method, sent=handed)
+        return ask(self.inbox, self.cfg.run.sampler_id, self.version, self._request_id, self.sync_method, sent=handed,
+                   incarnation=self.incarnation)
 
     def sync_weights(self) -> bool:
         """Ask for newer weights and apply the newest answer; False when the learner says stop.

@@ -30,7 +30,8 @@ MAX_CONNECTIONS = 4096   # per-connection state (the gap floor) kept for the new
 class QueueView:
     """What the publisher may read of the learner's intake, from its own thread."""
     queued: Callable[[], int]           # groups waiting to be trained
-    received: Callable[[int], int]      # groups received from a sampler id (valid or rejected)
+    received: Callable[[int, int, int], int]   # (sampler id, incarnation, sent): of the first `sent` groups
+                                        # that process handed, those received (valid or rejected)
     samplers: Callable[[], int]         # samplers alive (at least 1)
     training: Callable[[], int] = lambda: 0   # groups taken for the step being collected or trained
     max_steps: int = 0                  # the learner's --max-steps: its last version (0: none known)
@@ -84,7 +85,8 @@ class SyncAnswer:
         queued = view.queued()
         in_flight = 0
         if msg.sent >= 0:
-            in_flight, floor = gap_floor(self._gap_floor.get(identity), msg.sent, view.received(msg.sampler_id))
+            in_flight, floor = gap_floor(self._gap_floor.get(identity), msg.sent,
+                                         view.received(msg.sampler_id, msg.incarnation, msg.sent))
             self._gap_floor[identity] = floor
             self._gap_floor.move_to_end(identity)
             while len(self._gap_floor) > MAX_CONNECTIONS:   # bounded: made-up connections cannot grow it

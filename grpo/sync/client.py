@@ -30,12 +30,13 @@ def rejected_streak(streak: int, answered: bool, rejected: int) -> int:
 
 
 def ask(client: Transport, sampler_id: int, have_version: int, request_id: int, method: str = "",
-        sent: int = -1) -> bool:
+        sent: int = -1, incarnation: int = 0) -> bool:
     """Sampler side, the first half of a sync: send one weights_request (never blocks; False when
     the socket could not take it now, as when it has never connected: the next request goes again).
-    `sent`: the groups this process has handed to its data socket, for the budget."""
+    `sent`: the groups this process has handed to its data socket, and `incarnation` its random id,
+    for the budget."""
     return client.send(M.WeightsRequest(sampler_id=sampler_id, have_version=have_version, request_id=request_id,
-                                        method=method, sent=sent))
+                                        method=method, sent=sent, incarnation=incarnation))
 
 
 def await_answer(client: Transport, have_version: int, request_id: int, timeout_s: float,

@@ -9,6 +9,26 @@ which this module estimates.
 from __future__ import annotations
 
 
+def received_among(count: int, last_seq: int, sent: int) -> int:
+    """How many of the first `sent` groups a sampler process handed the learner has received, from
+    `count`, all it has received of that process, and `last_seq`, the newest one's Group.seq (0:
+    its groups are not numbered).
+
+    The data and sync sockets are two connections with no order between them: a group handed after
+    a request was written (so not in its `sent`) may reach the learner before that request is
+    answered. Counted as received, it would make the gap sent - received one too small, and
+    gap_floor would keep that dip as lost for good: one group always in flight that never comes,
+    and a budget of 0 once the steps left want exactly it. One process's groups arrive in the order
+    they were handed, so those numbered past `sent` are the newest last_seq - sent received:
+
+        received among the first sent = count - max(0, last_seq - sent)
+
+    Received 7, the newest numbered 9, sent 8: 7 - 1 = 6. Numbered 8 or less: all 7. Not numbered
+    (last_seq 0): all `count`, as before numbering.
+    """
+    return max(0, count - max(0, last_seq - sent)) if sent >= 0 else count
+
+
 def gap_floor(prev_floor: int | None, sent: int, received: int) -> tuple[int, int | None]:
     """(in_flight, new_floor): how many of a sampler's groups are still on their way to the learner.
 

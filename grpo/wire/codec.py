@@ -100,8 +100,9 @@ def _decode_group(h: dict[str, Any], arrays: list[_Array], views: list[memoryvie
     if not np.array_equal(whole, expected):
         raise _fail("length_mismatch", "whole_token_ids != prefix ++ generated for some completion")
     max_version = _int(h, "max_version", "group", lo=policy_version) if "max_version" in h else -1   # optional
+    seq = _int(h, "seq", "group") if "seq" in h else 0   # optional
     return Group(sampler_id, group_id, policy_version, prefix, prefix_tokens, prefix_ids, completions, meta,
-                 _incarnation(h, "group"), max_version)
+                 _incarnation(h, "group"), max_version, seq)
 
 
 def _incarnation(h: dict[str, Any], where: str) -> int:
@@ -262,11 +263,11 @@ def decode(frames: Sequence[Frame], limits: Limits = Limits()) -> Message:
 
 
 def _origin(h: dict[str, Any]) -> Origin | None:
-    """The (kind, sampler_id, incarnation) a valid header names, for a group or a status."""
-    sid, inc = h.get("sampler_id"), h.get("incarnation", 0)
+    """The (kind, sampler_id, incarnation, seq) a valid header names, for a group or a status."""
+    sid, inc, seq = h.get("sampler_id"), h.get("incarnation", 0), h.get("seq", 0)
     if h.get("kind") in ("group", "status") and type(sid) is int and type(inc) is int \
             and 0 <= sid <= I64_MAX and 0 <= inc <= I64_MAX:
-        return Origin(h["kind"], sid, inc)
+        return Origin(h["kind"], sid, inc, seq if type(seq) is int and 0 <= seq <= I64_MAX else 0)
     return None
 
 
@@ -293,7 +294,8 @@ def _decode_body(h: dict[str, Any], views: list[memoryview], limits: Limits) -> 
         if method != "" and method not in WEIGHT_METHODS:
             raise _fail("bad_field", f"weights_request.method: unknown method {method!r}")
         return WeightsRequest(_int(h, "sampler_id", kind), _int(h, "have_version", kind, lo=-1),
-                              _int(h, "request_id", kind), method, _int(h, "sent", kind, lo=-1) if "sent" in h else -1)
+                              _int(h, "request_id", kind), method, _int(h, "sent", kind, lo=-1) if "sent" in h else -1,
+                              _incarnation(h, kind))
     if kind == "no_update":
         return NoUpdate(_int(h, "version", kind), _int(h, "request_id", kind, lo=-1), _run_facts(h), _levels(h),
                         *_counts(h))

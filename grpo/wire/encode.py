@@ -57,6 +57,8 @@ def _encode_group(g: Group) -> list[bytes | memoryview]:
               "completions": completions, "incarnation": g.incarnation}
     if g.max_version >= 0:   # optional: a reader that predates it ignores the key
         fields["max_version"] = g.max_version
+    if g.seq > 0:   # optional, as max_version
+        fields["seq"] = g.seq
     descs = [{"name": n, "dtype": d, "shape": [len(a)]} for (n, d), a in zip(GROUP_ARRAYS, arrays)]
     # memoryview of a contiguous array: zmq sends it with copy=False, no bytes() copy.
     return [_pack("group", fields, descs), *(memoryview(a) for a in arrays)]

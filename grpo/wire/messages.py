@@ -43,6 +43,7 @@ class Origin:
     kind: str
     sampler_id: int
     incarnation: int
+    seq: int = 0   # a group's place among its process's handed groups (Group.seq; 0: not said)
 
 
 class ProtocolError(ValueError):
@@ -98,6 +99,10 @@ class Group:  # the unit of transfer: all G completions of one prompt
     # policy_version is the oldest version that drew any of its tokens (its age: the staleness bound's);
     # with weights swapped in flight later tokens may come from newer ones, up to this (-1: not said).
     max_version: int = -1
+    # Its place among the groups its process has handed to the data socket, from 1 (0: not said). One
+    # process's groups leave on one connection in this order, so the learner can tell those a weights
+    # request's `sent` counts from those handed after it (grpo.sync.flow.received_among).
+    seq: int = 0
 
 
 @dataclass
@@ -117,6 +122,7 @@ class WeightsRequest:  # sampler -> learner on the sync socket
     request_id: int = 0  # echoed in the answer, so a late answer is never taken for the current one
     method: str = ""  # the weight-sync method this sampler can use ("": whatever the learner offers)
     sent: int = -1  # groups this process has handed to its data socket so far (-1: not said)
+    incarnation: int = 0  # random id of the asking process, as its groups carry (0: not said)
 
 
 @dataclass

@@ -11,7 +11,7 @@ from netutil import free_ports
 from grpo.learner.accounting import Books, MessageLedger
 from grpo.learner.liveness import Liveness, SyncPeers
 from grpo.sampler.counters import SamplerCounters
-from grpo.sampler.heartbeat import send_group
+from grpo.sampler.heartbeat import hand_group, send_group
 from grpo.weights.tcp import TcpPublisher
 from grpo.wire import codec
 from grpo.wire import messages as M
@@ -159,6 +159,47 @@ def test_on_full_drop_counts_and_block_times_out():
         assert 0.4 < time.monotonic() - t0 < 5 and counters.dropped_send_timeout == 1.0
     finally:
         drop.close(linger_s=0)
+
+
+def test_groups_are_numbered_as_handed_and_the_intake_counts_only_those_a_request_says():
+    """Real sockets: a PUSH with no learner behind it takes --send-hwm 2 groups and drops the third,
+    which takes no number; once the learner binds, the fourth goes as 3. The learner's intake counts,
+    of the first `sent` a process handed, those received: a request that says 2 while group 3 has
+    already come (the data and sync sockets race) is told 2, not 3."""
+    import collections
+    from types import SimpleNamespace
+
+    from grpo.config import LearnerConfig, from_flat
+    from grpo.learner.intake import Intake
+    from grpo.wire.transport import DataReceiver
+
+    (port,) = free_ports(1)
+    sender, counters = DataSender("127.0.0.1", port, hwm=2), SamplerCounters()
+    groups = [make_group(sampler_id=0, incarnation=5, group_id=f"g{i}") for i in range(4)]
+    receiver = None
+    try:
+        assert [hand_group(sender, g, "drop", 600, counters, "nowhere") for g in groups[:3]] == [True, True, False]
+        assert [g.seq for g in groups[:3]] == [1, 2, 3] and counters.handed() == 2
+        receiver = DataReceiver("127.0.0.1", port, M.Limits(), 1 << 20)
+        assert hand_group(sender, groups[3], "block", 10, counters, "here") and groups[3].seq == 3
+        got = [receiver.receive(10.0) for _ in range(3)]
+    finally:
+        sender.close(linger_s=0)
+        if receiver is not None:
+            receiver.sock.close(linger=0)
+    assert [(g.group_id, g.seq, g.incarnation) for g in got] == [("g0", 1, 5), ("g1", 2, 5), ("g3", 3, 5)]
+
+    lrn = Intake(from_flat(LearnerConfig), SimpleNamespace(rejected=collections.Counter()), Liveness(30.0, 4), Books(),
+                 MessageLedger())
+    for g in got:
+        lrn.take(g, version=0)
+    assert [lrn.received(0, 5, sent) for sent in (0, 1, 2, 3, 4)] == [0, 1, 2, 3, 3]
+    assert lrn.received(0, 6, 3) == 0 and lrn.received(1, 5, 3) == 0   # another process, another sampler id
+    # a group the codec refused, whose valid header named its process and number, counts as received
+    refused = M.ProtocolError("bad_field", "x")
+    refused.origin = M.Origin("group", 0, 5, 4)
+    lrn._rejected(refused, None)
+    assert lrn.received(0, 5, 3) == 3 and lrn.received(0, 5, 4) == 4
 
 
 def test_msgpack_timestamp_ext_is_refused_as_bad_header():

@@ -28,7 +28,7 @@ def test_sync_answer_fields_by_hand():
 
     # no queue view yet: the facts (first answer), no budget said
     assert fields(0, 3, first=True) == {"run": FACTS, "levels": None, "queued": -1, "budget": -1}
-    a.queue_view = QueueView(queued=lambda: state["queued"], received=lambda sid: state["received"],
+    a.queue_view = QueueView(queued=lambda: state["queued"], received=lambda sid, inc, sent: state["received"],
                              samplers=lambda: state["samplers"], training=lambda: state["training"])
     # sent 3 = received 3 (floor 0): 4 - 1 queued = 3; not the first answer: no facts
     assert fields(0, 3) == {"run": None, "levels": None, "queued": 1, "budget": 3}
@@ -56,7 +56,7 @@ def test_near_max_steps_the_budget_stops_at_the_groups_the_last_steps_train():
     v has 5 - v steps left, 2 x (5 - v) groups in all; what is ahead counts against it."""
     state = {"queued": 1, "training": 0}
     a = SyncAnswer(FACTS)
-    a.queue_view = QueueView(queued=lambda: state["queued"], received=lambda sid: 3, samplers=lambda: 1,
+    a.queue_view = QueueView(queued=lambda: state["queued"], received=lambda sid, inc, sent: 3, samplers=lambda: 1,
                              training=lambda: state["training"], max_steps=5)
 
     def budget(version):
@@ -69,7 +69,7 @@ def test_near_max_steps_the_budget_stops_at_the_groups_the_last_steps_train():
     state["training"] = 1      # the last step has taken 1 of its 2 groups; 1 is queued for it
     assert budget(4) == 0
     assert budget(5) == 0      # the last step is done: nothing more is trained
-    a.queue_view = QueueView(queued=lambda: 1, received=lambda sid: 3, samplers=lambda: 1)
+    a.queue_view = QueueView(queued=lambda: 1, received=lambda sid, inc, sent: 3, samplers=lambda: 1)
     assert budget(4) == 3      # no --max-steps said (0): the bound alone
 
 
@@ -80,7 +80,7 @@ def test_under_max_time_s_the_budget_stops_at_the_steps_its_time_leaves():
     now = [0.0]
     limit = TimeLimit(20.0, clock=lambda: now[0])
     a = SyncAnswer(FACTS)
-    a.queue_view = QueueView(queued=lambda: 1, received=lambda sid: 3, samplers=lambda: 1,
+    a.queue_view = QueueView(queued=lambda: 1, received=lambda sid, inc, sent: 3, samplers=lambda: 1,
                              time_steps_left=limit.steps_left)
 
     def budget(version=0):
@@ -97,7 +97,7 @@ def test_under_max_time_s_the_budget_stops_at_the_steps_its_time_leaves():
     assert budget() == 3
     now[0] = 25.0                            # past the limit: the step under way only, 2 - 1
     assert limit.steps_left() == 1 and budget() == 1
-    a.queue_view = QueueView(queued=lambda: 1, received=lambda sid: 3, samplers=lambda: 1, max_steps=10,
+    a.queue_view = QueueView(queued=lambda: 1, received=lambda sid, inc, sent: 3, samplers=lambda: 1, max_steps=10,
                              time_steps_left=limit.steps_left)
     assert budget(9) == 1                    # both ends: 1 step left either way
     now[0] = 10.0                            # 10 s left is 6 steps by time, 1 by --max-steps: 2 - 1
@@ -109,7 +109,7 @@ def test_answers_carry_the_queue_and_the_budget():
     port = free_ports(1)[0]
     state = {"queued": 1, "received": 3, "training": 0}
     pub = TcpPublisher(SyncServer("127.0.0.1", port), torch.nn.Linear(2, 2), answers=SyncAnswer(FACTS))
-    pub.answers.queue_view = QueueView(queued=lambda: state["queued"], received=lambda sid: state["received"],
+    pub.answers.queue_view = QueueView(queued=lambda: state["queued"], received=lambda sid, inc, sent: state["received"],
                                samplers=lambda: 1, training=lambda: state["training"])
     client = SyncClient("127.0.0.1", port, M.weights_limits(1 << 20))
     answers: list = []
@@ -142,7 +142,7 @@ def test_groups_lost_with_an_earlier_learner_do_not_shrink_the_budget_for_ever()
     gap stays; only its excess over the smallest gap seen on the connection counts as in flight."""
     port = free_ports(1)[0]
     pub = TcpPublisher(SyncServer("127.0.0.1", port), torch.nn.Linear(2, 2), answers=SyncAnswer(FACTS))
-    pub.answers.queue_view = QueueView(queued=lambda: 0, received=lambda sid: 10, samplers=lambda: 1)
+    pub.answers.queue_view = QueueView(queued=lambda: 0, received=lambda sid, inc, sent: 10, samplers=lambda: 1)
     client = SyncClient("127.0.0.1", port, M.weights_limits(1 << 20))
     answers: list = []
     try:

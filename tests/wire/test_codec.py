@@ -89,6 +89,28 @@ def test_group_max_version_is_optional() -> None:
         assert reason(rehead(frames, lambda h, b=bad: h.update(max_version=b))) == "bad_field"
 
 
+def test_group_seq_and_request_incarnation_are_optional() -> None:
+    """A group's seq (its place among its process's handed groups) rides as an optional key, as
+    max_version; a weights_request says its process's incarnation (absent: 0). A rejected group's
+    origin keeps the seq its valid header named."""
+    g = random_group()
+    assert g.seq == 0 and "seq" not in msgpack.unpackb(bytes(codec.encode(g)[0]), raw=False)
+    assert codec.decode(codec.encode(g)).seq == 0
+    g.seq, g.incarnation = 7, 99
+    frames = codec.encode(g)
+    assert msgpack.unpackb(bytes(frames[0]), raw=False)["seq"] == 7 and codec.decode(frames).seq == 7
+    for bad in (-1, True, 7.0):
+        assert reason(rehead(frames, lambda h, b=bad: h.update(seq=b))) == "bad_field"
+    with pytest.raises(M.ProtocolError) as info:   # a body the codec refuses: the header still names who and which
+        codec.decode(rehead(frames, lambda h: h.update(group_id=5)))
+    assert info.value.origin == M.Origin("group", g.sampler_id, 99, 7)
+    req = M.WeightsRequest(1, 2, 3, "", sent=5, incarnation=99)
+    assert codec.decode(codec.encode(req)) == req
+    h = msgpack.unpackb(bytes(codec.encode(M.WeightsRequest(1, 2, 3, sent=5))[0]), raw=False)
+    del h["incarnation"]
+    assert codec.decode([msgpack.packb(h)]).incarnation == 0
+
+
 def test_group_array_frames_layout() -> None:
     g = random_group(lengths=(2, 3), prefix_len=4)
     frames = codec.encode(g)
