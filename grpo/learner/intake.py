@@ -68,6 +68,9 @@ class Intake:
         # Groups taken off the queue for the step being collected or trained (the learner sets it
         # back to 0 once that step is done): ahead of anything queued, for the budget.
         self.taken = 0
+        # Since when collect() waits for data (time.monotonic; None while not collecting): the
+        # publisher's budget counts groups never come only while the learner waits (flow.overdue).
+        self.waiting_since: float | None = None
         receiver.on_reject = self._rejected
 
     def _rejected(self, exc: M.ProtocolError, _peer: bytes | None) -> None:
@@ -138,7 +141,14 @@ class Intake:
         and the groups taken so far go back to the front of the queue, where the books count them
         as queued."""
         groups: list[M.Group] = []
-        waited_since = time.monotonic()
+        self.waiting_since = waited_since = time.monotonic()
+        try:
+            return self._collect(groups, n, version, waited_since, within_s, stop)
+        finally:
+            self.waiting_since = None
+
+    def _collect(self, groups: list[M.Group], n: int, version: int, waited_since: float, within_s: float | None,
+                 stop: Callable[[], bool] | None) -> list[M.Group] | None:
         next_note = waited_since + self.cfg.faults.data_timeout_s
         deadline = math.inf if within_s is None else waited_since + max(within_s, 0.0)
         while len(groups) < n:

@@ -226,6 +226,7 @@ def wire_queue_view(answers: SyncAnswer, intake: Intake, liveness: Liveness, max
                                    received=intake.received,
                                    samplers=lambda: max(1, liveness.count_alive()),
                                    training=lambda: intake.taken, max_steps=max_steps,
+                                   waiting_since=lambda: intake.waiting_since,
                                    time_steps_left=time_limit.steps_left if time_limit else lambda: -1)
 
 

@@ -58,7 +58,7 @@ class SamplerCounters:
     stream: dict[str, float] = field(default_factory=_stream)   # workflow: stream_<k>, the engine's stream_counts
     curriculum: dict[str, float] = field(default_factory=dict)  # workflow: curriculum/<task>/{level,groups,rate}
     reward_kinds: dict[str, float] = field(default_factory=dict)  # workflow: reward_failures/<reward>/<type>
-    groups_offered: int = 0            # loop: groups offered to the data socket (those dropped there included)
+    groups_offered: int = 0            # heartbeat: groups offered to the data socket (those dropped there included; hand_group)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     # ------------------------------------------------------------------ writes (the owner's, main thread)

@@ -42,7 +42,7 @@ class Sampler:
         # every part, built and wired (grpo.sampler.setup), with the start-up checks and lines
         # (`import_s`: the seconds its worker took to import it, grpo.workers)
         self.parts = build(cfg, import_s)
-        self.counters = self.parts.counters   # loop's own: rounds, groups_offered, budget_wait_s, eval_*
+        self.counters = self.parts.counters   # loop's own: rounds, budget_wait_s, eval_*
         self.name = self.parts.name
         self._evaluated_at = -1
         self._sent_one = False       # 'first_group' marked

@@ -16,14 +16,19 @@ every answer; this object holds the learner's side of the state those rules need
 from __future__ import annotations
 
 import collections
+import logging
+import time
 from dataclasses import dataclass
 from typing import Callable
 
-from grpo.sync.flow import gap_floor
+from grpo.sync.flow import gap_floor, overdue
 from grpo.rules.staleness import Staleness
 from grpo.wire import messages as M
 
 MAX_CONNECTIONS = 4096   # per-connection state (the gap floor) kept for the newest this many connections
+LOST_AFTER_S = 60.0      # groups counted in flight this long with nothing arriving are counted lost (flow.overdue)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -36,6 +41,8 @@ class QueueView:
     training: Callable[[], int] = lambda: 0   # groups taken for the step being collected or trained
     max_steps: int = 0                  # the learner's --max-steps: its last version (0: none known)
     time_steps_left: Callable[[], int] = lambda: -1   # steps --max-time-s leaves time for (-1: not known)
+    waiting_since: Callable[[], float | None] = lambda: None   # since when the learner waits for data
+                                        # (time.monotonic; None: it is not waiting)
 
 
 class SyncAnswer:
@@ -46,11 +53,14 @@ class SyncAnswer:
     callables only read (a length, a dict lookup).
     """
 
-    def __init__(self, run: M.RunFacts | None = None):
+    def __init__(self, run: M.RunFacts | None = None, lost_after_s: float = LOST_AFTER_S,
+                 clock: Callable[[], float] = time.monotonic):
         self.run_facts = run
         self.levels: dict[str, int] | None = None
         self.queue_view: QueueView | None = None
-        self._gap_floor: collections.OrderedDict[bytes, int] = collections.OrderedDict()   # per connection
+        self.lost_after_s, self.clock = lost_after_s, clock
+        # per connection: (gap floor, groups received at the last progress, its time) (flow.gap_floor, flow.overdue)
+        self._flight: collections.OrderedDict[bytes, tuple[int | None, int, float]] = collections.OrderedDict()
 
     def fields(self, identity: bytes, msg: M.WeightsRequest, first: bool, version: int, fresh: bool,
                stopping: bool) -> dict:
@@ -85,12 +95,19 @@ class SyncAnswer:
         queued = view.queued()
         in_flight = 0
         if msg.sent >= 0:
-            in_flight, floor = gap_floor(self._gap_floor.get(identity), msg.sent,
-                                         view.received(msg.sampler_id, msg.incarnation, msg.sent))
-            self._gap_floor[identity] = floor
-            self._gap_floor.move_to_end(identity)
-            while len(self._gap_floor) > MAX_CONNECTIONS:   # bounded: made-up connections cannot grow it
-                self._gap_floor.popitem(last=False)
+            floor, seen, since = self._flight.get(identity, (None, -1, 0.0))
+            received, now = view.received(msg.sampler_id, msg.incarnation, msg.sent), self.clock()
+            in_flight, floor = gap_floor(floor, msg.sent, received)
+            late, since = overdue(in_flight, received, seen, since, now, self.lost_after_s, view.waiting_since())
+            if late:
+                log.warning("%d group(s) of sampler %d counted on their way have not come in %.0f s of the learner "
+                            "waiting for data: counted as lost, so that its budget stops waiting for them", in_flight,
+                            msg.sampler_id, self.lost_after_s)
+                floor, in_flight = floor + in_flight, 0
+            self._flight[identity] = (floor, received, since)
+            self._flight.move_to_end(identity)
+            while len(self._flight) > MAX_CONNECTIONS:   # bounded: made-up connections cannot grow it
+                self._flight.popitem(last=False)
         # `version` is the newest published: the learner's steps done, so max_steps - version are left;
         # under --max-time-s, at most the steps its time left allows (the fewer of the two ends)
         steps_left = max(0, view.max_steps - version) if view.max_steps > 0 else -1

@@ -50,3 +50,30 @@ def gap_floor(prev_floor: int | None, sent: int, received: int) -> tuple[int, in
     floor = gap if prev_floor is None else min(prev_floor, gap)
     return gap - floor, floor
 
+
+
+def overdue(in_flight: int, received: int, seen: int, since: float, now: float, after_s: float,
+            waiting_since: float | None) -> tuple[bool, float]:
+    """(whether the groups counted in flight are overdue, the new `since`). Groups on their way over
+    one connection arrive within seconds of the learner reading its socket, so an estimate that stays
+    above 0 while the learner waits for data and nothing of the process arrives has counted groups
+    that will not come (lost in a way gap_floor could not see). Left in, they would hold the budget
+    down for good, and at a run's last step hold it at 0: the sampler waits for room, the learner
+    for data. So they are overdue once, for `after_s`, the count of the process's groups received
+    (`received`, against `seen`, the count at the last progress, at time `since`) has not moved
+    while `in_flight` > 0, and the learner has been waiting for data as long (`waiting_since`; None:
+    it is training, reading nothing, and what it has not read is not overdue). The caller adds them
+    to the floor (counts them lost); a group that does come later lowers the floor again by
+    gap_floor's rule. Progress (nothing in flight, or a new arrival) restarts the clock:
+
+        in flight 0, or received != seen: (False, now)
+        else: late = now - since >= after_s and waiting_since is not None and now - waiting_since >= after_s
+              (late, now if late else since)
+
+    1 in flight, received 7 = seen 7 since t = 100, after_s 60, the learner waiting since 90: at 130,
+    (False, 100); at 161, (True, 161); at 161 with the learner training (None), (False, 100).
+    """
+    if in_flight <= 0 or received != seen:
+        return False, now
+    late = now - since >= after_s and waiting_since is not None and now - waiting_since >= after_s
+    return late, now if late else since

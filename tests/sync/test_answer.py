@@ -153,3 +153,31 @@ def test_groups_lost_with_an_earlier_learner_do_not_shrink_the_budget_for_ever()
     finally:
         client.close()
         pub.close()
+
+
+def test_groups_counted_on_their_way_that_never_come_stop_holding_the_budget():
+    """FACTS: 2 groups a step, bound 1; --max-steps 5 at version 4: one step left, 2 groups. The
+    sampler says sent 9 while the learner has 7 of them and none will come (lost where no rule could
+    see): 2 in flight fill the last step, budget 0. While the learner waits for data, 60 s without an
+    arrival count them lost (a warning), and the budget is 2 again; a late group lowers the floor."""
+    clock = {"t": 1000.0}
+    state = {"received": 7, "waiting_since": None}
+    a = SyncAnswer(FACTS, lost_after_s=60.0, clock=lambda: clock["t"])
+    a.queue_view = QueueView(queued=lambda: 0, received=lambda sid, inc, sent: state["received"],
+                             samplers=lambda: 1, max_steps=5, waiting_since=lambda: state["waiting_since"])
+
+    def budget(sent=9):
+        return a.fields(b"c", M.WeightsRequest(0, 4, 1, sent=sent), False, 4, False, False)["budget"]
+
+    assert budget(7) == 2        # first request: floor 0, nothing in flight
+    assert budget() == 0         # 2 handed since, not come: they fill the last step
+    clock["t"] += 61
+    assert budget() == 0         # the learner is training (reading nothing): not overdue
+    state["waiting_since"] = clock["t"]
+    clock["t"] += 59
+    assert budget() == 0         # waiting 59 s
+    clock["t"] += 2
+    assert budget() == 2         # 61 s of waiting without an arrival: counted lost
+    assert budget() == 2
+    state["received"] = 8        # one of them came after all: gap 1 under the floor 2 lowers it
+    assert budget() == 2 and a._flight[b"c"][0] == 1

@@ -2,7 +2,7 @@
 budget itself is grpo.rules.staleness's (tests/rules/test_staleness_rules.py)."""
 from __future__ import annotations
 
-from grpo.sync.flow import gap_floor, received_among
+from grpo.sync.flow import gap_floor, overdue, received_among
 
 
 def test_gap_floor_by_hand():
@@ -43,3 +43,15 @@ def test_a_group_that_overtakes_its_request_is_not_kept_as_lost():
     # by seq: received among the first 6 is 6, the gap 0, and the next request sees nothing in flight
     in_flight, floor = gap_floor(0, 6, received_among(7, 7, 6))
     assert (in_flight, floor) == (0, 0) and gap_floor(floor, 7, received_among(7, 7, 7)) == (0, 0)
+
+
+def test_overdue_by_hand():
+    # 1 in flight, received 7 = seen 7 since t = 100, after 60 s, the learner waiting since 90
+    assert overdue(1, 7, 7, 100.0, 130.0, 60.0, 90.0) == (False, 100.0)
+    assert overdue(1, 7, 7, 100.0, 161.0, 60.0, 90.0) == (True, 161.0)
+    # the learner training (reading nothing), or waiting only since 150: not overdue yet
+    assert overdue(1, 7, 7, 100.0, 161.0, 60.0, None) == (False, 100.0)
+    assert overdue(1, 7, 7, 100.0, 161.0, 60.0, 150.0) == (False, 100.0)
+    # progress restarts the clock: a new arrival, or nothing in flight
+    assert overdue(1, 8, 7, 100.0, 161.0, 60.0, 90.0) == (False, 161.0)
+    assert overdue(0, 7, 7, 100.0, 161.0, 60.0, 90.0) == (False, 161.0)
