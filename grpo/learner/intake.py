@@ -97,6 +97,10 @@ class Intake:
         count, last = self.arrivals.get((sampler_id, incarnation), (0, 0))
         return received_among(count, last, sent)
 
+    def newest(self, sampler_id: int, incarnation: int) -> int:
+        """The newest Group.seq received from sampler process (sampler_id, incarnation) (0: none)."""
+        return self.arrivals.get((sampler_id, incarnation), (0, 0))[1]
+
     def take(self, msg: M.Message | None, version: int) -> None:
         if isinstance(msg, (M.Group, M.SamplerStatus)) and not self.liveness.valid_id(msg.sampler_id):
             self.messages.reject("data", "bad_sampler_id")  # beyond --max-samplers: not in anyone's books

@@ -123,7 +123,7 @@ class WeightsClient:
         self.version = 0
         self.run_facts: M.RunFacts | None = None
         self.budget = -1
-        self._budget_handed = 0            # groups handed when the request the budget answers was sent
+        self._budget_handed = 0            # groups handed that the budget accounts for (_on_answer)
         self._asked: dict[int, int] = {}   # request id -> groups handed when it was sent
         self._request_id = 0
 
@@ -169,11 +169,13 @@ class WeightsClient:
             self.on_levels(msg.levels)
         if isinstance(msg, (M.WeightsAnnounce, M.NoUpdate)):
             self.budget = msg.budget   # -1: the learner set no limit
-            self._budget_handed = self._asked.get(msg.request_id, self.handed())
+            # The budget accounts for the groups the request said, and for any handed after it that
+            # reached the learner before it answered (`counted`): only those after are taken off it.
+            self._budget_handed = max(self._asked.get(msg.request_id, self.handed()), msg.counted)
 
     def live_budget(self) -> int:
-        """The last answer's budget less the groups handed since the request it answered: those the
-        learner had not counted yet (-1: no limit said)."""
+        """The last answer's budget less the groups handed since those it accounts for (the request's,
+        or the answer's `counted`): those the learner had not counted yet (-1: no limit said)."""
         return -1 if self.budget < 0 else max(0, self.budget - (self.handed() - self._budget_handed))
 
     def _check_run(self, facts: M.RunFacts) -> None:

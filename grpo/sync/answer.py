@@ -9,6 +9,8 @@ kind's own fields (the weights, no_update, stop).
            none certain to go stale, none past what the steps left to --max-steps, or the time left
            to --max-time-s, train), in every answer but a stop; -1 each when the learner gave no
            queue view
+  counted  the newest of the asking process's groups (Group.seq) the budget accounts for: the
+           request's `sent`, or later where groups handed after the request had already arrived
 
 The publisher's serving thread (grpo.weights.publisher) owns the socket and calls `fields` for
 every answer; this object holds the learner's side of the state those rules need.
@@ -41,6 +43,8 @@ class QueueView:
     training: Callable[[], int] = lambda: 0   # groups taken for the step being collected or trained
     max_steps: int = 0                  # the learner's --max-steps: its last version (0: none known)
     time_steps_left: Callable[[], int] = lambda: -1   # steps --max-time-s leaves time for (-1: not known)
+    newest: Callable[[int, int], int] = lambda sid, inc: -1   # the newest Group.seq received from a
+                                        # (sampler id, incarnation) (0: none numbered; -1: not known)
     waiting_since: Callable[[], float | None] = lambda: None   # since when the learner waits for data
                                         # (time.monotonic; None: it is not waiting)
 
@@ -73,6 +77,10 @@ class SyncAnswer:
         if not stopping:
             out["queued"], out["budget"] = self.budget(identity, msg, version if fresh else msg.have_version,
                                                        version)
+            if out["budget"] >= 0 and msg.sent >= 0 and self.queue_view is not None:
+                # every group of the process up to this seq has arrived and is in the budget's count
+                # (queued, taken, trained or dropped): the sampler takes off only those handed after it
+                out["counted"] = max(msg.sent, self.queue_view.newest(msg.sampler_id, msg.incarnation))
         return out
 
     def unsolicited_stop(self) -> dict:

@@ -189,9 +189,10 @@ def _decode_weights(h: dict[str, Any], arrays: list[_Array], views: list[memoryv
                            *_counts(h))
 
 
-def _counts(h: dict[str, Any]) -> tuple[int, int]:
-    """An answer's optional (queued, budget): -1 when absent."""
-    return tuple(_as_int(h[k], k, lo=-1) if k in h else -1 for k in ("queued", "budget"))  # type: ignore[return-value]
+def _counts(h: dict[str, Any]) -> tuple[int, int, int]:
+    """An answer's optional (queued, budget, counted): -1 when absent."""
+    return tuple(_as_int(h[k], k, lo=-1) if k in h else -1  # type: ignore[return-value]
+                 for k in ("queued", "budget", "counted"))
 
 
 def _levels(h: dict[str, Any]) -> dict[str, int] | None:

@@ -78,7 +78,7 @@ def _encode_weights(w: WeightsAnnounce) -> list[bytes | memoryview]:
         fields["run"] = dataclasses.asdict(w.run)
     if w.levels is not None:
         fields["levels"] = dict(w.levels)
-    fields.update({k: getattr(w, k) for k in ("queued", "budget") if getattr(w, k) >= 0})
+    fields.update({k: getattr(w, k) for k in ("queued", "budget", "counted") if getattr(w, k) >= 0})
     frames = [memoryview(b) for b in w.buckets] if w.method == TCP else []
     descs = [{"name": f"bucket_{i}", "dtype": "uint8", "shape": [f.nbytes]} for i, f in enumerate(frames)]
     return [_pack("weights", fields, descs), *frames]
@@ -96,6 +96,6 @@ def encode(msg: Message) -> list[bytes | memoryview]:
     if type(msg) in _SIMPLE_KINDS:  # header-only kinds: the fields are the dataclass fields (run: when set)
         # Optional fields are left out when unset (None, or -1 for the counts).
         fields = {k: v for k, v in dataclasses.asdict(msg).items()
-                  if not (k in ("run", "levels") and v is None) and not (k in ("queued", "budget", "sent") and v == -1)}
+                  if not (k in ("run", "levels") and v is None) and not (k in ("queued", "budget", "counted", "sent") and v == -1)}
         return [_pack(_SIMPLE_KINDS[type(msg)], fields, [])]
     raise TypeError(f"cannot encode {type(msg).__name__}")

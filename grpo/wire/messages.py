@@ -169,6 +169,7 @@ class WeightsAnnounce:  # learner -> sampler
     levels: dict[str, int] | None = None  # --curriculum: every task's current level, in every answer
     queued: int = -1  # groups waiting at the learner to be trained (-1: not said)
     budget: int = -1  # groups this sampler may generate now, none certain to be stale (-1: no limit said)
+    counted: int = -1  # the newest Group.seq of the asking process the budget accounts for (-1: not said)
 
 
 @dataclass
@@ -209,6 +210,7 @@ class NoUpdate:
     levels: dict[str, int] | None = None
     queued: int = -1
     budget: int = -1
+    counted: int = -1
 
 
 @dataclass

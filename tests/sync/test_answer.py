@@ -30,14 +30,16 @@ def test_sync_answer_fields_by_hand():
     assert fields(0, 3, first=True) == {"run": FACTS, "levels": None, "queued": -1, "budget": -1}
     a.queue_view = QueueView(queued=lambda: state["queued"], received=lambda sid, inc, sent: state["received"],
                              samplers=lambda: state["samplers"], training=lambda: state["training"])
-    # sent 3 = received 3 (floor 0): 4 - 1 queued = 3; not the first answer: no facts
-    assert fields(0, 3) == {"run": None, "levels": None, "queued": 1, "budget": 3}
+    # sent 3 = received 3 (floor 0): 4 - 1 queued = 3; not the first answer: no facts; the budget
+    # accounts for the 3 groups the request said (the view knows no newer one)
+    assert fields(0, 3) == {"run": None, "levels": None, "queued": 1, "budget": 3, "counted": 3}
     # sent 5: 2 in flight over the floor 0, so 4 - 1 - 2 = 1
     assert fields(0, 5)["budget"] == 1
     # have_version -1 gets the facts again; the answer carries version 2, so no lag once applied;
     # 2 groups taken for the step in progress: 4 - (1 + 0 + 2) = 1
     state["training"] = 2
-    assert fields(-1, 3, version=2, fresh=True) == {"run": FACTS, "levels": None, "queued": 1, "budget": 1}
+    assert fields(-1, 3, version=2, fresh=True) == {"run": FACTS, "levels": None, "queued": 1, "budget": 1,
+                                                    "counted": 3}
     # no update for a sampler at 0 while the learner is at 2: lag 2 > staleness 1, (1 - 2 + 1) * 2 - 3 < 0: 0
     assert fields(0, 3, version=2)["budget"] == 0
     # nothing queued nor training, two samplers alive: 4 shared, 2 each
@@ -181,3 +183,30 @@ def test_groups_counted_on_their_way_that_never_come_stop_holding_the_budget():
     assert budget() == 2
     state["received"] = 8        # one of them came after all: gap 1 under the floor 2 lowers it
     assert budget() == 2 and a._flight[b"c"][0] == 1
+
+
+def test_groups_that_overtake_the_request_are_taken_off_the_budget_once():
+    """FACTS: 2 groups a step, bound 1: 4 safe positions. The request said sent 3; groups 4 and 5 were
+    handed after it and reached the learner first (queued: 2). The learner's budget counts them
+    ahead (4 - 2 = 2) and says counted 5, so the sampler, at 6 handed, takes off only group 6:
+    2 - 1 = 1. Taking off all handed since the request (3) would have left 0 until the next answer."""
+    from grpo.config import SamplerConfig, from_flat
+    from grpo.sampler.counters import SamplerCounters
+    from grpo.sampler.weights_client import WeightsClient
+
+    a = SyncAnswer(FACTS)
+    a.queue_view = QueueView(queued=lambda: 2, received=lambda sid, inc, sent: min(sent, 5), samplers=lambda: 1,
+                             newest=lambda sid, inc: 5 if (sid, inc) == (0, 7) else 0)
+    out = a.fields(b"c", M.WeightsRequest(0, 0, 1, sent=3, incarnation=7), False, 0, False, False)
+    assert (out["queued"], out["budget"], out["counted"]) == (2, 2, 5)
+    assert a.fields(b"d", M.WeightsRequest(0, 0, 1, sent=3, incarnation=8), False, 0, False, False)["counted"] == 3
+    assert "counted" not in a.fields(b"e", M.WeightsRequest(0, 0, 1), False, 0, False, False)   # sent not said
+
+    counters = SamplerCounters(groups_offered=6)
+    client = WeightsClient(from_flat(SamplerConfig), None, torch.nn.Linear(2, 2), torch.device("cpu"), 10, None,
+                           "tcp", counters, lambda levels: None, incarnation=7)
+    client._asked[1] = 3                                   # request 1 said sent 3
+    client._on_answer(M.NoUpdate(version=0, request_id=1, queued=2, budget=2, counted=5))
+    assert client.live_budget() == 1
+    client._on_answer(M.NoUpdate(version=0, request_id=1, queued=2, budget=2))   # a learner that does not say it
+    assert client.live_budget() == 0

@@ -109,6 +109,10 @@ def test_group_seq_and_request_incarnation_are_optional() -> None:
     h = msgpack.unpackb(bytes(codec.encode(M.WeightsRequest(1, 2, 3, sent=5))[0]), raw=False)
     del h["incarnation"]
     assert codec.decode([msgpack.packb(h)]).incarnation == 0
+    import dataclasses   # an answer's `counted` (the newest seq its budget accounts for) rides as queued and budget do
+    w = codec.decode(codec.encode(dataclasses.replace(make_weights("tcp"), queued=1, budget=2, counted=3)))
+    assert (w.queued, w.budget, w.counted) == (1, 2, 3)
+    assert codec.decode(codec.encode(make_weights("tcp"))).counted == -1
 
 
 def test_group_array_frames_layout() -> None:
@@ -141,6 +145,7 @@ def test_encode_accepts_numpy_scalars_and_lists() -> None:
     M.WeightsRequest(sampler_id=1, have_version=-1),
     M.WeightsRequest(sampler_id=1, have_version=41),
     M.NoUpdate(version=5),
+    M.NoUpdate(version=5, request_id=2, queued=3, budget=4, counted=9),
     M.Stop(version=100, reason="max_steps reached"),
 ])
 def test_header_only_round_trip(msg: M.Message) -> None:
