@@ -13,7 +13,7 @@ class ObservabilitySection:
     log_file: str = ""
     """Also write this process's log here (the launcher captures stderr instead)."""
     profile_steps: str = ""
-    """Profile learner steps and sampler rounds A-B (e.g. 20-21); empty: off."""
+    """Profile learner steps A-B (e.g. 20-21) and each sampler's making of its chunks A-B (a step's groups); empty: off."""
 
 
 @dataclass

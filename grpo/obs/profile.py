@@ -1,6 +1,8 @@
-"""--profile-steps: a torch.profiler record of a span of learner steps and sampler rounds.
+"""--profile-steps: a torch.profiler record of a span of learner steps and sampler chunks.
 
-Each process profiles its own span (the learner its steps, a sampler its rounds) and writes,
+Each process profiles its own span (the learner its steps, wrapped by `around`; a sampler the
+making of its chunks, each a learner step's groups or in fixed rounds a round, marked as each
+begins by `mark`, since a stream in flight has no boundary to wrap) and writes,
 under <run_dir>/profile/:
   <name>_<a>-<b>.txt       the operators sorted by their total time on the device (CUDA) or the
                            host (CPU), as torch's key_averages table: what a step is made of
@@ -56,16 +58,34 @@ class SpanProfiler:
         if self._done or self.span is None or not self.span[0] <= index <= self.span[1]:
             yield
             return
-        if self._prof is None:
-            self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
-            self._prof = profile(activities=acts, record_shapes=False, with_stack=False)
-            self._prof.__enter__()
+        self._start()
         try:
             yield
         finally:
             if index == self.span[1]:
                 self._finish()
+
+    def mark(self, index: int) -> None:
+        """Unit `index` begins (a sampler's chunk: a stream has no round boundaries to wrap): the
+        record starts as unit A begins and ends as unit B + 1 does (or at close())."""
+        if self._done or self.span is None:
+            return
+        if self._prof is None and self.span[0] <= index <= self.span[1]:
+            self._start()
+        elif self._prof is not None and index > self.span[1]:
+            self._finish()
+
+    def close(self) -> None:
+        """The work ended inside the span: write what was recorded."""
+        if self._prof is not None:
+            self._finish()
+
+    def _start(self) -> None:
+        if self._prof is None:
+            self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+            self._prof = profile(activities=acts, record_shapes=False, with_stack=False)
+            self._prof.__enter__()
 
     def _finish(self) -> None:
         """Stop the profiler and write the table and the trace (the device is synchronised first)."""
@@ -84,4 +104,4 @@ class SpanProfiler:
             shutil.copyfileobj(src, dst)
         raw.unlink()
         log.info("profile of %s %d-%d written to %s.txt and .json.gz", "steps" if "learner" in self.name else
-                 "rounds", a, b, stem)
+                 "chunks", a, b, stem)

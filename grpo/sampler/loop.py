@@ -120,48 +120,50 @@ class Sampler:
     # ------------------------------------------------------------------ main loop
     def run(self) -> dict:
         cfg, client, workflow = self.cfg, self.parts.client, self.parts.workflow
-        rounds = 0
+        rounds = chunks = 0
         t_start = time.perf_counter()
         bar = Progress(f"sampler{cfg.run.sampler_id} rounds", total=cfg.rollout.max_rounds or None, unit="round")
         self.parts.heartbeat.start()
+        self.parts.profiler.mark(1)   # the first chunk begins (a learner step's groups; in fixed rounds, a round)
         try:
             while True:
-                with self.parts.profiler.around(rounds):
-                    # shared: we read the learner's live weights, so it must not step during a round
-                    # (sync, evaluation, generation, old log-probs); sending needs no lock.
-                    with client.round_guard():
-                        if not client.sync_weights() or (cfg.rollout.max_rounds and rounds >= cfg.rollout.max_rounds):
-                            break
-                        # Round 0 generated before the learner's first answer (sync_weights): version 0's
-                        # evaluation waits until the round is out, for only then is it known that the
-                        # learner is at version 0 (a resumed one is not: round 0 is then generated again).
-                        early = client.awaiting_first
-                        n = workflow.round_prompts()
-                        if n:
-                            if not early:
-                                self.maybe_evaluate()
-                            # One path, in flight or a fixed round (one batch, one chunk): each chunk
-                            # leaves as soon as it is complete, inside the guard (with shared weights
-                            # the learner waits for the round either way).
-                            for chunk in workflow.stream_round(rounds, n, ends=self._round_ends):
-                                self._send(chunk)
-                    if (stop := client.stop) is not None:
-                        log.info("learner says stop (%s) at version %d, in the middle of round %d: the round is "
-                                 "abandoned (what of it was not sent is not counted)", stop.reason, stop.version,
-                                 rounds)
+                # shared: we read the learner's live weights, so it must not step during a round
+                # (sync, evaluation, generation, old log-probs); sending needs no lock.
+                with client.round_guard():
+                    if not client.sync_weights() or (cfg.rollout.max_rounds and rounds >= cfg.rollout.max_rounds):
                         break
-                    if client.holds_newer:   # round 0 abandoned: the learner is past version 0 (first_answer)
-                        continue
-                    if not n:   # outside the round guard: with shared weights the learner must go on
-                        self._wait_for_room()
-                        continue
-                    if early:   # version 0's evaluation, put off above (the weights have not changed since)
-                        with client.round_guard():
+                    # Round 0 generated before the learner's first answer (sync_weights): version 0's
+                    # evaluation waits until the round is out, for only then is it known that the
+                    # learner is at version 0 (a resumed one is not: round 0 is then generated again).
+                    early = client.awaiting_first
+                    n = workflow.round_prompts()
+                    if n:
+                        if not early:
                             self.maybe_evaluate()
-                    rounds += 1
-                    self.counters.put(rounds=rounds)
-                    bar.update(1, version=self.version)
-                    self.send_status(final=False)
+                        # One path, in flight or a fixed round (one batch, one chunk): each chunk
+                        # leaves as soon as it is complete, inside the guard (with shared weights
+                        # the learner waits for the round either way).
+                        for chunk in workflow.stream_round(rounds, n, ends=self._round_ends):
+                            self._send(chunk)
+                            chunks += 1
+                            self.parts.profiler.mark(chunks + 1)   # --profile-steps: chunk by chunk
+                if (stop := client.stop) is not None:
+                    log.info("learner says stop (%s) at version %d, in the middle of round %d: the round is "
+                             "abandoned (what of it was not sent is not counted)", stop.reason, stop.version,
+                             rounds)
+                    break
+                if client.holds_newer:   # round 0 abandoned: the learner is past version 0 (first_answer)
+                    continue
+                if not n:   # outside the round guard: with shared weights the learner must go on
+                    self._wait_for_room()
+                    continue
+                if early:   # version 0's evaluation, put off above (the weights have not changed since)
+                    with client.round_guard():
+                        self.maybe_evaluate()
+                rounds += 1
+                self.counters.put(rounds=rounds)
+                bar.update(1, version=self.version)
+                self.send_status(final=False)
             self.parts.heartbeat.stop()  # no heartbeat may follow the final status
             self.send_status(final=True)
         except (AnswersRejected, RunMismatch, RewardBroken):
@@ -173,6 +175,7 @@ class Sampler:
                 self.send_status(final=True)
             raise
         finally:
+            self.parts.profiler.close()
             bar.close()
             self.parts.heartbeat.stop()
             elapsed = time.perf_counter() - t_start

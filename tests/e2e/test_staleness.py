@@ -16,7 +16,7 @@ from netutil import free_ports
 ROOT = Path(__file__).resolve().parents[2]
 
 
-ENGINES = {"rounds": [], "in-flight": ["--generation-backend", "fast", "--in-flight-rows", "3"]}
+ENGINES = {"rounds": [], "in-flight": ["--generation-backend", "fast", "--in-flight-rows", "3", "--profile-steps", "2-3"]}
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +87,10 @@ def test_no_group_is_generated_that_is_certain_to_be_dropped(runs, engine):
         # taken the first by then is a matter of timing, so only the line and the figure must agree
         assert waited == (stats["budget_wait_s"] > 0), (waited, stats["budget_wait_s"])
     assert ("fast generation, in flight on 3 rows" in log) == (engine == "in-flight")
+    if engine == "in-flight":   # --profile-steps 2-3: the learner's steps, and the sampler's chunks in its stream
+        assert {p.name for p in (run_dir / "profile").iterdir()} == {
+            f"{who}_2-3.{ext}" for who in ("learner0", "sampler0") for ext in ("txt", "json.gz")}
+        assert "profile of chunks 2-3 written to" in log
     # beta 0: the run needs no reference log-probs, so the sampler loads no reference model
     assert "reference log-probs: not used by this run" in log
     assert stats["logprob_s"] > 0

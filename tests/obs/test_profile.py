@@ -43,3 +43,25 @@ def test_off_writes_nothing(tmp_path):
         with prof.around(i):
             torch.ones(2) + 1
     assert not (tmp_path / "profile").exists()
+
+
+def test_marks_record_the_units_of_the_span(tmp_path):
+    """A sampler marks each chunk as it begins: span 2-3 records from mark(2) to mark(4), the work
+    of chunks 2 and 3; a run that ends inside the span writes at close()."""
+    prof = SpanProfiler("2-3", tmp_path, "sampler0")
+    a = torch.randn(64, 64)
+    for chunk in range(1, 6):
+        prof.mark(chunk)
+        a = a @ a.T / 64 if chunk in (2, 3) else a.tanh()
+    prof.close()
+    table = (tmp_path / "profile" / "sampler0_2-3.txt").read_text()
+    assert "aten::mm" in table and "aten::tanh" not in table
+    trace = json.loads(gzip.decompress((tmp_path / "profile" / "sampler0_2-3.json.gz").read_bytes()))
+    assert len([e for e in trace["traceEvents"] if e.get("name") == "aten::mm"]) == 2
+    cut = SpanProfiler("2-9", tmp_path / "cut", "sampler0")
+    for chunk in (1, 2, 3):
+        cut.mark(chunk)
+        torch.ones(2).exp()
+    assert not (tmp_path / "cut" / "profile").exists()   # still recording
+    cut.close()
+    assert "aten::exp" in (tmp_path / "cut" / "profile" / "sampler0_2-9.txt").read_text()
