@@ -2,9 +2,11 @@
 
 Each variant runs ours as the benchmark's one-GPU row would (bench/benchmark.py's shared settings,
 the same model and data), for --steps steps, with `--profile-steps K-K`: the learner writes a
-torch.profiler trace of step K (grpo.obs.profile). The trace is summarised here (the device's kernel
-time against the step's span, the kernels by time, each host thread's top-level operators), beside
-the run's step records (median step, training seconds, the share both were busy). Variants:
+torch.profiler trace of step K, and the sampler one of its chunk K, the making of a step's groups
+(grpo.obs.profile). Each trace is summarised here (the device's kernel time against the span, the
+time the device ran any of the process's kernels and its idle gaps over 1 ms, the kernels by time,
+each host thread's top-level operators), beside the run's step records (median step, training
+seconds, the share both were busy). Variants:
 
   rounds     --sampling-gpu 0 --training-gpus 0 --share-gpus: one process at a time, weights shared
   inflight   --gpus 0: the launcher's choice, rows in flight, weights swapped by CUDA IPC
@@ -74,12 +76,35 @@ def summarise_trace(trace: dict, top: int = 12) -> dict:
                                      for n, (t, c) in sorted(agg.items(), key=lambda x: -x[1][0])[:top]]}
     span = (max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)) / 1e3 if events else 0.0
     kernel_ms = sum(e["dur"] for e in kernels) / 1e3
+    busy_ms, gaps = device_busy(kernels)
     main = max(threads.values(), key=lambda t: t["top_level_ms"]) if threads else {"top": []}
     return {"span_ms": round(span, 1), "kernels": len(kernels), "kernel_ms": round(kernel_ms, 1),
-            "kernel_share_of_span": round(kernel_ms / span, 3) if span else None, "host_ops": len(ops),
+            "kernel_share_of_span": round(kernel_ms / span, 3) if span else None,
+            "device_busy_ms": round(busy_ms, 1), "device_gaps_over_1ms": {"count": len(gaps), "ms": round(sum(gaps), 1)},
+            "host_ops": len(ops),
             "top_kernels": [{"name": n, "ms": round(t / 1e3, 1), "calls": c}
                             for n, (t, c) in sorted(by_kernel.items(), key=lambda x: -x[1][0])[:top]],
             "main_thread_top": main["top"]}
+
+
+def device_busy(kernels: list[dict], gap_ms: float = 1.0) -> tuple[float, list[float]]:
+    """(ms the device ran any of the process's kernels: the union of their intervals, so kernels on
+    two streams at once count once; the idle gaps longer than gap_ms between them, in ms). A
+    sampler's gaps are where it queued no work: its host was busy, or it waited."""
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in kernels)
+    busy, gaps, start, end = 0.0, [], None, None
+    for a, b in spans:
+        if end is None or a > end:
+            if end is not None:
+                busy += end - start
+                if (a - end) / 1e3 > gap_ms:
+                    gaps.append((a - end) / 1e3)
+            start, end = a, b
+        else:
+            end = max(end, b)
+    if end is not None:
+        busy += end - start
+    return busy / 1e3, gaps
 
 
 def step_figures(run: Path) -> dict:

@@ -16,6 +16,8 @@ def test_a_trace_is_summarised_by_hand():
     got = sp.summarise_trace({"traceEvents": ev})
     assert (got["span_ms"], got["kernels"], got["kernel_ms"], got["kernel_share_of_span"]) == (13.0, 2, 2.0, 0.154)
     assert got["top_kernels"] == [{"name": "gemm", "ms": 1.5, "calls": 1}, {"name": "copy", "ms": 0.5, "calls": 1}]
+    # the device ran the two kernels 2 ms in all; idle from 3.0 to 12.1 ms: one gap over 1 ms, 9.1 ms
+    assert (got["device_busy_ms"], got["device_gaps_over_1ms"]) == (2.0, {"count": 1, "ms": 9.1})
     # top level only: the matmul inside the step is not counted again
     assert got["main_thread_top"] == [{"name": "step", "ms": 10.0, "calls": 1},
                                       {"name": "aten::copy_", "ms": 1.0, "calls": 1}]
@@ -37,3 +39,11 @@ def test_each_variant_is_the_benchmark_row_with_its_flags(tmp_path):
         assert "--seed 7" in joined[name] and "--num-generations=16" in joined[name]
         assert cmd[-4:] == ["--max-steps", "5", "--profile-steps", "3-3"]
         assert cmd[cmd.index("--run-dir") + 1] == str(tmp_path / name)
+
+
+def test_device_busy_is_the_union_of_the_kernels():
+    # 0-2 ms and 1-3 ms on two streams overlap: busy 3 ms, not 4; then 3.5-4 ms (a 0.5 ms gap, not
+    # counted) and 6-7 ms (a 2 ms gap)
+    ks = [{"ts": 0, "dur": 2_000}, {"ts": 1_000, "dur": 2_000}, {"ts": 3_500, "dur": 500}, {"ts": 6_000, "dur": 1_000}]
+    assert sp.device_busy(ks) == (4.5, [2.0])
+    assert sp.device_busy([]) == (0.0, [])
