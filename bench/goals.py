@@ -95,7 +95,8 @@ def table(rows: list[dict]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--results", type=Path, default=RESULTS, help="a real_workload results file (default: one H200's)")
     ap.add_argument("--label", required=True, help="the plan's label, as its rows carry it (benchmark.sh's LABEL)")
     ap.add_argument("--json", action="store_true", help="print the table as JSON instead of markdown")

@@ -54,7 +54,7 @@ class LearnerFaultsSection:
     max_message_mb: int = at_least(1, 64)
     """Largest data message accepted, in MiB."""
     data_timeout_s: float = positive(60.0)
-    """Log 'no data for N s' this often while waiting."""
+    """Log 'no data for N s' this often while waiting; groups a sampler has sent that have not come in that long count as lost."""
     shutdown_timeout_s: float = at_least(0, 120.0)
     """Wait for samplers' final status at the end."""
     dist_timeout_s: float = positive(3600.0)

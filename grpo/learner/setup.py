@@ -311,7 +311,8 @@ def build(cfg: LearnerConfig, import_s: float | None = None) -> LearnerParts:
     tok, vocab_size, engine, fused = start_engine(cfg, p, receiver, import_s)
 
     # The control fields of every answer on the sync port (facts, levels, budget): rank 0's publisher asks it.
-    answers = SyncAnswer(run_facts(cfg, vocab_size, device, p.groups_per_step))
+    # groups counted on their way that have not come while the learner waits this long are counted lost
+    answers = SyncAnswer(run_facts(cfg, vocab_size, device, p.groups_per_step), lost_after_s=cfg.faults.data_timeout_s)
     fingerprints = None
     if cfg.weight_sync.verify_weight_sync and rank == 0:
         if cfg.training.lora_r:  # samplers get merged weights, not the module's: nothing to compare

@@ -28,7 +28,8 @@ from grpo.rules.staleness import Staleness
 from grpo.wire import messages as M
 
 MAX_CONNECTIONS = 4096   # per-connection state (the gap floor) kept for the newest this many connections
-LOST_AFTER_S = 60.0      # groups counted in flight this long with nothing arriving are counted lost (flow.overdue)
+LOST_AFTER_S = 60.0      # groups counted in flight this long with nothing arriving are counted lost (flow.overdue;
+                         # the learner gives its --data-timeout-s)
 
 log = logging.getLogger(__name__)
 
