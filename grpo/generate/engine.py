@@ -148,7 +148,10 @@ class RolloutEngine:
         self.gen = new_generator(self.device)
         # The fused kernel's noise: a device seed it advances itself, so graphs need not register it.
         self.fused = bool(fused_sampling) and not compile_decode and fused_available(self.device)
-        if self.fused and (why := fused_check(self.device, model.config.vocab_size)) is not None:
+        # checked (and compiled by Triton) at the logits' width: the head's rows, a padded vocabulary included
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        width = int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
+        if self.fused and (why := fused_check(self.device, width)) is not None:
             log.warning("fused sampling cannot run here (%s): sampling with torch's ops", why)
             self.fused = False
         self.seed = new_seed(self.device) if self.fused else None

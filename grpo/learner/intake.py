@@ -19,7 +19,6 @@ from grpo.learner.accounting import Books, MessageLedger
 from grpo.learner.liveness import Liveness
 from grpo.loss import has_signal
 from grpo.rules.staleness import Staleness
-from grpo.sync.flow import received_among
 from grpo.wire import messages as M
 from grpo.wire.transport import Receiver
 
@@ -62,7 +61,7 @@ class Intake:
         self.start_version = 0
         self.ages_before_start = collections.Counter()
         # Groups that reached us per sampler process (sampler id, incarnation), valid or rejected, as
-        # (count, newest Group.seq): the publisher's budget reads it (received), from its own thread;
+        # (count, newest Group.seq): the publisher's budget reads it (arrived), from its own thread;
         # each entry is replaced whole, so that thread reads one consistent pair.
         self.arrivals: collections.OrderedDict[tuple[int, int], tuple[int, int]] = collections.OrderedDict()
         # Groups taken off the queue for the step being collected or trained (the learner sets it
@@ -80,10 +79,10 @@ class Intake:
         named = o is not None and self.liveness.valid_id(o.sampler_id)
         if named and o.kind == "group":
             self.books.rejected(o.sampler_id, o.incarnation)
-            self._arrived(o.sampler_id, o.incarnation, o.seq)
+            self._note_arrival(o.sampler_id, o.incarnation, o.seq)
         self.messages.reject("data", exc.reason, (o.sampler_id, o.incarnation) if named else None)
 
-    def _arrived(self, sampler_id: int, incarnation: int, seq: int) -> None:
+    def _note_arrival(self, sampler_id: int, incarnation: int, seq: int) -> None:
         key = (sampler_id, incarnation)
         count, last = self.arrivals.get(key, (0, 0))
         self.arrivals[key] = (count + 1, max(last, seq))
@@ -91,15 +90,10 @@ class Intake:
         while len(self.arrivals) > MAX_PROCESSES:   # bounded: restarts, or made-up incarnations, cannot grow it
             self.arrivals.popitem(last=False)
 
-    def received(self, sampler_id: int, incarnation: int, sent: int) -> int:
-        """Of the first `sent` groups sampler process (sampler_id, incarnation) handed, how many have
-        reached us (grpo.sync.flow.received_among: not those handed after the request that says `sent`)."""
-        count, last = self.arrivals.get((sampler_id, incarnation), (0, 0))
-        return received_among(count, last, sent)
-
-    def newest(self, sampler_id: int, incarnation: int) -> int:
-        """The newest Group.seq received from sampler process (sampler_id, incarnation) (0: none)."""
-        return self.arrivals.get((sampler_id, incarnation), (0, 0))[1]
+    def arrived(self, sampler_id: int, incarnation: int) -> tuple[int, int]:
+        """Sampler process (sampler_id, incarnation)'s groups that reached us, and the newest one's
+        Group.seq (0: none numbered), read as one pair (the publisher's thread reads it)."""
+        return self.arrivals.get((sampler_id, incarnation), (0, 0))
 
     def take(self, msg: M.Message | None, version: int) -> None:
         if isinstance(msg, (M.Group, M.SamplerStatus)) and not self.liveness.valid_id(msg.sampler_id):
@@ -107,7 +101,7 @@ class Intake:
         elif isinstance(msg, M.Group):
             self.liveness.seen(msg.sampler_id)
             self.counts["received"] += 1
-            self._arrived(msg.sampler_id, msg.incarnation, msg.seq)
+            self._note_arrival(msg.sampler_id, msg.incarnation, msg.seq)
             self.books.group(msg, version)
             if (len(msg.prefix_token_ids) > self.cfg.faults.max_prompt_tokens
                     or max(len(c.generated_token_ids) for c in msg.completions) > self.cfg.rollout.max_new_tokens):

@@ -223,7 +223,7 @@ def wire_queue_view(answers: SyncAnswer, intake: Intake, liveness: Liveness, max
     """Each answer tells its sampler how much it may generate: the budget reads the intake's queue,
     and stops at the groups the steps left to `max_steps` train, or those `time_limit` leaves time for."""
     answers.queue_view = QueueView(queued=lambda: len(intake.queue),
-                                   received=intake.received, newest=intake.newest,
+                                   arrived=intake.arrived,
                                    samplers=lambda: max(1, liveness.count_alive()),
                                    training=lambda: intake.taken, max_steps=max_steps,
                                    waiting_since=lambda: intake.waiting_since,

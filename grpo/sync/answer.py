@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from grpo.sync.flow import gap_floor, overdue
+from grpo.sync.flow import gap_floor, overdue, received_among
 from grpo.rules.staleness import Staleness
 from grpo.wire import messages as M
 
@@ -38,14 +38,12 @@ log = logging.getLogger(__name__)
 class QueueView:
     """What the publisher may read of the learner's intake, from its own thread."""
     queued: Callable[[], int]           # groups waiting to be trained
-    received: Callable[[int, int, int], int]   # (sampler id, incarnation, sent): of the first `sent` groups
-                                        # that process handed, those received (valid or rejected)
+    arrived: Callable[[int, int], tuple[int, int]]   # (sampler id, incarnation) -> that process's groups
+                                        # received (valid or rejected), and the newest one's Group.seq (0: none)
     samplers: Callable[[], int]         # samplers alive (at least 1)
     training: Callable[[], int] = lambda: 0   # groups taken for the step being collected or trained
     max_steps: int = 0                  # the learner's --max-steps: its last version (0: none known)
     time_steps_left: Callable[[], int] = lambda: -1   # steps --max-time-s leaves time for (-1: not known)
-    newest: Callable[[int, int], int] = lambda sid, inc: -1   # the newest Group.seq received from a
-                                        # (sampler id, incarnation) (0: none numbered; -1: not known)
     waiting_since: Callable[[], float | None] = lambda: None   # since when the learner waits for data
                                         # (time.monotonic; None: it is not waiting)
 
@@ -76,12 +74,10 @@ class SyncAnswer:
         (which carries the facts and levels only)."""
         out = {"run": self.facts_for(first, msg), "levels": self.levels}
         if not stopping:
-            out["queued"], out["budget"] = self.budget(identity, msg, version if fresh else msg.have_version,
-                                                       version)
-            if out["budget"] >= 0 and msg.sent >= 0 and self.queue_view is not None:
-                # every group of the process up to this seq has arrived and is in the budget's count
-                # (queued, taken, trained or dropped): the sampler takes off only those handed after it
-                out["counted"] = max(msg.sent, self.queue_view.newest(msg.sampler_id, msg.incarnation))
+            out["queued"], out["budget"], counted = self.budget(identity, msg, version if fresh else msg.have_version,
+                                                                version)
+            if counted >= 0:
+                out["counted"] = counted
         return out
 
     def unsolicited_stop(self) -> dict:
@@ -94,18 +90,26 @@ class SyncAnswer:
             return None
         return self.run_facts if (first or msg.have_version < 0) else None
 
-    def budget(self, identity: bytes, msg: M.WeightsRequest, sampler_version: int, version: int) -> tuple[int, int]:
-        """(queued, budget) for this answer; (-1, -1) when the learner did not give its queue.
+    def budget(self, identity: bytes, msg: M.WeightsRequest, sampler_version: int,
+               version: int) -> tuple[int, int, int]:
+        """(queued, budget, counted) for this answer; -1 each when the learner did not give its queue
+        (counted: also when the request did not say `sent`).
 
         sampler_version: the version the sampler will run once it has this answer."""
         view, run = self.queue_view, self.run_facts
         if view is None or run is None or not run.groups_per_step:
-            return -1, -1
+            return -1, -1, -1
+        # The process's arrivals first, the queue after: a group that arrives in between is counted
+        # twice for this answer (on its way, and queued), never not at all; and every group up to
+        # `newest` is in the queue's count (queued, taken, trained or dropped), so the sampler takes
+        # off only those it handed after max(sent, newest): `counted`.
+        count, newest = view.arrived(msg.sampler_id, msg.incarnation) if msg.sent >= 0 else (0, 0)
         queued = view.queued()
-        in_flight = 0
+        in_flight, counted = 0, -1
         if msg.sent >= 0:
+            counted = max(msg.sent, newest)
             floor, seen, since = self._flight.get(identity, (None, -1, 0.0))
-            received, now = view.received(msg.sampler_id, msg.incarnation, msg.sent), self.clock()
+            received, now = received_among(count, newest, msg.sent), self.clock()
             in_flight, floor = gap_floor(floor, msg.sent, received)
             late, since = overdue(in_flight, received, seen, since, now, self.lost_after_s, view.waiting_since())
             if late:
@@ -124,4 +128,4 @@ class SyncAnswer:
         if by_time >= 0:
             steps_left = by_time if steps_left < 0 else min(steps_left, by_time)
         return queued, Staleness.of(run).budget(version, sampler_version, queued, in_flight, view.training(),
-                                                view.samplers(), steps_left)
+                                                view.samplers(), steps_left), counted

@@ -171,6 +171,7 @@ def test_groups_are_numbered_as_handed_and_the_intake_counts_only_those_a_reques
 
     from grpo.config import LearnerConfig, from_flat
     from grpo.learner.intake import Intake
+    from grpo.sync.flow import received_among
     from grpo.wire.transport import DataReceiver
 
     (port,) = free_ports(1)
@@ -193,13 +194,15 @@ def test_groups_are_numbered_as_handed_and_the_intake_counts_only_those_a_reques
                  MessageLedger())
     for g in got:
         lrn.take(g, version=0)
-    assert [lrn.received(0, 5, sent) for sent in (0, 1, 2, 3, 4)] == [0, 1, 2, 3, 3]
-    assert lrn.received(0, 6, 3) == 0 and lrn.received(1, 5, 3) == 0   # another process, another sampler id
+    assert lrn.arrived(0, 5) == (3, 3)
+    assert [received_among(*lrn.arrived(0, 5), sent) for sent in (0, 1, 2, 3, 4)] == [0, 1, 2, 3, 3]
+    assert lrn.arrived(0, 6) == lrn.arrived(1, 5) == (0, 0)   # another process, another sampler id
     # a group the codec refused, whose valid header named its process and number, counts as received
     refused = M.ProtocolError("bad_field", "x")
     refused.origin = M.Origin("group", 0, 5, 4)
     lrn._rejected(refused, None)
-    assert lrn.received(0, 5, 3) == 3 and lrn.received(0, 5, 4) == 4
+    assert lrn.arrived(0, 5) == (4, 4)
+    assert received_among(*lrn.arrived(0, 5), 3) == 3 and received_among(*lrn.arrived(0, 5), 4) == 4
 
 
 def test_msgpack_timestamp_ext_is_refused_as_bad_header():

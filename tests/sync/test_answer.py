@@ -28,7 +28,7 @@ def test_sync_answer_fields_by_hand():
 
     # no queue view yet: the facts (first answer), no budget said
     assert fields(0, 3, first=True) == {"run": FACTS, "levels": None, "queued": -1, "budget": -1}
-    a.queue_view = QueueView(queued=lambda: state["queued"], received=lambda sid, inc, sent: state["received"],
+    a.queue_view = QueueView(queued=lambda: state["queued"], arrived=lambda sid, inc: (state["received"], 0),
                              samplers=lambda: state["samplers"], training=lambda: state["training"])
     # sent 3 = received 3 (floor 0): 4 - 1 queued = 3; not the first answer: no facts; the budget
     # accounts for the 3 groups the request said (the view knows no newer one)
@@ -58,7 +58,7 @@ def test_near_max_steps_the_budget_stops_at_the_groups_the_last_steps_train():
     v has 5 - v steps left, 2 x (5 - v) groups in all; what is ahead counts against it."""
     state = {"queued": 1, "training": 0}
     a = SyncAnswer(FACTS)
-    a.queue_view = QueueView(queued=lambda: state["queued"], received=lambda sid, inc, sent: 3, samplers=lambda: 1,
+    a.queue_view = QueueView(queued=lambda: state["queued"], arrived=lambda sid, inc: (3, 0), samplers=lambda: 1,
                              training=lambda: state["training"], max_steps=5)
 
     def budget(version):
@@ -71,7 +71,7 @@ def test_near_max_steps_the_budget_stops_at_the_groups_the_last_steps_train():
     state["training"] = 1      # the last step has taken 1 of its 2 groups; 1 is queued for it
     assert budget(4) == 0
     assert budget(5) == 0      # the last step is done: nothing more is trained
-    a.queue_view = QueueView(queued=lambda: 1, received=lambda sid, inc, sent: 3, samplers=lambda: 1)
+    a.queue_view = QueueView(queued=lambda: 1, arrived=lambda sid, inc: (3, 0), samplers=lambda: 1)
     assert budget(4) == 3      # no --max-steps said (0): the bound alone
 
 
@@ -82,7 +82,7 @@ def test_under_max_time_s_the_budget_stops_at_the_steps_its_time_leaves():
     now = [0.0]
     limit = TimeLimit(20.0, clock=lambda: now[0])
     a = SyncAnswer(FACTS)
-    a.queue_view = QueueView(queued=lambda: 1, received=lambda sid, inc, sent: 3, samplers=lambda: 1,
+    a.queue_view = QueueView(queued=lambda: 1, arrived=lambda sid, inc: (3, 0), samplers=lambda: 1,
                              time_steps_left=limit.steps_left)
 
     def budget(version=0):
@@ -99,7 +99,7 @@ def test_under_max_time_s_the_budget_stops_at_the_steps_its_time_leaves():
     assert budget() == 3
     now[0] = 25.0                            # past the limit: the step under way only, 2 - 1
     assert limit.steps_left() == 1 and budget() == 1
-    a.queue_view = QueueView(queued=lambda: 1, received=lambda sid, inc, sent: 3, samplers=lambda: 1, max_steps=10,
+    a.queue_view = QueueView(queued=lambda: 1, arrived=lambda sid, inc: (3, 0), samplers=lambda: 1, max_steps=10,
                              time_steps_left=limit.steps_left)
     assert budget(9) == 1                    # both ends: 1 step left either way
     now[0] = 10.0                            # 10 s left is 6 steps by time, 1 by --max-steps: 2 - 1
@@ -111,7 +111,7 @@ def test_answers_carry_the_queue_and_the_budget():
     port = free_ports(1)[0]
     state = {"queued": 1, "received": 3, "training": 0}
     pub = TcpPublisher(SyncServer("127.0.0.1", port), torch.nn.Linear(2, 2), answers=SyncAnswer(FACTS))
-    pub.answers.queue_view = QueueView(queued=lambda: state["queued"], received=lambda sid, inc, sent: state["received"],
+    pub.answers.queue_view = QueueView(queued=lambda: state["queued"], arrived=lambda sid, inc: (state["received"], 0),
                                samplers=lambda: 1, training=lambda: state["training"])
     client = SyncClient("127.0.0.1", port, M.weights_limits(1 << 20))
     answers: list = []
@@ -144,7 +144,7 @@ def test_groups_lost_with_an_earlier_learner_do_not_shrink_the_budget_for_ever()
     gap stays; only its excess over the smallest gap seen on the connection counts as in flight."""
     port = free_ports(1)[0]
     pub = TcpPublisher(SyncServer("127.0.0.1", port), torch.nn.Linear(2, 2), answers=SyncAnswer(FACTS))
-    pub.answers.queue_view = QueueView(queued=lambda: 0, received=lambda sid, inc, sent: 10, samplers=lambda: 1)
+    pub.answers.queue_view = QueueView(queued=lambda: 0, arrived=lambda sid, inc: (10, 0), samplers=lambda: 1)
     client = SyncClient("127.0.0.1", port, M.weights_limits(1 << 20))
     answers: list = []
     try:
@@ -165,7 +165,7 @@ def test_groups_counted_on_their_way_that_never_come_stop_holding_the_budget():
     clock = {"t": 1000.0}
     state = {"received": 7, "waiting_since": None}
     a = SyncAnswer(FACTS, lost_after_s=60.0, clock=lambda: clock["t"])
-    a.queue_view = QueueView(queued=lambda: 0, received=lambda sid, inc, sent: state["received"],
+    a.queue_view = QueueView(queued=lambda: 0, arrived=lambda sid, inc: (state["received"], 0),
                              samplers=lambda: 1, max_steps=5, waiting_since=lambda: state["waiting_since"])
 
     def budget(sent=9):
@@ -195,8 +195,8 @@ def test_groups_that_overtake_the_request_are_taken_off_the_budget_once():
     from grpo.sampler.weights_client import WeightsClient
 
     a = SyncAnswer(FACTS)
-    a.queue_view = QueueView(queued=lambda: 2, received=lambda sid, inc, sent: min(sent, 5), samplers=lambda: 1,
-                             newest=lambda sid, inc: 5 if (sid, inc) == (0, 7) else 0)
+    a.queue_view = QueueView(queued=lambda: 2, arrived=lambda sid, inc: (5, 5) if (sid, inc) == (0, 7) else (3, 0),
+                             samplers=lambda: 1)
     out = a.fields(b"c", M.WeightsRequest(0, 0, 1, sent=3, incarnation=7), False, 0, False, False)
     assert (out["queued"], out["budget"], out["counted"]) == (2, 2, 5)
     assert a.fields(b"d", M.WeightsRequest(0, 0, 1, sent=3, incarnation=8), False, 0, False, False)["counted"] == 3
