@@ -17,8 +17,10 @@ from transformers.cache_utils import get_layer_types_and_kwargs
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from grpo.generate.backend import describe
+from grpo.generate.decode_attention import decode_attention
 
 ATTENTION = "grpo_rollout"
+_kernel = False   # decode steps through grpo.generate.decode_attention (set by rollout_attention_on)
 
 
 def register_attention() -> None:
@@ -27,17 +29,19 @@ def register_attention() -> None:
 
 
 @contextlib.contextmanager
-def rollout_attention_on(model):
+def rollout_attention_on(model, kernel: bool = False):
     """Run the model's layers with rollout_attention (the model's own setting is restored after, so
-    evaluation and log-prob passes keep theirs). A captured graph keeps the kernels chosen here:
+    evaluation and log-prob passes keep theirs); kernel: its decode steps with the Triton kernel
+    (the engine's choice, checked at its start). A captured graph keeps the kernels chosen here:
     only eager calls need the switch."""
+    global _kernel
     cfg = model.config
-    before = cfg._attn_implementation
-    cfg._attn_implementation = ATTENTION
+    before, before_kernel = cfg._attn_implementation, _kernel
+    cfg._attn_implementation, _kernel = ATTENTION, kernel
     try:
         yield
     finally:
-        cfg._attn_implementation = before
+        cfg._attn_implementation, _kernel = before, before_kernel
 
 
 def attend_limit(width: int, length: int, k: int, chunk: int) -> int:
@@ -56,6 +60,7 @@ def rollout_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     copy), which on a 3B model at 256 rows took half the decode step. A decode mask shorter than
     the cache (the engine's attend_chunk) says how many slots the step reads: only those are read
     (the slots past it are empty, so this changes which zeros are summed, not the result).
+    With the engine's kernel on (rollout_attention_on), a decode step is grpo.generate.decode_attention's.
     Prefill (many query tokens, once per round) goes through Hugging Face's SDPA function unchanged.
     With `softcap` (Gemma2's attn_logit_softcapping: scores become tanh(scores / cap) * cap before the
     mask and softmax), which SDPA has no argument for, both go through an explicit path instead
@@ -68,6 +73,10 @@ def rollout_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     softcap = kwargs.pop("softcap", None)
     if softcap is not None:
         return _softcapped_attention(query, key, value, attention_mask, scaling, softcap), None
+    if q_len == 1 and _kernel:   # [B, H_kv, G, D] in and out: the same pairing of query and KV heads as below
+        out = decode_attention(query.view(b, kv_heads, heads // kv_heads, dim), key, value, attention_mask,
+                               dim ** -0.5 if scaling is None else scaling)
+        return out.view(b, 1, heads, dim), None                                                # [B, 1, H, D]
     if q_len != 1 or heads == kv_heads:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)

@@ -68,6 +68,7 @@ from grpo.generate.batch import BatchStream
 from grpo.generate.cache import Slot
 from grpo.generate.capture import (COMPILED_VERSIONS, CaptureFailed, allow_recompiles, capture_decode,
                                    reset_generators_after_failed_capture)
+from grpo.generate import decode_attention
 from grpo.generate.fused_sampling import available as fused_available, check as fused_check, fused_sample_step, new_seed
 from grpo.generate.sampling import new_generator, sample_step
 from grpo.model.liger import FusedLayers, fuse
@@ -90,7 +91,8 @@ class RolloutEngine:
                  buckets: tuple[int, ...] | None = None, prompt_multiple: int | None = None,
                  check_every: int = 16, max_slots: int = 2, compile_decode: bool = False,
                  attend_chunk: int | None = DEFAULT_ATTEND_CHUNK, compile_ring: bool = False,
-                 refill_behind: bool = False, fused_sampling: bool = True, liger_layers: bool = True):
+                 refill_behind: bool = False, fused_sampling: bool = True, liger_layers: bool = True,
+                 fused_attention: bool = True):
         """cuda_graphs: capture the decode step (default: on CUDA). compile_decode: run the
         decode step through torch.compile first (fuses the many small kernels of a small
         model; compiled in the graph warm-up, then captured as usual). buckets / prompt_multiple:
@@ -107,6 +109,9 @@ class RolloutEngine:
         GPU waits for it); the rows refilled join one check later. fused_sampling: draw each token
         with one Triton kernel (grpo.generate.fused_sampling) where Triton runs on the device, in
         the steps torch.compile does not fuse (compile_decode: none; compile_ring: generate()'s).
+        fused_attention: each decode step's attention with one Triton kernel (grpo.generate.decode_attention)
+        where Triton runs on the device, the model is in half precision and the kernel agrees with SDPA
+        at the model's head shapes (checked here), in the steps torch.compile does not compile.
         liger_layers: Liger-Kernel's RMSNorm, SwiGLU and rotary kernels in the model (grpo.model.liger)
         where they run (CUDA, liger-kernel installed, a model type it serves); their module-level
         names are in place only inside the engine's passes (passes()).
@@ -155,6 +160,7 @@ class RolloutEngine:
             log.warning("fused sampling cannot run here (%s): sampling with torch's ops", why)
             self.fused = False
         self.seed = new_seed(self.device) if self.fused else None
+        self.attention_kernel = self._attention_kernel(fused_attention and not compile_decode)
         # torch.compile specialises on shapes (dynamic=False): one compilation per bucket shape,
         # greedy flag and attention length (COMPILED_VERSIONS).
         self.compile_decode = compile_decode
@@ -186,12 +192,29 @@ class RolloutEngine:
                 log.info("decode layers: Liger-Kernel's fused RMSNorm, SwiGLU and rotary embedding "
                          "(--no-liger-decode: Hugging Face's)")
 
+    def _attention_kernel(self, wanted: bool) -> bool:
+        """Whether decode steps run grpo.generate.decode_attention's kernel: wanted, Triton on the device,
+        half precision on CUDA (float32 models keep SDPA's exact path), and a check at the model's head
+        shapes that it agrees with SDPA; a failed check is said once."""
+        half = self.dtype in (torch.float16, torch.bfloat16) or self.device.type != "cuda"
+        if not (wanted and half and decode_attention.available(self.device)):
+            return False
+        cfg = self.model.config.get_text_config(decoder=True)
+        heads = int(cfg.num_attention_heads)
+        kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+        dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+        if (why := decode_attention.check(self.device, kv_heads, heads // kv_heads, dim, self.dtype)) is not None:
+            log.warning("the decode attention kernel cannot run here (%s): attention with SDPA", why)
+            return False
+        return True
+
     @contextlib.contextmanager
-    def passes(self):
-        """Around each of the engine's forward passes (eager, or being captured): its attention, and
-        Liger's module-level names where its layers are on. A captured graph keeps the kernels chosen
-        here."""
-        with rollout_attention_on(self.model), (self.layers.passes() if self.layers else contextlib.nullcontext()):
+    def passes(self, kernel: bool | None = None):
+        """Around each of the engine's forward passes (eager, or being captured): its attention (kernel:
+        decode steps with the Triton kernel; default the engine's choice), and Liger's module-level names
+        where its layers are on. A captured graph keeps the kernels chosen here."""
+        kernel = self.attention_kernel if kernel is None else kernel
+        with rollout_attention_on(self.model, kernel), (self.layers.passes() if self.layers else contextlib.nullcontext()):
             yield
 
     def _probe(self) -> str | None:

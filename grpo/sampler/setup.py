@@ -204,7 +204,7 @@ def make_engine(cfg: SamplerConfig, policy, eos: list[int], pad_id: int, device:
                             compile_decode=cfg.rollout.compile_decode, attend_chunk=cfg.rollout.attend_chunk or None,
                             compile_ring=cfg.rollout.compile_ring and cfg.rollout.in_flight_rows > 0,
                             refill_behind=cfg.rollout.refill_behind, fused_sampling=cfg.rollout.fused_sampling,
-                            liger_layers=cfg.rollout.liger_decode)
+                            liger_layers=cfg.rollout.liger_decode, fused_attention=cfg.rollout.fused_attention)
               if backend == "fast" else None)
     if engine is not None and engine.fallback is not None:
         # An architecture the engine cannot serve (its warning said why): Hugging Face generate,
