@@ -104,7 +104,7 @@ def main(argv=None) -> None:
                                 "sdpa_max_abs_err", "kernel_max_abs_err"]), flush=True)
     path = write_result(args.name, device, {"seed": args.seed, "dtype": str(dtype).replace("torch.", ""),
                                             "calls": args.calls, "replays": args.replays, "records": records},
-                        results_dir=args.out_dir)
+                        extra_versions=("triton",), results_dir=args.out_dir)
     print("wrote", path)
 
 
