@@ -38,18 +38,19 @@ def batch():
     return right_pad(seqs, 2, torch.device("cpu"))
 
 
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
 @pytest.mark.parametrize("chunk_elems", [49152 * 5, 49152 * 64])  # 5 rows per chunk (uneven), one chunk
-def test_values_and_grads_match_full_logits(model, chunk_elems):
+def test_values_and_grads_match_full_logits(model, chunk_elems, temperature):
     ids, mask = batch()
     valid = mask[:, 1:].bool()
     model.zero_grad()
-    ref = full_logprobs(model, ids, mask, 0.7)
+    ref = full_logprobs(model, ids, mask, temperature)
     weights = torch.randn(ref.shape, generator=torch.Generator().manual_seed(2))
     (ref * weights * valid).sum().backward()
     ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
 
     model.zero_grad()
-    got = chunked_token_logprobs(model, ids, mask, 0.7, chunk_elems=chunk_elems)
+    got = chunked_token_logprobs(model, ids, mask, temperature, chunk_elems=chunk_elems)
     assert got.shape == (4, 15) and got.dtype == torch.float32
     assert torch.equal(got[~valid], torch.zeros(int((~valid).sum())))  # padding targets are 0
     assert (got[valid] < 0).all()
@@ -61,6 +62,33 @@ def test_values_and_grads_match_full_logits(model, chunk_elems):
         scale = ref_grads[n].abs().max().item()
         assert scale > 0
         assert (p.grad - ref_grads[n]).abs().max().item() <= 1e-5 * scale, n
+
+
+@pytest.mark.parametrize("with_entropy", [False, True])
+def test_temperature_one_divides_nothing_over_the_vocabulary(model, with_entropy):
+    """At T = 1 the head's logits are only cast: no division over [rows, vocab] in the forward, the
+    checkpoint's recompute or the backward; at T = 0.7 there is one in each."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Divisions(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.wide = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket in (torch.ops.aten.div, torch.ops.aten.div_) and args[0].shape[-1] == 49152:
+                self.wide += 1
+            return out
+
+    ids, mask = batch()
+    counts = {}
+    for t in (1.0, 0.7):
+        with Divisions() as seen:
+            out = chunked_token_logprobs(model, ids, mask, t, chunk_elems=49152 * 64, with_entropy=with_entropy)
+            (out[0] if with_entropy else out).sum().backward()
+        counts[t] = seen.wide
+    assert counts[1.0] == 0 and counts[0.7] >= 2
 
 
 def test_model_token_logprobs_uses_chunks_without_grad(model):
