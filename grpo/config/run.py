@@ -34,6 +34,8 @@ class RunSection:
     """YAML file of options (field names as keys); flags on the command line win."""
     cudnn_attention: bool = False
     """CUDA: allow cuDNN's attention kernels (why off: docs/configuration.md)."""
+    fused_logprobs: bool = True
+    """CUDA: each log-prob chunk's log-softmax and its gradient as Triton kernels over the logits (off: torch's float32 ops)."""
 
 
 @dataclass

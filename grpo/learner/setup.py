@@ -172,7 +172,7 @@ def start_process_group(cfg: LearnerConfig, device: torch.device) -> Communicato
 def load_model(cfg: LearnerConfig, path: str, device: torch.device, precision: str,
                times: dict[str, float]) -> tuple:
     """(tokenizer, model, fused layers or None) in training form; `times` gets the parts of the load by name."""
-    start_runtime(device, times, cfg.run.cudnn_attention)
+    start_runtime(device, times, cfg.run.cudnn_attention, cfg.run.fused_logprobs)
     t_tok = time.perf_counter()
     tok = load_tokenizer(path)
     times["tokenizer"] = time.perf_counter() - t_tok

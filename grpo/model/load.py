@@ -120,7 +120,8 @@ def load_tokenizer(path: str):
     return tok
 
 
-def start_runtime(device: torch.device, times: dict[str, float], cudnn_attention: bool = False) -> None:
+def start_runtime(device: torch.device, times: dict[str, float], cudnn_attention: bool = False,
+                  fused_logprobs: bool | None = None) -> None:
     """Make the first CUDA call on `device` (its context) now, timed into `times` as 'CUDA init',
     so that a start-up log tells it apart from loading the model: it can take seconds on a GPU
     machine, where a 135M model's weights load in a tenth of one. (transformers' import, seconds
@@ -131,13 +132,24 @@ def start_runtime(device: torch.device, times: dict[str, float], cudnn_attention
     and the learner's micro-batches and the sampler's log-prob passes change width every step, so
     the builds land on the host's time of every step (docs/benchmarks.md, "Where a learner step
     goes"). Without cuDNN, SDPA takes FlashAttention or the memory-efficient kernels, which need
-    no such build."""
+    no such build.
+
+    fused_logprobs: every log-prob pass of this process (grpo.model.logprobs) takes the Triton kernels
+    of grpo.model.fused_logprobs where they run on `device` and agree with torch's ops (checked here;
+    a failed check is said once, and the torch ops stay); None leaves the process's choice as it is."""
     if device.type == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
         t = time.perf_counter()
         torch.empty(1, device=device)
         torch.cuda.synchronize(device)
         times["CUDA init"] = time.perf_counter() - t
+    if fused_logprobs is None:
+        return
+    from grpo.model import fused_logprobs as fused, logprobs
+    why = None
+    if fused_logprobs and fused.available(device) and (why := fused.check(device)) is not None:
+        log.warning("the fused log-prob kernels cannot run here (%s): log-probs with torch's ops", why)
+    logprobs.use_fused_head(fused_logprobs and fused.available(device) and why is None)
 
 
 def said_imports(import_s: float | None) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from grpo.model.fused_logprobs import token_logprob as fused_token_logprob
 from grpo.model.packed import packable, packed_decoder
 
 
@@ -79,6 +80,16 @@ def left_pad(sequences: list[list[int]], pad_id: int, device: torch.device, widt
 DEFAULT_CHUNK_ELEMS = 1 << 27
 
 
+_fused_head = False   # each chunk through grpo.model.fused_logprobs (use_fused_head, at a process's start)
+
+
+def use_fused_head(on: bool) -> None:
+    """This process's log-prob passes take the fused kernels (on) or torch's ops; start_runtime's
+    choice, after their check on the device."""
+    global _fused_head
+    _fused_head = bool(on)
+
+
 def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """logits / T in float32; at T = 1 the cast alone: a division by 1 changes no value, and cost a
     pass over [n, V] float32 forward, again in the checkpoint's recompute, and in the backward
@@ -90,6 +101,8 @@ def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module,
                     temperature: float) -> torch.Tensor:
     """log softmax(head(hidden) / T)[target] for one chunk of rows: [n]."""
+    if _fused_head:
+        return fused_token_logprob(head(hidden), targets, temperature)    # [n]: one pass each way, no float32 copy
     logits = _scaled(head(hidden), temperature)                            # [n, V]
     picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)   # [n]
     return picked - torch.logsumexp(logits, dim=-1)                        # [n]

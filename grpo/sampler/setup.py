@@ -155,7 +155,7 @@ def load_rollout(cfg: SamplerConfig, device: torch.device, decoding: Decoding, t
     t_load = time.perf_counter()
     path = resolve_model(cfg.run.model)
     load_times: dict[str, float] = {}   # the parts of 'model' in the start-up line
-    start_runtime(device, load_times, cfg.run.cudnn_attention)
+    start_runtime(device, load_times, cfg.run.cudnn_attention, cfg.run.fused_logprobs)
     t_tok = time.perf_counter()
     tok = load_tokenizer(path)
     load_times["tokenizer"] = time.perf_counter() - t_tok
