@@ -101,3 +101,24 @@ def test_the_engine_decodes_through_it_with_the_same_greedy_tokens(tiny):
         kernel.generate(ps, 3, greedy=True)
     layers = tiny.config.num_hidden_layers
     assert len(calls) == 2 * layers   # 3 tokens: the prefill's (SDPA) and two decode steps through it
+
+
+def test_the_in_flight_ring_decodes_through_it_as_with_sdpa(tiny):
+    """The ring's steps (stream(): 3 groups of 2 on 2 rows, so rows are refilled while the ring goes
+    on; each row's mask its own slots) through the kernel: every group's greedy tokens as the SDPA
+    engine's."""
+    g = torch.Generator().manual_seed(2)
+    ps = [torch.randint(3, 49000, (n,), generator=g).tolist() for n in (5, 9, 3)]
+
+    def run(eng):
+        items = list(enumerate(ps))
+        return {grp.key: grp.token_ids for grp in eng.stream(lambda: items.pop(0) if items else None, 2, 5,
+                                                            greedy=True, rows=2)}
+    kernel = RolloutEngine(tiny, 2, 2, cuda_graphs=False, check_every=2)
+    calls = []
+    real = da.decode_attention
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("grpo.generate.attention.decode_attention", lambda *a: calls.append(1) or real(*a))
+        got = run(kernel)
+    assert calls and sorted(got) == list(range(3))
+    assert got == run(RolloutEngine(tiny, 2, 2, cuda_graphs=False, check_every=2, fused_attention=False))
