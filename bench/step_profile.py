@@ -14,6 +14,8 @@ seconds, the share both were busy). Variants:
   inflight-unfused  --gpus 0 with the decode of 2026-11-29: torch's sampling ops, Hugging Face's layers
   inflight-bf16  --gpus 0 with --precision bf16 (bf16 weights, DeepSpeed's fp32 master copies)
   inflight-padded  --gpus 0 with --no-padding-free (the learner's passes over right-padded rows)
+  inflight-sdpa  --gpus 0 with SDPA's decode attention and torch's log-prob ops (--no-fused-attention
+             --no-fused-logprobs: the kernels of 2026-11-30 off)
 
     python bench/step_profile.py --model /tmp/gguf/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
         --dataset /tmp/data/gsm8k --variants rounds,inflight --out-dir $OUT
@@ -44,7 +46,8 @@ from benchutil import ROOT, pick, write_result  # noqa: E402  (also puts the rep
 VARIANTS = {"rounds": ("1gpu", ""), "inflight": ("1gpu-chosen", ""), "inflight-torch": ("1gpu-chosen", "--no-deepspeed"),
             "inflight-unfused": ("1gpu-chosen", "--no-fused-sampling --no-liger-decode"),
             "inflight-bf16": ("1gpu-chosen", "--precision bf16"),
-            "inflight-padded": ("1gpu-chosen", "--no-padding-free")}
+            "inflight-padded": ("1gpu-chosen", "--no-padding-free"),
+            "inflight-sdpa": ("1gpu-chosen", "--no-fused-attention --no-fused-logprobs")}
 
 
 def summarise_trace(trace: dict, top: int = 12) -> dict:

@@ -29,12 +29,13 @@ def test_each_variant_is_the_benchmark_row_with_its_flags(tmp_path):
     cmds = {name: sp.variant_command(name, args, tmp_path / name) for name in sp.VARIANTS}
     joined = {name: " ".join(cmd) for name, cmd in cmds.items()}
     assert "--share-gpus" in cmds["rounds"] and "--gpus" not in cmds["rounds"]
-    for name in ("inflight", "inflight-torch", "inflight-unfused", "inflight-bf16", "inflight-padded"):
+    for name in ("inflight", "inflight-torch", "inflight-unfused", "inflight-bf16", "inflight-padded", "inflight-sdpa"):
         assert cmds[name][cmds[name].index("--gpus") + 1] == "0" and "--share-gpus" not in cmds[name]
     assert "--no-deepspeed" in cmds["inflight-torch"] and "--no-deepspeed" not in cmds["inflight"]
     assert "--no-fused-sampling --no-liger-decode" in joined["inflight-unfused"]
     assert "--precision bf16" in joined["inflight-bf16"]
     assert cmds["inflight-padded"].count("--no-padding-free") == 1 and "--no-padding-free" not in cmds["inflight"]
+    assert "--no-fused-attention --no-fused-logprobs" in joined["inflight-sdpa"] and "fused" not in joined["inflight"]
     for name, cmd in cmds.items():   # the benchmark's settings, then the profile's stop and trace
         assert "--seed 7" in joined[name] and "--num-generations=16" in joined[name]
         assert cmd[-4:] == ["--max-steps", "5", "--profile-steps", "3-3"]
