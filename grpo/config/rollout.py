@@ -65,7 +65,7 @@ class SamplerRolloutSection:
     fused_sampling: bool = True
     """Fast backend on CUDA: draw each token with one Triton kernel (off: torch's ops)."""
     fused_attention: bool = True
-    """Fast backend on CUDA, half precision: each decode step's attention as one Triton kernel (off: SDPA's)."""
+    """Fast backend on CUDA, half precision: the in-flight ring's decode attention as one Triton kernel (off: SDPA's)."""
     vllm_gpu_memory_utilization: float = 0.0
     """vLLM backend: its share of the GPU's memory (0: from the memory plan)."""
     vllm_tensor_parallel_size: int = at_least(1, 1)

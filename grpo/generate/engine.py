@@ -109,9 +109,11 @@ class RolloutEngine:
         GPU waits for it); the rows refilled join one check later. fused_sampling: draw each token
         with one Triton kernel (grpo.generate.fused_sampling) where Triton runs on the device, in
         the steps torch.compile does not fuse (compile_decode: none; compile_ring: generate()'s).
-        fused_attention: each decode step's attention with one Triton kernel (grpo.generate.decode_attention)
-        where Triton runs on the device, the model is in half precision and the kernel agrees with SDPA
-        at the model's head shapes (checked here), in the steps torch.compile does not compile.
+        fused_attention: each decode step of stream()'s ring (the rollouts in flight) attends with one
+        Triton kernel (grpo.generate.decode_attention) where Triton runs on the device, the model is in
+        half precision and the kernel agrees with SDPA at the model's head shapes (checked here), unless
+        torch.compile compiles the step. generate() keeps SDPA: its steps read the cache at a new length
+        every attend_chunk slots, and each length would compile the kernel again (the ring's has one).
         liger_layers: Liger-Kernel's RMSNorm, SwiGLU and rotary kernels in the model (grpo.model.liger)
         where they run (CUDA, liger-kernel installed, a model type it serves); their module-level
         names are in place only inside the engine's passes (passes()).
@@ -209,11 +211,10 @@ class RolloutEngine:
         return True
 
     @contextlib.contextmanager
-    def passes(self, kernel: bool | None = None):
+    def passes(self, kernel: bool = False):
         """Around each of the engine's forward passes (eager, or being captured): its attention (kernel:
-        decode steps with the Triton kernel; default the engine's choice), and Liger's module-level names
-        where its layers are on. A captured graph keeps the kernels chosen here."""
-        kernel = self.attention_kernel if kernel is None else kernel
+        decode steps with the Triton kernel, the ring's when the engine chose it), and Liger's
+        module-level names where its layers are on. A captured graph keeps the kernels chosen here."""
         with rollout_attention_on(self.model, kernel), (self.layers.passes() if self.layers else contextlib.nullcontext()):
             yield
 

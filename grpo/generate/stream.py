@@ -486,7 +486,7 @@ class RingStream:
         r.key_valid.index_fill_(1, r.t, True)   # this step's key is written at slot t in every row
         # A row's sequence is contiguous around the ring, so its key at slot i is (t - i) mod length back.
         distance = (r.t - r.key_index).remainder(r.length)                            # [L]
-        with e.passes(kernel=e.attention_kernel and not self.compile_ring):   # a compiled step: SDPA's
+        with e.passes(kernel=e.attention_kernel and not self.compile_ring):   # one shape; compiled: SDPA's
             logits = e.model(input_ids=r.tok, position_ids=r.pos,
                              attention_mask=layer_masks(e.plan, e.dtype, r.key_valid.view(r.rows, 1, 1, -1), distance),
                              past_key_values=r.cache, use_cache=True, logits_to_keep=1).logits[:, -1]

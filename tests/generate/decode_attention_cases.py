@@ -3,7 +3,7 @@ against SDPA (run by test_decode_attention.py in a process of its own with TRITO
 must be set before Triton is imported and would send every engine of a shared process through the
 interpreter): float32 and float16 (the interpreter's bf16 products are wrong, so bf16 is the GPU
 test's, test_decode_attention_gpu.py), the slots in one program or split and combined, masked slots,
-ungrouped heads and a head size that is no power of two; and the engine's decode through it."""
+ungrouped heads and a head size that is no power of two; and the in-flight ring's decode through it."""
 from __future__ import annotations
 
 import pytest
@@ -86,21 +86,19 @@ def tiny():
     return load_causal_lm(resolve_model("tiny-random"), CPU, torch.float32).eval()
 
 
-def test_the_engine_decodes_through_it_with_the_same_greedy_tokens(tiny):
-    """RolloutEngine takes the kernel where it runs (here, the interpreter) unless told not to, in
-    generate()'s steps and the in-flight ring's: greedy tokens as with SDPA."""
-    ps = [[5, 9, 13], [7, 8, 9, 10, 11], [3]]
+def test_the_engine_chooses_it_and_keeps_sdpa_in_generate(tiny):
+    """RolloutEngine takes the kernel where it runs (here, the interpreter) unless told not to; its
+    fixed batches (generate(): evaluations, fixed rounds) keep SDPA, whose steps read the cache at a
+    new length every attend_chunk slots (a compile of the kernel each)."""
     kernel = RolloutEngine(tiny, 2, 2, cuda_graphs=False)
     plain = RolloutEngine(tiny, 2, 2, cuda_graphs=False, fused_attention=False)
     assert kernel.attention_kernel and not plain.attention_kernel
-    assert kernel.generate(ps, 6, greedy=True).token_ids == plain.generate(ps, 6, greedy=True).token_ids
     calls = []
     real = da.decode_attention
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("grpo.generate.attention.decode_attention", lambda *a: calls.append(1) or real(*a))
-        kernel.generate(ps, 3, greedy=True)
-    layers = tiny.config.num_hidden_layers
-    assert len(calls) == 2 * layers   # 3 tokens: the prefill's (SDPA) and two decode steps through it
+        kernel.generate([[5, 9, 13], [7, 8, 9, 10, 11]], 3, greedy=True)
+    assert calls == []
 
 
 def test_the_in_flight_ring_decodes_through_it_as_with_sdpa(tiny):
@@ -120,5 +118,6 @@ def test_the_in_flight_ring_decodes_through_it_as_with_sdpa(tiny):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("grpo.generate.attention.decode_attention", lambda *a: calls.append(1) or real(*a))
         got = run(kernel)
-    assert calls and sorted(got) == list(range(3))
+    assert len(calls) % tiny.config.num_hidden_layers == 0 and calls   # every layer of each ring step
+    assert sorted(got) == list(range(3))
     assert got == run(RolloutEngine(tiny, 2, 2, cuda_graphs=False, check_every=2, fused_attention=False))

@@ -1,7 +1,7 @@
 """The decode attention kernel on a GPU (skipped without CUDA): in bf16 at Qwen2.5's and SmolLM2's head
 shapes, split across programs or not, it gives SDPA's result within bf16 tolerance; captured in a CUDA
 graph, a replay reads the cache as it is then; the engine on a half-precision model turns it on (its
-check passed) and keeps it off for a float32 one."""
+check passed), its ring's steps decode through it as with SDPA, and a float32 model keeps SDPA."""
 from __future__ import annotations
 
 import pytest
@@ -58,6 +58,7 @@ def test_captured_kernel_reads_the_cache_as_it_is_at_each_replay():
 
 
 def test_engine_takes_the_kernel_in_half_precision_only():
+    """The ring's captured steps through the kernel: each group's greedy tokens as with SDPA's."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from grpo.generate.engine import RolloutEngine
@@ -69,5 +70,10 @@ def test_engine_takes_the_kernel_in_half_precision_only():
     half = RolloutEngine(model.bfloat16(), 2, 0)
     assert half.attention_kernel and half.fallback is None
     plain = RolloutEngine(model, 2, 0, fused_attention=False)
-    prompts = [[5, 6, 7], [9, 10, 11, 12, 13]]
-    assert half.generate(prompts, 8, greedy=True).token_ids == plain.generate(prompts, 8, greedy=True).token_ids
+    prompts = [[5, 6, 7], [9, 10, 11, 12, 13], [20, 21], [30]]
+
+    def run(eng):
+        items = list(enumerate(prompts))
+        return {g.key: g.token_ids for g in eng.stream(lambda: items.pop(0) if items else None, 2, 8,
+                                                        greedy=True, rows=4)}
+    assert run(half) == run(plain)
