@@ -3,10 +3,10 @@ the query heads that share a KV head read that head's keys and values once (GQA)
 additive mask, and the same result as SDPA's within float tolerance (softmax(q k^T * scale + mask) v,
 accumulated in float32).
 
-SDPA took this as its memory-efficient kernel (a mask rules out flash), which tiles 64 query rows
-where a decode step has the G query heads of one KV head (Qwen2.5: 6 or 7): on the 0.5B and 1.5B
-in-flight rings (320 rows, 768 slots) it ran at about a third of the H200's memory bandwidth, half
-of the sampler's kernel time. Here one program takes one (row, KV head) and a span of slots, holds
+SDPA takes this as its memory-efficient kernel (a mask rules out flash), which tiles 64 query rows
+where a decode step has the G query heads of one KV head (Qwen2.5: 6 or 7), so the step that should
+run at the memory's speed does not (docs/benchmarks.md has the figures). Here one program takes one
+(row, KV head) and a span of slots, holds
 the G query rows in registers, and walks its keys and values in blocks of BLOCK_N with an online
 softmax (flash attention's running max and sum); where rows x KV heads are too few to fill the GPU,
 the slots are split across programs and a second kernel combines the parts (flash-decoding).

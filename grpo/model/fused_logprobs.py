@@ -3,8 +3,7 @@ chunk of logits [n, V] and, in the backward, its gradient, each in one pass over
 logits' own dtype. The torch ops they replace (grpo.model.logprobs._chunk_logprobs) make about ten
 passes over a float32 copy of [n, V]: the cast, the scaling, the log-sum-exp's max, subtraction,
 exponent and sum, then in the backward the exponent, subtraction and product again, and the cast
-back. In the 0.5B learner's shared step those kernels took about 300 of its 1,150 ms of kernel time
-(bench/results/step_profile_5cd88db_NVIDIA_H200.json).
+back. At Qwen2.5's 151,936 columns a chunk of 880 rows is 535 MB in float32 per pass.
 
 Forward: one program a row keeps the running max and sum of exp (rescaled as the max grows) and
 writes the row's log-prob and log-sum-exp (float32). Backward: d logp / d logit_v = (1[v = target] -
