@@ -178,20 +178,22 @@ def decode_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
 
 
 def check(device: torch.device, kv_heads: int, groups: int, dim: int, dtype: torch.dtype) -> str | None:
-    """None if the kernel runs on `device` at the model's head shapes and agrees with SDPA on 2 rows,
-    else why not, in one line (the engine then keeps SDPA)."""
+    """None if the kernel runs on `device` at the model's head shapes and agrees with SDPA, both with the
+    slots split across programs (2 rows) and without (rows enough to fill the device), else why not,
+    in one line (the engine then keeps SDPA)."""
     try:
         gen = torch.Generator().manual_seed(0)
-        q, k, v = (torch.randn(shape, generator=gen).to(device, dtype) for shape in
-                   ((2, kv_heads, groups, dim), (2, kv_heads, 70, dim), (2, kv_heads, 70, dim)))
-        mask = torch.zeros((2, 1, 1, 70), dtype=dtype, device=device)
-        mask[0, ..., :5] = torch.finfo(dtype).min                    # a left-padded row
-        got = decode_attention(q, k, v, mask, dim ** -0.5).float()
-        want = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
-                                                                attn_mask=mask.float(), scale=dim ** -0.5)
-        err = (got - want).abs().max().item()                         # a host sync: a failed kernel says so here
-        if not err < 0.05:
-            return f"differs from SDPA by {err:.3g} at {kv_heads} KV heads x {groups} x {dim}"
+        for rows in (2, -(-4 * _sms(device) // kv_heads)):
+            q, k, v = (torch.randn(shape, generator=gen).to(device, dtype) for shape in
+                       ((rows, kv_heads, groups, dim), (rows, kv_heads, 70, dim), (rows, kv_heads, 70, dim)))
+            mask = torch.zeros((rows, 1, 1, 70), dtype=dtype, device=device)
+            mask[0, ..., :5] = torch.finfo(dtype).min                # a left-padded row
+            got = decode_attention(q, k, v, mask, dim ** -0.5).float()
+            want = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                                                    attn_mask=mask.float(), scale=dim ** -0.5)
+            err = (got - want).abs().max().item()                     # a host sync: a failed kernel says so here
+            if not err < 0.05:
+                return f"differs from SDPA by {err:.3g} at {rows} rows x {kv_heads} KV heads x {groups} x {dim}"
     except Exception as exc:   # noqa: BLE001 - any failure means: keep SDPA
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
     return None

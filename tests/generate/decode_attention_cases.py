@@ -77,8 +77,12 @@ def test_a_fully_masked_slot_span_and_a_broadcast_mask():
     assert torch.allclose(got, only, atol=1e-5)
 
 
-def test_check_passes_at_the_model_heads():
+def test_check_passes_at_the_model_heads_split_and_not(monkeypatch):
+    chosen = []
+    real = da.splits
+    monkeypatch.setattr(da, "splits", lambda *a: chosen.append(real(*a)) or chosen[-1])
     assert da.check(CPU, 2, 7, 64, torch.float32) is None
+    assert chosen[0] > 1 and chosen[1] == 1      # 2 rows: the slots split; 8 rows x 2 heads fill CPU's 4 x 4
 
 
 @pytest.fixture(scope="module")
