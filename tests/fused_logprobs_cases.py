@@ -92,3 +92,14 @@ def test_start_runtime_switches_the_process():
     assert logprobs._fused_head
     start_runtime(CPU, {}, fused_logprobs=False)
     assert not logprobs._fused_head
+
+
+def test_check_catches_a_wrong_gradient(monkeypatch):
+    """A backward that is off by a fraction fails the check (its gradients are compared, not only its values)."""
+    real = fl._TokenLogprob.backward
+
+    def off(ctx, grad_lp):
+        grad, a, b = real(ctx, grad_lp)
+        return grad * 1.1, a, b
+    monkeypatch.setattr(fl._TokenLogprob, "backward", staticmethod(off))
+    assert "differs from torch's ops" in fl.check(CPU)

@@ -122,7 +122,7 @@ def check(device: torch.device) -> str | None:
         targets = torch.tensor([0, 7, 3 * BLOCK + 4], device=device)
         weights = torch.tensor([1.0, -2.0, 0.5], device=device)
         for dtype in ((torch.bfloat16, torch.float32) if device.type == "cuda" else (torch.float32,)):
-            mine, ref = x.to(dtype).requires_grad_(), x.to(dtype).requires_grad_()
+            mine, ref = x.to(dtype).clone().requires_grad_(), x.to(dtype).clone().requires_grad_()   # two leaves
             got = token_logprob(mine, targets, 0.7)
             (got * weights).sum().backward()
             z = ref.float() / 0.7
