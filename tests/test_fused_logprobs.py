@@ -4,14 +4,10 @@ would send every other test's log-probs through the interpreter); where they can
 keeps torch's ops, with one warning when a check failed."""
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
 import torch
+from interpreted import run_cases
 
 from grpo.model import fused_logprobs, logprobs
 from grpo.model.load import start_runtime
@@ -20,12 +16,7 @@ CASES = Path(__file__).with_name("fused_logprobs_cases.py")
 
 
 def test_fused_logprobs_cases_pass_under_the_interpreter():
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run([sys.executable, "-m", "pytest", str(CASES), "-q", "-p", "no:cacheprovider", "-x"],
-                         cwd=CASES.parents[1], env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
-    assert re.search(r"^9 passed", out.stdout, re.M), out.stdout[-2000:]   # none skipped
+    run_cases(CASES, 9)
 
 
 def test_torchs_ops_where_the_kernels_cannot_run(monkeypatch, caplog):

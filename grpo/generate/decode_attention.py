@@ -16,21 +16,17 @@ interpreter (TRITON_INTERPRET=1), which is how the CPU tests check them against 
 """
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import torch
+
+from grpo.model.triton_run import failure, runs_here
 
 BLOCK_N = 64      # cache slots a program reads at once
 MIN_DOT = 16      # tl.dot's smallest side: the G query rows are padded up to it
 
 
 def available(device: torch.device) -> bool:
-    """Whether the kernel can run on `device`: Triton is installed, and the device is CUDA (or
-    Triton's interpreter is on, for CPU tests)."""
-    if importlib.util.find_spec("triton") is None:
-        return False
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    """Whether the kernel can run on `device` (grpo.model.triton_run.runs_here)."""
+    return runs_here(device)
 
 
 def splits(programs: int, blocks: int, sms: int) -> int:
@@ -195,5 +191,5 @@ def check(device: torch.device, kv_heads: int, groups: int, dim: int, dtype: tor
             if not err < 0.05:
                 return f"differs from SDPA by {err:.3g} at {rows} rows x {kv_heads} KV heads x {groups} x {dim}"
     except Exception as exc:   # noqa: BLE001 - any failure means: keep SDPA
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+        return failure(exc)
     return None

@@ -19,20 +19,16 @@ interpreter (TRITON_INTERPRET=1), which is how the CPU tests check it against sa
 """
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import torch
+
+from grpo.model.triton_run import failure, runs_here
 
 BLOCK = 2048   # vocabulary columns a program reads at once
 
 
 def available(device: torch.device) -> bool:
-    """Whether the fused step can run on `device`: Triton is installed, and the device is CUDA (or
-    Triton's interpreter is on, for CPU tests)."""
-    if importlib.util.find_spec("triton") is None:
-        return False
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    """Whether the fused step can run on `device` (grpo.model.triton_run.runs_here)."""
+    return runs_here(device)
 
 
 _kernel = None
@@ -105,7 +101,7 @@ def check(device: torch.device, vocab: int) -> str | None:
             tok, _, _ = fused_sample_step(logits, inv_t, greedy, seed, done, 0, eos)
             tok.cpu()   # a host sync: a kernel that failed on the device says so here
     except Exception as exc:   # noqa: BLE001 - any failure means: use torch's ops
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+        return failure(exc)
     return None
 
 

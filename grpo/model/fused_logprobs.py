@@ -16,20 +16,16 @@ interpreter (TRITON_INTERPRET=1), which is how the CPU tests check them against 
 """
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import torch
+
+from grpo.model.triton_run import failure, runs_here
 
 BLOCK = 2048   # vocabulary columns a program reads at once
 
 
 def available(device: torch.device) -> bool:
-    """Whether the kernels can run on `device`: Triton is installed, and the device is CUDA (or
-    Triton's interpreter is on, for CPU tests)."""
-    if importlib.util.find_spec("triton") is None:
-        return False
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    """Whether the kernels can run on `device` (grpo.model.triton_run.runs_here)."""
+    return runs_here(device)
 
 
 _kernels = None
@@ -134,5 +130,5 @@ def check(device: torch.device) -> str | None:
             if not err < 1e-2:
                 return f"differs from torch's ops by {err:.3g} in {dtype}"
     except Exception as exc:   # noqa: BLE001 - any failure means: keep torch's ops
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+        return failure(exc)
     return None

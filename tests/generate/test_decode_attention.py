@@ -4,14 +4,10 @@ would send every engine of the other tests through the interpreter); its split r
 engine where the kernel cannot run keeps SDPA, with one warning."""
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
 import torch
+from interpreted import run_cases
 from ligerutil import tiny_llama
 
 from grpo.generate.decode_attention import splits
@@ -21,12 +17,7 @@ CASES = Path(__file__).with_name("decode_attention_cases.py")
 
 
 def test_decode_attention_cases_pass_under_the_interpreter():
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run([sys.executable, "-m", "pytest", str(CASES), "-q", "-p", "no:cacheprovider", "-x"],
-                         cwd=CASES.parents[2], env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
-    assert re.search(r"^10 passed", out.stdout, re.M), out.stdout[-2000:]   # none skipped
+    run_cases(CASES, 10)
 
 
 def test_splits_fill_the_device_four_times_over_within_the_blocks():
