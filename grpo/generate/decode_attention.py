@@ -16,6 +16,8 @@ interpreter (TRITON_INTERPRET=1), which is how the CPU tests check them against 
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from grpo.model.triton_run import failure, runs_here
@@ -41,14 +43,9 @@ def _pow2(n: int, least: int) -> int:
     return max(least, 1 << (max(1, n) - 1).bit_length())
 
 
-_kernels = None
-
-
+@functools.cache
 def _compile():
     """The kernels, defined on first use: importing triton costs a second, and CPU runs need none."""
-    global _kernels
-    if _kernels is not None:
-        return _kernels
     import triton
     import triton.language as tl
 
@@ -121,8 +118,7 @@ def _compile():
         tl.store(out_ptr + b * so_b + h * so_h + g[:, None] * so_g + d[None, :], out.to(out_ptr.dtype.element_ty),
                  mask=(g[:, None] < G) & (d[None, :] < D))
 
-    _kernels = (attend_part, combine)
-    return _kernels
+    return (attend_part, combine)
 
 
 def _sms(device: torch.device) -> int:

@@ -19,6 +19,8 @@ interpreter (TRITON_INTERPRET=1), which is how the CPU tests check it against sa
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from grpo.model.triton_run import failure, runs_here
@@ -31,14 +33,9 @@ def available(device: torch.device) -> bool:
     return runs_here(device)
 
 
-_kernel = None
-
-
+@functools.cache
 def _compile():
     """The kernel, defined on first use: importing triton costs a second, and CPU runs need none."""
-    global _kernel
-    if _kernel is not None:
-        return _kernel
     import triton
     import triton.language as tl
 
@@ -84,8 +81,7 @@ def _compile():
         tl.store(lp_ptr + row, tl.where(done, 0.0, lp))
         tl.store(ended_ptr + row, ended)
 
-    _kernel = sample_rows
-    return _kernel
+    return sample_rows
 
 
 def check(device: torch.device, vocab: int) -> str | None:

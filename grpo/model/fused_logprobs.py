@@ -16,6 +16,8 @@ interpreter (TRITON_INTERPRET=1), which is how the CPU tests check them against 
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from grpo.model.triton_run import failure, runs_here
@@ -28,14 +30,9 @@ def available(device: torch.device) -> bool:
     return runs_here(device)
 
 
-_kernels = None
-
-
+@functools.cache
 def _compile():
     """The kernels, defined on first use: importing triton costs a second, and CPU runs need none."""
-    global _kernels
-    if _kernels is not None:
-        return _kernels
     import triton
     import triton.language as tl
 
@@ -74,8 +71,7 @@ def _compile():
             d = g * (tl.where(cols == target, 1.0, 0.0) - tl.exp(x - lse))
             tl.store(out + cols, d.to(grad_ptr.dtype.element_ty), mask=inside)
 
-    _kernels = (logprob_rows, logprob_rows_backward)
-    return _kernels
+    return (logprob_rows, logprob_rows_backward)
 
 
 class _TokenLogprob(torch.autograd.Function):
