@@ -3,8 +3,10 @@ points, accuracy at 600 s, decode rate, the learner's share of the bf16 peak, gr
 read from the rows of one plan: each target's figure and whether it is met, from the rows, not from
 sums by hand.
 
-    python bench/goals.py --label plan-j
-    python bench/goals.py --results bench/results/real_workload_1x_NVIDIA_H200.json --label plan-k --json
+    python bench/goals.py --label plan-l
+    python bench/goals.py --results bench/results/real_workload_1x_NVIDIA_H200.json --label plan-j --json
+
+Without --results, the one bench/results/real_workload_*.json file whose rows carry the label.
 
 A plan's rows share a label (benchmark.sh's LABEL); ours against TRL with vLLM counts only rows of
 one plan, which ran on one host one after the other. A target whose row is not in the plan, or whose
@@ -19,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results" / "real_workload_1x_NVIDIA_H200.json"
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 @dataclass(frozen=True)
@@ -94,13 +96,36 @@ def table(rows: list[dict]) -> list[dict]:
     return out
 
 
+def labelled_files(folder: Path, label: str) -> list[Path]:
+    """The real_workload_*.json files in `folder` with a row of that label (a file that cannot be read
+    has none)."""
+    found = []
+    for path in sorted(folder.glob("real_workload_*.json")):
+        try:
+            rows = json.loads(path.read_text()).get("rows", [])
+        except (OSError, ValueError, AttributeError):
+            continue
+        if plan_rows(rows, label):
+            found.append(path)
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--results", type=Path, default=RESULTS, help="a real_workload results file (default: one H200's)")
+    ap.add_argument("--results", type=Path, default=None,
+                    help="a real_workload results file (default: the one in bench/results whose rows carry --label)")
     ap.add_argument("--label", required=True, help="the plan's label, as its rows carry it (benchmark.sh's LABEL)")
     ap.add_argument("--json", action="store_true", help="print the table as JSON instead of markdown")
     args = ap.parse_args(argv)
+    if args.results is None:
+        found = labelled_files(RESULTS, args.label)
+        if len(found) != 1:
+            print(f"goals.py: {len(found)} results files in {RESULTS} have rows labelled {args.label!r}"
+                  f"{' (' + ', '.join(p.name for p in found) + ')' if found else ''}: name one with --results",
+                  file=sys.stderr)
+            return 2
+        args.results = found[0]
     try:
         rows = plan_rows(json.loads(args.results.read_text())["rows"], args.label)
     except (OSError, ValueError, KeyError) as exc:

@@ -1,5 +1,6 @@
 """bench/goals.py: the one-GPU targets read from a plan's rows, by hand on made-up rows, and on the
-committed rows of plan J (one H200, c1f5e01) against the figures worked from them by hand."""
+committed rows of plans J (one H200, c1f5e01) and L (two H200s, 5cd88db) against the figures worked
+from them by hand; the results file found by its label."""
 import json
 import subprocess
 import sys
@@ -54,3 +55,23 @@ def test_plan_j_rows_and_the_command():
     bad = subprocess.run([sys.executable, str(BENCH / "goals.py"), "--label", "no-such-plan"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no-such-plan" in bad.stderr
+
+
+def test_the_results_file_is_found_by_its_label(tmp_path):
+    """plan L's rows are in the two-GPU host's file; without --results goals.py finds it there. Its
+    figures by hand: ours 0.5B 0.5292 steps/s from launch, 1.5B 0.2597 on its clock against TRL with
+    vLLM's 0.1528; the 0.5B row's last save before 600 s scored 0.346."""
+    out = subprocess.run([sys.executable, str(BENCH / "goals.py"), "--label", "plan-l", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    got = {e["target"]: (e["figure"], e["verdict"]) for e in json.loads(out.stdout)}
+    assert got["0.5B steps/s from launch"] == (0.5292, "met")
+    assert got["1.5B steps/s (own clock)"] == (0.2597, "met")
+    assert got["1.5B steps/s over TRL with vLLM (own clocks)"] == (round(0.2597 / 0.1528, 4), "missed")
+    assert got["0.5B accuracy at 600 s"] == (0.346, "missed")
+    (tmp_path / "real_workload_a.json").write_text(json.dumps({"rows": [{"label": "x"}]}))
+    (tmp_path / "real_workload_b.json").write_text(json.dumps({"rows": [{"label": "x"}, {"label": "y"}]}))
+    (tmp_path / "real_workload_c.json").write_text("not json")
+    assert [p.name for p in goals.labelled_files(tmp_path, "x")] == ["real_workload_a.json", "real_workload_b.json"]
+    assert [p.name for p in goals.labelled_files(tmp_path, "y")] == ["real_workload_b.json"]
+    assert goals.labelled_files(tmp_path, "z") == []
