@@ -84,6 +84,42 @@ class Timer:
                          if self.device.type == "cuda" else float("nan"))
 
 
+def capture(fn, generator=None):
+    """fn captured as a graph after two eager warm-up calls (on CPU: fn itself)."""
+    if not torch.cuda.is_available():
+        return fn
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    if generator is not None and hasattr(g, "register_generator_state"):
+        g.register_generator_state(generator)
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
+def per_call_ms(fn, n: int, device) -> float:
+    for _ in range(3):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(n):
+            fn()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) / n
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) * 1e3 / n
+
+
 def commit() -> str | None:
     """The tree's commit, as every run file records it (grpo.obs.rundir.code_commit)."""
     from grpo.obs.rundir import code_commit

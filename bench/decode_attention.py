@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchutil import pick, sync, table, write_result  # noqa: E402
+from benchutil import capture, per_call_ms, pick, table, write_result  # noqa: E402
 
 from grpo.generate.decode_attention import decode_attention  # noqa: E402
 from grpo.model.zoo import QWEN25_SHAPES  # noqa: E402
@@ -34,31 +33,10 @@ def sdpa(q, key, value, mask, scale):   # rollout_attention's GQA decode path wi
 
 
 def per_call_us(fn, device: torch.device, calls: int, replays: int) -> float:
-    if device.type != "cuda":
-        fn()
-        t0 = time.perf_counter()
-        for _ in range(replays):
-            fn()
-        return (time.perf_counter() - t0) / replays * 1e6
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    sync(device)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    sync(device)
-    return start.elapsed_time(end) * 1e3 / (replays * calls)
+    """One call's time: `calls` calls captured in one graph (so a replay's own launch is spread over
+    them), the graph replayed `replays` times (on CPU, eager)."""
+    many = capture(lambda: [fn() for _ in range(calls)])
+    return per_call_ms(many, replays, device) * 1e3 / calls
 
 
 def main(argv=None) -> None:

@@ -18,7 +18,7 @@ def test_the_bench_writes_both_paths_and_their_errors(tmp_path):
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     out = subprocess.run([sys.executable, "bench/decode_attention.py", "--device", "cpu", "--rows", "1,9",
-                          "--slots", "130", "--sizes", "0.5b", "--replays", "1", "--seed", "3", "--out-dir", str(tmp_path)],
+                          "--slots", "130", "--sizes", "0.5b", "--calls", "1", "--replays", "1", "--seed", "3", "--out-dir", str(tmp_path)],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     doc = json.loads((tmp_path / "decode_attention_cpu.json").read_text())
