@@ -26,9 +26,7 @@ BLOCK_N = 64      # cache slots a program reads at once
 MIN_DOT = 16      # tl.dot's smallest side: the G query rows are padded up to it
 
 
-def available(device: torch.device) -> bool:
-    """Whether the kernel can run on `device` (grpo.model.triton_run.runs_here)."""
-    return runs_here(device)
+available = runs_here   # whether the kernel can run on a device (CUDA, or the interpreter)
 
 
 def splits(programs: int, blocks: int, sms: int) -> int:
