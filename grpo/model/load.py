@@ -146,10 +146,11 @@ def start_runtime(device: torch.device, times: dict[str, float], cudnn_attention
     if fused_logprobs is None:
         return
     from grpo.model import fused_logprobs as fused, logprobs
-    why = None
-    if fused_logprobs and fused.available(device) and (why := fused.check(device)) is not None:
+    on = fused_logprobs and fused.available(device)
+    if on and (why := fused.check(device)) is not None:
         log.warning("the fused log-prob kernels cannot run here (%s): log-probs with torch's ops", why)
-    logprobs.use_fused_head(fused_logprobs and fused.available(device) and why is None)
+        on = False
+    logprobs.use_fused_head(on)
 
 
 def said_imports(import_s: float | None) -> str:
