@@ -159,11 +159,11 @@ def decode_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
                                       n, span, float(scale), SPLIT=False, **common)
         return out
     m = torch.empty((B, kv_heads, S, BG), dtype=torch.float32, device=q.device)
-    lse = torch.empty_like(m)
+    sums = torch.empty_like(m)                                        # each span's sum of exp(score - m)
     part = torch.empty((B, kv_heads, S, BG, BD), dtype=torch.float32, device=q.device)
-    attend_part[(B, kv_heads, S)](q, key, value, mask, part, m, lse, *strides, *o_strides,
+    attend_part[(B, kv_heads, S)](q, key, value, mask, part, m, sums, *strides, *o_strides,
                                   n, span, float(scale), SPLIT=True, **common)
-    combine[(B, kv_heads)](m, lse, part, out, *o_strides, S=S, G=G, BLOCK_G=BG, D=D, BLOCK_D=BD)
+    combine[(B, kv_heads)](m, sums, part, out, *o_strides, S=S, G=G, BLOCK_G=BG, D=D, BLOCK_D=BD)
     return out
 
 
