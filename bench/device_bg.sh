@@ -2,7 +2,7 @@
 # A device plan longer than one call (10 minutes): start it in its own process session, so that
 # it outlives the call that started it, then wait for it in the calls that follow. The device
 # machine goes back 30 s after a call returns, so each wait call must follow the last at once;
-# the plan dies with the machine.
+# the plan dies with the machine. It runs in a copy of the checkout taken at `start`.
 #
 #   bash bench/device_bg.sh start 'COMMIT=<sha> OUT_DIR=/tmp/bg/out bash bench/benchmark.sh'
 #   bash bench/device_bg.sh wait 560     # up to 560 s, then returns what the plan has written
@@ -21,7 +21,13 @@ start)
     if [ -f $BG/pid ] && kill -0 "$(cat $BG/pid)" 2>/dev/null; then
         echo "device_bg: a plan is still running (pid $(cat $BG/pid)); wait for it first" >&2; exit 2
     fi
-    rm -rf $BG; mkdir -p $BG/out
+    rm -rf $BG; mkdir -p $BG/out $BG/tree
+    # The plan runs in a copy of the checkout ($BG/tree, less chunk folders and any .venv): the
+    # device tool re-copies the checkout at every call, and a script the plan reads from it while
+    # that copy is under way may be missing.
+    tar -C . --exclude=./.chunks --exclude=./.chunk --exclude=./.git --exclude=./.venv -cf - . | tar -C $BG/tree -xf - \
+        || { echo "device_bg: could not copy the checkout into $BG/tree" >&2; exit 2; }
+    cd $BG/tree
     # setsid: a process session of its own, which the device tool leaves running after the call.
     setsid bash -c "( $2 ); echo \$? > $BG/rc" > $BG/log 2>&1 < /dev/null &
     echo $! > $BG/pid

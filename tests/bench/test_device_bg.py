@@ -10,8 +10,12 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "device_bg.sh"
 
 
-def bg(*args, env):
-    return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=60)
+def bg(*args, env, cwd=None):
+    """The script run from `cwd` (the checkout `start` copies; default: an empty folder of its own)."""
+    if cwd is None:
+        cwd = Path(env["DEVICE_BG_DIR"]).parent / "checkout"
+        cwd.mkdir(exist_ok=True)
+    return subprocess.run(["bash", str(SCRIPT), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
 
 
 def test_a_plan_runs_on_after_start_returns_and_wait_collects_it(tmp_path):
@@ -38,6 +42,26 @@ def test_a_plan_runs_on_after_start_returns_and_wait_collects_it(tmp_path):
     with tarfile.open(out / "bg_1.tgz") as tar:
         assert tar.extractfile("out/result.txt").read().decode() == "made\nlate\n"
         assert "log" in tar.getnames()
+
+
+def test_the_plan_reads_its_scripts_from_the_copy_start_took(tmp_path):
+    # The device tool re-copies the checkout at every call: a plan reading a script from it while
+    # that copy is under way found it missing. Removed and changed after `start`, the plan still
+    # runs the script as it was, and chunk folders (carried one a call) are not copied.
+    checkout, out = tmp_path / "checkout", tmp_path / "out"
+    (checkout / "bench").mkdir(parents=True)
+    (checkout / ".chunks" / "m" / "c00").mkdir(parents=True)
+    (checkout / ".chunks" / "m" / "c00" / "part").write_bytes(b"x")
+    (checkout / "bench" / "step.sh").write_text("echo first step\n")
+    out.mkdir()
+    env = {**os.environ, "DEVICE_BG_DIR": str(tmp_path / "bg"), "OUT": str(out), "SNAP": str(tmp_path / "none")}
+    plan = "sleep 2; bash bench/step.sh; ls .chunks 2>&1 | head -1"   # (step.sh is removed within the 2 s)
+    assert bg("start", plan, env=env, cwd=checkout).returncode == 0
+    (checkout / "bench" / "step.sh").unlink()
+    done = bg("wait", "30", env=env, cwd=checkout)
+    assert "the plan ended, exit 0" in done.stdout
+    log = (tmp_path / "bg" / "log").read_text().splitlines()
+    assert log[0] == "first step" and "No such file" in log[1]
 
 
 def test_start_without_a_plan_is_refused_in_one_line(tmp_path):
