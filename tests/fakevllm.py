@@ -11,19 +11,32 @@ copies (name, tensor) pairs into its model in place. What it does not: it keeps 
 step is a full forward over prompt and tokens so far, with the weights in force), so a token's
 log-prob is that of a teacher-forced pass of the version that drew it over the whole sequence.
 
-FakeTPLLM: the same over several GPUs as the sampler sees vLLM's engine then: apply_model goes
-through collective_rpc("apply_model", args=(fn,)) to worker processes, so `fn` is pickled (with the
-standard pickle, as vLLM's shared-memory broadcast queue does: a closure fails as it would there) and
-run once per worker on a copy of the message; the calls are recorded. Its workers share one model
-(the tensors' shards are vLLM's business, not the engine's).
+FakeTPLLM: the same over several GPUs as the sampler sees vLLM's engine then: the weights go by
+collective_rpc(method name, args) to worker processes, each a FakeWorker (our loader,
+grpo.generate.vllm_worker.WeightLoader, as vLLM mixes it into its Worker), the message through
+msgpack as vLLM's engine-core client sends it (anything but plain values fails there), once per
+worker; the calls are recorded. Its workers share one model (the tensors' shards are vLLM's
+business, not the engine's). A tensor's handle (`share`) names it in the stand-in's own table, which
+a worker's rebuild reads: the part CUDA IPC plays on a GPU.
+
+FakeMPLLM: one worker, with vLLM's engine core in a process of its own as the sampler sees it then:
+a thread steps the requests in flight on its own, ahead of the reader by up to `lead` steps, and
+queues each step's outputs with its stamp (time.monotonic() when they were made); the sampler reads
+them through engine_core.get_output and output_processor.process_outputs; a collective_rpc runs
+between two of its steps, after the thread has run as far ahead as it may.
 """
 from __future__ import annotations
 
 import copy
-import pickle
+import queue
+import threading
+import time
 from types import SimpleNamespace
 
+import msgpack
 import torch
+
+from grpo.generate.vllm_worker import WeightLoader, plain_args
 
 
 class FlatLogprobs:
@@ -105,24 +118,95 @@ class FakeLLM:
         return outs
 
 
+class FakeWorker(WeightLoader):
+    """vLLM's Worker with our loader mixed in, on the stand-in: its model_runner's model is the stand-in
+    (whose load_weights copies into its model), and a handle's rebuild looks the tensor up."""
+
+    def __init__(self, llm: "FakeTPLLM"):
+        self.model_runner = SimpleNamespace(model=llm)
+        self.table = llm.shared
+
+    def grpo_rebuild(self, tensor_cls, size, stride, offset, storage_cls, dtype, device, handle, *rest):
+        t = self.table[handle]
+        assert (tensor_cls, tuple(size), tuple(stride), offset, dtype) == (type(t), tuple(t.shape), t.stride(),
+                                                                         t.storage_offset(), t.dtype)
+        return t
+
+
 class FakeTPLLM(FakeLLM):
     def __init__(self, model: torch.nn.Module, tensor_parallel: int = 2, seed: int = 0):
         super().__init__(model, seed)
         self.tensor_parallel = tensor_parallel
-        self.rpc_calls: list[tuple] = []   # (method, args) as each call sent them
+        self.rpc_calls: list[tuple] = []   # (method, args) as each call's message carried them
+        self.shared: dict[bytes, torch.Tensor] = {}
 
-    def apply_model(self, fn):
-        return self.collective_rpc("apply_model", args=(fn,))
+    def share(self, t: torch.Tensor) -> list:
+        """A handle as grpo.generate.vllm_worker.handle_of gives one, its IPC handle a key of this table."""
+        key = f"handle{len(self.shared)}".encode()
+        self.shared[key] = t
+        return plain_args((type(t), t.size(), t.stride(), t.storage_offset(), torch.storage.TypedStorage, t.dtype, 0,
+                           key, t.untyped_storage().nbytes(), 0, t.requires_grad, b"ref", 0, b"event", True))
 
     def collective_rpc(self, method, timeout=None, args: tuple = (), kwargs: dict | None = None) -> list:
-        self.rpc_calls.append((method, args))
-        message = pickle.dumps((method, args, kwargs or {}), protocol=pickle.HIGHEST_PROTOCOL)
+        message = msgpack.packb([method, list(args), kwargs or {}], use_bin_type=True)   # plain values only
         out = []
         for _ in range(self.tensor_parallel):
-            name, (fn,), _ = pickle.loads(message)   # (our own bytes: each worker's copy of the one message)
-            assert name == "apply_model"
-            out.append(fn(self))   # the worker's apply_model(fn): fn(its model)
+            name, a, kw = msgpack.unpackb(message, raw=False)   # each worker's copy of the one message
+            self.rpc_calls.append((name, a))
+            out.append(getattr(FakeWorker(self), name)(*a, **kw))
+        self.shared.clear()
         return out
+
+
+class FakeMPLLM(FakeTPLLM):
+    def __init__(self, model: torch.nn.Module, seed: int = 0, lead: int = 2):
+        super().__init__(model, 1, seed)
+        self.lead = lead
+        self.lock = threading.Lock()   # held for a step, a request's arrival or abort, and a call: one at a time
+        self.outputs: queue.Queue = queue.Queue()
+        self.engine_core = SimpleNamespace(get_output=self.get_output, abort_requests=lambda ids: None)
+        self.output_processor = SimpleNamespace(process_outputs=self.process_outputs)
+        self.running = True
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+        self.thread.start()
+
+    def loop(self) -> None:
+        while self.running:
+            with self.lock:
+                outs = FakeLLM.step(self) if self.requests and self.outputs.qsize() < self.lead else None
+                if outs is not None:
+                    self.outputs.put(SimpleNamespace(outputs=outs, timestamp=time.monotonic()))
+            if outs is None:
+                time.sleep(0.0005)
+
+    def get_output(self):
+        return self.outputs.get(timeout=60)
+
+    @staticmethod
+    def process_outputs(outputs, engine_core_timestamp=None, iteration_stats=None):
+        return SimpleNamespace(request_outputs=outputs, reqs_to_abort=[])
+
+    def step(self):
+        raise AssertionError("with its engine core in a process of its own, the sampler reads outputs itself")
+
+    def add_request(self, request_id, prompt, params):
+        with self.lock:
+            return super().add_request(request_id, prompt, params)
+
+    def abort_request(self, request_ids):
+        with self.lock:
+            super().abort_request(request_ids)
+
+    def collective_rpc(self, method, timeout=None, args: tuple = (), kwargs: dict | None = None) -> list:
+        deadline = time.monotonic() + 10
+        while self.requests and self.outputs.qsize() < self.lead and time.monotonic() < deadline:
+            time.sleep(0.0005)   # the engine core runs ahead as far as it may before the call reaches it
+        with self.lock:
+            return super().collective_rpc(method, timeout, args, kwargs)
+
+    def close(self) -> None:
+        self.running = False
+        self.thread.join(timeout=10)
 
 
 def make_params(**fields):

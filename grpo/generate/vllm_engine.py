@@ -24,19 +24,27 @@ from (after the temperature; greedy: the plain softmax), as our engine's; flat_l
 them in a few flat lists per request instead of a dict and a Logprob object per token (vLLM's own
 option against that per-token cost, which its log-probs add to every step).
 
-Over several GPUs (--vllm-tensor-parallel-size N > 1): vLLM runs a worker process per GPU (its
-multiprocess executor, distributed_executor_backend="mp"; the engine core stays in this process), so
-the copy above, a closure over the policy's tensors, cannot reach them: apply_model's function is
-pickled to every worker (vLLM's shared-memory broadcast queue). The engine then sends each version
-as CUDA IPC handles of the policy's parameters (torch's reduce_tensor: a rebuild function and its
-arguments, a few hundred bytes a tensor, never the bytes), bound by functools.partial to
-load_from_handles, a module-level function pickled by name; each worker rebuilds the tensors (views
-of the sampler's memory on its first GPU) and calls its model's load_weights, which takes its
-rank's shard of each. The sampler's GPUs are visible devices 0..N-1 (the launcher's plan, with the
-learner's GPU after them), the policy on device 0. NOT YET RUN ON A GPU: written against vLLM 0.25's
-source (LLMEngine.apply_model -> collective_rpc("apply_model", args=(fn,)); the worker's
-apply_model(fn) -> fn(its model)) and tested on CPU over a stand-in whose workers unpickle the
-function as vLLM's do (tests/fakevllm.py, FakeTPLLM).
+Where vLLM's workers are processes of their own (over several GPUs, --vllm-tensor-parallel-size N > 1:
+vLLM's multiprocess executor, a worker per GPU; or with --vllm-engine-process: vLLM's engine core and
+its worker in one process apart from the sampler) a closure over the policy's tensors cannot reach
+them. The engine then sends each version as CUDA IPC handles of the policy's parameters, plain values
+(grpo.generate.vllm_worker: a few hundred bytes a tensor, never the bytes), to a method of ours that
+vLLM mixes into its workers (EngineArgs(worker_extension_cls=...)), called by name through
+collective_rpc; each worker maps the tensors (the sampler's memory on its first GPU) and calls its
+model's load_weights, which takes its rank's shard of each. Over several GPUs the sampler's GPUs are
+visible devices 0..N-1 (the launcher's plan, with the learner's GPU after them), the policy on
+device 0. NOT YET RUN ON A GPU: written against vLLM 0.25's source and tested on CPU over stand-ins
+whose workers get the arguments through msgpack, as vLLM's engine-core client sends them
+(tests/fakevllm.py).
+
+With the engine core in a process of its own (vLLM's default: VLLM_ENABLE_V1_MULTIPROCESSING=1) it
+steps on its own while the sampler takes each step's outputs, so its scheduling and output
+building overlap the sampler's side; with asynchronous scheduling still off, each of its steps runs
+whole before the next is scheduled, and a call (a weights load) runs between two steps. The sampler
+reads the outputs itself (LLMEngine.step's own three calls, vLLM 0.25) to keep each step's stamp
+(EngineCoreOutputs.timestamp, time.monotonic() when that step's outputs were made); the load says
+when it ended on the same clock, so a step stamped before it drew its tokens with the older version,
+one stamped after with the newer, however far the sampler's reading lags the engine's steps.
 
 The same prompt rule and ends as our engine: prompt token ids from our tokenizer (TokensPrompt),
 stop_token_ids = our EOS ids with ignore_eos (so vLLM adds no end of its own), the EOS kept in the
@@ -45,7 +53,6 @@ model's generation config ignored (generation_config="vllm").
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import os
@@ -56,10 +63,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 import torch
-from torch.multiprocessing.reductions import reduce_tensor
 
 from grpo.generate.backend import Rollout, eos_list
 from grpo.generate.stream import STREAM_COUNTS, FinishedGroup, checked_swap, group_versions, samples_of
+from grpo.generate.vllm_worker import EXTENSION, LOAD, handle_of
 from grpo.model.load import compute_dtype
 from grpo.rules.backend import VLLM_MISSING, vllm_installed
 from grpo.rules.memory import PROMPT_TOKENS, shape_from_config, vllm_gpu_fraction, vllm_items
@@ -171,11 +178,14 @@ def sampling_fields(temperature: float, greedy: bool, max_new_tokens: int, eos: 
 
 
 def engine_fields(model: str, dtype: str, gpu_memory_utilization: float, seed: int, rows: int = 0,
-                  tensor_parallel: int = 1, cuda_graphs: bool = True, max_model_len: int | None = None) -> dict:
-    """EngineArgs' fields for a sampler's engine: in process (the caller sets
-    VLLM_ENABLE_V1_MULTIPROCESSING=0; over several GPUs, vLLM's workers in processes of their own),
-    synchronous steps, processed log-probs, the model's generation config ignored, no tokenizer
-    (prompts come as our token ids, and nothing is detokenized), its memory share from the plan
+                  tensor_parallel: int = 1, cuda_graphs: bool = True, max_model_len: int | None = None,
+                  engine_process: bool = False) -> dict:
+    """EngineArgs' fields for a sampler's engine: its engine core in the sampler's process or
+    (`engine_process`) in one of its own (the caller sets VLLM_ENABLE_V1_MULTIPROCESSING), over
+    several GPUs vLLM's workers in processes of their own, and wherever a worker is not in this
+    process our weights loader mixed into it (grpo.generate.vllm_worker); synchronous steps,
+    processed log-probs, the model's generation config ignored, no tokenizer (prompts come as our
+    token ids, and nothing is detokenized), its memory share from the plan
     (grpo.rules.memory.vllm_gpu_fraction), at least `rows` sequences at once (0: vLLM's own cap)."""
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"vLLM's gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
@@ -185,8 +195,9 @@ def engine_fields(model: str, dtype: str, gpu_memory_utilization: float, seed: i
                logprobs_mode="processed_logprobs", async_scheduling=False, stream_interval=1,
                generation_config="vllm", enable_prefix_caching=True, disable_log_stats=True)
     if tensor_parallel > 1:
-        # a worker process per GPU (the engine core stays in this process: VLLM_ENABLE_V1_MULTIPROCESSING=0)
-        out["distributed_executor_backend"] = "mp"
+        out["distributed_executor_backend"] = "mp"   # a worker process per GPU
+    if tensor_parallel > 1 or engine_process:
+        out["worker_extension_cls"] = EXTENSION
     if rows:
         out["max_num_seqs"] = int(rows)
     if max_model_len:
@@ -206,24 +217,6 @@ def holds_weights(model: str) -> bool:
     if not folder.is_dir():
         return True
     return any(any(folder.glob(pattern)) for pattern in ("*.safetensors", "*.bin", "*.pt"))
-
-
-def ipc_handles(weights: list[tuple[str, torch.Tensor]]) -> list[tuple[str, tuple]]:
-    """(name, (rebuild function, its arguments)) for each tensor (torch's reduce_tensor): for a CUDA
-    tensor a CUDA IPC handle of its memory with its shape, offset and an event the consumer waits on
-    (so that a worker reads a version only after the writes queued before it), picklable and small; a
-    CPU tensor's (the tests') carries its storage."""
-    return [(name, reduce_tensor(t)) for name, t in weights]
-
-
-def load_from_handles(handles: list[tuple[str, tuple]], model) -> int:
-    """In each of vLLM's worker processes (through apply_model, pickled by name: see the module's
-    docstring): rebuild the sampler's tensors from their handles and load them into `model` (vLLM's
-    load_weights takes this rank's shard of each and copies it in place). Returns how many it loaded,
-    which the engine checks."""
-    weights = [(name, rebuild(*args)) for name, (rebuild, args) in handles]
-    model.load_weights(weights)
-    return len(weights)
 
 
 def plan_share(policy, device: torch.device, rows: int, max_new_tokens: int, tensor_parallel: int = 1,
@@ -263,8 +256,9 @@ class VllmEngine:
     `llm` is vLLM's LLMEngine, or anything with its add_request / step / abort_request (the CPU tests
     give a scripted one); `make_params(**sampling_fields)` makes SamplingParams; `policy` is the
     sampler's own model, whose parameters the weight receivers write: `sync_weights` copies them into
-    vLLM's model (load_weights(name, tensor) through `llm.apply_model`; over `tensor_parallel` > 1
-    GPUs, from CUDA IPC handles in each worker process). `version_of()` says the
+    vLLM's model (load_weights(name, tensor) through `llm.apply_model`; where vLLM's workers are
+    processes of their own, over `tensor_parallel` > 1 GPUs or with `engine_process`, from CUDA IPC
+    handles made by `share` (vllm_worker.handle_of) through collective_rpc). `version_of()` says the
     policy's version now (the weights client's), so that a stream or a batch started after the
     policy moved on first takes its weights."""
 
@@ -272,11 +266,17 @@ class VllmEngine:
     buckets: tuple = ()   # no fixed batch shapes (grpo.rules.staleness.bucket_prompts)
 
     def __init__(self, llm, make_params: Callable[..., object], eos: list[int], policy: torch.nn.Module | None = None,
-                 version_of: Callable[[], int] | None = None, tensor_parallel: int = 1):
+                 version_of: Callable[[], int] | None = None, tensor_parallel: int = 1, engine_process: bool = False,
+                 share: Callable[[torch.Tensor], list] = handle_of):
         self.llm, self.make_params, self.eos, self.policy = llm, make_params, eos_list(eos), policy
         self.version_of = version_of
-        self.tensor_parallel = int(tensor_parallel)   # > 1: vLLM's workers are processes of their own (sync_weights)
+        self.tensor_parallel = int(tensor_parallel)
+        self.engine_process = bool(engine_process)   # vLLM's engine core in a process of its own (_step)
+        self.remote = self.tensor_parallel > 1 or self.engine_process   # its workers outside this process
+        self.share = share
         self.loaded: int | None = None     # the policy version vLLM's model holds (None: not copied yet)
+        # engine_process: (when a load ended, the version it loaded), oldest first, the newest kept (_version_at)
+        self.stamps: list[tuple[float, int]] = []
         self.stream_counts = dict.fromkeys(STREAM_COUNTS, 0.0)
         self._ids = itertools.count()
 
@@ -284,34 +284,37 @@ class VllmEngine:
     @classmethod
     def build(cls, model_path: str, policy: torch.nn.Module, eos: list[int], dtype: torch.dtype,
               gpu_memory_utilization: float, seed: int, rows: int = 0, tensor_parallel: int = 1,
-              cuda_graphs: bool = True, max_model_len: int | None = None) -> "VllmEngine":
-        """vLLM's LLMEngine on `model_path` in this process, its weights then those of `policy` (at
-        the first stream); over `tensor_parallel` GPUs (visible devices 0..N-1) with a worker process
-        on each (the module's docstring: not yet run on a GPU)."""
+              cuda_graphs: bool = True, max_model_len: int | None = None,
+              engine_process: bool = False) -> "VllmEngine":
+        """vLLM's LLMEngine on `model_path`, its engine core in this process or (`engine_process`) in
+        one of its own, its weights then those of `policy` (at the first stream); over
+        `tensor_parallel` GPUs (visible devices 0..N-1) with a worker process on each (the module's
+        docstring: those two not yet run on a GPU)."""
         if not vllm_installed():
             raise ValueError(VLLM_MISSING)
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # before vLLM reads its settings
-        if tensor_parallel > 1:
-            # CUDA is initialised here already (the policy is loaded): a forked worker could not use it,
-            # so vLLM's workers start fresh (vLLM would switch to spawn itself, with a warning)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if engine_process else "0"   # before vLLM reads its settings
+        if tensor_parallel > 1 or engine_process:
+            # CUDA is initialised here already (the policy is loaded): a forked process could not use it,
+            # so vLLM's processes start fresh (vLLM would switch to spawn itself, with a warning)
             os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         from vllm import EngineArgs, LLMEngine, SamplingParams  # here: vLLM is an optional extra, and reads its settings (above) at import
         from vllm.sampling_params import RequestOutputKind  # here: as vllm
 
         name = str(dtype).removeprefix("torch.")
         args = EngineArgs(**engine_fields(model_path, name, gpu_memory_utilization, seed, rows, tensor_parallel,
-                                          cuda_graphs, max_model_len))
+                                          cuda_graphs, max_model_len, engine_process))
         t0 = time.perf_counter()
         llm = LLMEngine.from_engine_args(args)
-        log.info("vLLM engine on %s in %.1f s (gpu_memory_utilization %.2f, %s, %s%s)", model_path,
+        log.info("vLLM engine on %s in %.1f s (gpu_memory_utilization %.2f, %s, %s%s%s)", model_path,
                  time.perf_counter() - t0, gpu_memory_utilization, name,
                  "CUDA graphs" if cuda_graphs else "eager",
-                 f", tensor parallel over {tensor_parallel} GPUs" if tensor_parallel > 1 else "")
+                 f", tensor parallel over {tensor_parallel} GPUs" if tensor_parallel > 1 else "",
+                 ", its engine core in a process of its own" if engine_process else "")
 
         def make_params(**fields):
             return SamplingParams(**fields, output_kind=RequestOutputKind.DELTA)
 
-        return cls(llm, make_params, eos, policy, tensor_parallel=tensor_parallel)
+        return cls(llm, make_params, eos, policy, tensor_parallel=tensor_parallel, engine_process=engine_process)
 
     # ------------------------------------------------------------------ weights
     def sync_weights(self, version: int | None = None) -> bool:
@@ -324,11 +327,17 @@ class VllmEngine:
         if self.policy is None or (version is not None and version == self.loaded):
             return False
         weights = [(name, p.detach()) for name, p in self.policy.named_parameters()]
-        if self.tensor_parallel > 1:
-            # vLLM's workers are processes of their own: each gets the tensors' IPC handles, not a closure
-            loaded = self.llm.apply_model(functools.partial(load_from_handles, ipc_handles(weights)))
-            if len(loaded) != self.tensor_parallel or any(n != len(weights) for n in loaded):
-                raise RuntimeError(f"vLLM's {self.tensor_parallel} workers loaded {loaded} of {len(weights)} tensors")
+        if self.remote:
+            # vLLM's workers are processes of their own: each gets the tensors' IPC handles as plain
+            # values, for our loader's method (vllm_worker.WeightLoader); the policy's tensors stay as
+            # they are until the call returns (the receivers write a version between two of our checks)
+            names = [name for name, _ in weights]
+            done = self.llm.collective_rpc(LOAD, args=(names, [self.share(t) for _, t in weights]))
+            if len(done) != self.tensor_parallel or any(n != len(weights) for n, _ in done):
+                raise RuntimeError(f"vLLM's {self.tensor_parallel} workers loaded {[n for n, _ in done]} of "
+                                   f"{len(weights)} tensors")
+            if self.engine_process:
+                self.stamps.append((max(t for _, t in done), version))
         else:
             self.llm.apply_model(lambda model: model.load_weights(weights))
         if self.llm.get_num_unfinished_requests() == 0:
@@ -380,14 +389,14 @@ class VllmEngine:
             if not live:
                 return
             t_step = time.perf_counter()
-            outputs = self.llm.step()
+            outputs, drawn = self._step(version)
             counts["decode_s"] += time.perf_counter() - t_step
             steps += 1
             counts["steps"] += 1
             counts["row_steps"] += max(cap, len(live))
             counts["busy_row_steps"] += len(live)
             t_check = time.perf_counter()
-            ended = self._take_outputs(outputs, live, version, steps)
+            ended = self._take_outputs(outputs, live, drawn, steps)
             if should_stop is not None and should_stop():
                 if live:
                     self.llm.abort_request(list(live))
@@ -402,6 +411,31 @@ class VllmEngine:
             for n, group in enumerate(ended):
                 group.last_in_check = n == len(ended) - 1
                 yield group
+
+    def _step(self, version: int) -> tuple[list, int]:
+        """One step's outputs and the version that drew their tokens: `version`, the one in force,
+        with the engine core in this process; with it in its own, the version loaded last before the
+        step's stamp (the module's docstring), as LLMEngine.step reads a step but keeping its stamp."""
+        if not self.engine_process:
+            return self.llm.step(), version
+        core = self.llm.engine_core.get_output()   # blocks until the engine core's next step has ended
+        done = self.llm.output_processor.process_outputs(core.outputs, engine_core_timestamp=core.timestamp,
+                                                         iteration_stats=None)
+        self.llm.engine_core.abort_requests(done.reqs_to_abort)
+        return done.request_outputs, self._version_at(core.timestamp, version)
+
+    def _version_at(self, stamp: float, version: int) -> int:
+        """The version vLLM's model held when a step stamped `stamp` ran: the last load that ended
+        before it (`version` where none is known); loads older than that one are forgotten, since
+        the engine's steps come in order."""
+        at = None
+        for i, (t, v) in enumerate(self.stamps):
+            if t <= stamp:
+                at = i
+        if at is None:
+            return version
+        del self.stamps[:at]
+        return self.stamps[0][1]
 
     def _take_outputs(self, outputs, live: dict, version: int, steps: int) -> list[FinishedGroup]:
         """One step's DELTA outputs into the rows' traces, every new token tagged with `version`; the

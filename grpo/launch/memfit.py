@@ -34,14 +34,16 @@ def memory_plan(rp: RunPlan, ranks: int, samplers: int) -> dict | None:
 
 def gpu_of(rp: RunPlan) -> dict[str, int]:
     """Each process's GPU: learner rank r on the r-th training GPU, sampler k on the first of its
-    GPUs (Placement.sampler_gpus) and, over several (a vLLM sampler's tensor parallelism), vLLM's
-    worker of rank i on its i-th (the plan's sampler{k}.tp{i}, grpo.rules.memory.plan)."""
+    GPUs (Placement.sampler_gpus) and, where vLLM's workers are processes of their own (over several
+    GPUs, or on one with --vllm-engine-process), vLLM's worker of rank i on its i-th (the plan's
+    sampler{k}.tp{i}, grpo.rules.memory.plan)."""
     p = rp.placement
+    apart = p.tensor_parallel > 1 or rp.sampler.rollout.vllm_engine_process
     out = {f"learner{r}": g for r, g in enumerate(p.training_gpus)}
     for k in range(p.samplers):
         gpus = p.sampler_gpus(k)
         out[f"sampler{k}"] = gpus[0]
-        if p.tensor_parallel > 1:
+        if apart:
             out.update({memory.tp_worker(k, i): g for i, g in enumerate(gpus)})
     return out
 

@@ -133,4 +133,5 @@ def run_shape(lcfg, scfg, ranks: int, samplers: int, ds_config: str) -> RunShape
                     deepspeed=not lcfg.training.no_deepspeed, entropy=lcfg.loss.entropy_coef > 0,
                     expandable=expandable_segments(allocator_conf(os.environ)[0]),
                     vllm=backend_for(scfg.rollout.generation_backend, "cuda") == "vllm",
-                    tensor_parallel=scfg.rollout.vllm_tensor_parallel_size)
+                    tensor_parallel=scfg.rollout.vllm_tensor_parallel_size,
+                    vllm_process=scfg.rollout.vllm_engine_process)

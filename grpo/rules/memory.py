@@ -142,6 +142,7 @@ class RunShape:
     expandable: bool = True    # the allocator grows segments in place (allocator_conf): a smaller reserve
     vllm: bool = False         # --generation-backend vllm: the sampler also holds vLLM's engine (vllm_items)
     tensor_parallel: int = 1   # GPUs one vLLM sampler spreads over: its weights and KV cache split over them
+    vllm_process: bool = False  # --vllm-engine-process: on one GPU too, vLLM's engine and worker in a process of their own
 
 
 def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
@@ -209,9 +210,10 @@ def _sampler_plan(s: Shape, r: RunShape, seq: int, k: int) -> dict[str, list[tup
     if r.vllm:
         # vLLM's engine beside the weights the receiver writes: its own copy and its paged KV cache
         # (vllm_items); its reserve is inside its own budget, not torch's. On one GPU vLLM's worker
-        # runs in the sampler's process; over several, each GPU's share is a worker process of its
-        # own (tp_worker_items), and the sampler keeps only its own items on its first GPU.
-        if r.tensor_parallel == 1:
+        # runs in the sampler's process, unless its engine core has a process of its own; over
+        # several GPUs, or in that process, each GPU's share is a worker process of its own
+        # (tp_worker_items), and the sampler keeps only its own items on its first GPU.
+        if not apart(r):
             items += vllm_items(s, r.rows, seq, r.dtype_bytes)
         items += [("log-prob pass", lp), ("allocator reserve", int(RESERVE[r.expandable]["sampler"] * lp)),
                   ("CUDA context", CUDA_CONTEXT)]
@@ -221,7 +223,7 @@ def _sampler_plan(s: Shape, r: RunShape, seq: int, k: int) -> dict[str, list[tup
                                             * (kv + lp))),
                   ("CUDA context", CUDA_CONTEXT)]
     out = {f"sampler{k}": items}
-    if r.vllm and r.tensor_parallel > 1:
+    if apart(r):
         out.update({tp_worker(k, i): tp_worker_items(s, r.rows, seq, r.dtype_bytes, r.tensor_parallel)
                     for i in range(r.tensor_parallel)})
     return out
@@ -392,6 +394,12 @@ def vllm_items(s: Shape, rows: int, seq: int, dtype_bytes: int = 2, tensor_paral
             ("vLLM workspace", VLLM_WORKSPACE)]
 
 
+def apart(r: RunShape) -> bool:
+    """Whether a vLLM sampler's worker processes are apart from the sampler's own: over several GPUs,
+    or with its engine core in a process of its own (its one worker there)."""
+    return r.vllm and (r.tensor_parallel > 1 or r.vllm_process)
+
+
 def tp_worker(sampler: int, rank: int) -> str:
     """The plan's name for vLLM's worker process of tensor-parallel `rank` under sampler `sampler`."""
     return f"sampler{sampler}.tp{rank}"
@@ -400,7 +408,8 @@ def tp_worker(sampler: int, rank: int) -> str:
 def tp_worker_items(s: Shape, rows: int, seq: int, dtype_bytes: int, tensor_parallel: int) -> list[tuple[str, int]]:
     """What one of vLLM's worker processes holds on its GPU when a sampler spreads over
     `tensor_parallel` GPUs (vLLM's multiprocess executor: a process per GPU, the sampler's own one
-    apart): its GPU's share of vLLM's items (vllm_items) and a CUDA context of its own."""
+    apart), or the engine-core process of --vllm-engine-process on one: its GPU's share of vLLM's
+    items (vllm_items) and a CUDA context of its own."""
     return [*vllm_items(s, rows, seq, dtype_bytes, tensor_parallel), ("CUDA context", CUDA_CONTEXT)]
 
 

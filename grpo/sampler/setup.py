@@ -194,7 +194,7 @@ def make_engine(cfg: SamplerConfig, policy, eos: list[int], pad_id: int, device:
         engine = VllmEngine.build(path, policy, eos, compute_dtype(device), vllm_memory_share(cfg, policy, device),
                                   cfg.run.seed + 1000 * cfg.run.sampler_id, rows=cfg.rollout.in_flight_rows,
                                   tensor_parallel=cfg.rollout.vllm_tensor_parallel_size,
-                                  cuda_graphs=cfg.rollout.cuda_graphs)
+                                  cuda_graphs=cfg.rollout.cuda_graphs, engine_process=cfg.rollout.vllm_engine_process)
         if swaps and old_source != "sampling":
             log.info("--swap-in-flight: old log-probs from the sampling pass (--old-logprobs %s would choose a pass "
                      "with the weights at each group's end)", cfg.rollout.old_logprobs)

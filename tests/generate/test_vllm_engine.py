@@ -5,19 +5,18 @@ decodes with a Hugging Face model. tests/generate/test_vllm_gpu.py runs the real
 from __future__ import annotations
 
 import copy
-import pickle
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from fakevllm import FakeLLM, FakeTPLLM, FlatLogprobs, make_params
+from fakevllm import FakeLLM, FakeMPLLM, FakeTPLLM, FlatLogprobs, make_params
 from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 
 from grpo.generate.backend import hf_generate, old_logprob_source, resolve_backend
 from grpo.generate.vllm_engine import (RowTrace, VllmEngine, check_vllm, ended_with_eos, engine_fields,
-                                       group_of, ipc_handles, load_from_handles, plan_share, sampled_logprobs,
-                                       sampling_fields)
+                                       group_of, plan_share, sampled_logprobs, sampling_fields)
+from grpo.generate.vllm_worker import EXTENSION, LOAD
 from grpo.rules.backend import VLLM_MISSING as MISSING
 from test_architectures import EOS, NEW, PAD, SwapAt, build, prompts, source, teacher_forced
 
@@ -192,7 +191,8 @@ def greedy_pick(model, ids: list[int]) -> int:
 def engine_on(model, eos=(EOS,), seed=4, tp=1):
     policy = copy.deepcopy(model)   # the sampler's own model, which the receivers (and swap) write
     llm = FakeLLM(policy, seed=seed) if tp == 1 else FakeTPLLM(policy, tp, seed=seed)
-    return VllmEngine(llm, make_params, list(eos), policy=policy, tensor_parallel=tp), llm, policy
+    share = {} if tp == 1 else {"share": llm.share}   # (the stand-in's handles: CUDA IPC's part)
+    return VllmEngine(llm, make_params, list(eos), policy=policy, tensor_parallel=tp, **share), llm, policy
 
 
 @pytest.mark.parametrize("temperature, tp", [(0.0, 1), (0.8, 1), (0.8, 2)])
@@ -365,39 +365,78 @@ def test_vllm_is_imported_only_inside_the_engines_build():
 
 
 def test_over_several_gpus_each_worker_loads_the_policy_from_its_handles(old, new):
-    """tp 2: a weight copy is one collective_rpc('apply_model', (fn,)) whose fn is load_from_handles
-    bound to the policy's handles (torch's reduce_tensor: the rebuild function and its arguments), each
-    worker rebuilds the tensors with that function and loads them, and vLLM's model then holds the
-    policy's new values; the in-process closure of one GPU would not cross to a worker at all."""
+    """tp 2: a weight copy is one collective_rpc of our loader's method by name, its arguments the
+    parameters' names and handles as plain values (the stand-in sends them through msgpack, as vLLM's
+    engine-core client does: a tensor, a class or a function there would fail); each worker rebuilds
+    the tensors and loads them, and vLLM's model then holds the policy's new values."""
     engine, llm, policy = engine_on(old, tp=2)
-    assert engine.sync_weights(0) and llm.loads == 2 and len(llm.rpc_calls) == 1
+    assert engine.sync_weights(0) and llm.loads == 2 and len(llm.rpc_calls) == 2
     with torch.no_grad():
         for p, q in zip(policy.parameters(), new.parameters()):
             p.copy_(q)   # the receivers write version 1 into the policy
     assert engine.sync_weights(1) and not engine.sync_weights(1)   # once a version
-    method, (fn,) = llm.rpc_calls[-1]
-    assert method == "apply_model" and fn.func is load_from_handles
-    handles = fn.args[0]
+    (method, (names, handles)), again = llm.rpc_calls[-2:]
+    assert method == LOAD and again == llm.rpc_calls[-2] and engine.stamps == []   # (stamps: engine process only)
     named = list(policy.named_parameters())
-    assert [name for name, _ in handles] == [name for name, _ in named]
-    for (_, (rebuild, args)), (_, p) in zip(handles, named):
-        assert rebuild is ipc_handles([("x", p.detach())])[0][1][0]   # torch's own rebuild function
-        assert torch.equal(rebuild(*args), p)
+    assert names == [name for name, _ in named] and len(handles) == len(named)
+    assert all(h[0] == "torch.Tensor" and h[5] == str(p.dtype) and h[1] == list(p.shape) for h, (_, p) in zip(handles, named))
     for (name, mine), theirs in zip(llm.model.named_parameters(), new.parameters()):
         assert torch.equal(mine, theirs), name
     assert llm.loads == 4
-    # what a worker runs, by hand: the two tensors rebuilt and loaded, the count returned
-    got = []
-    assert load_from_handles(ipc_handles([("a", torch.ones(2)), ("b", torch.zeros(3))]),
-                             SimpleNamespace(load_weights=got.extend)) == 2
-    assert [(n, t.tolist()) for n, t in got] == [("a", [1.0, 1.0]), ("b", [0.0, 0.0, 0.0])]
-    # a closure does not cross to a worker (pickled as vLLM's queue pickles it)
-    with pytest.raises((AttributeError, TypeError, pickle.PicklingError), match="local"):
-        llm.apply_model(lambda model: model.load_weights([]))
+    assert engine_fields("m", "bfloat16", 0.5, 0, tensor_parallel=2)["worker_extension_cls"] == EXTENSION
 
 
 def test_a_worker_count_other_than_the_engines_is_an_error(old):
     policy = copy.deepcopy(old)
-    engine = VllmEngine(FakeTPLLM(policy, 3), make_params, [EOS], policy=policy, tensor_parallel=2)
+    llm = FakeTPLLM(policy, 3)
+    engine = VllmEngine(llm, make_params, [EOS], policy=policy, tensor_parallel=2, share=llm.share)
     with pytest.raises(RuntimeError, match=r"vLLM's 2 workers loaded \[\d+, \d+, \d+\] of \d+ tensors"):
         engine.sync_weights(0)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_with_its_engine_core_in_a_process_of_its_own_each_token_has_the_version_that_drew_it(old, new, temperature):
+    """The engine core steps on its own, up to 2 steps ahead of the stream's reading (the stand-in's
+    thread, FakeMPLLM). As in the in-process test above, 3 prompts, G=2, at most 4 rows, 8 tokens
+    each, swap() gives version 1 at its 2nd call, after the stream has read step 2; but by then the
+    engine has run steps 3 and 4 with version 0, and the load comes between its steps 4 and 5. Each
+    step's stamp against the load's end says so: the rows in flight have tokens 0-3 of version 0 and
+    4-7 of version 1 (the in-process rule, the version in force when the stream reads a step, would
+    have said 0-1 and 2-7), prompt 2 all version 1; every log-prob is that of the version it is
+    tagged with (a teacher-forced pass of it), greedy tokens its argmax."""
+    ps = prompts((5, 9, 3), seed=6)
+    policy = copy.deepcopy(old)
+    llm = FakeMPLLM(policy, seed=4, lead=2)
+    engine = VllmEngine(llm, make_params, [], policy=policy, engine_process=True, share=llm.share)
+    try:
+        got = {g.key: g for g in engine.stream(source(enumerate(ps)), 2, NEW, temperature=temperature, rows=4,
+                                               swap=SwapAt(policy, new, 2))}
+    finally:
+        llm.close()
+    assert sorted(got) == [0, 1, 2] and llm.loads == 2 and not llm.requests
+    span, after = [0] * 4 + [1] * (NEW - 4), [1] * NEW
+    for k, want in {0: span, 1: span, 2: after}.items():
+        assert [v.tolist() for v in got[k].versions] == [want, want], k
+        assert (got[k].min_version, got[k].max_version) == (min(want), max(want))
+    models = {0: old, 1: new}
+    for k, g in got.items():
+        for row, lp, vs in zip(g.token_ids, g.logprobs, g.versions):
+            for v in set(vs.tolist()):
+                want = teacher_forced(models[v], [ps[k]], [row], temperature or 1.0)[0]
+                mask = vs == v
+                np.testing.assert_allclose(lp[mask], want[mask], rtol=0, atol=1e-5)
+            if temperature == 0:
+                assert row == [greedy_pick(models[v], ps[k] + row[:c]) for c, v in enumerate(vs.tolist())]
+    assert engine.stream_counts["swaps"] == 1 and len(engine.stamps) == 1 and engine.stamps[0][1] == 1
+    fields = engine_fields("m", "bfloat16", 0.5, 0, engine_process=True)
+    assert fields["worker_extension_cls"] == EXTENSION and "distributed_executor_backend" not in fields
+
+
+def test_version_at_a_stamp_is_the_last_load_before_it():
+    engine = VllmEngine(None, make_params, [EOS], engine_process=True)
+    assert engine._version_at(5.0, 3) == 3   # no load known: the version in force
+    engine.stamps = [(1.0, 0), (2.0, 1), (4.0, 2)]
+    assert engine._version_at(1.5, 9) == 0 and engine.stamps == [(1.0, 0), (2.0, 1), (4.0, 2)]
+    assert engine._version_at(3.0, 9) == 1 and engine.stamps == [(2.0, 1), (4.0, 2)]   # load 0 forgotten
+    assert engine._version_at(4.0, 9) == 2 and engine.stamps == [(4.0, 2)]
+    assert engine._version_at(0.5, 9) == 9   # before every load kept: the version in force

@@ -89,10 +89,17 @@ def test_swap_between_two_steps_keeps_every_request_and_each_tokens_version(setu
     assert sorted(got) == [0, 1, 2] and len(calls) >= 4
     span, after = [0] * 4 + [1] * (NEW - 4), [1] * NEW
     for k, want in {0: span, 1: span, 2: after}.items():
-        g = got[k]
+        assert [v.tolist() for v in got[k].versions] == [want, want], k
+    check_tokens_and_versions(s, got, ps, temperature)
+
+
+def check_tokens_and_versions(s, got: dict, ps: list, temperature: float) -> None:
+    """Every row has all its tokens; each log-prob is the version's that drew it, over keys and values
+    each computed by the version in force when fed (mixed_decode), within bf16 tolerance, and closer
+    to it than to version 0's alone."""
+    for k, g in got.items():
         assert all(len(r) == NEW for r in g.token_ids) and g.finished == [False, False], k
-        assert [v.tolist() for v in g.versions] == [want, want], k
-        assert (g.min_version, g.max_version) == (min(want), max(want))
+        assert (g.min_version, g.max_version) == (min(map(np.min, g.versions)), max(map(np.max, g.versions)))
     models = {0: s["old"], 1: s["new"]}
     diffs, wrong = [], []
     for k, g in got.items():
@@ -105,6 +112,41 @@ def test_swap_between_two_steps_keeps_every_request_and_each_tokens_version(setu
     diffs = np.concatenate(diffs)
     assert np.median(diffs) < 0.05 and np.quantile(diffs, 0.99) < 0.3, (np.median(diffs), diffs.max())
     assert np.mean(np.concatenate(wrong)) > np.mean(diffs), "the log-probs do not tell version 1 from version 0"
+
+
+def test_with_its_engine_core_in_a_process_of_its_own_each_token_has_the_version_that_drew_it(setup):
+    """--vllm-engine-process: the same stream with vLLM's engine core stepping in its own process, the
+    weights loaded there by our worker extension from plain CUDA IPC handles. The engine may have run
+    steps ahead when the load reaches it, so the split is not fixed: the rows in flight start with at
+    least their 4 tokens read before the swap at version 0 and end at version 1, prompt 2 is all
+    version 1, and each token's log-prob is that of the version its step's stamp says."""
+    s = setup
+    policy = copy.deepcopy(s["old"])
+    engine = VllmEngine.build(s["path"], policy, [], torch.bfloat16, gpu_memory_utilization=0.3, seed=0, rows=8,
+                              cuda_graphs=True, max_model_len=1024, engine_process=True)
+    calls = []
+
+    def swap():
+        calls.append(1)
+        if len(calls) != 4:
+            return None
+        _copy(policy, s["new"])
+        return 1
+
+    ps = s["prompts"][:3]
+    src = iter(enumerate(ps))
+    try:
+        got = {g.key: g for g in engine.stream(lambda: next(src, None), 2, NEW, temperature=1.0, rows=4,
+                                               swap=swap, version=0)}
+    finally:
+        engine.llm.engine_core.shutdown()
+    assert sorted(got) == [0, 1, 2]
+    for k in (0, 1):
+        for vs in got[k].versions:
+            v = vs.tolist()
+            assert v[:4] == [0] * 4 and v[-1] == 1 and v == sorted(v), (k, v)
+    assert all(vs.tolist() == [1] * NEW for vs in got[2].versions)
+    check_tokens_and_versions(s, got, ps, 1.0)
 
 
 def test_greedy_batch_agrees_with_generate_and_keeps_the_eos(setup):

@@ -150,11 +150,17 @@ def test_seeded_instances_give_each_instance_whole_samplers():
 
 
 def test_the_memory_plan_places_each_vllm_worker_on_its_gpu():
-    rp = SimpleNamespace(placement=Placement(True, 1, 2, (4,), (0, 1, 2, 3), 2))
+    def samplers(engine_process: bool):
+        return SimpleNamespace(rollout=SimpleNamespace(vllm_engine_process=engine_process))
+
+    rp = SimpleNamespace(placement=Placement(True, 1, 2, (4,), (0, 1, 2, 3), 2), sampler=samplers(False))
     assert memfit.gpu_of(rp) == {"learner0": 4, "sampler0": 0, "sampler0.tp0": 0, "sampler0.tp1": 1,
                                  "sampler1": 2, "sampler1.tp0": 2, "sampler1.tp1": 3}
-    one = SimpleNamespace(placement=Placement(True, 1, 2, (2,), (0, 1)))
+    one = SimpleNamespace(placement=Placement(True, 1, 2, (2,), (0, 1)), sampler=samplers(False))
     assert memfit.gpu_of(one) == {"learner0": 2, "sampler0": 0, "sampler1": 1}
+    # --vllm-engine-process: each sampler's one worker in its engine-core process, on the sampler's GPU
+    apart = SimpleNamespace(placement=one.placement, sampler=samplers(True))
+    assert memfit.gpu_of(apart) == {"learner0": 2, "sampler0": 0, "sampler0.tp0": 0, "sampler1": 1, "sampler1.tp0": 1}
 
 
 def test_the_fit_check_covers_every_gpu_of_a_sampler(monkeypatch, capsys, config_folder):

@@ -93,3 +93,23 @@ def test_a_sampler_over_two_gpus_by_hand():
     assert dict(p3["sampler1.tp2"])["vLLM weights"] == 666_667   # 2,000,000 / 3 rounded up
     # one GPU: vLLM's items in the sampler's own process, no worker of its own
     assert not any(".tp" in n for n in memory.plan(SHAPE, replace(r, tensor_parallel=1)))
+
+
+def test_an_engine_core_in_a_process_of_its_own_holds_vllms_items_there():
+    """--vllm-engine-process on one GPU: the sampler keeps its own items (as over two GPUs, above), and
+    the engine-core process holds all of vLLM's weights and KV cache, its workspace and a CUDA context
+    of its own (one more than in process): 2,000,000 + 16,384 + 1 GiB + 0.5 GiB, all on the one GPU."""
+    r = RunShape(ranks=1, rows=4, prompt_tokens=10, new_tokens=6, beta=0.0, ipc=False, staging=False, vllm=True,
+                 logprob_batch_size=4, vllm_process=True)
+    p = memory.plan(SHAPE, r)
+    assert list(p) == ["learner0", "sampler0", "sampler0.tp0"]
+    assert p["sampler0"] == [("weights", 2_000_000), ("log-prob pass", 593_920), ("allocator reserve", 415_744),
+                             ("CUDA context", 536_870_912)]
+    assert p["sampler0.tp0"] == [("vLLM weights", 2_000_000), ("KV cache", 16_384), ("vLLM workspace", 1_073_741_824),
+                                 ("CUDA context", 536_870_912)]
+    in_process = memory.plan(SHAPE, replace(r, vllm_process=False))
+    one_gpu = {"sampler0": 0, "sampler0.tp0": 0}
+    assert memory.gpu_totals(p, one_gpu)[0] - memory.gpu_totals(in_process, one_gpu)[0] == 536_870_912
+    # the flag means nothing without vLLM: our engine's sampler keeps its plan
+    ours = replace(r, vllm=False)
+    assert memory.plan(SHAPE, ours) == memory.plan(SHAPE, replace(ours, vllm_process=False))

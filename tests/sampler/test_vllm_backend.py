@@ -11,7 +11,7 @@ from typing import get_args
 import numpy as np
 import pytest
 import torch
-from fakevllm import FakeLLM, make_params
+from fakevllm import FakeLLM, FakeMPLLM, make_params
 from netutil import one_thread  # noqa: F401 - module-wide fixture (autouse)
 
 from grpo.config import GenerationBackend, SamplerConfig, from_flat
@@ -115,11 +115,14 @@ def test_a_sampler_started_by_hand_refuses_what_the_launcher_refuses(flags, word
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
-def test_sampler_rounds_and_evaluation_through_the_vllm_engine(monkeypatch):
+@pytest.mark.parametrize("engine_process", [False, True])
+def test_sampler_rounds_and_evaluation_through_the_vllm_engine(monkeypatch, engine_process):
     """A sampler with --generation-backend vllm (the engine built over the stand-in): a fixed round is
     one chunk, an in-flight round streams; the groups' old log-probs are the engine's (float32 on CPU:
     --old-logprobs auto takes them) and equal the reference's teacher-forced pass (same weights); a
-    greedy evaluation decodes through the engine with Hugging Face generate's texts."""
+    greedy evaluation decodes through the engine with Hugging Face generate's texts. With
+    --vllm-engine-process the engine is built so, over the stand-in whose engine core steps in a
+    thread of its own, its weights loaded by name from handles."""
     from netutil import free_ports
 
     import grpo.sampler.setup as setup
@@ -131,8 +134,12 @@ def test_sampler_rounds_and_evaluation_through_the_vllm_engine(monkeypatch):
     built = []
 
     def fake_build(cls, path, policy, eos, dtype, share, seed, rows=0, tensor_parallel=1, cuda_graphs=True,
-                   max_model_len=None):
-        built.append(dict(path=path, eos=eos, dtype=dtype, share=share, rows=rows, tensor_parallel=tensor_parallel))
+                   max_model_len=None, engine_process=False):
+        built.append(dict(path=path, eos=eos, dtype=dtype, share=share, rows=rows, tensor_parallel=tensor_parallel,
+                          engine_process=engine_process))
+        if engine_process:
+            llm = FakeMPLLM(policy, seed=seed)
+            return cls(llm, make_params, eos, policy, engine_process=True, share=llm.share)
         return cls(FakeLLM(policy, seed=seed), make_params, eos, policy)
 
     monkeypatch.setattr(setup, "check_vllm", lambda device_type, index, *more: None)
@@ -141,13 +148,14 @@ def test_sampler_rounds_and_evaluation_through_the_vllm_engine(monkeypatch):
     d, s = free_ports(2)
     cfg = from_flat(SamplerConfig, model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
                     prompts_per_round=2,
-                        num_generations=3, max_new_tokens=6, generation_backend="vllm", data_port=d, sync_port=s)
+                        num_generations=3, max_new_tokens=6, generation_backend="vllm", data_port=d, sync_port=s,
+                    vllm_engine_process=engine_process)
     sampler = Sampler(cfg)
     try:
         parts = sampler.parts
         assert (parts.backend, parts.old_source) == ("vllm", "sampling") and isinstance(parts.engine, VllmEngine)
         assert built == [dict(path=parts.model_path, eos=parts.eos_ids, dtype=torch.float32, share=0.5, rows=0,
-                              tensor_parallel=1)]
+                              tensor_parallel=1, engine_process=engine_process)]
         assert parts.engine.version_of() == parts.client.version
         assert parts.workflow.rollout_stream() is parts.engine   # fixed rounds too
         chunks = list(parts.workflow.stream_round(0, 2))   # a fixed round: every prompt in flight, one chunk
@@ -167,6 +175,8 @@ def test_sampler_rounds_and_evaluation_through_the_vllm_engine(monkeypatch):
     finally:
         sampler.parts.data.close()
         sampler.parts.sync.close()
+        if engine_process:
+            parts.engine.llm.close()
     assert len(groups) == 4 and all(len(g.completions) == 3 for g in groups)
     for g in groups:
         assert g.policy_version == g.max_version == 0
