@@ -58,7 +58,7 @@ class TrainingSection:
     ppo_minibatches: int = 1
     """Updates per learner step, each on a minibatch of groups."""
     micro_batch_tokens: int = at_least(-1, 0, "0: the default budget, -1: off")
-    """Padded tokens per learner micro-batch, packed by length (0: default budget; -1: fixed micro-batches of rows)."""
+    """Tokens per learner micro-batch (padded slots, or real tokens with padding-free passes), packed by length (0: default budget; -1: fixed micro-batches of rows)."""
     padding_free: bool = True
     """The learner's passes over each micro-batch's real tokens only, no padding slot (TRL's padding_free), where the model's type allows."""
     liger_kernel: LigerChoice = "auto"

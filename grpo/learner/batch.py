@@ -163,6 +163,43 @@ def token_buckets(lengths: list[int], budget: int) -> list[list[int]]:
     return runs[::-1]
 
 
+def real_token_buckets(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices cut into as few micro-batches as keep each one's real tokens (the sum of its rows'
+    lengths) within `budget`, for padding-free passes, which hold those and no padding slot; among
+    those cuts, the one whose largest micro-batch is smallest. Rows sorted by length, cut into runs
+    of neighbours; a row longer than the budget travels alone. Deterministic; no micro-batch for no
+    rows.
+
+    Lengths 5, 3, 8, 2, 7 and a budget of 12: sorted 2 3 5 7 8 (25 tokens) need three runs (first
+    fit: [2 3 5] [7] [8]); the least largest run of three is 10 ([2 3 5] [7] [8]: a cap of 9 would
+    need four), so indices [3 1 0] [4] [2]."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    ln = [lengths[i] for i in order]
+
+    def runs_at(cap: int) -> list[int]:
+        """Where each run starts, filling each in turn up to `cap` tokens (or one row)."""
+        starts, total = [], 0
+        for j, x in enumerate(ln):
+            if not starts or total + x > cap:
+                starts.append(j)
+                total = 0
+            total += x
+        return starts
+
+    if not ln:
+        return []
+    k = len(runs_at(budget))
+    lo, hi = min(-(-sum(ln) // k), budget), budget
+    while lo < hi:   # the least cap (within the budget) that still needs only k runs
+        mid = (lo + hi) // 2
+        if len(runs_at(mid)) <= k:
+            hi = mid
+        else:
+            lo = mid + 1
+    starts = runs_at(lo) + [len(ln)]
+    return [sorted(order[a:b]) for a, b in zip(starts, starts[1:])]
+
+
 def padded_tokens(lengths: list[int], parts: list[list[int]]) -> int:
     """Token slots the micro-batches occupy once right-padded (rows x longest row, per part)."""
     return sum(len(p) * max(lengths[i] for i in p) for p in parts if p)

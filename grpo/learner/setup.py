@@ -94,7 +94,7 @@ class Placement:
     run_dir: Path
     ds_config: dict             # the resolved DeepSpeed config (also the --no-deepspeed engine's)
     batch_size: int             # completions per step
-    micro_tokens: int           # --micro-batch-tokens: padded tokens per micro-batch (0 when off: gas fixed ones)
+    micro_tokens: int           # --micro-batch-tokens: tokens per micro-batch (0 when off: gas fixed ones)
     groups_per_step: int
     profiler: SpanProfiler
     curriculum: Curriculum | None
@@ -367,7 +367,8 @@ def build(cfg: LearnerConfig, import_s: float | None = None) -> LearnerParts:
                      autocast=p.precision == "autocast", fused=fused)
     log.info("learner rank %d/%d on %s: batch %d completions (%d groups of %d) per step, %s",
              rank, p.world, device, p.batch_size, p.groups_per_step, cfg.rollout.num_generations,
-             f"micro-batches of at most {p.micro_tokens} padded tokens" if p.micro_tokens else f"gas {engine.gas}")
+             f"micro-batches of at most {p.micro_tokens} {'real' if step.packed else 'padded'} tokens"
+             if p.micro_tokens else f"gas {engine.gas}")
     return LearnerParts(cfg=cfg, rank=rank, world=p.world, device=device, run_dir=p.run_dir, ds_config=p.ds_config,
                         batch_size=p.batch_size, groups_per_step=p.groups_per_step, profiler=p.profiler,
                         curriculum=p.curriculum, tok=tok, vocab_size=vocab_size, engine=engine, step=step,

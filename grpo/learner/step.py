@@ -19,10 +19,11 @@ import torch.distributed as dist
 
 from grpo.config import LearnerConfig
 from grpo.learner.batch import (Batch, balanced_split, length_buckets, micro_batch, minibatches, padded_tokens,
-                                token_buckets)
+                                real_token_buckets, token_buckets)
 from grpo.loss import LossConfig, Norms, compute_loss
 from grpo.model.liger import FusedLayers
 from grpo.model.logprobs import token_logprobs
+from grpo.model.packed import packable
 
 # How the ranks' values of one figure combine: added up, the largest, the mean over ranks, or
 # each rank's value kept (a list in rank order).
@@ -109,11 +110,13 @@ def step_record(r: dict, cfg: LearnerConfig, updates: int, grad_norm: float) -> 
 
 
 def plan_shard(lens: list[int], part: list[int], world: int, rank: int, micro_tokens: int,
-               gas: int) -> tuple[list[int], list[list[int]]]:
+               gas: int, packed: bool = False) -> tuple[list[int], list[list[int]]]:
     """This rank's share of one minibatch `part` (ranks: equal token loads) and its micro-steps
     (similar lengths together): `gas` of them, or with a token budget (`micro_tokens` > 0) as many
     as the budget needs on the rank that needs most, since ZeRO-2 reduces at every micro-step on
-    every rank (a rank with fewer runs empty ones). Every rank computes every rank's plan alike.
+    every rank (a rank with fewer runs empty ones). The budget counts a micro-batch's padded slots
+    (rows x its longest row), or with `packed` (padding-free passes, which hold no padding slot) its
+    real tokens. Every rank computes every rank's plan alike.
 
     lens: every sequence's whole length (prompt + completion); part: the minibatch's indices into
     lens. Returns (indices into lens, micro-steps as lists of indices into that share)."""
@@ -121,9 +124,10 @@ def plan_shard(lens: list[int], part: list[int], world: int, rank: int, micro_to
     mine = [part[i] for i in shares[rank]]
     if not micro_tokens:
         return mine, length_buckets([lens[i] for i in mine], gas)
-    packed = [token_buckets([lens[part[i]] for i in share], micro_tokens) for share in shares]
-    micro = packed[rank]   # indices into mine, as shares[rank] lists mine in order
-    return mine, micro + [[] for _ in range(max(map(len, packed)) - len(micro))]
+    cut = real_token_buckets if packed else token_buckets
+    plans = [cut([lens[part[i]] for i in share], micro_tokens) for share in shares]
+    micro = plans[rank]   # indices into mine, as shares[rank] lists mine in order
+    return mine, micro + [[] for _ in range(max(map(len, plans)) - len(micro))]
 
 
 class TrainStep:
@@ -135,6 +139,9 @@ class TrainStep:
         self.cfg, self.engine, self.pad_token_id, self.device = cfg, engine, pad_token_id, device
         self.rank, self.world, self.micro_tokens, self.autocast = rank, world, micro_tokens, autocast
         self.fused = fused   # Liger's layers (--liger-kernel): their module-level names only inside amp()
+        # the passes run padding-free where the model allows (the rule grpo.model.logprobs applies), and
+        # then a micro-batch's budget counts its real tokens (plan_shard)
+        self.packed = cfg.training.padding_free and packable(engine.module) is None
         self.loss_cfg = LossConfig.of(cfg)
 
     @contextlib.contextmanager
@@ -158,7 +165,7 @@ class TrainStep:
         lens = batch.whole_lens()
         parts = minibatches(batch.size // cfg.rollout.num_generations, cfg.rollout.num_generations,
                             cfg.training.ppo_minibatches)
-        plans = [plan_shard(lens, part, self.world, self.rank, self.micro_tokens, self.engine.gas)
+        plans = [plan_shard(lens, part, self.world, self.rank, self.micro_tokens, self.engine.gas, self.packed)
                  for part in parts]
         decoupled = bool(cfg.loss.tis_cap or cfg.loss.is_mask_high)
         prox: dict[tuple[int, int], torch.Tensor] = {}

@@ -174,8 +174,9 @@ def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
                  ("gradients", w_bytes * trained // r.ranks)]
         if r.precision == "autocast":
             items.append(("autocast copies", 2 * s.params))
-        # A micro-batch's padded tokens: under a token budget (the default), at most the budget, or one
-        # row alone where a row is longer (grpo.learner.batch.token_buckets); with fixed micro-batches
+        # A micro-batch's tokens: under a token budget (the default), at most the budget, padded slots
+        # or, padding-free, real tokens, which are what its activations hold; or one row alone where a
+        # row is longer (grpo.learner.batch.token_buckets, real_token_buckets); with fixed micro-batches
         # (--micro-batch-tokens -1), its rows at the assumed length.
         tokens = max(r.micro_tokens, seq) if r.micro_tokens else r.micro_batch * seq
         items += [("activations", activations(s, 1, tokens)),

@@ -189,3 +189,51 @@ def test_micro_token_budget_rule():
     assert micro_token_budget(-1, 32, 4096, 256) == 0                          # off: fixed micro-batches
     with pytest.raises(ValueError, match="--micro-batch-tokens -2"):
         micro_token_budget(-2, 32, 4096, 256)
+
+
+def test_real_token_buckets_hand_worked():
+    """Padding-free passes: the budget holds a micro-batch's real tokens. The docstring's case, then
+    the same rows as the padded test above: lengths 5 9 3 5 20 sorted 3 5 5 9 20; budget 16 fits
+    3 + 5 + 5 = 13, then 9, then 20 alone (a row past the budget travels alone), and with three runs
+    no cap below 20 works, so those; budget 100 takes all 42 tokens in one."""
+    from grpo.learner.batch import real_token_buckets
+
+    assert real_token_buckets([5, 3, 8, 2, 7], 12) == [[0, 1, 3], [4], [2]]
+    lens = [5, 9, 3, 5, 20]
+    assert real_token_buckets(lens, 16) == [[0, 2, 3], [1], [4]]
+    assert real_token_buckets(lens, 100) == [[0, 1, 2, 3, 4]]
+    assert real_token_buckets(lens, 42) == [[0, 1, 2, 3, 4]] and len(real_token_buckets(lens, 41)) == 2
+    # 2 runs over 3 5 5 9 20: first fit at 41 is [3 5 5 9] [20]; the least largest run is 22 ([3 5 5 9] 22, [20])
+    assert real_token_buckets(lens, 41) == [[0, 1, 2, 3], [4]]
+    assert real_token_buckets([], 10) == []
+    assert real_token_buckets([7, 7, 7], 1) == [[0], [1], [2]]
+
+
+def test_real_token_buckets_are_the_fewest_runs_and_the_least_largest_of_them():
+    """Against every cut of the sorted rows into runs (small cases, by brute force): no cut that fits
+    has fewer runs, and none with as few has a smaller largest run; every run fits or is one row."""
+    import itertools
+    import random
+
+    from grpo.learner.batch import real_token_buckets
+
+    rng = random.Random(5)
+    for _ in range(300):
+        n = rng.randint(1, 8)
+        lens = [rng.randint(1, 12) for _ in range(n)]
+        budget = rng.randint(1, 40)
+        got = real_token_buckets(lens, budget)
+        assert sorted(i for run in got for i in run) == list(range(n))
+        assert all(sum(lens[i] for i in run) <= budget or len(run) == 1 for run in got)
+        ln = sorted(lens)
+        best = None
+        for k in range(1, n + 1):
+            for cuts in itertools.combinations(range(1, n), k - 1):
+                bounds = [0, *cuts, n]
+                runs = [ln[a:b] for a, b in zip(bounds, bounds[1:])]
+                if all(sum(r) <= budget or len(r) == 1 for r in runs):
+                    worst = max(map(sum, runs))
+                    best = worst if best is None or worst < best else best
+            if best is not None:
+                break
+        assert len(got) == k and max(sum(lens[i] for i in run) for run in got) == best, (lens, budget, got)

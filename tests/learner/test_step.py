@@ -111,6 +111,11 @@ def test_each_rank_plans_its_share_of_a_minibatch_by_hand():
     # (3; 6; 7: two rows of 6 or 7 are 12 or 14 > 10), so rank 0 runs an empty third micro-step.
     assert plan_shard(lens, [0, 1, 2, 3, 4, 5], 2, 0, 10, 2) == ([0, 3, 4], [[1, 2], [0], []])
     assert plan_shard(lens, [0, 1, 2, 3, 4, 5], 2, 1, 10, 2) == ([1, 2, 5], [[0], [2], [1]])
+    # Padding-free passes: the budget counts real tokens. Rank 0 (9, 5, 2) fits 2 + 5 = 7 and then 9
+    # alone; rank 1 (3, 7, 6) needs two: 3 + 6 = 9 and 7 (3 + 6 + 7 = 16 > 10; the least largest of
+    # two runs over sorted 3 6 7 is 9), where padded slots needed three.
+    assert plan_shard(lens, [0, 1, 2, 3, 4, 5], 2, 0, 10, 2, packed=True) == ([0, 3, 4], [[1, 2], [0]])
+    assert plan_shard(lens, [0, 1, 2, 3, 4, 5], 2, 1, 10, 2, packed=True) == ([1, 2, 5], [[0, 2], [1]])
     # The second of two minibatches (sequences 2..5: 7, 5, 2, 6 tokens): 7->0, 6->1, 5->1, 2->0.
     assert plan_shard(lens, [2, 3, 4, 5], 2, 0, 0, 1) == ([2, 4], [[0, 1]])
     assert plan_shard(lens, [2, 3, 4, 5], 2, 1, 0, 1) == ([3, 5], [[0, 1]])
