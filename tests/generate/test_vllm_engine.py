@@ -195,6 +195,19 @@ def engine_on(model, eos=(EOS,), seed=4, tp=1):
     return VllmEngine(llm, make_params, list(eos), policy=policy, tensor_parallel=tp, **share), llm, policy
 
 
+def check_by_version(got: dict, ps: list, models: dict, temperature: float) -> None:
+    """Each token's log-prob is that of the version it is tagged with (the stand-in keeps no KV cache:
+    a teacher-forced pass of that version), and at temperature 0 each token that version's argmax."""
+    for k, g in got.items():
+        for row, lp, vs in zip(g.token_ids, g.logprobs, g.versions):
+            for v in set(vs.tolist()):
+                want = teacher_forced(models[v], [ps[k]], [row], temperature or 1.0)[0]
+                mask = vs == v
+                np.testing.assert_allclose(lp[mask], want[mask], rtol=0, atol=1e-5)
+            if temperature == 0:
+                assert row == [greedy_pick(models[v], ps[k] + row[:c]) for c, v in enumerate(vs.tolist())]
+
+
 @pytest.mark.parametrize("temperature, tp", [(0.0, 1), (0.8, 1), (0.8, 2)])
 def test_stream_swaps_between_two_steps_without_draining(old, new, temperature, tp):
     """3 prompts, G=2, at most 4 rows, 8 tokens each (no EOS): prompts 0 and 1 take the 4 rows at
@@ -217,15 +230,7 @@ def test_stream_swaps_between_two_steps_without_draining(old, new, temperature, 
         assert [v.tolist() for v in g.versions] == [want, want], k
         assert (g.min_version, g.max_version) == (min(want), max(want)) and g.decode_steps == NEW
         assert g.finished == [False, False] and all(len(r) == NEW for r in g.token_ids)
-    models = {0: old, 1: new}
-    for k, g in got.items():
-        for row, lp, vs in zip(g.token_ids, g.logprobs, g.versions):
-            for v in set(vs.tolist()):
-                want = teacher_forced(models[v], [ps[k]], [row], temperature or 1.0)[0]
-                mask = vs == v
-                np.testing.assert_allclose(lp[mask], want[mask], rtol=0, atol=1e-5)
-            if temperature == 0:   # each token the argmax of the version that drew it
-                assert row == [greedy_pick(models[v], ps[k] + row[:c]) for c, v in enumerate(vs.tolist())]
+    check_by_version(got, ps, {0: old, 1: new}, temperature)
     counts = engine.stream_counts   # one swap in flight (the first copy is the stream's start, not one)
     assert counts["steps"] == 16 and counts["prompts"] == 3
     assert counts["swaps"] == 1 and 0 < counts["swap_s"] <= counts["check_s"]
@@ -418,15 +423,7 @@ def test_with_its_engine_core_in_a_process_of_its_own_each_token_has_the_version
     for k, want in {0: span, 1: span, 2: after}.items():
         assert [v.tolist() for v in got[k].versions] == [want, want], k
         assert (got[k].min_version, got[k].max_version) == (min(want), max(want))
-    models = {0: old, 1: new}
-    for k, g in got.items():
-        for row, lp, vs in zip(g.token_ids, g.logprobs, g.versions):
-            for v in set(vs.tolist()):
-                want = teacher_forced(models[v], [ps[k]], [row], temperature or 1.0)[0]
-                mask = vs == v
-                np.testing.assert_allclose(lp[mask], want[mask], rtol=0, atol=1e-5)
-            if temperature == 0:
-                assert row == [greedy_pick(models[v], ps[k] + row[:c]) for c, v in enumerate(vs.tolist())]
+    check_by_version(got, ps, {0: old, 1: new}, temperature)
     assert engine.stream_counts["swaps"] == 1 and len(engine.stamps) == 1 and engine.stamps[0][1] == 1
     fields = engine_fields("m", "bfloat16", 0.5, 0, engine_process=True)
     assert fields["worker_extension_cls"] == EXTENSION and "distributed_executor_backend" not in fields

@@ -16,7 +16,7 @@ import torch
 
 from grpo.generate.backend import hf_generate
 from grpo.generate.vllm_engine import VllmEngine
-from test_architectures import mixed_decode
+from test_architectures import SwapAt, mixed_decode
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
@@ -74,19 +74,11 @@ def test_swap_between_two_steps_keeps_every_request_and_each_tokens_version(setu
     _copy(policy, s["old"])
     engine.loaded = None   # the stream copies the policy (version 0) in first
     ps = s["prompts"][:3]
-    calls = []
-
-    def swap():
-        calls.append(1)
-        if len(calls) != 4:
-            return None
-        _copy(policy, s["new"])
-        return 1
-
+    swap = SwapAt(policy, s["new"], 4)
     src = iter(enumerate(ps))
     got = {g.key: g for g in engine.stream(lambda: next(src, None), 2, NEW, temperature=temperature, rows=4,
                                            swap=swap, version=0)}
-    assert sorted(got) == [0, 1, 2] and len(calls) >= 4
+    assert sorted(got) == [0, 1, 2] and swap.calls >= 4
     span, after = [0] * 4 + [1] * (NEW - 4), [1] * NEW
     for k, want in {0: span, 1: span, 2: after}.items():
         assert [v.tolist() for v in got[k].versions] == [want, want], k
@@ -124,15 +116,7 @@ def test_with_its_engine_core_in_a_process_of_its_own_each_token_has_the_version
     policy = copy.deepcopy(s["old"])
     engine = VllmEngine.build(s["path"], policy, [], torch.bfloat16, gpu_memory_utilization=0.3, seed=0, rows=8,
                               cuda_graphs=True, max_model_len=1024, engine_process=True)
-    calls = []
-
-    def swap():
-        calls.append(1)
-        if len(calls) != 4:
-            return None
-        _copy(policy, s["new"])
-        return 1
-
+    swap = SwapAt(policy, s["new"], 4)
     ps = s["prompts"][:3]
     src = iter(enumerate(ps))
     try:
