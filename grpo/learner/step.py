@@ -204,7 +204,13 @@ class TrainStep:
         total_tokens = int(sum(gen_lens[i] for i in part))
         # undo DeepSpeed's mean over ranks (and, with fixed micro-batches, its division by gas)
         scale = self.world * self.engine.loss_divisor
-        for j, piece in enumerate(micro):
+        # Every micro-batch's inputs built and on the device before the first forward: a copy from
+        # host memory waits for the device's queue, which here is still short; between two
+        # micro-steps it would wait for the whole backward before it.
+        mbs = [micro_batch(batch, [mine[i] for i in piece], self.pad_token_id, self.device) if piece else None
+               for piece in micro]
+        stats = []   # per micro-step, its figures on the device: read once, after the last
+        for j, (piece, mb) in enumerate(zip(micro, mbs)):
             if not piece:
                 # This rank has fewer sequences than micro-steps. ZeRO-2 reduces gradients at
                 # every micro-step on every rank, so it still runs one: a zero-weight forward.
@@ -213,7 +219,6 @@ class TrainStep:
                     out = module(input_ids=ids, use_cache=False).logits
                 self.engine.backward(out.float().sum() * 0.0)
                 continue
-            mb = micro_batch(batch, [mine[i] for i in piece], self.pad_token_id, self.device)
             if cfg.loss.mask_truncated:
                 # Completions cut at --max-new-tokens: no answer yet, so no reliable reward;
                 # masked out, they still count in the normalisers (as in TRL).
@@ -238,14 +243,16 @@ class TrainStep:
                                            self.world * len(micro)),
                                      prox_logp=base, entropy=entropy)
             self.engine.backward(share * scale)
-            with torch.no_grad():   # one host sync per micro-step for every figure it logs
-                loss_, kl_, clip_, toks_, ratio_, w_sum, limited, w_max, ent_ = torch.stack([
+            with torch.no_grad():
+                stats.append(torch.stack([
                     share.detach().float(), tl.kl.sum(), tl.clipped.sum().float(), mb.gen_mask.sum(),
                     tl.ratio.sum(), tl.is_weight.sum(), tl.is_limited.sum().float(), tl.is_weight.max(),
-                    tl.entropy.sum()]).tolist()
+                    tl.entropy.sum()]))
+            figs["sequences"] += len(piece)
+        # the update's one host sync for the figures it logs (one a micro-step would stall the queue between them)
+        for loss_, kl_, clip_, toks_, ratio_, w_sum, limited, w_max, ent_ in (torch.stack(stats).tolist() if stats else []):
             for name, v in (("loss", loss_), ("kl", kl_), ("clipped", clip_), ("tokens", toks_), ("ratio", ratio_),
-                            ("sequences", len(piece)), ("is_weight_sum", w_sum), ("is_limited", limited),
-                            ("entropy", ent_)):
+                            ("is_weight_sum", w_sum), ("is_limited", limited), ("entropy", ent_)):
                 figs[name] += v
             figs["is_weight_max"] = max(figs["is_weight_max"], w_max)
         self.engine.step()
