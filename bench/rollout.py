@@ -275,17 +275,20 @@ def stream_tokens(engine, prompts: list[list[int]], G: int, new: int, rows: int,
 
 
 def vllm_workload(path: str, model, tok, device, n_prompts: int, G: int, rows: int, new: int,
-                  gpu_memory_utilization: float, consumer_ms: float = 0.0) -> dict:
+                  gpu_memory_utilization: float, consumer_ms: float = 0.0, engine_process: bool = False) -> dict:
     """eos_workload's in-flight stream through vLLM's engine (--generation-backend vllm's VllmEngine,
-    in this process, stepped by hand, at most `rows` sequences at once) on the same prompts: run once
-    untimed (vLLM's start, its graphs, the copy of `model`'s weights in), then timed."""
+    its engine core in this process, stepped by hand, or with `engine_process` in its own, at most
+    `rows` sequences at once) on the same prompts: run once untimed (vLLM's start, its graphs, the
+    copy of `model`'s weights in), then timed."""
     from grpo.generate.vllm_engine import VllmEngine
 
     prompts = gsm8k_prompts(tok, "train", n_prompts)
     t0 = time.perf_counter()
     engine = VllmEngine.build(path, model, eos_ids(tok, model), next(model.parameters()).dtype,
-                              gpu_memory_utilization, seed=0, rows=rows, max_model_len=max(map(len, prompts)) + new)
-    out = {"vllm_build_s": time.perf_counter() - t0, "vllm_gpu_memory_utilization": gpu_memory_utilization}
+                              gpu_memory_utilization, seed=0, rows=rows, max_model_len=max(map(len, prompts)) + new,
+                              engine_process=engine_process)
+    out = {"vllm_build_s": time.perf_counter() - t0, "vllm_gpu_memory_utilization": gpu_memory_utilization,
+           "vllm_engine_process": engine_process}
     streamed = functools.partial(stream_tokens, engine, prompts, G, new, rows, consumer_ms)
     with Timer(device) as first:
         streamed()
@@ -295,6 +298,8 @@ def vllm_workload(path: str, model, tok, device, n_prompts: int, G: int, rows: i
         tokens = streamed()
     out.update(vllm_stream_tok_s=tokens / t.s, vllm_stream_tokens=tokens, vllm_stream_s=t.s,
                vllm_stream_counts={k: v - before[k] for k, v in engine.stream_counts.items()})
+    if engine_process:
+        engine.llm.engine_core.shutdown()   # its process and the GPU memory it holds
     del engine
     return out
 
@@ -362,6 +367,8 @@ def main() -> int:
     ap.add_argument("--vllm", type=float, default=0.0, metavar="GPU_MEMORY_UTILIZATION",
                     help="--workload-only: the in-flight stream through vLLM's engine too (the sampler's "
                          "--generation-backend vllm), after ours, with this share of the GPU; needs vLLM installed")
+    ap.add_argument("--vllm-engine-process", action="store_true",
+                    help="--vllm: vLLM's engine core in a process of its own (the sampler's --vllm-engine-process)")
     ap.add_argument("--workload", default="", help="--workload-only: PROMPTS,G,ROWS,NEW instead of the plan's "
                     "(128,8,512,256 on CUDA); the result file's name then says them")
     ap.add_argument("--consumer-ms", type=float, default=0.0,
@@ -405,7 +412,11 @@ def main() -> int:
         print("bench/rollout.py: error: --vllm measures the in-flight workload on CUDA: add --workload-only and run "
               "it on a GPU", file=sys.stderr)
         return 2
-    suffix += "_vllm" if args.vllm else ""
+    if args.vllm_engine_process and not args.vllm:
+        print("bench/rollout.py: error: --vllm-engine-process sets how --vllm runs vLLM's engine: give --vllm "
+              "GPU_MEMORY_UTILIZATION too", file=sys.stderr)
+        return 2
+    suffix += ("_vllm_process" if args.vllm_engine_process else "_vllm") if args.vllm else ""
     dtype = compute_dtype(device)
     path = resolve_model(args.model)
     tok = load_tokenizer(path)
@@ -431,7 +442,7 @@ def main() -> int:
         if args.vllm:
             torch.cuda.empty_cache()   # ours' stream and fixed batches gave their caches back (clear())
             work.update(vllm_workload(str(path), model, tok, device, *p["workload"], args.vllm,
-                                      consumer_ms=args.consumer_ms))
+                                      consumer_ms=args.consumer_ms, engine_process=args.vllm_engine_process))
             work["vllm_vs_ours_stream"] = work["vllm_stream_tok_s"] / work["eos_stream_tok_s"]
         if not args.stream_only:
             fixed = throughput(args.model, model, tok, device, p, [(rows_n, new_n)], [], [])
@@ -445,6 +456,7 @@ def main() -> int:
                     "refill_behind": args.refill_behind, "fused_sampling": not args.no_fused_sampling,
                     "liger_decode": not args.no_liger_decode, "stream_only": args.stream_only,
                     "vllm_gpu_memory_utilization": args.vllm or None,
+                    "vllm_engine_process": args.vllm_engine_process if args.vllm else None,
                     # (results made before vLLM's requests asked for flat log-probs lack the key)
                     **({"vllm_flat_logprobs": sampling_fields(1.0, False, 1, [])["flat_logprobs"]} if args.vllm else {})}
         print(f"wrote {write_result('rollout_workload' + suffix, device, {'settings': settings, 'eos_workload': work})}")
