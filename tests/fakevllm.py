@@ -119,12 +119,15 @@ class FakeLLM:
 
 
 class FakeWorker(WeightLoader):
-    """vLLM's Worker with our loader mixed in, on the stand-in: its model_runner's model is the stand-in
-    (whose load_weights copies into its model), and a handle's rebuild looks the tensor up."""
+    """vLLM's Worker with our loader mixed in, on the stand-in: its model is the stand-in (whose
+    load_weights copies into its model), and a handle's rebuild looks the tensor up."""
 
     def __init__(self, llm: "FakeTPLLM"):
-        self.model_runner = SimpleNamespace(model=llm)
+        self.llm = llm
         self.table = llm.shared
+
+    def get_model(self):
+        return self.llm
 
     def grpo_rebuild(self, tensor_cls, size, stride, offset, storage_cls, dtype, device, handle, *rest):
         t = self.table[handle]

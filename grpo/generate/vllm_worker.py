@@ -64,7 +64,9 @@ def handle_of(tensor: torch.Tensor) -> list:
 
 
 class WeightLoader:
-    """Mixed into vLLM's Worker (EXTENSION): `self` is the worker, `self.model_runner.model` its model."""
+    """Mixed into vLLM's Worker (EXTENSION): `self` is the worker, `self.get_model()` its model (what vLLM's
+    own apply_model hands a function: the model runner's, unwrapped from any CUDA-graph wrapper). vLLM
+    refuses an extension whose names the Worker has already: ours start with grpo_."""
 
     grpo_rebuild = staticmethod(rebuild_cuda_tensor)   # a handle's arguments -> the tensor (maps its memory)
 
@@ -76,7 +78,7 @@ class WeightLoader:
         if len(names) != len(handles):
             raise ValueError(f"{len(names)} weight names with {len(handles)} handles")
         weights = [(name, self.grpo_rebuild(*typed_args(h))) for name, h in zip(names, handles)]
-        self.model_runner.model.load_weights(weights)
+        self.get_model().load_weights(weights)
         if weights and weights[0][1].is_cuda:
             torch.cuda.synchronize()   # the copies done before the clock is read, and before the caller reuses the tensors
         return [len(weights), time.monotonic()]

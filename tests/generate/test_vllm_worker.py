@@ -43,7 +43,8 @@ def test_the_loader_loads_what_it_rebuilt_and_says_how_many():
     got, table = [], {b"a": torch.ones(2), b"b": torch.zeros(3)}
 
     class Worker(WeightLoader):
-        model_runner = SimpleNamespace(model=SimpleNamespace(load_weights=got.extend))
+        def get_model(self):
+            return SimpleNamespace(load_weights=got.extend)
 
         def grpo_rebuild(self, *args):
             return table[args[7]]
