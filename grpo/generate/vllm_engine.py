@@ -336,7 +336,7 @@ class VllmEngine:
             if len(done) != self.tensor_parallel or any(n != len(weights) for n, _ in done):
                 raise RuntimeError(f"vLLM's {self.tensor_parallel} workers loaded {[n for n, _ in done]} of "
                                    f"{len(weights)} tensors")
-            if self.engine_process:
+            if self.engine_process and version is not None:
                 self.stamps.append((max(t for _, t in done), version))
         else:
             self.llm.apply_model(lambda model: model.load_weights(weights))
@@ -403,7 +403,7 @@ class VllmEngine:
                 return
             t_swap = time.perf_counter()
             if swap is not None and (new := checked_swap(swap, version)) is not None:
-                self.sync_weights(new)   # (between two steps: nothing of vLLM's runs now)
+                self.sync_weights(new)   # (between two of vLLM's steps: in process nothing of it runs now)
                 version = new
                 counts["swaps"] += 1
                 counts["swap_s"] += time.perf_counter() - t_swap
