@@ -5,7 +5,7 @@ vLLM mixes WeightLoader into its Worker class where EngineArgs(worker_extension_
 it, in whichever process the worker lives: vLLM's engine-core process (--vllm-engine-process) or
 one process per GPU (--vllm-tensor-parallel-size > 1). The engine then calls its method by name,
 `collective_rpc("grpo_load_weights", args=(names, handles))`, and vLLM carries the arguments with
-msgpack: no function and no pickle crosses into the worker. A handle is torch's own CUDA IPC
+msgpack: only plain values cross into the worker, no function or Python object. A handle is torch's own CUDA IPC
 description of a tensor (torch.multiprocessing's reduce_tensor: the allocation's handle, its size
 and offset, an event to wait on; a few hundred bytes, never the weights' bytes), whose three Python
 objects (the tensor's and storage's classes and the dtype) travel as names and come back only from
