@@ -193,6 +193,24 @@ def test_the_launchers_run_shape_knows_the_vllm_sampler(config_folder):
     assert list(p) == ["learner0", "sampler0", "sampler0.tp0", "sampler0.tp1"]
 
 
+def test_the_launchers_plan_puts_vllms_engine_process_on_the_samplers_gpu(config_folder):
+    """--vllm-engine-process on one GPU a sampler: the launcher's run shape carries it, and the plan holds
+    vLLM's items in sampler0.tp0 (its engine-core process) on sampler 0's GPU, none in sampler0 itself."""
+    from grpo.launch.plan import place
+    from grpo.launch.runplan import from_flags, with_placement
+
+    cfg, to_s, to_l = parse(["--model", str(config_folder), "--generation-backend", "vllm", "--vllm-engine-process",
+                             "--sampling-gpus", "0", "--training-gpus", "1"])
+    rp = from_flags(cfg, to_s, to_l)
+    shape, run = memfit.memory_inputs(rp, 1, 1)
+    assert run.vllm and run.vllm_process and run.tensor_parallel == 1
+    p = memory.plan(shape, run)
+    assert list(p) == ["learner0", "sampler0", "sampler0.tp0"]
+    assert "vLLM weights" in dict(p["sampler0.tp0"]) and "vLLM weights" not in dict(p["sampler0"])
+    rp = with_placement(rp, place(rp.launch, 2, 1))
+    assert memfit.gpu_of(rp) == {"learner0": 1, "sampler0": 0, "sampler0.tp0": 0}
+
+
 def test_the_end_of_run_layout_advice_is_not_given_for_samplers_over_several_gpus(monkeypatch, tmp_path):
     """The advice's splits count one GPU a sampler, so a run whose samplers spread over two says none."""
     import json
