@@ -866,9 +866,53 @@ def _has(mod: str) -> bool:
     return importlib.util.find_spec(mod) is not None
 
 
+# what a run archive leaves out: the saved policies and checkpoints (the scores of them are in), TRL's own output
+PACK_SKIP = ("weights", "checkpoints", "trl_output")
+
+
+def pack(args) -> list[Path]:
+    """Each run under --work-dir as an archive the committed results are rebuilt from
+    (tests/bench/test_benchmark.py): ./runs/device.json, ./runs/base_<model>.json, ./runs/<run>/ less
+    PACK_SKIP and files over 20 MB, and each --extra file (a plan, its logs) at the top; written to
+    <results-dir>/real_workload/<device>_<commit>-<label>-<run>.tgz, one a run (a row run again under
+    another label gets an archive of its own). Returns the archives."""
+    import tarfile
+
+    work = Path(args.work_dir)
+    device = json.loads((work / "device.json").read_text()) if (work / "device.json").is_file() else {}
+    slug = (args.device_name or device.get("device") or "cpu").replace(" ", "_").replace("/", "_")
+    extras = [Path(e) for e in args.extra]
+    if missing := [str(e) for e in extras if not e.is_file()]:
+        raise SystemExit(f"benchmark: pack: no file {', '.join(missing)} (--extra takes files to put beside the runs)")
+    out_dir = Path(args.results_dir) / "real_workload"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    made = []
+    for launch_file in sorted(work.glob("*/launch.json")):
+        run = launch_file.parent
+        launch = json.loads(launch_file.read_text())
+        label = args.label or launch.get("label") or ""
+        name = f"{slug}_{str(launch.get('commit') or 'unknown')[:7]}{'-' + label if label else ''}-{run.name}.tgz"
+        with tarfile.open(out_dir / name, "w:gz") as tar:
+            for f in (work / "device.json", work / f"base_{launch['model']}.json"):
+                if f.is_file():
+                    tar.add(f, f"./runs/{f.name}")
+            for f in sorted(run.rglob("*")):
+                rel = f.relative_to(run)
+                if f.is_file() and not set(rel.parts) & set(PACK_SKIP) and f.stat().st_size <= 20 << 20:
+                    tar.add(f, f"./runs/{run.name}/{rel.as_posix()}")
+            for e in extras:
+                tar.add(e, f"./{e.name}")
+        made.append(out_dir / name)
+        print(f"benchmark: packed {run.name} into {out_dir / name}")
+    if not made:
+        raise SystemExit(f"benchmark: pack: no run under {work} (a folder with launch.json)")
+    return made
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
-    ap.add_argument("step", choices=["rows", "prepare", "all", "run", "score", "summarise", "figures", "score-worker"])
+    ap.add_argument("step", choices=["rows", "prepare", "all", "run", "score", "summarise", "figures", "pack",
+                                     "score-worker"])
     ap.add_argument("--rows", default="", help="`all`: rows MODEL:LAYOUT:TRAINER:SEED, space-separated "
                                                "(default: the standard rows, `rows` lists them)")
     ap.add_argument("--row", default="", help="`run`: one row")
@@ -889,6 +933,8 @@ def main(argv=None) -> int:
                     "summarised (kept beside earlier runs of the same rows)")
     ap.add_argument("--device-name", default="")
     ap.add_argument("--note", default="", help="summarise: a note kept in the result file's notes")
+    ap.add_argument("--extra", nargs="*", default=[], help="pack: files put beside the runs in each archive (the plan, "
+                    "its logs)")
     ap.add_argument("--results-dir", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--items", default="", help=argparse.SUPPRESS)
     ap.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)
@@ -913,6 +959,8 @@ def main(argv=None) -> int:
         score(args)
     elif args.step == "summarise":
         summarise(args)
+    elif args.step == "pack":
+        pack(args)
     elif args.step == "figures":   # each run under --work-dir (or --work-dir itself, a run): JSON lines
         work = Path(args.work_dir)
         runs = [work] if (work / "metrics.jsonl").is_file() else sorted(p.parent for p in work.glob("*/metrics.jsonl"))

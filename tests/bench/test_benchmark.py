@@ -461,6 +461,37 @@ def test_the_chosen_layout_result_is_what_its_run_archive_says(tmp_path):
     assert [r["steps"] for r in figures.values()] == [602, 313] and not figures["1.5b_chosen_ours_s42"]["ended"]
 
 
+def test_pack_makes_the_archive_a_committed_row_is_rebuilt_from(tmp_path):
+    """`pack` over a lane's runs (plan M's 0.5B archive unpacked, a saved policy added the way a run on the
+    device leaves one): one archive a run, named by device, commit, label and run, holding the runs'
+    files less the weights, the extra file at the top; summarising it gives the committed row again."""
+    committed = json.loads((RESULTS / "real_workload_2x_NVIDIA_H200.json").read_text())
+    source = RESULTS / "real_workload" / "2x_NVIDIA_H200_9d0b76c-plan-m-0.5b.tgz"
+    with tarfile.open(source) as t:
+        t.extractall(tmp_path / "lane", filter="data")
+        original = sorted(m.name for m in t.getmembers() if m.isfile() and m.name.startswith("./runs/"))
+    runs = tmp_path / "lane" / "runs"
+    saved = runs / "0.5b_1gpu-chosen_ours_s42" / "weights" / "step_30"
+    saved.mkdir(parents=True)
+    (saved / "model.safetensors").write_bytes(b"w" * 64)
+    out = tmp_path / "results"
+    rw.main(["pack", "--work-dir", str(runs), "--results-dir", str(out), "--device-name", committed["device"],
+             "--extra", str(tmp_path / "lane" / "plan_m.sh")])
+    made = sorted((out / "real_workload").iterdir())
+    assert [p.name for p in made] == ["2x_NVIDIA_H200_9d0b76c-plan-m-0.5b_1gpu-chosen_ours_s42.tgz"]
+    with tarfile.open(made[0]) as t:
+        names = sorted(m.name for m in t.getmembers() if m.isfile())
+        t.extractall(tmp_path / "again", filter="data")
+    assert names == sorted(original + ["./plan_m.sh"]) and not any("weights" in n for n in names)
+    rw.main(["summarise", "--work-dir", str(tmp_path / "again" / "runs"), "--results-dir", str(tmp_path / "sum"),
+             "--device-name", committed["device"]])
+    (row,) = json.loads((tmp_path / "sum" / "real_workload_2x_NVIDIA_H200.json").read_text())["rows"]
+    assert row == next(r for r in committed["rows"] if r.get("label") == "plan-m" and r["model"] == "0.5b"
+                       and r["trainer"] == "ours")
+    with pytest.raises(SystemExit, match="pack: no file .*absent.sh"):
+        rw.main(["pack", "--work-dir", str(runs), "--results-dir", str(out), "--extra", str(tmp_path / "absent.sh")])
+
+
 def test_chunks_reassemble_to_the_checked_file(tmp_path, monkeypatch):
     data = bytes(range(256)) * 4099                   # 1,049,344 bytes: 1 MiB and a bit
     spec = {"package": "x", "parts": 1, "version": "0", "file": "m.gguf", "bytes": len(data),
