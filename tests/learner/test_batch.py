@@ -154,10 +154,21 @@ def test_token_buckets_cut_where_the_fewest_slots_are_padded_hand_worked():
     assert padded_tokens(lens, token_buckets(lens, 8)) == 17 == sum(lens)
 
 
+def every_cut(lens: list[int]):
+    """Every cut of the rows, sorted by length, into runs of neighbours (lists of indices): what the
+    brute-force checks below search."""
+    import itertools
+
+    n = len(lens)
+    order = sorted(range(n), key=lambda i: (lens[i], i))
+    for k in range(n):
+        for points in itertools.combinations(range(1, n), k):
+            yield [order[a:b] for a, b in zip((0, *points), (*points, n))]
+
+
 def test_token_buckets_are_the_fewest_runs_and_the_least_padding_of_them():
     """Against every cut of the sorted rows into runs (small cases, by brute force): no cut that
     fits has fewer runs, and none with as few runs pads fewer slots; every run fits or is one row."""
-    import itertools
     import random
 
     from grpo.learner.batch import padded_tokens, token_buckets
@@ -170,13 +181,8 @@ def test_token_buckets_are_the_fewest_runs_and_the_least_padding_of_them():
         got = token_buckets(lens, budget)
         assert sorted(i for run in got for i in run) == list(range(n))
         assert all(len(r) == 1 or len(r) * max(lens[i] for i in r) <= budget for r in got)
-        order = sorted(range(n), key=lambda i: (lens[i], i))
-        cuts = []
-        for k in range(n):
-            for points in itertools.combinations(range(1, n), k):
-                runs = [order[a:b] for a, b in zip((0, *points), (*points, n))]
-                if all(len(r) == 1 or len(r) * max(lens[i] for i in r) <= budget for r in runs):
-                    cuts.append((len(runs), padded_tokens(lens, runs)))
+        cuts = [(len(runs), padded_tokens(lens, runs)) for runs in every_cut(lens)
+                if all(len(r) == 1 or len(r) * max(lens[i] for i in r) <= budget for r in runs)]
         assert (len(got), padded_tokens(lens, got)) == min(cuts), (lens, budget, got)
 
 
@@ -212,7 +218,6 @@ def test_real_token_buckets_hand_worked():
 def test_real_token_buckets_are_the_fewest_runs_and_the_least_largest_of_them():
     """Against every cut of the sorted rows into runs (small cases, by brute force): no cut that fits
     has fewer runs, and none with as few has a smaller largest run; every run fits or is one row."""
-    import itertools
     import random
 
     from grpo.learner.batch import real_token_buckets
@@ -225,15 +230,6 @@ def test_real_token_buckets_are_the_fewest_runs_and_the_least_largest_of_them():
         got = real_token_buckets(lens, budget)
         assert sorted(i for run in got for i in run) == list(range(n))
         assert all(sum(lens[i] for i in run) <= budget or len(run) == 1 for run in got)
-        ln = sorted(lens)
-        best = None
-        for k in range(1, n + 1):
-            for cuts in itertools.combinations(range(1, n), k - 1):
-                bounds = [0, *cuts, n]
-                runs = [ln[a:b] for a, b in zip(bounds, bounds[1:])]
-                if all(sum(r) <= budget or len(r) == 1 for r in runs):
-                    worst = max(map(sum, runs))
-                    best = worst if best is None or worst < best else best
-            if best is not None:
-                break
-        assert len(got) == k and max(sum(lens[i] for i in run) for run in got) == best, (lens, budget, got)
+        real = [(len(runs), max(sum(lens[i] for i in r) for r in runs)) for runs in every_cut(lens)
+                if all(sum(lens[i] for i in r) <= budget or len(r) == 1 for r in runs)]
+        assert (len(got), max(sum(lens[i] for i in run) for run in got)) == min(real), (lens, budget, got)
