@@ -73,7 +73,7 @@ def _compile():
             inside = cols < end
             kd = inside[:, None] & (d[None, :] < D)
             k = tl.load(k_row + cols[:, None] * sk_n + d[None, :], mask=kd, other=0.0)             # [BN, BD]
-            score = tl.dot(q, tl.trans(k), input_precision=PREC) * scale                                               # [BG, BN] f32
+            score = tl.dot(q, tl.trans(k), input_precision=PREC) * scale                # [BG, BN] f32
             if HAS_MASK:
                 score += tl.load(mask_ptr + b * sm_b + cols * sm_n, mask=inside, other=0.0).to(tl.float32)[None, :]
             score = tl.where(inside[None, :], score, -float("inf"))
