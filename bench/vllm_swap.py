@@ -35,6 +35,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--swap-every", type=int, default=8)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--vllm-engine-process", action="store_true",
+                    help="vLLM's engine core in a process of its own (the sampler's --vllm-engine-process)")
     ap.add_argument("--results-dir", default=None)
     args = ap.parse_args(argv)
     from grpo.data.prompts import build_prompt
@@ -51,7 +53,7 @@ def main(argv=None) -> dict:
     prompts = [tok(build_prompt(tok, p.question), add_special_tokens=False)["input_ids"] for p in problems]
     t0 = time.perf_counter()
     engine = VllmEngine.build(path, policy, [], torch.bfloat16, gpu_memory_utilization=0.5, seed=0, rows=args.rows,
-                              cuda_graphs=True, max_model_len=1024)
+                              cuda_graphs=True, max_model_len=1024, engine_process=args.vllm_engine_process)
     build_s = time.perf_counter() - t0
 
     def run(swaps: bool) -> dict:
@@ -88,9 +90,10 @@ def main(argv=None) -> dict:
     added = [(s["wall_s"] - p["wall_s"]) / max(1, s["swaps"]) for p, s in zip(plain, swapped)]
     host = [s["swap_host_s"] / max(1, s["swaps"]) for s in swapped]
     step_ms = [1000 * p["wall_s"] / max(1, p["steps"]) for p in plain]
-    name = Path(args.model).stem.split("-instruct")[0]
+    name = Path(args.model).stem.split("-instruct")[0] + ("_process" if args.vllm_engine_process else "")
     result = {"command": " ".join(["python3", "bench/vllm_swap.py", *(argv or sys.argv[1:])]),
               "made_by": "bench/vllm_swap.py", "seeds": [0], "model": args.model,
+              "engine_process": args.vllm_engine_process,
               "parameters": sum(p.numel() for p in policy.parameters()),
               "workload": {"prompts": args.prompts, "group": args.group, "rows": args.rows, "new_tokens": args.new,
                            "swap_every_steps": args.swap_every, "eos": "none"},

@@ -332,6 +332,11 @@ class VllmEngine:
             # values, for our loader's method (vllm_worker.WeightLoader); the policy's tensors stay as
             # they are until the call returns (the receivers write a version between two of our checks)
             names = [name for name, _ in weights]
+            if weights and weights[0][1].is_cuda:
+                # Sync point: the receivers' writes are queued on this process's streams, and the workers
+                # read the memory from theirs, which no stream order covers (torch's IPC event is waited
+                # on only where a worker maps a handle afresh, not where it finds it mapped already).
+                torch.cuda.synchronize(weights[0][1].device)
             done = self.llm.collective_rpc(LOAD, args=(names, [self.share(t) for _, t in weights]))
             if len(done) != self.tensor_parallel or any(n != len(weights) for n, _ in done):
                 raise RuntimeError(f"vLLM's {self.tensor_parallel} workers loaded {[n for n, _ in done]} of "
