@@ -15,7 +15,7 @@ FakeTPLLM: the same over several GPUs as the sampler sees vLLM's engine then: th
 collective_rpc(method name, args) to worker processes, each a FakeWorker (our loader,
 grpo.generate.vllm_worker.WeightLoader, as vLLM mixes it into its Worker), the message through
 msgpack as vLLM's engine-core client sends it (anything but plain values fails there), once per
-worker; the calls are recorded. Its workers share one model (the tensors' shards are vLLM's
+worker (one a rank, kept for the run, as vLLM's are); the calls are recorded. Its workers share one model (the tensors' shards are vLLM's
 business, not the engine's). A tensor's handle (`share`) names it in the stand-in's own table, which
 a worker's rebuild reads: the part CUDA IPC plays on a GPU.
 
@@ -142,6 +142,7 @@ class FakeTPLLM(FakeLLM):
         self.tensor_parallel = tensor_parallel
         self.rpc_calls: list[tuple] = []   # (method, args) as each call's message carried them
         self.shared: dict[bytes, torch.Tensor] = {}
+        self.workers = [FakeWorker(self) for _ in range(tensor_parallel)]   # one a rank, for the whole run
 
     def share(self, t: torch.Tensor) -> list:
         """A handle as grpo.generate.vllm_worker.handle_of gives one, its IPC handle a key of this table."""
@@ -153,11 +154,11 @@ class FakeTPLLM(FakeLLM):
     def collective_rpc(self, method, timeout=None, args: tuple = (), kwargs: dict | None = None) -> list:
         message = msgpack.packb([method, list(args), kwargs or {}], use_bin_type=True)   # plain values only
         out = []
-        for _ in range(self.tensor_parallel):
+        for worker in self.workers:
             name, a, kw = msgpack.unpackb(message, raw=False)   # each worker's copy of the one message
             self.rpc_calls.append((name, a))
-            out.append(getattr(FakeWorker(self), name)(*a, **kw))
-        self.shared.clear()
+            out.append(getattr(worker, name)(*a, **kw))
+        self.shared.clear()   # a handle maps once: a later call naming it again finds nothing
         return out
 
 

@@ -277,6 +277,8 @@ class VllmEngine:
         self.loaded: int | None = None     # the policy version vLLM's model holds (None: not copied yet)
         # engine_process: (when a load ended, the version it loaded), oldest first, the newest kept (_version_at)
         self.stamps: list[tuple[float, int]] = []
+        # remote workers: per parameter where its memory was when its handle was sent (sync_weights)
+        self.sent: dict[str, tuple] = {}
         self.stream_counts = dict.fromkeys(STREAM_COUNTS, 0.0)
         self._ids = itertools.count()
 
@@ -298,13 +300,23 @@ class VllmEngine:
             # so vLLM's processes start fresh (vLLM would switch to spawn itself, with a warning)
             os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         from vllm import EngineArgs, LLMEngine, SamplingParams  # here: vLLM is an optional extra, and reads its settings (above) at import
+        from vllm import envs as vllm_envs  # here: as vllm
         from vllm.sampling_params import RequestOutputKind  # here: as vllm
+        from vllm.v1.engine.core_client import InprocClient  # here: as vllm
+
+        # An engine built before in this process froze vLLM's settings (its engine core caches them);
+        # this one's mode is read afresh.
+        vllm_envs.disable_envs_cache()
 
         name = str(dtype).removeprefix("torch.")
         args = EngineArgs(**engine_fields(model_path, name, gpu_memory_utilization, seed, rows, tensor_parallel,
                                           cuda_graphs, max_model_len, engine_process))
         t0 = time.perf_counter()
-        llm = LLMEngine.from_engine_args(args)
+        llm = LLMEngine.from_engine_args(args, enable_multiprocessing=engine_process)
+        if isinstance(llm.engine_core, InprocClient) == engine_process:
+            raise RuntimeError(f"vLLM built its engine core {'in this process' if engine_process else 'in a process of its own'}, "
+                               f"asked for {'its own' if engine_process else 'this one'} (VLLM_ENABLE_V1_MULTIPROCESSING="
+                               f"{os.environ['VLLM_ENABLE_V1_MULTIPROCESSING']})")
         log.info("vLLM engine on %s in %.1f s (gpu_memory_utilization %.2f, %s, %s%s%s)", model_path,
                  time.perf_counter() - t0, gpu_memory_utilization, name,
                  "CUDA graphs" if cuda_graphs else "eager",
@@ -329,18 +341,24 @@ class VllmEngine:
         weights = [(name, p.detach()) for name, p in self.policy.named_parameters()]
         if self.remote:
             # vLLM's workers are processes of their own: each gets the tensors' IPC handles as plain
-            # values, for our loader's method (vllm_worker.WeightLoader); the policy's tensors stay as
-            # they are until the call returns (the receivers write a version between two of our checks)
+            # values, for our loader's method (vllm_worker.WeightLoader), and keeps them mapped; the
+            # workers read the policy's memory only inside this call (the receivers write a version
+            # between two of our checks, never during one)
             names = [name for name, _ in weights]
             if weights and weights[0][1].is_cuda:
                 # Sync point: the receivers' writes are queued on this process's streams, and the workers
                 # read the memory from theirs, which no stream order covers (torch's IPC event is waited
                 # on only where a worker maps a handle afresh, not where it finds it mapped already).
                 torch.cuda.synchronize(weights[0][1].device)
-            done = self.llm.collective_rpc(LOAD, args=(names, [self.share(t) for _, t in weights]))
+            # a handle only for a tensor the workers have not mapped where it is now: the receivers write
+            # each version into the same memory, so after the first load the call carries names alone
+            where = {name: (t.data_ptr(), tuple(t.shape), t.stride(), str(t.dtype)) for name, t in weights}
+            handles = [None if self.sent.get(name) == where[name] else self.share(t) for name, t in weights]
+            done = self.llm.collective_rpc(LOAD, args=(names, handles))
             if len(done) != self.tensor_parallel or any(n != len(weights) for n, _ in done):
                 raise RuntimeError(f"vLLM's {self.tensor_parallel} workers loaded {[n for n, _ in done]} of "
                                    f"{len(weights)} tensors")
+            self.sent = where
             if self.engine_process and version is not None:
                 self.stamps.append((max(t for _, t in done), version))
         else:

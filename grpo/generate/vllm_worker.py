@@ -70,14 +70,25 @@ class WeightLoader:
 
     grpo_rebuild = staticmethod(rebuild_cuda_tensor)   # a handle's arguments -> the tensor (maps its memory)
 
-    def grpo_load_weights(self, names: list[str], handles: list[list]) -> list:
+    def grpo_load_weights(self, names: list[str], handles: list[list | None]) -> list:
         """Map each handle's memory, load the tensors into this worker's model (vLLM's load_weights takes
-        this rank's shard of each and copies it in place) and wait for the copies. Returns [how many
-        it loaded, time.monotonic() when they were done]: the system's monotonic clock, which the
+        this rank's shard of each and copies it in place) and wait for the copies. A handle of None: the
+        tensor this worker mapped under that name at an earlier load. The sampler's parameters stay
+        where they are from one version to the next, so it sends each one's handle once and the worker
+        keeps the mapping (mapping every handle afresh was most of a swap's host time). Returns [how
+        many it loaded, time.monotonic() when they were done]: the system's monotonic clock, which the
         engine-core process's step stamps (EngineCoreOutputs.timestamp) share on one host."""
         if len(names) != len(handles):
             raise ValueError(f"{len(names)} weight names with {len(handles)} handles")
-        weights = [(name, self.grpo_rebuild(*typed_args(h))) for name, h in zip(names, handles)]
+        mapped = getattr(self, "grpo_mapped", None)
+        if mapped is None:
+            mapped = self.grpo_mapped = {}   # name -> the sampler's tensor, mapped into this process
+        for name, h in zip(names, handles):
+            if h is not None:
+                mapped[name] = self.grpo_rebuild(*typed_args(h))
+            elif name not in mapped:
+                raise ValueError(f"no tensor mapped for {name!r}: the sampler sends a tensor's handle with its first load")
+        weights = [(name, mapped[name]) for name in names]
         self.get_model().load_weights(weights)
         if weights and weights[0][1].is_cuda:
             torch.cuda.synchronize()   # the copies done before the clock is read, and before the caller reuses the tensors

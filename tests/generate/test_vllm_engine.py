@@ -373,21 +373,32 @@ def test_over_several_gpus_each_worker_loads_the_policy_from_its_handles(old, ne
     """tp 2: a weight copy is one collective_rpc of our loader's method by name, its arguments the
     parameters' names and handles as plain values (the stand-in sends them through msgpack, as vLLM's
     engine-core client does: a tensor, a class or a function there would fail); each worker rebuilds
-    the tensors and loads them, and vLLM's model then holds the policy's new values."""
+    the tensors and loads them, and vLLM's model then holds the policy's new values. A handle goes
+    once: the next version's call carries the names alone (the workers kept the mapping), and a
+    parameter whose memory moved gets a handle again, the others not."""
     engine, llm, policy = engine_on(old, tp=2)
     assert engine.sync_weights(0) and llm.loads == 2 and len(llm.rpc_calls) == 2
+    (method, (names, handles)), again = llm.rpc_calls
+    assert method == LOAD and again == llm.rpc_calls[0] and engine.stamps == []   # (stamps: engine process only)
+    named = list(policy.named_parameters())
+    assert names == [name for name, _ in named] and len(handles) == len(named)
+    assert all(h[0] == "torch.Tensor" and h[5] == str(p.dtype) and h[1] == list(p.shape) for h, (_, p) in zip(handles, named))
     with torch.no_grad():
         for p, q in zip(policy.parameters(), new.parameters()):
             p.copy_(q)   # the receivers write version 1 into the policy
     assert engine.sync_weights(1) and not engine.sync_weights(1)   # once a version
-    (method, (names, handles)), again = llm.rpc_calls[-2:]
-    assert method == LOAD and again == llm.rpc_calls[-2] and engine.stamps == []   # (stamps: engine process only)
-    named = list(policy.named_parameters())
-    assert names == [name for name, _ in named] and len(handles) == len(named)
-    assert all(h[0] == "torch.Tensor" and h[5] == str(p.dtype) and h[1] == list(p.shape) for h, (_, p) in zip(handles, named))
+    (_, (names1, handles1)), again = llm.rpc_calls[-2:]
+    assert names1 == names and handles1 == [None] * len(named) and again == llm.rpc_calls[-2]
     for (name, mine), theirs in zip(llm.model.named_parameters(), new.parameters()):
         assert torch.equal(mine, theirs), name
     assert llm.loads == 4
+    moved = named[0][1]
+    with torch.no_grad():
+        moved.data = moved.data * 2   # new memory for the first parameter
+    assert engine.sync_weights(2)
+    (_, (_, handles2)), _ = llm.rpc_calls[-2:]
+    assert [h is not None for h in handles2] == [True] + [False] * (len(named) - 1)
+    assert torch.equal(dict(llm.model.named_parameters())[named[0][0]], moved)
     assert engine_fields("m", "bfloat16", 0.5, 0, tensor_parallel=2)["worker_extension_cls"] == EXTENSION
 
 

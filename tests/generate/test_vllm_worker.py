@@ -54,8 +54,16 @@ def test_the_loader_loads_what_it_rebuilt_and_says_how_many():
         return plain_args((torch.Tensor, t.size(), t.stride(), 0, torch.storage.TypedStorage, t.dtype, 0, key, 8, 0,
                            False, b"", 0, b"", False))
 
-    n, when = Worker().grpo_load_weights(["x", "y"], [handle(b"a"), handle(b"b")])
+    worker = Worker()
+    n, when = worker.grpo_load_weights(["x", "y"], [handle(b"a"), handle(b"b")])
     assert n == 2 and isinstance(when, float)
     assert [(name, t.tolist()) for name, t in got] == [("x", [1.0, 1.0]), ("y", [0.0, 0.0, 0.0])]
+    table[b"a"].fill_(3.0)   # the sampler writes the next version into the same memory
+    del table[b"a"], table[b"b"]   # and sends no handles: the worker finds what it mapped
+    got.clear()
+    assert worker.grpo_load_weights(["x", "y"], [None, None])[0] == 2
+    assert [(name, t.tolist()) for name, t in got] == [("x", [3.0, 3.0]), ("y", [0.0, 0.0, 0.0])]
+    with pytest.raises(ValueError, match="no tensor mapped for 'z': the sampler sends a tensor's handle with its first"):
+        worker.grpo_load_weights(["z"], [None])
     with pytest.raises(ValueError, match="2 weight names with 1 handles"):
-        Worker().grpo_load_weights(["x", "y"], [handle(b"a")])
+        Worker().grpo_load_weights(["x", "y"], [None])

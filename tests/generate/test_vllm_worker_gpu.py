@@ -25,12 +25,13 @@ def worker(message: bytes, out) -> None:
 
 def test_a_handle_maps_the_same_memory_in_another_process():
     t = torch.arange(12, dtype=torch.bfloat16, device="cuda").reshape(3, 4)[1:]   # a view at an offset
+    want = [float(t.float().sum()), [2, 4], "torch.bfloat16"]   # before the worker writes (it doubles t)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     p = ctx.Process(target=worker, args=(msgpack.packb(handle_of(t), use_bin_type=True), out))
     p.start()
     try:
-        assert out.get(timeout=120) == [float(t.float().sum()), [2, 4], "torch.bfloat16"]
+        assert out.get(timeout=120) == want == [60.0, [2, 4], "torch.bfloat16"]
         assert out.get(timeout=60) == "written"
         torch.cuda.synchronize()
         assert t.float().tolist() == [[8.0, 10.0, 12.0, 14.0], [16.0, 18.0, 20.0, 22.0]]
