@@ -368,7 +368,8 @@ def main() -> int:
                     help="--workload-only: the in-flight stream through vLLM's engine too (the sampler's "
                          "--generation-backend vllm), after ours, with this share of the GPU; needs vLLM installed")
     ap.add_argument("--vllm-engine-process", action="store_true",
-                    help="--vllm: vLLM's engine core in a process of its own (the sampler's --vllm-engine-process)")
+                    help="--vllm: vLLM's engine core in a process of its own, as the sampler runs it by "
+                         "default (without: in this process, the sampler's --no-vllm-engine-process)")
     ap.add_argument("--workload", default="", help="--workload-only: PROMPTS,G,ROWS,NEW instead of the plan's "
                     "(128,8,512,256 on CUDA); the result file's name then says them")
     ap.add_argument("--consumer-ms", type=float, default=0.0,

@@ -1,50 +1,48 @@
 """vLLM as a second rollout engine (--generation-backend vllm): VllmEngine gives the rollout path's
 stream (grpo.generate.stream's interface) and the fixed batches a greedy evaluation decodes, with
-vLLM's engine inside the sampler process. vLLM is an optional extra (`pip install '.[vllm]'`): this
+vLLM's engine driven by the sampler process. vLLM is an optional extra (`pip install '.[vllm]'`): this
 is the only module that imports it, inside VllmEngine.build, so nothing else needs it installed.
 
-The engine runs in process (VLLM_ENABLE_V1_MULTIPROCESSING=0: vLLM 0.25's LLMEngine with an
-InprocClient, whose `step()` runs one scheduler step, model forward and sampling, synchronously)
-and is stepped by hand: `add_request` per sample, `step()` per decode step. Asynchronous
-scheduling is off (async_scheduling=False: no second batch is queued behind the one that runs), so
-between two `step()` calls nothing of vLLM's is in flight on the GPU.
+Two modes (--vllm-engine-process, on by default). Its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1,
+vLLM's default): the engine core (scheduler, model, sampling) steps on its own while the sampler adds
+requests and reads each step's outputs, so their host work overlaps (the faster mode: docs/benchmarks.md
+measures both). In process (=0: vLLM 0.25's LLMEngine
+with an InprocClient, whose `step()` runs one scheduler step, model forward and sampling,
+synchronously) the sampler steps it by hand, `add_request` per sample and `step()` per decode step.
+Asynchronous scheduling is off in both (async_scheduling=False: no batch is queued behind the one
+that runs), so each step runs whole with one version of the weights.
 
 New weights without draining: swap() is asked after every step (the stream's host check). It
 writes the new version into the sampler's own policy (the weight receivers' work, unchanged), and
-the engine then copies the policy's parameters into vLLM's model in place (its `load_weights`,
-through `apply_model`), between two steps. The requests in flight go on from their KV blocks as
-they are (keys and values of the older version, as in our engine's RingStream); their next tokens
-are drawn by the new weights.
+the engine then copies the policy's parameters into vLLM's model in place, between two of vLLM's
+steps. The requests in flight go on from their KV blocks as they are (keys and values of the older
+version, as in our engine's RingStream); their next tokens are drawn by the new weights.
+- In process: vLLM's `load_weights` through `apply_model`, a closure over the policy's tensors. (A
+  CUDA IPC handle cannot be opened in the process that made it: CUDA refuses with "invalid device
+  context", seen on the H200, so this mode cannot share the path below.)
+- Where vLLM's workers are processes of their own (its engine-core process, or over several GPUs,
+  --vllm-tensor-parallel-size N > 1: vLLM's multiprocess executor, a worker per GPU): the engine
+  sends the policy's parameters as CUDA IPC handles, plain values (grpo.generate.vllm_worker: a few
+  hundred bytes a tensor, never the bytes), to a method of ours that vLLM mixes into its workers
+  (EngineArgs(worker_extension_cls=...)), called by name through collective_rpc. Each worker maps
+  the tensors once and keeps them (the receivers write every version into the same memory; later
+  loads send names alone) and calls its model's load_weights, which takes its rank's shard of each.
+  Over several GPUs the sampler's GPUs are visible devices 0..N-1 (the launcher's plan, with the
+  learner's GPU after them), the policy on device 0. The engine-core process has run on a GPU; the
+  several-GPU executor NOT YET (tested on CPU over stand-ins whose workers get the arguments through
+  msgpack, as vLLM's engine-core client sends them: tests/fakevllm.py).
 
-Which version drew each token: requests ask for DELTA outputs (each `step()` returns only the
-tokens that step drew), so every token a step returns is tagged with the version in force during
-that step (RowTrace). Log-probs: SamplingParams(logprobs=0) returns the sampled token's log-prob,
-and logprobs_mode="processed_logprobs" makes it the log-prob under the distribution it was drawn
-from (after the temperature; greedy: the plain softmax), as our engine's; flat_logprobs=True keeps
-them in a few flat lists per request instead of a dict and a Logprob object per token (vLLM's own
-option against that per-token cost, which its log-probs add to every step).
-
-Where vLLM's workers are processes of their own (over several GPUs, --vllm-tensor-parallel-size N > 1:
-vLLM's multiprocess executor, a worker per GPU; or with --vllm-engine-process: vLLM's engine core and
-its worker in one process apart from the sampler) a closure over the policy's tensors cannot reach
-them. The engine then sends each version as CUDA IPC handles of the policy's parameters, plain values
-(grpo.generate.vllm_worker: a few hundred bytes a tensor, never the bytes), to a method of ours that
-vLLM mixes into its workers (EngineArgs(worker_extension_cls=...)), called by name through
-collective_rpc; each worker maps the tensors (the sampler's memory on its first GPU) and calls its
-model's load_weights, which takes its rank's shard of each. Over several GPUs the sampler's GPUs are
-visible devices 0..N-1 (the launcher's plan, with the learner's GPU after them), the policy on
-device 0. NOT YET RUN ON A GPU: written against vLLM 0.25's source and tested on CPU over stand-ins
-whose workers get the arguments through msgpack, as vLLM's engine-core client sends them
-(tests/fakevllm.py).
-
-With the engine core in a process of its own (vLLM's default: VLLM_ENABLE_V1_MULTIPROCESSING=1) it
-steps on its own while the sampler takes each step's outputs, so its scheduling and output
-building overlap the sampler's side; with asynchronous scheduling still off, each of its steps runs
-whole before the next is scheduled, and a call (a weights load) runs between two steps. The sampler
-reads the outputs itself (LLMEngine.step's own three calls, vLLM 0.25) to keep each step's stamp
-(EngineCoreOutputs.timestamp, time.monotonic() when that step's outputs were made); the load says
-when it ended on the same clock, so a step stamped before it drew its tokens with the older version,
-one stamped after with the newer, however far the sampler's reading lags the engine's steps.
+Which version drew each token: requests ask for DELTA outputs (each step returns only the tokens
+that step drew). In process every token a step returns is tagged with the version in force during
+that step (RowTrace). With the engine core apart, it may have run steps ahead of what the sampler
+has read when a load reaches it, so the sampler reads the outputs itself (LLMEngine.step's own
+three calls, vLLM 0.25) to keep each step's stamp (EngineCoreOutputs.timestamp, time.monotonic()
+when that step's outputs were made); the load says when it ended on the same clock, so a step
+stamped before it drew its tokens with the older version, one stamped after with the newer.
+Log-probs: SamplingParams(logprobs=0) returns the sampled token's log-prob, and
+logprobs_mode="processed_logprobs" makes it the log-prob under the distribution it was drawn from
+(after the temperature; greedy: the plain softmax), as our engine's; flat_logprobs=True keeps them
+in a few flat lists per request instead of a dict and a Logprob object per token.
 
 The same prompt rule and ends as our engine: prompt token ids from our tokenizer (TokensPrompt),
 stop_token_ids = our EOS ids with ignore_eos (so vLLM adds no end of its own), the EOS kept in the
@@ -291,7 +289,7 @@ class VllmEngine:
         """vLLM's LLMEngine on `model_path`, its engine core in this process or (`engine_process`) in
         one of its own, its weights then those of `policy` (at the first stream); over
         `tensor_parallel` GPUs (visible devices 0..N-1) with a worker process on each (the module's
-        docstring: those two not yet run on a GPU)."""
+        docstring: not yet run on GPUs)."""
         if not vllm_installed():
             raise ValueError(VLLM_MISSING)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if engine_process else "0"   # before vLLM reads its settings

@@ -11,6 +11,7 @@ from grpo.launch import probe
 from grpo.launch.plan import LaunchError
 from grpo.launch.runplan import RunPlan
 from grpo.rules import memory
+from grpo.rules.backend import backend_for
 
 
 def memory_inputs(rp: RunPlan, ranks: int, samplers: int) -> tuple[memory.Shape, memory.RunShape] | None:
@@ -35,10 +36,12 @@ def memory_plan(rp: RunPlan, ranks: int, samplers: int) -> dict | None:
 def gpu_of(rp: RunPlan) -> dict[str, int]:
     """Each process's GPU: learner rank r on the r-th training GPU, sampler k on the first of its
     GPUs (Placement.sampler_gpus) and, where vLLM's workers are processes of their own (over several
-    GPUs, or on one with --vllm-engine-process), vLLM's worker of rank i on its i-th (the plan's
-    sampler{k}.tp{i}, grpo.rules.memory.plan)."""
+    GPUs, or on one with --vllm-engine-process: grpo.rules.memory.workers_apart), vLLM's worker of
+    rank i on its i-th (the plan's sampler{k}.tp{i}, grpo.rules.memory.plan)."""
     p = rp.placement
-    apart = p.tensor_parallel > 1 or rp.sampler.rollout.vllm_engine_process
+    rollout = rp.sampler.rollout
+    apart = memory.workers_apart(backend_for(rollout.generation_backend, "cuda") == "vllm", p.tensor_parallel,
+                                 rollout.vllm_engine_process)
     out = {f"learner{r}": g for r, g in enumerate(p.training_gpus)}
     for k in range(p.samplers):
         gpus = p.sampler_gpus(k)

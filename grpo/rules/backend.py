@@ -20,14 +20,14 @@ def backend_for(choice: str, device_type: str) -> str:
     return choice
 
 
-# What `auto` rests on where CUDA leaves a choice: each engine's decode rate inside one sampler
-# process (vLLM as the sampler runs it: in process), one H200, bench/rollout.py's in-flight workload
-# on GSM8K train prompts, by model size: (parameters, our engine's tokens/s, vLLM's tokens/s).
-# docs/benchmarks.md, "vLLM's engine in the sampler" and "The one-GPU rows side by side" (bf16,
-# vLLM 0.25): Qwen2.5-Coder-0.5B, 96 prompts x 16, up to 512 tokens, 320 rows; Qwen2.5-7B's
-# shapes with random weights, 32 prompts x 16, 256 tokens, 256 rows.
-MEASURED_DECODE: tuple[tuple[int, float, float], ...] = ((494_032_768, 30_301.0, 14_806.0),
-                                                         (7_615_616_512, 18_496.0, 11_599.0))
+# What `auto` rests on where CUDA leaves a choice: each engine's decode rate as a sampler runs it (vLLM
+# with its engine core in a process of its own, the sampler's default), one H200, bench/rollout.py's
+# in-flight workload on GSM8K train prompts, both engines in one run, by model size: (parameters, our
+# engine's tokens/s, vLLM's tokens/s). docs/benchmarks.md, "vLLM's engine core in a process of its
+# own" (bf16, vLLM 0.25): Qwen2.5-Coder-0.5B, 96 prompts x 16, up to 512 tokens, 320 rows;
+# Qwen2.5-7B's shapes with random weights, 32 prompts x 16, 256 tokens, 256 rows.
+MEASURED_DECODE: tuple[tuple[int, float, float], ...] = ((494_032_768, 48_994.0, 22_131.0),
+                                                         (7_615_616_512, 23_586.0, 13_575.0))
 
 
 def auto_engine(params: int, vllm_installed: bool,

@@ -142,7 +142,7 @@ class RunShape:
     expandable: bool = True    # the allocator grows segments in place (allocator_conf): a smaller reserve
     vllm: bool = False         # --generation-backend vllm: the sampler also holds vLLM's engine (vllm_items)
     tensor_parallel: int = 1   # GPUs one vLLM sampler spreads over: its weights and KV cache split over them
-    vllm_process: bool = False  # --vllm-engine-process: on one GPU too, vLLM's engine and worker in a process of their own
+    vllm_process: bool = True   # --vllm-engine-process (with vllm): on one GPU too, vLLM's engine and worker in a process of their own
 
 
 def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:
@@ -395,10 +395,16 @@ def vllm_items(s: Shape, rows: int, seq: int, dtype_bytes: int = 2, tensor_paral
             ("vLLM workspace", VLLM_WORKSPACE)]
 
 
+def workers_apart(vllm: bool, tensor_parallel: int, engine_process: bool) -> bool:
+    """Whether a sampler's vLLM workers are processes apart from the sampler's own: only with vLLM,
+    over several GPUs (a worker process per GPU), or with its engine core in a process of its own
+    (its one worker there)."""
+    return vllm and (tensor_parallel > 1 or engine_process)
+
+
 def apart(r: RunShape) -> bool:
-    """Whether a vLLM sampler's worker processes are apart from the sampler's own: over several GPUs,
-    or with its engine core in a process of its own (its one worker there)."""
-    return r.vllm and (r.tensor_parallel > 1 or r.vllm_process)
+    """workers_apart for a run's shape."""
+    return workers_apart(r.vllm, r.tensor_parallel, r.vllm_process)
 
 
 def tp_worker(sampler: int, rank: int) -> str:
