@@ -299,7 +299,7 @@ def vllm_workload(path: str, model, tok, device, n_prompts: int, G: int, rows: i
     out.update(vllm_stream_tok_s=tokens / t.s, vllm_stream_tokens=tokens, vllm_stream_s=t.s,
                vllm_stream_counts={k: v - before[k] for k, v in engine.stream_counts.items()})
     if engine_process:
-        engine.llm.engine_core.shutdown()   # its process and the GPU memory it holds
+        engine.close()   # its process and the GPU memory it holds
     del engine
     return out
 
@@ -368,8 +368,8 @@ def main() -> int:
                     help="--workload-only: the in-flight stream through vLLM's engine too (the sampler's "
                          "--generation-backend vllm), after ours, with this share of the GPU; needs vLLM installed")
     ap.add_argument("--vllm-engine-process", action="store_true",
-                    help="--vllm: vLLM's engine core in a process of its own, as the sampler runs it by "
-                         "default (without: in this process, the sampler's --no-vllm-engine-process)")
+                    help="--vllm: vLLM's engine core in a process of its own (the sampler's "
+                         "--vllm-engine-process; without: in this process, the sampler's default)")
     ap.add_argument("--workload", default="", help="--workload-only: PROMPTS,G,ROWS,NEW instead of the plan's "
                     "(128,8,512,256 on CUDA); the result file's name then says them")
     ap.add_argument("--consumer-ms", type=float, default=0.0,

@@ -1,6 +1,6 @@
 """What a weights swap into vLLM adds to its decode (issue 61's 50 ms goal): the sampler's vLLM engine
 (grpo.generate.vllm_engine.VllmEngine: in process, stepped by hand, or with --vllm-engine-process its
-engine core in a process of its own, the sampler's default) streams the same prompts twice
+engine core in a process of its own, the sampler's --vllm-engine-process) streams the same prompts twice
 each way, alternating: without swaps, and with swap() giving a new version every --swap-every steps,
 so that the engine copies the policy's every parameter into vLLM's model between two steps
 (sync_weights, as a sampler's in-flight swap does).
@@ -37,8 +37,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--swap-every", type=int, default=8)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--vllm-engine-process", action="store_true",
-                    help="vLLM's engine core in a process of its own, as the sampler runs it by default "
-                         "(without: in this process, the sampler's --no-vllm-engine-process)")
+                    help="vLLM's engine core in a process of its own (the sampler's --vllm-engine-process; "
+                         "without: in this process, the sampler's default)")
     ap.add_argument("--results-dir", default=None)
     args = ap.parse_args(argv)
     from grpo.data.prompts import build_prompt
@@ -89,6 +89,7 @@ def main(argv=None) -> dict:
     for _ in range(args.reps):
         plain.append(run(False))
         swapped.append(run(True))
+    engine.close()   # vLLM's processes apart stopped while this one is whole
     added = [(s["wall_s"] - p["wall_s"]) / max(1, s["swaps"]) for p, s in zip(plain, swapped)]
     host = [s["swap_host_s"] / max(1, s["swaps"]) for s in swapped]
     step_ms = [1000 * p["wall_s"] / max(1, p["steps"]) for p in plain]

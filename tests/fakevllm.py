@@ -168,7 +168,9 @@ class FakeMPLLM(FakeTPLLM):
         self.lead = lead
         self.lock = threading.Lock()   # held for a step, a request's arrival or abort, and a call: one at a time
         self.outputs: queue.Queue = queue.Queue()
-        self.engine_core = SimpleNamespace(get_output=self.get_output, abort_requests=lambda ids: None)
+        self.engine_core = SimpleNamespace(get_output=self.get_output, abort_requests=lambda ids: None,
+                                           shutdown=self.shutdown)
+        self.shutdowns = 0   # engine_core.shutdown() calls (VllmEngine.close)
         self.output_processor = SimpleNamespace(process_outputs=self.process_outputs)
         self.running = True
         self.thread = threading.Thread(target=self.loop, daemon=True)
@@ -199,7 +201,8 @@ class FakeMPLLM(FakeTPLLM):
 
     def abort_request(self, request_ids):
         with self.lock:
-            super().abort_request(request_ids)
+            # a request the engine core finished ahead of the reader is gone: vLLM ignores its abort
+            super().abort_request([rid for rid in request_ids if rid in self.requests])
 
     def collective_rpc(self, method, timeout=None, args: tuple = (), kwargs: dict | None = None) -> list:
         deadline = time.monotonic() + 10
@@ -211,6 +214,10 @@ class FakeMPLLM(FakeTPLLM):
     def close(self) -> None:
         self.running = False
         self.thread.join(timeout=10)
+
+    def shutdown(self) -> None:
+        self.shutdowns += 1
+        self.close()
 
 
 def make_params(**fields):

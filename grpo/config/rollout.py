@@ -70,7 +70,7 @@ class SamplerRolloutSection:
     """vLLM backend: its share of the GPU's memory (0: from the memory plan)."""
     vllm_tensor_parallel_size: int = at_least(1, 1)
     """vLLM backend: GPUs one sampler spreads over (tensor parallel: it takes that many of --sampling-gpus)."""
-    vllm_engine_process: bool = True
-    """vLLM backend: its engine core in a process of its own, stepping while the sampler reads (off: in the sampler's)."""
+    vllm_engine_process: bool = False
+    """vLLM backend: its engine core in a process of its own (vLLM's default), stepping while the sampler reads."""
     attend_chunk: int = at_least(0, 64, "0: the whole cache at every step")
     """Fast backend: a decode step attends to the filled cache in chunks of this many slots (0: the whole cache)."""

@@ -3,12 +3,13 @@ stream (grpo.generate.stream's interface) and the fixed batches a greedy evaluat
 vLLM's engine driven by the sampler process. vLLM is an optional extra (`pip install '.[vllm]'`): this
 is the only module that imports it, inside VllmEngine.build, so nothing else needs it installed.
 
-Two modes (--vllm-engine-process, on by default). Its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1,
-vLLM's default): the engine core (scheduler, model, sampling) steps on its own while the sampler adds
-requests and reads each step's outputs, so their host work overlaps (the faster mode: docs/benchmarks.md
-measures both). In process (=0: vLLM 0.25's LLMEngine
-with an InprocClient, whose `step()` runs one scheduler step, model forward and sampling,
-synchronously) the sampler steps it by hand, `add_request` per sample and `step()` per decode step.
+Two modes (--vllm-engine-process; off by default until a run with it is seen to end cleanly on a GPU:
+docs/configuration.md). Its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1, vLLM's default): the
+engine core (scheduler, model, sampling) steps on its own while the sampler adds requests and reads
+each step's outputs, so their host work overlaps (the faster mode: docs/benchmarks.md measures both).
+In process (=0: vLLM 0.25's LLMEngine with an InprocClient, whose `step()` runs one scheduler step,
+model forward and sampling, synchronously) the sampler steps it by hand, `add_request` per sample
+and `step()` per decode step.
 Asynchronous scheduling is off in both (async_scheduling=False: no batch is queued behind the one
 that runs), so each step runs whole with one version of the weights.
 
@@ -277,6 +278,7 @@ class VllmEngine:
         self.stamps: list[tuple[float, int]] = []
         # remote workers: per parameter where its memory was when its handle was sent (sync_weights)
         self.sent: dict[str, tuple] = {}
+        self.closed = False   # close(): vLLM's processes apart stopped
         self.stream_counts = dict.fromkeys(STREAM_COUNTS, 0.0)
         self._ids = itertools.count()
 
@@ -325,6 +327,15 @@ class VllmEngine:
             return SamplingParams(**fields, output_kind=RequestOutputKind.DELTA)
 
         return cls(llm, make_params, eos, policy, tensor_parallel=tensor_parallel, engine_process=engine_process)
+
+    def close(self) -> None:
+        """Stop vLLM's own processes (its engine core, its workers) now, while this process is whole.
+        Left to the interpreter's exit (vLLM's finalizer), their shutdown ran while this process was
+        being torn down, and a sampler whose engine core ran apart died of SIGSEGV after its last
+        group (docs/benchmarks.md). In process there is nothing of vLLM's apart to stop."""
+        if self.remote and not self.closed:
+            self.closed = True
+            self.llm.engine_core.shutdown()
 
     # ------------------------------------------------------------------ weights
     def sync_weights(self, version: int | None = None) -> bool:

@@ -21,7 +21,7 @@ def backend_for(choice: str, device_type: str) -> str:
 
 
 # What `auto` rests on where CUDA leaves a choice: each engine's decode rate as a sampler runs it (vLLM
-# with its engine core in a process of its own, the sampler's default), one H200, bench/rollout.py's
+# with its engine core in a process of its own: --vllm-engine-process, its faster mode), one H200, bench/rollout.py's
 # in-flight workload on GSM8K train prompts, both engines in one run, by model size: (parameters, our
 # engine's tokens/s, vLLM's tokens/s). docs/benchmarks.md, "vLLM's engine core in a process of its
 # own" (bf16, vLLM 0.25): Qwen2.5-Coder-0.5B, 96 prompts x 16, up to 512 tokens, 320 rows;

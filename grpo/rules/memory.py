@@ -142,7 +142,7 @@ class RunShape:
     expandable: bool = True    # the allocator grows segments in place (allocator_conf): a smaller reserve
     vllm: bool = False         # --generation-backend vllm: the sampler also holds vLLM's engine (vllm_items)
     tensor_parallel: int = 1   # GPUs one vLLM sampler spreads over: its weights and KV cache split over them
-    vllm_process: bool = True   # --vllm-engine-process (with vllm): on one GPU too, vLLM's engine and worker in a process of their own
+    vllm_process: bool = False  # --vllm-engine-process (with vllm): on one GPU too, vLLM's engine and worker in a process of their own
 
 
 def plan(s: Shape, r: RunShape) -> dict[str, list[tuple[str, int]]]:

@@ -186,5 +186,7 @@ class Sampler:
                 log.info("%s", line)
             self.parts.data.close()  # LINGER lets queued groups reach the learner
             self.parts.sync.close()
+            if (close := getattr(self.parts.engine, "close", None)) is not None:
+                close()   # vLLM's processes apart stopped while this one is whole (VllmEngine.close)
         return {"rounds": rounds, "groups_sent": self.groups_sent, "version": self.version,
                 "config": flat(self.cfg), **self.counters.values()}

@@ -123,7 +123,7 @@ def test_with_its_engine_core_in_a_process_of_its_own_each_token_has_the_version
         got = {g.key: g for g in engine.stream(lambda: next(src, None), 2, NEW, temperature=1.0, rows=4,
                                                swap=swap, version=0)}
     finally:
-        engine.llm.engine_core.shutdown()
+        engine.close()
     assert sorted(got) == [0, 1, 2]
     for k in (0, 1):
         for vs in got[k].versions:

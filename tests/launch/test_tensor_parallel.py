@@ -161,7 +161,7 @@ def test_the_memory_plan_places_each_vllm_worker_on_its_gpu():
     # --vllm-engine-process: each sampler's one worker in its engine-core process, on the sampler's GPU
     apart = SimpleNamespace(placement=one.placement, sampler=samplers(True))
     assert memfit.gpu_of(apart) == {"learner0": 2, "sampler0": 0, "sampler0.tp0": 0, "sampler1": 1, "sampler1.tp0": 1}
-    # the flag means nothing without vLLM (on by default): our engine's sampler is one process
+    # the flag means nothing without vLLM: our engine's sampler is one process
     fast = SimpleNamespace(placement=one.placement, sampler=samplers(True, "fast"))
     assert memfit.gpu_of(fast) == {"learner0": 2, "sampler0": 0, "sampler1": 1}
 
@@ -197,26 +197,26 @@ def test_the_launchers_run_shape_knows_the_vllm_sampler(config_folder):
 
 
 def test_the_launchers_plan_puts_vllms_engine_process_on_the_samplers_gpu(config_folder):
-    """--vllm-engine-process (the default) on one GPU a sampler: the launcher's run shape carries it, and
-    the plan holds vLLM's items in sampler0.tp0 (its engine-core process) on sampler 0's GPU, none in
-    sampler0 itself; --no-vllm-engine-process puts them back in sampler0."""
+    """--vllm-engine-process on one GPU a sampler: the launcher's run shape carries it, and the plan holds
+    vLLM's items in sampler0.tp0 (its engine-core process) on sampler 0's GPU, none in sampler0 itself;
+    without it (the default, or --no-vllm-engine-process) they are in sampler0."""
     from grpo.launch.plan import place
     from grpo.launch.runplan import from_flags, with_placement
 
     one = ["--model", str(config_folder), "--generation-backend", "vllm", "--sampling-gpus", "0", "--training-gpus", "1"]
-    for flags in ([], ["--vllm-engine-process"]):
+    rp = from_flags(*parse([*one, "--vllm-engine-process"]))
+    shape, run = memfit.memory_inputs(rp, 1, 1)
+    assert run.vllm and run.vllm_process and run.tensor_parallel == 1
+    p = memory.plan(shape, run)
+    assert list(p) == ["learner0", "sampler0", "sampler0.tp0"]
+    assert "vLLM weights" in dict(p["sampler0.tp0"]) and "vLLM weights" not in dict(p["sampler0"])
+    rp = with_placement(rp, place(rp.launch, 2, 1))
+    assert memfit.gpu_of(rp) == {"learner0": 1, "sampler0": 0, "sampler0.tp0": 0}
+    for flags in ([], ["--no-vllm-engine-process"]):
         rp = from_flags(*parse([*one, *flags]))
         shape, run = memfit.memory_inputs(rp, 1, 1)
-        assert run.vllm and run.vllm_process and run.tensor_parallel == 1
-        p = memory.plan(shape, run)
-        assert list(p) == ["learner0", "sampler0", "sampler0.tp0"]
-        assert "vLLM weights" in dict(p["sampler0.tp0"]) and "vLLM weights" not in dict(p["sampler0"])
-        rp = with_placement(rp, place(rp.launch, 2, 1))
-        assert memfit.gpu_of(rp) == {"learner0": 1, "sampler0": 0, "sampler0.tp0": 0}
-    rp = from_flags(*parse([*one, "--no-vllm-engine-process"]))
-    shape, run = memfit.memory_inputs(rp, 1, 1)
-    assert not run.vllm_process and list(memory.plan(shape, run)) == ["learner0", "sampler0"]
-    assert memfit.gpu_of(with_placement(rp, place(rp.launch, 2, 1))) == {"learner0": 1, "sampler0": 0}
+        assert not run.vllm_process and list(memory.plan(shape, run)) == ["learner0", "sampler0"]
+        assert memfit.gpu_of(with_placement(rp, place(rp.launch, 2, 1))) == {"learner0": 1, "sampler0": 0}
 
 
 def test_the_end_of_run_layout_advice_is_not_given_for_samplers_over_several_gpus(monkeypatch, tmp_path):

@@ -25,8 +25,8 @@ def test_auto_takes_the_engine_measured_faster_at_the_nearest_size():
 
 
 def test_the_measured_table_says_our_engine_at_both_sizes():
-    """The two sizes measured on one H200, vLLM with its engine core in a process of its own (the
-    sampler's default): Qwen2.5-Coder-0.5B, ours 49.0k against vLLM's 22.1k; Qwen2.5-7B's shapes, ours
+    """The two sizes measured on one H200, vLLM with its engine core in a process of its own
+    (--vllm-engine-process, its faster mode): Qwen2.5-Coder-0.5B, ours 49.0k against vLLM's 22.1k; Qwen2.5-7B's shapes, ours
     23.6k against 13.6k. A 3B model is 6.1x from 0.5B and 2.5x from 7.6B."""
     assert MEASURED_DECODE == ((494_032_768, 48_994.0, 22_131.0), (7_615_616_512, 23_586.0, 13_575.0))
     assert auto_engine(494_032_768, True)[0] == "fast"

@@ -46,7 +46,7 @@ def test_vllm_fraction_by_hand():
 
 
 def test_the_plan_of_a_vllm_sampler():
-    """--no-vllm-engine-process: vLLM's engine in the sampler's own process, its items there."""
+    """vLLM's engine in the sampler's own process (the default), its items there."""
     r = RunShape(ranks=1, rows=4, prompt_tokens=10, new_tokens=6, beta=0.0, ipc=False, staging=False, vllm=True,
                  logprob_batch_size=4, vllm_process=False)
     s0 = dict(memory.plan(SHAPE, r)["sampler0"])
@@ -93,9 +93,9 @@ def test_a_sampler_over_two_gpus_by_hand():
                                                           "sampler1", "sampler1.tp0", "sampler1.tp1", "sampler1.tp2"]
     assert dict(p3["sampler1.tp2"])["vLLM weights"] == 666_667   # 2,000,000 / 3 rounded up
     # one GPU, the engine core in the sampler's process: vLLM's items there, no worker of its own
-    assert not any(".tp" in n for n in memory.plan(SHAPE, replace(r, tensor_parallel=1, vllm_process=False)))
-    # by default its engine core is a process of its own, and its one worker there
-    assert [n for n in memory.plan(SHAPE, replace(r, tensor_parallel=1)) if ".tp" in n] == ["sampler0.tp0"]
+    assert not any(".tp" in n for n in memory.plan(SHAPE, replace(r, tensor_parallel=1)))
+    # its engine core in a process of its own: its one worker there
+    assert [n for n in memory.plan(SHAPE, replace(r, tensor_parallel=1, vllm_process=True)) if ".tp" in n] == ["sampler0.tp0"]
 
 
 def test_an_engine_core_in_a_process_of_its_own_holds_vllms_items_there():

@@ -186,3 +186,49 @@ def test_sampler_rounds_and_evaluation_through_the_vllm_engine(monkeypatch, engi
             assert list(c.whole_token_ids) == list(g.prefix_token_ids) + list(c.generated_token_ids)
             assert c.old_policy_log_probs.shape == c.ref_policy_log_probs.shape == (n,)
             np.testing.assert_allclose(c.old_policy_log_probs, c.ref_policy_log_probs, atol=1e-5)
+
+
+def test_a_sampler_stops_vllms_engine_process_itself_when_it_ends(monkeypatch):
+    """A vLLM sampler whose engine core runs apart (the stand-in's thread) ends as the learner says
+    stop: the sampler shuts that engine core down itself, once, before run() returns (VllmEngine.close;
+    left to the interpreter's exit, a sampler on a GPU died of SIGSEGV after its last group). An
+    engine in the sampler's process has nothing apart to stop."""
+    from netutil import free_ports
+    from scripted import ScriptedLearner, facts
+
+    import grpo.sampler.setup as setup
+    from grpo.sampler.loop import Sampler
+    from grpo.wire import messages as M
+    from grpo.wire.transport import DataReceiver
+
+    made = []
+
+    def fake_build(cls, path, policy, eos, dtype, share, seed, rows=0, tensor_parallel=1, cuda_graphs=True,
+                   max_model_len=None, engine_process=False):
+        made.append(FakeMPLLM(policy, seed=seed))
+        return cls(made[-1], make_params, eos, policy, engine_process=True, share=made[-1].share)
+
+    monkeypatch.setattr(setup, "check_vllm", lambda device_type, index, *more: None)
+    monkeypatch.setattr(setup, "vllm_memory_share", lambda cfg, policy, device: 0.5)
+    monkeypatch.setattr(VllmEngine, "build", classmethod(fake_build))
+    d, s = free_ports(2)
+    receiver = DataReceiver("127.0.0.1", d, M.Limits(), 1 << 26)
+    sampler = Sampler(from_flat(SamplerConfig, model="tiny-random", device="cpu", dataset=str(GSM8K), dataset_limit=8,
+                                prompts_per_round=2, num_generations=2, max_new_tokens=4, generation_backend="vllm",
+                                vllm_engine_process=True, data_port=d, sync_port=s, heartbeat_interval_s=0))
+    learner = ScriptedLearner(s, facts(sampler), stop_after_s=1.0)
+    learner.start()
+    try:
+        assert made[0].shutdowns == 0 and made[0].thread.is_alive()
+        sampler.run()
+    finally:
+        learner.done.set()
+        learner.join(timeout=10)
+        receiver.close()
+        made[0].close()
+    assert made[0].shutdowns == 1 and not made[0].thread.is_alive() and sampler.parts.engine.closed
+    sampler.parts.engine.close()
+    assert made[0].shutdowns == 1   # once
+    inproc = VllmEngine(FakeLLM(torch.nn.Linear(1, 1)), make_params, [0])
+    inproc.close()
+    assert not inproc.closed
