@@ -129,7 +129,8 @@ def commit() -> str | None:
 
 def write_result(name: str, device: torch.device, payload: dict, label: str | None = None,
                  extra_versions: tuple[str, ...] = (), results_dir: Path | None = None) -> Path:
-    """bench/results/<name>_<device>.json with the device, versions, command line and commit.
+    """bench/results/<name>_<device>.json with the device, versions, command line (as run, and as
+    `command` from the repo root), the script that made it and the commit; `payload` may give its own.
     `label` names the device instead of asking CUDA (a parent of GPU processes should not hold a
     CUDA context of its own), e.g. "2x NVIDIA H200". `results_dir`: another folder than
     bench/results (a GPU machine's $OUT, whose tree is a copy)."""
@@ -137,8 +138,12 @@ def write_result(name: str, device: torch.device, payload: dict, label: str | No
     slug = dev.replace(" ", "_").replace("/", "_") if device.type == "cuda" else "cpu"
     path = (results_dir or ROOT / "bench" / "results") / f"{name}_{slug}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
+    script = Path(sys.argv[0]).resolve()
+    made_by = script.relative_to(ROOT).as_posix() if script.is_relative_to(ROOT) else script.name
     out = {"device": dev, "versions": versions(extra_versions),
-           "command_line": shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv]), "commit": commit(), **payload}
+           "command_line": shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
+           "command": shlex.join(["python3", made_by, *sys.argv[1:]]),   # to run again from the repo root
+           "made_by": made_by, "commit": commit(), **payload}
     path.write_text(json.dumps(out, indent=2) + "\n")
     return path
 

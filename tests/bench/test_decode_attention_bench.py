@@ -23,6 +23,8 @@ def test_the_bench_writes_both_paths_and_their_errors(tmp_path):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     doc = json.loads((tmp_path / "decode_attention_cpu.json").read_text())
     assert doc["seed"] == 3 and doc["dtype"] == "float32" and "--rows 1,9" in doc["command_line"]
+    assert doc["made_by"] == "bench/decode_attention.py"   # and the command again from the repo root:
+    assert doc["command"].startswith("python3 bench/decode_attention.py --device cpu --rows 1,9 --slots 130")
     assert "triton" in doc["versions"]
     recs = doc["records"]
     assert [(r["size"], r["rows"], r["heads"], r["kv_heads"], r["head_dim"]) for r in recs] == \
